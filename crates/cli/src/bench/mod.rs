@@ -1,0 +1,24 @@
+//! `kiln bench …`: each benchmark prints percentiles and a ratio against a raw baseline measured in
+//! the same run. Each lives in the module of the area it measures.
+
+mod agent;
+mod create;
+mod vmm;
+
+#[derive(clap::Subcommand)]
+pub enum Cmd {
+    /// kiln-agent: exec round trip and file transfer throughput on loopback, idle RSS.
+    Agent(agent::Args),
+    /// Sandbox create → first `echo` output, sequential and concurrent, vs raw `runsc run`.
+    Create(create::Args),
+    /// kiln-vmm: process start → first guest instruction, snapshot, restore, VMM RSS.
+    Vmm(vmm::Args),
+}
+
+pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
+    match cmd {
+        Cmd::Agent(a) => agent::run(a),
+        Cmd::Create(a) => create::run(a),
+        Cmd::Vmm(a) => vmm::run(a),
+    }
+}

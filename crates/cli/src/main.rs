@@ -1,0 +1,70 @@
+//! `kiln`: one binary for the server (`kiln serve`) and every client subcommand.
+//!
+//! Each subcommand lives in its own module and is a thin layer over a library crate:
+//! `serve`/`sandbox`/`keys` → kiln-server, `doctor` → kiln-host, `template` → kiln-template,
+//! `bench` → the crate whose speed it measures.
+
+mod bench;
+mod doctor;
+mod keys;
+mod sandbox;
+mod serve;
+mod template;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Disposable, isolated Linux sandboxes for AI agents, E2B-compatible")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the kiln server (REST API + sandbox proxy), preparing the host and base template first.
+    Serve(serve::Args),
+    /// Tell what this host can do (KVM speed, runsc, cgroups, nftables …) and which driver kiln will use.
+    Doctor(doctor::Args),
+    /// Build and inspect sandbox templates.
+    #[command(subcommand)]
+    Template(template::Cmd),
+    /// Manage sandboxes through a running kiln server.
+    #[command(subcommand)]
+    Sandbox(sandbox::Cmd),
+    /// Manage API keys (works on the server's state directly).
+    #[command(subcommand)]
+    Keys(keys::Cmd),
+    /// Benchmarks: percentiles and ratios against a raw baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::Cmd),
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_tracing();
+    let result = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Doctor(a) => doctor::run(a),
+        Cmd::Template(c) => template::run(c),
+        Cmd::Sandbox(c) => sandbox::run(c),
+        Cmd::Keys(c) => keys::run(c),
+        Cmd::Bench(c) => bench::run(c),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("kiln: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

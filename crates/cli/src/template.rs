@@ -1,0 +1,6 @@
+#[derive(clap::Subcommand)]
+pub enum Cmd {}
+
+pub fn run(c: Cmd) -> anyhow::Result<i32> {
+    match c {}
+}
