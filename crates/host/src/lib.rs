@@ -1,1 +1,11 @@
-//! placeholder
+//! kiln-host: everything kiln needs to know about (and prepare on) the machine it runs on.
+//!
+//! - [`paths`]: where kiln keeps its cache (templates, images) and its state (database, sandboxes).
+//! - [`prereq`]: the host packages each job needs, and installing them with apt when allowed.
+//! - [`kvm`]: a probe that runs a tiny VM to measure whether guest kernel code runs at hardware speed.
+//! - [`doctor`]: the `kiln doctor` report built from all of the above.
+
+pub mod doctor;
+pub mod kvm;
+pub mod paths;
+pub mod prereq;

@@ -1,0 +1,562 @@
+//! `kiln doctor`: what this host can do, why, and which isolation driver kiln will use.
+//!
+//! Every check records what it saw (`detail`) so the report explains itself; the JSON form
+//! (`kiln doctor --json`) is the same [`Report`] serialized.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::kvm::{self, KvmProbe};
+use crate::prereq;
+
+/// Free space below which the cache dir is reported as a problem.
+pub const MIN_FREE_BYTES: u64 = 2 << 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Driver {
+    Microvm,
+    Gvisor,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KvmReport {
+    pub present: bool,
+    /// Probe result when it ran.
+    pub probe: Option<KvmProbe>,
+    pub hardware_speed: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunscReport {
+    pub path: Option<String>,
+    pub version: Option<String>,
+    /// Platforms that ran `true` in a sandbox, fastest first.
+    pub working_platforms: Vec<String>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Version of this report's shape.
+    pub schema: u32,
+    pub kernel: String,
+    /// "v1", "v2" or "hybrid".
+    pub cgroup_mode: String,
+    pub kvm: KvmReport,
+    pub runsc: RunscReport,
+    pub checks: Vec<Check>,
+    pub cache_dir: String,
+    pub cache_free_bytes: Option<u64>,
+    /// The driver kiln will use by default; `None` when kiln cannot run here.
+    pub driver: Option<Driver>,
+    pub driver_reason: String,
+    /// True when kiln can run sandboxes on this host.
+    pub can_run: bool,
+}
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+fn kernel_version() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Classifies the cgroup setup from the text of /proc/mounts.
+pub fn cgroup_mode_from_mounts(mounts: &str) -> String {
+    let mut v1 = false;
+    let mut v2_root = false;
+    let mut v2_other = false;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 3 {
+            continue;
+        }
+        match f[2] {
+            "cgroup2" if f[1] == "/sys/fs/cgroup" => v2_root = true,
+            "cgroup2" => v2_other = true,
+            "cgroup" => v1 = true,
+            _ => {}
+        }
+    }
+    match (v1, v2_root, v2_other) {
+        (false, true, _) => "v2",
+        (true, _, true) | (true, true, _) => "hybrid",
+        (true, false, false) => "v1",
+        _ => "none",
+    }
+    .to_string()
+}
+
+fn cgroup_mode() -> String {
+    cgroup_mode_from_mounts(&std::fs::read_to_string("/proc/mounts").unwrap_or_default())
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    // Walk up to an existing ancestor: the cache dir may not exist yet.
+    let mut p = path.to_path_buf();
+    while !p.exists() {
+        p = p.parent()?.to_path_buf();
+    }
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe_zeroed_statvfs();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+fn unsafe_zeroed_statvfs() -> libc::statvfs {
+    // SAFETY: statvfs is a plain C struct of integers, for which all-zero bytes are valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Runs a command with a timeout, killing its whole process group if it overruns.
+fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<(bool, String), String> {
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => {
+                let out = child.wait_with_output().map_err(|e| e.to_string())?;
+                let mut text = String::from_utf8_lossy(&out.stdout).to_string();
+                text.push_str(&String::from_utf8_lossy(&out.stderr));
+                return Ok((out.status.success(), text));
+            }
+            Ok(None) if start.elapsed() > timeout => {
+                // SAFETY: killpg on the group we created for this child; failure is harmless.
+                unsafe {
+                    libc::killpg(child.id() as i32, libc::SIGKILL);
+                }
+                let _ = child.wait();
+                return Err(format!("timed out after {timeout:?}"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn runsc_report(skip_platform_probe: bool, kvm_fast: bool) -> RunscReport {
+    let Some(path) = prereq::which("runsc") else {
+        return RunscReport {
+            path: None,
+            version: None,
+            working_platforms: vec![],
+            detail: "runsc not installed (Debian package `runsc`)".into(),
+        };
+    };
+    let version = Command::new(&path)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_string())
+        });
+    let mut working = Vec::new();
+    let mut notes = Vec::new();
+    if !skip_platform_probe {
+        for platform in ["systrap", "kvm", "ptrace"] {
+            if platform == "kvm" && !kvm_fast {
+                notes.push("kvm: not tried (KVM is not at hardware speed)".into());
+                continue;
+            }
+            let root = std::env::temp_dir().join(format!(
+                "kiln-doctor-runsc-{}-{platform}",
+                std::process::id()
+            ));
+            let started = Instant::now();
+            let r = run_with_timeout(
+                Command::new(&path)
+                    .arg(format!("--root={}", root.display()))
+                    .arg(format!("--platform={platform}"))
+                    .args(["--network=none", "do", "/bin/true"]),
+                Duration::from_secs(8),
+            );
+            let _ = std::fs::remove_dir_all(&root);
+            match r {
+                Ok((true, _)) => {
+                    working.push(platform.to_string());
+                    notes.push(format!(
+                        "{platform}: ok ({} ms)",
+                        started.elapsed().as_millis()
+                    ));
+                }
+                Ok((false, out)) => {
+                    let last = out
+                        .lines()
+                        .rev()
+                        .find(|l| !l.trim().is_empty())
+                        .unwrap_or("");
+                    let last: String = last.chars().take(100).collect();
+                    notes.push(format!("{platform}: failed ({last})"))
+                }
+                Err(e) => notes.push(format!("{platform}: {e}")),
+            }
+        }
+    } else {
+        notes.push("platform probe skipped".into());
+    }
+    RunscReport {
+        path: Some(path.display().to_string()),
+        version,
+        working_platforms: working,
+        detail: notes.join("; "),
+    }
+}
+
+fn kvm_report(skip: bool) -> KvmReport {
+    let present = Path::new("/dev/kvm").exists();
+    if !present {
+        return KvmReport {
+            present,
+            probe: None,
+            hardware_speed: false,
+            detail: "/dev/kvm not present".into(),
+        };
+    }
+    if skip {
+        return KvmReport {
+            present,
+            probe: None,
+            hardware_speed: false,
+            detail: "probe skipped".into(),
+        };
+    }
+    match kvm::probe() {
+        Ok(p) => KvmReport {
+            present,
+            hardware_speed: p.hardware_speed(),
+            detail: p.verdict(),
+            probe: Some(p),
+        },
+        Err(e) => KvmReport {
+            present,
+            probe: None,
+            hardware_speed: false,
+            detail: format!("probe failed: {e}"),
+        },
+    }
+}
+
+fn check(name: &str, ok: bool, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        ok,
+        detail: detail.into(),
+    }
+}
+
+fn tool_checks() -> Vec<Check> {
+    prereq::SERVE_TOOLS
+        .iter()
+        .filter(|t| t.program != "runsc")
+        .map(|t| match prereq::which(t.program) {
+            Some(p) => check(t.program, true, format!("{} ({})", p.display(), t.why)),
+            None => check(
+                t.program,
+                false,
+                format!("missing: install package {} ({})", t.package, t.why),
+            ),
+        })
+        .collect()
+}
+
+fn kernel_feature_checks() -> Vec<Check> {
+    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    let overlay = filesystems
+        .lines()
+        .any(|l| l.trim_end().ends_with("overlay"));
+    let tun = Path::new("/dev/net/tun").exists();
+    // Create a veth pair in a throwaway network namespace: the only test that tells for sure.
+    let veth = run_with_timeout(
+        Command::new("unshare").args([
+            "--net",
+            "ip",
+            "link",
+            "add",
+            "kiln-doc0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "kiln-doc1",
+        ]),
+        Duration::from_secs(5),
+    )
+    .map(|(ok, _)| ok)
+    .unwrap_or(false);
+    let nft_works = prereq::which("nft")
+        .map(|nft| {
+            Command::new(nft)
+                .args(["list", "tables"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        })
+        .unwrap_or(false);
+    vec![
+        check(
+            "overlayfs",
+            overlay,
+            if overlay {
+                "overlay in /proc/filesystems"
+            } else {
+                "overlay filesystem not available"
+            },
+        ),
+        check(
+            "tun",
+            tun,
+            if tun {
+                "/dev/net/tun present"
+            } else {
+                "/dev/net/tun missing"
+            },
+        ),
+        check(
+            "veth",
+            veth,
+            if veth {
+                "created a veth pair in a scratch network namespace"
+            } else {
+                "could not create a veth pair in a scratch network namespace (needs root and veth)"
+            },
+        ),
+        check(
+            "nftables",
+            nft_works,
+            if nft_works {
+                "`nft list tables` works"
+            } else {
+                "`nft list tables` failed (needs root and nf_tables)"
+            },
+        ),
+    ]
+}
+
+/// Picks the default driver: microvm only at hardware KVM speed, else gvisor, else none.
+pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<Driver>, String) {
+    if kvm.hardware_speed {
+        return (
+            Some(Driver::Microvm),
+            format!(
+                "KVM runs guest kernel code at hardware speed ({})",
+                kvm.detail
+            ),
+        );
+    }
+    let kvm_why = if kvm.present {
+        format!("KVM is not usable for Linux guests: {}", kvm.detail)
+    } else {
+        "no /dev/kvm".to_string()
+    };
+    if let Some(p) = runsc.working_platforms.first() {
+        return (
+            Some(Driver::Gvisor),
+            format!("{kvm_why}; gVisor works with --platform={p}"),
+        );
+    }
+    (
+        None,
+        format!(
+            "{kvm_why}; and gVisor cannot run ({}). Install runsc (`apt-get install runsc`) on a host that allows it",
+            runsc.detail
+        ),
+    )
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Skip the slow probes (KVM and runsc platforms); used by fast tests.
+    pub skip_probes: bool,
+}
+
+/// Builds the full report.
+pub fn report(opts: Options) -> Report {
+    let kvm = kvm_report(opts.skip_probes);
+    let runsc = runsc_report(opts.skip_probes, kvm.hardware_speed);
+    let cache = crate::paths::cache_dir();
+    let free = free_bytes(&cache);
+    let mut checks = tool_checks();
+    checks.extend(kernel_feature_checks());
+    checks.push(match free {
+        Some(b) => check(
+            "disk space",
+            b >= MIN_FREE_BYTES,
+            format!(
+                "{:.1} GiB free under {}",
+                b as f64 / (1u64 << 30) as f64,
+                cache.display()
+            ),
+        ),
+        None => check(
+            "disk space",
+            false,
+            format!("cannot stat {}", cache.display()),
+        ),
+    });
+    let (driver, driver_reason) = choose_driver(&kvm, &runsc);
+    Report {
+        schema: SCHEMA_VERSION,
+        kernel: kernel_version(),
+        cgroup_mode: cgroup_mode(),
+        can_run: driver.is_some(),
+        kvm,
+        runsc,
+        checks,
+        cache_dir: cache.display().to_string(),
+        cache_free_bytes: free,
+        driver,
+        driver_reason,
+    }
+}
+
+/// The human-readable screen.
+pub fn render(r: &Report) -> String {
+    let mark = |ok: bool| if ok { "ok  " } else { "FAIL" };
+    let mut s = String::new();
+    s.push_str(&format!("kiln doctor\n  kernel        {}\n", r.kernel));
+    s.push_str(&format!("  cgroups       {}\n", r.cgroup_mode));
+    s.push_str(&format!(
+        "  /dev/kvm      {}\n",
+        if r.kvm.present { "present" } else { "absent" }
+    ));
+    s.push_str(&format!("  KVM speed     {}\n", r.kvm.detail));
+    s.push_str(&format!(
+        "  runsc         {} {}\n                {}\n",
+        r.runsc.path.as_deref().unwrap_or("missing"),
+        r.runsc.version.as_deref().unwrap_or(""),
+        r.runsc.detail
+    ));
+    for c in &r.checks {
+        s.push_str(&format!("  [{}] {:<11} {}\n", mark(c.ok), c.name, c.detail));
+    }
+    match r.driver {
+        Some(d) => s.push_str(&format!(
+            "\ndriver: {} — {}\n",
+            serde_json::to_value(d).unwrap().as_str().unwrap_or("?"),
+            r.driver_reason
+        )),
+        None => s.push_str(&format!(
+            "\nkiln cannot run sandboxes here: {}\n",
+            r.driver_reason
+        )),
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_modes() {
+        let hybrid = "tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+        assert_eq!(cgroup_mode_from_mounts(hybrid), "hybrid");
+        assert_eq!(
+            cgroup_mode_from_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"),
+            "v2"
+        );
+        assert_eq!(
+            cgroup_mode_from_mounts("cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"),
+            "v1"
+        );
+        assert_eq!(cgroup_mode_from_mounts(""), "none");
+    }
+
+    fn kvm(present: bool, hw: bool) -> KvmReport {
+        KvmReport {
+            present,
+            probe: None,
+            hardware_speed: hw,
+            detail: "d".into(),
+        }
+    }
+
+    fn runsc(platforms: &[&str]) -> RunscReport {
+        RunscReport {
+            path: Some("/usr/bin/runsc".into()),
+            version: None,
+            working_platforms: platforms.iter().map(|s| s.to_string()).collect(),
+            detail: "x".into(),
+        }
+    }
+
+    #[test]
+    fn driver_choice() {
+        assert_eq!(
+            choose_driver(&kvm(true, true), &runsc(&[])).0,
+            Some(Driver::Microvm)
+        );
+        let (d, why) = choose_driver(&kvm(true, false), &runsc(&["ptrace"]));
+        assert_eq!(d, Some(Driver::Gvisor));
+        assert!(
+            why.contains("not usable") && why.contains("ptrace"),
+            "{why}"
+        );
+        let (d, why) = choose_driver(&kvm(false, false), &runsc(&[]));
+        assert_eq!(d, None);
+        assert!(why.contains("apt-get install runsc"), "{why}");
+    }
+
+    #[test]
+    fn timeout_kills_the_process_group() {
+        let t = Instant::now();
+        let r = run_with_timeout(
+            Command::new("sh").args(["-c", "sleep 30 & sleep 30"]),
+            Duration::from_millis(300),
+        );
+        assert!(r.unwrap_err().contains("timed out"));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let (ok, out) = run_with_timeout(
+            Command::new("sh").args(["-c", "echo hi"]),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert!(ok && out.contains("hi"));
+    }
+
+    #[test]
+    fn fast_report_serializes_with_every_field() {
+        let r = report(Options { skip_probes: true });
+        let v = serde_json::to_value(&r).unwrap();
+        for k in [
+            "schema",
+            "kernel",
+            "cgroup_mode",
+            "kvm",
+            "runsc",
+            "checks",
+            "cache_dir",
+            "driver",
+            "driver_reason",
+            "can_run",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k} in {v}");
+        }
+        assert_eq!(v["schema"], SCHEMA_VERSION);
+        assert!(render(&r).contains("kiln doctor"));
+    }
+}

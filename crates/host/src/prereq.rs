@@ -1,0 +1,189 @@
+//! Host prerequisites: which programs each job needs, which Debian package provides each, and
+//! installing the missing ones with apt when kiln runs as root on Debian/Ubuntu.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A program kiln runs, and the Debian package that ships it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tool {
+    pub program: &'static str,
+    pub package: &'static str,
+    pub why: &'static str,
+}
+
+/// Programs `kiln serve` (and the test suite) need on the host.
+pub const SERVE_TOOLS: &[Tool] = &[
+    Tool {
+        program: "runsc",
+        package: "runsc",
+        why: "gVisor isolation driver",
+    },
+    Tool {
+        program: "mmdebstrap",
+        package: "mmdebstrap",
+        why: "building template root filesystems",
+    },
+    Tool {
+        program: "mkfs.ext4",
+        package: "e2fsprogs",
+        why: "template ext4 images for the microVM driver",
+    },
+    Tool {
+        program: "nft",
+        package: "nftables",
+        why: "sandbox egress policy",
+    },
+    Tool {
+        program: "ip",
+        package: "iproute2",
+        why: "sandbox network namespaces",
+    },
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrereqError {
+    #[error(
+        "missing host programs: {missing}. Install them with:\n    {command}\n(kiln installs them itself when run as root on Debian/Ubuntu)"
+    )]
+    Missing { missing: String, command: String },
+    #[error("`{command}` failed with {status}; run it by hand to see why, then start kiln again")]
+    AptFailed { command: String, status: String },
+    #[error("could not run apt-get: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// Finds `program` on `$PATH` (plus the sbin directories, which are not on a user's PATH).
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let extra = ["/usr/local/sbin", "/usr/sbin", "/sbin"];
+    std::env::split_paths(&path)
+        .chain(extra.iter().map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The tools in `tools` that are not installed.
+pub fn missing(tools: &[Tool]) -> Vec<Tool> {
+    tools
+        .iter()
+        .copied()
+        .filter(|t| which(t.program).is_none())
+        .collect()
+}
+
+fn install_command(pkgs: &[&str]) -> String {
+    format!(
+        "sudo apt-get update && sudo apt-get install -y {}",
+        pkgs.join(" ")
+    )
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run_apt(args: &[&str]) -> Result<(), PrereqError> {
+    let command = format!("apt-get {}", args.join(" "));
+    eprintln!("kiln: running `{command}`");
+    let status = Command::new("apt-get")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(PrereqError::AptFailed {
+            command,
+            status: status.to_string(),
+        })
+    }
+}
+
+/// Makes sure every tool in `tools` is installed: installs the missing packages with apt when
+/// running as root on a Debian-like system, otherwise fails naming the exact command to run.
+pub fn ensure(tools: &[Tool]) -> Result<(), PrereqError> {
+    let missing = missing(tools);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut pkgs: Vec<&str> = missing.iter().map(|t| t.package).collect();
+    pkgs.dedup();
+    let names = missing
+        .iter()
+        .map(|t| format!("{} ({}, package {})", t.program, t.why, t.package))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if !(is_root() && which("apt-get").is_some()) {
+        return Err(PrereqError::Missing {
+            missing: names,
+            command: install_command(&pkgs),
+        });
+    }
+    eprintln!("kiln: installing missing host packages: {}", pkgs.join(" "));
+    run_apt(&["update", "-q"])?;
+    let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+    args.extend(pkgs.iter().copied());
+    run_apt(&args)?;
+    let still = missing_names(tools);
+    if still.is_empty() {
+        Ok(())
+    } else {
+        Err(PrereqError::Missing {
+            missing: still,
+            command: install_command(&pkgs),
+        })
+    }
+}
+
+fn missing_names(tools: &[Tool]) -> String {
+    missing(tools)
+        .iter()
+        .map(|t| t.program)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_finds_sh_and_not_nonsense() {
+        assert!(which("sh").is_some());
+        assert!(which("kiln-no-such-program-xyz").is_none());
+    }
+
+    #[test]
+    fn missing_reports_only_absent_tools() {
+        let tools = [
+            Tool {
+                program: "sh",
+                package: "dash",
+                why: "t",
+            },
+            Tool {
+                program: "kiln-no-such-program-xyz",
+                package: "kiln-nope",
+                why: "t",
+            },
+        ];
+        let m = missing(&tools);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].package, "kiln-nope");
+    }
+
+    #[test]
+    fn install_command_names_every_package() {
+        let c = install_command(&["runsc", "mmdebstrap"]);
+        assert!(c.ends_with("apt-get install -y runsc mmdebstrap"), "{c}");
+    }
+}

@@ -1,0 +1,45 @@
+# Shared by scripts/serve.sh and scripts/test.sh: host preparation and builds.
+# shellcheck shell=bash
+
+KILN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HOST_TRIPLE=x86_64-unknown-linux-gnu
+STATIC_AGENT="$KILN_ROOT/target/$HOST_TRIPLE/release/kiln-agent"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+need_cargo() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  command -v cargo >/dev/null 2>&1 || die "cargo (Rust stable) is required: install it with rustup, then run this again"
+}
+
+# install_packages CMD:PKG ... — installs the packages whose command is missing (apt, as root).
+install_packages() {
+  local missing=() pair cmd pkg
+  for pair in "$@"; do
+    cmd=${pair%%:*}; pkg=${pair#*:}
+    if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ] && [ ! -x "/sbin/$cmd" ]; then
+      missing+=("$pkg")
+    fi
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing host packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+  else
+    die "missing host packages: ${missing[*]}; install them with: sudo apt-get install -y ${missing[*]}"
+  fi
+}
+
+# The agent runs inside root filesystems whose libc kiln does not control: build it static.
+build_static_agent() {
+  local profile_flag=(--release)
+  say "building kiln-agent (static)"
+  (cd "$KILN_ROOT" && RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build "${profile_flag[@]}" -p kiln-agent --bin kiln-agent --target "$HOST_TRIPLE")
+  [ -x "$STATIC_AGENT" ] || die "static agent not found at $STATIC_AGENT after the build"
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every test kiln has: Rust unit and integration tests (real runsc, real mmdebstrap, real KVM
+# where usable), then the SDK end-to-end tests with the real `e2b` Python SDK. CI runs this.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$KILN_ROOT"
+need_cargo
+
+say "host packages"
+install_packages cc:gcc runsc:runsc mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs debugfs:e2fsprogs \
+  nft:nftables ip:iproute2 python3:python3 unshare:util-linux
+python3 -c 'import venv, ensurepip' 2>/dev/null || install_packages python3-venv-missing:python3-venv
+
+say "formatting and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+say "building the workspace"
+cargo build --workspace --all-targets
+build_static_agent
+
+export KILN_BIN="$KILN_ROOT/target/debug/kiln"
+export KILN_AGENT_BIN="$STATIC_AGENT"
+
+say "base template"
+"$KILN_BIN" template build base
+
+say "python venv for SDK tests"
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/kiln
+req_hash=$( (cat tests/sdk/requirements.txt; python3 --version) | sha256sum | cut -c1-16)
+venv="$cache/venv-$req_hash"
+if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r tests/sdk/requirements.txt
+  touch "$venv/.complete"
+fi
+export KILN_PYTHON="$venv/bin/python"
+
+say "rust tests"
+cargo test --workspace --no-fail-fast
+
+say "SDK end-to-end tests"
+set +e
+"$KILN_PYTHON" -m pytest tests/sdk -q -rs
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then
+  die "pytest collected no SDK tests"
+fi
+exit $rc
