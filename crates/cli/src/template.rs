@@ -20,6 +20,12 @@ pub enum Cmd {
         #[arg(long)]
         mirror: Option<String>,
     },
+    /// Remove old template versions (keeps each current one and the N newest others).
+    /// Sandboxes running on a removed version break: run it when none are.
+    Gc {
+        #[arg(long, default_value_t = 1)]
+        keep: usize,
+    },
     /// List built templates.
     Ls {
         #[arg(long)]
@@ -29,7 +35,10 @@ pub enum Cmd {
 
 fn load_recipe(arg: &str) -> anyhow::Result<Recipe> {
     if arg == "base" {
-        return Ok(Recipe::parse(BASE_RECIPE, "templates/base.toml (built in)")?);
+        return Ok(Recipe::parse(
+            BASE_RECIPE,
+            "templates/base.toml (built in)",
+        )?);
     }
     let path = PathBuf::from(arg);
     if path.is_file() {
@@ -41,7 +50,11 @@ fn load_recipe(arg: &str) -> anyhow::Result<Recipe> {
     }
     Err(kiln_template::Error::NoRecipe {
         name: arg.to_string(),
-        looked: format!("the built-in `base`, {}, {}", path.display(), in_repo.display()),
+        looked: format!(
+            "the built-in `base`, {}, {}",
+            path.display(),
+            in_repo.display()
+        ),
     }
     .into())
 }
@@ -73,6 +86,14 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
                 t.rootfs.display(),
                 t.ext4.display()
             );
+            Ok(0)
+        }
+        Cmd::Gc { keep } => {
+            let removed = store.gc(keep)?;
+            for p in &removed {
+                println!("removed {}", p.display());
+            }
+            println!("{} removed", removed.len());
             Ok(0)
         }
         Cmd::Ls { json } => {

@@ -114,7 +114,7 @@ fn free_bytes(path: &Path) -> Option<u64> {
     let mut st: libc::statvfs = unsafe_zeroed_statvfs();
     // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+    (rc == 0).then(|| st.f_bavail * st.f_frsize)
 }
 
 fn unsafe_zeroed_statvfs() -> libc::statvfs {

@@ -170,6 +170,55 @@ impl Store {
         read_meta(&dest)
     }
 
+    /// Removes old versions: for each name keeps the current one and the `keep` newest others;
+    /// then removes base stages no kept template uses. Returns the directories removed.
+    /// Sandboxes still running on a removed version lose their root filesystem: run it when
+    /// none are (the server does not call this by itself).
+    pub fn gc(&self, keep: usize) -> Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        let mut live_bases = std::collections::HashSet::new();
+        let names = std::fs::read_dir(&self.root)
+            .map_err(io_err(format!("listing {}", self.root.display())))?;
+        for n in names.flatten() {
+            let name = n.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || name == "logs" || !n.path().is_dir() {
+                continue;
+            }
+            let current = self.lookup(&name).ok().map(|t| t.key);
+            let mut versions: Vec<Template> = std::fs::read_dir(n.path())
+                .map_err(io_err(format!("listing {}", n.path().display())))?
+                .flatten()
+                .filter(|e| e.path().join(META).is_file())
+                .filter_map(|e| read_meta(&e.path()).ok())
+                .collect();
+            versions.sort_by(|a, b| b.built_at_unix.cmp(&a.built_at_unix));
+            let mut kept_others = 0;
+            for v in versions {
+                let is_current = current.as_deref() == Some(v.key.as_str());
+                if is_current || kept_others < keep {
+                    if !is_current {
+                        kept_others += 1;
+                    }
+                    live_bases.insert(v.recipe_hash.clone());
+                    continue;
+                }
+                remove_tree(&v.dir);
+                removed.push(v.dir);
+            }
+        }
+        let bases = self.root.join(".base");
+        for b in std::fs::read_dir(&bases)
+            .map_err(io_err(format!("listing {}", bases.display())))?
+            .flatten()
+        {
+            if !live_bases.contains(&b.file_name().to_string_lossy().to_string()) {
+                remove_tree(&b.path());
+                removed.push(b.path());
+            }
+        }
+        Ok(removed)
+    }
+
     fn set_current(&self, name: &str, key: &str) -> Result<()> {
         let parent = self.root.join(name);
         let tmp = parent.join(format!(".current-{}", std::process::id()));
@@ -284,6 +333,29 @@ mod tests {
             std::fs::read_to_string(got.rootfs.join("marker")).unwrap(),
             "first"
         );
+    }
+
+    #[test]
+    fn gc_keeps_current_and_newest_and_their_bases() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open(t.path()).unwrap();
+        for (i, key) in ["k1", "k2", "k3", "k4"].iter().enumerate() {
+            let mut m = meta("x", key);
+            m.built_at_unix = i as u64;
+            m.recipe_hash = format!("r{i}");
+            std::fs::create_dir_all(s.base_dir(&m.recipe_hash).join("rootfs")).unwrap();
+            s.publish(&staged(&s, key), &m).unwrap();
+        }
+        // Make an old one current again: it must survive even though it is old.
+        s.set_current("x", "k1").unwrap();
+        let removed = s.gc(1).unwrap();
+        assert!(s.get("x", "k1").unwrap().is_some(), "current removed");
+        assert!(s.get("x", "k4").unwrap().is_some(), "newest removed");
+        assert!(s.get("x", "k2").unwrap().is_none() && s.get("x", "k3").unwrap().is_none());
+        assert!(s.base_dir("r0").exists() && s.base_dir("r3").exists());
+        assert!(!s.base_dir("r1").exists() && !s.base_dir("r2").exists());
+        assert_eq!(removed.len(), 4, "{removed:?}");
+        assert_eq!(s.lookup("x").unwrap().key, "k1");
     }
 
     #[test]
