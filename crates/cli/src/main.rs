@@ -14,7 +14,11 @@ mod template;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Disposable, isolated Linux sandboxes for AI agents, E2B-compatible")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Disposable, isolated Linux sandboxes for AI agents, E2B-compatible"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
