@@ -39,7 +39,8 @@ install_packages() {
 build_static_agent() {
   local profile_flag=(--release)
   say "building kiln-agent (static)"
-  (cd "$KILN_ROOT" && RUSTFLAGS="-C target-feature=+crt-static" \
+  # Stripped: the binary is copied into every template.
+  (cd "$KILN_ROOT" && RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=debuginfo \
     cargo build "${profile_flag[@]}" -p kiln-agent --bin kiln-agent --target "$HOST_TRIPLE")
   [ -x "$STATIC_AGENT" ] || die "static agent not found at $STATIC_AGENT after the build"
 }
