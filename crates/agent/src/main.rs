@@ -1,4 +1,114 @@
+//! `kiln-agent`: the in-sandbox daemon (envd-compatible).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use kiln_agent::serve::ListenConfig;
+use kiln_agent::server::Agent;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// kiln-agent: serves the envd API (Connect process/filesystem services, /files, /init, …).
+#[derive(Parser, Debug)]
+#[command(name = "kiln-agent", version)]
+struct Args {
+    /// TCP port to listen on (all interfaces).
+    #[arg(long, default_value_t = kiln_proto::envd::ENVD_PORT)]
+    port: u16,
+    /// Do not listen on TCP.
+    #[arg(long)]
+    no_tcp: bool,
+    /// Also listen on this Unix socket (repeatable; a stale socket file is replaced).
+    #[arg(long = "listen-unix", value_name = "PATH")]
+    listen_unix: Vec<PathBuf>,
+    /// Also listen on this vsock port.
+    #[arg(long, value_name = "N")]
+    vsock_port: Option<u32>,
+}
+
 fn main() {
-    eprintln!("kiln-agent: not built yet");
-    std::process::exit(2);
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KILN_AGENT_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let pid1 = std::process::id() == 1;
+    if pid1 {
+        kiln_agent::pid1::mount_basics();
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kiln-agent: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = rt.block_on(async move {
+        tokio::spawn(kiln_agent::reaper::run());
+        let agent = Agent::new();
+        let cfg = ListenConfig {
+            tcp: if args.no_tcp {
+                None
+            } else {
+                Some(SocketAddr::from((Ipv4Addr::UNSPECIFIED, args.port)))
+            },
+            unix: args.listen_unix.clone(),
+            vsock_port: args.vsock_port,
+        };
+        let a2 = agent.clone();
+        let shutdown = async move {
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                std::future::pending::<()>().await;
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::info!("shutting down: terminating children");
+            for pid in a2.procs.pids() {
+                // SAFETY: signalling a child we started.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            if pid1 {
+                kiln_agent::pid1::signal_all(libc::SIGTERM);
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !a2.procs.pids().is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for pid in a2.procs.pids() {
+                // SAFETY: signalling a child we started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            if pid1 {
+                kiln_agent::pid1::signal_all(libc::SIGKILL);
+                kiln_agent::reaper::reap_all();
+            }
+        };
+        match kiln_agent::serve::run(agent, cfg, shutdown).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("kiln-agent: {e:#}");
+                1
+            }
+        }
+    });
+    if pid1 {
+        nix::unistd::sync();
+    }
+    std::process::exit(code);
 }

@@ -1,8 +1,89 @@
-//! Scaffolding: the owner of this area replaces it.
+//! `kiln keys create|list|revoke`: API keys, working on the server's state database directly.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use kiln_server::store::Store;
 
 #[derive(clap::Subcommand)]
-pub enum Cmd {}
+pub enum Cmd {
+    /// Create a key and print it (it is shown only this once).
+    Create {
+        /// A name to recognise the key by.
+        #[arg(long, default_value = "cli")]
+        name: String,
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// List keys (ids, names, prefixes; never the keys themselves).
+    List {
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Revoke a key by id (see `kiln keys list`).
+    Revoke {
+        id: String,
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+fn open(state_dir: Option<PathBuf>) -> anyhow::Result<Store> {
+    let dir = state_dir.unwrap_or_else(kiln_host::paths::state_dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Store::open(&dir.join("kiln.db")).context("opening the state database")
+}
+
+fn when(ms: Option<i64>) -> String {
+    ms.and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
 
 pub fn run(c: Cmd) -> anyhow::Result<i32> {
-    match c {}
+    match c {
+        Cmd::Create { name, state_dir } => {
+            let store = open(state_dir)?;
+            let k = kiln_server::auth::create_key(&store, &name)?;
+            println!("{}", k.secret);
+            eprintln!(
+                "kiln: created key {} ({name}); it is shown only this once",
+                k.record.id
+            );
+            Ok(0)
+        }
+        Cmd::List { state_dir } => {
+            let store = open(state_dir)?;
+            println!(
+                "{:<18} {:<16} {:<12} {:<20} {:<20} STATUS",
+                "ID", "NAME", "PREFIX", "CREATED", "LAST USED"
+            );
+            for k in store.list_keys()? {
+                let status = if k.revoked_at_ms.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!(
+                    "{:<18} {:<16} {:<12} {:<20} {:<20} {status}",
+                    k.id,
+                    k.name,
+                    format!("{}…", k.prefix),
+                    when(Some(k.created_at_ms)),
+                    when(k.last_used_ms)
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Revoke { id, state_dir } => {
+            let store = open(state_dir)?;
+            if store.revoke_key(&id)? {
+                println!("revoked {id}");
+                Ok(0)
+            } else {
+                eprintln!("kiln: no active key with id {id} (see `kiln keys list`)");
+                Ok(1)
+            }
+        }
+    }
 }

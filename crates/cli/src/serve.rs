@@ -1,8 +1,140 @@
-//! Scaffolding: the owner of this area replaces it.
+//! `kiln serve`: prepares the host and the base template, then runs the kiln server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use kiln_server::templates::{self, Templates};
+use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Address to listen on (API and sandbox traffic share it). Port 0 picks a free port.
+    #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Domain of sandbox host names: `{port}-{sandboxID}.{domain}` is routed to that sandbox.
+    #[arg(long, env = "KILN_DOMAIN", default_value = kiln_server::DEFAULT_DOMAIN)]
+    domain: String,
+    /// State directory (database, sandbox layers). Default: KILN_STATE_DIR or /var/lib/kiln/state.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// gVisor platform: ptrace (works everywhere), systrap or kvm where supported.
+    #[arg(long, default_value = "ptrace")]
+    platform: String,
+    /// Do not configure cgroups for sandboxes (only for hosts where runsc cannot manage them).
+    #[arg(long)]
+    ignore_cgroups: bool,
+    /// Timeout (seconds) of sandboxes whose create request names none.
+    #[arg(long, default_value_t = 300)]
+    default_timeout: u64,
+    /// Refuse timeouts above this many seconds (default: no cap).
+    #[arg(long)]
+    max_timeout: Option<u64>,
+    /// vCPUs of each sandbox.
+    #[arg(long, default_value_t = 2)]
+    cpus: u32,
+    /// Memory limit of each sandbox, MiB.
+    #[arg(long, default_value_t = 512)]
+    memory_mb: u32,
+    /// Skip installing host packages and building the base template.
+    #[arg(long)]
+    no_prepare: bool,
+    /// Extra template made of a bare rootfs directory, NAME=DIR (repeatable; for tests).
+    #[arg(long = "template-dir", value_name = "NAME=DIR")]
+    template_dirs: Vec<String>,
+}
 
-pub fn run(_a: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+fn template_source(a: &Args) -> anyhow::Result<Arc<dyn Templates>> {
+    let store = kiln_template::Store::open_default().context("opening the template store")?;
+    let mut extra = Vec::new();
+    for spec in &a.template_dirs {
+        let (name, dir) = spec
+            .split_once('=')
+            .with_context(|| format!("--template-dir {spec:?}: expected NAME=DIR"))?;
+        extra.push(templates::from_dir(name, &PathBuf::from(dir)));
+    }
+    Ok(Arc::new(templates::Chain(
+        store,
+        templates::FixedTemplates(extra),
+    )))
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    if !a.no_prepare {
+        kiln_host::prereq::ensure(kiln_host::prereq::SERVE_TOOLS)?;
+        let store = kiln_template::Store::open_default()?;
+        kiln_template::ensure_base(&store, &kiln_template::BuildOptions::default())
+            .context("preparing the base template")?;
+    }
+    let templates = template_source(&a)?;
+    let cfg = ServerConfig {
+        listen: a.listen,
+        domain: a.domain.clone(),
+        state_dir: a
+            .state_dir
+            .clone()
+            .unwrap_or_else(kiln_host::paths::state_dir),
+        platform: a.platform.clone(),
+        ignore_cgroups: a.ignore_cgroups,
+        lifecycle: LifecycleConfig {
+            default_timeout_secs: a.default_timeout,
+            max_timeout_secs: a.max_timeout,
+            default_cpu_count: a.cpus,
+            default_memory_mb: a.memory_mb,
+            ..LifecycleConfig::default()
+        },
+    };
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let server = Server::prepare(cfg.clone(), templates).await?;
+        let r = &server.recovery;
+        if !(r.adopted.is_empty() && r.cleaned.is_empty() && r.orphans_removed.is_empty()) {
+            println!(
+                "kiln: recovered from the previous run: {} sandbox(es) still running, {} gone and cleaned up, {} leftover(s) removed",
+                r.adopted.len(),
+                r.cleaned.len(),
+                r.orphans_removed.len()
+            );
+        }
+        println!("kiln: listening on http://{}", server.local_addr);
+        println!("kiln: state in {}", cfg.state_dir.display());
+        if let Some(k) = &server.first_key {
+            println!("kiln: first API key (shown once, store it now): {}", k.secret);
+        }
+        println!(
+            "kiln: SDK settings: E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_API_KEY=<key>",
+            server.local_addr
+        );
+        let mut events = server.manager.subscribe();
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                match events.recv().await {
+                    Ok(e) => {
+                        let t = chrono_like(e.ts_ms);
+                        println!("{t} {} {:<9} {}", e.sandbox_id, e.kind, e.detail);
+                    }
+                    Err(RecvError::Lagged(n)) => println!("kiln: {n} events not shown"),
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        });
+        server.serve().await.context("serving")?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(0)
+}
+
+/// `HH:MM:SS.mmm` (UTC) of a Unix time in milliseconds.
+fn chrono_like(ms: i64) -> String {
+    let s = ms.div_euclid(1000);
+    let day = s.rem_euclid(86_400);
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        day / 3600,
+        (day / 60) % 60,
+        day % 60,
+        ms.rem_euclid(1000)
+    )
 }

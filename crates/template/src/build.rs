@@ -25,7 +25,11 @@ use crate::store::{remove_tree, Store, Template};
 use crate::{io_err, Error, Result};
 
 /// Bump when the builder's output for the same inputs changes.
-const BUILDER_VERSION: &str = "kiln-template-builder-1";
+const BUILDER_VERSION: &str = "kiln-template-builder-2";
+/// Source of the preload library installed in every template (see the file's comment).
+const COMPAT_SOURCE: &str = include_str!("../compat/kiln-compat.c");
+/// Where the compat library lives inside every template.
+pub const COMPAT_PATH_IN_ROOTFS: &str = "usr/lib/kiln/libkiln-compat.so";
 /// Where the agent lives inside every template.
 pub const AGENT_PATH_IN_ROOTFS: &str = "usr/bin/kiln-agent";
 const STEP_MARKER: &str = "kiln-step:";
@@ -62,7 +66,7 @@ pub fn ensure_base(store: &Store, opts: &BuildOptions) -> Result<Template> {
 /// The cache key of a template: recipe, agent binary and builder version.
 pub fn template_key(recipe_hash: &str, agent_sha256: &str) -> String {
     let mut h = Sha256::new();
-    for part in [BUILDER_VERSION, recipe_hash, agent_sha256] {
+    for part in [BUILDER_VERSION, COMPAT_SOURCE, recipe_hash, agent_sha256] {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -123,7 +127,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
     let staging = tempdir_in(&store.tmp_dir(), "template-")?;
     let result = (|| {
         let rootfs = staging.join("rootfs");
-        let phase = ui.phase("install kiln-agent");
+        let phase = ui.phase("install kiln-agent and compat library");
         let out = Command::new("cp")
             .arg("-al")
             .arg(&base)
@@ -135,6 +139,8 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             return Err(log.failure("copying the base stage", &log_path));
         }
         install_agent(&agent, &rootfs)?;
+        install_compat(&staging, &rootfs, &mut log)
+            .map_err(|_| log.failure("building the compat preload library", &log_path))?;
         phase.done();
 
         let phase = ui.phase("ext4 image (mkfs.ext4 -d)");
@@ -422,6 +428,42 @@ fn install_agent(agent: &Path, rootfs: &Path) -> Result<()> {
     std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))
         .map_err(io_err("chmod kiln-agent"))?;
     Ok(())
+}
+
+/// Compiles the compat preload library with the host C compiler (freestanding: it links against
+/// nothing) and registers it in `/etc/ld.so.preload`.
+fn install_compat(staging: &Path, rootfs: &Path, log: &mut Log) -> std::result::Result<(), ()> {
+    let src = staging.join("kiln-compat.c");
+    std::fs::write(&src, COMPAT_SOURCE).map_err(|e| log.line(&format!("write source: {e}")))?;
+    let dest = rootfs.join(COMPAT_PATH_IN_ROOTFS);
+    if let Some(dir) = dest.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| log.line(&format!("mkdir: {e}")))?;
+    }
+    let _ = std::fs::remove_file(&dest);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-nostdlib", "-O2", "-Wall", "-o"])
+        .arg(&dest)
+        .arg(&src)
+        .output()
+        .map_err(|e| log.line(&format!("running {cc} (install gcc): {e}")))?;
+    log.write(&out.stdout);
+    log.write(&out.stderr);
+    let _ = std::fs::remove_file(&src);
+    if !out.status.success() {
+        log.line(&format!("{cc} exited with {}", out.status));
+        return Err(());
+    }
+    let preload = rootfs.join("etc/ld.so.preload");
+    let mut lines = std::fs::read_to_string(&preload).unwrap_or_default();
+    let entry = format!("/{COMPAT_PATH_IN_ROOTFS}");
+    if !lines.lines().any(|l| l.trim() == entry) {
+        lines.push_str(&entry);
+        lines.push('\n');
+    }
+    // Replace, never write through: the base stage is hard-linked.
+    let _ = std::fs::remove_file(&preload);
+    std::fs::write(&preload, lines).map_err(|e| log.line(&format!("write ld.so.preload: {e}")))
 }
 
 /// Bytes used by a tree (hard links counted once).

@@ -191,7 +191,7 @@ impl Store {
                 .filter(|e| e.path().join(META).is_file())
                 .filter_map(|e| read_meta(&e.path()).ok())
                 .collect();
-            versions.sort_by(|a, b| b.built_at_unix.cmp(&a.built_at_unix));
+            versions.sort_by_key(|v| std::cmp::Reverse(v.built_at_unix));
             let mut kept_others = 0;
             for v in versions {
                 let is_current = current.as_deref() == Some(v.key.as_str());

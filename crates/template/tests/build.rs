@@ -205,6 +205,43 @@ fn builds_then_is_cached_then_rebuilds_on_change() {
         std::fs::read(root.join("usr/bin/kiln-agent")).unwrap(),
         std::fs::read(&agent).unwrap()
     );
+    let compat = root.join(kiln_template::build::COMPAT_PATH_IN_ROOTFS);
+    assert!(compat.is_file(), "compat library missing");
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/ld.so.preload")).unwrap(),
+        format!("/{}\n", kiln_template::build::COMPAT_PATH_IN_ROOTFS)
+    );
+    // The preloaded library loads into every process of the template without breaking it…
+    let out = Command::new("chroot")
+        .arg(root)
+        .args(["ls", "-d", "/etc"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/etc\n");
+    // …and makes coreutils' statx work under gVisor releases that reject AT_NO_AUTOMOUNT.
+    if kiln_host::prereq::which("runsc").is_some() {
+        let state = tempfile::tempdir().unwrap();
+        let out = Command::new("runsc")
+            .arg(format!("--root={}", state.path().display()))
+            .args(["--platform=ptrace", "--network=none", "do", "env"])
+            .arg(format!("LD_PRELOAD={}", compat.display()))
+            .args(["ls", "-d", "/etc"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ls under runsc with the compat library: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("/etc"));
+    } else {
+        eprintln!("runsc check skipped: runsc is not installed");
+    }
     assert_eq!(tpl.workdir, "/srv/app");
     assert_eq!(tpl.user, "root");
     assert_eq!(tpl.env.get("GREETING").map(String::as_str), Some("x"));

@@ -1,0 +1,163 @@
+//! Listeners (TCP, Unix sockets, vsock) and the accept loop.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::server::{serve_conn, Agent};
+
+/// Where to listen.
+#[derive(Debug, Clone, Default)]
+pub struct ListenConfig {
+    /// TCP address (None: no TCP).
+    pub tcp: Option<SocketAddr>,
+    /// Unix socket paths (a stale socket file is removed first).
+    pub unix: Vec<PathBuf>,
+    /// vsock port (any CID).
+    pub vsock_port: Option<u32>,
+}
+
+fn vsock_listener(port: u32) -> anyhow::Result<OwnedFd> {
+    // SAFETY: plain socket creation; the fd is owned right after.
+    let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error())
+            .context("create vsock socket (is vsock available?)");
+    }
+    // SAFETY: fd is a fresh valid socket we exclusively own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: zeroed sockaddr_vm is valid; fields set below.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_port = port;
+    addr.svm_cid = libc::VMADDR_CID_ANY;
+    // SAFETY: bind/listen with a correctly sized sockaddr_vm.
+    unsafe {
+        if libc::bind(
+            fd,
+            (&addr as *const libc::sockaddr_vm).cast(),
+            std::mem::size_of::<libc::sockaddr_vm>() as u32,
+        ) < 0
+        {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("bind vsock port {port}"));
+        }
+        if libc::listen(fd, 128) < 0 {
+            return Err(std::io::Error::last_os_error()).context("listen on vsock");
+        }
+    }
+    Ok(owned)
+}
+
+/// Bind every listener, then serve until `shutdown` resolves. Binding errors are returned
+/// before anything is served, so a caller knows the agent is reachable once this is polled.
+pub async fn run(
+    agent: Arc<Agent>,
+    cfg: ListenConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let mut tasks = Vec::new();
+    if let Some(addr) = cfg.tcp {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("bind TCP {addr}"))?;
+        tracing::info!("listening on tcp {}", l.local_addr()?);
+        let a = agent.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match l.accept().await {
+                    Ok((s, _)) => {
+                        let _ = s.set_nodelay(true);
+                        tokio::spawn(serve_conn(a.clone(), s));
+                    }
+                    Err(e) => {
+                        tracing::warn!("TCP accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }));
+    }
+    for path in &cfg.unix {
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if m.file_type().is_socket() {
+                let _ = std::fs::remove_file(path);
+            } else {
+                anyhow::bail!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                );
+            }
+        }
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let l = tokio::net::UnixListener::bind(path)
+            .with_context(|| format!("bind unix socket {}", path.display()))?;
+        tracing::info!("listening on unix {}", path.display());
+        let a = agent.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match l.accept().await {
+                    Ok((s, _)) => {
+                        tokio::spawn(serve_conn(a.clone(), s));
+                    }
+                    Err(e) => {
+                        tracing::warn!("unix accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }));
+    }
+    if let Some(port) = cfg.vsock_port {
+        let fd = vsock_listener(port)?;
+        tracing::info!("listening on vsock port {port}");
+        let a = agent.clone();
+        let handle = tokio::runtime::Handle::current();
+        std::thread::Builder::new()
+            .name("vsock-accept".into())
+            .spawn(move || loop {
+                use std::os::fd::AsRawFd;
+                // SAFETY: accept on our listening socket; returned fd is owned below.
+                let c = unsafe {
+                    libc::accept4(
+                        fd.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                    )
+                };
+                if c < 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                }
+                // SAFETY: `c` is a connected stream socket we exclusively own; a Unix stream
+                // wrapper only issues read/write/shutdown on it, which vsock supports.
+                let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(c) };
+                let a = a.clone();
+                handle.spawn(async move {
+                    match tokio::net::UnixStream::from_std(std_stream) {
+                        Ok(s) => serve_conn(a, s).await,
+                        Err(e) => tracing::warn!("vsock connection setup failed: {e}"),
+                    }
+                });
+            })?;
+    }
+    if tasks.is_empty() && cfg.vsock_port.is_none() {
+        anyhow::bail!("no listener configured: drop --no-tcp or add --listen-unix/--vsock-port");
+    }
+    shutdown.await;
+    for t in tasks {
+        t.abort();
+    }
+    for p in &cfg.unix {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}

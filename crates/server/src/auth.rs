@@ -1,0 +1,126 @@
+//! API keys: `e2b_` + 40 hex characters (the shape E2B keys have), stored as SHA-256 only.
+
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use crate::store::{now_ms, KeyRecord, Store, StoreError};
+
+/// Header carrying the API key (as E2B).
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// A freshly generated key: the secret (shown once) and the row stored for it.
+#[derive(Debug, Clone)]
+pub struct NewKey {
+    pub secret: String,
+    pub record: KeyRecord,
+}
+
+pub fn hash_key(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Random hex string of `bytes` random bytes.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut buf);
+    hex::encode(buf)
+}
+
+/// Generates a key named `name` and stores its hash.
+pub fn create_key(store: &Store, name: &str) -> Result<NewKey, StoreError> {
+    let secret = format!("e2b_{}", random_hex(20));
+    let record = KeyRecord {
+        id: format!("key_{}", random_hex(6)),
+        name: name.to_string(),
+        prefix: secret[..10].to_string(),
+        hash: hash_key(&secret),
+        created_at_ms: now_ms(),
+        last_used_ms: None,
+        revoked_at_ms: None,
+    };
+    store.insert_key(&record)?;
+    Ok(NewKey { secret, record })
+}
+
+/// Creates the first key when the database has none yet (first start).
+pub fn ensure_first_key(store: &Store) -> Result<Option<NewKey>, StoreError> {
+    if store.list_keys()?.is_empty() {
+        return create_key(store, "first key").map(Some);
+    }
+    Ok(None)
+}
+
+/// Why a request's key was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing API key: send it in the X-API-Key header")]
+    Missing,
+    #[error("invalid API key")]
+    Invalid,
+    #[error("this API key was revoked")]
+    Revoked,
+}
+
+/// Checks `presented` against the stored hashes; returns the key's id.
+pub fn verify(
+    store: &Store,
+    presented: Option<&str>,
+) -> Result<Result<String, AuthError>, StoreError> {
+    let Some(secret) = presented.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(Err(AuthError::Missing));
+    };
+    match store.key_by_hash(&hash_key(secret))? {
+        None => Ok(Err(AuthError::Invalid)),
+        Some(k) if k.revoked_at_ms.is_some() => Ok(Err(AuthError::Revoked)),
+        Some(k) => {
+            store.touch_key(&k.id)?;
+            Ok(Ok(k.id))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_key_is_created_once_and_verifies() {
+        let s = Store::open_in_memory().unwrap();
+        let k = ensure_first_key(&s)
+            .unwrap()
+            .expect("first start creates a key");
+        assert!(k.secret.starts_with("e2b_") && k.secret.len() == 44);
+        assert!(
+            ensure_first_key(&s).unwrap().is_none(),
+            "only on first start"
+        );
+        // Only the hash is stored.
+        let rows = s.list_keys().unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_ne!(rows[0].hash, k.secret);
+        assert!(!rows[0].hash.contains(&k.secret[4..]));
+        assert_eq!(
+            verify(&s, Some(&k.secret)).unwrap(),
+            Ok(k.record.id.clone())
+        );
+    }
+
+    #[test]
+    fn missing_invalid_and_revoked_keys_are_refused() {
+        let s = Store::open_in_memory().unwrap();
+        let k = create_key(&s, "ci").unwrap();
+        assert_eq!(verify(&s, None).unwrap(), Err(AuthError::Missing));
+        assert_eq!(verify(&s, Some("  ")).unwrap(), Err(AuthError::Missing));
+        assert_eq!(
+            verify(&s, Some("e2b_nope")).unwrap(),
+            Err(AuthError::Invalid)
+        );
+        let other = create_key(&s, "other").unwrap();
+        assert!(s.revoke_key(&k.record.id).unwrap());
+        assert_eq!(
+            verify(&s, Some(&k.secret)).unwrap(),
+            Err(AuthError::Revoked)
+        );
+        assert!(verify(&s, Some(&other.secret)).unwrap().is_ok());
+    }
+}

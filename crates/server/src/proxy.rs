@@ -1,0 +1,277 @@
+//! The envd routing proxy: forwards sandbox-addressed requests to the sandbox's agent over its
+//! host Unix socket, streaming bodies both ways and passing WebSocket/HTTP upgrades through.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+
+use crate::agent_http;
+use crate::manager::Manager;
+use crate::routing::{Target, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
+
+/// Request bodies up to this size are buffered (and retried once on a connection failure).
+const SMALL_BODY: u64 = 1 << 20;
+
+/// Header carrying the envd access token.
+pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+
+fn proxy_error(status: StatusCode, sandbox_id: &str, message: String) -> Response {
+    (
+        status,
+        axum::Json(json!({
+            "code": status.as_u16(),
+            "message": message,
+            "sandboxId": sandbox_id,
+        })),
+    )
+        .into_response()
+}
+
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(*n);
+    }
+}
+
+fn wants_upgrade(h: &HeaderMap) -> Option<HeaderValue> {
+    let conn_upgrade = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        });
+    if conn_upgrade {
+        h.get(header::UPGRADE).cloned()
+    } else {
+        None
+    }
+}
+
+/// Whether the request carries a file-URL signature (checked by the agent itself).
+fn has_signature(uri: &http::Uri) -> bool {
+    uri.query()
+        .map(|q| q.split('&').any(|kv| kv.starts_with("signature=")))
+        .unwrap_or(false)
+}
+
+/// Forwards `req` to `target`.
+pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) -> Response {
+    let id = target.sandbox_id.as_str();
+    let Some(route) = manager.route(id) else {
+        return proxy_error(
+            StatusCode::BAD_GATEWAY,
+            id,
+            format!("The sandbox {id} was not found: it does not exist, was killed or timed out"),
+        );
+    };
+    if target.port != kiln_proto::envd::ENVD_PORT {
+        return proxy_error(
+            StatusCode::BAD_GATEWAY,
+            id,
+            format!(
+                "cannot forward to port {} of sandbox {id}: sandbox networking is not implemented \
+                 in kiln yet, only the envd port {} is reachable",
+                target.port,
+                kiln_proto::envd::ENVD_PORT
+            ),
+        );
+    }
+    if let Some(token) = &route.envd_token {
+        let presented = req
+            .headers()
+            .get(ACCESS_TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let ok = match presented {
+            Some(p) => constant_time_eq(p.as_bytes(), token.as_bytes()),
+            None => has_signature(req.uri()),
+        };
+        if !ok {
+            return proxy_error(
+                StatusCode::UNAUTHORIZED,
+                id,
+                "missing or invalid envd access token (X-Access-Token)".into(),
+            );
+        }
+    }
+
+    let upgrade = wants_upgrade(req.headers());
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+
+    let (parts, body) = req.into_parts();
+    let mut headers = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    headers.remove(SANDBOX_ID_HEADER);
+    headers.remove(SANDBOX_PORT_HEADER);
+    headers.insert(header::HOST, HeaderValue::from_static("localhost"));
+    if let Some(u) = &upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, u.clone());
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    let method = parts.method;
+    let build = |body: Body| -> Result<Request<Body>, http::Error> {
+        let mut r = Request::builder()
+            .method(method.clone())
+            .uri(path.as_str())
+            .version(http::Version::HTTP_11)
+            .body(body)?;
+        *r.headers_mut() = headers.clone();
+        Ok(r)
+    };
+    // Small bodies (every Connect request, small uploads) are buffered so that a connection
+    // that fails before the agent answers can be retried once; large ones stream through.
+    let small = upgrade.is_none()
+        && match headers.get(header::CONTENT_LENGTH) {
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_some_and(|n| n <= SMALL_BODY),
+            None => matches!(
+                method,
+                http::Method::GET | http::Method::HEAD | http::Method::DELETE
+            ),
+        };
+    let sent = if small {
+        let bytes = match http_body_util::BodyExt::collect(body).await {
+            Ok(c) => c.to_bytes(),
+            Err(e) => {
+                return proxy_error(
+                    StatusCode::BAD_REQUEST,
+                    id,
+                    format!("reading the request body: {e}"),
+                );
+            }
+        };
+        let mut attempt = 0;
+        loop {
+            let req = match build(Body::from(bytes.clone())) {
+                Ok(r) => r,
+                Err(e) => {
+                    return proxy_error(StatusCode::BAD_REQUEST, id, format!("bad request: {e}"))
+                }
+            };
+            match agent_http::send(&route.socket, req).await {
+                Ok(r) => break Ok(r),
+                Err(e) if attempt == 0 => {
+                    tracing::debug!(sandbox = id, error = %e, "retrying a request to the agent");
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => break Err(e),
+            }
+        }
+    } else {
+        match build(body) {
+            Ok(req) => agent_http::send(&route.socket, req).await,
+            Err(e) => return proxy_error(StatusCode::BAD_REQUEST, id, format!("bad request: {e}")),
+        }
+    };
+    let mut resp = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            return proxy_error(
+                StatusCode::BAD_GATEWAY,
+                id,
+                format!("the sandbox {id} agent is not reachable: {e}"),
+            );
+        }
+    };
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let agent_upgrade = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                match tokio::try_join!(client_upgrade, agent_upgrade) {
+                    Ok((c, a)) => {
+                        let mut c = TokioIo::new(c);
+                        let mut a = TokioIo::new(a);
+                        let _ = tokio::io::copy_bidirectional(&mut c, &mut a).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "upgrade through the proxy failed"),
+                }
+            });
+        }
+        let (parts, _) = resp.into_parts();
+        return Response::from_parts(parts, Body::empty());
+    }
+
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, Body::new(body))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("keep-alive, x-foo"));
+        h.insert("x-foo", HeaderValue::from_static("1"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("content-type"));
+    }
+
+    #[test]
+    fn upgrade_detection_and_signature() {
+        let mut h = HeaderMap::new();
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        assert!(wants_upgrade(&h).is_none());
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert_eq!(wants_upgrade(&h).unwrap(), "websocket");
+        assert!(has_signature(
+            &"/files?path=a&signature=v1_x".parse().unwrap()
+        ));
+        assert!(!has_signature(&"/files?path=a".parse().unwrap()));
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,4 @@
+//! Legacy port-I/O devices.
+
+pub mod i8042;
+pub mod serial;

@@ -1,0 +1,4 @@
+//! KVM VM and vCPU state.
+
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,221 @@
+"""Fixtures for the kiln server end-to-end tests: a real `kiln serve` on a random port with a
+temporary state dir, real gVisor sandboxes from the base template, and the real e2b SDK.
+
+Needs KILN_BIN (the kiln binary) and the base template already built (scripts/test.sh does both).
+Everything started here is torn down even when a test fails: sandboxes are killed through the
+API, then any runsc container, mount or directory left under the state dir is removed.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+
+def kiln_bin() -> str:
+    b = os.environ.get("KILN_BIN")
+    if not b:
+        pytest.fail("KILN_BIN is not set: point it at the built `kiln` binary (scripts/test.sh does)")
+    if not os.path.exists(b):
+        pytest.fail(f"KILN_BIN={b} does not exist")
+    return b
+
+
+def cleanup_state(state_dir: str) -> None:
+    """Removes every runsc container, mount and file a kiln server left under state_dir."""
+    root = os.path.join(state_dir, "gvisor", "runsc")
+    runsc = shutil.which("runsc") or "/usr/bin/runsc"
+    if os.path.isdir(root):
+        try:
+            out = subprocess.run(
+                [runsc, f"--root={root}", "list", "--format=json"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout
+            for c in json.loads(out or "[]") or []:
+                subprocess.run(
+                    [runsc, f"--root={root}", "--network=none", "--host-uds=create",
+                     "delete", "--force", c["id"]],
+                    capture_output=True, timeout=60,
+                )
+        except Exception as e:  # keep cleaning up
+            print(f"cleanup: runsc: {e}")
+    for mp in mounts_under(state_dir):
+        subprocess.run(["umount", "-l", mp], capture_output=True)
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def mounts_under(path: str) -> list:
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split(" ")[4]
+            if mp.startswith(path):
+                out.append(mp)
+    return out
+
+
+def runsc_processes_for(state_dir: str) -> list:
+    """Command lines of processes that belong to sandboxes of this state dir."""
+    procs = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state_dir in cmd and "runsc" in cmd:
+            procs.append(cmd)
+    return procs
+
+
+class KilnServer:
+    """One `kiln serve` process."""
+
+    def __init__(self, state_dir: str, extra_args=()):
+        self.state_dir = state_dir
+        self.log_path = os.path.join(os.path.dirname(state_dir), os.path.basename(state_dir) + ".log")
+        self.extra_args = list(extra_args)
+        self.proc = None
+        self.url = None
+        self.api_key = None
+
+    def start(self, timeout: float = 60) -> "KilnServer":
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [kiln_bin(), "serve", "--no-prepare", "--listen", "127.0.0.1:0",
+             "--state-dir", self.state_dir, *self.extra_args],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "KILN_LOG": os.environ.get("KILN_LOG", "info"), "NO_COLOR": "1"},
+        )
+        deadline = time.time() + timeout
+        offset = os.path.getsize(self.log_path) if self.url else 0
+        while time.time() < deadline:
+            text = open(self.log_path).read()[offset:]
+            m = re.search(r"listening on (http://[0-9.:]+)", text)
+            if m and "SDK settings" in text:
+                self.url = m.group(1)
+                k = re.search(r"first API key \(shown once, store it now\): (e2b_[0-9a-f]+)", text)
+                if k:
+                    self.api_key = k.group(1)
+                return self
+            if self.proc.poll() is not None:
+                pytest.fail(f"kiln serve exited with {self.proc.returncode}:\n{text}")
+            time.sleep(0.05)
+        pytest.fail(f"kiln serve did not start within {timeout}s:\n{open(self.log_path).read()}")
+
+    def log(self) -> str:
+        try:
+            return open(self.log_path).read()
+        except OSError:
+            return ""
+
+    def kill9(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def opts(self) -> dict:
+        """Connection options for e2b SDK calls against this server."""
+        return {"api_key": self.api_key, "api_url": self.url, "sandbox_url": self.url}
+
+    def request(self, method: str, path: str, body=None, headers=None, raw: bytes = None,
+                api_key: object = "default"):
+        """A raw HTTP request; returns (status, parsed JSON or text, headers)."""
+        h = dict(headers or {})
+        if api_key == "default":
+            api_key = self.api_key
+        if api_key is not None:
+            h["X-API-Key"] = api_key
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+            h["Content-Type"] = "application/json"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                status, payload, rh = r.status, r.read(), r.headers
+        except urllib.error.HTTPError as e:
+            status, payload, rh = e.code, e.read(), e.headers
+        try:
+            parsed = json.loads(payload) if payload else None
+        except ValueError:
+            parsed = payload.decode(errors="replace")
+        return status, parsed, rh
+
+    def kill_all_sandboxes(self):
+        if not self.url or not self.proc or self.proc.poll() is not None:
+            return
+        try:
+            status, lst, _ = self.request("GET", "/sandboxes")
+            if status == 200:
+                for s in lst:
+                    self.request("DELETE", f"/sandboxes/{s['sandboxID']}")
+        except Exception as e:
+            print(f"cleanup: listing sandboxes: {e}")
+
+
+@pytest.fixture(scope="session")
+def server():
+    """A kiln server shared by the SDK tests (the e2b SDK reads E2B_* from the environment)."""
+    base = tempfile.mkdtemp(prefix="kiln-sdk-")
+    # KILN_SERVE_EXTRA_ARGS: extra `kiln serve` flags, e.g. `--template-dir base=/some/rootfs`
+    # to run the suite against a hand-assembled rootfs.
+    srv = KilnServer(os.path.join(base, "state"), os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+    try:
+        srv.start()
+        status, templates, _ = srv.request("GET", "/templates")
+        assert status == 200, templates
+        if not any(t["templateID"] == "base" for t in templates):
+            pytest.fail("the base template is not built: run `kiln template build base` first")
+        saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DEBUG")}
+        os.environ["E2B_API_URL"] = srv.url
+        os.environ["E2B_SANDBOX_URL"] = srv.url
+        os.environ["E2B_API_KEY"] = srv.api_key
+        os.environ.pop("E2B_DEBUG", None)
+        yield srv
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+        log = srv.log()
+        print("---- kiln serve log (tail) ----\n" + log[-8000:])
+        cleanup_state(srv.state_dir)
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, f"the server panicked:\n{log}"
+
+
+@pytest.fixture
+def sandbox(server):
+    """A fresh sandbox from the base template, killed after the test."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=120)
+    try:
+        yield sbx
+    finally:
+        try:
+            sbx.kill()
+        except Exception:
+            pass
