@@ -307,6 +307,14 @@ impl EnvelopeReader {
         }
     }
 
+    /// Reads and discards the rest of the request body. A server-streaming call reads one
+    /// message and then only answers; reading the body to its end keeps the connection in a
+    /// clean state (nothing unread when it is closed or reused). Run it in its own task beside
+    /// the answer.
+    pub async fn drain(mut self) {
+        while let Some(Ok(_)) = self.body.frame().await {}
+    }
+
     /// Next message; `Ok(None)` at end of the request stream.
     pub async fn next<M: Msg>(&mut self) -> Result<Option<M>, RpcError> {
         loop {

@@ -387,6 +387,7 @@ async fn connect_call(agent: Arc<Agent>, req: Request<Incoming>, path: String) -
                     Ok(m) => m,
                     Err(e) => return rpc::stream_error(codec, e),
                 };
+                tokio::spawn(reader.drain());
                 server_stream(agent, codec, &headers, user, first).await
             }
         };

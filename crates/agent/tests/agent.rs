@@ -646,3 +646,89 @@ async fn keepalive_events_and_json_streaming() {
         &["end".to_string(), "END_STREAM".to_string()]
     );
 }
+
+/// A server-streaming call whose request body ends only after the answer has started (as the
+/// SDK's streaming client may do under load) still delivers the whole answer, 3 MB of output,
+/// with its end-of-stream message.
+#[tokio::test]
+async fn late_request_end_does_not_reset_a_long_stream() {
+    use base64::Engine;
+    use std::io::{Read, Write};
+
+    let (agent, _c) = start().await;
+    let sock = agent.sock.clone();
+    let total = tokio::task::spawn_blocking(move || {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let msg = serde_json::json!({"process": {"cmd": "/bin/bash", "args": ["-c",
+            "echo start; sleep 0.3; head -c 3000000 /dev/zero | tr '\\0' a"]}})
+        .to_string();
+        let mut env = vec![0u8];
+        env.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        env.extend_from_slice(msg.as_bytes());
+        let head = "POST /process.Process/Start HTTP/1.1\r\nHost: agent\r\nContent-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(format!("{:x}\r\n", env.len()).as_bytes()).unwrap();
+        s.write_all(&env).unwrap();
+        s.write_all(b"\r\n").unwrap();
+
+        let mut raw = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut sent_end = false;
+        loop {
+            let n = s.read(&mut buf).unwrap_or_else(|e| {
+                panic!("reading the stream failed after {} bytes: {e}", raw.len())
+            });
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+            if !sent_end && raw.windows(5).any(|w| w == b"start" || w == b"c3Rhc") {
+                // The answer has begun: only now end the request body.
+                s.write_all(b"0\r\n\r\n").unwrap();
+                sent_end = true;
+            }
+            // Stop once the chunked answer has ended.
+            if raw.ends_with(b"\r\n0\r\n\r\n") {
+                break;
+            }
+        }
+        assert!(sent_end, "never saw the start of the answer");
+        // De-chunk, then walk the envelopes and add up stdout bytes.
+        let body_start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&raw[..body_start]).to_string();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let mut body = Vec::new();
+        let mut rest = &raw[body_start..];
+        loop {
+            let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16).unwrap();
+            rest = &rest[line_end + 2..];
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&rest[..size]);
+            rest = &rest[size + 2..];
+        }
+        let mut stdout = 0usize;
+        let mut ended = false;
+        let mut p = &body[..];
+        while p.len() >= 5 {
+            let flags = p[0];
+            let len = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
+            let m: serde_json::Value = serde_json::from_slice(&p[5..5 + len]).unwrap();
+            if flags & 2 != 0 {
+                ended = true;
+                assert!(m.get("error").is_none(), "stream ended with an error: {m}");
+            } else if let Some(d) = m.pointer("/event/data/stdout").and_then(|v| v.as_str()) {
+                stdout += base64::engine::general_purpose::STANDARD.decode(d).unwrap().len();
+            }
+            p = &p[5 + len..];
+        }
+        assert!(ended, "no end-of-stream message");
+        stdout
+    })
+    .await
+    .unwrap();
+    assert_eq!(total, "start\n".len() + 3_000_000);
+}

@@ -49,14 +49,55 @@ pub fn percentiles(samples: &[Duration]) -> Percentiles {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct CreateBenchReport {
-    pub sequential: Percentiles,
-    pub concurrent: Percentiles,
-    pub raw: Percentiles,
+/// What a sandbox runs for the measured output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EchoCommand {
+    /// `/bin/bash -l -c "echo kiln-bench"` as the template's user: what the e2b SDK's
+    /// `commands.run("echo kiln-bench")` sends.
+    LoginShell,
+    /// `/bin/echo kiln-bench` executed directly (no shell start-up).
+    Exec,
 }
 
-async fn create_and_echo(m: &Manager, template: &str) -> Result<(Duration, String), String> {
+impl EchoCommand {
+    fn argv(self) -> Vec<String> {
+        match self {
+            EchoCommand::LoginShell => vec![
+                "/bin/bash".into(),
+                "-l".into(),
+                "-c".into(),
+                "echo kiln-bench".into(),
+            ],
+            EchoCommand::Exec => vec!["/bin/echo".into(), "kiln-bench".into()],
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CreateBenchReport {
+    /// Raw floor, login shell: `runsc run` → first output line.
+    pub raw_shell: Percentiles,
+    /// Raw floor, direct exec.
+    pub raw_exec: Percentiles,
+    /// kiln create → first output of the login-shell echo (the SDK path), sequential.
+    pub sequential: Percentiles,
+    /// kiln create → first output of the directly executed echo, sequential.
+    pub sequential_exec: Percentiles,
+    /// kiln create → first output of the login-shell echo, all at once.
+    pub concurrent: Percentiles,
+    /// Killing a running sandbox (sequential part).
+    pub kill: Percentiles,
+}
+
+/// Creates a sandbox and runs `what` in it through the agent; returns the time from the create
+/// call to the first stdout bytes, and the sandbox id.
+async fn create_and_echo(
+    m: &Manager,
+    template: &str,
+    what: EchoCommand,
+) -> Result<(Duration, String), String> {
+    use kiln_proto::process::{self as pb, process_event};
+    use prost::Message;
     let t = Instant::now();
     let rec = m
         .create(CreateParams {
@@ -69,41 +110,93 @@ async fn create_and_echo(m: &Manager, template: &str) -> Result<(Duration, Strin
         .map_err(|e| e.message)?;
     let route = m.route(&rec.id).ok_or("sandbox vanished")?;
     let agent = kiln_agent::client::AgentClient::unix(&route.socket);
-    let out = agent
-        .run(
-            "echo kiln-bench",
-            kiln_agent::client::RunOptions {
-                access_token: route.envd_token.clone(),
-                ..Default::default()
-            },
+    let mut argv = what.argv();
+    let cmd = argv.remove(0);
+    let req = pb::StartRequest {
+        process: Some(pb::ProcessConfig {
+            cmd,
+            args: argv,
+            envs: Default::default(),
+            cwd: None,
+        }),
+        pty: None,
+        tag: None,
+        stdin: Some(false),
+    };
+    let mut stream = agent
+        .server_stream(
+            "/process.Process/Start",
+            &req,
+            None,
+            route.envd_token.as_deref(),
+            Some(Duration::from_secs(60)),
         )
         .await
         .map_err(|e| format!("echo in {}: {e}", rec.id))?;
-    let took = t.elapsed();
-    if out.stdout != b"kiln-bench\n" {
+    let mut first = None;
+    let mut stdout = Vec::new();
+    loop {
+        let msg = stream
+            .next_message()
+            .await
+            .map_err(|e| format!("echo in {}: {e}", rec.id))?
+            .ok_or_else(|| format!("echo in {}: stream ended without an end event", rec.id))?;
+        let resp = pb::StartResponse::decode(msg).map_err(|e| e.to_string())?;
+        match resp.event.and_then(|e| e.event) {
+            Some(process_event::Event::Data(d)) => {
+                if let Some(process_event::data_event::Output::Stdout(b)) = d.output {
+                    first.get_or_insert_with(|| t.elapsed());
+                    stdout.extend_from_slice(&b);
+                }
+            }
+            Some(process_event::Event::End(_)) => break,
+            _ => {}
+        }
+    }
+    if stdout != b"kiln-bench\n" {
         return Err(format!(
             "unexpected echo output {:?}",
-            String::from_utf8_lossy(&out.stdout)
+            String::from_utf8_lossy(&stdout)
         ));
     }
-    Ok((took, rec.id))
+    Ok((first.unwrap_or_else(|| t.elapsed()), rec.id))
 }
 
-/// `runsc run` of `rootfs` (read-only) printing `echo`: the floor any gVisor create pays.
+/// uid, gid and home of `user` in the rootfs's /etc/passwd.
+fn passwd_entry(rootfs: &Path, user: &str) -> Option<(u32, u32, String)> {
+    let text = std::fs::read_to_string(rootfs.join("etc/passwd")).ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() >= 6 && f[0] == user)
+            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?, f[5].to_string())))?
+    })
+}
+
+/// Raw floor: `runsc run` (same runsc, platform and network flags as kiln) of the template's
+/// rootfs (read-only, no overlay, no cgroup limits, no agent) running `what` as the template's
+/// user in its workdir; timed from spawning runsc to the first stdout line (the container's
+/// teardown after that is not timed, as kiln's is not either).
 fn raw_runsc_echo(
     runsc: &Path,
     work: &Path,
-    rootfs: &Path,
+    tpl: &crate::templates::TemplateInfo,
     platform: &str,
+    what: EchoCommand,
     i: usize,
 ) -> Result<Duration, String> {
+    use std::io::BufRead;
     let bundle = work.join(format!("raw-{i}"));
     std::fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
+    let (uid, gid, home) =
+        passwd_entry(&tpl.rootfs, &tpl.user).unwrap_or((0, 0, "/root".to_string()));
     let spec = serde_json::json!({
         "ociVersion": "1.0.2",
-        "process": {"terminal": false, "user": {"uid": 0, "gid": 0},
-                    "args": ["/bin/echo", "kiln-bench"], "env": ["PATH=/usr/bin:/bin"], "cwd": "/"},
-        "root": {"path": rootfs, "readonly": true},
+        "process": {"terminal": false, "user": {"uid": uid, "gid": gid},
+                    "args": what.argv(),
+                    "env": ["PATH=/usr/local/bin:/usr/bin:/bin", format!("HOME={home}"),
+                            format!("USER={}", tpl.user)],
+                    "cwd": tpl.workdir},
+        "root": {"path": tpl.rootfs, "readonly": true},
         "hostname": "raw",
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
         "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]}
@@ -112,7 +205,7 @@ fn raw_runsc_echo(
     let root = work.join("raw-runsc-root");
     let id = format!("kiln-bench-raw-{}-{i}", std::process::id());
     let t = Instant::now();
-    let out = std::process::Command::new(runsc)
+    let mut child = std::process::Command::new(runsc)
         .arg(format!("--root={}", root.display()))
         .arg(format!("--platform={platform}"))
         .arg("--network=none")
@@ -120,20 +213,27 @@ fn raw_runsc_echo(
         .arg(&bundle)
         .arg(&id)
         .stdin(std::process::Stdio::null())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .map_err(|e| format!("running runsc: {e}"))?;
+    let mut line = String::new();
+    let read = std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
     let took = t.elapsed();
-    if String::from_utf8_lossy(&out.stdout).trim() != "kiln-bench" {
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for runsc: {e}"))?;
+    if read.is_err() || line.trim() != "kiln-bench" {
         return Err(format!(
-            "raw runsc run printed {:?} (stderr {:?})",
-            String::from_utf8_lossy(&out.stdout),
+            "raw runsc run printed {line:?} (stderr {:?})",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
     Ok(took)
 }
 
-/// Runs the benchmark, printing progress to stderr.
+/// Runs the benchmark, printing progress to stderr. Raw and kiln samples are interleaved so
+/// both see the same machine load.
 pub async fn create_bench(
     opts: &CreateBenchOptions,
     templates: Arc<dyn Templates>,
@@ -142,8 +242,10 @@ pub async fn create_bench(
         .lookup(&opts.template)?
         .ok_or_else(|| format!("template {:?} is not built", opts.template))?;
     std::fs::create_dir_all(&opts.work_dir).map_err(|e| e.to_string())?;
+    // Short names: agent socket paths under the work dir must fit in 108 bytes.
     let work = tempfile::Builder::new()
-        .prefix("kiln-bench-")
+        .prefix("b")
+        .rand_bytes(4)
         .tempdir_in(&opts.work_dir)
         .map_err(|e| e.to_string())?;
     let store = Arc::new(Store::open(&work.path().join("kiln.db")).map_err(|e| e.to_string())?);
@@ -153,33 +255,50 @@ pub async fn create_bench(
     let driver = Arc::new(GvisorDriver::new(gcfg).map_err(|e| e.to_string())?);
     let manager = Manager::new(LifecycleConfig::default(), store, driver, templates);
 
+    let raw = |what: EchoCommand, i: usize| {
+        let (r, w, t, p) = (
+            runsc.clone(),
+            work.path().to_path_buf(),
+            tpl.clone(),
+            opts.platform.clone(),
+        );
+        async move {
+            tokio::task::spawn_blocking(move || raw_runsc_echo(&r, &w, &t, &p, what, i))
+                .await
+                .map_err(|e| e.to_string())?
+        }
+    };
+
     let result = async {
         // Warm-up (page cache, binaries), not counted.
-        let (_, id) = create_and_echo(&manager, &opts.template).await?;
+        let (_, id) = create_and_echo(&manager, &opts.template, EchoCommand::LoginShell).await?;
         let _ = manager.kill(&id, "bench").await;
+        raw(EchoCommand::LoginShell, 0).await?;
 
-        eprintln!("raw floor: {} × runsc run echo …", opts.raw);
-        let mut raw = Vec::new();
-        for i in 0..opts.raw {
-            let (r, w, t, p) = (
-                runsc.clone(),
-                work.path().to_path_buf(),
-                tpl.rootfs.clone(),
-                opts.platform.clone(),
-            );
-            raw.push(
-                tokio::task::spawn_blocking(move || raw_runsc_echo(&r, &w, &t, &p, i))
-                    .await
-                    .map_err(|e| e.to_string())??,
-            );
-        }
-
-        eprintln!("sequential: {} × create → echo …", opts.sequential);
-        let mut seq = Vec::new();
-        for _ in 0..opts.sequential {
-            let (d, id) = create_and_echo(&manager, &opts.template).await?;
-            seq.push(d);
-            let _ = manager.kill(&id, "bench").await;
+        eprintln!(
+            "sequential: {} × kiln create → echo (login shell and direct exec), interleaved with \
+             {} × raw runsc run …",
+            opts.sequential, opts.raw
+        );
+        let (mut seq, mut seq_exec, mut kill) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut raw_shell, mut raw_exec) = (Vec::new(), Vec::new());
+        for i in 0..opts.sequential.max(opts.raw) {
+            if i < opts.raw {
+                raw_shell.push(raw(EchoCommand::LoginShell, 2 * i + 1).await?);
+                raw_exec.push(raw(EchoCommand::Exec, 2 * i + 2).await?);
+            }
+            if i < opts.sequential {
+                for (what, samples) in [
+                    (EchoCommand::LoginShell, &mut seq),
+                    (EchoCommand::Exec, &mut seq_exec),
+                ] {
+                    let (d, id) = create_and_echo(&manager, &opts.template, what).await?;
+                    samples.push(d);
+                    let t = Instant::now();
+                    let _ = manager.kill(&id, "bench").await;
+                    kill.push(t.elapsed());
+                }
+            }
         }
 
         eprintln!("concurrent: {} creates at once …", opts.concurrency);
@@ -187,7 +306,7 @@ pub async fn create_bench(
         let futs = (0..opts.concurrency).map(|_| {
             let m = m.clone();
             let t = opts.template.clone();
-            async move { create_and_echo(&m, &t).await }
+            async move { create_and_echo(&m, &t, EchoCommand::LoginShell).await }
         });
         let results = futures::future::join_all(futs).await;
         let mut conc = Vec::new();
@@ -205,9 +324,12 @@ pub async fn create_bench(
             return Err(e);
         }
         Ok(CreateBenchReport {
+            raw_shell: percentiles(&raw_shell),
+            raw_exec: percentiles(&raw_exec),
             sequential: percentiles(&seq),
+            sequential_exec: percentiles(&seq_exec),
             concurrent: percentiles(&conc),
-            raw: percentiles(&raw),
+            kill: percentiles(&kill),
         })
     }
     .await;

@@ -91,7 +91,35 @@ pub struct Manager {
     templates: Arc<dyn Templates>,
     live: Mutex<HashMap<String, Live>>,
     events: broadcast::Sender<LifecycleEvent>,
+    /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
+    /// than CPUs only makes every one of them slower.
+    boots: tokio::sync::Semaphore,
 }
+
+fn record_event(
+    store: &Store,
+    events: &broadcast::Sender<LifecycleEvent>,
+    id: &str,
+    kind: &str,
+    detail: String,
+) {
+    if let Err(e) = store.add_event(id, kind, &detail) {
+        tracing::warn!(error = %e, "recording a lifecycle event");
+    }
+    tracing::info!(sandbox = id, event = kind, "{detail}");
+    let _ = events.send(LifecycleEvent {
+        ts_ms: now_ms(),
+        sandbox_id: id.to_string(),
+        kind: kind.to_string(),
+        detail,
+    });
+}
+
+/// Event kind of the template start command's output lines in the sandbox logs.
+pub const START_CMD_EVENT: &str = "start_cmd";
+/// At most this many output lines of a start command are recorded (the rest is counted).
+const START_CMD_MAX_LINES: usize = 1000;
+const START_CMD_MAX_LINE: usize = 4096;
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
 pub fn new_sandbox_id() -> String {
@@ -118,6 +146,12 @@ impl Manager {
             templates,
             live: Mutex::new(HashMap::new()),
             events,
+            boots: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(2)
+                    .max(2),
+            ),
         })
     }
 
@@ -144,17 +178,7 @@ impl Manager {
     }
 
     fn event(&self, id: &str, kind: &str, detail: impl Into<String>) {
-        let detail = detail.into();
-        if let Err(e) = self.store.add_event(id, kind, &detail) {
-            tracing::warn!(error = %e, "recording a lifecycle event");
-        }
-        tracing::info!(sandbox = id, event = kind, "{detail}");
-        let _ = self.events.send(LifecycleEvent {
-            ts_ms: now_ms(),
-            sandbox_id: id.to_string(),
-            kind: kind.to_string(),
-            detail,
-        });
+        record_event(&self.store, &self.events, id, kind, detail.into());
     }
 
     /// Checks a requested timeout (seconds) against the limits.
@@ -257,8 +281,12 @@ impl Manager {
             memory_mb: record.memory_mb,
             pids_limit: self.cfg.pids_limit,
         };
-        match self.boot(&spec, &record, &tpl).await {
-            Ok(()) => {}
+        let booted = match self.boots.acquire().await {
+            Ok(_permit) => self.boot(&spec, &record, &tpl).await,
+            Err(_) => Err("the sandbox manager is shutting down".to_string()),
+        };
+        let phases = match booted {
+            Ok(p) => p,
             Err(msg) => {
                 let _ = self.driver.stop(&id).await;
                 let _ = self.store.set_state(&id, SandboxState::Failed, Some(&msg));
@@ -267,7 +295,7 @@ impl Manager {
                     "creating the sandbox failed: {msg}"
                 )));
             }
-        }
+        };
         let mut record = record;
         record.state = SandboxState::Running;
         // The clock starts when the sandbox is usable.
@@ -287,7 +315,7 @@ impl Manager {
             &id,
             "created",
             format!(
-                "template {} in {} ms, timeout {}s",
+                "template {} in {} ms ({phases}), timeout {}s",
                 tpl.name,
                 started.elapsed().as_millis(),
                 timeout
@@ -296,17 +324,21 @@ impl Manager {
         Ok(record)
     }
 
+    /// Creates, starts and initialises the sandbox; returns how long each phase took.
     async fn boot(
         &self,
         spec: &SandboxSpec,
         record: &SandboxRecord,
         tpl: &TemplateInfo,
-    ) -> Result<(), String> {
+    ) -> Result<String, String> {
+        let t = Instant::now();
         self.driver.create(spec).await.map_err(|e| e.to_string())?;
+        let t_create = t.elapsed();
         self.driver
             .start(&spec.id)
             .await
             .map_err(|e| e.to_string())?;
+        let t_start = t.elapsed();
         let socket = self.socket_of(&spec.id);
         if !agent_http::wait_ready(&socket, self.cfg.agent_ready_timeout).await {
             let log = self
@@ -319,6 +351,7 @@ impl Manager {
                 self.cfg.agent_ready_timeout
             ));
         }
+        let t_ready = t.elapsed();
         let mut env: std::collections::HashMap<String, String> =
             tpl.env.clone().into_iter().collect();
         env.extend(record.env_vars.clone());
@@ -332,9 +365,130 @@ impl Manager {
             ),
             ..Default::default()
         };
+        // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
+        // /init, e.g. on resume, would have to send the current token.)
         agent_http::init(&socket, &init, None)
             .await
-            .map_err(|e| format!("initialising the agent: {e}"))
+            .map_err(|e| format!("initialising the agent: {e}"))?;
+        let t_init = t.elapsed();
+        if let Some(cmd) = &tpl.start_cmd {
+            self.start_cmd(&socket, record, tpl, cmd).await?;
+        }
+        let ms = |d: Duration| d.as_millis();
+        Ok(format!(
+            "layer {} ms, runsc {} ms, agent ready {} ms, init {} ms",
+            ms(t_create),
+            ms(t_start - t_create),
+            ms(t_ready - t_start),
+            ms(t_init - t_ready)
+        ))
+    }
+
+    /// Starts the template's start command in the background through the agent (as the
+    /// template's user, in its workdir) and records its output in the sandbox's events, which
+    /// `GET /sandboxes/{id}/logs` shows.
+    async fn start_cmd(
+        &self,
+        socket: &std::path::Path,
+        record: &SandboxRecord,
+        tpl: &TemplateInfo,
+        cmd: &str,
+    ) -> Result<(), String> {
+        use kiln_proto::process::{self as pb, process_event};
+        use prost::Message;
+        let req = pb::StartRequest {
+            process: Some(pb::ProcessConfig {
+                cmd: "/bin/bash".into(),
+                args: vec!["-l".into(), "-c".into(), cmd.into()],
+                envs: Default::default(),
+                cwd: Some(tpl.workdir.clone()),
+            }),
+            pty: None,
+            tag: Some("kiln-start-cmd".into()),
+            stdin: Some(false),
+        };
+        let agent = kiln_agent::AgentClient::unix(socket);
+        let mut stream = agent
+            .server_stream(
+                "/process.Process/Start",
+                &req,
+                Some(&tpl.user),
+                record.envd_token.as_deref(),
+                None,
+            )
+            .await
+            .map_err(|e| format!("starting the template's start command {cmd:?}: {e}"))?;
+        let (store, events, id) = (self.store.clone(), self.events.clone(), record.id.clone());
+        let ev = move |detail: String| record_event(&store, &events, &id, START_CMD_EVENT, detail);
+        ev(format!("started: {cmd}"));
+        tokio::spawn(async move {
+            let mut lines = 0usize;
+            let mut dropped = 0usize;
+            let mut partial: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+            let emit = |which: usize, line: &[u8], lines: &mut usize, dropped: &mut usize| {
+                if *lines >= START_CMD_MAX_LINES {
+                    *dropped += 1;
+                    return;
+                }
+                *lines += 1;
+                let text = String::from_utf8_lossy(&line[..line.len().min(START_CMD_MAX_LINE)]);
+                let src = if which == 0 { "stdout" } else { "stderr" };
+                ev(format!("{src}: {}", text.trim_end_matches(['\r', '\n'])));
+            };
+            loop {
+                let msg = match stream.next_message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(e) => {
+                        // The sandbox went away (killed) or the agent closed the stream.
+                        tracing::debug!(error = %e, "start command output stream ended");
+                        return;
+                    }
+                };
+                let Ok(resp) = pb::StartResponse::decode(msg) else {
+                    break;
+                };
+                match resp.event.and_then(|e| e.event) {
+                    Some(process_event::Event::Data(d)) => {
+                        let (which, bytes) = match d.output {
+                            Some(process_event::data_event::Output::Stdout(b)) => (0, b),
+                            Some(process_event::data_event::Output::Stderr(b)) => (1, b),
+                            Some(process_event::data_event::Output::Pty(b)) => (0, b),
+                            None => continue,
+                        };
+                        partial[which].extend_from_slice(&bytes);
+                        while let Some(nl) = partial[which].iter().position(|b| *b == b'\n') {
+                            let line: Vec<u8> = partial[which].drain(..=nl).collect();
+                            emit(which, &line, &mut lines, &mut dropped);
+                        }
+                        if partial[which].len() > START_CMD_MAX_LINE {
+                            let line = std::mem::take(&mut partial[which]);
+                            emit(which, &line, &mut lines, &mut dropped);
+                        }
+                    }
+                    Some(process_event::Event::End(end)) => {
+                        for (which, buf) in partial.iter_mut().enumerate() {
+                            if !buf.is_empty() {
+                                let line = std::mem::take(buf);
+                                emit(which, &line, &mut lines, &mut dropped);
+                            }
+                        }
+                        if dropped > 0 {
+                            ev(format!("{dropped} more output lines not recorded"));
+                        }
+                        let status = if end.status.is_empty() {
+                            format!("exit code {}", end.exit_code)
+                        } else {
+                            end.status
+                        };
+                        ev(format!("exited: {status}"));
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        });
+        Ok(())
     }
 
     /// The live (running) sandbox `id`, or 404.

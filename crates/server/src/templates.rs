@@ -12,6 +12,8 @@ pub struct TemplateInfo {
     pub user: String,
     pub workdir: String,
     pub env: BTreeMap<String, String>,
+    /// Command started in the background (as `user`, in `workdir`) once the sandbox is up.
+    pub start_cmd: Option<String>,
     pub built_at_unix: u64,
     pub size_bytes: u64,
 }
@@ -31,6 +33,7 @@ fn info(t: kiln_template::Template) -> TemplateInfo {
         user: t.user,
         workdir: t.workdir,
         env: t.env,
+        start_cmd: t.start_cmd.filter(|c| !c.trim().is_empty()),
         built_at_unix: t.built_at_unix,
         size_bytes: t.size_bytes,
     }
@@ -91,6 +94,7 @@ pub fn from_dir(name: &str, dir: &std::path::Path) -> TemplateInfo {
         user: "user".into(),
         workdir: "/home/user".into(),
         env: BTreeMap::new(),
+        start_cmd: None,
         built_at_unix: 0,
         size_bytes: 0,
     }

@@ -37,6 +37,21 @@ def test_commands_output_exit_code_envs_cwd_user(server):
         sbx.kill()
 
 
+def test_ls_and_stat_work(sandbox):
+    """coreutils use statx, which this runsc lacks: the template's compat preload library makes
+    `ls -la` and `stat` work (they failed with EINVAL before)."""
+    r = sandbox.commands.run("ls -la /home/user && stat /")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("total "), r.stdout
+    # `ls -la` lists . and .. with owner columns; user owns its home.
+    dot = next(l for l in lines if l.endswith(" ."))
+    assert dot.startswith("d") and " user user " in dot, dot
+    assert any(l.endswith(" ..") for l in lines), r.stdout
+    assert "File: /" in r.stdout and "directory" in r.stdout, r.stdout
+
+
 def test_background_kill_and_stdin(sandbox):
     h = sandbox.commands.run("sleep 600", background=True)
     pids = [p.pid for p in sandbox.commands.list()]

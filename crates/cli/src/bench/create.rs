@@ -18,7 +18,7 @@ pub struct Args {
     /// Concurrent creates (one wave).
     #[arg(long, default_value_t = 20)]
     concurrency: usize,
-    /// Raw `runsc run` samples.
+    /// Raw `runsc run` samples (of each variant).
     #[arg(long, default_value_t = 20)]
     raw: usize,
     /// gVisor platform.
@@ -59,21 +59,53 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let r = rt
         .block_on(create_bench(&opts, templates))
         .map_err(|e| anyhow::anyhow!(e))?;
-    let row = |name: &str, p: &kiln_server::bench::Percentiles| {
+    let row = |name: &str,
+               p: &kiln_server::bench::Percentiles,
+               base: Option<&kiln_server::bench::Percentiles>| {
+        let ratio = base
+            .map(|b| format!("{:>5.2}x", p.p50_ms / b.p50_ms))
+            .unwrap_or_else(|| "     -".into());
         println!(
-            "{name:<34} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   p50 ratio vs raw {:>5.2}x",
-            p.n,
-            p.p50_ms,
-            p.p99_ms,
-            p.p50_ms / r.raw.p50_ms
+            "{name:<44} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   p50 vs raw {ratio}",
+            p.n, p.p50_ms, p.p99_ms,
         );
     };
-    println!("kiln bench create (gVisor, platform {}):", opts.platform);
-    row("raw floor: runsc run echo", &r.raw);
-    row("create → first echo, sequential", &r.sequential);
-    row(
-        &format!("create → first echo, {} concurrent", opts.concurrency),
-        &r.concurrent,
+    println!(
+        "kiln bench create (gVisor, platform {}, template {}):",
+        opts.platform, opts.template
     );
+    println!(
+        "  raw   = `runsc run` of the template rootfs (read-only, no overlay/cgroups/agent), \
+         spawn → first stdout line"
+    );
+    println!(
+        "  kiln  = Manager::create (overlay, bundle, runsc, agent ready, /init) + Process.Start \
+         through the agent, create call → first stdout bytes"
+    );
+    println!(
+        "  shell = `/bin/bash -l -c 'echo kiln-bench'` as the template user (what the SDK sends); \
+         exec = `/bin/echo kiln-bench`"
+    );
+    row("raw   runsc run, shell", &r.raw_shell, None);
+    row("raw   runsc run, exec", &r.raw_exec, None);
+    row(
+        "kiln  create → first echo, shell, sequential",
+        &r.sequential,
+        Some(&r.raw_shell),
+    );
+    row(
+        "kiln  create → first echo, exec, sequential",
+        &r.sequential_exec,
+        Some(&r.raw_exec),
+    );
+    row(
+        &format!(
+            "kiln  create → first echo, shell, {} concurrent",
+            opts.concurrency
+        ),
+        &r.concurrent,
+        Some(&r.raw_shell),
+    );
+    row("kiln  kill (running sandbox)", &r.kill, None);
     Ok(0)
 }
