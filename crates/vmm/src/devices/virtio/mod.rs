@@ -13,7 +13,7 @@ pub mod vsock;
 
 use std::os::fd::RawFd;
 
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use crate::devices::IrqLine;
@@ -100,6 +100,38 @@ impl Interrupt {
         self.status |= 2;
         self.line.trigger();
     }
+}
+
+/// Serves every available request on queue `q` of a request/response device (block, rng):
+/// `handle` gets each chain's descriptors and returns the bytes it wrote for the used ring. A
+/// request it rejects is completed with length 0, so the driver can reclaim the descriptors, and
+/// is counted in `errors`; the device keeps serving.
+pub fn serve_requests(
+    q: usize,
+    ctx: &mut QueueCtx,
+    device: &'static str,
+    errors: &mut u64,
+    mut handle: impl FnMut(&GuestMemoryMmap, &[(u64, u32, bool)]) -> Result<u32, DeviceError>,
+) -> Result<(), DeviceError> {
+    let mem = ctx.mem;
+    let queue = ctx.queues.get_mut(q).ok_or(DeviceError::QueueNotReady(q))?;
+    if !queue.ready() {
+        return Err(DeviceError::QueueNotReady(q));
+    }
+    while let Some(chain) = queue.pop_descriptor_chain(mem) {
+        let head = chain.head_index();
+        let descs = chain_descriptors(chain);
+        let len = handle(mem, &descs).unwrap_or_else(|e| {
+            *errors += 1;
+            tracing::debug!(error = %e, "{device}: dropping malformed request");
+            0
+        });
+        queue
+            .add_used(mem, head, len)
+            .map_err(|_| DeviceError::BadChain("used ring not writable"))?;
+        ctx.used = true;
+    }
+    Ok(())
 }
 
 /// Reads a descriptor chain into a list of (addr, len, writable) with structural checks.

@@ -1,10 +1,8 @@
 //! Queue handling for virtio-blk: drain the request queue, complete each request.
 
-use virtio_queue::QueueT;
-
 use super::device::{Block, QUEUE_SIZE};
 use super::disk::SECTOR;
-use crate::devices::virtio::{chain_descriptors, DeviceError, QueueCtx, VirtioDevice, TYPE_BLOCK};
+use crate::devices::virtio::{serve_requests, DeviceError, QueueCtx, VirtioDevice, TYPE_BLOCK};
 
 impl VirtioDevice for Block {
     fn device_type(&self) -> u32 {
@@ -34,30 +32,12 @@ impl VirtioDevice for Block {
     }
     fn reset(&mut self) {}
     fn queue_event(&mut self, q: usize, ctx: &mut QueueCtx) -> Result<(), DeviceError> {
-        let mem = ctx.mem;
-        let queue = ctx.queues.get_mut(q).ok_or(DeviceError::QueueNotReady(q))?;
-        if !queue.ready() {
-            return Err(DeviceError::QueueNotReady(q));
-        }
-        while let Some(chain) = queue.pop_descriptor_chain(mem) {
-            let head = chain.head_index();
-            let descs = chain_descriptors(chain);
-            let len = match self.execute(mem, &descs) {
-                Ok(n) => n,
-                Err(e) => {
-                    // A malformed request gets completed with length 0 so the driver can
-                    // reclaim the descriptors; the device keeps serving.
-                    self.metrics.errors += 1;
-                    tracing::debug!(error = %e, "virtio-blk: dropping malformed request");
-                    0
-                }
-            };
-            queue
-                .add_used(mem, head, len)
-                .map_err(|_| DeviceError::BadChain("used ring not writable"))?;
-            ctx.used = true;
-        }
-        Ok(())
+        let mut errors = 0;
+        let r = serve_requests(q, ctx, "virtio-blk", &mut errors, |mem, descs| {
+            self.execute(mem, descs)
+        });
+        self.metrics.errors += errors;
+        r
     }
     fn metrics(&self) -> serde_json::Value {
         let mut m = serde_json::to_value(&self.metrics).unwrap_or_default();
