@@ -93,7 +93,7 @@ def test_output_callbacks_and_large_output(sbx):
 
 def test_unobserved_output_does_not_block(sbx):
     # 20 MB of output nobody reads must not stall the process.
-    h = sbx.commands.run("head -c 20000000 /dev/zero; echo done > /tmp/kiln-agent-unobserved-$$; sleep 0.1", background=True)
+    h = sbx.commands.run("head -c 20000000 /dev/zero; echo done; sleep 0.1", background=True)
     pid = h.pid
     h.disconnect()
     deadline = time.time() + 20
