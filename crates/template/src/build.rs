@@ -195,13 +195,7 @@ impl Store {
         match self.lookup(&t.name) {
             Ok(cur) if cur.key == t.key => Ok(cur),
             _ => {
-                let parent = t.dir.parent().expect("template dir has a parent");
-                let tmp = parent.join(format!(".current-{}", std::process::id()));
-                let _ = std::fs::remove_file(&tmp);
-                std::os::unix::fs::symlink(&t.key, &tmp)
-                    .map_err(io_err(format!("creating {}", tmp.display())))?;
-                std::fs::rename(&tmp, parent.join("current"))
-                    .map_err(io_err(format!("switching {}/current", parent.display())))?;
+                self.set_current(&t.name, &t.key)?;
                 self.lookup(&t.name)
             }
         }

@@ -219,7 +219,7 @@ impl Store {
         Ok(removed)
     }
 
-    fn set_current(&self, name: &str, key: &str) -> Result<()> {
+    pub(crate) fn set_current(&self, name: &str, key: &str) -> Result<()> {
         let parent = self.root.join(name);
         let tmp = parent.join(format!(".current-{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);

@@ -264,11 +264,17 @@ fn builds_then_is_cached_then_rebuilds_on_change() {
 
     // A recipe change rebuilds everything.
     let changed = recipe("good", "", &steps.replace("hello-", "bonjour-"));
-    let fourth = build(&store, &changed, &opts(agent)).unwrap();
+    let fourth = build(&store, &changed, &opts(agent.clone())).unwrap();
     assert!(!fourth.cached && !fourth.base_cached);
     assert_eq!(
         std::fs::read_to_string(fourth.template.rootfs.join("hello")).unwrap(),
         "bonjour-\n"
     );
     assert_eq!(store.lookup("good").unwrap().key, fourth.template.key);
+
+    // Going back to the first recipe and agent is a cache hit that makes it current again.
+    let back = build(&store, &r, &opts(agent)).unwrap();
+    assert!(back.cached);
+    assert_eq!(back.template.key, tpl.key);
+    assert_eq!(store.lookup("good").unwrap().key, tpl.key);
 }
