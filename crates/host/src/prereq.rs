@@ -116,6 +116,7 @@ pub fn ensure(tools: &[Tool]) -> Result<(), PrereqError> {
         return Ok(());
     }
     let mut pkgs: Vec<&str> = missing.iter().map(|t| t.package).collect();
+    pkgs.sort_unstable();
     pkgs.dedup();
     let names = missing
         .iter()

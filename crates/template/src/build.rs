@@ -509,25 +509,14 @@ fn make_ext4(rootfs: &Path, image: &Path, used: u64, log: &mut Log) -> std::resu
 }
 
 fn tempdir_in(parent: &Path, prefix: &str) -> Result<PathBuf> {
-    for attempt in 0..100u32 {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let p = parent.join(format!(
-            "{prefix}{}-{nanos:x}-{attempt}",
-            std::process::id()
-        ));
-        match std::fs::create_dir(&p) {
-            Ok(()) => return Ok(p),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io_err(format!("creating {}", p.display()))(e)),
-        }
-    }
-    Err(Error::Io {
-        what: format!("creating a temp dir in {}", parent.display()),
-        source: std::io::Error::other("too many collisions"),
-    })
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(parent)
+        .map(tempfile::TempDir::keep)
+        .map_err(io_err(format!(
+            "creating a temp dir in {}",
+            parent.display()
+        )))
 }
 
 pub(crate) fn sha256_file(p: &Path) -> Result<String> {
