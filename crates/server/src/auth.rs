@@ -3,7 +3,7 @@
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use crate::store::{now_ms, KeyRecord, Store, StoreError};
+use crate::store::{now_ms, KeyRecord, StateStore, StoreError};
 
 /// Header carrying the API key (as E2B).
 pub const API_KEY_HEADER: &str = "x-api-key";
@@ -27,7 +27,7 @@ pub fn random_hex(bytes: usize) -> String {
 }
 
 /// Generates a key named `name` and stores its hash.
-pub fn create_key(store: &Store, name: &str) -> Result<NewKey, StoreError> {
+pub async fn create_key(store: &dyn StateStore, name: &str) -> Result<NewKey, StoreError> {
     let secret = format!("e2b_{}", random_hex(20));
     let record = KeyRecord {
         id: format!("key_{}", random_hex(6)),
@@ -38,14 +38,14 @@ pub fn create_key(store: &Store, name: &str) -> Result<NewKey, StoreError> {
         last_used_ms: None,
         revoked_at_ms: None,
     };
-    store.insert_key(&record)?;
+    store.insert_key(&record).await?;
     Ok(NewKey { secret, record })
 }
 
 /// Creates the first key when the database has none yet (first start).
-pub fn ensure_first_key(store: &Store) -> Result<Option<NewKey>, StoreError> {
-    if store.list_keys()?.is_empty() {
-        return create_key(store, "first key").map(Some);
+pub async fn ensure_first_key(store: &dyn StateStore) -> Result<Option<NewKey>, StoreError> {
+    if store.list_keys().await?.is_empty() {
+        return create_key(store, "first key").await.map(Some);
     }
     Ok(None)
 }
@@ -62,18 +62,18 @@ pub enum AuthError {
 }
 
 /// Checks `presented` against the stored hashes; returns the key's id.
-pub fn verify(
-    store: &Store,
+pub async fn verify(
+    store: &dyn StateStore,
     presented: Option<&str>,
 ) -> Result<Result<String, AuthError>, StoreError> {
     let Some(secret) = presented.map(str::trim).filter(|s| !s.is_empty()) else {
         return Ok(Err(AuthError::Missing));
     };
-    match store.key_by_hash(&hash_key(secret))? {
+    match store.key_by_hash(&hash_key(secret)).await? {
         None => Ok(Err(AuthError::Invalid)),
         Some(k) if k.revoked_at_ms.is_some() => Ok(Err(AuthError::Revoked)),
         Some(k) => {
-            store.touch_key(&k.id)?;
+            store.touch_key(&k.id).await?;
             Ok(Ok(k.id))
         }
     }
@@ -83,44 +83,48 @@ pub fn verify(
 mod tests {
     use super::*;
 
-    #[test]
-    fn first_key_is_created_once_and_verifies() {
-        let s = Store::open_in_memory().unwrap();
+    #[tokio::test]
+    async fn first_key_is_created_once_and_verifies() {
+        let s = crate::store::SqliteStore::open_in_memory().unwrap();
         let k = ensure_first_key(&s)
+            .await
             .unwrap()
             .expect("first start creates a key");
         assert!(k.secret.starts_with("e2b_") && k.secret.len() == 44);
         assert!(
-            ensure_first_key(&s).unwrap().is_none(),
+            ensure_first_key(&s).await.unwrap().is_none(),
             "only on first start"
         );
         // Only the hash is stored.
-        let rows = s.list_keys().unwrap();
+        let rows = s.list_keys().await.unwrap();
         assert_eq!(rows.len(), 1);
         assert_ne!(rows[0].hash, k.secret);
         assert!(!rows[0].hash.contains(&k.secret[4..]));
         assert_eq!(
-            verify(&s, Some(&k.secret)).unwrap(),
+            verify(&s, Some(&k.secret)).await.unwrap(),
             Ok(k.record.id.clone())
         );
     }
 
-    #[test]
-    fn missing_invalid_and_revoked_keys_are_refused() {
-        let s = Store::open_in_memory().unwrap();
-        let k = create_key(&s, "ci").unwrap();
-        assert_eq!(verify(&s, None).unwrap(), Err(AuthError::Missing));
-        assert_eq!(verify(&s, Some("  ")).unwrap(), Err(AuthError::Missing));
+    #[tokio::test]
+    async fn missing_invalid_and_revoked_keys_are_refused() {
+        let s = crate::store::SqliteStore::open_in_memory().unwrap();
+        let k = create_key(&s, "ci").await.unwrap();
+        assert_eq!(verify(&s, None).await.unwrap(), Err(AuthError::Missing));
         assert_eq!(
-            verify(&s, Some("e2b_nope")).unwrap(),
+            verify(&s, Some("  ")).await.unwrap(),
+            Err(AuthError::Missing)
+        );
+        assert_eq!(
+            verify(&s, Some("e2b_nope")).await.unwrap(),
             Err(AuthError::Invalid)
         );
-        let other = create_key(&s, "other").unwrap();
-        assert!(s.revoke_key(&k.record.id).unwrap());
+        let other = create_key(&s, "other").await.unwrap();
+        assert!(s.revoke_key(&k.record.id).await.unwrap());
         assert_eq!(
-            verify(&s, Some(&k.secret)).unwrap(),
+            verify(&s, Some(&k.secret)).await.unwrap(),
             Err(AuthError::Revoked)
         );
-        assert!(verify(&s, Some(&other.secret)).unwrap().is_ok());
+        assert!(verify(&s, Some(&other.secret)).await.unwrap().is_ok());
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::driver::gvisor::{GvisorConfig, GvisorDriver};
 use crate::manager::{CreateParams, LifecycleConfig, Manager};
-use crate::store::Store;
+use crate::store::SqliteStore;
 use crate::templates::Templates;
 
 #[derive(Debug, Clone)]
@@ -107,9 +107,9 @@ async fn create_and_echo(
             ..Default::default()
         })
         .await
-        .map_err(|e| e.message)?;
+        .map_err(|e| e.to_string())?;
     let route = m.route(&rec.id).ok_or("sandbox vanished")?;
-    let agent = kiln_agent::client::AgentClient::unix(&route.socket);
+    let agent = m.agent(&rec.id, route.envd_token.clone());
     let mut argv = what.argv();
     let cmd = argv.remove(0);
     let req = pb::StartRequest {
@@ -239,7 +239,8 @@ pub async fn create_bench(
     templates: Arc<dyn Templates>,
 ) -> Result<CreateBenchReport, String> {
     let tpl = templates
-        .lookup(&opts.template)?
+        .lookup(&opts.template)
+        .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("template {:?} is not built", opts.template))?;
     std::fs::create_dir_all(&opts.work_dir).map_err(|e| e.to_string())?;
     // Short names: agent socket paths under the work dir must fit in 108 bytes.
@@ -248,7 +249,8 @@ pub async fn create_bench(
         .rand_bytes(4)
         .tempdir_in(&opts.work_dir)
         .map_err(|e| e.to_string())?;
-    let store = Arc::new(Store::open(&work.path().join("kiln.db")).map_err(|e| e.to_string())?);
+    let store =
+        Arc::new(SqliteStore::open(&work.path().join("kiln.db")).map_err(|e| e.to_string())?);
     let mut gcfg = GvisorConfig::new(work.path());
     gcfg.platform = opts.platform.clone();
     let runsc = gcfg.runsc.clone();

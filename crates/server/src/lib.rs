@@ -1,17 +1,17 @@
-//! kiln-server: the E2B-compatible control plane.
+//! kiln-server: the E2B-compatible control plane. See docs/architecture.md for the create path
+//! through these modules.
 //!
 //! - [`api`]: the REST API the `e2b` SDK talks to, with API-key auth, in front of it the
-//!   [`proxy`] that forwards sandbox-addressed traffic ([`routing`]) to each sandbox's agent;
-//! - [`manager`]: sandbox lifecycle (create, timeouts, kill, recovery after a restart);
-//! - [`driver`]: isolation drivers ([`driver::gvisor`]);
-//! - [`store`]: the SQLite state; [`auth`]: API keys;
-//! - [`client`]: a Rust client of the REST API and of the proxied envd API (used by the CLI).
+//!   [`proxy`] that forwards sandbox-addressed traffic ([`routing`]) into each sandbox;
+//! - [`manager`]: sandbox lifecycle (create, timeouts, kill, recovery after a restart) — the
+//!   only thing handlers call;
+//! - [`driver`]: isolation drivers behind one trait, chosen by [`driver::factory`];
+//! - [`store`]: state behind the [`store::StateStore`] trait (SQLite); [`auth`]: API keys;
+//! - [`error`]: the typed error that travels from driver to API.
 
-pub mod agent_http;
 pub mod api;
 pub mod auth;
 pub mod bench;
-pub mod client;
 pub mod driver;
 pub mod error;
 pub mod manager;
@@ -24,7 +24,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use error::{ApiError, ErrorBody};
+pub use api::{ApiError, ApiErrorBody};
+pub use driver::{DriverConfig, DriverKind};
+pub use error::Error;
 pub use manager::{LifecycleConfig, LifecycleEvent, Manager};
 
 /// Default domain of sandbox host names.
@@ -36,8 +38,8 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub domain: String,
     pub state_dir: PathBuf,
-    pub platform: String,
-    pub ignore_cgroups: bool,
+    /// The isolation driver and its own settings.
+    pub driver: DriverConfig,
     pub lifecycle: LifecycleConfig,
 }
 
@@ -51,16 +53,28 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Store(#[from] store::StoreError),
-    #[error("gVisor driver: {0}")]
+    #[error("isolation driver: {0}")]
     Driver(#[from] driver::DriverError),
     #[error("recovering sandboxes from the previous run: {0}")]
-    Recover(ApiError),
+    Recover(Error),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Creates the state directory, readable by its owner only (it holds the database and every
+/// sandbox's writable layer).
+fn prepare_state_dir(dir: &std::path::Path) -> Result<(), ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| ServerError::StateDir {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
 /// A server ready to serve: listener bound, state recovered.
@@ -80,16 +94,16 @@ impl Server {
         cfg: ServerConfig,
         templates: Arc<dyn templates::Templates>,
     ) -> Result<Self, ServerError> {
-        std::fs::create_dir_all(&cfg.state_dir).map_err(|source| ServerError::StateDir {
-            path: cfg.state_dir.display().to_string(),
-            source,
-        })?;
-        let store = Arc::new(store::Store::open(&cfg.state_dir.join("kiln.db"))?);
-        let first_key = auth::ensure_first_key(&store)?;
-        let mut gcfg = driver::gvisor::GvisorConfig::new(&cfg.state_dir);
-        gcfg.platform = cfg.platform.clone();
-        gcfg.ignore_cgroups = cfg.ignore_cgroups;
-        let driver = Arc::new(driver::gvisor::GvisorDriver::new(gcfg)?);
+        prepare_state_dir(&cfg.state_dir)?;
+        let store: Arc<dyn store::StateStore> =
+            Arc::new(store::SqliteStore::open(&cfg.state_dir.join("kiln.db"))?);
+        let first_key = auth::ensure_first_key(store.as_ref()).await?;
+        let (dcfg, dir) = (cfg.driver.clone(), cfg.state_dir.clone());
+        let driver = tokio::task::spawn_blocking(move || driver::build(&dcfg, &dir))
+            .await
+            .map_err(|e| {
+                ServerError::Driver(driver::DriverError::Other(format!("driver setup: {e}")))
+            })??;
         let manager = Manager::new(cfg.lifecycle.clone(), store, driver, templates);
         let recovery = manager.recover().await.map_err(ServerError::Recover)?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)

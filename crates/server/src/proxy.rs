@@ -1,5 +1,6 @@
-//! The envd routing proxy: forwards sandbox-addressed requests to the sandbox's agent over its
-//! host Unix socket, streaming bodies both ways and passing WebSocket/HTTP upgrades through.
+//! The sandbox proxy: forwards sandbox-addressed requests to a port inside the sandbox through
+//! the driver's [`connect`](crate::driver::Driver::connect), streaming bodies both ways and
+//! passing WebSocket/HTTP upgrades through.
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -7,7 +8,6 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 
-use crate::agent_http;
 use crate::manager::Manager;
 use crate::routing::{Target, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
 
@@ -91,18 +91,6 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
             format!("The sandbox {id} was not found: it does not exist, was killed or timed out"),
         );
     };
-    if target.port != kiln_proto::envd::ENVD_PORT {
-        return proxy_error(
-            StatusCode::BAD_GATEWAY,
-            id,
-            format!(
-                "cannot forward to port {} of sandbox {id}: sandbox networking is not implemented \
-                 in kiln yet, only the envd port {} is reachable",
-                target.port,
-                kiln_proto::envd::ENVD_PORT
-            ),
-        );
-    }
     if let Some(token) = &route.envd_token {
         let presented = req
             .headers()
@@ -124,6 +112,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     let upgrade = wants_upgrade(req.headers());
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
+    let client = manager.port_client(id, target.port);
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
@@ -183,7 +172,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
                     return proxy_error(StatusCode::BAD_REQUEST, id, format!("bad request: {e}"))
                 }
             };
-            match agent_http::send(&route.socket, req).await {
+            match client.send(req).await {
                 Ok(r) => break Ok(r),
                 Err(e) if attempt == 0 => {
                     tracing::debug!(sandbox = id, error = %e, "retrying a request to the agent");
@@ -195,7 +184,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
         }
     } else {
         match build(body) {
-            Ok(req) => agent_http::send(&route.socket, req).await,
+            Ok(req) => client.send(req).await,
             Err(e) => return proxy_error(StatusCode::BAD_REQUEST, id, format!("bad request: {e}")),
         }
     };
@@ -205,7 +194,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
             return proxy_error(
                 StatusCode::BAD_GATEWAY,
                 id,
-                format!("the sandbox {id} agent is not reachable: {e}"),
+                format!("cannot reach port {} of sandbox {id}: {e}", target.port),
             );
         }
     };

@@ -1,18 +1,17 @@
 //! The REST API's routes, auth and error shapes, through the real router, SQLite store and
 //! driver (no sandbox is started, so no runsc is needed).
 
+mod common;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use http::{Request, StatusCode};
-use http_body_util::BodyExt;
-use kiln_server::api::{self, ApiConfig, AppState};
-use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
-use kiln_server::store::Store;
+use http::StatusCode;
+use kiln_server::api;
 use kiln_server::templates::FixedTemplates;
-use kiln_server::{auth, LifecycleConfig, Manager};
+use kiln_server::LifecycleConfig;
 use serde_json::Value;
-use tower::ServiceExt;
+
+use common::assert_error;
 
 struct Fixture {
     app: axum::Router,
@@ -20,23 +19,15 @@ struct Fixture {
     _dir: tempfile::TempDir,
 }
 
-fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::open(&dir.path().join("kiln.db")).unwrap());
-    let key = auth::create_key(&store, "test").unwrap().secret;
-    let driver = Arc::new(GvisorDriver::new(GvisorConfig::new(dir.path())).unwrap());
-    let manager = Manager::new(
-        LifecycleConfig::default(),
-        store,
-        driver,
+async fn fixture() -> Fixture {
+    let dir = common::state_dir();
+    let manager = common::manager(
+        dir.path(),
+        common::driver(dir.path()),
         Arc::new(FixedTemplates::default()),
+        LifecycleConfig::default(),
     );
-    let app = api::router(Arc::new(AppState {
-        manager,
-        cfg: ApiConfig {
-            domain: "kiln.test".into(),
-        },
-    }));
+    let (app, key) = common::app(manager, dir.path()).await;
     Fixture {
         app,
         key,
@@ -52,36 +43,8 @@ async fn call(
     headers: &[(&str, &str)],
     with_key: bool,
 ) -> (StatusCode, Value) {
-    let mut b = Request::builder().method(method).uri(path);
-    if with_key {
-        b = b.header("X-API-Key", &f.key);
-    }
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    if body.is_some() {
-        b = b.header("content-type", "application/json");
-    }
-    let req = b.body(Body::from(body.unwrap_or("").to_string())).unwrap();
-    let resp = f.app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-    };
-    (status, v)
-}
-
-fn assert_error(status: StatusCode, v: &Value, want: u16) {
-    assert_eq!(status.as_u16(), want, "body: {v}");
-    assert_eq!(v["code"].as_u64(), Some(u64::from(want)), "body: {v}");
-    assert!(
-        v["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "body: {v}"
-    );
+    let key = with_key.then_some(f.key.as_str());
+    common::call(&f.app, key, method, path, body, headers).await
 }
 
 #[test]
@@ -103,7 +66,7 @@ fn openapi_parses_and_lists_every_route() {
 
 #[tokio::test]
 async fn every_listed_route_is_served() {
-    let f = fixture();
+    let f = fixture().await;
     for (method, path) in api::ROUTES {
         let concrete = path
             .replace("{sandboxID}", "nosuchsandbox")
@@ -124,7 +87,7 @@ async fn every_listed_route_is_served() {
 
 #[tokio::test]
 async fn auth_is_required_and_errors_are_json() {
-    let f = fixture();
+    let f = fixture().await;
     let (s, v) = call(&f, "GET", "/sandboxes", None, &[], false).await;
     assert_error(s, &v, 401);
     let (s, v) = call(
@@ -161,7 +124,7 @@ async fn auth_is_required_and_errors_are_json() {
 
 #[tokio::test]
 async fn bad_input_gets_the_right_status() {
-    let f = fixture();
+    let f = fixture().await;
     let cases: &[(&str, &str, Option<&str>, u16)] = &[
         ("POST", "/sandboxes", Some("{\"templateID\": "), 400),
         ("POST", "/sandboxes", Some(""), 400),
@@ -257,7 +220,7 @@ async fn bad_input_gets_the_right_status() {
 
 #[tokio::test]
 async fn proxy_routing_errors() {
-    let f = fixture();
+    let f = fixture().await;
     // Unknown sandbox by header and by host: 502 like E2B's proxy, JSON, no API key needed.
     let (s, v) = call(
         &f,

@@ -7,28 +7,15 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kiln_agent::client::{AgentClient, RunOptions};
-use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
-use kiln_server::driver::{AgentEndpoint, Driver, SandboxSpec};
-
-struct Guard<'a> {
-    driver: &'a GvisorDriver,
-    ids: Vec<String>,
-}
-
-impl Drop for Guard<'_> {
-    fn drop(&mut self) {
-        for id in &self.ids {
-            let _ = self.driver.stop_blocking(id);
-        }
-    }
-}
+use kiln_envd::RunOptions;
+use kiln_server::driver::{self, DriverError, SandboxSpec};
 
 fn spec(id: &str, rootfs: &std::path::Path) -> SandboxSpec {
     SandboxSpec {
         id: id.into(),
         template_name: "test".into(),
         rootfs: rootfs.to_path_buf(),
+        image: None,
         env: BTreeMap::from([("KILN_TEST_ENV".into(), "from-template".into())]),
         cpu_count: 1,
         memory_mb: 256,
@@ -41,33 +28,30 @@ async fn gvisor_sandbox_runs_agent_and_tears_down_completely() {
     common::require_runsc_root();
     let tpl = tempfile::tempdir().unwrap();
     common::build_rootfs(tpl.path());
-    let state = tempfile::tempdir().unwrap();
-    let driver = GvisorDriver::new(GvisorConfig::new(state.path())).unwrap();
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
     let id = format!("drvtest{}", std::process::id());
-    let mut guard = Guard {
-        driver: &driver,
-        ids: vec![id.clone()],
-    };
+    let guard = common::Cleanup::new(driver.clone());
+    guard.add(&id);
 
     driver.create(&spec(&id, tpl.path())).await.expect("create");
     driver.start(&id).await.expect("start");
     assert!(driver.is_running(&id).await.unwrap());
-    let AgentEndpoint::Unix(sock) = driver.agent_endpoint(&id);
-    let agent = AgentClient::unix(&sock);
-    agent
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "agent not ready: {e}\nconsole:\n{}",
-                kiln_server::driver::gvisor::tail(
-                    &state
-                        .path()
-                        .join(format!("gvisor/sandboxes/{id}/console.log")),
-                    4000
-                )
-            )
-        });
+    let agent = driver::agent_client(&driver, &id);
+    if let Err(e) = agent.wait_ready(Duration::from_secs(30)).await {
+        let console = driver.console_log(&id, 4000).await.unwrap_or_default();
+        panic!("agent not ready: {e}\nconsole:\n{console}");
+    }
+    // Any other port needs the sandbox network, which is off: a clear error naming the port,
+    // and no host path in it.
+    match driver.connect(&id, 8080).await {
+        Err(e @ DriverError::Unreachable { port: 8080, .. }) => {
+            let text = e.to_string();
+            assert!(!text.contains(&*state.path().to_string_lossy()), "{text}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("port 8080 must not be reachable with the network off"),
+    }
 
     // Commands run inside, see the template env, and writes land in the per-sandbox layer only.
     let out = agent
@@ -119,7 +103,6 @@ async fn gvisor_sandbox_runs_agent_and_tears_down_completely() {
 
     // Stop: no runsc container, no mount, no files, no cgroup, no process.
     driver.stop(&id).await.expect("stop");
-    guard.ids.clear();
     assert!(!driver.is_running(&id).await.unwrap());
     assert!(driver.list_on_host().await.unwrap().is_empty());
     assert!(common::mounts_under(state.path()).is_empty());
@@ -140,8 +123,8 @@ async fn gvisor_sandbox_runs_agent_and_tears_down_completely() {
 async fn create_failure_leaves_nothing_behind() {
     common::require_runsc_root();
     let empty = tempfile::tempdir().unwrap(); // no agent inside: refused before anything starts
-    let state = tempfile::tempdir().unwrap();
-    let driver = GvisorDriver::new(GvisorConfig::new(state.path())).unwrap();
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
     let err = driver
         .create(&spec("drvfail", empty.path()))
         .await
@@ -149,4 +132,10 @@ async fn create_failure_leaves_nothing_behind() {
     assert!(err.to_string().contains("kiln-agent"), "{err}");
     assert!(common::mounts_under(state.path()).is_empty());
     assert!(!state.path().join("gvisor/sandboxes/drvfail").exists());
+    // Ids that would build paths outside the driver's directory are refused as such.
+    let err = driver
+        .create(&spec("../escape", empty.path()))
+        .await
+        .expect_err("traversal id");
+    assert!(matches!(err, DriverError::InvalidId(_)), "{err}");
 }

@@ -8,43 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use http::Request;
-use http_body_util::BodyExt;
-use kiln_server::api::{self, ApiConfig, AppState};
-use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
-use kiln_server::store::Store;
 use kiln_server::templates::{from_dir, FixedTemplates, TemplateInfo};
-use kiln_server::{auth, LifecycleConfig, Manager};
+use kiln_server::LifecycleConfig;
 use serde_json::Value;
-use tower::ServiceExt;
-
-struct Cleanup {
-    driver: Arc<GvisorDriver>,
-    ids: std::sync::Mutex<Vec<String>>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for id in self.ids.lock().unwrap().iter() {
-            let _ = self.driver.stop_blocking(id);
-        }
-    }
-}
 
 async fn call(app: &axum::Router, key: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("X-API-Key", key)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, v)
+    let (s, v) = common::call(app, Some(key), method, path, Some(body), &[]).await;
+    (s.as_u16(), v)
 }
 
 fn log_lines(v: &Value) -> Vec<String> {
@@ -63,14 +33,9 @@ async fn start_cmd_runs_as_template_user_and_its_output_is_in_the_logs() {
     common::require_runsc_root();
     let tpl = tempfile::tempdir().unwrap();
     common::build_rootfs(tpl.path());
-    let state = tempfile::tempdir().unwrap();
-    let driver = Arc::new(GvisorDriver::new(GvisorConfig::new(state.path())).unwrap());
-    let cleanup = Cleanup {
-        driver: driver.clone(),
-        ids: Default::default(),
-    };
-    let store = Arc::new(Store::open(&state.path().join("kiln.db")).unwrap());
-    let key = auth::create_key(&store, "test").unwrap().secret;
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
     let template = TemplateInfo {
         env: BTreeMap::from([("KILN_TPL_ENV".into(), "from-template".into())]),
         start_cmd: Some(
@@ -80,26 +45,21 @@ async fn start_cmd_runs_as_template_user_and_its_output_is_in_the_logs() {
         ),
         ..from_dir("t", tpl.path())
     };
-    let manager = Manager::new(
+    let manager = common::manager(
+        state.path(),
+        driver.clone(),
+        Arc::new(FixedTemplates(vec![template])),
         LifecycleConfig {
             default_memory_mb: 256,
             ..LifecycleConfig::default()
         },
-        store,
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![template])),
     );
-    let app = api::router(Arc::new(AppState {
-        manager: manager.clone(),
-        cfg: ApiConfig {
-            domain: "kiln.test".into(),
-        },
-    }));
+    let (app, key) = common::app(manager, state.path()).await;
 
     let (status, created) = call(&app, &key, "POST", "/sandboxes", r#"{"templateID":"t"}"#).await;
     assert_eq!(status, 201, "create: {created}");
     let id = created["sandboxID"].as_str().unwrap().to_string();
-    cleanup.ids.lock().unwrap().push(id.clone());
+    cleanup.add(&id);
 
     // The command runs in the background: wait for its end in the logs.
     let t = Instant::now();
@@ -132,7 +92,6 @@ async fn start_cmd_runs_as_template_user_and_its_output_is_in_the_logs() {
     // The sandbox is still fine after its start command ended; kill it and check nothing is left.
     let (status, _) = call(&app, &key, "DELETE", &format!("/sandboxes/{id}"), "").await;
     assert_eq!(status, 204);
-    cleanup.ids.lock().unwrap().clear();
     assert!(common::mounts_under(state.path()).is_empty());
     assert!(!state.path().join(format!("gvisor/sandboxes/{id}")).exists());
     assert!(common::processes_mentioning(&id).is_empty());

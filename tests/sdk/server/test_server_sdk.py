@@ -198,3 +198,27 @@ def test_two_sandboxes_cannot_see_each_other(server):
     finally:
         a.kill()
         b.kill()
+
+
+def test_driver_errors_reach_the_sdk_with_their_status(sandbox):
+    """A driver's "not implemented" is a 501 and "not found" a 404, end to end; a template id
+    that could name a host path is refused before anything is looked up."""
+    from e2b import SandboxException
+    from e2b.exceptions import NotFoundException
+
+    with pytest.raises(SandboxException) as ei:
+        sandbox.pause()
+    assert getattr(ei.value, "status_code", None) == 501, repr(ei.value)
+    assert "not implemented" in str(ei.value)
+    # The sandbox is unharmed.
+    assert sandbox.commands.run("echo still-here").stdout == "still-here\n"
+
+    with pytest.raises(NotFoundException):
+        Sandbox.pause("nosuchsandbox000000")
+    with pytest.raises(NotFoundException):
+        Sandbox.connect("nosuchsandbox000000")
+
+    with pytest.raises(SandboxException) as ei:
+        Sandbox.create(template="../../run/kiln")
+    assert "invalid template id" in str(ei.value), str(ei.value)
+    assert "/run/kiln" not in str(ei.value).replace('"../../run/kiln"', "")

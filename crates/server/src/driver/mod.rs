@@ -1,16 +1,27 @@
-//! Isolation drivers: what turns a template into a running, isolated sandbox with a kiln-agent
+//! Isolation drivers: what turns a template into a running, isolated sandbox whose kiln-agent
 //! the server can reach without the sandbox network.
 //!
-//! The lifecycle is split so that pools and snapshots fit later: [`Driver::create`] prepares
-//! everything that does not depend on the request's identity-free parts (bundle, writable
-//! layer, runtime container) and [`Driver::start`] makes it run; a pool would hold created (or
-//! started and snapshotted) sandboxes and hand them out. `pause`/`resume`/`snapshot`/`restore`
+//! The [`Driver`] trait is the one seam between kiln and an isolation technology: nothing
+//! outside a driver's own module knows how it works. [`factory::build`] picks the driver from
+//! configuration. Reaching a sandbox is [`Driver::connect`]: a byte stream to a port inside it
+//! (gVisor: the agent's host Unix socket; microVM: a vsock CONNECT; later: TCP into the
+//! sandbox's network namespace), used alike by the agent client and the proxy.
+//!
+//! The lifecycle is split so that pools and snapshots fit: [`Driver::create`] prepares
+//! everything that does not depend on the request (writable layer, bundle) and
+//! [`Driver::start`] makes it run. Pause, resume, snapshot, restore and fork are named here and
 //! answer [`DriverError::NotImplemented`] until a driver supports them.
 
+pub mod factory;
 pub mod gvisor;
+pub mod microvm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use factory::{build, DriverConfig, DriverKind};
+pub use kiln_envd::{BoxIo, Io};
 
 /// Everything a driver needs to build one sandbox.
 #[derive(Debug, Clone)]
@@ -19,18 +30,13 @@ pub struct SandboxSpec {
     pub template_name: String,
     /// Template root filesystem directory (read-only; never written to).
     pub rootfs: PathBuf,
+    /// The template's ext4 image of the same tree, for drivers that boot from a block device.
+    pub image: Option<PathBuf>,
     /// Environment of the agent process (the template's env).
     pub env: BTreeMap<String, String>,
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub pids_limit: u32,
-}
-
-/// How the server reaches a sandbox's agent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AgentEndpoint {
-    /// A Unix socket on the host, bound by the agent inside the sandbox.
-    Unix(PathBuf),
 }
 
 /// Resource usage of a running sandbox.
@@ -50,16 +56,32 @@ pub struct HostSandbox {
     pub running: bool,
 }
 
-/// Opaque reference to a snapshot (future drivers).
+/// Opaque reference to a snapshot, meaningful to the driver that made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRef(pub String);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
-    #[error("{0}")]
+    /// The driver does not support this operation (yet): 501 to API clients.
+    #[error("{0} is not implemented by this isolation driver")]
     NotImplemented(&'static str),
+    /// The driver cannot run on this host at all.
+    #[error("the {driver} driver is not available on this host: {reason}")]
+    Unavailable {
+        driver: &'static str,
+        reason: String,
+    },
     #[error("sandbox {0} is not known to the driver")]
     NotFound(String),
+    #[error("invalid sandbox id {0:?}")]
+    InvalidId(String),
+    /// Nothing answers on that port of the sandbox (or the driver cannot reach it).
+    #[error("port {port} of sandbox {id} is not reachable: {reason}")]
+    Unreachable {
+        id: String,
+        port: u16,
+        reason: String,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -68,10 +90,6 @@ pub enum DriverError {
     },
     #[error("`{command}` failed: {output}")]
     Command { command: String, output: String },
-    #[error(
-        "the agent in sandbox {id} did not become ready within {secs:.1}s. Sandbox output:\n{log}"
-    )]
-    AgentNotReady { id: String, secs: f64, log: String },
     #[error("{0}")]
     Other(String),
 }
@@ -86,7 +104,7 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
 /// An isolation technology.
 #[async_trait::async_trait]
 pub trait Driver: Send + Sync + 'static {
-    /// Short name recorded with each sandbox (`gvisor`, …).
+    /// Short name recorded with each sandbox (`gvisor`, `microvm`).
     fn name(&self) -> &'static str;
     /// Prepares the sandbox (writable layer, bundle, runtime container) without running it.
     async fn create(&self, spec: &SandboxSpec) -> Result<()>;
@@ -95,20 +113,9 @@ pub trait Driver: Send + Sync + 'static {
     /// Stops the sandbox and releases everything it holds on the host. Idempotent: stopping an
     /// unknown or half-created sandbox cleans up whatever is left and succeeds.
     async fn stop(&self, id: &str) -> Result<()>;
-    async fn pause(&self, _id: &str) -> Result<()> {
-        Err(DriverError::NotImplemented("pausing sandboxes"))
-    }
-    async fn resume(&self, _id: &str) -> Result<()> {
-        Err(DriverError::NotImplemented("resuming sandboxes"))
-    }
-    async fn snapshot(&self, _id: &str) -> Result<SnapshotRef> {
-        Err(DriverError::NotImplemented("sandbox snapshots"))
-    }
-    async fn restore(&self, _snapshot: &SnapshotRef, _spec: &SandboxSpec) -> Result<()> {
-        Err(DriverError::NotImplemented("restoring sandbox snapshots"))
-    }
-    /// Where the sandbox's agent listens.
-    fn agent_endpoint(&self, id: &str) -> AgentEndpoint;
+    /// Opens a byte stream to `port` inside the sandbox. The agent's port
+    /// ([`kiln_proto::envd::ENVD_PORT`]) is reachable whatever the sandbox network is.
+    async fn connect(&self, id: &str, port: u16) -> Result<BoxIo>;
     /// Whether the sandbox is running on the host.
     async fn is_running(&self, id: &str) -> Result<bool>;
     async fn stats(&self, id: &str) -> Result<SandboxStats>;
@@ -116,4 +123,63 @@ pub trait Driver: Send + Sync + 'static {
     async fn list_on_host(&self) -> Result<Vec<HostSandbox>>;
     /// The sandbox's own output (the agent's stdout/stderr), last `max_bytes` bytes.
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String>;
+
+    /// Freezes the sandbox and saves its memory and disk; it no longer runs on the host.
+    async fn pause(&self, _id: &str) -> Result<()> {
+        Err(DriverError::NotImplemented("pausing sandboxes"))
+    }
+    /// Runs a paused sandbox again from its saved state.
+    async fn resume(&self, _id: &str) -> Result<()> {
+        Err(DriverError::NotImplemented("resuming sandboxes"))
+    }
+    /// Captures a running sandbox (which keeps running) as a snapshot.
+    async fn snapshot(&self, _id: &str) -> Result<SnapshotRef> {
+        Err(DriverError::NotImplemented("sandbox snapshots"))
+    }
+    /// Starts a new sandbox `spec.id` from a snapshot.
+    async fn restore(&self, _snapshot: &SnapshotRef, _spec: &SandboxSpec) -> Result<()> {
+        Err(DriverError::NotImplemented("restoring sandbox snapshots"))
+    }
+    /// Starts `children` as copies of the running sandbox `id` (which keeps running).
+    async fn fork(&self, _id: &str, _children: &[SandboxSpec]) -> Result<()> {
+        Err(DriverError::NotImplemented("forking sandboxes"))
+    }
+}
+
+/// A [`kiln_envd::Connector`] to one port of one sandbox, through its driver: what the agent
+/// client and the proxy use to reach a sandbox.
+pub struct SandboxConnector {
+    pub driver: Arc<dyn Driver>,
+    pub id: String,
+    pub port: u16,
+}
+
+#[async_trait::async_trait]
+impl kiln_envd::Connector for SandboxConnector {
+    async fn connect(&self) -> std::io::Result<BoxIo> {
+        self.driver
+            .connect(&self.id, self.port)
+            .await
+            .map_err(|e| match e {
+                DriverError::Io { source, .. } => source,
+                other => std::io::Error::other(other.to_string()),
+            })
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} sandbox {} port {}",
+            self.driver.name(),
+            self.id,
+            self.port
+        )
+    }
+}
+
+/// An envd client for the agent of sandbox `id`.
+pub fn agent_client(driver: &Arc<dyn Driver>, id: &str) -> kiln_envd::EnvdClient {
+    kiln_envd::EnvdClient::new(Arc::new(SandboxConnector {
+        driver: driver.clone(),
+        id: id.to_string(),
+        port: kiln_proto::envd::ENVD_PORT,
+    }))
 }

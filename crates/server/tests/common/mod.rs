@@ -27,9 +27,12 @@ pub fn require_runsc_root() {
         root,
         "this test runs real gVisor sandboxes and must run as root"
     );
+    let runsc = std::env::var_os("KILN_RUNSC")
+        .map(PathBuf::from)
+        .or_else(|| kiln_host::prereq::which("runsc"));
     assert!(
-        kiln_host::prereq::which("runsc").is_some(),
-        "runsc is not installed (apt-get install runsc)"
+        runsc.is_some_and(|p| p.exists()),
+        "runsc is not installed (apt-get install runsc, or set KILN_RUNSC)"
     );
 }
 
@@ -131,4 +134,159 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
         }
     }
     out
+}
+
+// ---------- servers, drivers and cleanup ----------
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use kiln_server::api::{self, ApiConfig, AppState};
+use kiln_server::driver::{self, Driver, DriverConfig, DriverKind};
+use kiln_server::store::{SqliteStore, StateStore};
+use kiln_server::templates::Templates;
+use kiln_server::{LifecycleConfig, Manager};
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// A fresh state directory with a short path (agent socket paths under it must fit in 108
+/// bytes).
+pub fn state_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("kt")
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+/// The driver configuration tests use: the gVisor driver, with `KILN_RUNSC` and
+/// `KILN_PLATFORM` when set (scripts/test.sh sets them to the runtime kiln installs).
+pub fn driver_config() -> DriverConfig {
+    let mut cfg = DriverConfig {
+        kind: DriverKind::Gvisor,
+        ..DriverConfig::default()
+    };
+    cfg.gvisor.runsc = std::env::var_os("KILN_RUNSC").map(PathBuf::from);
+    cfg.gvisor.platform = std::env::var("KILN_PLATFORM").ok();
+    cfg
+}
+
+/// The driver of a test server whose state lives in `state`.
+pub fn driver(state: &Path) -> Arc<dyn Driver> {
+    driver::build(&driver_config(), state).expect("building the driver")
+}
+
+pub fn store(state: &Path) -> Arc<dyn StateStore> {
+    Arc::new(SqliteStore::open(&state.join("kiln.db")).unwrap())
+}
+
+/// Stops the sandboxes it lists when dropped (also when a test panics), so no test leaves
+/// runsc processes, mounts or directories behind.
+pub struct Cleanup {
+    driver: Arc<dyn Driver>,
+    ids: Mutex<Vec<String>>,
+}
+
+impl Cleanup {
+    pub fn new(driver: Arc<dyn Driver>) -> Self {
+        Self {
+            driver,
+            ids: Mutex::new(Vec::new()),
+        }
+    }
+    pub fn add(&self, id: &str) {
+        self.ids.lock().unwrap().push(id.to_string());
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let ids = std::mem::take(&mut *self.ids.lock().unwrap());
+        if ids.is_empty() {
+            return;
+        }
+        let driver = self.driver.clone();
+        // A runtime of its own on another thread: Drop may run inside the test's runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for id in ids {
+                    let _ = driver.stop(&id).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A manager over a real store and driver in `state`.
+pub fn manager(
+    state: &Path,
+    driver: Arc<dyn Driver>,
+    templates: Arc<dyn Templates>,
+    cfg: LifecycleConfig,
+) -> Arc<Manager> {
+    Manager::new(cfg, store(state), driver, templates)
+}
+
+/// The API router over `manager`, with a fresh API key.
+pub async fn app(manager: Arc<Manager>, state: &Path) -> (axum::Router, String) {
+    let key = kiln_server::auth::create_key(store(state).as_ref(), "test")
+        .await
+        .unwrap()
+        .secret;
+    let app = api::router(Arc::new(AppState {
+        manager,
+        cfg: ApiConfig {
+            domain: "kiln.test".into(),
+        },
+    }));
+    (app, key)
+}
+
+/// One request through the router: its status and JSON body (a string when not JSON, null
+/// when empty).
+pub async fn call(
+    app: &axum::Router,
+    key: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let mut b = Request::builder().method(method).uri(path);
+    if let Some(k) = key {
+        b = b.header("X-API-Key", k);
+    }
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    let req = b.body(Body::from(body.unwrap_or("").to_string())).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
+    (status, v)
+}
+
+/// Asserts an error answer: the status, and E2B's JSON error shape with a message.
+pub fn assert_error(status: StatusCode, v: &Value, want: u16) {
+    assert_eq!(status.as_u16(), want, "body: {v}");
+    assert_eq!(v["code"].as_u64(), Some(u64::from(want)), "body: {v}");
+    assert!(
+        v["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "body: {v}"
+    );
 }

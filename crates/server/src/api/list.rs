@@ -1,0 +1,182 @@
+//! Listing sandboxes: `GET /sandboxes` (v1) and `GET /v2/sandboxes` with state, metadata and
+//! template filters and `nextToken` pagination.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::wire::listed_json;
+use super::{ApiError, ApiResult, St};
+use crate::store::{SandboxRecord, SandboxState};
+
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+    limit: Option<String>,
+    order: Option<String>,
+    template: Option<String>,
+}
+
+fn percent_decode(s: &str) -> ApiResult<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = b
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("bad percent-encoding in {s:?}"))
+                    })?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| ApiError::bad_request(format!("{s:?} is not UTF-8")))
+}
+
+/// Parses the `metadata` filter: a URL-encoded `k=v&k2=v2` string.
+pub fn parse_metadata_filter(s: &str) -> ApiResult<BTreeMap<String, String>> {
+    let mut m = BTreeMap::new();
+    for kv in s.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or_else(|| {
+            ApiError::bad_request(format!("metadata filter {kv:?} must be key=value"))
+        })?;
+        m.insert(percent_decode(k)?, percent_decode(v)?);
+    }
+    Ok(m)
+}
+
+fn matches_metadata(r: &SandboxRecord, filter: &BTreeMap<String, String>) -> bool {
+    filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+}
+
+pub async fn list_v1(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Json<Vec<Value>>> {
+    let filter = q
+        .metadata
+        .as_deref()
+        .map(parse_metadata_filter)
+        .transpose()?
+        .unwrap_or_default();
+    Ok(Json(
+        st.manager
+            .list()
+            .iter()
+            .filter(|r| matches_metadata(r, &filter))
+            .map(listed_json)
+            .collect(),
+    ))
+}
+
+fn encode_cursor(r: &SandboxRecord) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{}:{}", r.started_at_ms, r.id))
+}
+
+fn decode_cursor(s: &str) -> ApiResult<(i64, String)> {
+    let bad = || ApiError::bad_request(format!("invalid nextToken {s:?}"));
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s)
+        .map_err(|_| bad())?;
+    let raw = String::from_utf8(raw).map_err(|_| bad())?;
+    let (ms, id) = raw.split_once(':').ok_or_else(bad)?;
+    Ok((ms.parse().map_err(|_| bad())?, id.to_string()))
+}
+
+pub async fn list_v2(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Response> {
+    let filter = q
+        .metadata
+        .as_deref()
+        .map(parse_metadata_filter)
+        .transpose()?
+        .unwrap_or_default();
+    let mut states = Vec::new();
+    if let Some(s) = q.state.as_deref() {
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "running" => states.push(SandboxState::Running),
+                "paused" => states.push(SandboxState::Paused),
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown sandbox state {other:?}: use running or paused"
+                    )))
+                }
+            }
+        }
+    }
+    let limit: usize = match q.limit.as_deref() {
+        None => 100,
+        Some(l) => l
+            .parse()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be 1-1000, got {l:?}")))?,
+    };
+    let desc = match q.order.as_deref() {
+        None | Some("asc") => false,
+        Some("desc") => true,
+        Some(o) => {
+            return Err(ApiError::bad_request(format!(
+                "order must be asc or desc, got {o:?}"
+            )))
+        }
+    };
+    let cursor = q
+        .next_token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .map(decode_cursor)
+        .transpose()?;
+    let mut all: Vec<SandboxRecord> = st
+        .manager
+        .list()
+        .into_iter()
+        .filter(|r| states.is_empty() || states.contains(&r.state))
+        .filter(|r| matches_metadata(r, &filter))
+        .filter(|r| q.template.as_deref().is_none_or(|t| r.template_id == t))
+        .collect();
+    if desc {
+        all.reverse();
+    }
+    if let Some((ms, id)) = cursor {
+        let key = (ms, id);
+        all.retain(|r| {
+            let k = (r.started_at_ms, r.id.clone());
+            if desc {
+                k < key
+            } else {
+                k > key
+            }
+        });
+    }
+    let more = all.len() > limit;
+    all.truncate(limit);
+    let mut resp = Json(all.iter().map(listed_json).collect::<Vec<_>>()).into_response();
+    if more {
+        if let Some(last) = all.last() {
+            if let Ok(v) = encode_cursor(last).parse() {
+                resp.headers_mut().insert("x-next-token", v);
+            }
+        }
+    }
+    Ok(resp)
+}

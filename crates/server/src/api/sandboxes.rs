@@ -1,0 +1,211 @@
+//! Sandbox routes: create, get, kill, timeouts, connect, metrics, logs and the lifecycle
+//! operations (pause, resume, snapshots, fork, network) — each one call into the manager.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::wire::{
+    detail_json, metric_json, parse_json, sandbox_json, ts, NewSandbox, SandboxJson,
+};
+use super::{ApiError, ApiResult, St};
+use crate::manager::CreateParams;
+
+pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
+    let req: NewSandbox =
+        parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
+    if req.allow_internet_access == Some(true) {
+        return Err(ApiError::not_implemented(
+            "sandbox internet access (allow_internet_access=true; sandboxes have no network yet)",
+        ));
+    }
+    if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
+        return Err(ApiError::not_implemented("MCP gateway (mcp)"));
+    }
+    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::not_implemented("volume mounts (volumeMounts)"));
+    }
+    // Run the creation in its own task: a client that disconnects mid-create must not leave a
+    // half-started sandbox behind (hyper drops the handler future on disconnect).
+    let manager = st.manager.clone();
+    let params = CreateParams {
+        template_id: req.template_id,
+        timeout_secs: req.timeout,
+        metadata: req.metadata.unwrap_or_default(),
+        env_vars: req.env_vars.unwrap_or_default(),
+        secure: req.secure.unwrap_or(true),
+        auto_pause: req.auto_pause.unwrap_or(false),
+        allow_internet_access: req.allow_internet_access,
+    };
+    let rec = tokio::spawn(async move { manager.create(params).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("create task: {e}")))??;
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_json(&rec, &st.cfg.domain)),
+    )
+        .into_response())
+}
+
+pub async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let r = st.manager.get(&id)?;
+    Ok(Json(detail_json(&r, &st.cfg.domain)))
+}
+
+pub async fn kill_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let manager = st.manager.clone();
+    let sid = id.clone();
+    let killed = tokio::spawn(async move { manager.kill(&sid, "killed by request").await })
+        .await
+        .map_err(|e| ApiError::internal(format!("kill task: {e}")))??;
+    if killed {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::sandbox_not_found(&id))
+    }
+}
+
+#[derive(Deserialize)]
+struct TimeoutBody {
+    timeout: i64,
+}
+
+pub async fn set_timeout(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let b: TimeoutBody =
+        parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
+    st.manager.set_timeout(&id, b.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+struct ConnectBody {
+    timeout: Option<i64>,
+}
+
+pub async fn connect(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<SandboxJson>> {
+    let b: ConnectBody = parse_json(&body, true)?.unwrap_or_default();
+    // Validate before looking the sandbox up, so bad input is a 400 even for unknown ids.
+    let secs = b
+        .timeout
+        .unwrap_or(st.manager.config().default_timeout_secs as i64);
+    st.manager.check_timeout(secs)?;
+    let r = st.manager.extend(&id, secs, "connected").await?;
+    Ok(Json(sandbox_json(&r, &st.cfg.domain)))
+}
+
+#[derive(Deserialize, Default)]
+struct RefreshBody {
+    duration: Option<i64>,
+}
+
+pub async fn refresh(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+    let b: RefreshBody = parse_json(&body, true)?.unwrap_or_default();
+    let secs = b
+        .duration
+        .unwrap_or(st.manager.config().default_timeout_secs as i64);
+    st.manager.extend(&id, secs, "refreshed").await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn metrics(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Vec<Value>>> {
+    let samples = st.manager.metrics(&id).await?;
+    Ok(Json(samples.iter().map(metric_json).collect()))
+}
+
+/// `GET /sandboxes/{id}/logs`: plain lines and structured entries.
+pub async fn logs(st: St, id: Path<String>) -> ApiResult<Json<Value>> {
+    let (logs, entries) = collect_logs(st, id).await?;
+    Ok(Json(json!({"logs": logs, "logEntries": entries})))
+}
+
+/// `GET /v2/sandboxes/{id}/logs`: structured entries only.
+pub async fn logs_v2(st: St, id: Path<String>) -> ApiResult<Json<Value>> {
+    let (_, entries) = collect_logs(st, id).await?;
+    Ok(Json(json!({ "logs": entries })))
+}
+
+async fn collect_logs(
+    State(st): St,
+    Path(id): Path<String>,
+) -> ApiResult<(Vec<Value>, Vec<Value>)> {
+    let l = st.manager.logs(&id).await?;
+    let mut logs = Vec::new();
+    let mut entries = Vec::new();
+    for e in &l.events {
+        let line = format!("{}: {}", e.kind, e.detail);
+        logs.push(json!({"timestamp": ts(e.ts_ms), "line": line}));
+        entries.push(json!({
+            "timestamp": ts(e.ts_ms),
+            "level": if e.kind == "failed" { "error" } else { "info" },
+            "message": line,
+            "fields": {"event": e.kind, "sandboxID": id},
+        }));
+    }
+    if let Some(console) = &l.console {
+        let now = ts(crate::store::now_ms());
+        for line in console.lines().filter(|l| !l.trim().is_empty()) {
+            logs.push(json!({"timestamp": now, "line": line}));
+            entries.push(json!({
+                "timestamp": now, "level": "info", "message": line,
+                "fields": {"source": "agent", "sandboxID": id},
+            }));
+        }
+    }
+    Ok((logs, entries))
+}
+
+pub async fn pause(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    st.manager.pause(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn resume(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    st.manager.resume(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn snapshot(State(st): St, Path(id): Path<String>) -> ApiResult<Response> {
+    let snap = st.manager.snapshot(&id).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"snapshotID": snap.0, "names": []})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct ForkBody {
+    count: Option<u32>,
+}
+
+pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+    let b: ForkBody = parse_json(&body, true)?.unwrap_or_default();
+    st.manager.fork(&id, b.count.unwrap_or(1)).await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// `PUT /sandboxes/{id}/network`: sandboxes have no network yet.
+pub async fn network(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    st.manager.get(&id)?;
+    Err(ApiError::not_implemented(
+        "sandbox network configuration (PUT /sandboxes/{sandboxID}/network)",
+    ))
+}
+
+pub async fn bulk_metrics() -> ApiResult<StatusCode> {
+    Err(ApiError::not_implemented(
+        "bulk sandbox metrics (GET /sandboxes/metrics)",
+    ))
+}

@@ -1,0 +1,412 @@
+//! The gVisor driver: one `runsc` container per sandbox.
+//!
+//! Per sandbox, under `<state>/gvisor/sandboxes/<id>/`:
+//! - `upper/`, `work/`: the writable layer of a host overlayfs mounted at `rootfs/`, whose lower
+//!   layer is the template's rootfs directory (never written to);
+//! - `bundle/config.json`: the OCI spec (kiln-agent as init, `linux.resources` limits,
+//!   `cgroupsPath` `/kiln/<id>`);
+//! - `run/`: bind-mounted at `/run/kiln` inside; the agent binds `agent.sock` there and
+//!   `runsc --host-uds=create` makes it reachable from the host, so the server↔agent channel
+//!   never depends on the sandbox network (which is `--network=none`);
+//! - `console.log`: the agent's stdout/stderr (runsc's own errors too).
+//!
+//! runsc's container state lives in `<state>/gvisor/runsc/` (`--root`), so every sandbox kiln
+//! ever started can be listed and deleted after a crash.
+//!
+//! Latency: [`Driver::create`] only prepares the layer and the bundle; [`Driver::start`] is one
+//! `runsc run --detach` (one runsc process instead of `create` + `start`). The server is a child
+//! subreaper, so each sandbox's `runsc-sandbox`/`runsc-gofer` processes become its children:
+//! stop SIGKILLs and reaps them itself before `runsc delete --force`, which otherwise polls for
+//! seconds until the host's init reaps the zombies.
+//!
+//! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
+//! (the overlay), [`reap`] (host processes).
+
+mod mounts;
+mod oci;
+mod reap;
+mod runsc;
+
+use std::path::{Path, PathBuf};
+
+use kiln_proto::envd::ENVD_PORT;
+
+pub use mounts::is_mounted;
+pub use oci::oci_spec;
+pub use reap::reap_adopted_zombies;
+pub use runsc::Runsc;
+
+use super::{io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats};
+use mounts::{mount_overlay, unmount};
+
+/// Path of the agent binary inside every template.
+pub const AGENT_PATH: &str = "/usr/bin/kiln-agent";
+/// Directory (inside the sandbox) holding the agent's host-reachable socket.
+pub const AGENT_SOCKET_DIR: &str = "/run/kiln";
+const SOCKET_NAME: &str = "agent.sock";
+/// Longest sandbox id the driver accepts (kiln generates 20-character ids).
+pub const MAX_ID_LEN: usize = 32;
+
+/// The `[gvisor]` section of kiln's configuration.
+#[derive(Debug, Clone, Default)]
+pub struct GvisorSettings {
+    /// runsc binary (default: `runsc` on PATH).
+    pub runsc: Option<PathBuf>,
+    /// `--platform` (default `ptrace`; `systrap`/`kvm` where they work).
+    pub platform: Option<String>,
+    /// Skip cgroup configuration entirely (hosts where runsc cannot manage cgroups).
+    pub ignore_cgroups: bool,
+}
+
+/// Resolved settings of one gVisor driver instance.
+#[derive(Debug, Clone)]
+pub struct GvisorConfig {
+    /// Root of the driver's state (`<state>/gvisor`).
+    pub dir: PathBuf,
+    /// `runsc` binary.
+    pub runsc: PathBuf,
+    /// `--platform`.
+    pub platform: String,
+    /// Skip cgroup configuration entirely.
+    pub ignore_cgroups: bool,
+    /// Extra arguments given to the agent (after the socket flag).
+    pub agent_args: Vec<String>,
+}
+
+impl GvisorConfig {
+    /// Defaults for a driver whose state lives under `state_dir/gvisor`.
+    pub fn new(state_dir: &Path) -> Self {
+        Self::from_settings(&GvisorSettings::default(), state_dir)
+    }
+
+    pub fn from_settings(s: &GvisorSettings, state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join("gvisor"),
+            runsc: s.runsc.clone().unwrap_or_else(|| {
+                kiln_host::prereq::which("runsc").unwrap_or_else(|| PathBuf::from("runsc"))
+            }),
+            platform: s.platform.clone().unwrap_or_else(|| "ptrace".into()),
+            ignore_cgroups: s.ignore_cgroups,
+            agent_args: Vec::new(),
+        }
+    }
+}
+
+pub struct GvisorDriver {
+    cfg: GvisorConfig,
+    runsc: Runsc,
+}
+
+/// Sandbox ids become directory and container names: keep them to a safe alphabet.
+fn check_id(id: &str) -> Result<()> {
+    if id.is_empty()
+        || id.len() > MAX_ID_LEN
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(DriverError::InvalidId(id.to_string()));
+    }
+    Ok(())
+}
+
+impl GvisorDriver {
+    pub fn new(cfg: GvisorConfig) -> Result<Self> {
+        // runsc leaves each sandbox's processes behind as orphans. Adopting them (instead of
+        // PID 1) lets stop reap them at once: `runsc delete` waits until they are gone, and a
+        // slow init on the host leaves them as zombies for seconds.
+        // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers and affects only this
+        // process.
+        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        if rc != 0 {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                "cannot become a child subreaper; stopping sandboxes will be slower"
+            );
+        }
+        // The agent socket path must fit in sockaddr_un (108 bytes) with the longest id.
+        let longest = cfg
+            .dir
+            .join("sandboxes")
+            .join("x".repeat(MAX_ID_LEN))
+            .join("run")
+            .join(SOCKET_NAME);
+        if longest.as_os_str().len() > 107 {
+            return Err(DriverError::Other(format!(
+                "state directory {} is too long: sandbox agent sockets under it would exceed the \
+                 108-byte Unix socket path limit; use a shorter --state-dir",
+                cfg.dir.display()
+            )));
+        }
+        std::fs::create_dir_all(cfg.dir.join("runsc")).map_err(io_err(format!(
+            "creating {}",
+            cfg.dir.join("runsc").display()
+        )))?;
+        std::fs::create_dir_all(cfg.dir.join("sandboxes")).map_err(io_err(format!(
+            "creating {}",
+            cfg.dir.join("sandboxes").display()
+        )))?;
+        let runsc = Runsc {
+            bin: cfg.runsc.clone(),
+            root: cfg.dir.join("runsc"),
+            platform: cfg.platform.clone(),
+            ignore_cgroups: cfg.ignore_cgroups,
+        };
+        Ok(Self { cfg, runsc })
+    }
+
+    pub fn config(&self) -> &GvisorConfig {
+        &self.cfg
+    }
+
+    /// The runsc command line this driver uses.
+    pub fn runsc(&self) -> &Runsc {
+        &self.runsc
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.cfg.dir.join("sandboxes").join(id)
+    }
+
+    async fn prepare(&self, spec: &SandboxSpec) -> Result<()> {
+        let dir = self.sandbox_dir(&spec.id);
+        if dir.exists() {
+            return Err(DriverError::Other(format!(
+                "sandbox directory {} already exists",
+                dir.display()
+            )));
+        }
+        if !spec
+            .rootfs
+            .join(AGENT_PATH.trim_start_matches('/'))
+            .exists()
+        {
+            return Err(DriverError::Other(format!(
+                "template {} has no {AGENT_PATH} in {}; rebuild the template",
+                spec.template_name,
+                spec.rootfs.display()
+            )));
+        }
+        for sub in ["upper", "work", "rootfs", "run", "bundle"] {
+            std::fs::create_dir_all(dir.join(sub))
+                .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
+        }
+        mount_overlay(
+            &spec.rootfs,
+            &dir.join("upper"),
+            &dir.join("work"),
+            &dir.join("rootfs"),
+        )?;
+        let config = oci_spec(
+            spec,
+            &dir.join("rootfs"),
+            &dir.join("run"),
+            &self.cfg.agent_args,
+            !self.cfg.ignore_cgroups,
+        );
+        let text = serde_json::to_vec_pretty(&config)
+            .map_err(|e| DriverError::Other(format!("encoding config.json: {e}")))?;
+        std::fs::write(dir.join("bundle/config.json"), text)
+            .map_err(io_err("writing config.json"))?;
+
+        Ok(())
+    }
+
+    /// Host path of the agent socket.
+    fn socket_path(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id).join("run").join(SOCKET_NAME)
+    }
+
+    /// Removes every host trace of a sandbox (after runsc is gone).
+    fn remove_files(&self, id: &str) -> Result<()> {
+        let dir = self.sandbox_dir(id);
+        unmount(&dir.join("rootfs"))?;
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(DriverError::Io {
+                what: format!("removing {}", dir.display()),
+                source: e,
+            }),
+        }
+    }
+}
+
+/// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
+/// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
+pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
+    let candidates = [
+        format!("/sys/fs/cgroup/memory/kiln/{id}/memory.limit_in_bytes"),
+        format!("/sys/fs/cgroup/kiln/{id}/memory.max"),
+        format!("/sys/fs/cgroup/unified/kiln/{id}/memory.max"),
+    ];
+    candidates
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|v| v.trim().parse::<u64>().ok())
+}
+
+/// Last `max` bytes of a file, lossily decoded (empty when unreadable).
+pub fn tail(path: &Path, max: usize) -> String {
+    let Ok(data) = std::fs::read(path) else {
+        return String::new();
+    };
+    let start = data.len().saturating_sub(max);
+    String::from_utf8_lossy(&data[start..]).into_owned()
+}
+
+#[async_trait::async_trait]
+impl Driver for GvisorDriver {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<()> {
+        check_id(&spec.id)?;
+        let r = self.prepare(spec).await;
+        if r.is_err() {
+            let _ = self.stop(&spec.id).await;
+        }
+        r
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        check_id(id)?;
+        let dir = self.sandbox_dir(id);
+        if !dir.join("bundle/config.json").exists() {
+            return Err(DriverError::NotFound(id.to_string()));
+        }
+        self.runsc
+            .run_detached(&dir.join("bundle"), id, &dir.join("console.log"))
+            .await
+    }
+
+    async fn stop(&self, id: &str) -> Result<()> {
+        check_id(id)?;
+        // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
+        // gone instead of polling for seconds until the host's init reaps the zombies.
+        reap::kill_and_reap(&reap::sandbox_processes(id, &self.sandbox_dir(id))).await;
+        // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
+        // an unknown container (never created, or a concurrent stop won): only fail if the
+        // container is still there.
+        if let Err(e) = self.runsc.output(&["delete", "--force", id]).await {
+            if self.runsc.status(id).await.is_some() {
+                return Err(e);
+            }
+        }
+        reap_adopted_zombies();
+        self.remove_files(id)
+    }
+
+    async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
+        check_id(id)?;
+        if port != ENVD_PORT {
+            return Err(DriverError::Unreachable {
+                id: id.to_string(),
+                port,
+                reason: format!(
+                    "sandbox networking is not implemented in kiln yet; only the agent port \
+                     {ENVD_PORT} is reachable"
+                ),
+            });
+        }
+        // The agent's socket, made reachable from the host by `--host-uds=create`: this path
+        // needs no sandbox network.
+        match tokio::net::UnixStream::connect(self.socket_path(id)).await {
+            Ok(s) => Ok(Box::new(s)),
+            Err(e) => Err(DriverError::Unreachable {
+                id: id.to_string(),
+                port,
+                reason: match e.kind() {
+                    std::io::ErrorKind::NotFound => "the agent is not listening (yet)".into(),
+                    std::io::ErrorKind::ConnectionRefused => {
+                        "the agent is not accepting connections".into()
+                    }
+                    _ => format!("connecting to the agent: {}", e.kind()),
+                },
+            }),
+        }
+    }
+
+    async fn is_running(&self, id: &str) -> Result<bool> {
+        check_id(id)?;
+        Ok(self.runsc.status(id).await.as_deref() == Some("running"))
+    }
+
+    async fn stats(&self, id: &str) -> Result<SandboxStats> {
+        check_id(id)?;
+        let out = self
+            .runsc
+            .output(&["events", "--stats", id])
+            .await
+            .map_err(|e| match self.sandbox_dir(id).exists() {
+                true => e,
+                false => DriverError::NotFound(id.to_string()),
+            })?;
+        let v: serde_json::Value = serde_json::from_str(out.trim())
+            .map_err(|e| DriverError::Other(format!("parsing runsc events output: {e}")))?;
+        let d = &v["data"];
+        let num = |x: &serde_json::Value| x.as_u64().unwrap_or(0);
+        Ok(SandboxStats {
+            cpu_ns: num(&d["cpu"]["usage"]["total"]),
+            mem_used_bytes: num(&d["memory"]["usage"]["usage"]),
+            mem_limit_bytes: match num(&d["memory"]["usage"]["limit"]) {
+                0 => cgroup_memory_limit(id).unwrap_or(0),
+                n => n,
+            },
+            pids: num(&d["pids"]["current"]),
+        })
+    }
+
+    async fn list_on_host(&self) -> Result<Vec<HostSandbox>> {
+        let mut ids = std::collections::BTreeSet::new();
+        let out = self.runsc.output(&["list", "--format=json"]).await?;
+        let mut running = std::collections::BTreeSet::new();
+        if let Ok(serde_json::Value::Array(list)) = serde_json::from_str(out.trim()) {
+            for c in list {
+                if let Some(id) = c["id"].as_str() {
+                    ids.insert(id.to_string());
+                    if c["status"].as_str() == Some("running") {
+                        running.insert(id.to_string());
+                    }
+                }
+            }
+        }
+        let sdir = self.cfg.dir.join("sandboxes");
+        if let Ok(rd) = std::fs::read_dir(&sdir) {
+            for e in rd.flatten() {
+                if let Some(n) = e.file_name().to_str() {
+                    ids.insert(n.to_string());
+                }
+            }
+        }
+        Ok(ids
+            .into_iter()
+            .map(|id| HostSandbox {
+                running: running.contains(&id),
+                id,
+            })
+            .collect())
+    }
+
+    async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String> {
+        check_id(id)?;
+        Ok(tail(&self.sandbox_dir(id).join("console.log"), max_bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(check_id("abc-DEF_1").is_ok());
+        for bad in ["", "../x", "a/b", "a b", &"x".repeat(33)] {
+            assert!(
+                matches!(check_id(bad), Err(DriverError::InvalidId(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

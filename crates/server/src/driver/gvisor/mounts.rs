@@ -1,0 +1,120 @@
+//! Host mounts of a gVisor sandbox: the overlayfs writable layer over the template rootfs.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::driver::{DriverError, Result};
+
+fn cstr(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| DriverError::Other(format!("path {} contains a NUL byte", p.display())))
+}
+
+/// Whether `path` is a mount point (listed in /proc/self/mountinfo).
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|mp| unescape_mount(mp) == want)
+}
+
+fn unescape_mount(s: &str) -> String {
+    // mountinfo escapes space, tab, newline and backslash as \ooo.
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) =
+                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("x"), 8)
+            {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
+    for p in [lower, upper, work] {
+        if p.to_string_lossy().contains([',', ':']) {
+            return Err(DriverError::Other(format!(
+                "overlay layer path {} contains ',' or ':', which overlayfs cannot take",
+                p.display()
+            )));
+        }
+    }
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    let src = CString::new("overlay").expect("static");
+    let fstype = CString::new("overlay").expect("static");
+    let target_c = cstr(target)?;
+    let data =
+        CString::new(opts).map_err(|_| DriverError::Other("NUL in overlay options".into()))?;
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target_c.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(DriverError::Io {
+            what: format!(
+                "mounting the sandbox overlay at {} (lower {}); kiln serve must run as root",
+                target.display(),
+                lower.display()
+            ),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+pub fn unmount(target: &Path) -> Result<()> {
+    if !is_mounted(target) {
+        return Ok(());
+    }
+    let c = cstr(target)?;
+    // SAFETY: c is a valid NUL-terminated path.
+    let rc = unsafe { libc::umount2(c.as_ptr(), 0) };
+    if rc != 0 {
+        // Something still holds it (a gofer that has not exited yet): detach lazily so nothing
+        // is left mounted once the last user goes away.
+        // SAFETY: as above.
+        let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 {
+            return Err(DriverError::Io {
+                what: format!("unmounting {}", target.display()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mount("/a\\040b"), "/a b");
+        assert_eq!(unescape_mount("/plain"), "/plain");
+    }
+}

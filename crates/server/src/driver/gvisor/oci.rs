@@ -1,0 +1,150 @@
+//! The OCI runtime spec (`config.json`) of one gVisor sandbox.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::json;
+
+use super::{AGENT_PATH, AGENT_SOCKET_DIR, SOCKET_NAME};
+use crate::driver::SandboxSpec;
+
+const CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_SETFCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_MKNOD",
+    "CAP_AUDIT_WRITE",
+];
+
+/// The OCI runtime spec of one sandbox.
+pub fn oci_spec(
+    spec: &SandboxSpec,
+    rootfs: &Path,
+    run_dir: &Path,
+    agent_args: &[String],
+    with_cgroups: bool,
+) -> serde_json::Value {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    env.insert(
+        "PATH".into(),
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+    );
+    env.insert("HOME".into(), "/root".into());
+    for (k, v) in &spec.env {
+        env.insert(k.clone(), v.clone());
+    }
+    let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut args = vec![
+        AGENT_PATH.to_string(),
+        "--listen-unix".to_string(),
+        format!("{AGENT_SOCKET_DIR}/{SOCKET_NAME}"),
+    ];
+    args.extend(agent_args.iter().cloned());
+    let period: u64 = 100_000;
+    let mut linux = json!({
+        "namespaces": [
+            {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}
+        ],
+        "resources": {
+            "memory": {"limit": u64::from(spec.memory_mb) * 1024 * 1024},
+            "cpu": {"quota": i64::from(spec.cpu_count.max(1)) * period as i64, "period": period},
+            "pids": {"limit": i64::from(spec.pids_limit.max(16))}
+        },
+        "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+        "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"]
+    });
+    if with_cgroups {
+        linux["cgroupsPath"] = json!(format!("/kiln/{}", spec.id));
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "env": env,
+            "cwd": "/",
+            "capabilities": {
+                "bounding": CAPS, "effective": CAPS, "permitted": CAPS, "inheritable": CAPS
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576u64, "soft": 1048576u64}],
+            "noNewPrivileges": false
+        },
+        "root": {"path": rootfs, "readonly": false},
+        "hostname": spec.id,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": AGENT_SOCKET_DIR, "type": "bind", "source": run_dir,
+             "options": ["rbind", "rw"]}
+        ],
+        "linux": linux
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_carries_limits_agent_and_socket_mount() {
+        let spec = SandboxSpec {
+            id: "sbx1".into(),
+            template_name: "base".into(),
+            rootfs: "/t/rootfs".into(),
+            image: None,
+            env: BTreeMap::from([("LANG".into(), "C.UTF-8".into())]),
+            cpu_count: 2,
+            memory_mb: 256,
+            pids_limit: 300,
+        };
+        let v = oci_spec(
+            &spec,
+            Path::new("/s/rootfs"),
+            Path::new("/s/run"),
+            &[],
+            true,
+        );
+        assert_eq!(v["process"]["args"][0], AGENT_PATH);
+        assert_eq!(v["process"]["args"][2], "/run/kiln/agent.sock");
+        assert_eq!(v["linux"]["resources"]["memory"]["limit"], 256u64 << 20);
+        assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
+        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300);
+        assert_eq!(v["linux"]["cgroupsPath"], "/kiln/sbx1");
+        assert_eq!(v["root"]["path"], "/s/rootfs");
+        let env: Vec<&str> = v["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(env.contains(&"LANG=C.UTF-8"));
+        let mounts = v["mounts"].as_array().unwrap();
+        assert!(mounts
+            .iter()
+            .any(|m| m["destination"] == "/run/kiln" && m["source"] == "/s/run"));
+        let v = oci_spec(
+            &spec,
+            Path::new("/s/rootfs"),
+            Path::new("/s/run"),
+            &[],
+            false,
+        );
+        assert!(v["linux"].get("cgroupsPath").is_none());
+    }
+}

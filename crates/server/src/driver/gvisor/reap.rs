@@ -1,0 +1,109 @@
+//! Finding, killing and reaping a sandbox's runsc processes on the host.
+//!
+//! The server is a child subreaper (see [`super::GvisorDriver::new`]), so the `runsc-sandbox`
+//! and `runsc-gofer` processes that `runsc run --detach` leaves behind become its children:
+//! stop kills and reaps them itself instead of waiting for the host's init.
+
+use std::path::Path;
+use std::time::Duration;
+
+/// How long stop waits for a killed sandbox's processes to exit.
+const REAP_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn kill_pids(pids: &[libc::pid_t]) {
+    for &pid in pids {
+        // SAFETY: kill takes plain integers; pid is a positive process id read from /proc.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Reaps whichever of `pids` have exited; true when none of them is left to wait for (all
+/// reaped, or not our children, in which case `runsc delete` waits for them).
+fn reap_some(pids: &[libc::pid_t]) -> bool {
+    let mut done = true;
+    for &pid in pids {
+        let mut status = 0;
+        // SAFETY: waitpid on a specific pid with WNOHANG; status is a valid out pointer.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if rc == 0 {
+            done = false;
+        }
+    }
+    done
+}
+
+/// Reaps exited runsc sandbox/gofer processes this process adopted (as child subreaper) whose
+/// exit nobody waited for yet, e.g. of a sandbox that died on its own. Those processes run
+/// `/proc/self/exe` of runsc, so their command name is `exe`; processes this server spawns
+/// itself (`runsc …`) are left to their owners.
+pub fn reap_adopted_zombies() {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let mut rest = stat[close + 1..].split_whitespace();
+        let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse().ok()));
+        if comm == "exe" && state == Some("Z") && ppid == Some(me) {
+            let mut status = 0;
+            // SAFETY: waitpid on a specific exited child with WNOHANG; status is valid.
+            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        }
+    }
+}
+
+/// The sandbox's own host processes (`runsc-sandbox`, `runsc-gofer`): the sandbox's command
+/// line names the container id, the gofer's names the bundle under `sandbox_dir`.
+pub fn sandbox_processes(id: &str, sandbox_dir: &Path) -> Vec<libc::pid_t> {
+    let dir = sandbox_dir.to_string_lossy();
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
+        let argv0 = args.next().unwrap_or_default();
+        if argv0 != "runsc-sandbox" && argv0 != "runsc-gofer" {
+            continue;
+        }
+        if args.any(|a| a == id || a.contains(dir.as_ref())) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kills `pids` and reaps them, waiting at most [`REAP_TIMEOUT`].
+pub async fn kill_and_reap(pids: &[libc::pid_t]) {
+    kill_pids(pids);
+    let deadline = tokio::time::Instant::now() + REAP_TIMEOUT;
+    while !reap_some(pids) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    reap_adopted_zombies();
+}

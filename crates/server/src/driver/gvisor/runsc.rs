@@ -1,0 +1,149 @@
+//! The runsc command line: one builder for every subcommand, so `run`, `state`, `events`,
+//! `list` and `delete` of a container always see the same global flags.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::driver::{io_err, DriverError, Result};
+
+/// How long one runsc invocation may take.
+const RUNSC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A runsc binary with kiln's global flags.
+#[derive(Debug, Clone)]
+pub struct Runsc {
+    pub bin: PathBuf,
+    /// `--root`: runsc's container state (kiln's own, so every sandbox it started can be
+    /// listed and deleted after a crash).
+    pub root: PathBuf,
+    pub platform: String,
+    pub ignore_cgroups: bool,
+}
+
+impl Runsc {
+    /// The global flags, identical for every subcommand of a container.
+    pub fn global_args(&self) -> Vec<String> {
+        let mut v = vec![
+            format!("--root={}", self.root.display()),
+            format!("--platform={}", self.platform),
+            "--network=none".to_string(),
+            "--host-uds=create".to_string(),
+            "--cpu-num-from-quota".to_string(),
+        ];
+        if self.ignore_cgroups {
+            v.push("--ignore-cgroups".to_string());
+        }
+        v
+    }
+
+    /// `runsc <global flags>`, stdin closed, killed if dropped.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.args(self.global_args())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        c
+    }
+
+    /// Runs `runsc <args>` and returns its stdout; fails with its output on a non-zero exit.
+    pub async fn output(&self, args: &[&str]) -> Result<String> {
+        let mut c = self.command();
+        c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let out = tokio::time::timeout(RUNSC_TIMEOUT, c.output())
+            .await
+            .map_err(|_| DriverError::Command {
+                command: format!("runsc {}", args.join(" ")),
+                output: format!("timed out after {}s", RUNSC_TIMEOUT.as_secs()),
+            })?
+            .map_err(io_err(format!("running {}", self.bin.display())))?;
+        if !out.status.success() {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return Err(DriverError::Command {
+                command: format!("runsc {}", args.join(" ")),
+                output: text.trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// runsc's view of the container: `Some(status)` ("created", "running", "stopped", …).
+    pub async fn status(&self, id: &str) -> Option<String> {
+        let out = self.output(&["state", id]).await.ok()?;
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        v.get("status").and_then(|s| s.as_str()).map(str::to_string)
+    }
+
+    /// `runsc run --detach`: creates the container and starts its init in one invocation (one
+    /// Go start-up less than `create` + `start`). The sandbox inherits the given stdio for its
+    /// whole life, so it gets a file (`log`), never a pipe someone would have to drain.
+    pub async fn run_detached(&self, bundle: &Path, id: &str, log: &Path) -> Result<()> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(io_err(format!("creating {}", log.display())))?;
+        let err = out.try_clone().map_err(io_err("duplicating the log fd"))?;
+        let mut c = self.command();
+        c.arg("run")
+            .arg("--detach")
+            .arg(format!("--bundle={}", bundle.display()))
+            .arg(id)
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err));
+        let status = tokio::time::timeout(RUNSC_TIMEOUT, c.status())
+            .await
+            .map_err(|_| DriverError::Command {
+                command: "runsc run --detach".into(),
+                output: format!("timed out after {}s", RUNSC_TIMEOUT.as_secs()),
+            })?
+            .map_err(io_err(format!("running {}", self.bin.display())))?;
+        if !status.success() {
+            return Err(DriverError::Command {
+                command: format!("runsc run --detach {id}"),
+                output: super::tail(log, 4000),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_subcommand_gets_the_same_global_flags() {
+        let r = Runsc {
+            bin: "/usr/bin/runsc".into(),
+            root: "/s/runsc".into(),
+            platform: "systrap".into(),
+            ignore_cgroups: true,
+        };
+        let args = r.global_args();
+        assert_eq!(
+            args,
+            [
+                "--root=/s/runsc",
+                "--platform=systrap",
+                "--network=none",
+                "--host-uds=create",
+                "--cpu-num-from-quota",
+                "--ignore-cgroups"
+            ]
+        );
+        let cmd = r.command();
+        let got: Vec<String> = cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(got, args);
+    }
+}

@@ -1,0 +1,206 @@
+//! Creating a sandbox: validate, look the template up, let the driver create and start it,
+//! wait for its agent, initialise it (`/init`), start the template's start command.
+
+use std::time::{Duration, Instant};
+
+use super::{CreateParams, Manager};
+use crate::driver::SandboxSpec;
+use crate::error::{Error, Result};
+use crate::store::{now_ms, SandboxRecord, SandboxState, TemplateRecord};
+use crate::templates::{self, TemplateInfo};
+
+impl Manager {
+    /// Creates and starts a sandbox, returning its record once its agent is initialised.
+    pub async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
+        let started = Instant::now();
+        let timeout = self.check_timeout(
+            p.timeout_secs
+                .unwrap_or(self.cfg.default_timeout_secs as i64),
+        )?;
+        if p.template_id.trim().is_empty() {
+            return Err(Error::bad_request("templateID must not be empty"));
+        }
+        for k in p.env_vars.keys() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(Error::bad_request(format!(
+                    "invalid environment variable name {k:?}"
+                )));
+            }
+        }
+        let name = p
+            .template_id
+            .split_once(':')
+            .map(|(n, _)| n)
+            .unwrap_or(&p.template_id)
+            .to_string();
+        let tpl = self.lookup_template(&name).await?;
+        let _ = self
+            .store
+            .upsert_template(&TemplateRecord {
+                name: tpl.name.clone(),
+                key: tpl.key.clone(),
+                built_at_ms: tpl.built_at_unix as i64 * 1000,
+                size_bytes: tpl.size_bytes,
+                spawn_count: 0,
+                last_spawned_ms: None,
+                image: tpl.image.as_ref().map(|p| p.display().to_string()),
+            })
+            .await;
+
+        let id = super::new_sandbox_id();
+        let now = now_ms();
+        let mut record = SandboxRecord {
+            id: id.clone(),
+            template_id: tpl.name.clone(),
+            alias: Some(tpl.name.clone()),
+            client_id: "kiln".into(),
+            state: SandboxState::Starting,
+            metadata: p.metadata.clone(),
+            env_vars: p.env_vars.clone(),
+            cpu_count: self.cfg.default_cpu_count,
+            memory_mb: self.cfg.default_memory_mb,
+            disk_size_mb: self.cfg.default_disk_mb,
+            envd_token: p.secure.then(|| crate::auth::random_hex(16)),
+            started_at_ms: now,
+            end_at_ms: now + (timeout as i64) * 1000,
+            ended_at_ms: None,
+            end_reason: None,
+            auto_pause: p.auto_pause,
+            driver: self.driver.name().to_string(),
+        };
+        self.store.insert_sandbox(&record).await?;
+        let spec = SandboxSpec {
+            id: id.clone(),
+            template_name: tpl.name.clone(),
+            rootfs: tpl.rootfs.clone(),
+            image: tpl.image.clone(),
+            env: tpl.env.clone(),
+            cpu_count: record.cpu_count,
+            memory_mb: record.memory_mb,
+            pids_limit: self.cfg.pids_limit,
+        };
+        let booted = match self.boots.acquire().await {
+            Ok(_permit) => self.boot(&spec, &record, &tpl).await,
+            Err(_) => Err(Error::Unavailable(
+                "the sandbox manager is shutting down".into(),
+            )),
+        };
+        let phases = match booted {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.driver.stop(&id).await;
+                let msg = e.to_string();
+                let _ = self
+                    .store
+                    .set_state(&id, SandboxState::Failed, Some(&msg))
+                    .await;
+                self.event(&id, "failed", msg).await;
+                return Err(e);
+            }
+        };
+        record.state = SandboxState::Running;
+        // The clock starts when the sandbox is usable.
+        record.end_at_ms = now_ms() + (timeout as i64) * 1000;
+        self.store.set_end_at(&id, record.end_at_ms).await?;
+        self.store
+            .set_state(&id, SandboxState::Running, None)
+            .await?;
+        let _ = self.store.template_spawned(&tpl.name).await;
+        self.registry.insert(record.clone());
+        self.event(
+            &id,
+            "created",
+            format!(
+                "template {} in {} ms ({phases}), timeout {}s",
+                tpl.name,
+                started.elapsed().as_millis(),
+                timeout
+            ),
+        )
+        .await;
+        Ok(record)
+    }
+
+    /// The template `name`, or 400 (bad name) / 404 (not built).
+    pub(super) async fn lookup_template(&self, name: &str) -> Result<TemplateInfo> {
+        templates::check_name(name)?;
+        let t = self.templates.clone();
+        let n = name.to_string();
+        tokio::task::spawn_blocking(move || t.lookup(&n))
+            .await
+            .map_err(|e| Error::internal(format!("template lookup task: {e}")))??
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "template \"{name}\" not found; build it with `kiln template build {name}`"
+                ))
+            })
+    }
+
+    /// Creates, starts and initialises the sandbox; returns how long each phase took.
+    async fn boot(
+        &self,
+        spec: &SandboxSpec,
+        record: &SandboxRecord,
+        tpl: &TemplateInfo,
+    ) -> Result<String> {
+        let t = Instant::now();
+        self.driver
+            .create(spec)
+            .await
+            .map_err(|e| Error::create("preparing the sandbox")(e.into()))?;
+        let t_create = t.elapsed();
+        self.driver
+            .start(&spec.id)
+            .await
+            .map_err(|e| Error::create("starting the sandbox")(e.into()))?;
+        let t_start = t.elapsed();
+        let agent = self.agent(&spec.id, None);
+        if let Err(e) = agent.wait_ready(self.cfg.agent_ready_timeout).await {
+            let log = self
+                .driver
+                .console_log(&spec.id, 2000)
+                .await
+                .unwrap_or_default();
+            return Err(Error::create("waiting for the sandbox agent")(
+                Error::internal(format!(
+                    "the agent did not answer within {:?} ({e}). Sandbox output:\n{log}",
+                    self.cfg.agent_ready_timeout
+                )),
+            ));
+        }
+        let t_ready = t.elapsed();
+        let mut env: std::collections::HashMap<String, String> =
+            tpl.env.clone().into_iter().collect();
+        env.extend(record.env_vars.clone());
+        let init = kiln_proto::envd::InitRequest {
+            env_vars: Some(env),
+            access_token: record.envd_token.clone(),
+            default_user: Some(tpl.user.clone()),
+            default_workdir: Some(tpl.workdir.clone()),
+            timestamp: Some(
+                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            ),
+            ..Default::default()
+        };
+        // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
+        // /init, e.g. on resume, must send the current token.)
+        agent
+            .init(&init)
+            .await
+            .map_err(|e| Error::create("initialising the agent")(e.into()))?;
+        let t_init = t.elapsed();
+        if let Some(cmd) = &tpl.start_cmd {
+            self.start_cmd(record, tpl, cmd)
+                .await
+                .map_err(Error::create("starting the template's start command"))?;
+        }
+        let ms = |d: Duration| d.as_millis();
+        Ok(format!(
+            "prepare {} ms, start {} ms, agent ready {} ms, init {} ms",
+            ms(t_create),
+            ms(t_start - t_create),
+            ms(t_ready - t_start),
+            ms(t_init - t_ready)
+        ))
+    }
+}

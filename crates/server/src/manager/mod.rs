@@ -1,0 +1,301 @@
+//! Sandbox lifecycle: the one service the API talks to.
+//!
+//! - [`create`](Manager::create) in `create.rs` (template lookup, driver create/start, agent
+//!   init, the template's start command in `start_cmd.rs`);
+//! - timeouts, kill and the reaper here and in `reaper.rs`;
+//! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
+//! - metrics, logs and template views in `observe.rs`;
+//! - pause/resume/snapshot/fork pass through to the driver in `lifecycle.rs`.
+//!
+//! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
+//! the running ones for routing.
+
+mod create;
+mod lifecycle;
+mod observe;
+mod reaper;
+mod recovery;
+mod registry;
+mod start_cmd;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::driver::{self, Driver};
+use crate::error::{Error, Result};
+use crate::store::{now_ms, SandboxRecord, SandboxState, StateStore};
+use crate::templates::Templates;
+
+pub use observe::{Logs, MetricSample, TemplateView};
+pub use recovery::RecoveryReport;
+pub use start_cmd::START_CMD_EVENT;
+
+/// Largest timeout the API accepts (E2B's timeout is an int32 of seconds).
+pub const MAX_TIMEOUT_SECS: u64 = i32::MAX as u64;
+
+/// Lifecycle settings.
+#[derive(Debug, Clone)]
+pub struct LifecycleConfig {
+    /// Timeout when the create request names none (E2B: 300 s).
+    pub default_timeout_secs: u64,
+    /// Optional hard cap on any timeout.
+    pub max_timeout_secs: Option<u64>,
+    pub default_cpu_count: u32,
+    pub default_memory_mb: u32,
+    pub default_disk_mb: u32,
+    pub pids_limit: u32,
+    /// How long a new sandbox's agent may take to answer `/health`.
+    pub agent_ready_timeout: Duration,
+    /// How often expiry is checked.
+    pub reap_interval: Duration,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout_secs: 300,
+            max_timeout_secs: None,
+            default_cpu_count: 2,
+            default_memory_mb: 512,
+            default_disk_mb: 2048,
+            pids_limit: 4096,
+            agent_ready_timeout: Duration::from_secs(30),
+            reap_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// A lifecycle event, as stored and as shown by `kiln serve`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LifecycleEvent {
+    pub ts_ms: i64,
+    pub sandbox_id: String,
+    pub kind: String,
+    pub detail: String,
+}
+
+/// What a create request asks for (already parsed from JSON).
+#[derive(Debug, Clone, Default)]
+pub struct CreateParams {
+    pub template_id: String,
+    pub timeout_secs: Option<i64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub secure: bool,
+    pub auto_pause: bool,
+    pub allow_internet_access: Option<bool>,
+}
+
+/// What the proxy needs to know about a sandbox before forwarding to it.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub sandbox_id: String,
+    pub envd_token: Option<String>,
+}
+
+pub struct Manager {
+    cfg: LifecycleConfig,
+    store: Arc<dyn StateStore>,
+    driver: Arc<dyn Driver>,
+    templates: Arc<dyn Templates>,
+    registry: registry::Registry,
+    events: broadcast::Sender<LifecycleEvent>,
+    /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
+    /// than CPUs only makes every one of them slower.
+    boots: tokio::sync::Semaphore,
+}
+
+/// Random lowercase alphanumeric id (E2B sandbox ids look like this).
+pub fn new_sandbox_id() -> String {
+    use rand::Rng;
+    const ALPHA: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut r = rand::thread_rng();
+    (0..20)
+        .map(|_| ALPHA[r.gen_range(0..ALPHA.len())] as char)
+        .collect()
+}
+
+/// Records a lifecycle event in the store and tells subscribers.
+async fn record_event(
+    store: &dyn StateStore,
+    events: &broadcast::Sender<LifecycleEvent>,
+    id: &str,
+    kind: &str,
+    detail: String,
+) {
+    if let Err(e) = store.add_event(id, kind, &detail).await {
+        tracing::warn!(error = %e, "recording a lifecycle event");
+    }
+    tracing::info!(sandbox = id, event = kind, "{detail}");
+    let _ = events.send(LifecycleEvent {
+        ts_ms: now_ms(),
+        sandbox_id: id.to_string(),
+        kind: kind.to_string(),
+        detail,
+    });
+}
+
+impl Manager {
+    pub fn new(
+        cfg: LifecycleConfig,
+        store: Arc<dyn StateStore>,
+        driver: Arc<dyn Driver>,
+        templates: Arc<dyn Templates>,
+    ) -> Arc<Self> {
+        let (events, _) = broadcast::channel(1024);
+        Arc::new(Self {
+            cfg,
+            store,
+            driver,
+            templates,
+            registry: registry::Registry::default(),
+            events,
+            boots: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(2)
+                    .max(2),
+            ),
+        })
+    }
+
+    pub fn config(&self) -> &LifecycleConfig {
+        &self.cfg
+    }
+
+    /// Name of the isolation driver sandboxes run on.
+    pub fn driver_name(&self) -> &'static str {
+        self.driver.name()
+    }
+
+    /// Lifecycle events as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.events.subscribe()
+    }
+
+    async fn event(&self, id: &str, kind: &str, detail: impl Into<String>) {
+        record_event(self.store.as_ref(), &self.events, id, kind, detail.into()).await;
+    }
+
+    /// Checks an API key; `Ok(Err(_))` says why it was refused.
+    pub async fn authenticate(
+        &self,
+        key: Option<&str>,
+    ) -> Result<std::result::Result<String, crate::auth::AuthError>> {
+        Ok(crate::auth::verify(self.store.as_ref(), key).await?)
+    }
+
+    /// Checks a requested timeout (seconds) against the limits.
+    pub fn check_timeout(&self, secs: i64) -> Result<u64> {
+        if secs <= 0 {
+            return Err(Error::bad_request(format!(
+                "timeout must be a positive number of seconds, got {secs}"
+            )));
+        }
+        let max = self
+            .cfg
+            .max_timeout_secs
+            .unwrap_or(MAX_TIMEOUT_SECS)
+            .min(MAX_TIMEOUT_SECS);
+        if secs as u64 > max {
+            return Err(Error::bad_request(format!(
+                "timeout {secs}s is above the maximum of {max}s"
+            )));
+        }
+        Ok(secs as u64)
+    }
+
+    /// The running sandbox `id`, or [`Error::SandboxNotFound`].
+    pub fn get(&self, id: &str) -> Result<SandboxRecord> {
+        self.registry
+            .get(id)
+            .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
+    }
+
+    /// Running sandboxes, oldest first.
+    pub fn list(&self) -> Vec<SandboxRecord> {
+        self.registry.list()
+    }
+
+    /// Where the proxy sends traffic for `id`.
+    pub fn route(&self, id: &str) -> Option<Route> {
+        self.registry.get(id).map(|r| Route {
+            sandbox_id: r.id,
+            envd_token: r.envd_token,
+        })
+    }
+
+    /// A client for `port` inside sandbox `id` (raw HTTP through the driver's connect).
+    pub fn port_client(&self, id: &str, port: u16) -> kiln_envd::EnvdClient {
+        kiln_envd::EnvdClient::new(Arc::new(driver::SandboxConnector {
+            driver: self.driver.clone(),
+            id: id.to_string(),
+            port,
+        }))
+    }
+
+    /// A client for the agent of sandbox `id`, carrying its access token.
+    pub fn agent(&self, id: &str, token: Option<String>) -> kiln_envd::EnvdClient {
+        driver::agent_client(&self.driver, id).with_access_token(token)
+    }
+
+    /// Kills `id`; false when it is not running.
+    pub async fn kill(&self, id: &str, reason: &str) -> Result<bool> {
+        if self.registry.remove(id).is_none() {
+            return Ok(false);
+        }
+        let r = self.driver.stop(id).await;
+        self.store
+            .set_state(id, SandboxState::Killed, Some(reason))
+            .await?;
+        match r {
+            Ok(()) => self.event(id, "killed", reason).await,
+            Err(e) => {
+                self.event(id, "killed", format!("{reason} (cleanup error: {e})"))
+                    .await
+            }
+        }
+        Ok(true)
+    }
+
+    async fn set_end(&self, id: &str, f: impl FnOnce(i64) -> i64) -> Result<i64> {
+        let end = self
+            .registry
+            .update(id, |r| {
+                r.end_at_ms = f(r.end_at_ms);
+                r.end_at_ms
+            })
+            .ok_or_else(|| Error::SandboxNotFound(id.to_string()))?;
+        self.store.set_end_at(id, end).await?;
+        Ok(end)
+    }
+
+    /// `POST /sandboxes/{id}/timeout`: the sandbox now ends `secs` from now.
+    pub async fn set_timeout(&self, id: &str, secs: i64) -> Result<i64> {
+        let secs = self.check_timeout(secs)?;
+        let end = self.set_end(id, |_| now_ms() + secs as i64 * 1000).await?;
+        self.event(id, "timeout", format!("ends in {secs}s")).await;
+        Ok(end)
+    }
+
+    /// Connect/refresh: the sandbox lives at least `secs` more.
+    pub async fn extend(&self, id: &str, secs: i64, why: &str) -> Result<SandboxRecord> {
+        let secs = self.check_timeout(secs)?;
+        self.set_end(id, |cur| cur.max(now_ms() + secs as i64 * 1000))
+            .await?;
+        self.event(id, why, format!("lives at least {secs}s more"))
+            .await;
+        self.get(id)
+    }
+
+    /// Stops every running sandbox (used by tests and an orderly shutdown if configured).
+    pub async fn kill_all(&self, reason: &str) {
+        for r in self.registry.list() {
+            let _ = self.kill(&r.id, reason).await;
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! What the API shows about sandboxes and templates: metrics, logs, template views.
+
+use super::Manager;
+use crate::error::{Error, Result};
+use crate::store::{now_ms, Event, TemplateRecord};
+use crate::templates::TemplateInfo;
+
+/// One metrics sample of a sandbox (E2B's `SandboxMetric`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSample {
+    pub timestamp_ms: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+/// A sandbox's logs: its lifecycle events, and while it lives its console output.
+#[derive(Debug, Clone)]
+pub struct Logs {
+    pub events: Vec<Event>,
+    pub console: Option<String>,
+}
+
+/// A template as the API shows it: what was built, plus spawn statistics and defaults.
+#[derive(Debug, Clone)]
+pub struct TemplateView {
+    pub info: TemplateInfo,
+    pub record: Option<TemplateRecord>,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u64,
+}
+
+/// Console output shown by the logs endpoints: at most this many bytes from its end.
+const CONSOLE_TAIL: usize = 64 * 1024;
+
+impl Manager {
+    /// A current metrics sample of the running sandbox `id`.
+    pub async fn metrics(&self, id: &str) -> Result<Vec<MetricSample>> {
+        let r = self.get(id)?;
+        let stats = self.driver.stats(id).await?;
+        let pct = self.registry.cpu_pct(id, stats.cpu_ns, r.cpu_count);
+        let (disk_used, disk_total) = match self.agent(id, r.envd_token.clone()).metrics().await {
+            Ok(m) => (m.disk_used, m.disk_total),
+            Err(_) => (0, u64::from(r.disk_size_mb) << 20),
+        };
+        let mem_total = if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
+            stats.mem_limit_bytes
+        } else {
+            u64::from(r.memory_mb) << 20
+        };
+        Ok(vec![MetricSample {
+            timestamp_ms: now_ms(),
+            cpu_count: r.cpu_count,
+            cpu_used_pct: pct,
+            mem_used: stats.mem_used_bytes,
+            mem_total,
+            mem_cache: 0,
+            disk_used,
+            disk_total,
+        }])
+    }
+
+    /// The logs of sandbox `id` (running or ended).
+    pub async fn logs(&self, id: &str) -> Result<Logs> {
+        let rec = self
+            .store
+            .get_sandbox(id)
+            .await?
+            .ok_or_else(|| Error::SandboxNotFound(id.to_string()))?;
+        let events = self.store.events(id).await?;
+        let console = if rec.state.is_live() {
+            self.driver.console_log(id, CONSOLE_TAIL).await.ok()
+        } else {
+            None
+        };
+        Ok(Logs { events, console })
+    }
+
+    async fn view(&self, info: TemplateInfo) -> TemplateView {
+        let record = self.store.get_template(&info.name).await.ok().flatten();
+        TemplateView {
+            disk_mb: (info.size_bytes >> 20).max(u64::from(self.cfg.default_disk_mb)),
+            cpu_count: self.cfg.default_cpu_count,
+            memory_mb: self.cfg.default_memory_mb,
+            info,
+            record,
+        }
+    }
+
+    /// Every built template.
+    pub async fn templates(&self) -> Result<Vec<TemplateView>> {
+        let t = self.templates.clone();
+        let list = tokio::task::spawn_blocking(move || t.list())
+            .await
+            .map_err(|e| Error::internal(format!("template listing task: {e}")))??;
+        let mut out = Vec::with_capacity(list.len());
+        for info in list {
+            out.push(self.view(info).await);
+        }
+        Ok(out)
+    }
+
+    /// The template `name`.
+    pub async fn template(&self, name: &str) -> Result<TemplateView> {
+        let info = self.lookup_template(name).await?;
+        Ok(self.view(info).await)
+    }
+}

@@ -1,0 +1,40 @@
+//! Ending sandboxes whose time is up. Expiry is a question to the store (the authority on end
+//! times), so a sandbox's timeout holds whichever process serves it.
+
+use std::sync::Arc;
+
+use super::Manager;
+use crate::store::now_ms;
+
+impl Manager {
+    /// Kills sandboxes whose time is up. Returns the ids killed.
+    pub async fn reap_expired(&self) -> Vec<String> {
+        let due = match self.store.expired(now_ms()).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing expired sandboxes");
+                return Vec::new();
+            }
+        };
+        let mut killed = Vec::new();
+        for id in due {
+            match self.kill(&id, "timeout expired").await {
+                Ok(true) => killed.push(id),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(sandbox = %id, error = %e, "killing an expired sandbox"),
+            }
+        }
+        killed
+    }
+
+    /// Runs [`Self::reap_expired`] forever.
+    pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(me.cfg.reap_interval).await;
+                me.reap_expired().await;
+            }
+        })
+    }
+}

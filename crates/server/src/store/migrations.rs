@@ -1,0 +1,100 @@
+//! Versioned schema migrations of the SQLite store, tracked in `PRAGMA user_version`.
+//!
+//! Migration `n` (1-based) takes a database at version `n - 1` to version `n`. Version 0 is
+//! both "empty file" and "written by a kiln from before versioning" (whose schema is exactly
+//! migration 1, created with `IF NOT EXISTS`, so applying it to such a file is a no-op).
+//! Never edit a migration that has shipped: append a new one.
+
+use rusqlite::Connection;
+
+use super::{Result, StoreError};
+
+/// The schema migrations, oldest first.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the schema of kiln 0.1 (unversioned).
+    "
+    CREATE TABLE IF NOT EXISTS sandboxes (
+        id TEXT PRIMARY KEY,
+        template_id TEXT NOT NULL,
+        alias TEXT,
+        client_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        env_vars TEXT NOT NULL,
+        cpu_count INTEGER NOT NULL,
+        memory_mb INTEGER NOT NULL,
+        disk_size_mb INTEGER NOT NULL,
+        envd_token TEXT,
+        started_at INTEGER NOT NULL,
+        end_at INTEGER NOT NULL,
+        ended_at INTEGER,
+        end_reason TEXT,
+        auto_pause INTEGER NOT NULL DEFAULT 0,
+        driver TEXT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
+    CREATE TABLE IF NOT EXISTS api_keys (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        prefix TEXT NOT NULL,
+        hash TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL,
+        last_used INTEGER,
+        revoked_at INTEGER
+    );
+    CREATE TABLE IF NOT EXISTS events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts INTEGER NOT NULL,
+        sandbox_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id);
+    CREATE TABLE IF NOT EXISTS templates (
+        name TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        built_at INTEGER NOT NULL,
+        size_bytes INTEGER NOT NULL,
+        spawn_count INTEGER NOT NULL DEFAULT 0,
+        last_spawned INTEGER
+    );
+    ",
+    // 2: expiry is a query on the store (the reaper asks for running sandboxes past their
+    // end), and templates remember their ext4 image for drivers that boot from one.
+    "
+    CREATE INDEX IF NOT EXISTS sandboxes_state_end ON sandboxes(state, end_at);
+    ALTER TABLE templates ADD COLUMN image TEXT;
+    ",
+];
+
+/// Schema version this kiln writes.
+pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The database's schema version.
+pub fn version(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+}
+
+/// Brings the database to [`CURRENT_VERSION`], one transaction per migration, so a crash
+/// mid-upgrade leaves the file at the last completed version.
+pub fn migrate(conn: &mut Connection) -> Result<()> {
+    let found = version(conn)?;
+    if found > CURRENT_VERSION {
+        return Err(StoreError::TooNew {
+            found,
+            known: CURRENT_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let v = i as i64 + 1;
+        let step = |conn: &mut Connection| -> rusqlite::Result<()> {
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", v)?;
+            tx.commit()
+        };
+        step(conn).map_err(|source| StoreError::Migration { version: v, source })?;
+        tracing::debug!(version = v, "state database migrated");
+    }
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! kiln's state behind one async trait, [`StateStore`]: sandboxes, templates, API keys and
+//! lifecycle events. The embedded default is SQLite ([`SqliteStore`], one file
+//! `<state>/kiln.db`, versioned migrations in [`migrations`]); a clustered store implements the
+//! same trait later.
+//!
+//! The store is the authority on which sandboxes exist, their state and when they end; the
+//! manager's in-memory registry is a cache of it that [`crate::manager::Manager::recover`]
+//! rebuilds.
+
+mod migrations;
+mod records;
+mod sqlite;
+
+pub use migrations::{CURRENT_VERSION, MIGRATIONS};
+pub use records::*;
+pub use sqlite::SqliteStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("corrupt JSON column: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("opening {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(
+        "the state database has schema version {found}, newer than this kiln knows ({known}): \
+         upgrade kiln, or point --state-dir at another directory"
+    )]
+    TooNew { found: i64, known: i64 },
+    #[error("migrating the state database to schema version {version}: {source}")]
+    Migration {
+        version: i64,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("state database task failed: {0}")]
+    Task(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Everything kiln keeps about sandboxes, templates, keys and events. Every method is one
+/// atomic write or one consistent read, so a `kill -9` never leaves half a change.
+#[async_trait::async_trait]
+pub trait StateStore: Send + Sync + 'static {
+    // ---- sandboxes ----
+    async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<()>;
+    async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>>;
+    /// Sandboxes in any of `states` (all when empty), oldest first.
+    async fn list_sandboxes(&self, states: &[SandboxState]) -> Result<Vec<SandboxRecord>>;
+    /// Moves a sandbox to `state`; ending states also record when and why.
+    async fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>) -> Result<()>;
+    async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()>;
+    /// Ids of running sandboxes whose end time is at or before `now_ms`.
+    async fn expired(&self, now_ms: i64) -> Result<Vec<String>>;
+
+    // ---- events ----
+    async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()>;
+    async fn events(&self, sandbox_id: &str) -> Result<Vec<Event>>;
+
+    // ---- API keys ----
+    async fn insert_key(&self, k: &KeyRecord) -> Result<()>;
+    async fn list_keys(&self) -> Result<Vec<KeyRecord>>;
+    async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRecord>>;
+    async fn touch_key(&self, id: &str) -> Result<()>;
+    /// Revokes the key whose id is `id`; false when no such unrevoked key exists.
+    async fn revoke_key(&self, id: &str) -> Result<bool>;
+
+    // ---- templates ----
+    /// Records a template (keeps its spawn counters when it exists).
+    async fn upsert_template(&self, t: &TemplateRecord) -> Result<()>;
+    async fn template_spawned(&self, name: &str) -> Result<()>;
+    async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>>;
+}

@@ -1,0 +1,105 @@
+//! The rows kiln keeps: sandboxes, API keys, lifecycle events, templates.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a sandbox is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Being created (driver work in progress).
+    Starting,
+    Running,
+    Paused,
+    /// Ended: killed by request, expired, or cleaned up after a crash.
+    Killed,
+    /// Creation failed.
+    Failed,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Starting => "starting",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Killed => "killed",
+            SandboxState::Failed => "failed",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "starting" => SandboxState::Starting,
+            "running" => SandboxState::Running,
+            "paused" => SandboxState::Paused,
+            "killed" => SandboxState::Killed,
+            "failed" => SandboxState::Failed,
+            _ => return None,
+        })
+    }
+    /// Whether the sandbox still holds host resources.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            SandboxState::Starting | SandboxState::Running | SandboxState::Paused
+        )
+    }
+}
+
+/// One sandbox row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub template_id: String,
+    pub alias: Option<String>,
+    pub client_id: String,
+    pub state: SandboxState,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_size_mb: u32,
+    pub envd_token: Option<String>,
+    pub started_at_ms: i64,
+    pub end_at_ms: i64,
+    pub ended_at_ms: Option<i64>,
+    pub end_reason: Option<String>,
+    pub auto_pause: bool,
+    pub driver: String,
+}
+
+/// One API key row (the key itself is never stored, only its SHA-256).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub id: String,
+    pub name: String,
+    /// First characters of the key, shown by `kiln keys list` to recognise it.
+    pub prefix: String,
+    pub hash: String,
+    pub created_at_ms: i64,
+    pub last_used_ms: Option<i64>,
+    pub revoked_at_ms: Option<i64>,
+}
+
+/// One lifecycle event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Event {
+    pub ts_ms: i64,
+    pub sandbox_id: String,
+    pub kind: String,
+    pub detail: String,
+}
+
+/// A template the server has seen (spawn statistics for `GET /templates`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateRecord {
+    pub name: String,
+    pub key: String,
+    pub built_at_ms: i64,
+    pub size_bytes: u64,
+    pub spawn_count: u64,
+    pub last_spawned_ms: Option<i64>,
+    /// The template's ext4 image, for drivers that boot from a block device.
+    pub image: Option<String>,
+}

@@ -1,0 +1,392 @@
+//! The embedded [`StateStore`]: one SQLite file (`<state>/kiln.db`, WAL). Calls run on tokio's
+//! blocking pool, so async code never waits on SQLite's file locks on a runtime thread.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::migrations;
+use super::{
+    now_ms, Event, KeyRecord, Result, SandboxRecord, SandboxState, StateStore, StoreError,
+    TemplateRecord,
+};
+
+/// The SQLite state database.
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<(SandboxRecord, String, String)> {
+    let state: String = r.get("state")?;
+    Ok((
+        SandboxRecord {
+            id: r.get("id")?,
+            template_id: r.get("template_id")?,
+            alias: r.get("alias")?,
+            client_id: r.get("client_id")?,
+            state: SandboxState::parse(&state).unwrap_or(SandboxState::Failed),
+            metadata: BTreeMap::new(),
+            env_vars: BTreeMap::new(),
+            cpu_count: r.get("cpu_count")?,
+            memory_mb: r.get("memory_mb")?,
+            disk_size_mb: r.get("disk_size_mb")?,
+            envd_token: r.get("envd_token")?,
+            started_at_ms: r.get("started_at")?,
+            end_at_ms: r.get("end_at")?,
+            ended_at_ms: r.get("ended_at")?,
+            end_reason: r.get("end_reason")?,
+            auto_pause: r.get::<_, i64>("auto_pause")? != 0,
+            driver: r.get("driver")?,
+        },
+        r.get("metadata")?,
+        r.get("env_vars")?,
+    ))
+}
+
+fn finish(row: (SandboxRecord, String, String)) -> Result<SandboxRecord> {
+    let (mut s, md, env) = row;
+    s.metadata = serde_json::from_str(&md)?;
+    s.env_vars = serde_json::from_str(&env)?;
+    Ok(s)
+}
+
+fn key_from_row(r: &Row<'_>) -> rusqlite::Result<KeyRecord> {
+    Ok(KeyRecord {
+        id: r.get("id")?,
+        name: r.get("name")?,
+        prefix: r.get("prefix")?,
+        hash: r.get("hash")?,
+        created_at_ms: r.get("created_at")?,
+        last_used_ms: r.get("last_used")?,
+        revoked_at_ms: r.get("revoked_at")?,
+    })
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and migrates it to the current
+    /// schema. The file is made readable by its owner only (it holds key hashes and tokens).
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut conn = Connection::open(path).map_err(|source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        migrations::migrate(&mut conn)?;
+        Ok(Self::wrap(conn))
+    }
+
+    /// An in-memory database (tests).
+    pub fn open_in_memory() -> Result<Self> {
+        let mut conn = Connection::open_in_memory()?;
+        migrations::migrate(&mut conn)?;
+        Ok(Self::wrap(conn))
+    }
+
+    fn wrap(conn: Connection) -> Self {
+        Self {
+            conn: Arc::new(Mutex::new(conn)),
+        }
+    }
+
+    /// Schema version of the open database.
+    pub fn schema_version(&self) -> Result<i64> {
+        migrations::version(&self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite inconsistent (every write is one
+        // statement), so a poisoned lock is still safe to use.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the connection on the blocking pool.
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || f(&me.lock()))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+}
+
+#[async_trait::async_trait]
+impl StateStore for SqliteStore {
+    async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<()> {
+        let s = s.clone();
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO sandboxes (id, template_id, alias, client_id, state, metadata,
+                   env_vars, cpu_count, memory_mb, disk_size_mb, envd_token, started_at, end_at,
+                   ended_at, end_reason, auto_pause, driver)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                   ?17)",
+                params![
+                    s.id,
+                    s.template_id,
+                    s.alias,
+                    s.client_id,
+                    s.state.as_str(),
+                    serde_json::to_string(&s.metadata)?,
+                    serde_json::to_string(&s.env_vars)?,
+                    s.cpu_count,
+                    s.memory_mb,
+                    s.disk_size_mb,
+                    s.envd_token,
+                    s.started_at_ms,
+                    s.end_at_ms,
+                    s.ended_at_ms,
+                    s.end_reason,
+                    s.auto_pause as i64,
+                    s.driver,
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>> {
+        let id = id.to_string();
+        self.with(move |c| {
+            c.query_row(
+                "SELECT * FROM sandboxes WHERE id = ?1",
+                [id],
+                sandbox_from_row,
+            )
+            .optional()?
+            .map(finish)
+            .transpose()
+        })
+        .await
+    }
+
+    async fn list_sandboxes(&self, states: &[SandboxState]) -> Result<Vec<SandboxRecord>> {
+        let states = states.to_vec();
+        self.with(move |c| {
+            let mut stmt = c.prepare("SELECT * FROM sandboxes ORDER BY started_at, id")?;
+            let rows = stmt.query_map([], sandbox_from_row)?;
+            let mut out = Vec::new();
+            for r in rows {
+                let s = finish(r?)?;
+                if states.is_empty() || states.contains(&s.state) {
+                    out.push(s);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>) -> Result<()> {
+        let (id, reason) = (id.to_string(), reason.map(str::to_string));
+        self.with(move |c| {
+            let ended = (!state.is_live()).then(now_ms);
+            c.execute(
+                "UPDATE sandboxes SET state = ?2, ended_at = COALESCE(?3, ended_at),
+                   end_reason = COALESCE(?4, end_reason) WHERE id = ?1",
+                params![id, state.as_str(), ended, reason],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()> {
+        let id = id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE sandboxes SET end_at = ?2 WHERE id = ?1",
+                params![id, end_at_ms],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn expired(&self, now: i64) -> Result<Vec<String>> {
+        self.with(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT id FROM sandboxes WHERE state = 'running' AND end_at <= ?1
+                 ORDER BY end_at, id",
+            )?;
+            let rows = stmt.query_map([now], |r| r.get::<_, String>(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()> {
+        let (sid, kind, detail) = (sandbox_id.to_string(), kind.to_string(), detail.to_string());
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO events (ts, sandbox_id, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+                params![now_ms(), sid, kind, detail],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn events(&self, sandbox_id: &str) -> Result<Vec<Event>> {
+        let sid = sandbox_id.to_string();
+        self.with(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT ts, sandbox_id, kind, detail FROM events WHERE sandbox_id = ?1
+                 ORDER BY seq",
+            )?;
+            let rows = stmt.query_map([sid], |r| {
+                Ok(Event {
+                    ts_ms: r.get(0)?,
+                    sandbox_id: r.get(1)?,
+                    kind: r.get(2)?,
+                    detail: r.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn insert_key(&self, k: &KeyRecord) -> Result<()> {
+        let k = k.clone();
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO api_keys (id, name, prefix, hash, created_at, last_used, revoked_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    k.id,
+                    k.name,
+                    k.prefix,
+                    k.hash,
+                    k.created_at_ms,
+                    k.last_used_ms,
+                    k.revoked_at_ms
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_keys(&self) -> Result<Vec<KeyRecord>> {
+        self.with(|c| {
+            let mut stmt = c.prepare("SELECT * FROM api_keys ORDER BY created_at, id")?;
+            let rows = stmt.query_map([], key_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRecord>> {
+        let hash = hash.to_string();
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT * FROM api_keys WHERE hash = ?1",
+                [hash],
+                key_from_row,
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn touch_key(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE api_keys SET last_used = ?2 WHERE id = ?1",
+                params![id, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let n = c.execute(
+                "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                params![id, now_ms()],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn upsert_template(&self, t: &TemplateRecord) -> Result<()> {
+        let t = t.clone();
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO templates (name, key, built_at, size_bytes, spawn_count,
+                   last_spawned, image)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT(name) DO UPDATE SET key = ?2, built_at = ?3, size_bytes = ?4,
+                   image = ?7",
+                params![
+                    t.name,
+                    t.key,
+                    t.built_at_ms,
+                    t.size_bytes as i64,
+                    t.spawn_count as i64,
+                    t.last_spawned_ms,
+                    t.image,
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn template_spawned(&self, name: &str) -> Result<()> {
+        let name = name.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE templates SET spawn_count = spawn_count + 1, last_spawned = ?2
+                 WHERE name = ?1",
+                params![name, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>> {
+        let name = name.to_string();
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT name, key, built_at, size_bytes, spawn_count, last_spawned, image
+                 FROM templates WHERE name = ?1",
+                [name],
+                |r| {
+                    Ok(TemplateRecord {
+                        name: r.get(0)?,
+                        key: r.get(1)?,
+                        built_at_ms: r.get(2)?,
+                        size_bytes: r.get::<_, i64>(3)? as u64,
+                        spawn_count: r.get::<_, i64>(4)? as u64,
+                        last_spawned_ms: r.get(5)?,
+                        image: r.get(6)?,
+                    })
+                },
+            )
+            .optional()?)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+#[path = "sqlite_tests.rs"]
+mod tests;
