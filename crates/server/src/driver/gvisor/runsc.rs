@@ -32,6 +32,10 @@ impl Runsc {
             "--network=none".to_string(),
             "--host-uds=create".to_string(),
             "--cpu-num-from-quota".to_string(),
+            // The writable layer is kiln's host overlayfs (per-sandbox upper dir, which
+            // snapshots and forks stack): turn off runsc's own rootfs overlay, the default of
+            // newer runsc (`root:self`), which would hide writes from that layer.
+            "--overlay2=none".to_string(),
         ];
         if self.ignore_cgroups {
             v.push("--ignore-cgroups".to_string());
@@ -135,6 +139,7 @@ mod tests {
                 "--network=none",
                 "--host-uds=create",
                 "--cpu-num-from-quota",
+                "--overlay2=none",
                 "--ignore-cgroups"
             ]
         );
