@@ -11,7 +11,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use crate::client::AgentClient;
+use kiln_envd::EnvdClient;
 use kiln_proto::process as pb;
 
 /// Benchmark settings.
@@ -121,7 +121,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         .enable_all()
         .build()?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let client = AgentClient::tcp(addr);
+    let client = EnvdClient::tcp(addr);
     let result = rt.block_on(async {
         client
             .wait_ready(Duration::from_secs(10))

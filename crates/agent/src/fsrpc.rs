@@ -8,7 +8,7 @@ use kiln_proto::connect::Code;
 use kiln_proto::filesystem as fspb;
 
 use crate::rpc::{self, Body, Codec, RpcError};
-use crate::server::Agent;
+use crate::state::Agent;
 use crate::users::{with_fs_identity, User};
 
 /// Run a filesystem operation on a blocking thread with the caller's filesystem identity.

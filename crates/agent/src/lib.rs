@@ -1,20 +1,26 @@
 //! kiln-agent: the in-sandbox daemon, wire-compatible with E2B's envd.
 //!
 //! The binary serves envd's HTTP API and Connect services on TCP (default `:49983`), Unix
-//! sockets and vsock. [`client::AgentClient`] is the Rust client the kiln server uses.
+//! sockets and vsock ([`listen`]). A request goes [`router`] → [`auth`] → the process service
+//! (`process_rpc`), the filesystem service (`fsrpc`) or `/files` (`files`), all sharing the
+//! [`state::Agent`]. The client side lives in the `kiln-envd` crate ([`client`] re-exports it
+//! under its former names for now).
 
+pub mod auth;
 pub mod bench;
 pub mod client;
 mod files;
 mod fs;
 mod fsrpc;
+pub mod listen;
 mod metrics;
 pub mod pid1;
 mod process;
+mod process_rpc;
 pub mod reaper;
+pub mod router;
 pub mod rpc;
-pub mod serve;
-pub mod server;
+pub mod state;
 mod users;
 mod watch;
 

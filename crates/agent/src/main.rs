@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use kiln_agent::serve::ListenConfig;
-use kiln_agent::server::Agent;
+use kiln_agent::listen::ListenConfig;
+use kiln_agent::state::Agent;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// kiln-agent: serves the envd API (Connect process/filesystem services, /files, /init, …).
@@ -99,7 +99,7 @@ fn main() {
                 kiln_agent::reaper::reap_all();
             }
         };
-        match kiln_agent::serve::run(agent, cfg, shutdown).await {
+        match kiln_agent::listen::run(agent, cfg, shutdown).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("kiln-agent: {e:#}");

@@ -4,12 +4,13 @@
 use std::io;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use futures::Stream;
 use http::{header, HeaderMap, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use kiln_proto::connect::{Code, EndStream, ErrorBody, FLAG_COMPRESSED, FLAG_END_STREAM};
+use kiln_proto::connect::{Code, ErrorBody};
+use kiln_proto::framing::{self, EnvelopeDecoder, FramingError};
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::sync::mpsc;
 
@@ -192,14 +193,6 @@ pub fn unary_response<M: Msg>(codec: Codec, r: Result<M, RpcError>) -> Response<
     }
 }
 
-fn envelope(flags: u8, payload: &[u8]) -> Bytes {
-    let mut b = BytesMut::with_capacity(payload.len() + 5);
-    b.put_u8(flags);
-    b.put_u32(payload.len() as u32);
-    b.put_slice(payload);
-    b.freeze()
-}
-
 /// Sending half of a server-streaming response.
 pub struct StreamWriter {
     codec: Codec,
@@ -211,24 +204,18 @@ impl StreamWriter {
     pub async fn send<M: Msg>(&self, m: &M) -> bool {
         let payload = encode(self.codec, m);
         self.tx
-            .send(Ok(Frame::data(envelope(0, &payload))))
+            .send(Ok(Frame::data(framing::encode(0, &payload))))
             .await
             .is_ok()
     }
 
     /// Finish the stream (successfully or with an error).
     pub async fn finish(self, err: Option<RpcError>) {
-        let end = EndStream {
-            error: err.map(|e| ErrorBody {
-                code: e.code,
-                message: e.message,
-            }),
-        };
-        let payload = serde_json::to_vec(&end).unwrap_or_else(|_| b"{}".to_vec());
-        let _ = self
-            .tx
-            .send(Ok(Frame::data(envelope(FLAG_END_STREAM, &payload))))
-            .await;
+        let end = framing::end_stream(err.map(|e| ErrorBody {
+            code: e.code,
+            message: e.message,
+        }));
+        let _ = self.tx.send(Ok(Frame::data(end))).await;
     }
 
     /// Resolves when the client stopped reading (the response body was dropped).
@@ -258,13 +245,10 @@ pub fn stream_response(codec: Codec) -> (Response<Body>, StreamWriter) {
 
 /// A streaming response that only carries an error (Connect streams answer HTTP 200).
 pub fn stream_error(codec: Codec, err: RpcError) -> Response<Body> {
-    let end = EndStream {
-        error: Some(ErrorBody {
-            code: err.code,
-            message: err.message,
-        }),
-    };
-    let payload = serde_json::to_vec(&end).unwrap_or_default();
+    let end = framing::end_stream(Some(ErrorBody {
+        code: err.code,
+        message: err.message,
+    }));
     Response::builder()
         .status(StatusCode::OK)
         .header(
@@ -275,7 +259,7 @@ pub fn stream_error(codec: Codec, err: RpcError) -> Response<Body> {
                 "application/connect+proto"
             },
         )
-        .body(full(envelope(FLAG_END_STREAM, &payload)))
+        .body(full(end))
         .expect("static response parts are valid")
 }
 
@@ -294,7 +278,7 @@ impl<T> Stream for ReceiverStream<T> {
 /// Reader of enveloped request messages (server and client streaming requests).
 pub struct EnvelopeReader {
     body: Incoming,
-    buf: BytesMut,
+    decoder: EnvelopeDecoder,
     codec: Codec,
 }
 
@@ -302,7 +286,7 @@ impl EnvelopeReader {
     pub fn new(body: Incoming, codec: Codec) -> Self {
         EnvelopeReader {
             body,
-            buf: BytesMut::new(),
+            decoder: EnvelopeDecoder::new(MAX_MESSAGE),
             codec,
         }
     }
@@ -318,35 +302,28 @@ impl EnvelopeReader {
     /// Next message; `Ok(None)` at end of the request stream.
     pub async fn next<M: Msg>(&mut self) -> Result<Option<M>, RpcError> {
         loop {
-            if self.buf.len() >= 5 {
-                let flags = self.buf[0];
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
-                if len > MAX_MESSAGE {
+            let frame = self.decoder.next_frame().map_err(|e| match e {
+                FramingError::TooLarge { .. } => {
+                    RpcError::new(Code::ResourceExhausted, e.to_string())
+                }
+                _ => RpcError::invalid(e.to_string()),
+            })?;
+            if let Some(f) = frame {
+                if f.is_compressed() {
                     return Err(RpcError::new(
-                        Code::ResourceExhausted,
-                        format!("message of {len} bytes exceeds the {MAX_MESSAGE} byte limit"),
+                        Code::Unimplemented,
+                        "compressed messages are not supported (send identity encoding)",
                     ));
                 }
-                if self.buf.len() >= 5 + len {
-                    self.buf.advance(5);
-                    let data = self.buf.split_to(len);
-                    if flags & FLAG_COMPRESSED != 0 {
-                        return Err(RpcError::new(
-                            Code::Unimplemented,
-                            "compressed messages are not supported (send identity encoding)",
-                        ));
-                    }
-                    if flags & FLAG_END_STREAM != 0 {
-                        return Ok(None);
-                    }
-                    return decode(self.codec, &data).map(Some);
+                if f.is_end_stream() {
+                    return Ok(None);
                 }
+                return decode(self.codec, &f.payload).map(Some);
             }
             match self.body.frame().await {
                 Some(Ok(f)) => {
                     if let Ok(d) = f.into_data() {
-                        self.buf.extend_from_slice(&d);
+                        self.decoder.push(&d);
                     }
                 }
                 Some(Err(e)) => {
@@ -356,13 +333,11 @@ impl EnvelopeReader {
                     ))
                 }
                 None => {
-                    if self.buf.is_empty() {
-                        return Ok(None);
-                    }
-                    return Err(RpcError::invalid(format!(
-                        "request ended inside an envelope ({} stray bytes)",
-                        self.buf.len()
-                    )));
+                    return self
+                        .decoder
+                        .finish()
+                        .map(|()| None)
+                        .map_err(|e| RpcError::invalid(format!("request {e}")))
                 }
             }
         }

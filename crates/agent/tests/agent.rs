@@ -1,76 +1,16 @@
 //! Integration tests: start the real `kiln-agent` binary on a temp Unix socket (and a random TCP
-//! port) and drive it with `kiln_agent::AgentClient` and raw HTTP.
+//! port) and drive it with `kiln_envd::EnvdClient` and raw HTTP (helpers in `common`).
+
+mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use kiln_agent::{AgentClient, ClientError, RunOptions};
+use common::{envelope, json_envelopes, opts, raw, raw_h, start, DecodeMsg};
+use kiln_envd::{EnvdClient, EnvdError};
 use kiln_proto::envd::InitRequest;
 use kiln_proto::filesystem as fspb;
 use kiln_proto::process as pb;
-
-struct Agent {
-    child: Child,
-    dir: tempfile::TempDir,
-    sock: PathBuf,
-    port: u16,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn agent_bin() -> PathBuf {
-    std::env::var_os("KILN_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kiln-agent")))
-}
-
-async fn start() -> (Agent, AgentClient) {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("agent.sock");
-    let port = free_port();
-    let child = Command::new(agent_bin())
-        .args(["--port", &port.to_string(), "--listen-unix"])
-        .arg(&sock)
-        .env("KILN_AGENT_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn kiln-agent");
-    let a = Agent {
-        child,
-        dir,
-        sock,
-        port,
-    };
-    let c = AgentClient::unix(&a.sock);
-    c.wait_ready(Duration::from_secs(10))
-        .await
-        .expect("agent ready");
-    (a, c)
-}
-
-fn opts() -> RunOptions {
-    RunOptions {
-        timeout: Some(Duration::from_secs(30)),
-        ..Default::default()
-    }
-}
 
 #[tokio::test]
 async fn run_collects_stdout_stderr_exit_code() {
@@ -146,11 +86,11 @@ async fn files_roundtrip_and_errors() {
         .read_file(a.dir.path().join("missing").to_str().unwrap(), None)
         .await
     {
-        Err(ClientError::Status { status: 404, .. }) => {}
+        Err(EnvdError::Status { status: 404, .. }) => {}
         other => panic!("expected 404, got {other:?}"),
     }
     match c.read_file(a.dir.path().to_str().unwrap(), None).await {
-        Err(ClientError::Status { status: 400, .. }) => {}
+        Err(EnvdError::Status { status: 400, .. }) => {}
         other => panic!("expected 400 for a directory, got {other:?}"),
     }
 }
@@ -167,13 +107,13 @@ async fn access_token_required_after_init() {
     c.health().await.unwrap();
     let e = c.run("true", opts()).await.unwrap_err();
     assert!(
-        matches!(&e, ClientError::Rpc { code, .. } if code == "unauthenticated"),
+        matches!(&e, EnvdError::Rpc { code, .. } if code == "unauthenticated"),
         "{e}"
     );
     let e = c.read_file("/etc/hostname", None).await.unwrap_err();
-    assert!(matches!(e, ClientError::Status { status: 401, .. }), "{e}");
+    assert!(matches!(e, EnvdError::Status { status: 401, .. }), "{e}");
     let authed =
-        AgentClient::tcp(([127, 0, 0, 1], a.port).into()).with_access_token(Some("s3cret".into()));
+        EnvdClient::tcp(([127, 0, 0, 1], a.port).into()).with_access_token(Some("s3cret".into()));
     assert_eq!(authed.run("echo ok", opts()).await.unwrap().stdout, b"ok\n");
     // signed URL, computed like the SDK does
     let path = a.dir.path().join("signed.txt");
@@ -187,8 +127,8 @@ async fn access_token_required_after_init() {
         "GET",
         &format!(
             "/files?path={}&signature={}",
-            kiln_agent::client::urlencode(path.to_str().unwrap()),
-            kiln_agent::client::urlencode(&sig)
+            kiln_envd::urlencode(path.to_str().unwrap()),
+            kiln_envd::urlencode(&sig)
         ),
         "",
         b"",
@@ -200,63 +140,13 @@ async fn access_token_required_after_init() {
         "GET",
         &format!(
             "/files?path={}&signature=v1_bogus",
-            kiln_agent::client::urlencode(path.to_str().unwrap())
+            kiln_envd::urlencode(path.to_str().unwrap())
         ),
         "",
         b"",
     )
     .await;
     assert_eq!(status, 401);
-}
-
-/// One raw HTTP/1.1 request over the agent's Unix socket.
-async fn raw(
-    a: &Agent,
-    method: &str,
-    uri: &str,
-    content_type: &str,
-    body: &[u8],
-) -> (u16, Vec<u8>) {
-    raw_h(a, method, uri, content_type, &[], body).await
-}
-
-async fn raw_h(
-    a: &Agent,
-    method: &str,
-    uri: &str,
-    content_type: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, Vec<u8>) {
-    let s = tokio::net::UnixStream::connect(&a.sock).await.unwrap();
-    let (mut tx, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let mut b = http::Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("host", "x");
-    if !content_type.is_empty() {
-        b = b.header("content-type", content_type);
-    }
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = tx
-        .send_request(b.body(Full::new(Bytes::copy_from_slice(body))).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (
-        status,
-        resp.into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec(),
-    )
 }
 
 #[tokio::test]
@@ -591,21 +481,12 @@ async fn sigterm_stops_agent_and_children() {
     assert!(!alive, "child {pid} survived agent shutdown");
 }
 
-trait DecodeMsg: prost::Message + Default {
-    fn decode_msg(b: Bytes) -> Self {
-        Self::decode(b).expect("decode message")
-    }
-}
-impl<T: prost::Message + Default> DecodeMsg for T {}
-
 #[tokio::test]
 async fn keepalive_events_and_json_streaming() {
     let (a, _c) = start().await;
     let msg =
         br#"{"process":{"cmd":"/bin/sh","args":["-c","sleep 2.5; echo done"]},"stdin":false}"#;
-    let mut env = vec![0u8];
-    env.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-    env.extend_from_slice(msg);
+    let env = envelope(msg);
     let (s, body) = raw_h(
         &a,
         "POST",
@@ -616,13 +497,8 @@ async fn keepalive_events_and_json_streaming() {
     )
     .await;
     assert_eq!(s, 200);
-    // parse envelopes
-    let mut rest = body.as_slice();
     let mut kinds = Vec::new();
-    while rest.len() >= 5 {
-        let flags = rest[0];
-        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-        let v: serde_json::Value = serde_json::from_slice(&rest[5..5 + len]).unwrap();
+    for (flags, v) in json_envelopes(&body) {
         if flags & 2 != 0 {
             assert!(v.get("error").is_none(), "stream ended with error: {v}");
             kinds.push("END_STREAM".to_string());
@@ -637,7 +513,6 @@ async fn keepalive_events_and_json_streaming() {
                     .clone(),
             );
         }
-        rest = &rest[5 + len..];
     }
     assert_eq!(kinds.first().map(String::as_str), Some("start"));
     assert!(
@@ -666,9 +541,7 @@ async fn late_request_end_does_not_reset_a_long_stream() {
         let msg = serde_json::json!({"process": {"cmd": "/bin/bash", "args": ["-c",
             "echo start; sleep 0.3; head -c 3000000 /dev/zero | tr '\\0' a"]}})
         .to_string();
-        let mut env = vec![0u8];
-        env.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-        env.extend_from_slice(msg.as_bytes());
+        let env = envelope(msg.as_bytes());
         let head = "POST /process.Process/Start HTTP/1.1\r\nHost: agent\r\nContent-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
         s.write_all(head.as_bytes()).unwrap();
         s.write_all(format!("{:x}\r\n", env.len()).as_bytes()).unwrap();
@@ -715,18 +588,13 @@ async fn late_request_end_does_not_reset_a_long_stream() {
         }
         let mut stdout = 0usize;
         let mut ended = false;
-        let mut p = &body[..];
-        while p.len() >= 5 {
-            let flags = p[0];
-            let len = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
-            let m: serde_json::Value = serde_json::from_slice(&p[5..5 + len]).unwrap();
+        for (flags, m) in json_envelopes(&body) {
             if flags & 2 != 0 {
                 ended = true;
                 assert!(m.get("error").is_none(), "stream ended with an error: {m}");
             } else if let Some(d) = m.pointer("/event/data/stdout").and_then(|v| v.as_str()) {
                 stdout += base64::engine::general_purpose::STANDARD.decode(d).unwrap().len();
             }
-            p = &p[5 + len..];
         }
         assert!(ended, "no end-of-stream message");
         stdout

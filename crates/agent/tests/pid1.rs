@@ -1,17 +1,13 @@
 //! kiln-agent as PID 1 (in a new PID namespace via `unshare`): reaps orphaned zombies and shuts
 //! down cleanly on SIGTERM.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kiln_agent::{AgentClient, RunOptions};
-
-fn agent_bin() -> PathBuf {
-    std::env::var_os("KILN_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kiln-agent")))
-}
+use common::agent_bin;
+use kiln_envd::{EnvdClient, RunOptions};
 
 #[tokio::test]
 async fn pid1_reaps_orphans_and_stops_on_sigterm() {
@@ -43,7 +39,7 @@ async fn pid1_reaps_orphans_and_stops_on_sigterm() {
         }
     }
     let guard = Kill(&mut unshare);
-    let c = AgentClient::unix(&sock);
+    let c = EnvdClient::unix(&sock);
     c.wait_ready(Duration::from_secs(10)).await.unwrap();
     let opts = || RunOptions {
         timeout: Some(Duration::from_secs(20)),

@@ -5,11 +5,13 @@
 //! `bench` → the crate whose speed it measures.
 
 mod bench;
+mod client;
 mod doctor;
 mod keys;
 mod sandbox;
 mod serve;
 mod template;
+mod term;
 
 use clap::{Parser, Subcommand};
 

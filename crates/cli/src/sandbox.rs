@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
 use anyhow::{bail, Context};
-use kiln_server::client::{self, Client, ExecEvent, ExecOptions};
+use kiln_envd::ProcessEvent;
+
+use crate::client::{Client, ExecOptions};
+use crate::term;
 
 #[derive(clap::Args, Clone)]
 pub struct Conn {
@@ -195,12 +198,12 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             let cmd = command.join(" ");
             let code = client
                 .exec(&sbx, &cmd, &opts, |ev| match ev {
-                    ExecEvent::Stdout(d) | ExecEvent::Pty(d) => {
+                    ProcessEvent::Stdout(d) | ProcessEvent::Pty(d) => {
                         let mut o = std::io::stdout().lock();
                         let _ = o.write_all(&d);
                         let _ = o.flush();
                     }
-                    ExecEvent::Stderr(d) => {
+                    ProcessEvent::Stderr(d) => {
                         let mut e = std::io::stderr().lock();
                         let _ = e.write_all(&d);
                         let _ = e.flush();
@@ -256,11 +259,10 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
 
 async fn shell(client: Client, id: &str, user: Option<String>) -> anyhow::Result<i32> {
     let sbx = client.sandbox(id).await?;
-    let size = client::terminal_size(0).unwrap_or((80, 24));
-    let _raw = client::RawMode::enable(0).ok();
+    let size = term::size(0).unwrap_or((80, 24));
+    let _raw = term::RawMode::enable(0).ok();
     let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
-    let input_client = client.clone();
-    let input_sbx = sbx.clone();
+    let input = client.envd(&sbx).await?;
     // stdin → PTY: a blocking reader thread feeding an async sender.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
     std::thread::spawn(move || {
@@ -275,11 +277,7 @@ async fn shell(client: Client, id: &str, user: Option<String>) -> anyhow::Result
     tokio::spawn(async move {
         let Ok(pid) = pid_rx.await else { return };
         while let Some(data) = rx.recv().await {
-            if input_client
-                .send_pty_input(&input_sbx, pid, &data)
-                .await
-                .is_err()
-            {
+            if input.send_input(pid, data, true, None).await.is_err() {
                 break;
             }
         }
@@ -292,17 +290,17 @@ async fn shell(client: Client, id: &str, user: Option<String>) -> anyhow::Result
     };
     let code = client
         .exec(&sbx, "exec bash -l", &opts, |ev| match ev {
-            ExecEvent::Started { pid } => {
+            ProcessEvent::Started { pid } => {
                 if let Some(t) = pid_tx.take() {
                     let _ = t.send(pid);
                 }
             }
-            ExecEvent::Pty(d) | ExecEvent::Stdout(d) | ExecEvent::Stderr(d) => {
+            ProcessEvent::Pty(d) | ProcessEvent::Stdout(d) | ProcessEvent::Stderr(d) => {
                 let mut o = std::io::stdout().lock();
                 let _ = o.write_all(&d);
                 let _ = o.flush();
             }
-            ExecEvent::Exited { .. } => {}
+            ProcessEvent::Exited { .. } => {}
         })
         .await?;
     Ok(code)

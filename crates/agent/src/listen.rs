@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::server::{serve_conn, Agent};
+use crate::router::serve_conn;
+use crate::state::Agent;
 
 /// Where to listen.
 #[derive(Debug, Clone, Default)]

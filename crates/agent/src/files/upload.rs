@@ -1,0 +1,282 @@
+//! `POST /files`: octet-stream and multipart uploads, written by a thread with the user's
+//! filesystem identity.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use http::{header, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::sync::mpsc;
+
+use super::{io_status, ok_json, Query, WRITE_BATCH};
+use crate::router::api_error;
+use crate::rpc::Body;
+use crate::users::{with_fs_identity, User};
+
+/// Metadata from `X-Metadata-<key>` headers.
+fn metadata_headers(req: &Request<Incoming>) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for (k, v) in req.headers() {
+        if let Some(key) = k.as_str().strip_prefix("x-metadata-") {
+            if key.is_empty() {
+                return Err("empty X-Metadata- key".into());
+            }
+            let v = v
+                .to_str()
+                .map_err(|_| format!("metadata value of {key:?} is not printable ASCII"))?;
+            out.push((key.to_ascii_lowercase(), v.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+/// Open `path` for writing as `user`, creating parent directories.
+fn open_for_write(path: &Path, user: &User) -> io::Result<std::fs::File> {
+    with_fs_identity(user, || {
+        if let Some(parent) = path.parent() {
+            crate::fs::create_dirs(parent, user)?;
+        }
+        if path.is_dir() {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        let existed = std::fs::symlink_metadata(path).is_ok();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        if !existed {
+            crate::fs::chown_new(path, user);
+        }
+        Ok(f)
+    })
+}
+
+/// Write a stream of chunks to `path` from a dedicated blocking thread (bounded queue).
+async fn write_stream<S>(
+    path: PathBuf,
+    user: User,
+    gzip: bool,
+    metadata: Vec<(String, String)>,
+    mut body: S,
+) -> Result<(), (StatusCode, String)>
+where
+    S: Stream<Item = Result<Bytes, String>> + Unpin,
+{
+    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+    let p2 = path.clone();
+    let user_for_cleanup = user.clone();
+    let writer = tokio::task::spawn_blocking(move || -> io::Result<()> {
+        let file = open_for_write(&p2, &user)?;
+        let written = (|| -> io::Result<()> {
+            if gzip {
+                let mut dec =
+                    flate2::write::GzDecoder::new(io::BufWriter::with_capacity(1 << 20, file));
+                while let Some(chunk) = rx.blocking_recv() {
+                    dec.write_all(&chunk)?;
+                }
+                dec.try_finish()?;
+                dec.finish()?.flush()?;
+            } else {
+                let mut w = file;
+                while let Some(chunk) = rx.blocking_recv() {
+                    w.write_all(&chunk)?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = written {
+            // Do not leave a truncated file behind (it would also keep the space used).
+            let _ = with_fs_identity(&user, || std::fs::remove_file(&p2));
+            return Err(e);
+        }
+        for (k, v) in &metadata {
+            with_fs_identity(&user, || crate::fs::write_metadata(&p2, k, v))?;
+        }
+        Ok(())
+    });
+    let mut recv_err = None;
+    // Coalesce the body's (often small) frames into large buffers: one copy, few hand-offs.
+    let mut acc = bytes::BytesMut::new();
+    loop {
+        let next = body.next().await;
+        let c = match next {
+            Some(Ok(c)) => {
+                if acc.is_empty() && c.len() >= WRITE_BATCH {
+                    c
+                } else {
+                    if acc.capacity() - acc.len() < c.len() {
+                        acc.reserve(WRITE_BATCH.max(c.len()));
+                    }
+                    acc.extend_from_slice(&c);
+                    if acc.len() < WRITE_BATCH {
+                        continue;
+                    }
+                    acc.split().freeze()
+                }
+            }
+            Some(Err(e)) => {
+                recv_err = Some(e);
+                break;
+            }
+            None => {
+                if !acc.is_empty() {
+                    let _ = tx.send(acc.split().freeze()).await;
+                }
+                break;
+            }
+        };
+        if tx.send(c).await.is_err() {
+            // The writer failed (its error is reported below). Drain the rest of the body so
+            // the client gets our answer instead of a reset connection.
+            while let Some(Ok(_)) = body.next().await {}
+            break;
+        }
+    }
+    drop(tx);
+    let res = writer.await.map_err(|e| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("write task failed: {e}"),
+        )
+    })?;
+    if let Err(e) = res {
+        let st =
+            if e.kind() == io::ErrorKind::InvalidInput || e.kind() == io::ErrorKind::InvalidData {
+                StatusCode::BAD_REQUEST
+            } else {
+                io_status(&e)
+            };
+        let msg = if st == StatusCode::INSUFFICIENT_STORAGE {
+            format!("write {}: not enough disk space: {e}", path.display())
+        } else {
+            format!("write {}: {e}", path.display())
+        };
+        return Err((st, msg));
+    }
+    if let Some(e) = recv_err {
+        let (u, p) = (user_for_cleanup, path.clone());
+        let _ =
+            tokio::task::spawn_blocking(move || with_fs_identity(&u, || std::fs::remove_file(&p)))
+                .await;
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("upload of {} broke off: {e}", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+fn write_info(path: &Path) -> serde_json::Value {
+    serde_json::json!({
+        "name": path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        "type": "file",
+        "path": path.to_string_lossy(),
+    })
+}
+
+pub(super) async fn upload(req: Request<Incoming>, q: Query, user: User) -> Response<Body> {
+    let ct = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let metadata = match metadata_headers(&req) {
+        Ok(m) => m,
+        Err(e) => return api_error(StatusCode::BAD_REQUEST, e),
+    };
+    let gzip = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().eq_ignore_ascii_case("gzip"))
+        .unwrap_or(false);
+    let mime = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if mime == "multipart/form-data" {
+        let boundary = match multer::parse_boundary(&ct) {
+            Ok(b) => b,
+            Err(e) => {
+                return api_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("bad multipart content type: {e}"),
+                )
+            }
+        };
+        let body = req.into_body().into_data_stream();
+        let mut mp = multer::Multipart::new(body, boundary);
+        let mut written = Vec::new();
+        loop {
+            let field = match mp.next_field().await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    return api_error(
+                        StatusCode::BAD_REQUEST,
+                        format!("malformed multipart body: {e}"),
+                    )
+                }
+            };
+            if field.name() != Some("file") {
+                continue;
+            }
+            let target =
+                match (&q.path, field.file_name()) {
+                    (Some(p), _) if written.is_empty() => p.clone(),
+                    (_, Some(f)) if !f.is_empty() => f.to_string(),
+                    (Some(p), _) => p.clone(),
+                    _ => return api_error(
+                        StatusCode::BAD_REQUEST,
+                        "multipart file part has no file name and no `path` parameter was given",
+                    ),
+                };
+            let path = match crate::fs::resolve(&target, &user) {
+                Ok(p) => p,
+                Err(e) => return api_error(StatusCode::BAD_REQUEST, e.message),
+            };
+            let stream = field.map(|r| r.map_err(|e| e.to_string()));
+            if let Err((st, m)) = write_stream(
+                path.clone(),
+                user.clone(),
+                false,
+                metadata.clone(),
+                Box::pin(stream),
+            )
+            .await
+            {
+                return api_error(st, m);
+            }
+            written.push(write_info(&path));
+        }
+        if written.is_empty() {
+            return api_error(StatusCode::BAD_REQUEST, "multipart body has no `file` part");
+        }
+        return ok_json(&serde_json::Value::Array(written));
+    }
+    let Some(p) = q.path.as_deref() else {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "query parameter `path` is required for octet-stream uploads",
+        );
+    };
+    let path = match crate::fs::resolve(p, &user) {
+        Ok(p) => p,
+        Err(e) => return api_error(StatusCode::BAD_REQUEST, e.message),
+    };
+    let stream = req
+        .into_body()
+        .into_data_stream()
+        .map(|r| r.map_err(|e| e.to_string()));
+    if let Err((st, m)) = write_stream(path.clone(), user, gzip, metadata, Box::pin(stream)).await {
+        return api_error(st, m);
+    }
+    ok_json(&serde_json::Value::Array(vec![write_info(&path)]))
+}
