@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kiln_server::store::Store;
+use kiln_server::store::{SqliteStore, StateStore};
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -28,10 +28,10 @@ pub enum Cmd {
     },
 }
 
-fn open(state_dir: Option<PathBuf>) -> anyhow::Result<Store> {
+fn open(state_dir: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
     let dir = state_dir.unwrap_or_else(kiln_host::paths::state_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Store::open(&dir.join("kiln.db")).context("opening the state database")
+    SqliteStore::open(&dir.join("kiln.db")).context("opening the state database")
 }
 
 fn when(ms: Option<i64>) -> String {
@@ -41,10 +41,18 @@ fn when(ms: Option<i64>) -> String {
 }
 
 pub fn run(c: Cmd) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(run_async(c))
+}
+
+async fn run_async(c: Cmd) -> anyhow::Result<i32> {
     match c {
         Cmd::Create { name, state_dir } => {
             let store = open(state_dir)?;
-            let k = kiln_server::auth::create_key(&store, &name)?;
+            let k = kiln_server::auth::create_key(&store, &name).await?;
             println!("{}", k.secret);
             eprintln!(
                 "kiln: created key {} ({name}); it is shown only this once",
@@ -58,7 +66,7 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
                 "{:<18} {:<16} {:<12} {:<20} {:<20} STATUS",
                 "ID", "NAME", "PREFIX", "CREATED", "LAST USED"
             );
-            for k in store.list_keys()? {
+            for k in store.list_keys().await? {
                 let status = if k.revoked_at_ms.is_some() {
                     "revoked"
                 } else {
@@ -77,7 +85,7 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
         }
         Cmd::Revoke { id, state_dir } => {
             let store = open(state_dir)?;
-            if store.revoke_key(&id)? {
+            if store.revoke_key(&id).await? {
                 println!("revoked {id}");
                 Ok(0)
             } else {

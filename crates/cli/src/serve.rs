@@ -19,10 +19,16 @@ pub struct Args {
     /// State directory (database, sandbox layers). Default: KILN_STATE_DIR or /var/lib/kiln/state.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// gVisor platform: ptrace (works everywhere), systrap or kvm where supported.
-    #[arg(long, default_value = "ptrace")]
-    platform: String,
-    /// Do not configure cgroups for sandboxes (only for hosts where runsc cannot manage them).
+    /// Isolation driver: gvisor, microvm, or auto (what `kiln doctor` recommends here).
+    #[arg(long, env = "KILN_DRIVER", default_value = "auto")]
+    driver: kiln_server::DriverKind,
+    /// gVisor: runsc platform (ptrace works everywhere; systrap or kvm where supported).
+    #[arg(long, env = "KILN_PLATFORM")]
+    platform: Option<String>,
+    /// gVisor: the runsc binary (default: runsc on PATH).
+    #[arg(long, env = "KILN_RUNSC")]
+    runsc: Option<PathBuf>,
+    /// gVisor: do not configure cgroups (only for hosts where runsc cannot manage them).
     #[arg(long)]
     ignore_cgroups: bool,
     /// Timeout (seconds) of sandboxes whose create request names none.
@@ -75,8 +81,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .state_dir
             .clone()
             .unwrap_or_else(kiln_host::paths::state_dir),
-        platform: a.platform.clone(),
-        ignore_cgroups: a.ignore_cgroups,
+        driver: {
+            let mut d = kiln_server::DriverConfig {
+                kind: a.driver,
+                ..Default::default()
+            };
+            d.gvisor.platform = a.platform.clone();
+            d.gvisor.runsc = a.runsc.clone();
+            d.gvisor.ignore_cgroups = a.ignore_cgroups;
+            d
+        },
         lifecycle: LifecycleConfig {
             default_timeout_secs: a.default_timeout,
             max_timeout_secs: a.max_timeout,
