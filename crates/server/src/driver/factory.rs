@@ -1,6 +1,6 @@
 //! Choosing and building the isolation driver from configuration (`--driver`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use super::{gvisor, microvm, Driver, DriverError, Result};
@@ -70,16 +70,9 @@ pub fn build(cfg: &DriverConfig, state_dir: &Path) -> Result<Arc<dyn Driver>> {
         k => k,
     };
     match kind {
-        DriverKind::Gvisor | DriverKind::Auto => Ok(Arc::new(gvisor::GvisorDriver::new(
-            gvisor::GvisorConfig::from_settings(&cfg.gvisor, state_dir),
-        )?)),
+        DriverKind::Gvisor | DriverKind::Auto => gvisor::build(&cfg.gvisor, state_dir),
         DriverKind::Microvm => microvm::build(&cfg.microvm, state_dir),
     }
-}
-
-/// The directory a driver keeps its state in.
-pub fn driver_dir(state_dir: &Path, driver: &str) -> PathBuf {
-    state_dir.join(driver)
 }
 
 impl From<DriverError> for std::io::Error {

@@ -92,6 +92,13 @@ impl GvisorConfig {
     }
 }
 
+/// The gVisor driver for `settings`, its state under `state_dir/gvisor`.
+pub fn build(settings: &GvisorSettings, state_dir: &Path) -> Result<std::sync::Arc<dyn Driver>> {
+    Ok(std::sync::Arc::new(GvisorDriver::new(
+        GvisorConfig::from_settings(settings, state_dir),
+    )?))
+}
+
 pub struct GvisorDriver {
     cfg: GvisorConfig,
     runsc: Runsc,
