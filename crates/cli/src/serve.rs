@@ -43,6 +43,10 @@ pub struct Args {
     /// Memory limit of each sandbox, MiB.
     #[arg(long, default_value_t = 512)]
     memory_mb: u32,
+    /// At most this many sandboxes at once; further creates get 429 with Retry-After
+    /// (default: as many as the host's capacity allows — those get 503).
+    #[arg(long, env = "KILN_MAX_SANDBOXES")]
+    max_sandboxes: Option<usize>,
     /// Skip installing host packages and building the base template.
     #[arg(long)]
     no_prepare: bool,
@@ -66,7 +70,21 @@ fn template_source(a: &Args) -> anyhow::Result<Arc<dyn Templates>> {
     )))
 }
 
+/// Raises host limits that are merely defaults (kernel.pid_max), saying so.
+fn raise_host_limits() {
+    match kiln_host::capacity::raise_pid_max() {
+        Ok(Some(old)) => println!(
+            "kiln: raised kernel.pid_max from {old} to {} (gVisor sandboxes hold tens of host \
+             threads each)",
+            kiln_host::capacity::PID_MAX_TARGET
+        ),
+        Ok(None) => {}
+        Err(msg) => eprintln!("kiln: warning: {msg}"),
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    raise_host_limits();
     if !a.no_prepare {
         kiln_host::prereq::ensure(kiln_host::prereq::SERVE_TOOLS)?;
         let store = kiln_template::Store::open_default()?;
@@ -74,13 +92,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .context("preparing the base template")?;
     }
     let templates = template_source(&a)?;
+    let state_dir = a
+        .state_dir
+        .clone()
+        .unwrap_or_else(kiln_host::paths::state_dir);
     let cfg = ServerConfig {
         listen: a.listen,
         domain: a.domain.clone(),
-        state_dir: a
-            .state_dir
-            .clone()
-            .unwrap_or_else(kiln_host::paths::state_dir),
+        state_dir: state_dir.clone(),
         driver: {
             let mut d = kiln_server::DriverConfig {
                 kind: a.driver,
@@ -96,6 +115,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             max_timeout_secs: a.max_timeout,
             default_cpu_count: a.cpus,
             default_memory_mb: a.memory_mb,
+            admission: kiln_server::manager::AdmissionConfig {
+                max_sandboxes: a.max_sandboxes,
+                state_dir: Some(state_dir),
+                ..Default::default()
+            },
             ..LifecycleConfig::default()
         },
     };

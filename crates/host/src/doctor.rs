@@ -104,7 +104,7 @@ fn cgroup_mode() -> String {
     cgroup_mode_from_mounts(&std::fs::read_to_string("/proc/mounts").unwrap_or_default())
 }
 
-fn free_bytes(path: &Path) -> Option<u64> {
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
     // Walk up to an existing ancestor: the cache dir may not exist yet.
     let mut p = path.to_path_buf();
     while !p.exists() {

@@ -3,8 +3,10 @@
 //! - [`paths`]: where kiln keeps its cache (templates, images) and its state (database, sandboxes).
 //! - [`prereq`]: the host packages each job needs, and installing them with apt when allowed.
 //! - [`kvm`]: a probe that runs a tiny VM to measure whether guest kernel code runs at hardware speed.
+//! - [`capacity`]: how many more sandboxes the host's limits allow.
 //! - [`doctor`]: the `kiln doctor` report built from all of the above.
 
+pub mod capacity;
 pub mod doctor;
 pub mod kvm;
 pub mod paths;

@@ -23,6 +23,13 @@ pub enum Error {
     /// kiln is not able to take this right now (503).
     #[error("{0}")]
     Unavailable(String),
+    /// A create refused up front: a configured quota (429) or the host's capacity (503).
+    #[error("cannot create another sandbox now: {limit}; retry in {retry_after_secs}s")]
+    Capacity {
+        limit: String,
+        retry_after_secs: u64,
+        quota: bool,
+    },
     #[error(transparent)]
     Driver(#[from] DriverError),
     #[error("state database: {0}")]

@@ -23,6 +23,8 @@ pub struct ApiErrorBody {
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Sent as `Retry-After` (seconds) when set.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -30,6 +32,7 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            retry_after: None,
         }
     }
     pub fn bad_request(m: impl Into<String>) -> Self {
@@ -74,7 +77,12 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::warn!(status = %self.status, message = %self.message, "request failed");
         }
-        (self.status, axum::Json(self.body())).into_response()
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }
 
@@ -86,7 +94,14 @@ impl From<Error> for ApiError {
             // The full text (host paths included) stays in the server log.
             tracing::warn!(status = %status, error = %text, "request failed");
         }
-        ApiError::new(status, redact_host_paths(&text))
+        let mut a = ApiError::new(status, redact_host_paths(&text));
+        if let Error::Capacity {
+            retry_after_secs, ..
+        } = e.cause()
+        {
+            a.retry_after = Some(*retry_after_secs);
+        }
+        a
     }
 }
 
@@ -97,6 +112,8 @@ fn status_of(e: &Error) -> StatusCode {
         Error::SandboxNotFound(_) | Error::NotFound(_) => StatusCode::NOT_FOUND,
         Error::Conflict(_) => StatusCode::CONFLICT,
         Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Error::Capacity { quota: true, .. } => StatusCode::TOO_MANY_REQUESTS,
+        Error::Capacity { quota: false, .. } => StatusCode::SERVICE_UNAVAILABLE,
         Error::Template(TemplateError::InvalidName(_)) => StatusCode::BAD_REQUEST,
         Error::Driver(d) => match d {
             DriverError::NotImplemented(_) | DriverError::Unavailable { .. } => {

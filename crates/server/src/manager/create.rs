@@ -34,6 +34,7 @@ impl Manager {
             .unwrap_or(&p.template_id)
             .to_string();
         let tpl = self.lookup_template(&name).await?;
+        let _ticket = self.admit()?;
         let _ = self
             .store
             .upsert_template(&TemplateRecord {

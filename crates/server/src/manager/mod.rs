@@ -10,6 +10,7 @@
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
 
+mod admission;
 mod create;
 mod lifecycle;
 mod observe;
@@ -30,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::store::{now_ms, SandboxRecord, SandboxState, StateStore};
 use crate::templates::Templates;
 
+pub use admission::AdmissionConfig;
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use recovery::RecoveryReport;
 pub use start_cmd::START_CMD_EVENT;
@@ -52,6 +54,8 @@ pub struct LifecycleConfig {
     pub agent_ready_timeout: Duration,
     /// How often expiry is checked.
     pub reap_interval: Duration,
+    /// Caps on concurrent sandboxes and the host-capacity check.
+    pub admission: AdmissionConfig,
 }
 
 impl Default for LifecycleConfig {
@@ -65,6 +69,7 @@ impl Default for LifecycleConfig {
             pids_limit: 4096,
             agent_ready_timeout: Duration::from_secs(30),
             reap_interval: Duration::from_millis(200),
+            admission: AdmissionConfig::default(),
         }
     }
 }
@@ -103,6 +108,7 @@ pub struct Manager {
     driver: Arc<dyn Driver>,
     templates: Arc<dyn Templates>,
     registry: registry::Registry,
+    in_flight: admission::InFlight,
     events: broadcast::Sender<LifecycleEvent>,
     /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
     /// than CPUs only makes every one of them slower.
@@ -153,6 +159,7 @@ impl Manager {
             driver,
             templates,
             registry: registry::Registry::default(),
+            in_flight: admission::InFlight::default(),
             events,
             boots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism()

@@ -41,6 +41,10 @@ impl Registry {
         self.lock().get(id).map(|e| e.record.clone())
     }
 
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Running sandboxes, oldest first.
     pub fn list(&self) -> Vec<SandboxRecord> {
         let mut v: Vec<SandboxRecord> = self.lock().values().map(|e| e.record.clone()).collect();
