@@ -1,10 +1,12 @@
-//! `kiln serve`: prepares the host and the base template, then runs the kiln server.
+//! `kiln serve`: prepares the host (runsc, packages) and the base template, then runs the kiln
+//! server.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use kiln_host::runsc::{self, platform};
 use kiln_server::templates::{self, Templates};
 use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
@@ -19,9 +21,14 @@ pub struct Args {
     /// State directory (database, sandbox layers). Default: KILN_STATE_DIR or /var/lib/kiln/state.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// gVisor platform: ptrace (works everywhere), systrap or kvm where supported.
-    #[arg(long, default_value = "ptrace")]
-    platform: String,
+    /// gVisor platform (systrap, kvm, ptrace). Default: the fastest that works here, as
+    /// `kiln doctor` reports it.
+    #[arg(long, env = "KILN_PLATFORM")]
+    platform: Option<String>,
+    /// runsc binary to use (any version). Default: the one kiln installed, else the host's when
+    /// recent enough, else downloaded from Debian bookworm-backports (see `kiln runtime`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
+    runsc: Option<PathBuf>,
     /// Do not configure cgroups for sandboxes (only for hosts where runsc cannot manage them).
     #[arg(long)]
     ignore_cgroups: bool,
@@ -67,6 +74,25 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         kiln_template::ensure_base(&store, &kiln_template::BuildOptions::default())
             .context("preparing the base template")?;
     }
+    let runsc = if a.no_prepare {
+        runsc::resolve(a.runsc.as_deref())?
+    } else {
+        runsc::ensure(a.runsc.as_deref())?
+    };
+    let platform = match &a.platform {
+        Some(p) => p.clone(),
+        None => platform::pick(&runsc.path, platform::kvm_at_hardware_speed()).map_err(|e| {
+            anyhow::anyhow!(
+                "no gVisor platform works with {}: {e}",
+                runsc.path.display()
+            )
+        })?,
+    };
+    println!(
+        "kiln: runsc {} ({}), platform {platform}",
+        runsc.version,
+        runsc.path.display()
+    );
     let templates = template_source(&a)?;
     let cfg = ServerConfig {
         listen: a.listen,
@@ -75,7 +101,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .state_dir
             .clone()
             .unwrap_or_else(kiln_host::paths::state_dir),
-        platform: a.platform.clone(),
+        platform,
+        runsc: Some(runsc.path.clone()),
         ignore_cgroups: a.ignore_cgroups,
         lifecycle: LifecycleConfig {
             default_timeout_secs: a.default_timeout,

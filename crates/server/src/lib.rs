@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub domain: String,
     pub state_dir: PathBuf,
     pub platform: String,
+    /// runsc binary; `None` finds `runsc` on `$PATH`.
+    pub runsc: Option<PathBuf>,
     pub ignore_cgroups: bool,
     pub lifecycle: LifecycleConfig,
 }
@@ -88,6 +90,9 @@ impl Server {
         let first_key = auth::ensure_first_key(&store)?;
         let mut gcfg = driver::gvisor::GvisorConfig::new(&cfg.state_dir);
         gcfg.platform = cfg.platform.clone();
+        if let Some(r) = &cfg.runsc {
+            gcfg.runsc = r.clone();
+        }
         gcfg.ignore_cgroups = cfg.ignore_cgroups;
         let driver = Arc::new(driver::gvisor::GvisorDriver::new(gcfg)?);
         let manager = Manager::new(cfg.lifecycle.clone(), store, driver, templates);
