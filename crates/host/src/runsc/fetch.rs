@@ -111,8 +111,11 @@ pub fn download_and_install(mirror: Option<String>) -> Result<Runsc> {
     let opts = private_apt_options(dir);
     eprintln!("kiln: downloading runsc from {SUITE} ({mirror})");
     run(
-        Command::new("apt-get").args(&opts).args(["-q", "update"]),
-        &format!("apt-get {} -q update", opts.join(" ")),
+        // apt-get update only warns when the mirror is unreachable: make that an error.
+        Command::new("apt-get")
+            .args(&opts)
+            .args(["-q", "--error-on=any", "update"]),
+        &format!("apt-get {} -q --error-on=any update", opts.join(" ")),
     )?;
     let pkg = format!("runsc/{SUITE}");
     run(

@@ -4,7 +4,8 @@
 //!    packages, with each recipe step run as an mmdebstrap customize hook (so `/proc` and `/dev`
 //!    are mounted for `run` steps). Keyed by the recipe alone.
 //! 2. **template** (`<name>/<key>`): a hard-linked copy of the base stage plus kiln-agent at
-//!    `/usr/bin/kiln-agent`, and `rootfs.ext4` made with `mkfs.ext4 -d` (no loop mounts). Keyed by
+//!    `/usr/bin/kiln-agent` (plus, with `KILN_STATX_COMPAT=1`, the statx compat preload library
+//!    that runsc releases before 2024 need: see docs/runsc.md), and `rootfs.ext4` made with `mkfs.ext4 -d` (no loop mounts). Keyed by
 //!    recipe + agent binary + builder version, so a new agent costs seconds, not a debootstrap.
 //!
 //! Both stages are built under `.tmp/` and renamed into place; a failed build leaves nothing in
@@ -37,7 +38,7 @@ use crate::store::{remove_tree, Store, Template};
 use crate::{io_err, Result};
 
 /// Bump when the builder's output for the same inputs changes.
-const BUILDER_VERSION: &str = "kiln-template-builder-2";
+const BUILDER_VERSION: &str = "kiln-template-builder-3";
 
 #[derive(Debug, Clone, Default)]
 pub struct BuildOptions {
@@ -68,10 +69,21 @@ pub fn ensure_base(store: &Store, opts: &BuildOptions) -> Result<Template> {
     Ok(build(store, &recipe, opts)?.template)
 }
 
-/// The cache key of a template: recipe, agent binary and builder version.
-pub fn template_key(recipe_hash: &str, agent_sha256: &str) -> String {
+/// Environment variable that adds the statx compat preload library to built templates (only
+/// needed by runsc releases older than kiln's minimum, which reject `statx(AT_NO_AUTOMOUNT)`).
+pub const STATX_COMPAT_ENV: &str = "KILN_STATX_COMPAT";
+
+/// True when `KILN_STATX_COMPAT=1`.
+pub fn statx_compat_wanted() -> bool {
+    std::env::var(STATX_COMPAT_ENV).as_deref() == Ok("1")
+}
+
+/// The cache key of a template: recipe, agent binary, builder version and, when included, the
+/// compat library's source.
+pub fn template_key(recipe_hash: &str, agent_sha256: &str, statx_compat: bool) -> String {
+    let compat = if statx_compat { COMPAT_SOURCE } else { "" };
     let mut h = Sha256::new();
-    for part in [BUILDER_VERSION, COMPAT_SOURCE, recipe_hash, agent_sha256] {
+    for part in [BUILDER_VERSION, compat, recipe_hash, agent_sha256] {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -84,7 +96,8 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
     let agent = find_agent(opts.agent.as_deref())?;
     let agent_sha256 = sha256_file(&agent)?;
     let recipe_hash = recipe.content_hash();
-    let key = template_key(&recipe_hash, &agent_sha256);
+    let statx_compat = statx_compat_wanted();
+    let key = template_key(&recipe_hash, &agent_sha256, statx_compat);
     let ui = Ui { quiet: opts.quiet };
 
     if !opts.force {
@@ -132,7 +145,11 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
     let staging = tempdir_in(&store.tmp_dir(), "template-")?;
     let result = (|| {
         let rootfs = staging.join("rootfs");
-        let phase = ui.phase("install kiln-agent and compat library");
+        let phase = ui.phase(if statx_compat {
+            "install kiln-agent and the statx compat library"
+        } else {
+            "install kiln-agent"
+        });
         let out = Command::new("cp")
             .arg("-al")
             .arg(&base)
@@ -144,8 +161,10 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             return Err(log.failure("copying the base stage", &log_path));
         }
         install_agent(&agent, &rootfs)?;
-        install_compat(&staging, &rootfs, &mut log)
-            .map_err(|_| log.failure("building the compat preload library", &log_path))?;
+        if statx_compat {
+            install_compat(&staging, &rootfs, &mut log)
+                .map_err(|_| log.failure("building the compat preload library", &log_path))?;
+        }
         phase.done();
 
         let phase = ui.phase("ext4 image (mkfs.ext4 -d)");
@@ -265,11 +284,15 @@ mod tests {
 
     #[test]
     fn key_depends_on_recipe_and_agent() {
-        let a = template_key("r1", "a1");
-        assert_eq!(a, template_key("r1", "a1"));
-        assert_ne!(a, template_key("r2", "a1"));
-        assert_ne!(a, template_key("r1", "a2"));
+        let a = template_key("r1", "a1", false);
+        assert_eq!(a, template_key("r1", "a1", false));
+        assert_ne!(a, template_key("r2", "a1", false));
+        assert_ne!(a, template_key("r1", "a2", false));
+        assert_ne!(a, template_key("r1", "a1", true));
         // No ambiguity from concatenation.
-        assert_ne!(template_key("r1a", "1"), template_key("r1", "a1"));
+        assert_ne!(
+            template_key("r1a", "1", false),
+            template_key("r1", "a1", false)
+        );
     }
 }
