@@ -1,13 +1,14 @@
 //! `kiln`: one binary for the server (`kiln serve`) and every client subcommand.
 //!
 //! Each subcommand lives in its own module and is a thin layer over a library crate:
-//! `serve`/`sandbox`/`keys` → kiln-server, `doctor` → kiln-host, `template` → kiln-template,
+//! `serve`/`sandbox`/`keys` → kiln-server, `doctor`/`runtime` → kiln-host, `template` → kiln-template,
 //! `bench` → the crate whose speed it measures.
 
 mod bench;
 mod client;
 mod doctor;
 mod keys;
+mod runtime;
 mod sandbox;
 mod serve;
 mod template;
@@ -41,6 +42,9 @@ enum Cmd {
     /// Manage API keys (works on the server's state directly).
     #[command(subcommand)]
     Keys(keys::Cmd),
+    /// The gVisor runtime (runsc): find, verify or download the version kiln needs.
+    #[command(subcommand)]
+    Runtime(runtime::Cmd),
     /// Benchmarks: percentiles and ratios against a raw baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::Cmd),
@@ -64,6 +68,7 @@ fn main() {
         Cmd::Template(c) => template::run(c),
         Cmd::Sandbox(c) => sandbox::run(c),
         Cmd::Keys(c) => keys::run(c),
+        Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
     };
     match result {

@@ -1,10 +1,12 @@
-//! `kiln serve`: prepares the host and the base template, then runs the kiln server.
+//! `kiln serve`: prepares the host (runsc, packages) and the base template, then runs the kiln
+//! server.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use kiln_host::runsc::{self, platform};
 use kiln_server::templates::{self, Templates};
 use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
@@ -22,11 +24,13 @@ pub struct Args {
     /// Isolation driver: gvisor, microvm, or auto (what `kiln doctor` recommends here).
     #[arg(long, env = "KILN_DRIVER", default_value = "auto")]
     driver: kiln_server::DriverKind,
-    /// gVisor: runsc platform (ptrace works everywhere; systrap or kvm where supported).
+    /// gVisor platform (systrap, kvm, ptrace). Default: the fastest that works here, as
+    /// `kiln doctor` reports it.
     #[arg(long, env = "KILN_PLATFORM")]
     platform: Option<String>,
-    /// gVisor: the runsc binary (default: runsc on PATH).
-    #[arg(long, env = "KILN_RUNSC")]
+    /// runsc binary to use (any version). Default: the one kiln installed, else the host's when
+    /// recent enough, else downloaded from Debian bookworm-backports (see `kiln runtime`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
     runsc: Option<PathBuf>,
     /// gVisor: do not configure cgroups (only for hosts where runsc cannot manage them).
     #[arg(long)]
@@ -91,6 +95,25 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         kiln_template::ensure_base(&store, &kiln_template::BuildOptions::default())
             .context("preparing the base template")?;
     }
+    let runsc = if a.no_prepare {
+        runsc::resolve(a.runsc.as_deref())?
+    } else {
+        runsc::ensure(a.runsc.as_deref())?
+    };
+    let platform = match &a.platform {
+        Some(p) => p.clone(),
+        None => platform::pick(&runsc.path, platform::kvm_at_hardware_speed()).map_err(|e| {
+            anyhow::anyhow!(
+                "no gVisor platform works with {}: {e}",
+                runsc.path.display()
+            )
+        })?,
+    };
+    println!(
+        "kiln: runsc {} ({}), platform {platform}",
+        runsc.version,
+        runsc.path.display()
+    );
     let templates = template_source(&a)?;
     let state_dir = a
         .state_dir
@@ -105,8 +128,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 kind: a.driver,
                 ..Default::default()
             };
-            d.gvisor.platform = a.platform.clone();
-            d.gvisor.runsc = a.runsc.clone();
+            d.gvisor.platform = Some(platform);
+            d.gvisor.runsc = Some(runsc.path.clone());
             d.gvisor.ignore_cgroups = a.ignore_cgroups;
             d
         },

@@ -5,12 +5,14 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::kvm::{self, KvmProbe};
 use crate::prereq;
+use crate::runsc::{self, platform};
+use platform::run_with_timeout;
 
 /// Free space below which the cache dir is reported as a problem.
 pub const MIN_FREE_BYTES: u64 = 2 << 30;
@@ -42,8 +44,12 @@ pub struct KvmReport {
 pub struct RunscReport {
     pub path: Option<String>,
     pub version: Option<String>,
+    /// Where this runsc came from (`--runsc`/`KILN_RUNSC`, kiln's cache, the host).
+    pub origin: Option<runsc::Origin>,
     /// Platforms that ran `true` in a sandbox, fastest first.
     pub working_platforms: Vec<String>,
+    /// Every platform tried, with its outcome.
+    pub platforms: Vec<platform::PlatformProbe>,
     pub detail: String,
 }
 
@@ -122,105 +128,42 @@ fn unsafe_zeroed_statvfs() -> libc::statvfs {
     unsafe { std::mem::zeroed() }
 }
 
-/// Runs a command with a timeout, killing its whole process group if it overruns.
-fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<(bool, String), String> {
-    use std::os::unix::process::CommandExt;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => {
-                let out = child.wait_with_output().map_err(|e| e.to_string())?;
-                let mut text = String::from_utf8_lossy(&out.stdout).to_string();
-                text.push_str(&String::from_utf8_lossy(&out.stderr));
-                return Ok((out.status.success(), text));
-            }
-            Ok(None) if start.elapsed() > timeout => {
-                // SAFETY: killpg on the group we created for this child; failure is harmless.
-                unsafe {
-                    libc::killpg(child.id() as i32, libc::SIGKILL);
-                }
-                let _ = child.wait();
-                return Err(format!("timed out after {timeout:?}"));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
-
 fn runsc_report(skip_platform_probe: bool, kvm_fast: bool) -> RunscReport {
-    let Some(path) = prereq::which("runsc") else {
-        return RunscReport {
-            path: None,
-            version: None,
-            working_platforms: vec![],
-            detail: "runsc not installed (Debian package `runsc`)".into(),
-        };
-    };
-    let version = Command::new(&path)
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .map(|l| l.trim().to_string())
-        });
-    let mut working = Vec::new();
-    let mut notes = Vec::new();
-    if !skip_platform_probe {
-        for platform in ["systrap", "kvm", "ptrace"] {
-            if platform == "kvm" && !kvm_fast {
-                notes.push("kvm: not tried (KVM is not at hardware speed)".into());
-                continue;
-            }
-            let root = std::env::temp_dir().join(format!(
-                "kiln-doctor-runsc-{}-{platform}",
-                std::process::id()
-            ));
-            let started = Instant::now();
-            let r = run_with_timeout(
-                Command::new(&path)
-                    .arg(format!("--root={}", root.display()))
-                    .arg(format!("--platform={platform}"))
-                    .args(["--network=none", "do", "/bin/true"]),
-                Duration::from_secs(8),
-            );
-            let _ = std::fs::remove_dir_all(&root);
-            match r {
-                Ok((true, _)) => {
-                    working.push(platform.to_string());
-                    notes.push(format!(
-                        "{platform}: ok ({} ms)",
-                        started.elapsed().as_millis()
-                    ));
-                }
-                Ok((false, out)) => {
-                    let last = out
-                        .lines()
-                        .rev()
-                        .find(|l| !l.trim().is_empty())
-                        .unwrap_or("");
-                    let last: String = last.chars().take(100).collect();
-                    notes.push(format!("{platform}: failed ({last})"))
-                }
-                Err(e) => notes.push(format!("{platform}: {e}")),
+    let r = match runsc::resolve(None) {
+        Ok(r) => r,
+        Err(e) => {
+            return RunscReport {
+                path: None,
+                version: None,
+                origin: None,
+                working_platforms: vec![],
+                platforms: vec![],
+                detail: e.to_string(),
             }
         }
+    };
+    let (platforms, detail) = if skip_platform_probe {
+        (Vec::new(), "platform probe skipped".to_string())
     } else {
-        notes.push("platform probe skipped".into());
-    }
+        let p = platform::probe_all(&r.path, kvm_fast);
+        let d = p
+            .iter()
+            .map(|x| x.note.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        (p, d)
+    };
     RunscReport {
-        path: Some(path.display().to_string()),
-        version,
-        working_platforms: working,
-        detail: notes.join("; "),
+        path: Some(r.path.display().to_string()),
+        version: Some(r.version_line.clone()),
+        origin: Some(r.origin),
+        working_platforms: platforms
+            .iter()
+            .filter(|p| p.ok)
+            .map(|p| p.platform.clone())
+            .collect(),
+        platforms,
+        detail,
     }
 }
 
@@ -381,7 +324,7 @@ pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<Driver>, S
     (
         None,
         format!(
-            "{kvm_why}; and gVisor cannot run ({}). Install runsc (`apt-get install runsc`) on a host that allows it",
+            "{kvm_why}; and gVisor cannot run ({}). Get runsc with `kiln runtime ensure` on a host that allows it",
             runsc.detail
         ),
     )
@@ -445,9 +388,16 @@ pub fn render(r: &Report) -> String {
     ));
     s.push_str(&format!("  KVM speed     {}\n", r.kvm.detail));
     s.push_str(&format!(
-        "  runsc         {} {}\n                {}\n",
+        "  runsc         {} {}{}\n                {}\n",
         r.runsc.path.as_deref().unwrap_or("missing"),
         r.runsc.version.as_deref().unwrap_or(""),
+        match r.runsc.origin {
+            Some(runsc::Origin::Flag) => " (--runsc)",
+            Some(runsc::Origin::Env) => " (KILN_RUNSC)",
+            Some(runsc::Origin::Kiln) => " (installed by kiln)",
+            Some(runsc::Origin::Host) => " (host)",
+            None => "",
+        },
         r.runsc.detail
     ));
     for c in &r.checks {
@@ -499,7 +449,9 @@ mod tests {
         RunscReport {
             path: Some("/usr/bin/runsc".into()),
             version: None,
+            origin: None,
             working_platforms: platforms.iter().map(|s| s.to_string()).collect(),
+            platforms: vec![],
             detail: "x".into(),
         }
     }
@@ -518,24 +470,7 @@ mod tests {
         );
         let (d, why) = choose_driver(&kvm(false, false), &runsc(&[]));
         assert_eq!(d, None);
-        assert!(why.contains("apt-get install runsc"), "{why}");
-    }
-
-    #[test]
-    fn timeout_kills_the_process_group() {
-        let t = Instant::now();
-        let r = run_with_timeout(
-            Command::new("sh").args(["-c", "sleep 30 & sleep 30"]),
-            Duration::from_millis(300),
-        );
-        assert!(r.unwrap_err().contains("timed out"));
-        assert!(t.elapsed() < Duration::from_secs(5));
-        let (ok, out) = run_with_timeout(
-            Command::new("sh").args(["-c", "echo hi"]),
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        assert!(ok && out.contains("hi"));
+        assert!(why.contains("kiln runtime ensure"), "{why}");
     }
 
     #[test]

@@ -4,10 +4,14 @@
 //! - [`prereq`]: the host packages each job needs, and installing them with apt when allowed.
 //! - [`kvm`]: a probe that runs a tiny VM to measure whether guest kernel code runs at hardware speed.
 //! - [`capacity`]: how many more sandboxes the host's limits allow.
+//! - [`apt_sources`]: the Debian mirror the host's own apt sources use (`KILN_DEBIAN_MIRROR` overrides).
+//! - [`runsc`]: which runsc kiln runs, fetching a recent one from bookworm-backports, platforms.
 //! - [`doctor`]: the `kiln doctor` report built from all of the above.
 
+pub mod apt_sources;
 pub mod capacity;
 pub mod doctor;
 pub mod kvm;
 pub mod paths;
 pub mod prereq;
+pub mod runsc;

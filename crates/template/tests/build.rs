@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::fake_static_agent;
 use kiln_template::{build, BuildOptions, Error, Recipe, Store};
+
+mod common;
 
 /// Why the real builder cannot run here, if it cannot. Such a host fails these tests (so they
 /// are never reported as passed) unless `KILN_ALLOW_SKIPS=1` asks for a printed skip instead.
@@ -22,47 +25,6 @@ fn skip_reason() -> Option<String> {
     } else {
         panic!("{why}; set KILN_ALLOW_SKIPS=1 to skip the real-build tests on this host")
     }
-}
-
-/// A minimal static x86_64 ELF executable (exit(0)), so tests need no toolchain for an agent.
-fn fake_static_agent(dir: &Path, exit_code: u8) -> PathBuf {
-    let mut elf = Vec::new();
-    let base: u64 = 0x400000;
-    let code: [u8; 12] = [
-        0xb8, 60, 0, 0, 0, // mov eax, 60 (exit)
-        0xbf, exit_code, 0, 0, 0, // mov edi, code
-        0x0f, 0x05, // syscall
-    ];
-    let entry = base + 64 + 56;
-    // ELF header
-    elf.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
-    elf.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    elf.extend_from_slice(&0x3eu16.to_le_bytes()); // x86_64
-    elf.extend_from_slice(&1u32.to_le_bytes());
-    elf.extend_from_slice(&entry.to_le_bytes());
-    elf.extend_from_slice(&64u64.to_le_bytes()); // phoff
-    elf.extend_from_slice(&0u64.to_le_bytes()); // shoff
-    elf.extend_from_slice(&0u32.to_le_bytes());
-    elf.extend_from_slice(&64u16.to_le_bytes());
-    elf.extend_from_slice(&56u16.to_le_bytes());
-    elf.extend_from_slice(&1u16.to_le_bytes());
-    elf.extend_from_slice(&[0; 6]);
-    // PT_LOAD covering the whole file
-    let total = (64 + 56 + code.len()) as u64;
-    elf.extend_from_slice(&1u32.to_le_bytes());
-    elf.extend_from_slice(&5u32.to_le_bytes()); // R+X
-    elf.extend_from_slice(&0u64.to_le_bytes());
-    elf.extend_from_slice(&base.to_le_bytes());
-    elf.extend_from_slice(&base.to_le_bytes());
-    elf.extend_from_slice(&total.to_le_bytes());
-    elf.extend_from_slice(&total.to_le_bytes());
-    elf.extend_from_slice(&0x1000u64.to_le_bytes());
-    elf.extend_from_slice(&code);
-    let p = dir.join(format!("agent-{exit_code}"));
-    std::fs::write(&p, elf).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
 }
 
 fn opts(agent: PathBuf) -> BuildOptions {
@@ -212,43 +174,13 @@ fn builds_then_is_cached_then_rebuilds_on_change() {
         std::fs::read(root.join("usr/bin/kiln-agent")).unwrap(),
         std::fs::read(&agent).unwrap()
     );
-    let compat = root.join(kiln_template::build::COMPAT_PATH_IN_ROOTFS);
-    assert!(compat.is_file(), "compat library missing");
-    assert_eq!(
-        std::fs::read_to_string(root.join("etc/ld.so.preload")).unwrap(),
-        format!("/{}\n", kiln_template::build::COMPAT_PATH_IN_ROOTFS)
-    );
-    // The preloaded library loads into every process of the template without breaking it…
-    let out = Command::new("chroot")
-        .arg(root)
-        .args(["ls", "-d", "/etc"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "/etc\n");
-    // …and makes coreutils' statx work under gVisor releases that reject AT_NO_AUTOMOUNT.
-    if kiln_host::prereq::which("runsc").is_some() {
-        let state = tempfile::tempdir().unwrap();
-        let out = Command::new("runsc")
-            .arg(format!("--root={}", state.path().display()))
-            .args(["--platform=ptrace", "--network=none", "do", "env"])
-            .arg(format!("LD_PRELOAD={}", compat.display()))
-            .args(["ls", "-d", "/etc"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ls under runsc with the compat library: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("/etc"));
-    } else {
-        eprintln!("runsc check skipped: runsc is not installed");
-    }
+    // No statx compat library unless KILN_STATX_COMPAT=1 (tests/statx_compat.rs covers both).
+    assert!(!root
+        .join(kiln_template::build::COMPAT_PATH_IN_ROOTFS)
+        .exists());
+    assert!(!std::fs::read_to_string(root.join("etc/ld.so.preload"))
+        .unwrap_or_default()
+        .contains("kiln"));
     assert_eq!(tpl.workdir, "/srv/app");
     assert_eq!(tpl.user, "root");
     assert_eq!(tpl.env.get("GREETING").map(String::as_str), Some("x"));
