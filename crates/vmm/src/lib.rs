@@ -15,6 +15,8 @@
 //! Restore ([`vmm::Vmm::restore`]) maps the snapshot's memory file `MAP_PRIVATE`, so any number
 //! of VMM processes fork one snapshot copy-on-write.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod api;
 pub mod arch;
 pub mod bench;

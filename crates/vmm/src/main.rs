@@ -4,6 +4,8 @@
 //! Exit status: 0 when the guest reset itself or the VM was stopped through the API, 2 when the
 //! guest shut down abnormally (triple fault), 1 on a VMM error (message on stderr).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use std::path::PathBuf;
 
 use clap::Parser;
