@@ -5,8 +5,9 @@
 //!    PID 1 of its own pid namespace (the parent only waits for it and passes its exit status or
 //!    fatal signal on, itself unprivileged and under a seccomp filter);
 //! 3. builds a root on the per-VM directory: a private tmpfs holding a `/dev/kvm` node owned by the
-//!    VMM's uid, a fresh `/proc` of the new pid namespace, and bind mounts (`nosuid,nodev,noexec`;
-//!    read-only unless writable) of exactly the host paths the VM needs, at their host paths;
+//!    VMM's uid, a fresh `/proc` of the new pid namespace (process directories only), and bind
+//!    mounts (`nosuid,nodev,noexec`; read-only unless writable) of exactly the host paths the VM
+//!    needs, at their host paths;
 //! 4. `pivot_root`s into it, detaches the old root and makes the new root read-only;
 //! 5. drops to the unprivileged uid/gid (no supplementary groups, no capabilities,
 //!    `no_new_privs`).
@@ -248,13 +249,17 @@ fn build_root(
     check(r, "chown /dev/kvm")?;
     let proc = dir.join("proc");
     std::fs::create_dir(&proc).map_err(io_err("creating /proc in the jail"))?;
+    // Only the process directories (no sysctls, kallsyms, ...); kernels before 5.8 lack `subset`.
+    let proc_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    let proc_src = Some(Path::new("proc"));
     mount(
-        Some(Path::new("proc")),
+        proc_src,
         &proc,
         Some("proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        None,
-    )?;
+        proc_flags,
+        Some("subset=pid"),
+    )
+    .or_else(|_| mount(proc_src, &proc, Some("proc"), proc_flags, None))?;
     for b in binds {
         let target = dir.join(b.path.strip_prefix("/").unwrap_or(&b.path));
         if let Some(parent) = target.parent() {

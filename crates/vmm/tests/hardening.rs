@@ -212,6 +212,9 @@ fn jailed_vmm_sees_no_host_and_runs_unprivileged() {
         .filter(|n| n.chars().all(|c| c.is_ascii_digit()))
         .collect();
     assert_eq!(procs, ["1"]);
+    for hidden in ["sys", "kallsyms", "kcore", "sysrq-trigger", "modules"] {
+        assert!(!root.join("proc").join(hidden).exists(), "/proc/{hidden}");
+    }
 
     // and it still works: stats (reads its own /proc) and a snapshot into its directory
     let st = vm.call(json!({"op": "stats"}));
