@@ -1,4 +1,4 @@
-//! Builds the freestanding test guests (guests/guest.rs + guests/boot.S) with the same rustc that
+//! Builds the freestanding test guests (guests/guest.rs and its modules + guests/boot.S) with the same rustc that
 //! builds this crate, for the host target, linked by the system linker with guests/guest.ld.
 //! Two variants: `kiln-test-guest-pvh.elf` (with the PVH entry note) and `kiln-test-guest-64.elf`
 //! (without it, so the VMM uses the 64-bit Linux boot protocol). No downloads.
@@ -10,7 +10,15 @@ fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let guests = manifest.join("guests");
-    for f in ["guest.rs", "boot.S", "guest.ld"] {
+    for f in [
+        "guest.rs",
+        "rt.rs",
+        "boot_info.rs",
+        "virtq.rs",
+        "vsock.rs",
+        "boot.S",
+        "guest.ld",
+    ] {
         println!("cargo:rerun-if-changed={}", guests.join(f).display());
     }
     let script = std::fs::read_to_string(guests.join("guest.ld")).expect("read guests/guest.ld");

@@ -9,14 +9,20 @@
 //! ([`vstate::vcpu`]), one thread each → the event loop ([`vmm::Vmm::run`]) serving ioeventfds,
 //! device sockets and the control API ([`api`]).
 //!
+//! With `--jail`, [`jail::enter`] first confines the process (private root of bind mounts, fresh
+//! namespaces, unprivileged uid/gid); every thread then runs under its own [`seccomp`] filter.
+//!
 //! Restore ([`vmm::Vmm::restore`]) maps the snapshot's memory file `MAP_PRIVATE`, so any number
 //! of VMM processes fork one snapshot copy-on-write.
+
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod api;
 pub mod arch;
 pub mod bench;
 pub mod config;
 pub mod devices;
+pub mod jail;
 pub mod loader;
 pub mod memory;
 pub mod seccomp;

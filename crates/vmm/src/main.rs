@@ -4,10 +4,13 @@
 //! Exit status: 0 when the guest reset itself or the VM was stopped through the API, 2 when the
 //! guest shut down abnormally (triple fault), 1 on a VMM error (message on stderr).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use std::path::PathBuf;
 
 use clap::Parser;
 use kiln_vmm::config::{DiskConfig, VmConfig, VsockConfig};
+use kiln_vmm::jail::{Bind, JailConfig};
 use kiln_vmm::vmm::{BootOptions, RestoreOptions, Vmm};
 use kiln_vmm::vstate::vcpu::ExitReason;
 
@@ -60,6 +63,89 @@ struct Cli {
     /// Disable the seccomp filters (debugging only).
     #[arg(long)]
     no_seccomp: bool,
+    /// Run jailed, with this per-VM directory as the root (see `kiln_vmm::jail`): only the
+    /// kernel, the disk images, the directories of the overlay, serial output, API and vsock
+    /// sockets, the restore snapshot and `--jail-bind` paths are visible, at their host paths.
+    /// Needs root; the VMM then runs as `--jail-uid`/`--jail-gid`, which must be able to write
+    /// those directories.
+    #[arg(long, requires_all = ["jail_uid", "jail_gid"])]
+    jail: Option<PathBuf>,
+    /// Unprivileged uid of the jailed VMM.
+    #[arg(long, requires = "jail")]
+    jail_uid: Option<u32>,
+    /// Unprivileged gid of the jailed VMM.
+    #[arg(long, requires = "jail")]
+    jail_gid: Option<u32>,
+    /// Another host directory made writable in the jail (e.g. where snapshots go).
+    #[arg(long, requires = "jail")]
+    jail_bind: Vec<PathBuf>,
+}
+
+impl Cli {
+    /// Makes every path absolute (the jail's working directory is its root).
+    fn absolute(mut self) -> std::io::Result<Self> {
+        fn abs(p: &mut Option<PathBuf>) -> std::io::Result<()> {
+            if let Some(x) = p {
+                *x = std::path::absolute(&*x)?;
+            }
+            Ok(())
+        }
+        for p in [
+            &mut self.kernel,
+            &mut self.disk_base,
+            &mut self.disk_overlay,
+            &mut self.vsock_uds,
+            &mut self.serial_out,
+            &mut self.api_sock,
+            &mut self.restore,
+            &mut self.jail,
+        ] {
+            abs(p)?;
+        }
+        for p in &mut self.jail_bind {
+            *p = std::path::absolute(&*p)?;
+        }
+        Ok(self)
+    }
+
+    /// The jail this command line asks for, with the host paths the VM needs.
+    fn jail_config(&self) -> Option<JailConfig> {
+        let dir = self.jail.clone()?;
+        let ro = |p: &Option<PathBuf>| {
+            p.clone().map(|path| Bind {
+                path,
+                writable: false,
+            })
+        };
+        let parent = |p: &Option<PathBuf>| {
+            p.as_ref().and_then(|p| p.parent()).map(|d| Bind {
+                path: d.to_path_buf(),
+                writable: true,
+            })
+        };
+        let mut binds: Vec<Bind> = [
+            ro(&self.kernel),
+            ro(&self.disk_base),
+            ro(&self.restore),
+            parent(&self.disk_overlay),
+            parent(&self.serial_out),
+            parent(&self.api_sock),
+            parent(&self.vsock_uds),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        binds.extend(self.jail_bind.iter().map(|p| Bind {
+            path: p.clone(),
+            writable: true,
+        }));
+        Some(JailConfig {
+            dir,
+            uid: self.jail_uid?,
+            gid: self.jail_gid?,
+            binds,
+        })
+    }
 }
 
 fn main() {
@@ -83,6 +169,10 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
+    let cli = cli.absolute()?;
+    if let Some(jail) = cli.jail_config() {
+        kiln_vmm::jail::enter(&jail)?;
+    }
     let vmm = if let Some(dir) = cli.restore {
         Vmm::restore(RestoreOptions {
             dir,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 
-fn fails_with(dir: &std::path::Path, name: &str, args: &[&str], needle: &str) {
+fn fails_with(dir: &std::path::Path, name: &str, args: Args, needle: &str) {
     let (st, serial, stderr) = run_to_end(dir, name, args);
     assert_eq!(
         st.code(),
@@ -29,41 +29,20 @@ fn missing_or_invalid_kernel() {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    fails_with(d, "nokernel", &[], "no kernel given");
+    fails_with(d, "nokernel", Args::empty(), "no kernel given");
     fails_with(
         d,
         "missing",
-        &["--kernel", "/nonexistent/vmlinux"],
+        Args::empty().arg("--kernel").arg("/nonexistent/vmlinux"),
         "does not exist",
     );
     let junk = d.join("junk");
     std::fs::write(&junk, b"this is not an ELF file at all").unwrap();
-    fails_with(d, "junk", &["--kernel", junk.to_str().unwrap()], "ELF");
-    fails_with(
-        d,
-        "mem",
-        &["--kernel", guest64(), "--mem-mib", "1"],
-        "out of range",
-    );
-    fails_with(
-        d,
-        "vcpus",
-        &["--kernel", guest64(), "--vcpus", "0"],
-        "vcpus",
-    );
-    fails_with(
-        d,
-        "cid",
-        &[
-            "--kernel",
-            guest64(),
-            "--vsock-cid",
-            "2",
-            "--vsock-uds",
-            d.join("s").to_str().unwrap(),
-        ],
-        "cid",
-    );
+    fails_with(d, "junk", Args::empty().arg("--kernel").arg(&junk), "ELF");
+    let kernel = || Args::empty().arg("--kernel").arg(guest64());
+    fails_with(d, "mem", kernel().mem_mib(1), "out of range");
+    fails_with(d, "vcpus", kernel().vcpus(0), "vcpus");
+    fails_with(d, "cid", kernel().vsock(2, &d.join("s")), "cid");
 }
 
 #[test]
@@ -74,22 +53,17 @@ fn disk_image_not_multiple_of_512() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("odd.img");
     std::fs::write(&img, vec![0u8; 1000]).unwrap();
+    let kernel = || Args::empty().arg("--kernel").arg(guest64());
     fails_with(
         dir.path(),
         "odd",
-        &[
-            "--kernel",
-            guest64(),
-            "--disk-base",
-            img.to_str().unwrap(),
-            "--disk-ro",
-        ],
+        kernel().disk_base(&img).disk_ro(),
         "not a multiple of 512",
     );
     fails_with(
         dir.path(),
         "nodisk",
-        &["--kernel", guest64(), "--disk-base", "/nonexistent.img"],
+        kernel().disk_base(std::path::Path::new("/nonexistent.img")),
         "/nonexistent.img",
     );
 }
@@ -97,18 +71,7 @@ fn disk_image_not_multiple_of_512() {
 /// Takes a small snapshot of the counting guest.
 fn take_snapshot(d: &std::path::Path) -> std::path::PathBuf {
     let snap = d.join("snap");
-    let mut vm = spawn(
-        d,
-        "orig",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=count",
-            "--mem-mib",
-            "32",
-        ],
-    );
+    let mut vm = spawn(d, "orig", Args::linux64("count").mem_mib(32));
     vm.wait_serial("count=", Duration::from_secs(60));
     vm.call(json!({"op": "snapshot", "dir": snap, "resume": false}));
     vm.call(json!({"op": "stop"}));
@@ -133,7 +96,6 @@ fn corrupt_truncated_or_foreign_snapshots() {
         }
         c
     };
-    let arg = |p: &std::path::Path| p.to_str().unwrap().to_string();
 
     // a flipped byte in the state
     let c = copy("flipped");
@@ -141,17 +103,12 @@ fn corrupt_truncated_or_foreign_snapshots() {
     let i = s.len() / 2;
     s[i] ^= 0x01;
     std::fs::write(c.join("state.json"), &s).unwrap();
-    fails_with(
-        d,
-        "flipped",
-        &["--restore", &arg(&c)],
-        "corrupt or truncated",
-    );
+    fails_with(d, "flipped", Args::restore(&c), "corrupt or truncated");
 
     // truncated state
     let c = copy("trunc");
     std::fs::write(c.join("state.json"), &state[..state.len() / 3]).unwrap();
-    fails_with(d, "trunc", &["--restore", &arg(&c)], "corrupt or truncated");
+    fails_with(d, "trunc", Args::restore(&c), "corrupt or truncated");
 
     // truncated memory file
     let c = copy("truncmem");
@@ -160,7 +117,7 @@ fn corrupt_truncated_or_foreign_snapshots() {
         .open(c.join("memory"))
         .unwrap();
     f.set_len(1 << 20).unwrap();
-    fails_with(d, "truncmem", &["--restore", &arg(&c)], "truncated");
+    fails_with(d, "truncmem", Args::restore(&c), "truncated");
 
     // another format version
     let c = copy("version");
@@ -170,21 +127,16 @@ fn corrupt_truncated_or_foreign_snapshots() {
         text.replacen("KILN-VMM-SNAPSHOT 1 ", "KILN-VMM-SNAPSHOT 999 ", 1),
     )
     .unwrap();
-    fails_with(d, "version", &["--restore", &arg(&c)], "format version 999");
+    fails_with(d, "version", Args::restore(&c), "format version 999");
 
     // not a snapshot at all / missing
     let c = copy("garbage");
     std::fs::write(c.join("state.json"), b"\x7fELF garbage").unwrap();
-    fails_with(
-        d,
-        "garbage",
-        &["--restore", &arg(&c)],
-        "not a kiln-vmm snapshot",
-    );
+    fails_with(d, "garbage", Args::restore(&c), "not a kiln-vmm snapshot");
     fails_with(
         d,
         "missingdir",
-        &["--restore", "/nonexistent-snapshot"],
+        Args::restore(std::path::Path::new("/nonexistent-snapshot")),
         "/nonexistent-snapshot",
     );
 
@@ -196,15 +148,10 @@ fn corrupt_truncated_or_foreign_snapshots() {
     let mut f = format!("KILN-VMM-SNAPSHOT 1 {sum}\n").into_bytes();
     f.extend_from_slice(body);
     std::fs::write(c.join("state.json"), f).unwrap();
-    fails_with(
-        d,
-        "wrongbody",
-        &["--restore", &arg(&c)],
-        "corrupt or truncated",
-    );
+    fails_with(d, "wrongbody", Args::restore(&c), "corrupt or truncated");
 
     // the untouched snapshot still restores
-    let mut vm = spawn(d, "good", &["--restore", &arg(&snap)]);
+    let mut vm = spawn(d, "good", Args::restore(&snap));
     vm.wait_serial("count=", Duration::from_secs(60));
     vm.call(json!({"op": "stop"}));
     assert_eq!(vm.wait_exit(Duration::from_secs(30)).code(), Some(0));
@@ -217,17 +164,7 @@ fn api_rejects_garbage_requests() {
     }
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
-    let mut vm = spawn(
-        dir.path(),
-        "vm",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=count",
-            "--paused",
-        ],
-    );
+    let mut vm = spawn(dir.path(), "vm", Args::linux64("count").paused());
     vm.wait_api();
     let mut s = std::os::unix::net::UnixStream::connect(&vm.api).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -19,16 +19,7 @@ fn linux64_boot_serial_and_reset() {
     let (st, serial, stderr) = run_to_end(
         dir.path(),
         "vm",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=hello",
-            "--mem-mib",
-            "96",
-            "--vcpus",
-            "2",
-        ],
+        Args::linux64("hello").mem_mib(96).vcpus(2),
     );
     assert_eq!(st.code(), Some(0), "serial:\n{serial}\nstderr:\n{stderr}");
     assert!(serial.contains("ring 3 up, boot=linux64"), "{serial}");
@@ -51,20 +42,8 @@ fn pvh_boot_serial_and_reset() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (st, serial, stderr) = run_to_end(
-        dir.path(),
-        "vm",
-        &[
-            "--kernel",
-            guest_pvh(),
-            "--cmdline",
-            "kiln.test=hello",
-            "--mem-mib",
-            "64",
-            "--vcpus",
-            "3",
-        ],
-    );
+    let (st, serial, stderr) =
+        run_to_end(dir.path(), "vm", Args::pvh("hello").mem_mib(64).vcpus(3));
     assert_eq!(st.code(), Some(0), "serial:\n{serial}\nstderr:\n{stderr}");
     assert!(serial.contains("ring 3 up, boot=pvh"), "{serial}");
     assert!(serial.contains("cpus=3"), "{serial}");
@@ -77,11 +56,7 @@ fn guest_triple_fault_ends_vm_with_status_2() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (st, serial, stderr) = run_to_end(
-        dir.path(),
-        "vm",
-        &["--kernel", guest64(), "--cmdline", "kiln.test=fault"],
-    );
+    let (st, serial, stderr) = run_to_end(dir.path(), "vm", Args::linux64("fault"));
     assert!(serial.contains("ring 3 up"), "{serial}");
     assert_eq!(st.code(), Some(2), "serial:\n{serial}\nstderr:\n{stderr}");
     assert!(stderr.contains("GuestShutdown"), "{stderr}");
@@ -93,17 +68,7 @@ fn api_start_pause_resume_stats_stop() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut vm = spawn(
-        dir.path(),
-        "vm",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=count",
-            "--paused",
-        ],
-    );
+    let mut vm = spawn(dir.path(), "vm", Args::linux64("count").paused());
     let st = vm.call(serde_json::json!({"op": "stats"}));
     assert_eq!(st["state"], "paused");
     assert!(vm.serial_text().is_empty(), "a paused VM must not run");

@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use common::*;
@@ -35,20 +35,8 @@ fn block_cow_overlay_keeps_base_untouched() {
     let ov = dir.path().join("vm1.overlay");
     make_base(&base, 8 << 20);
     let base_hash = sha256(&base);
-    let args = [
-        "--kernel",
-        guest64(),
-        "--cmdline",
-        "kiln.test=blk",
-        "--disk-base",
-    ];
-    let mut a: Vec<&str> = args.to_vec();
-    a.extend([
-        base.to_str().unwrap(),
-        "--disk-overlay",
-        ov.to_str().unwrap(),
-    ]);
-    let (st, serial, stderr) = run_to_end(dir.path(), "vm1", &a);
+    let a = Args::linux64("blk").disk_base(&base).disk_overlay(&ov);
+    let (st, serial, stderr) = run_to_end(dir.path(), "vm1", a.clone());
     assert_eq!(st.code(), Some(0), "serial:\n{serial}\nstderr:\n{stderr}");
     assert!(serial.contains("blk capacity=16384 rw"), "{serial}");
     assert!(
@@ -80,7 +68,7 @@ fn block_cow_overlay_keeps_base_untouched() {
         allocated_bytes(&ov)
     );
     // a second boot with the same overlay sees the guest's earlier write
-    let (st, serial, _) = run_to_end(dir.path(), "vm2", &a);
+    let (st, serial, _) = run_to_end(dir.path(), "vm2", a);
     assert_eq!(st.code(), Some(0));
     assert!(
         serial.contains("blk read1 status=0 data=GUEST-WROTE-SECTOR1"),
@@ -101,15 +89,7 @@ fn block_read_only_rejects_writes() {
     let (st, serial, stderr) = run_to_end(
         dir.path(),
         "vm",
-        &[
-            "--kernel",
-            guest_pvh(),
-            "--cmdline",
-            "kiln.test=blk",
-            "--disk-base",
-            base.to_str().unwrap(),
-            "--disk-ro",
-        ],
+        Args::pvh("blk").disk_base(&base).disk_ro(),
     );
     assert_eq!(st.code(), Some(0), "serial:\n{serial}\nstderr:\n{stderr}");
     assert!(serial.contains("blk capacity=2048 ro"), "{serial}");
@@ -130,11 +110,7 @@ fn rng_delivers_fresh_host_bytes() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (st, serial, stderr) = run_to_end(
-        dir.path(),
-        "vm",
-        &["--kernel", guest64(), "--cmdline", "kiln.test=rng", "--rng"],
-    );
+    let (st, serial, stderr) = run_to_end(dir.path(), "vm", Args::linux64("rng").rng());
     assert_eq!(st.code(), Some(0), "serial:\n{serial}\nstderr:\n{stderr}");
     let bytes: Vec<&str> = serial
         .lines()
@@ -158,7 +134,7 @@ fn vsock_echo_both_directions() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("v.sock");
     // guest -> host: the guest connects to host port 5000, i.e. <uds>_5000
-    let listener = UnixListener::bind(format!("{}_5000", uds.display())).unwrap();
+    let listener = host_listener(format!("{}_5000", uds.display()));
     let g2h = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -170,16 +146,7 @@ fn vsock_echo_both_directions() {
     let mut vm = spawn(
         dir.path(),
         "vm",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=vsock kiln.vsock_port=5000",
-            "--vsock-cid",
-            "7",
-            "--vsock-uds",
-            uds.to_str().unwrap(),
-        ],
+        Args::linux64("vsock kiln.vsock_port=5000").vsock(7, &uds),
     );
     vm.wait_serial("vsock listening 1234", Duration::from_secs(60));
     assert_eq!(&g2h.join().unwrap(), b"ping-from-guest\n");
@@ -227,20 +194,7 @@ fn vsock_rejects_bad_connect_lines_and_unknown_ports() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("v.sock");
     // nobody listens on <uds>_5000: the guest's connect is refused with RST
-    let mut vm = spawn(
-        dir.path(),
-        "vm",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=vsock",
-            "--vsock-cid",
-            "3",
-            "--vsock-uds",
-            uds.to_str().unwrap(),
-        ],
-    );
+    let mut vm = spawn(dir.path(), "vm", Args::linux64("vsock").vsock(3, &uds));
     let s = vm.wait_serial("vsock g2h connect refused", Duration::from_secs(60));
     assert!(s.contains("op=3"), "{s}");
     assert_eq!(vm.wait_exit(Duration::from_secs(30)).code(), Some(0));
@@ -259,21 +213,11 @@ fn garbage_from_guest_is_an_isolated_device_failure() {
     let (st, serial, stderr) = run_to_end(
         dir.path(),
         "vm",
-        &[
-            "--kernel",
-            guest_pvh(),
-            "--cmdline",
-            "kiln.test=garbage",
-            "--disk-base",
-            base.to_str().unwrap(),
-            "--disk-overlay",
-            ov.to_str().unwrap(),
-            "--rng",
-            "--vsock-cid",
-            "3",
-            "--vsock-uds",
-            uds.to_str().unwrap(),
-        ],
+        Args::pvh("garbage")
+            .disk_base(&base)
+            .disk_overlay(&ov)
+            .rng()
+            .vsock(3, &uds),
     );
     assert_eq!(st.code(), Some(0), "serial:\n{serial}\nstderr:\n{stderr}");
     for id in [2, 4, 19] {
@@ -304,20 +248,7 @@ fn vsock_connections_before_the_driver_is_up_are_refused_without_spinning() {
     }
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("v.sock");
-    let mut vm = spawn(
-        dir.path(),
-        "vm",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=count",
-            "--vsock-cid",
-            "3",
-            "--vsock-uds",
-            uds.to_str().unwrap(),
-        ],
-    );
+    let mut vm = spawn(dir.path(), "vm", Args::linux64("count").vsock(3, &uds));
     vm.wait_serial("count=", Duration::from_secs(60));
     let mut c = UnixStream::connect(&uds).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -329,7 +260,7 @@ fn vsock_connections_before_the_driver_is_up_are_refused_without_spinning() {
         0,
         "the connection must be closed"
     );
-    let pid = vm.child.id();
+    let pid = vm.pid();
     let t0 = main_thread_cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(1));
     let used = main_thread_cpu_ticks(pid) - t0;

@@ -129,25 +129,16 @@ fn linux_boots_to_a_shell_answering_over_vsock() {
     let mut vm = spawn(
         d,
         "linux",
-        &[
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--cmdline",
+        Args::kernel(
+            &kernel,
             "console=ttyS0 reboot=k panic=-1 pci=off nomodules root=/dev/vda rw init=/init",
-            "--mem-mib",
-            "256",
-            "--vcpus",
-            "2",
-            "--disk-base",
-            img.to_str().unwrap(),
-            "--disk-overlay",
-            ov.to_str().unwrap(),
-            "--vsock-cid",
-            "3",
-            "--vsock-uds",
-            uds.to_str().unwrap(),
-            "--rng",
-        ],
+        )
+        .mem_mib(256)
+        .vcpus(2)
+        .disk_base(&img)
+        .disk_overlay(&ov)
+        .vsock(3, &uds)
+        .rng(),
     );
     vm.wait_serial("kiln-init: ready", Duration::from_secs(180));
     let mut s = std::os::unix::net::UnixStream::connect(&uds).unwrap();

@@ -75,18 +75,7 @@ fn snapshot_fork_twice_isolated_and_lazy() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let snap = d.join("snap");
-    let mut vm = spawn(
-        d,
-        "orig",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=count",
-            "--mem-mib",
-            "256",
-        ],
-    );
+    let mut vm = spawn(d, "orig", Args::linux64("count").mem_mib(256));
     wait_counts(&mut vm);
     let addr = counter_addr(&vm.serial_text());
     let r = vm.call(json!({"op": "snapshot", "dir": snap, "resume": false}));
@@ -110,8 +99,8 @@ fn snapshot_fork_twice_isolated_and_lazy() {
     }
 
     // fork A runs, fork B stays paused
-    let mut a = spawn(d, "a", &["--restore", snap.to_str().unwrap()]);
-    let mut b = spawn(d, "b", &["--restore", snap.to_str().unwrap(), "--paused"]);
+    let mut a = spawn(d, "a", Args::restore(&snap));
+    let mut b = spawn(d, "b", Args::restore(&snap).paused());
     let a_counts = wait_counts(&mut a);
     assert!(
         a_counts[0] > c,
@@ -158,7 +147,7 @@ fn snapshot_fork_twice_isolated_and_lazy() {
             guest_rss < 8 << 20,
             "fork {name} has {guest_rss} bytes of guest RAM resident"
         );
-        let rss = proc_rss(vm.child.id());
+        let rss = proc_rss(vm.pid());
         assert!(rss < 64 << 20, "fork {name} process RSS {rss} bytes");
         assert_eq!(st["restored_from"], json!(snap));
     }
@@ -168,7 +157,7 @@ fn snapshot_fork_twice_isolated_and_lazy() {
     assert_eq!(b.wait_exit(T).code(), Some(0));
 
     // snapshotting over the snapshot a fork runs from is refused (it would corrupt all forks)
-    let mut a3 = spawn(d, "a3", &["--restore", sa2.to_str().unwrap(), "--paused"]);
+    let mut a3 = spawn(d, "a3", Args::restore(&sa2).paused());
     a3.wait_api();
     let r = kiln_vmm::api::call(&a3.api, &json!({"op": "snapshot", "dir": sa2})).unwrap();
     assert_eq!(r["ok"], false, "{r}");
@@ -180,7 +169,7 @@ fn snapshot_fork_twice_isolated_and_lazy() {
     a3.wait_exit(T);
 
     // a snapshot of a restored VM restores too (fork of a fork)
-    let mut a2 = spawn(d, "a2", &["--restore", sa2.to_str().unwrap()]);
+    let mut a2 = spawn(d, "a2", Args::restore(&sa2));
     assert!(wait_counts(&mut a2)[0] > ca);
     a2.call(json!({"op": "stop"}));
     a2.wait_exit(T);
@@ -203,21 +192,11 @@ fn restore_with_devices_resets_vsock_and_forks_the_overlay() {
     let mut vm = spawn(
         d,
         "orig",
-        &[
-            "--kernel",
-            guest64(),
-            "--cmdline",
-            "kiln.test=restore kiln.vsock_port=6000",
-            "--disk-base",
-            base.to_str().unwrap(),
-            "--disk-overlay",
-            ov0.to_str().unwrap(),
-            "--vsock-cid",
-            "5",
-            "--vsock-uds",
-            uds0.to_str().unwrap(),
-            "--rng",
-        ],
+        Args::linux64("restore kiln.vsock_port=6000")
+            .disk_base(&base)
+            .disk_overlay(&ov0)
+            .vsock(5, &uds0)
+            .rng(),
     );
     vm.wait_serial("restore: ready for snapshot", T);
     assert!(vm.serial_text().contains("restore: blk write status=0"));
@@ -227,7 +206,7 @@ fn restore_with_devices_resets_vsock_and_forks_the_overlay() {
     assert!(snap.join("disk.overlay").exists());
 
     // restoring without per-VM paths is a clear error
-    let (st, _, stderr) = run_to_end(d, "noov", &["--restore", snap.to_str().unwrap()]);
+    let (st, _, stderr) = run_to_end(d, "noov", Args::restore(&snap));
     assert_eq!(st.code(), Some(1));
     assert!(stderr.contains("--disk-overlay"), "{stderr}");
 
@@ -235,8 +214,7 @@ fn restore_with_devices_resets_vsock_and_forks_the_overlay() {
     for fork in ["x", "y"] {
         let uds = d.join(format!("{fork}.sock"));
         let ov = d.join(format!("{fork}.overlay"));
-        let listener =
-            std::os::unix::net::UnixListener::bind(format!("{}_6000", uds.display())).unwrap();
+        let listener = host_listener(format!("{}_6000", uds.display()));
         let echo = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             s.set_read_timeout(Some(T)).unwrap();
@@ -248,14 +226,7 @@ fn restore_with_devices_resets_vsock_and_forks_the_overlay() {
         let mut f = spawn(
             d,
             fork,
-            &[
-                "--restore",
-                snap.to_str().unwrap(),
-                "--disk-overlay",
-                ov.to_str().unwrap(),
-                "--vsock-uds",
-                uds.to_str().unwrap(),
-            ],
+            Args::restore(&snap).disk_overlay(&ov).vsock_uds(&uds),
         );
         let s = f.wait_serial("restore: done", T);
         assert!(

@@ -1,32 +1,157 @@
 //! Helpers for the kiln-vmm integration tests: run the real `kiln-vmm` binary on the test guests
-//! built by build.rs, talk to its control API, read its serial log.
+//! built by build.rs ([`Args`] builds its command line, [`spawn`] starts it), talk to its control
+//! API, read its serial log.
+//!
+//! Every VM runs jailed (`--jail`, as the unprivileged [`JAIL_ID`]) unless its [`Args`] say
+//! `unjailed()`, so the boot, device, snapshot and restore tests all exercise the jail. The jail
+//! needs root; `KILN_VMM_TEST_JAIL=0` runs them unjailed instead.
 #![allow(dead_code)]
 
+use std::ffi::OsString;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub const VMM: &str = env!("CARGO_BIN_EXE_kiln-vmm");
 
-/// Whether this host can run KVM guests. Without `/dev/kvm` the tests fail, so a host that
-/// cannot run them never reports them as passed; `KILN_ALLOW_SKIPS=1` turns that into a printed
-/// skip for people who know their host lacks KVM.
+/// uid and gid of jailed test VMs (no passwd entry needed).
+pub const JAIL_ID: u32 = 61_000;
+
+/// Whether VMs run jailed unless a test asks otherwise.
+pub fn jail_by_default() -> bool {
+    std::env::var("KILN_VMM_TEST_JAIL").as_deref() != Ok("0")
+}
+
+/// The command line of one VM run.
+#[derive(Clone, Debug)]
+pub struct Args {
+    args: Vec<OsString>,
+    jail: bool,
+}
+
+impl Args {
+    /// No kernel at all (for error cases).
+    pub fn empty() -> Self {
+        Args {
+            args: Vec::new(),
+            jail: jail_by_default(),
+        }
+    }
+    /// `kernel` booted with `cmdline`.
+    pub fn kernel(kernel: impl AsRef<Path>, cmdline: &str) -> Self {
+        Self::empty()
+            .arg("--kernel")
+            .arg(kernel.as_ref())
+            .arg("--cmdline")
+            .arg(cmdline)
+    }
+    /// `kernel` with the test guest workload `test` (`kiln.test=<test>`; more command line may
+    /// follow after a space).
+    pub fn guest(kernel: &str, test: &str) -> Self {
+        Self::kernel(kernel, &format!("kiln.test={test}"))
+    }
+    /// The test guest booted through the 64-bit Linux boot protocol.
+    pub fn linux64(test: &str) -> Self {
+        Self::guest(guest64(), test)
+    }
+    /// The test guest booted through PVH.
+    pub fn pvh(test: &str) -> Self {
+        Self::guest(guest_pvh(), test)
+    }
+    /// A restore of `snapshot`.
+    pub fn restore(snapshot: &Path) -> Self {
+        Self::empty().arg("--restore").arg(snapshot)
+    }
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    fn flag(self, name: &str, v: impl Into<OsString>) -> Self {
+        self.arg(name).arg(v)
+    }
+    pub fn mem_mib(self, n: u64) -> Self {
+        self.flag("--mem-mib", n.to_string())
+    }
+    pub fn vcpus(self, n: u32) -> Self {
+        self.flag("--vcpus", n.to_string())
+    }
+    pub fn paused(self) -> Self {
+        self.arg("--paused")
+    }
+    pub fn rng(self) -> Self {
+        self.arg("--rng")
+    }
+    pub fn disk_base(self, base: &Path) -> Self {
+        self.flag("--disk-base", base)
+    }
+    pub fn disk_overlay(self, overlay: &Path) -> Self {
+        self.flag("--disk-overlay", overlay)
+    }
+    pub fn disk_ro(self) -> Self {
+        self.arg("--disk-ro")
+    }
+    pub fn vsock(self, cid: u64, uds: &Path) -> Self {
+        self.flag("--vsock-cid", cid.to_string()).vsock_uds(uds)
+    }
+    pub fn vsock_uds(self, uds: &Path) -> Self {
+        self.flag("--vsock-uds", uds)
+    }
+    /// Runs the VMM without the jail.
+    pub fn unjailed(mut self) -> Self {
+        self.jail = false;
+        self
+    }
+    /// Runs the VMM jailed, whatever `KILN_VMM_TEST_JAIL` says.
+    pub fn jailed(mut self) -> Self {
+        self.jail = true;
+        self
+    }
+    pub fn is_jailed(&self) -> bool {
+        self.jail
+    }
+}
+
+/// A host-side Unix listener the (possibly jailed) VMM may connect to, e.g. `<uds>_<port>` for
+/// guest-initiated vsock connections.
+pub fn host_listener(path: impl AsRef<Path>) -> UnixListener {
+    let l = UnixListener::bind(path.as_ref()).unwrap();
+    std::os::unix::fs::chown(path.as_ref(), Some(JAIL_ID), Some(JAIL_ID)).unwrap();
+    l
+}
+
+/// Whether this host can run the VMM tests: KVM guests, as root (for the jail). Without them
+/// the tests fail, so a host that cannot run them never reports them as passed;
+/// `KILN_ALLOW_SKIPS=1` turns that into a printed skip for people who know their host lacks them.
 pub fn kvm_usable() -> bool {
     match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
     {
-        Ok(_) => true,
+        Ok(_) => {}
         Err(e) if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") => {
             println!("skipped: /dev/kvm cannot be opened ({e}); these tests need KVM");
-            false
+            return false;
         }
         Err(e) => panic!(
             "/dev/kvm cannot be opened ({e}): the kiln-vmm tests need KVM; \
              set KILN_ALLOW_SKIPS=1 to skip them on this host"
         ),
     }
+    // The jail (mounts, a /dev/kvm node, a uid change) and ptrace of jailed VMMs need root.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
+        println!("skipped: not root; these tests run the VMM jailed, which needs root");
+        return false;
+    }
+    panic!(
+        "the kiln-vmm tests run the VMM jailed, which needs root; \
+         set KILN_ALLOW_SKIPS=1 to skip them on this host"
+    )
 }
 
 pub fn guest64() -> &'static str {
@@ -42,15 +167,40 @@ pub struct Vm {
     pub serial: PathBuf,
     pub api: PathBuf,
     pub stderr: PathBuf,
+    /// The jail's per-VM root directory (removed after the VM), when jailed.
+    pub jail: Option<tempfile::TempDir>,
 }
 
-/// Starts kiln-vmm with `args`, serial log and API socket in `dir` (named by `name`).
-pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Vm {
+/// Starts kiln-vmm with `args`, serial log and API socket in `dir` (named by `name`). A jailed
+/// VM gets `dir` (chowned to [`JAIL_ID`]) as its writable directory.
+pub fn spawn(dir: &Path, name: &str, args: Args) -> Vm {
     let serial = dir.join(format!("{name}.serial"));
     let api = dir.join(format!("{name}.api"));
     let stderr = dir.join(format!("{name}.stderr"));
-    let child = Command::new(VMM)
-        .args(args)
+    let mut cmd = Command::new(VMM);
+    cmd.args(&args.args);
+    let jail = if args.jail {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        assert!(
+            euid == 0,
+            "the kiln-vmm tests run the VMM jailed, which needs root; \
+             KILN_VMM_TEST_JAIL=0 runs them unjailed"
+        );
+        std::os::unix::fs::chown(dir, Some(JAIL_ID), Some(JAIL_ID)).unwrap();
+        let root = tempfile::Builder::new()
+            .prefix("kiln-vmm-jail-")
+            .tempdir()
+            .unwrap();
+        cmd.arg("--jail")
+            .arg(root.path())
+            .args(["--jail-uid", &JAIL_ID.to_string()])
+            .args(["--jail-gid", &JAIL_ID.to_string()]);
+        Some(root)
+    } else {
+        None
+    };
+    let child = cmd
         .arg("--serial-out")
         .arg(&serial)
         .arg("--api-sock")
@@ -65,10 +215,33 @@ pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Vm {
         serial,
         api,
         stderr,
+        jail,
     }
 }
 
 impl Vm {
+    /// pid of the VMM process itself: the spawned process, or, jailed, its only child (the
+    /// spawned process then only supervises).
+    pub fn pid(&self) -> u32 {
+        let sup = self.child.id();
+        if self.jail.is_none() {
+            return sup;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let children = std::fs::read_to_string(format!("/proc/{sup}/task/{sup}/children"))
+                .unwrap_or_default();
+            if let Some(p) = children.split_whitespace().next() {
+                return p.parse().unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the jailed VMM never started; stderr:\n{}",
+                self.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     pub fn serial_text(&self) -> String {
         std::fs::read_to_string(&self.serial).unwrap_or_default()
     }
@@ -150,7 +323,7 @@ impl Drop for Vm {
 }
 
 /// Runs kiln-vmm to completion (no API), returns (status, serial, stderr).
-pub fn run_to_end(dir: &Path, name: &str, args: &[&str]) -> (ExitStatus, String, String) {
+pub fn run_to_end(dir: &Path, name: &str, args: Args) -> (ExitStatus, String, String) {
     let mut vm = spawn(dir, name, args);
     let st = vm.wait_exit(Duration::from_secs(120));
     (st, vm.serial_text(), vm.stderr_text())

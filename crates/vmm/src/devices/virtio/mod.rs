@@ -7,6 +7,7 @@
 //! marks itself `DEVICE_NEEDS_RESET` and stops processing — the VMM and other devices go on.
 
 pub mod block;
+pub mod fuzz;
 pub mod mmio;
 pub mod rng;
 pub mod vsock;
