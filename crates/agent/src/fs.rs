@@ -257,15 +257,18 @@ pub fn move_entry(src: &Path, dst: &Path, user: &User) -> Result<EntryInfo, RpcE
     stat(dst)
 }
 
+/// Removes a file, link or directory tree. A path that does not exist is already removed: that
+/// succeeds, as in E2B.
 pub fn remove(path: &Path) -> Result<(), RpcError> {
-    let m = std::fs::symlink_metadata(path)
-        .map_err(|e| RpcError::io(&format!("remove {}", path.display()), &e))?;
-    let r = if m.is_dir() {
-        std::fs::remove_dir_all(path)
-    } else {
-        std::fs::remove_file(path)
+    let r = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) => Err(e),
     };
-    r.map_err(|e| RpcError::io(&format!("remove {}", path.display()), &e))
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r.map_err(|e| RpcError::io(&format!("remove {}", path.display()), &e)),
+    }
 }
 
 /// Entries below `path` down to `depth` levels (1 = direct children). Symlinked directories are

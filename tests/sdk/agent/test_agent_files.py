@@ -90,6 +90,7 @@ def test_list_depth_stat_mkdir_rename_remove(sbx, agent):
     assert sbx.files.exists(f"{d}/renamed.txt") and not sbx.files.exists(f"{d}/top.txt")
     sbx.files.remove(f"{d}/a")
     assert not os.path.exists(f"{d}/a")
+    sbx.files.remove(f"{d}/a")  # already gone: succeeds, as in E2B
     with pytest.raises(NotFoundException):
         sbx.files.get_info(f"{d}/a")
     with pytest.raises(NotFoundException):
