@@ -1,5 +1,5 @@
 //! `/files` and filesystem RPC edges: signed URLs bind the user, the path and every multipart
-//! file name; removing a missing path succeeds as in E2B.
+//! file name; removing a missing path succeeds as in E2B; a symlink's info is its target's.
 
 mod common;
 
@@ -152,4 +152,61 @@ async fn removing_a_missing_path_succeeds() {
         .unwrap_err();
     assert_eq!(e.rpc_code(), Some("invalid_argument"), "{e}");
     assert!(file.exists());
+}
+
+#[tokio::test]
+async fn stat_of_a_symlink_reports_the_target() {
+    let (a, c) = start().await;
+    let target = a.dir.path().join("target.bin");
+    std::fs::write(&target, b"twelve bytes").unwrap();
+    std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&target)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let link = a.dir.path().join("link.bin");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let stat = |p: &std::path::Path| {
+        let c = c.clone();
+        let path = p.to_string_lossy().into_owned();
+        async move {
+            let r: fspb::StatResponse = c
+                .unary(
+                    "/filesystem.Filesystem/Stat",
+                    &fspb::StatRequest { path },
+                    None,
+                )
+                .await
+                .unwrap();
+            r.entry.unwrap()
+        }
+    };
+    let t = stat(&target).await;
+    let l = stat(&link).await;
+    assert!(l.is_symlink && !t.is_symlink);
+    assert_eq!(
+        l.symlink_target.as_deref(),
+        Some(std::fs::canonicalize(&target).unwrap().to_str().unwrap())
+    );
+    assert_eq!(
+        (l.name.as_str(), l.path.as_str()),
+        ("link.bin", link.to_str().unwrap())
+    );
+    assert_eq!(l.r#type, fspb::FileType::File as i32);
+    assert_eq!(
+        (l.size, l.mode, l.permissions.as_str()),
+        (12, 0o640, "-rw-r-----")
+    );
+    assert_eq!((&l.owner, &l.group), (&t.owner, &t.group));
+    assert_eq!(l.modified_time.unwrap().seconds, 1_000_000_000);
+
+    // A dangling link still answers, as a file described by the link itself.
+    let dangling = a.dir.path().join("dangling");
+    std::os::unix::fs::symlink(a.dir.path().join("gone"), &dangling).unwrap();
+    let d = stat(&dangling).await;
+    assert!(d.is_symlink);
+    assert_eq!(d.r#type, fspb::FileType::File as i32);
 }
