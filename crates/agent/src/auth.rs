@@ -13,14 +13,22 @@ impl Agent {
     pub(crate) fn token_ok(&self, req: &Request<Incoming>) -> bool {
         match &self.init_state().access_token {
             None => true,
-            Some(t) => {
-                req.headers()
-                    .get("x-access-token")
-                    .and_then(|v| v.to_str().ok())
-                    == Some(t.as_str())
-            }
+            Some(t) => req
+                .headers()
+                .get("x-access-token")
+                .is_some_and(|v| ct_eq(v.as_bytes(), t.as_bytes())),
         }
     }
+}
+
+/// Compares two secrets in time that depends only on their lengths (not on where they differ),
+/// so a client cannot learn a token or signature byte by byte from response times.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 /// User named in `Authorization: Basic base64(user:)`.
@@ -59,4 +67,19 @@ pub fn basic_user(req: &Request<Incoming>) -> Result<Option<String>, RpcError> {
 pub fn caller(agent: &Agent, req: &Request<Incoming>) -> Result<User, RpcError> {
     let name = basic_user(req)?;
     agent.resolve_user(name.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ct_eq;
+
+    #[test]
+    fn ct_eq_is_equality() {
+        assert!(ct_eq(b"s3cret", b"s3cret"));
+        assert!(ct_eq(b"", b""));
+        assert!(!ct_eq(b"s3cret", b"s3creT"));
+        assert!(!ct_eq(b"s3cret", b"s3cre"));
+        assert!(!ct_eq(b"", b"x"));
+        assert!(!ct_eq(b"x3cret", b"s3cret"));
+    }
 }

@@ -11,7 +11,7 @@ use http::{header, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use sha2::Digest;
 
-use crate::auth::basic_user;
+use crate::auth::{basic_user, ct_eq};
 use crate::router::api_error;
 use crate::rpc::Body;
 use crate::state::Agent;
@@ -114,7 +114,10 @@ fn check_signature(agent: &Agent, q: &Query, op: &str) -> Result<(), String> {
     };
     let path = q.path.as_deref().unwrap_or("");
     let user = q.username.as_deref().unwrap_or("");
-    if signature(path, op, user, &token, exp) != *sig {
+    if !ct_eq(
+        signature(path, op, user, &token, exp).as_bytes(),
+        sig.as_bytes(),
+    ) {
         return Err("invalid file URL signature".into());
     }
     if let Some(e) = exp {
@@ -139,13 +142,18 @@ pub async fn handle(agent: Arc<Agent>, req: Request<Incoming>, token_ok: bool) -
     if req.method() != http::Method::GET && req.method() != http::Method::POST {
         return api_error(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST on /files");
     }
-    if !token_ok {
+    // Without the token, the URL signature is the only credential: it covers the path, the
+    // operation, the expiry and the user named in the query (empty: the default user), so
+    // nothing outside the query (an Authorization header, a multipart file name) may widen it.
+    let signed = !token_ok;
+    if signed {
         if let Err(m) = check_signature(&agent, &q, op) {
             return api_error(StatusCode::UNAUTHORIZED, m);
         }
     }
     let name = match q.username.clone().filter(|u| !u.is_empty()) {
         Some(u) => Some(u),
+        None if signed => None,
         None => match basic_user(&req) {
             Ok(u) => u,
             Err(e) => return api_error(StatusCode::UNAUTHORIZED, e.message),
@@ -158,7 +166,7 @@ pub async fn handle(agent: Arc<Agent>, req: Request<Incoming>, token_ok: bool) -
     if op == "read" {
         download(req, q, user).await
     } else {
-        upload(req, q, user).await
+        upload(req, q, user, signed).await
     }
 }
 

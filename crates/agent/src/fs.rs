@@ -136,30 +136,31 @@ pub fn write_metadata(path: &Path, key: &str, value: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// EntryInfo of `path` (lstat; a symlink reports its target's type and `is_symlink`).
+/// EntryInfo of `path`. A symlink reports its target's information (type, size, mode,
+/// permissions, owner, group, modification time) with `symlink_target` set to the resolved
+/// target and `is_symlink`; a dangling link reports the link itself as a file.
 pub fn entry_info(path: &Path) -> io::Result<EntryInfo> {
     let lm = std::fs::symlink_metadata(path)?;
     let is_symlink = lm.file_type().is_symlink();
-    let (m, symlink_target) = if is_symlink {
+    let (m, ft, symlink_target) = if is_symlink {
         let target = std::fs::canonicalize(path)
             .ok()
-            .or_else(|| std::fs::read_link(path).ok());
-        (
-            std::fs::metadata(path).unwrap_or(lm.clone()),
-            target.map(|t| t.to_string_lossy().into_owned()),
-        )
+            .or_else(|| std::fs::read_link(path).ok())
+            .map(|t| t.to_string_lossy().into_owned());
+        match std::fs::metadata(path) {
+            Ok(tm) => {
+                let ft = file_type(&tm);
+                (tm, ft, target)
+            }
+            Err(_) => (lm, FileType::File, target),
+        }
     } else {
-        (lm.clone(), None)
+        let ft = file_type(&lm);
+        (lm, ft, None)
     };
-    let ft = if is_symlink && std::fs::metadata(path).is_err() {
-        FileType::File
-    } else {
-        file_type(&m)
-    };
-    let mode = lm.permissions().mode() & 0o7777;
     let mtime = pbjson_types::Timestamp {
-        seconds: lm.mtime(),
-        nanos: lm.mtime_nsec() as i32,
+        seconds: m.mtime(),
+        nanos: m.mtime_nsec() as i32,
     };
     Ok(EntryInfo {
         name: path
@@ -170,16 +171,9 @@ pub fn entry_info(path: &Path) -> io::Result<EntryInfo> {
         path: path.to_string_lossy().into_owned(),
         size: m.len() as i64,
         mode: m.permissions().mode() & 0o7777,
-        permissions: permissions_string(
-            if is_symlink {
-                mode
-            } else {
-                m.permissions().mode()
-            },
-            ft,
-        ),
-        owner: users::user_name(lm.uid()),
-        group: users::group_name(lm.gid()),
+        permissions: permissions_string(m.permissions().mode(), ft),
+        owner: users::user_name(m.uid()),
+        group: users::group_name(m.gid()),
         modified_time: Some(mtime),
         symlink_target,
         metadata: read_metadata(path),
@@ -257,15 +251,18 @@ pub fn move_entry(src: &Path, dst: &Path, user: &User) -> Result<EntryInfo, RpcE
     stat(dst)
 }
 
+/// Removes a file, link or directory tree. A path that does not exist is already removed: that
+/// succeeds, as in E2B.
 pub fn remove(path: &Path) -> Result<(), RpcError> {
-    let m = std::fs::symlink_metadata(path)
-        .map_err(|e| RpcError::io(&format!("remove {}", path.display()), &e))?;
-    let r = if m.is_dir() {
-        std::fs::remove_dir_all(path)
-    } else {
-        std::fs::remove_file(path)
+    let r = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) => Err(e),
     };
-    r.map_err(|e| RpcError::io(&format!("remove {}", path.display()), &e))
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r.map_err(|e| RpcError::io(&format!("remove {}", path.display()), &e)),
+    }
 }
 
 /// Entries below `path` down to `depth` levels (1 = direct children). Symlinked directories are

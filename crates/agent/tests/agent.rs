@@ -46,13 +46,8 @@ async fn run_env_cwd_and_init_env() {
 #[tokio::test]
 async fn run_as_other_user() {
     let (_a, c) = start().await;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-            eprintln!("skipped: run_as_other_user: needs root to switch users");
-            return;
-        }
-        panic!("run_as_other_user needs root to switch users; set KILN_ALLOW_SKIPS=1 to skip it on this host");
+    if !common::need_root("run_as_other_user", "needs root to switch users") {
+        return;
     }
     let mut o = opts();
     o.user = Some("nobody".into());

@@ -178,16 +178,18 @@ async fn process_events_from_split_envelopes() {
         ]
     );
     // The request was one proto envelope of the StartRequest with the PTY size.
-    let seen = seen.lock().unwrap();
-    let r = &seen[0];
-    assert_eq!(r.headers()["content-type"], "application/connect+proto");
-    let mut d = framing::EnvelopeDecoder::new(1 << 20);
-    d.push(r.body());
-    let f = d.next_frame().unwrap().unwrap();
-    d.finish().unwrap();
-    let sent = pb::StartRequest::decode(f.payload).unwrap();
-    assert_eq!(sent.process.unwrap().args, vec!["-l", "-c", "echo hi"]);
-    assert_eq!(sent.pty.unwrap().size.unwrap().cols, 100);
+    {
+        let seen = seen.lock().unwrap();
+        let r = &seen[0];
+        assert_eq!(r.headers()["content-type"], "application/connect+proto");
+        let mut d = framing::EnvelopeDecoder::new(1 << 20);
+        d.push(r.body());
+        let f = d.next_frame().unwrap().unwrap();
+        d.finish().unwrap();
+        let sent = pb::StartRequest::decode(f.payload).unwrap();
+        assert_eq!(sent.process.unwrap().args, vec!["-l", "-c", "echo hi"]);
+        assert_eq!(sent.pty.unwrap().size.unwrap().cols, 100);
+    }
 
     let (c, _) = memory();
     let out = c

@@ -90,6 +90,7 @@ def test_list_depth_stat_mkdir_rename_remove(sbx, agent):
     assert sbx.files.exists(f"{d}/renamed.txt") and not sbx.files.exists(f"{d}/top.txt")
     sbx.files.remove(f"{d}/a")
     assert not os.path.exists(f"{d}/a")
+    sbx.files.remove(f"{d}/a")  # already gone: succeeds, as in E2B
     with pytest.raises(NotFoundException):
         sbx.files.get_info(f"{d}/a")
     with pytest.raises(NotFoundException):
@@ -105,6 +106,12 @@ def test_symlink_entry(sbx, agent):
     os.symlink(target, link)
     info = sbx.files.get_info(link)
     assert info.symlink_target == target
+    # the target's information, not the link's
+    os.chmod(target, 0o640)
+    info = sbx.files.get_info(link)
+    # (the SDK shows the type of any link as SYMLINK; size and mode are the target's)
+    assert info.type == FileType.SYMLINK and info.size == 1
+    assert info.mode == 0o640 and info.permissions == "-rw-r-----"
 
 
 def test_watch_dir_events(sbx, agent):

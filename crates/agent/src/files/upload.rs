@@ -178,7 +178,14 @@ fn write_info(path: &Path) -> serde_json::Value {
     })
 }
 
-pub(super) async fn upload(req: Request<Incoming>, q: Query, user: User) -> Response<Body> {
+/// `signed`: the request is authorized by a URL signature, which covers only `q.path`; every
+/// multipart part must then go to exactly that path.
+pub(super) async fn upload(
+    req: Request<Incoming>,
+    q: Query,
+    user: User,
+    signed: bool,
+) -> Response<Body> {
     let ct = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -238,6 +245,12 @@ pub(super) async fn upload(req: Request<Incoming>, q: Query, user: User) -> Resp
                         "multipart file part has no file name and no `path` parameter was given",
                     ),
                 };
+            if signed && target != q.path.as_deref().unwrap_or("") {
+                return api_error(
+                    StatusCode::UNAUTHORIZED,
+                    "the file URL signature does not cover this multipart file name",
+                );
+            }
             let path = match crate::fs::resolve(&target, &user) {
                 Ok(p) => p,
                 Err(e) => return api_error(StatusCode::BAD_REQUEST, e.message),

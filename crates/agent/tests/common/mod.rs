@@ -150,3 +150,17 @@ pub trait DecodeMsg: prost::Message + Default {
     }
 }
 impl<T: prost::Message + Default> DecodeMsg for T {}
+
+/// Whether this process is root; when not, fails the test unless `KILN_ALLOW_SKIPS=1` (then it
+/// prints a skip and the caller returns).
+pub fn need_root(test: &str, why: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
+        eprintln!("skipped: {test}: {why}");
+        return false;
+    }
+    panic!("{test}: {why}; set KILN_ALLOW_SKIPS=1 to skip it on this host");
+}
