@@ -3,12 +3,10 @@
 //! The binary serves envd's HTTP API and Connect services on TCP (default `:49983`), Unix
 //! sockets and vsock ([`listen`]). A request goes [`router`] → [`auth`] → the process service
 //! (`process_rpc`), the filesystem service (`fsrpc`) or `/files` (`files`), all sharing the
-//! [`state::Agent`]. The client side lives in the `kiln-envd` crate ([`client`] re-exports it
-//! under its former names for now).
+//! [`state::Agent`]. The client side is the `kiln-envd` crate.
 
 pub mod auth;
 pub mod bench;
-pub mod client;
 mod files;
 mod fs;
 mod fsrpc;
@@ -24,6 +22,5 @@ pub mod state;
 mod users;
 mod watch;
 
-pub use client::{AgentClient, ClientError, RunOptions, RunOutput};
 pub use files::signature as file_url_signature;
 pub use kiln_proto::envd::ENVD_VERSION;

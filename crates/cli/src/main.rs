@@ -1,8 +1,9 @@
 //! `kiln`: one binary for the server (`kiln serve`) and every client subcommand.
 //!
 //! Each subcommand lives in its own module and is a thin layer over a library crate:
-//! `serve`/`sandbox`/`keys` → kiln-server, `doctor`/`runtime` → kiln-host, `template` → kiln-template,
-//! `bench` → the crate whose speed it measures.
+//! `serve`/`keys` → kiln-server, `sandbox` → the REST client (`client.rs`) and kiln-envd through
+//! the server's proxy, `doctor`/`runtime` → kiln-host, `template` → kiln-template, `bench` → the
+//! crate whose speed it measures.
 
 mod bench;
 mod client;
