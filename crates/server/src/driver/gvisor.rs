@@ -60,8 +60,12 @@ impl GvisorConfig {
     pub fn new(state_dir: &Path) -> Self {
         Self {
             dir: state_dir.join("gvisor"),
-            runsc: kiln_host::prereq::which("runsc").unwrap_or_else(|| PathBuf::from("runsc")),
-            platform: "ptrace".into(),
+            // KILN_RUNSC / KILN_PLATFORM: what `kiln serve` resolved (scripts/test.sh exports them).
+            runsc: std::env::var_os("KILN_RUNSC")
+                .map(PathBuf::from)
+                .or_else(|| kiln_host::prereq::which("runsc"))
+                .unwrap_or_else(|| PathBuf::from("runsc")),
+            platform: std::env::var("KILN_PLATFORM").unwrap_or_else(|_| "ptrace".into()),
             ignore_cgroups: false,
             agent_args: Vec::new(),
         }
@@ -334,6 +338,8 @@ impl GvisorDriver {
             .arg(format!("--platform={}", self.cfg.platform))
             .arg("--network=none")
             .arg("--host-uds=create")
+            // Writes go to the host overlayfs layer (runsc >= 2023 defaults to root:self).
+            .arg("--overlay2=none")
             .arg("--cpu-num-from-quota");
         if self.cfg.ignore_cgroups {
             c.arg("--ignore-cgroups");
@@ -472,6 +478,7 @@ impl GvisorDriver {
             .arg(format!("--platform={}", self.cfg.platform))
             .arg("--network=none")
             .arg("--host-uds=create")
+            .arg("--overlay2=none")
             .args(["delete", "--force", id])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
