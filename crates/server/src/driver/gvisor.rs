@@ -62,10 +62,14 @@ impl GvisorConfig {
             dir: state_dir.join("gvisor"),
             // KILN_RUNSC / KILN_PLATFORM: what `kiln serve` resolved (scripts/test.sh exports them).
             runsc: std::env::var_os("KILN_RUNSC")
+                .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
                 .or_else(|| kiln_host::prereq::which("runsc"))
                 .unwrap_or_else(|| PathBuf::from("runsc")),
-            platform: std::env::var("KILN_PLATFORM").unwrap_or_else(|_| "ptrace".into()),
+            platform: std::env::var("KILN_PLATFORM")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "ptrace".into()),
             ignore_cgroups: false,
             agent_args: Vec::new(),
         }
