@@ -44,3 +44,23 @@ build_static_agent() {
     cargo build "${profile_flag[@]}" -p kiln-agent --bin kiln-agent --target "$HOST_TRIPLE")
   [ -x "$STATIC_AGENT" ] || die "static agent not found at $STATIC_AGENT after the build"
 }
+
+# ensure_runsc KILN — the runsc kiln pins (bookworm-backports 0.0~20240729 or newer): `kiln runtime
+# ensure` finds it in kiln's cache or downloads it with apt's own machinery and a private apt
+# state (the host's apt setup is not changed). Exports KILN_RUNSC (read by `kiln serve`, the
+# tests and the benches) and puts its directory first on PATH, so everything that looks up
+# `runsc` (the server tests, the SDK tests' `kiln serve`) runs this one.
+ensure_runsc() {
+  local kiln=$1 path
+  say "runsc (gVisor runtime)"
+  path=$("$kiln" runtime ensure) || die "could not obtain runsc (see above); \`$kiln runtime ensure\` is the command to retry"
+  [ -x "$path" ] || die "kiln runtime ensure printed $path, which is not executable"
+  export KILN_RUNSC="$path"
+  PATH="$(dirname "$path"):$PATH"
+  export PATH
+  "$path" --version | head -1 >&2
+  # The platform `kiln serve` would pick (fastest that works); the driver tests use it too.
+  KILN_PLATFORM=${KILN_PLATFORM:-$("$kiln" runtime platform)} || die "no gVisor platform works with $path"
+  export KILN_PLATFORM
+  say "gVisor platform: $KILN_PLATFORM"
+}

@@ -7,7 +7,7 @@ cd "$KILN_ROOT"
 need_cargo
 
 say "host packages"
-install_packages cc:gcc runsc:runsc mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs debugfs:e2fsprogs \
+install_packages cc:gcc mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs debugfs:e2fsprogs \
   nft:nftables ip:iproute2 python3:python3 unshare:util-linux
 python3 -c 'import venv, ensurepip' 2>/dev/null || install_packages python3-venv-missing:python3-venv
 
@@ -21,6 +21,9 @@ build_static_agent
 
 export KILN_BIN="$KILN_ROOT/target/debug/kiln"
 export KILN_AGENT_BIN="$STATIC_AGENT"
+
+# Every test below runs kiln's pinned runsc (not Debian bookworm's 2022 one).
+ensure_runsc "$KILN_BIN"
 
 say "base template"
 "$KILN_BIN" template build base

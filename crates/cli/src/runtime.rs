@@ -12,6 +12,16 @@ pub enum Cmd {
     Ensure(EnsureArgs),
     /// Show which runsc kiln would use, without downloading anything.
     Show(ShowArgs),
+    /// Print the gVisor platform `kiln serve` would use: the fastest that works here (systrap,
+    /// kvm only when KVM runs at hardware speed, ptrace).
+    Platform(PlatformArgs),
+}
+
+#[derive(clap::Args)]
+pub struct PlatformArgs {
+    /// runsc binary to probe (default: the one kiln resolves).
+    #[arg(long, env = runsc::RUNSC_ENV)]
+    runsc: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -54,6 +64,15 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
                 r.path.display()
             );
             println!("{}", r.path.display());
+            Ok(0)
+        }
+        Cmd::Platform(a) => {
+            let r = runsc::resolve(a.runsc.as_deref())?;
+            let p = runsc::platform::pick(&r.path, runsc::platform::kvm_at_hardware_speed())
+                .map_err(|e| {
+                    anyhow::anyhow!("no gVisor platform works with {}: {e}", r.path.display())
+                })?;
+            println!("{p}");
             Ok(0)
         }
         Cmd::Show(a) => {

@@ -132,14 +132,21 @@ fn runsc_report(skip_platform_probe: bool, kvm_fast: bool) -> RunscReport {
     let r = match runsc::resolve(None) {
         Ok(r) => r,
         Err(e) => {
+            let (path, version) = match &e {
+                runsc::RunscError::TooOld { path, version, .. } => (
+                    Some(path.clone()),
+                    Some(format!("runsc version {version} (too old)")),
+                ),
+                _ => (None, None),
+            };
             return RunscReport {
-                path: None,
-                version: None,
+                path,
+                version,
                 origin: None,
                 working_platforms: vec![],
                 platforms: vec![],
                 detail: e.to_string(),
-            }
+            };
         }
     };
     let (platforms, detail) = if skip_platform_probe {

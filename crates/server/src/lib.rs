@@ -11,7 +11,6 @@
 
 pub mod api;
 pub mod auth;
-pub mod bench;
 pub mod driver;
 pub mod error;
 pub mod manager;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use kiln_server::bench::{create_bench, CreateBenchOptions};
+use kiln_server::driver::gvisor::bench::{create_bench, CreateBenchOptions};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,9 +21,19 @@ pub struct Args {
     /// Raw `runsc run` samples (of each variant).
     #[arg(long, default_value_t = 20)]
     raw: usize,
-    /// gVisor platform.
-    #[arg(long, default_value = "ptrace")]
-    platform: String,
+    /// gVisor platform of the create part (default: the fastest that works, as `kiln serve`).
+    #[arg(long, env = "KILN_PLATFORM")]
+    platform: Option<String>,
+    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
+    runsc: Option<PathBuf>,
+    /// Older runsc to compare the workload with (default: the host's /usr/bin/runsc when it is
+    /// older than kiln's minimum).
+    #[arg(long)]
+    old_runsc: Option<PathBuf>,
+    /// Rounds of the in-sandbox workload (fork+exec loop, python starts) per variant; 0 skips it.
+    #[arg(long, default_value_t = 5)]
+    workload_rounds: usize,
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -45,12 +55,25 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         store,
         kiln_server::templates::FixedTemplates(extra),
     ));
+    let runsc = kiln_host::runsc::resolve(a.runsc.as_deref())?;
+    let platform = match a.platform.clone() {
+        Some(p) => p,
+        None => kiln_host::runsc::platform::pick(
+            &runsc.path,
+            kiln_host::runsc::platform::kvm_at_hardware_speed(),
+        )
+        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
+    };
+    let old_runsc = a.old_runsc.clone().or_else(default_old_runsc);
     let opts = CreateBenchOptions {
+        runsc: Some(runsc.path.clone()),
+        old_runsc,
+        workload_rounds: a.workload_rounds,
         template: a.template,
         sequential: a.n,
         concurrency: a.concurrency,
         raw: a.raw,
-        platform: a.platform,
+        platform,
         work_dir: a
             .work_dir
             .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench")),
@@ -60,8 +83,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .block_on(create_bench(&opts, templates))
         .map_err(|e| anyhow::anyhow!(e))?;
     let row = |name: &str,
-               p: &kiln_server::bench::Percentiles,
-               base: Option<&kiln_server::bench::Percentiles>| {
+               p: &kiln_server::driver::gvisor::bench::Percentiles,
+               base: Option<&kiln_server::driver::gvisor::bench::Percentiles>| {
         let ratio = base
             .map(|b| format!("{:>5.2}x", p.p50_ms / b.p50_ms))
             .unwrap_or_else(|| "     -".into());
@@ -107,5 +130,59 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Some(&r.raw_shell),
     );
     row("kiln  kill (running sandbox)", &r.kill, None);
+    print_workload(&r.workload);
     Ok(0)
+}
+
+/// The host's own runsc when it is older than kiln's minimum (Debian bookworm's 2022 build).
+fn default_old_runsc() -> Option<PathBuf> {
+    let p = PathBuf::from("/usr/bin/runsc");
+    match kiln_host::runsc::probe_version(&p) {
+        Ok((v, _)) if !v.is_supported() => Some(p),
+        _ => None,
+    }
+}
+
+fn print_workload(w: &[kiln_server::driver::gvisor::bench::WorkloadResult]) {
+    if w.is_empty() {
+        return;
+    }
+    println!(
+        "workload inside the sandbox (raw `runsc run`, median of {} rounds): \
+         200 × fork+exec /bin/true; 5 × python3 -c 'import json'",
+        w[0].rounds
+    );
+    for x in w {
+        println!(
+            "  {:<3} runsc {:<16} {:<8} fork+exec {:>8.1} ms   python {:>8.1} ms",
+            x.runsc, x.version, x.platform, x.fork_exec_ms, x.python_ms
+        );
+    }
+    let find = |r: &str, p: &str| w.iter().find(|x| x.runsc == r && x.platform == p);
+    let ratio = |name: &str,
+                 a: Option<&kiln_server::driver::gvisor::bench::WorkloadResult>,
+                 b: Option<&kiln_server::driver::gvisor::bench::WorkloadResult>| {
+        if let (Some(a), Some(b)) = (a, b) {
+            println!(
+                "  ratio {name:<34} fork+exec {:>5.2}x   python {:>5.2}x",
+                a.fork_exec_ms / b.fork_exec_ms,
+                a.python_ms / b.python_ms
+            );
+        }
+    };
+    ratio(
+        "new systrap / new ptrace",
+        find("new", "systrap"),
+        find("new", "ptrace"),
+    );
+    ratio(
+        "new ptrace / old ptrace",
+        find("new", "ptrace"),
+        find("old", "ptrace"),
+    );
+    ratio(
+        "new systrap / old ptrace",
+        find("new", "systrap"),
+        find("old", "ptrace"),
+    );
 }

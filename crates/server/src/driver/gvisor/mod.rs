@@ -22,6 +22,7 @@
 //! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
 //! (the overlay), [`reap`] (host processes).
 
+pub mod bench;
 mod mounts;
 mod oci;
 mod reap;

@@ -1,11 +1,12 @@
-//! `kiln bench create`: sandbox create → first `echo` output, sequential and concurrent, against
+//! `kiln bench create` (here because it measures against the raw runsc floor, which only the
+//! gVisor driver knows): sandbox create → first `echo` output, sequential and concurrent, against
 //! the raw floor measured in the same run (`runsc run` of the same rootfs printing `echo`).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::driver::gvisor::{GvisorConfig, GvisorDriver};
+use super::{GvisorConfig, GvisorDriver};
 use crate::manager::{CreateParams, LifecycleConfig, Manager};
 use crate::store::SqliteStore;
 use crate::templates::Templates;
@@ -22,6 +23,12 @@ pub struct CreateBenchOptions {
     pub platform: String,
     /// Where the bench keeps its sandboxes (a fresh temp dir inside it).
     pub work_dir: std::path::PathBuf,
+    /// runsc binary (default: what [`GvisorConfig::new`] finds).
+    pub runsc: Option<std::path::PathBuf>,
+    /// An older runsc to compare the workload with (e.g. the host's 2022 `/usr/bin/runsc`).
+    pub old_runsc: Option<std::path::PathBuf>,
+    /// Rounds of the in-sandbox workload per variant (0: skip the workload part).
+    pub workload_rounds: usize,
 }
 
 /// p50/p99 of a sample set, milliseconds.
@@ -87,6 +94,8 @@ pub struct CreateBenchReport {
     pub concurrent: Percentiles,
     /// Killing a running sandbox (sequential part).
     pub kill: Percentiles,
+    /// The in-sandbox workload under each runsc/platform variant.
+    pub workload: Vec<WorkloadResult>,
 }
 
 /// Creates a sandbox and runs `what` in it through the agent; returns the time from the create
@@ -253,6 +262,9 @@ pub async fn create_bench(
         Arc::new(SqliteStore::open(&work.path().join("kiln.db")).map_err(|e| e.to_string())?);
     let mut gcfg = GvisorConfig::new(work.path());
     gcfg.platform = opts.platform.clone();
+    if let Some(r) = &opts.runsc {
+        gcfg.runsc = r.clone();
+    }
     let runsc = gcfg.runsc.clone();
     let driver = Arc::new(GvisorDriver::new(gcfg).map_err(|e| e.to_string())?);
     let manager = Manager::new(LifecycleConfig::default(), store, driver, templates);
@@ -325,7 +337,22 @@ pub async fn create_bench(
         if let Some(e) = first_err {
             return Err(e);
         }
+        let workload = if opts.workload_rounds > 0 {
+            let (r, o, w, t, n) = (
+                runsc.clone(),
+                opts.old_runsc.clone(),
+                work.path().to_path_buf(),
+                tpl.clone(),
+                opts.workload_rounds,
+            );
+            tokio::task::spawn_blocking(move || workload_bench(&r, o.as_deref(), &w, &t, n))
+                .await
+                .map_err(|e| e.to_string())??
+        } else {
+            Vec::new()
+        };
         Ok(CreateBenchReport {
+            workload,
             raw_shell: percentiles(&raw_shell),
             raw_exec: percentiles(&raw_exec),
             sequential: percentiles(&seq),
@@ -339,9 +366,155 @@ pub async fn create_bench(
     result
 }
 
+/// The in-sandbox workload: a fork+exec loop and Python start-ups, timed inside the sandbox
+/// (`date +%s%N` around each part), so sandbox start-up is not part of the number.
+const FORK_EXEC_LOOPS: u32 = 200;
+const PYTHON_STARTS: u32 = 5;
+
+fn workload_script() -> String {
+    format!(
+        "date +%s%N; i=0; while [ $i -lt {FORK_EXEC_LOOPS} ]; do /bin/true; i=$((i+1)); done; \
+         date +%s%N; j=0; while [ $j -lt {PYTHON_STARTS} ]; do python3 -c 'import json'; \
+         j=$((j+1)); done; date +%s%N"
+    )
+}
+
+/// One runsc/platform variant of the workload: medians over the rounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadResult {
+    /// `new` (kiln's runsc) or `old` (the comparison binary).
+    pub runsc: String,
+    pub version: String,
+    pub platform: String,
+    /// Median wall time of [`FORK_EXEC_LOOPS`] fork+exec of `/bin/true`, ms.
+    pub fork_exec_ms: f64,
+    /// Median wall time of [`PYTHON_STARTS`] `python3 -c 'import json'`, ms.
+    pub python_ms: f64,
+    pub rounds: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Runs the workload once with `runsc`/`platform` on the template rootfs (read-only); returns
+/// (fork+exec ms, python ms).
+fn workload_once(
+    runsc: &Path,
+    platform: &str,
+    work: &Path,
+    tpl: &crate::templates::TemplateInfo,
+    i: usize,
+) -> Result<(f64, f64), String> {
+    let bundle = work.join(format!("workload-{i}"));
+    std::fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
+    let spec = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"terminal": false, "user": {"uid": 0, "gid": 0},
+                    "args": ["/bin/sh", "-c", workload_script()],
+                    "env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "cwd": "/"},
+        "root": {"path": tpl.rootfs, "readonly": true},
+        "hostname": "workload",
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"}],
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]}
+    });
+    std::fs::write(bundle.join("config.json"), spec.to_string()).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(runsc)
+        .arg(format!("--root={}", work.join("workload-root").display()))
+        .arg(format!("--platform={platform}"))
+        .args(["--network=none", "--ignore-cgroups", "run", "--bundle"])
+        .arg(&bundle)
+        .arg(format!("kiln-bench-wl-{}-{i}", std::process::id()))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("running {}: {e}", runsc.display()))?;
+    let _ = std::fs::remove_dir_all(&bundle);
+    let stamps: Vec<u128> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if !out.status.success() || stamps.len() != 3 {
+        return Err(format!(
+            "workload under {} --platform={platform} failed ({}): stdout {:?} stderr {:?}",
+            runsc.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let ms = |a: u128, b: u128| b.saturating_sub(a) as f64 / 1e6;
+    Ok((ms(stamps[0], stamps[1]), ms(stamps[1], stamps[2])))
+}
+
+/// The workload under kiln's runsc with systrap and ptrace, and under `old` with ptrace when
+/// given; rounds are interleaved across variants so all see the same machine load.
+pub fn workload_bench(
+    runsc: &Path,
+    old: Option<&Path>,
+    work: &Path,
+    tpl: &crate::templates::TemplateInfo,
+    rounds: usize,
+) -> Result<Vec<WorkloadResult>, String> {
+    let version = |p: &Path| {
+        kiln_host::runsc::probe_version(p)
+            .map(|(v, _)| v.to_string())
+            .unwrap_or_else(|e| e.to_string())
+    };
+    let mut variants = vec![
+        ("new", runsc.to_path_buf(), "systrap"),
+        ("new", runsc.to_path_buf(), "ptrace"),
+    ];
+    if let Some(o) = old {
+        variants.push(("old", o.to_path_buf(), "ptrace"));
+    }
+    eprintln!(
+        "workload: {rounds} round(s) × {} variant(s) of {FORK_EXEC_LOOPS} fork+exec and \
+         {PYTHON_STARTS} python3 starts …",
+        variants.len()
+    );
+    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); variants.len()];
+    for round in 0..rounds {
+        for (k, (_, bin, platform)) in variants.iter().enumerate() {
+            let (f, p) = workload_once(bin, platform, work, tpl, round * 10 + k)?;
+            samples[k].0.push(f);
+            samples[k].1.push(p);
+        }
+    }
+    Ok(variants
+        .into_iter()
+        .zip(samples)
+        .map(|((name, bin, platform), (f, p))| WorkloadResult {
+            runsc: name.to_string(),
+            version: version(&bin),
+            platform: platform.to_string(),
+            fork_exec_ms: median(f),
+            python_ms: median(p),
+            rounds,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workload_script_prints_three_stamps_outside_a_sandbox() {
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &workload_script()])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let stamps: Vec<u128> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        assert_eq!(stamps.len(), 3, "{out:?}");
+        assert!(stamps[0] <= stamps[1] && stamps[1] <= stamps[2]);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+    }
 
     #[test]
     fn percentile_math() {
