@@ -19,7 +19,7 @@ pub const MIN_FREE_BYTES: u64 = 2 << 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Driver {
+pub enum DriverChoice {
     Microvm,
     Gvisor,
 }
@@ -66,10 +66,31 @@ pub struct Report {
     pub cache_dir: String,
     pub cache_free_bytes: Option<u64>,
     /// The driver kiln will use by default; `None` when kiln cannot run here.
-    pub driver: Option<Driver>,
+    pub driver: Option<DriverChoice>,
     pub driver_reason: String,
     /// True when kiln can run sandboxes on this host.
     pub can_run: bool,
+    /// The host's limits, what one idle sandbox costs, and how many more fit.
+    pub capacity: CapacityReport,
+}
+
+/// The capacity part of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapacityReport {
+    pub limits: crate::capacity::HostLimits,
+    pub per_sandbox: crate::capacity::SandboxCost,
+    /// Each limit and how many more sandboxes it allows, tightest first.
+    pub headroom: Vec<crate::capacity::Headroom>,
+}
+
+fn capacity_report() -> CapacityReport {
+    let limits = crate::capacity::read_limits(&crate::paths::state_dir());
+    let per_sandbox = crate::capacity::SandboxCost::default();
+    CapacityReport {
+        headroom: crate::capacity::headroom(&limits, &per_sandbox),
+        limits,
+        per_sandbox,
+    }
 }
 
 pub const SCHEMA_VERSION: u32 = 1;
@@ -307,10 +328,10 @@ fn kernel_feature_checks() -> Vec<Check> {
 }
 
 /// Picks the default driver: microvm only at hardware KVM speed, else gvisor, else none.
-pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<Driver>, String) {
+pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<DriverChoice>, String) {
     if kvm.hardware_speed {
         return (
-            Some(Driver::Microvm),
+            Some(DriverChoice::Microvm),
             format!(
                 "KVM runs guest kernel code at hardware speed ({})",
                 kvm.detail
@@ -324,7 +345,7 @@ pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<Driver>, S
     };
     if let Some(p) = runsc.working_platforms.first() {
         return (
-            Some(Driver::Gvisor),
+            Some(DriverChoice::Gvisor),
             format!("{kvm_why}; gVisor works with --platform={p}"),
         );
     }
@@ -373,6 +394,7 @@ pub fn report(opts: Options) -> Report {
         kernel: kernel_version(),
         cgroup_mode: cgroup_mode(),
         can_run: driver.is_some(),
+        capacity: capacity_report(),
         kvm,
         runsc,
         checks,
@@ -409,6 +431,20 @@ pub fn render(r: &Report) -> String {
     ));
     for c in &r.checks {
         s.push_str(&format!("  [{}] {:<11} {}\n", mark(c.ok), c.name, c.detail));
+    }
+    let c = &r.capacity;
+    s.push_str(&format!(
+        "  capacity      one idle sandbox ≈ {} MiB, {} host threads, {} files; {} threads in use\n",
+        c.per_sandbox.mem_bytes >> 20,
+        c.per_sandbox.threads,
+        c.per_sandbox.open_files,
+        c.limits.threads_now
+    ));
+    for h in &c.headroom {
+        s.push_str(&format!(
+            "                {:>7} more under {}\n",
+            h.sandboxes, h.limit
+        ));
     }
     match r.driver {
         Some(d) => s.push_str(&format!(
@@ -467,10 +503,10 @@ mod tests {
     fn driver_choice() {
         assert_eq!(
             choose_driver(&kvm(true, true), &runsc(&[])).0,
-            Some(Driver::Microvm)
+            Some(DriverChoice::Microvm)
         );
         let (d, why) = choose_driver(&kvm(true, false), &runsc(&["ptrace"]));
-        assert_eq!(d, Some(Driver::Gvisor));
+        assert_eq!(d, Some(DriverChoice::Gvisor));
         assert!(
             why.contains("not usable") && why.contains("ptrace"),
             "{why}"
