@@ -44,6 +44,7 @@ pub struct NewSandbox {
     pub template_id: String,
     pub timeout: Option<i64>,
     pub auto_pause: Option<bool>,
+    pub auto_resume: Option<AutoResume>,
     pub secure: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
@@ -51,6 +52,12 @@ pub struct NewSandbox {
     pub env_vars: Option<BTreeMap<String, String>>,
     pub mcp: Option<Value>,
     pub volume_mounts: Option<Vec<Value>>,
+}
+
+/// `autoResume` of a create request.
+#[derive(Debug, Deserialize)]
+pub struct AutoResume {
+    pub enabled: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,6 +118,11 @@ pub fn detail_json(r: &SandboxRecord, domain: &str) -> Value {
     v["envdAccessToken"] = json!(r.envd_token);
     v["domain"] = json!(domain);
     v["allowInternetAccess"] = json!(false);
+    if r.state == SandboxState::Paused {
+        if let Some(m) = r.pause_mode {
+            v["pauseMode"] = json!(m.as_str());
+        }
+    }
     v
 }
 

@@ -124,13 +124,20 @@ pub trait Driver: Send + Sync + 'static {
     /// The sandbox's own output (the agent's stdout/stderr), last `max_bytes` bytes.
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String>;
 
-    /// Freezes the sandbox and saves its memory and disk; it no longer runs on the host.
-    async fn pause(&self, _id: &str) -> Result<()> {
+    /// Freezes the sandbox and saves its disk, and with `memory` its memory and processes
+    /// too; it no longer runs on the host. Its saved state survives a server restart.
+    async fn pause(&self, _id: &str, _memory: bool) -> Result<()> {
         Err(DriverError::NotImplemented("pausing sandboxes"))
     }
-    /// Runs a paused sandbox again from its saved state.
-    async fn resume(&self, _id: &str) -> Result<()> {
+    /// Runs a paused sandbox again: from its saved memory when it has one and `memory` is
+    /// true (its processes continue), else by booting it on its saved disk. Returns whether
+    /// the memory was restored (false: a fresh boot whose agent needs initialising).
+    async fn resume(&self, _id: &str, _memory: bool) -> Result<bool> {
         Err(DriverError::NotImplemented("resuming sandboxes"))
+    }
+    /// Whether the sandbox is paused on the host (its saved state is complete).
+    async fn is_paused(&self, _id: &str) -> Result<bool> {
+        Ok(false)
     }
     /// Captures a running sandbox (which keeps running) as a snapshot.
     async fn snapshot(&self, _id: &str) -> Result<SnapshotRef> {

@@ -9,6 +9,24 @@ use crate::error::{Error, Result};
 use crate::store::{now_ms, SandboxRecord, SandboxState, TemplateRecord};
 use crate::templates::{self, TemplateInfo};
 
+/// The `/init` that gives a freshly booted agent the sandbox's identity: environment (the
+/// template's, then the request's), access token, default user and working directory, clock.
+pub(super) fn init_request(
+    record: &SandboxRecord,
+    tpl: &TemplateInfo,
+) -> kiln_proto::envd::InitRequest {
+    let mut env: std::collections::HashMap<String, String> = tpl.env.clone().into_iter().collect();
+    env.extend(record.env_vars.clone());
+    kiln_proto::envd::InitRequest {
+        env_vars: Some(env),
+        access_token: record.envd_token.clone(),
+        default_user: Some(tpl.user.clone()),
+        default_workdir: Some(tpl.workdir.clone()),
+        timestamp: Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        ..Default::default()
+    }
+}
+
 impl Manager {
     /// Creates and starts a sandbox, returning its record once its agent is initialised.
     pub async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
@@ -67,6 +85,8 @@ impl Manager {
             end_reason: None,
             auto_pause: p.auto_pause,
             driver: self.driver.name().to_string(),
+            pause_mode: None,
+            auto_resume: p.auto_resume,
         };
         self.store.insert_sandbox(&record).await?;
         let spec = SandboxSpec {
@@ -169,23 +189,10 @@ impl Manager {
             ));
         }
         let t_ready = t.elapsed();
-        let mut env: std::collections::HashMap<String, String> =
-            tpl.env.clone().into_iter().collect();
-        env.extend(record.env_vars.clone());
-        let init = kiln_proto::envd::InitRequest {
-            env_vars: Some(env),
-            access_token: record.envd_token.clone(),
-            default_user: Some(tpl.user.clone()),
-            default_workdir: Some(tpl.workdir.clone()),
-            timestamp: Some(
-                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            ),
-            ..Default::default()
-        };
         // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
         // /init, e.g. on resume, must send the current token.)
         agent
-            .init(&init)
+            .init(&init_request(record, tpl))
             .await
             .map_err(|e| Error::create("initialising the agent")(e.into()))?;
         let t_init = t.elapsed();

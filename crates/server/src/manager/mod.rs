@@ -87,6 +87,8 @@ pub struct CreateParams {
     pub env_vars: BTreeMap<String, String>,
     pub secure: bool,
     pub auto_pause: bool,
+    /// Traffic to the sandbox while it is paused resumes it.
+    pub auto_resume: bool,
     pub allow_internet_access: Option<bool>,
 }
 
@@ -107,6 +109,8 @@ pub struct Manager {
     /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
     /// than CPUs only makes every one of them slower.
     boots: tokio::sync::Semaphore,
+    /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
+    lifecycle_lock: tokio::sync::Mutex<()>,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -160,6 +164,7 @@ impl Manager {
                     .unwrap_or(2)
                     .max(2),
             ),
+            lifecycle_lock: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -209,24 +214,27 @@ impl Manager {
         Ok(secs as u64)
     }
 
-    /// The running sandbox `id`, or [`Error::SandboxNotFound`].
+    /// The running or paused sandbox `id`, or [`Error::SandboxNotFound`].
     pub fn get(&self, id: &str) -> Result<SandboxRecord> {
         self.registry
             .get(id)
             .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
     }
 
-    /// Running sandboxes, oldest first.
+    /// Running and paused sandboxes, oldest first.
     pub fn list(&self) -> Vec<SandboxRecord> {
         self.registry.list()
     }
 
-    /// Where the proxy sends traffic for `id`.
+    /// Where the proxy sends traffic for `id` (None when it is not running).
     pub fn route(&self, id: &str) -> Option<Route> {
-        self.registry.get(id).map(|r| Route {
-            sandbox_id: r.id,
-            envd_token: r.envd_token,
-        })
+        self.registry
+            .get(id)
+            .filter(|r| r.state == SandboxState::Running)
+            .map(|r| Route {
+                sandbox_id: r.id,
+                envd_token: r.envd_token,
+            })
     }
 
     /// A client for `port` inside sandbox `id` (raw HTTP through the driver's connect).

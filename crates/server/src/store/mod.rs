@@ -59,6 +59,8 @@ pub trait StateStore: Send + Sync + 'static {
     async fn list_sandboxes(&self, states: &[SandboxState]) -> Result<Vec<SandboxRecord>>;
     /// Moves a sandbox to `state`; ending states also record when and why.
     async fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>) -> Result<()>;
+    /// Marks a sandbox paused, recording what its pause saved.
+    async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()>;
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()>;
     /// Ids of running sandboxes whose end time is at or before `now_ms`.
     async fn expired(&self, now_ms: i64) -> Result<Vec<String>>;

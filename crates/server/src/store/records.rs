@@ -47,6 +47,32 @@ impl SandboxState {
     }
 }
 
+/// What a pause saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseMode {
+    /// Memory, processes and filesystem: resuming continues where the sandbox stopped.
+    Full,
+    /// The filesystem only: resuming boots the sandbox again on its saved disk.
+    Filesystem,
+}
+
+impl PauseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Full => "full",
+            PauseMode::Filesystem => "filesystem",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "full" => Some(PauseMode::Full),
+            "filesystem" => Some(PauseMode::Filesystem),
+            _ => None,
+        }
+    }
+}
+
 /// One sandbox row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxRecord {
@@ -67,6 +93,10 @@ pub struct SandboxRecord {
     pub end_reason: Option<String>,
     pub auto_pause: bool,
     pub driver: String,
+    /// What the latest pause saved (None: never paused).
+    pub pause_mode: Option<PauseMode>,
+    /// Whether traffic to the sandbox while it is paused resumes it.
+    pub auto_resume: bool,
 }
 
 /// One API key row (the key itself is never stored, only its SHA-256).

@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::migrations;
 use super::{
-    now_ms, Event, KeyRecord, Result, SandboxRecord, SandboxState, StateStore, StoreError,
-    TemplateRecord,
+    now_ms, Event, KeyRecord, PauseMode, Result, SandboxRecord, SandboxState, StateStore,
+    StoreError, TemplateRecord,
 };
 
 /// The SQLite state database.
@@ -40,6 +40,11 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<(SandboxRecord, String, Str
             end_reason: r.get("end_reason")?,
             auto_pause: r.get::<_, i64>("auto_pause")? != 0,
             driver: r.get("driver")?,
+            pause_mode: r
+                .get::<_, Option<String>>("pause_mode")?
+                .as_deref()
+                .and_then(PauseMode::parse),
+            auto_resume: r.get::<_, i64>("auto_resume")? != 0,
         },
         r.get("metadata")?,
         r.get("env_vars")?,
@@ -128,9 +133,9 @@ impl StateStore for SqliteStore {
             c.execute(
                 "INSERT INTO sandboxes (id, template_id, alias, client_id, state, metadata,
                    env_vars, cpu_count, memory_mb, disk_size_mb, envd_token, started_at, end_at,
-                   ended_at, end_reason, auto_pause, driver)
+                   ended_at, end_reason, auto_pause, driver, pause_mode, auto_resume)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                   ?17)",
+                   ?17, ?18, ?19)",
                 params![
                     s.id,
                     s.template_id,
@@ -149,6 +154,8 @@ impl StateStore for SqliteStore {
                     s.end_reason,
                     s.auto_pause as i64,
                     s.driver,
+                    s.pause_mode.map(PauseMode::as_str),
+                    s.auto_resume as i64,
                 ],
             )?;
             Ok(())
@@ -196,6 +203,18 @@ impl StateStore for SqliteStore {
                 "UPDATE sandboxes SET state = ?2, ended_at = COALESCE(?3, ended_at),
                    end_reason = COALESCE(?4, end_reason) WHERE id = ?1",
                 params![id, state.as_str(), ended, reason],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()> {
+        let id = id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE sandboxes SET state = 'paused', pause_mode = ?2 WHERE id = ?1",
+                params![id, mode.as_str()],
             )?;
             Ok(())
         })

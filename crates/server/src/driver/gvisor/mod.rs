@@ -20,8 +20,9 @@
 //! seconds until the host's init reaps the zombies.
 //!
 //! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
-//! (the overlay), [`reap`] (host processes).
+//! (the overlay), [`reap`] (host processes), [`checkpoint`] (pause and resume).
 
+mod checkpoint;
 mod mounts;
 mod oci;
 mod reap;
@@ -217,6 +218,24 @@ impl GvisorDriver {
         self.sandbox_dir(id).join("run").join(SOCKET_NAME)
     }
 
+    /// Ends the sandbox's container and processes, keeping its files (layer, bundle, saved
+    /// state). Idempotent.
+    async fn halt(&self, id: &str) -> Result<()> {
+        // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
+        // gone instead of polling for seconds until the host's init reaps the zombies.
+        reap::kill_and_reap(&reap::sandbox_processes(id, &self.sandbox_dir(id))).await;
+        // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
+        // an unknown container (never created, or a concurrent stop won): only fail if the
+        // container is still there.
+        if let Err(e) = self.runsc.output(&["delete", "--force", id]).await {
+            if self.runsc.status(id).await.is_some() {
+                return Err(e);
+            }
+        }
+        reap_adopted_zombies();
+        Ok(())
+    }
+
     /// Removes every host trace of a sandbox (after runsc is gone).
     fn remove_files(&self, id: &str) -> Result<()> {
         let dir = self.sandbox_dir(id);
@@ -283,19 +302,20 @@ impl Driver for GvisorDriver {
 
     async fn stop(&self, id: &str) -> Result<()> {
         check_id(id)?;
-        // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
-        // gone instead of polling for seconds until the host's init reaps the zombies.
-        reap::kill_and_reap(&reap::sandbox_processes(id, &self.sandbox_dir(id))).await;
-        // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
-        // an unknown container (never created, or a concurrent stop won): only fail if the
-        // container is still there.
-        if let Err(e) = self.runsc.output(&["delete", "--force", id]).await {
-            if self.runsc.status(id).await.is_some() {
-                return Err(e);
-            }
-        }
-        reap_adopted_zombies();
+        self.halt(id).await?;
         self.remove_files(id)
+    }
+
+    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        self.pause_sandbox(id, memory).await
+    }
+
+    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
+        self.resume_sandbox(id, memory).await
+    }
+
+    async fn is_paused(&self, id: &str) -> Result<bool> {
+        Ok(self.paused_on_host(id))
     }
 
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {

@@ -1,0 +1,212 @@
+//! Pause and resume with real gVisor sandboxes: a running process, files and environment
+//! survive a pause with memory, a server restart in between, and an expired timeout while
+//! paused; a filesystem-only pause keeps the files and boots again; autoPause pauses at
+//! timeout instead of killing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_envd::RunOptions;
+use kiln_server::driver::Driver;
+use kiln_server::manager::CreateParams;
+use kiln_server::store::{now_ms, PauseMode, SandboxState};
+use kiln_server::templates::{from_dir, FixedTemplates};
+use kiln_server::{Error, LifecycleConfig, Manager};
+
+fn manager(
+    state: &std::path::Path,
+    tpl: &std::path::Path,
+    driver: Arc<dyn Driver>,
+) -> Arc<Manager> {
+    let cfg = LifecycleConfig {
+        reap_interval: Duration::from_millis(50),
+        default_memory_mb: 256,
+        ..LifecycleConfig::default()
+    };
+    common::manager(
+        state,
+        driver,
+        Arc::new(FixedTemplates(vec![from_dir("t", tpl)])),
+        cfg,
+    )
+}
+
+/// Runs `cmd` in the sandbox and returns its stdout.
+async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
+    let token = m.get(id).unwrap().envd_token;
+    let out = m
+        .agent(id, token)
+        .run(
+            cmd,
+            RunOptions {
+                timeout: Some(Duration::from_secs(30)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert_eq!(out.exit_code, 0, "{cmd:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The counter's value (read again when caught mid-write).
+async fn count(m: &Manager, id: &str) -> u64 {
+    for _ in 0..10 {
+        if let Ok(n) = sh(m, id, "cat /tmp/count").await.parse() {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the counter file never held a number");
+}
+
+/// A process counting tenths of seconds into /tmp/count.
+const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_keep_state_across_a_restart() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let store = common::store(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+
+    let m1 = manager(state.path(), tpl.path(), driver.clone());
+    let mut params = CreateParams {
+        template_id: "t".into(),
+        timeout_secs: Some(600),
+        secure: true,
+        ..Default::default()
+    };
+    params
+        .env_vars
+        .insert("KEPT".into(), "across-pauses".into());
+    let sbx = m1.create(params).await.expect("create");
+    let id = sbx.id.clone();
+    cleanup.add(&id);
+    sh(&m1, &id, &format!("bash -c '{COUNTER}' >/dev/null 2>&1 &")).await;
+    sh(&m1, &id, "echo kept > /home/user/file").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = count(&m1, &id).await;
+    assert!(before > 0);
+
+    // Pause with memory: nothing runs on the host, the sandbox is listed as paused.
+    m1.pause(&id, true).await.expect("pause");
+    let rec = m1.get(&id).unwrap();
+    assert_eq!(rec.state, SandboxState::Paused);
+    assert_eq!(rec.pause_mode, Some(PauseMode::Full));
+    assert!(m1.route(&id).is_none(), "a paused sandbox is not routable");
+    assert!(!driver.is_running(&id).await.unwrap());
+    assert!(driver.is_paused(&id).await.unwrap());
+    assert!(
+        matches!(m1.pause(&id, true).await, Err(Error::Conflict(_))),
+        "pausing twice is a conflict"
+    );
+    let stored = store.get_sandbox(&id).await.unwrap().unwrap();
+    assert_eq!(stored.state, SandboxState::Paused);
+
+    // The server goes away; a new one keeps the sandbox paused.
+    drop(m1);
+    let m2 = manager(state.path(), tpl.path(), driver.clone());
+    let report = m2.recover().await.expect("recover");
+    assert_eq!(report.paused, vec![id.clone()]);
+    assert!(report.cleaned.is_empty() && report.orphans_removed.is_empty());
+    assert_eq!(m2.get(&id).unwrap().state, SandboxState::Paused);
+
+    // Its timeout runs out while paused: it is not killed.
+    store.set_end_at(&id, now_ms() - 1000).await.unwrap();
+    assert!(m2.reap_expired().await.is_empty());
+    assert_eq!(m2.get(&id).unwrap().state, SandboxState::Paused);
+
+    // Connect resumes it: the counter continues from where it was, files and env are there.
+    let (rec, resumed) = m2.connect(&id, 600, true).await.expect("connect");
+    assert!(resumed);
+    assert_eq!(rec.state, SandboxState::Running);
+    assert!(
+        rec.end_at_ms > now_ms() + 500_000,
+        "the new timeout counts from now"
+    );
+    let after = count(&m2, &id).await;
+    assert!(
+        after >= before && after < before + 30,
+        "the counter restarted or jumped: {before} -> {after}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(count(&m2, &id).await > after, "the counter process stopped");
+    assert_eq!(sh(&m2, &id, "cat /home/user/file").await, "kept");
+    assert_eq!(sh(&m2, &id, "echo $KEPT").await, "across-pauses");
+    let (_, resumed) = m2.connect(&id, 600, true).await.expect("connect again");
+    assert!(!resumed, "connecting to a running sandbox only extends it");
+
+    // Filesystem-only pause: files stay, processes do not, the identity is set again.
+    sh(&m2, &id, "echo second > /home/user/file2").await;
+    m2.pause(&id, false).await.expect("filesystem pause");
+    assert_eq!(m2.get(&id).unwrap().pause_mode, Some(PauseMode::Filesystem));
+    let (_, resumed) = m2
+        .connect(&id, 600, true)
+        .await
+        .expect("connect after fs pause");
+    assert!(resumed);
+    assert_eq!(
+        sh(&m2, &id, "cat /home/user/file /home/user/file2").await,
+        "kept\nsecond"
+    );
+    assert_eq!(sh(&m2, &id, "echo $KEPT").await, "across-pauses");
+    let c1 = count(&m2, &id).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        count(&m2, &id).await,
+        c1,
+        "a rebooted sandbox has no old processes"
+    );
+
+    // Killing a paused sandbox removes everything.
+    m2.pause(&id, true).await.expect("pause again");
+    assert!(m2.kill(&id, "test done").await.unwrap());
+    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(driver.list_on_host().await.unwrap().is_empty());
+    assert!(common::processes_mentioning(&id).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_pause_at_timeout_then_connect() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let m = manager(state.path(), tpl.path(), driver.clone());
+    let reaper = m.spawn_reaper();
+    let sbx = m
+        .create(CreateParams {
+            template_id: "t".into(),
+            timeout_secs: Some(2),
+            secure: true,
+            auto_pause: true,
+            auto_resume: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    cleanup.add(&sbx.id);
+    sh(&m, &sbx.id, "echo before > /tmp/mark").await;
+    let t = std::time::Instant::now();
+    while m.get(&sbx.id).unwrap().state != SandboxState::Paused {
+        assert!(t.elapsed() < Duration::from_secs(20), "never auto-paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Still paused a while later (not killed by the reaper).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(m.get(&sbx.id).unwrap().state, SandboxState::Paused);
+    // Traffic through the proxy's route resumes it.
+    let route = m.route_resuming(&sbx.id).await.expect("auto-resumed");
+    assert_eq!(route.envd_token, sbx.envd_token);
+    assert_eq!(sh(&m, &sbx.id, "cat /tmp/mark").await, "before");
+    reaper.abort();
+    assert!(m.kill(&sbx.id, "test done").await.unwrap());
+}
