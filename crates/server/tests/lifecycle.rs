@@ -54,7 +54,7 @@ async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
 /// The counter's value (read again when caught mid-write).
 async fn count(m: &Manager, id: &str) -> u64 {
     for _ in 0..10 {
-        if let Ok(n) = sh(m, id, "cat /tmp/count").await.parse() {
+        if let Ok(n) = sh(m, id, "cat /home/user/count").await.parse() {
             return n;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -62,8 +62,8 @@ async fn count(m: &Manager, id: &str) -> u64 {
     panic!("the counter file never held a number");
 }
 
-/// A process counting tenths of seconds into /tmp/count.
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done";
+/// A process counting tenths of seconds into /home/user/count.
+const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_resume_keep_state_across_a_restart() {

@@ -207,7 +207,7 @@ def test_driver_errors_reach_the_sdk_with_their_status(sandbox):
     from e2b.exceptions import NotFoundException
 
     with pytest.raises(SandboxException) as ei:
-        sandbox.pause()
+        sandbox.create_snapshot()
     assert getattr(ei.value, "status_code", None) == 501, repr(ei.value)
     assert "not implemented" in str(ei.value)
     # The sandbox is unharmed.

@@ -105,8 +105,13 @@ impl Manager {
     async fn reinit_agent(&self, rec: &SandboxRecord, restored: bool) -> Result<()> {
         let agent = self.agent(&rec.id, rec.envd_token.clone());
         if let Err(e) = agent.wait_ready(self.cfg.agent_ready_timeout).await {
+            let log = self
+                .driver
+                .console_log(&rec.id, 2000)
+                .await
+                .unwrap_or_default();
             return Err(Error::internal(format!(
-                "the agent did not answer within {:?} after resuming ({e})",
+                "the agent did not answer within {:?} after resuming ({e}). Sandbox output:\n{log}",
                 self.cfg.agent_ready_timeout
             )));
         }

@@ -155,6 +155,9 @@ impl GvisorDriver {
         let _ = self.runsc.output(&["delete", "--force", id]).await;
         let image = self.image_dir(id);
         let restore = memory && paused.memory && image.join("checkpoint.img").exists();
+        // The agent binds its socket again: the old socket file must be gone (removing it from
+        // inside the sandbox does not remove the host's).
+        let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         if restore {
             self.runsc
                 .restore_detached(&image, &dir.join("bundle"), id, &dir.join("console.log"))
@@ -164,7 +167,6 @@ impl GvisorDriver {
                 return Err(e);
             }
         } else {
-            let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
             self.runsc
                 .run_detached(&dir.join("bundle"), id, &dir.join("console.log"))
                 .await?;
