@@ -210,3 +210,114 @@ async fn auto_pause_at_timeout_then_connect() {
     reaper.abort();
     assert!(m.kill(&sbx.id, "test done").await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_outlive_their_source_and_start_sandboxes() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let m = manager(state.path(), tpl.path(), driver.clone());
+    let params = |template: &str| {
+        let mut p = CreateParams {
+            template_id: template.into(),
+            timeout_secs: Some(600),
+            secure: true,
+            ..Default::default()
+        };
+        p.env_vars.insert("KEPT".into(), "in-snapshot".into());
+        p
+    };
+    let src = m.create(params("t")).await.expect("create");
+    cleanup.add(&src.id);
+    sh(
+        &m,
+        &src.id,
+        &format!("bash -c '{COUNTER}' >/dev/null 2>&1 &"),
+    )
+    .await;
+    sh(&m, &src.id, "echo kept > /home/user/file").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let snap = m
+        .snapshot(&src.id, Some("snap-a".into()))
+        .await
+        .expect("snapshot");
+    assert!(kiln_server::manager::is_snapshot_id(&snap.id));
+    assert!(snap.size_bytes > 0, "disk used is reported");
+    let snap_dir = state.path().join("gvisor/snapshots").join(&snap.id);
+    assert!(snap_dir.is_dir());
+    // The source keeps running, its counter too.
+    let c = count(&m, &src.id).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(count(&m, &src.id).await > c, "the source stopped counting");
+    assert!(matches!(
+        m.snapshot(&src.id, Some("snap-a".into())).await,
+        Err(Error::Conflict(_))
+    ));
+    assert!(matches!(
+        m.snapshot(&src.id, Some("../x".into())).await,
+        Err(Error::BadRequest(_))
+    ));
+    // The snapshot outlives its source.
+    assert!(m.kill(&src.id, "source done").await.unwrap());
+
+    let by_id = m
+        .create(params(&kiln_server::manager::tagged(&snap.id)))
+        .await
+        .expect("create from snapshot id");
+    cleanup.add(&by_id.id);
+    let by_name = m.create(params("snap-a")).await.expect("create from name");
+    cleanup.add(&by_name.id);
+    for s in [&by_id, &by_name] {
+        assert_ne!(
+            s.envd_token, src.envd_token,
+            "a restored sandbox has its own token"
+        );
+        assert_eq!(sh(&m, &s.id, "cat /home/user/file").await, "kept");
+        assert_eq!(sh(&m, &s.id, "echo $KEPT").await, "in-snapshot");
+        let c = count(&m, &s.id).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            count(&m, &s.id).await > c,
+            "the snapshot's process does not run"
+        );
+    }
+    // The old token no longer opens the restored agent.
+    assert!(m
+        .agent(&by_id.id, src.envd_token.clone())
+        .run("true", RunOptions::default())
+        .await
+        .is_err());
+    // Each continues on its own layer.
+    sh(&m, &by_id.id, "echo mine > /home/user/file").await;
+    assert_eq!(sh(&m, &by_name.id, "cat /home/user/file").await, "kept");
+
+    assert_eq!(m.snapshots(None, None).await.unwrap().len(), 1);
+    assert_eq!(
+        m.snapshots(Some(&src.id), Some("snap-a")).await.unwrap()[0].id,
+        snap.id
+    );
+    assert!(matches!(
+        m.delete_snapshot("../../etc/passwd").await,
+        Err(Error::BadRequest(_))
+    ));
+    m.delete_snapshot(&kiln_server::manager::tagged(&snap.id))
+        .await
+        .expect("delete");
+    assert!(!snap_dir.exists(), "deleting a snapshot frees its disk");
+    assert!(m.snapshots(None, None).await.unwrap().is_empty());
+    assert!(matches!(
+        m.delete_snapshot(&snap.id).await,
+        Err(Error::NotFound(_))
+    ));
+    // Sandboxes restored from it do not depend on it any more.
+    assert_eq!(sh(&m, &by_name.id, "cat /home/user/file").await, "kept");
+    for s in [&by_id, &by_name] {
+        assert!(m.kill(&s.id, "test done").await.unwrap());
+    }
+    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(driver.list_on_host().await.unwrap().is_empty());
+}

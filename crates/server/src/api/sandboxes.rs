@@ -221,13 +221,19 @@ pub async fn resume(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiRe
     Ok((StatusCode::CREATED, Json(sandbox_json(&r, &st.cfg.domain))).into_response())
 }
 
-pub async fn snapshot(State(st): St, Path(id): Path<String>) -> ApiResult<Response> {
-    let snap = st.manager.snapshot(&id).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"snapshotID": snap.0, "names": []})),
-    )
-        .into_response())
+#[derive(Deserialize, Default)]
+struct SnapshotBody {
+    name: Option<String>,
+}
+
+/// `POST /sandboxes/{id}/snapshots`: 201 `{snapshotID, names}`; the sandbox keeps running.
+pub async fn snapshot(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let b: SnapshotBody = parse_json(&body, true)?.unwrap_or_default();
+    let manager = st.manager.clone();
+    let snap = tokio::spawn(async move { manager.snapshot(&id, b.name).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("snapshot task: {e}")))??;
+    Ok((StatusCode::CREATED, Json(super::wire::snapshot_json(&snap))).into_response())
 }
 
 #[derive(Deserialize, Default)]

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::{ApiError, ApiResult};
 use crate::manager::{MetricSample, TemplateView};
-use crate::store::{SandboxRecord, SandboxState};
+use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
 
 /// RFC 3339 (milliseconds, UTC) of a Unix time in milliseconds.
 pub fn ts(ms: i64) -> String {
@@ -163,5 +163,18 @@ pub fn metric_json(m: &MetricSample) -> Value {
         "memCache": m.mem_cache,
         "diskUsed": m.disk_used,
         "diskTotal": m.disk_total,
+    })
+}
+
+/// A snapshot (`SnapshotInfo`, plus where it came from and its disk use).
+pub fn snapshot_json(s: &SnapshotRecord) -> Value {
+    let names: Vec<String> = s.name.iter().map(|n| format!("{n}:default")).collect();
+    json!({
+        "snapshotID": crate::manager::tagged(&s.id),
+        "names": names,
+        "sandboxID": s.sandbox_id,
+        "templateID": s.template_id,
+        "createdAt": ts(s.created_at_ms),
+        "sizeBytes": s.size_bytes,
     })
 }

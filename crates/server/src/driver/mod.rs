@@ -139,13 +139,20 @@ pub trait Driver: Send + Sync + 'static {
     async fn is_paused(&self, _id: &str) -> Result<bool> {
         Ok(false)
     }
-    /// Captures a running sandbox (which keeps running) as a snapshot.
-    async fn snapshot(&self, _id: &str) -> Result<SnapshotRef> {
+    /// Captures the running sandbox `id` (which keeps running, with its processes) as the new
+    /// snapshot `snapshot`; returns the disk bytes the snapshot uses. A snapshot outlives its
+    /// source.
+    async fn snapshot(&self, _id: &str, _snapshot: &SnapshotRef) -> Result<u64> {
         Err(DriverError::NotImplemented("sandbox snapshots"))
     }
-    /// Starts a new sandbox `spec.id` from a snapshot.
+    /// Creates and starts a new sandbox `spec.id` continuing from a snapshot (its agent
+    /// keeps the identity it had in the snapshot until it is initialised again).
     async fn restore(&self, _snapshot: &SnapshotRef, _spec: &SandboxSpec) -> Result<()> {
         Err(DriverError::NotImplemented("restoring sandbox snapshots"))
+    }
+    /// Deletes a snapshot and frees its disk.
+    async fn delete_snapshot(&self, _snapshot: &SnapshotRef) -> Result<()> {
+        Err(DriverError::NotImplemented("sandbox snapshots"))
     }
     /// Starts `children` as copies of the running sandbox `id` (which keeps running).
     async fn fork(&self, _id: &str, _children: &[SandboxSpec]) -> Result<()> {

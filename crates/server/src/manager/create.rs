@@ -45,6 +45,9 @@ impl Manager {
                 )));
             }
         }
+        if let Some(snap) = self.find_snapshot(&p.template_id).await? {
+            return self.create_from_snapshot(p, snap, timeout).await;
+        }
         let name = p
             .template_id
             .split_once(':')

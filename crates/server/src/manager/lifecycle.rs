@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use super::create::init_request;
 use super::Manager;
-use crate::driver::SnapshotRef;
 use crate::error::{Error, Result};
 use crate::store::{now_ms, PauseMode, SandboxRecord, SandboxState};
 
@@ -166,15 +165,6 @@ impl Manager {
             tracing::warn!(sandbox = id, error = %e, "auto-resuming on traffic");
         }
         self.route(id)
-    }
-
-    /// `POST /sandboxes/{id}/snapshots`.
-    pub async fn snapshot(&self, id: &str) -> Result<SnapshotRef> {
-        self.get(id)?;
-        let snap = self.driver.snapshot(id).await?;
-        self.event(id, "snapshot", format!("snapshot {}", snap.0))
-            .await;
-        Ok(snap)
     }
 
     /// `POST /sandboxes/{id}/fork`.

@@ -5,7 +5,7 @@
 //! - timeouts, kill and the reaper here and in `reaper.rs`;
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
 //! - metrics, logs and template views in `observe.rs`;
-//! - pause/resume/snapshot/fork pass through to the driver in `lifecycle.rs`.
+//! - pause/resume (and auto-pause/resume) in `lifecycle.rs`, snapshots in `snapshots.rs`.
 //!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
@@ -16,6 +16,7 @@ mod observe;
 mod reaper;
 mod recovery;
 mod registry;
+mod snapshots;
 mod start_cmd;
 
 use std::collections::BTreeMap;
@@ -32,6 +33,7 @@ use crate::templates::Templates;
 
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use recovery::RecoveryReport;
+pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use start_cmd::START_CMD_EVENT;
 
 /// Largest timeout the API accepts (E2B's timeout is an int32 of seconds).

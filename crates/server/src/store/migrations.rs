@@ -66,10 +66,20 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE templates ADD COLUMN image TEXT;
     ",
     // 3: paused sandboxes remember what their pause saved (`full` or `filesystem`) and
-    // whether traffic resumes them.
+    // whether traffic resumes them; snapshots of sandboxes.
     "
     ALTER TABLE sandboxes ADD COLUMN pause_mode TEXT;
     ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        name TEXT UNIQUE,
+        sandbox_id TEXT NOT NULL,
+        template_id TEXT NOT NULL,
+        envd_token TEXT,
+        env_vars TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        size_bytes INTEGER NOT NULL
+    );
     ",
 ];
 

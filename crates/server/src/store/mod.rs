@@ -65,6 +65,15 @@ pub trait StateStore: Send + Sync + 'static {
     /// Ids of running sandboxes whose end time is at or before `now_ms`.
     async fn expired(&self, now_ms: i64) -> Result<Vec<String>>;
 
+    // ---- snapshots ----
+    async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<()>;
+    /// The snapshot whose id or name is `key`.
+    async fn get_snapshot(&self, key: &str) -> Result<Option<SnapshotRecord>>;
+    /// Every snapshot, oldest first.
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>>;
+    /// Deletes the snapshot `id`; false when there is none.
+    async fn delete_snapshot(&self, id: &str) -> Result<bool>;
+
     // ---- events ----
     async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()>;
     async fn events(&self, sandbox_id: &str) -> Result<Vec<Event>>;

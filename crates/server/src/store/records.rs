@@ -133,3 +133,22 @@ pub struct TemplateRecord {
     /// The template's ext4 image, for drivers that boot from a block device.
     pub image: Option<String>,
 }
+
+/// A snapshot of a sandbox: a template new sandboxes continue from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub id: String,
+    /// Optional unique name it can also be used by.
+    pub name: Option<String>,
+    /// The sandbox it was taken from (which may be gone).
+    pub sandbox_id: String,
+    /// The template that sandbox was made from.
+    pub template_id: String,
+    /// The agent's access token in the snapshot (needed to give a restored agent a new one).
+    pub envd_token: Option<String>,
+    /// The source's environment variables from its create request.
+    pub env_vars: BTreeMap<String, String>,
+    pub created_at_ms: i64,
+    /// Disk used by the snapshot.
+    pub size_bytes: u64,
+}

@@ -54,7 +54,7 @@ impl GvisorDriver {
     }
 
     /// Asks the agent to let go of its sockets and waits until it has.
-    async fn detach_agent(&self, id: &str) -> Result<()> {
+    pub(super) async fn detach_agent(&self, id: &str) -> Result<()> {
         let marker = self.detached_marker(id);
         let _ = std::fs::remove_file(&marker);
         self.runsc.output(&["kill", id, "USR1"]).await?;
@@ -74,12 +74,12 @@ impl GvisorDriver {
     }
 
     /// Asks the agent to listen on its sockets again.
-    async fn attach_agent(&self, id: &str) -> Result<()> {
+    pub(super) async fn attach_agent(&self, id: &str) -> Result<()> {
         self.runsc.output(&["kill", id, "USR2"]).await.map(drop)
     }
 
     /// The template rootfs the sandbox's layer stacks on (the lower dir of its mount).
-    fn lower_of(&self, id: &str) -> Result<PathBuf> {
+    pub(super) fn lower_of(&self, id: &str) -> Result<PathBuf> {
         let rootfs = self.sandbox_dir(id).join("rootfs");
         let info = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(io_err("reading /proc/self/mountinfo"))?;

@@ -20,13 +20,15 @@
 //! seconds until the host's init reaps the zombies.
 //!
 //! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
-//! (the overlay), [`reap`] (host processes), [`checkpoint`] (pause and resume).
+//! (the overlay), [`reap`] (host processes), [`checkpoint`] (pause and resume), [`snapshot`]
+//! (snapshots and sandboxes restored from them).
 
 mod checkpoint;
 mod mounts;
 mod oci;
 mod reap;
 mod runsc;
+mod snapshot;
 
 use std::path::{Path, PathBuf};
 
@@ -37,7 +39,9 @@ pub use oci::oci_spec;
 pub use reap::reap_adopted_zombies;
 pub use runsc::Runsc;
 
-use super::{io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats};
+use super::{
+    io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
+};
 use mounts::{mount_overlay, unmount};
 
 /// Path of the agent binary inside every template.
@@ -169,7 +173,8 @@ impl GvisorDriver {
         self.cfg.dir.join("sandboxes").join(id)
     }
 
-    async fn prepare(&self, spec: &SandboxSpec) -> Result<()> {
+    /// Prepares the sandbox's layer and bundle; with `seed`, the layer starts as a copy of it.
+    async fn prepare_with(&self, spec: &SandboxSpec, seed: Option<&Path>) -> Result<()> {
         let dir = self.sandbox_dir(&spec.id);
         if dir.exists() {
             return Err(DriverError::Other(format!(
@@ -191,6 +196,9 @@ impl GvisorDriver {
         for sub in ["upper", "work", "rootfs", "run", "bundle"] {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
+        }
+        if let Some(seed) = seed {
+            snapshot::copy_tree(seed, &dir.join("upper")).await?;
         }
         mount_overlay(
             &spec.rootfs,
@@ -282,7 +290,7 @@ impl Driver for GvisorDriver {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<()> {
         check_id(&spec.id)?;
-        let r = self.prepare(spec).await;
+        let r = self.prepare_with(spec, None).await;
         if r.is_err() {
             let _ = self.stop(&spec.id).await;
         }
@@ -316,6 +324,18 @@ impl Driver for GvisorDriver {
 
     async fn is_paused(&self, id: &str) -> Result<bool> {
         Ok(self.paused_on_host(id))
+    }
+
+    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        self.take_snapshot(id, snapshot).await
+    }
+
+    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
+        self.restore_snapshot(snapshot, spec).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
+        self.remove_snapshot(snapshot)
     }
 
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
