@@ -321,3 +321,83 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
     assert!(common::mounts_under(state.path()).is_empty());
     assert!(driver.list_on_host().await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_children_continue_from_the_parent_and_diverge() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let m = manager(state.path(), tpl.path(), driver.clone());
+    let mut params = CreateParams {
+        template_id: "t".into(),
+        timeout_secs: Some(600),
+        secure: true,
+        ..Default::default()
+    };
+    params.env_vars.insert("KEPT".into(), "forked".into());
+    let parent = m.create(params).await.expect("create");
+    cleanup.add(&parent.id);
+    sh(
+        &m,
+        &parent.id,
+        &format!("bash -c '{COUNTER}' >/dev/null 2>&1 &"),
+    )
+    .await;
+    sh(&m, &parent.id, "echo parent > /home/user/file").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    assert!(matches!(
+        m.fork(&parent.id, 0, None).await,
+        Err(Error::BadRequest(_))
+    ));
+    assert!(matches!(
+        m.fork(&parent.id, 21, None).await,
+        Err(Error::BadRequest(_))
+    ));
+    let children = m.fork(&parent.id, 3, Some(300)).await.expect("fork");
+    assert_eq!(children.len(), 3);
+    let children: Vec<_> = children.into_iter().map(|c| c.expect("child")).collect();
+    for c in &children {
+        cleanup.add(&c.id);
+    }
+    let mut ids: Vec<&str> = children.iter().map(|c| c.id.as_str()).collect();
+    ids.push(&parent.id);
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "every child has its own id");
+    // Parent still runs; children see its state and run its process.
+    let c = count(&m, &parent.id).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(count(&m, &parent.id).await > c);
+    for (i, child) in children.iter().enumerate() {
+        assert_ne!(child.envd_token, parent.envd_token);
+        assert_eq!(sh(&m, &child.id, "cat /home/user/file").await, "parent");
+        assert_eq!(sh(&m, &child.id, "echo $KEPT").await, "forked");
+        let c = count(&m, &child.id).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            count(&m, &child.id).await > c,
+            "child {i} does not run the counter"
+        );
+        sh(&m, &child.id, &format!("echo child{i} > /home/user/file")).await;
+    }
+    // They diverge independently.
+    for (i, child) in children.iter().enumerate() {
+        assert_eq!(
+            sh(&m, &child.id, "cat /home/user/file").await,
+            format!("child{i}")
+        );
+    }
+    assert_eq!(sh(&m, &parent.id, "cat /home/user/file").await, "parent");
+    // The capture a fork makes is not left behind.
+    assert!(m.snapshots(None, None).await.unwrap().is_empty());
+    let snaps = state.path().join("gvisor/snapshots");
+    assert_eq!(std::fs::read_dir(&snaps).map(|d| d.count()).unwrap_or(0), 0);
+    for id in children.iter().map(|c| &c.id).chain([&parent.id]) {
+        assert!(m.kill(id, "test done").await.unwrap());
+    }
+    assert!(common::mounts_under(state.path()).is_empty());
+}

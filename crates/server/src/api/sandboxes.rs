@@ -238,13 +238,27 @@ pub async fn snapshot(State(st): St, Path(id): Path<String>, body: Bytes) -> Api
 
 #[derive(Deserialize, Default)]
 struct ForkBody {
+    timeout: Option<i64>,
     count: Option<u32>,
 }
 
-pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+/// `POST /sandboxes/{id}/fork`: 201 with one `{sandbox}` or `{error: {code, message}}` per
+/// child.
+pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let b: ForkBody = parse_json(&body, true)?.unwrap_or_default();
-    st.manager.fork(&id, b.count.unwrap_or(1)).await?;
-    Ok(StatusCode::CREATED)
+    let manager = st.manager.clone();
+    let children =
+        tokio::spawn(async move { manager.fork(&id, b.count.unwrap_or(1), b.timeout).await })
+            .await
+            .map_err(|e| ApiError::internal(format!("fork task: {e}")))??;
+    let list: Vec<Value> = children
+        .into_iter()
+        .map(|c| match c {
+            Ok(r) => json!({ "sandbox": sandbox_json(&r, &st.cfg.domain) }),
+            Err(e) => json!({ "error": ApiError::from(e).body() }),
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(list)).into_response())
 }
 
 /// `PUT /sandboxes/{id}/network`: sandboxes have no network yet.

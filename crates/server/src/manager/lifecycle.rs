@@ -166,16 +166,4 @@ impl Manager {
         }
         self.route(id)
     }
-
-    /// `POST /sandboxes/{id}/fork`.
-    pub async fn fork(&self, id: &str, count: u32) -> Result<()> {
-        self.get(id)?;
-        if !(1..=20).contains(&count) {
-            return Err(Error::bad_request(format!(
-                "count must be 1-20, got {count}"
-            )));
-        }
-        self.driver.fork(id, &[]).await?;
-        Ok(())
-    }
 }

@@ -5,12 +5,14 @@
 //! - timeouts, kill and the reaper here and in `reaper.rs`;
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
 //! - metrics, logs and template views in `observe.rs`;
-//! - pause/resume (and auto-pause/resume) in `lifecycle.rs`, snapshots in `snapshots.rs`.
+//! - pause/resume (and auto-pause/resume) in `lifecycle.rs`, snapshots in `snapshots.rs`,
+//!   fork in `fork.rs`.
 //!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
 
 mod create;
+mod fork;
 mod lifecycle;
 mod observe;
 mod reaper;
@@ -31,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::store::{now_ms, SandboxRecord, SandboxState, StateStore};
 use crate::templates::Templates;
 
+pub use fork::MAX_FORK;
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use recovery::RecoveryReport;
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
