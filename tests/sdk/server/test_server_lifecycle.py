@@ -122,3 +122,89 @@ def test_auto_pause_then_auto_resume_on_traffic(server):
         assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
     finally:
         sbx.kill()
+
+
+def listed_snapshots(**kw) -> list:
+    pages = Sandbox.list_snapshots(**kw)
+    out = []
+    while pages.has_next:
+        out.extend(pages.next_items())
+    return out
+
+
+def test_snapshot_outlives_its_source_and_starts_sandboxes(server):
+    src = Sandbox.create(timeout=120, envs={"KEPT": "in-snapshot"})
+    made = []
+    snap = None
+    try:
+        src.commands.run(COUNTER, background=True)
+        src.files.write("/home/user/notes.txt", "captured")
+        time.sleep(0.4)
+        snap = src.create_snapshot(name="life-snap")
+        assert snap.snapshot_id.endswith(":default")
+        assert snap.names == ["life-snap:default"]
+        # The source keeps running.
+        c = count(src)
+        time.sleep(0.4)
+        assert count(src) > c
+        listed = listed_snapshots(sandbox_id=src.sandbox_id)
+        assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
+        status, raw, _ = server.request("GET", f"/snapshots?sandboxID={src.sandbox_id}")
+        assert status == 200 and raw[0]["sizeBytes"] > 0, "disk used is reported"
+        src.kill()
+
+        # Twice from the snapshot (by id and by name), after its source is gone.
+        for template in (snap.snapshot_id, "life-snap"):
+            sbx = Sandbox.create(template=template, timeout=120)
+            made.append(sbx)
+            assert sbx.files.read("/home/user/notes.txt") == "captured"
+            assert sbx.commands.run("echo $KEPT").stdout == "in-snapshot\n"
+            c = count(sbx)
+            time.sleep(0.4)
+            assert count(sbx) > c, "the snapshot's process does not run"
+        made[0].files.write("/home/user/notes.txt", "first's own")
+        assert made[1].files.read("/home/user/notes.txt") == "captured"
+
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+        snap = None
+        assert not listed_snapshots(sandbox_id=src.sandbox_id)
+    finally:
+        for s in made:
+            s.kill()
+        if snap is not None:
+            Sandbox.delete_snapshot(snap.snapshot_id)
+        try:
+            src.kill()
+        except Exception:
+            pass
+
+
+def test_fork_three_children_diverge(server):
+    parent = Sandbox.create(timeout=120)
+    children = []
+    try:
+        parent.commands.run(COUNTER, background=True)
+        parent.files.write("/home/user/notes.txt", "parent")
+        time.sleep(0.4)
+        children = parent.fork(count=3, timeout=120)
+        assert len(children) == 3
+        assert all(not isinstance(c, Exception) for c in children), children
+        assert len({c.sandbox_id for c in children} | {parent.sandbox_id}) == 4
+        for i, child in enumerate(children):
+            assert child.files.read("/home/user/notes.txt") == "parent"
+            c = count(child)
+            time.sleep(0.3)
+            assert count(child) > c
+            child.files.write("/home/user/notes.txt", f"child {i}")
+        for i, child in enumerate(children):
+            assert child.files.read("/home/user/notes.txt") == f"child {i}"
+        assert parent.files.read("/home/user/notes.txt") == "parent"
+        c = count(parent)
+        time.sleep(0.3)
+        assert count(parent) > c, "the parent keeps running"
+    finally:
+        for c in children:
+            if not isinstance(c, Exception):
+                c.kill()
+        parent.kill()

@@ -89,19 +89,33 @@ impl GvisorDriver {
 
     async fn capture(&self, id: &str, sdir: &Path, image: &Path, lower: PathBuf) -> Result<u64> {
         let dir = self.sandbox_dir(id);
+        let t = std::time::Instant::now();
         self.detach_agent(id).await?;
+        let t_detach = t.elapsed();
         if let Err(e) = self.runsc.checkpoint(id, image, false).await {
             let _ = self.attach_agent(id).await;
             return Err(e);
         }
+        let t_checkpoint = t.elapsed();
         self.halt(id).await?;
+        let t_halt = t.elapsed();
         let copied = copy_tree(&dir.join("upper"), &sdir.join("upper")).await;
+        let t_copy = t.elapsed();
         // The sandbox continues from the image whatever happened to the copy.
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         self.runsc
             .restore_detached(image, &dir.join("bundle"), id, &dir.join("console.log"))
             .await?;
         self.attach_agent(id).await?;
+        tracing::debug!(
+            sandbox = id,
+            "snapshot: detach {:?}, checkpoint {:?}, halt {:?}, copy {:?}, restore {:?}",
+            t_detach,
+            t_checkpoint - t_detach,
+            t_halt - t_checkpoint,
+            t_copy - t_halt,
+            t.elapsed() - t_copy
+        );
         copied?;
         let meta = serde_json::to_vec(&SnapshotMeta { lower })
             .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
