@@ -401,3 +401,81 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
     }
     assert!(common::mounts_under(state.path()).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let cfg = LifecycleConfig {
+        default_memory_mb: 256,
+        pools: vec![("t".into(), 2)],
+        ..LifecycleConfig::default()
+    };
+    let templates = || Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())]));
+    let m = common::manager(state.path(), driver.clone(), templates(), cfg.clone());
+    let filler = m.spawn_pools().expect("a pool is configured");
+    let wait_full = |m: Arc<Manager>| async move {
+        let t = std::time::Instant::now();
+        while m.pool_ready("t") < 2 {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the pool never filled"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    wait_full(m.clone()).await;
+    for h in driver.list_on_host().await.unwrap() {
+        cleanup.add(&h.id);
+    }
+
+    let mut params = CreateParams {
+        template_id: "t".into(),
+        timeout_secs: Some(600),
+        secure: true,
+        ..Default::default()
+    };
+    params
+        .env_vars
+        .insert("FROM_REQUEST".into(), "pooled".into());
+    let t = std::time::Instant::now();
+    let sbx = m.create(params).await.expect("create from the pool");
+    let took = t.elapsed();
+    cleanup.add(&sbx.id);
+    let logs = m.logs(&sbx.id).await.unwrap();
+    assert!(
+        logs.events.iter().any(|e| e.detail.contains("warm pool")),
+        "not taken from the pool: {:?}",
+        logs.events
+    );
+    assert_eq!(m.pool_ready("t"), 1);
+    // Indistinguishable: the request's environment and token apply.
+    assert_eq!(sh(&m, &sbx.id, "echo $FROM_REQUEST").await, "pooled");
+    assert!(m
+        .agent(&sbx.id, None)
+        .run("true", RunOptions::default())
+        .await
+        .is_err());
+    assert!(
+        took < Duration::from_secs(5),
+        "a pooled create took {took:?}"
+    );
+    // Refilled in the background.
+    wait_full(m.clone()).await;
+    filler.abort();
+    for h in driver.list_on_host().await.unwrap() {
+        cleanup.add(&h.id);
+    }
+    assert!(m.kill(&sbx.id, "test done").await.unwrap());
+    // After a restart the pooled sandboxes are leftovers, removed by recovery.
+    drop(m);
+    let m2 = common::manager(state.path(), driver.clone(), templates(), cfg);
+    let report = m2.recover().await.unwrap();
+    assert_eq!(report.orphans_removed.len(), 2, "{report:?}");
+    assert!(driver.list_on_host().await.unwrap().is_empty());
+    assert!(common::mounts_under(state.path()).is_empty());
+}

@@ -68,7 +68,9 @@ impl Manager {
             })
             .await;
 
-        let id = super::new_sandbox_id();
+        // A warm pool's sandbox of this template, booted ahead of time, when there is one.
+        let pooled = self.pools.take(&tpl.name);
+        let id = pooled.clone().unwrap_or_else(super::new_sandbox_id);
         let now = now_ms();
         let mut record = SandboxRecord {
             id: id.clone(),
@@ -103,7 +105,7 @@ impl Manager {
             pids_limit: self.cfg.pids_limit,
         };
         let booted = match self.boots.acquire().await {
-            Ok(_permit) => self.boot(&spec, &record, &tpl).await,
+            Ok(_permit) => self.boot(&spec, &record, &tpl, pooled.is_some()).await,
             Err(_) => Err(Error::Unavailable(
                 "the sandbox manager is shutting down".into(),
             )),
@@ -144,6 +146,23 @@ impl Manager {
         Ok(record)
     }
 
+    /// Gives a freshly booted agent the sandbox's identity and starts the template's start
+    /// command.
+    async fn init_booted(&self, record: &SandboxRecord, tpl: &TemplateInfo) -> Result<()> {
+        // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
+        // /init, e.g. on resume, must send the current token.)
+        self.agent(&record.id, None)
+            .init(&init_request(record, tpl))
+            .await
+            .map_err(|e| Error::create("initialising the agent")(e.into()))?;
+        if let Some(cmd) = &tpl.start_cmd {
+            self.start_cmd(record, tpl, cmd)
+                .await
+                .map_err(Error::create("starting the template's start command"))?;
+        }
+        Ok(())
+    }
+
     /// The template `name`, or 400 (bad name) / 404 (not built).
     pub(super) async fn lookup_template(&self, name: &str) -> Result<TemplateInfo> {
         templates::check_name(name)?;
@@ -159,13 +178,23 @@ impl Manager {
             })
     }
 
-    /// Creates, starts and initialises the sandbox; returns how long each phase took.
+    /// Creates, starts and initialises the sandbox (a `pooled` one is already running: it is
+    /// only initialised); returns how long each phase took.
     async fn boot(
         &self,
         spec: &SandboxSpec,
         record: &SandboxRecord,
         tpl: &TemplateInfo,
+        pooled: bool,
     ) -> Result<String> {
+        if pooled {
+            let t = Instant::now();
+            self.init_booted(record, tpl).await?;
+            return Ok(format!(
+                "from the warm pool, init {} ms",
+                t.elapsed().as_millis()
+            ));
+        }
         let t = Instant::now();
         self.driver
             .create(spec)
@@ -192,18 +221,8 @@ impl Manager {
             ));
         }
         let t_ready = t.elapsed();
-        // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
-        // /init, e.g. on resume, must send the current token.)
-        agent
-            .init(&init_request(record, tpl))
-            .await
-            .map_err(|e| Error::create("initialising the agent")(e.into()))?;
+        self.init_booted(record, tpl).await?;
         let t_init = t.elapsed();
-        if let Some(cmd) = &tpl.start_cmd {
-            self.start_cmd(record, tpl, cmd)
-                .await
-                .map_err(Error::create("starting the template's start command"))?;
-        }
         let ms = |d: Duration| d.as_millis();
         Ok(format!(
             "prepare {} ms, start {} ms, agent ready {} ms, init {} ms",

@@ -6,7 +6,7 @@
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
 //! - metrics, logs and template views in `observe.rs`;
 //! - pause/resume (and auto-pause/resume) in `lifecycle.rs`, snapshots in `snapshots.rs`,
-//!   fork in `fork.rs`.
+//!   fork in `fork.rs`, warm pools in `pool.rs`.
 //!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
@@ -15,6 +15,7 @@ mod create;
 mod fork;
 mod lifecycle;
 mod observe;
+mod pool;
 mod reaper;
 mod recovery;
 mod registry;
@@ -35,6 +36,7 @@ use crate::templates::Templates;
 
 pub use fork::MAX_FORK;
 pub use observe::{Logs, MetricSample, TemplateView};
+pub use pool::parse_pool;
 pub use recovery::RecoveryReport;
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use start_cmd::START_CMD_EVENT;
@@ -57,6 +59,8 @@ pub struct LifecycleConfig {
     pub agent_ready_timeout: Duration,
     /// How often expiry is checked.
     pub reap_interval: Duration,
+    /// Warm pools: (template, how many booted sandboxes to keep ready).
+    pub pools: Vec<(String, u32)>,
 }
 
 impl Default for LifecycleConfig {
@@ -70,6 +74,7 @@ impl Default for LifecycleConfig {
             pids_limit: 4096,
             agent_ready_timeout: Duration::from_secs(30),
             reap_interval: Duration::from_millis(200),
+            pools: Vec::new(),
         }
     }
 }
@@ -116,6 +121,7 @@ pub struct Manager {
     boots: tokio::sync::Semaphore,
     /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
     lifecycle_lock: tokio::sync::Mutex<()>,
+    pools: pool::Pools,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -170,6 +176,7 @@ impl Manager {
                     .max(2),
             ),
             lifecycle_lock: tokio::sync::Mutex::new(()),
+            pools: pool::Pools::default(),
         })
     }
 
