@@ -12,6 +12,7 @@
 pub mod api;
 pub mod auth;
 pub mod bench;
+pub mod bench_lifecycle;
 pub mod driver;
 pub mod error;
 pub mod manager;

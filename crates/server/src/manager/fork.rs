@@ -58,8 +58,7 @@ impl Manager {
                 .await;
             (snap, parent, ready)
         };
-        let mut out = Vec::with_capacity(count as usize);
-        for _ in 0..count {
+        let children = (0..count).map(|_| {
             let p = CreateParams {
                 template_id: parent.template_id.clone(),
                 timeout_secs: Some(timeout as i64),
@@ -69,13 +68,17 @@ impl Manager {
                 auto_resume: parent.auto_resume,
                 ..Default::default()
             };
-            let child = self.create_from_snapshot(p, snap.clone(), timeout).await;
-            if let Ok(c) = &child {
-                self.registry
-                    .update(&c.id, |r| r.alias = parent.alias.clone());
+            let (snap, alias) = (snap.clone(), parent.alias.clone());
+            async move {
+                let child = self.create_from_snapshot(p, snap, timeout).await;
+                if let Ok(c) = &child {
+                    self.registry.update(&c.id, |r| r.alias = alias);
+                }
+                child.map(|c| self.get(&c.id).unwrap_or(c))
             }
-            out.push(child.map(|c| self.get(&c.id).unwrap_or(c)));
-        }
+        });
+        // Restored side by side (the boot semaphore bounds how many at once).
+        let out = futures::future::join_all(children).await;
         if let Err(e) = self
             .driver
             .delete_snapshot(&SnapshotRef(snap.id.clone()))
