@@ -111,7 +111,9 @@ impl GvisorDriver {
         let image = self.image_dir(id);
         let _ = std::fs::remove_dir_all(&image);
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
+        let t = std::time::Instant::now();
         self.detach_agent(id).await?;
+        let t_detach = t.elapsed();
         // A checkpoint also makes gVisor write back what it caches of the sandbox's files, so
         // a filesystem-only pause takes one too and then drops the memory image.
         if let Err(e) = self.runsc.checkpoint(id, &image, false).await {
@@ -123,7 +125,15 @@ impl GvisorDriver {
             }
             tracing::warn!(sandbox = id, error = %e, "checkpoint before a filesystem pause");
         }
+        let t_checkpoint = t.elapsed();
         self.halt(id).await?;
+        tracing::debug!(
+            sandbox = id,
+            "pause: detach {:?}, checkpoint {:?}, halt {:?}",
+            t_detach,
+            t_checkpoint - t_detach,
+            t.elapsed() - t_checkpoint
+        );
         if !memory {
             let _ = std::fs::remove_dir_all(&image);
         }
@@ -151,8 +161,7 @@ impl GvisorDriver {
                 &rootfs,
             )?;
         }
-        // The stopped container of the pause, if runsc still lists it.
-        let _ = self.runsc.output(&["delete", "--force", id]).await;
+        // (The pause deleted the container before writing paused.json.)
         let image = self.image_dir(id);
         let restore = memory && paused.memory && image.join("checkpoint.img").exists();
         // The agent binds its socket again: the old socket file must be gone (removing it from

@@ -234,8 +234,20 @@ impl GvisorDriver {
         reap::kill_and_reap(&reap::sandbox_processes(id, &self.sandbox_dir(id))).await;
         // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
         // an unknown container (never created, or a concurrent stop won): only fail if the
-        // container is still there.
-        if let Err(e) = self.runsc.output(&["delete", "--force", id]).await {
+        // container is still there. Processes that exit meanwhile (a checkpointed sandbox's do
+        // on their own) are reaped as they go, or runsc waits seconds for them.
+        let reaping = async {
+            loop {
+                reap_adopted_zombies();
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        };
+        let args = ["delete", "--force", id];
+        let deleted = tokio::select! {
+            r = self.runsc.output(&args) => r,
+            never = reaping => never,
+        };
+        if let Err(e) = deleted {
             if self.runsc.status(id).await.is_some() {
                 return Err(e);
             }
