@@ -200,9 +200,10 @@ async fn auto_pause_at_timeout_then_connect() {
         assert!(t.elapsed() < Duration::from_secs(20), "never auto-paused");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Still paused a while later (not killed by the reaper).
+    // Still paused a while later (not killed by the reaper), memory kept.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(m.get(&sbx.id).unwrap().state, SandboxState::Paused);
+    assert_eq!(m.get(&sbx.id).unwrap().pause_mode, Some(PauseMode::Full));
     // Traffic through the proxy's route resumes it.
     let route = m.route_resuming(&sbx.id).await.expect("auto-resumed");
     assert_eq!(route.envd_token, sbx.envd_token);

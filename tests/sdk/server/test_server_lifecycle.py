@@ -208,3 +208,19 @@ def test_fork_three_children_diverge(server):
             if not isinstance(c, Exception):
                 c.kill()
         parent.kill()
+
+
+def test_auto_pause_filesystem_only(server):
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        sbx.files.write("/home/user/on-disk", "kept")
+        deadline = time.time() + 30
+        while Sandbox.get_info(sbx.sandbox_id).state != SandboxState.PAUSED:
+            assert time.time() < deadline, "never auto-paused"
+            time.sleep(0.2)
+        status, detail, _ = server.request("GET", f"/sandboxes/{sbx.sandbox_id}")
+        assert status == 200 and detail["pauseMode"] == "filesystem"
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.files.read("/home/user/on-disk") == "kept"
+    finally:
+        sbx.kill()

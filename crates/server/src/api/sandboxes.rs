@@ -38,6 +38,7 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
         secure: req.secure.unwrap_or(true),
         auto_pause: req.auto_pause.unwrap_or(false),
         auto_resume: req.auto_resume.as_ref().is_some_and(|a| a.enabled),
+        auto_pause_filesystem_only: req.auto_pause_memory == Some(false),
         allow_internet_access: req.allow_internet_access,
     };
     let rec = tokio::spawn(async move { manager.create(params).await })

@@ -44,6 +44,7 @@ pub struct NewSandbox {
     pub template_id: String,
     pub timeout: Option<i64>,
     pub auto_pause: Option<bool>,
+    pub auto_pause_memory: Option<bool>,
     pub auto_resume: Option<AutoResume>,
     pub secure: Option<bool>,
     #[serde(rename = "allow_internet_access")]

@@ -66,6 +66,7 @@ impl Manager {
                 secure: parent.envd_token.is_some(),
                 auto_pause: parent.auto_pause,
                 auto_resume: parent.auto_resume,
+                auto_pause_filesystem_only: !parent.auto_pause_memory,
                 ..Default::default()
             };
             let (snap, alias) = (snap.clone(), parent.alias.clone());

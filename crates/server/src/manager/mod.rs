@@ -99,6 +99,8 @@ pub struct CreateParams {
     pub auto_pause: bool,
     /// Traffic to the sandbox while it is paused resumes it.
     pub auto_resume: bool,
+    /// An auto-pause keeps the filesystem only (`autoPauseMemory: false`).
+    pub auto_pause_filesystem_only: bool,
     pub allow_internet_access: Option<bool>,
 }
 

@@ -19,9 +19,9 @@ impl Manager {
         };
         let mut killed = Vec::new();
         for id in due {
-            // autoPause: the sandbox pauses (memory kept) instead of ending.
-            if self.registry.get(&id).is_some_and(|r| r.auto_pause) {
-                match self.pause(&id, true).await {
+            // autoPause: the sandbox pauses instead of ending.
+            if let Some(r) = self.registry.get(&id).filter(|r| r.auto_pause) {
+                match self.pause(&id, r.auto_pause_memory).await {
                     Ok(()) => continue,
                     Err(e) => {
                         tracing::warn!(sandbox = %id, error = %e, "auto-pausing; killing instead")

@@ -196,6 +196,7 @@ impl Manager {
             driver: self.driver.name().to_string(),
             pause_mode: None,
             auto_resume: p.auto_resume,
+            auto_pause_memory: !p.auto_pause_filesystem_only,
         };
         self.store.insert_sandbox(&record).await?;
         let spec = SandboxSpec {

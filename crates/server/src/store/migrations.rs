@@ -65,11 +65,12 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX IF NOT EXISTS sandboxes_state_end ON sandboxes(state, end_at);
     ALTER TABLE templates ADD COLUMN image TEXT;
     ",
-    // 3: paused sandboxes remember what their pause saved (`full` or `filesystem`) and
-    // whether traffic resumes them; snapshots of sandboxes.
+    // 3: paused sandboxes remember what their pause saved (`full` or `filesystem`), whether
+    // traffic resumes them and what an auto-pause keeps; snapshots of sandboxes.
     "
     ALTER TABLE sandboxes ADD COLUMN pause_mode TEXT;
     ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sandboxes ADD COLUMN auto_pause_memory INTEGER NOT NULL DEFAULT 1;
     CREATE TABLE snapshots (
         id TEXT PRIMARY KEY,
         name TEXT UNIQUE,

@@ -97,6 +97,8 @@ pub struct SandboxRecord {
     pub pause_mode: Option<PauseMode>,
     /// Whether traffic to the sandbox while it is paused resumes it.
     pub auto_resume: bool,
+    /// Whether an auto-pause keeps memory (else the filesystem only).
+    pub auto_pause_memory: bool,
 }
 
 /// One API key row (the key itself is never stored, only its SHA-256).

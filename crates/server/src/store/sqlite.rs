@@ -45,6 +45,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<(SandboxRecord, String, Str
                 .as_deref()
                 .and_then(PauseMode::parse),
             auto_resume: r.get::<_, i64>("auto_resume")? != 0,
+            auto_pause_memory: r.get::<_, i64>("auto_pause_memory")? != 0,
         },
         r.get("metadata")?,
         r.get("env_vars")?,
@@ -155,9 +156,10 @@ impl StateStore for SqliteStore {
             c.execute(
                 "INSERT INTO sandboxes (id, template_id, alias, client_id, state, metadata,
                    env_vars, cpu_count, memory_mb, disk_size_mb, envd_token, started_at, end_at,
-                   ended_at, end_reason, auto_pause, driver, pause_mode, auto_resume)
+                   ended_at, end_reason, auto_pause, driver, pause_mode, auto_resume,
+                   auto_pause_memory)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                   ?17, ?18, ?19)",
+                   ?17, ?18, ?19, ?20)",
                 params![
                     s.id,
                     s.template_id,
@@ -178,6 +180,7 @@ impl StateStore for SqliteStore {
                     s.driver,
                     s.pause_mode.map(PauseMode::as_str),
                     s.auto_resume as i64,
+                    s.auto_pause_memory as i64,
                 ],
             )?;
             Ok(())

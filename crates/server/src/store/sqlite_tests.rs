@@ -24,6 +24,7 @@ fn sample(id: &str, state: SandboxState) -> SandboxRecord {
         driver: "gvisor".into(),
         pause_mode: None,
         auto_resume: false,
+        auto_pause_memory: true,
     }
 }
 
