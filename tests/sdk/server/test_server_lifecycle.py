@@ -224,3 +224,38 @@ def test_auto_pause_filesystem_only(server):
         assert again.files.read("/home/user/on-disk") == "kept"
     finally:
         sbx.kill()
+
+
+def test_list_pagination_with_states_never_repeats_or_skips(server):
+    made = [Sandbox.create(timeout=120, metadata={"page": "life"}) for _ in range(3)]
+    try:
+        made[1].pause()
+        want = {s.sandbox_id for s in made}
+        for state in ("running,paused", "paused", "running"):
+            seen, token = [], None
+            while True:
+                q = f"/v2/sandboxes?state={state}&metadata=page%3Dlife&limit=1"
+                if token:
+                    q += f"&nextToken={token}"
+                status, page, headers = server.request("GET", q)
+                assert status == 200 and len(page) <= 1
+                seen += [p["sandboxID"] for p in page]
+                token = headers.get("x-next-token")
+                if not token:
+                    break
+            assert len(seen) == len(set(seen)), f"{state}: repeated {seen}"
+            expect = {
+                "running,paused": want,
+                "paused": {made[1].sandbox_id},
+                "running": want - {made[1].sandbox_id},
+            }[state]
+            assert set(seen) == expect, f"{state}: {seen}"
+        # The SDK's paginator agrees.
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED], metadata={"page": "life"}), limit=1)
+        ids = []
+        while paused.has_next:
+            ids += [s.sandbox_id for s in paused.next_items()]
+        assert ids == [made[1].sandbox_id]
+    finally:
+        for s in made:
+            s.kill()
