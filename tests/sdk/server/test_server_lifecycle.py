@@ -64,6 +64,8 @@ def test_pause_connect_across_a_restart(state_dir, server):
         assert info.state == SandboxState.PAUSED
         status, detail, _ = first.request("GET", f"/sandboxes/{sid}")
         assert status == 200 and detail["state"] == "paused" and detail["pauseMode"] == "full"
+        status, metrics, _ = first.request("GET", f"/sandboxes/{sid}/metrics")
+        assert status == 200 and metrics == [], "a paused sandbox has no metrics sample"
         # Nothing of it runs on the host while paused.
         assert not [p for p in runsc_processes_for(state_dir) if sid in p]
 
