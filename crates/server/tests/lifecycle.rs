@@ -480,3 +480,46 @@ async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
     assert!(driver.list_on_host().await.unwrap().is_empty());
     assert!(common::mounts_under(state.path()).is_empty());
 }
+
+/// The server dies between the driver's pause and the store's update (`kill -9` mid-pause):
+/// the sandbox is found paused, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_cut_short_by_a_crash_is_recovered_as_paused() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let store = common::store(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let m1 = manager(state.path(), tpl.path(), driver.clone());
+    let sbx = m1
+        .create(CreateParams {
+            template_id: "t".into(),
+            timeout_secs: Some(600),
+            secure: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    cleanup.add(&sbx.id);
+    sh(&m1, &sbx.id, "echo before-crash > /home/user/f").await;
+    driver.pause(&sbx.id, true).await.expect("driver pause");
+    drop(m1);
+    assert_eq!(
+        store.get_sandbox(&sbx.id).await.unwrap().unwrap().state,
+        SandboxState::Running,
+        "the store never heard of the pause"
+    );
+    let m2 = manager(state.path(), tpl.path(), driver.clone());
+    let report = m2.recover().await.expect("recover");
+    assert_eq!(report.paused, vec![sbx.id.clone()]);
+    assert_eq!(
+        store.get_sandbox(&sbx.id).await.unwrap().unwrap().state,
+        SandboxState::Paused
+    );
+    let (_, resumed) = m2.connect(&sbx.id, 600, true).await.expect("connect");
+    assert!(resumed);
+    assert_eq!(sh(&m2, &sbx.id, "cat /home/user/f").await, "before-crash");
+    assert!(m2.kill(&sbx.id, "test done").await.unwrap());
+}
