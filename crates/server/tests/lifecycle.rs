@@ -314,12 +314,19 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
         m.delete_snapshot(&snap.id).await,
         Err(Error::NotFound(_))
     ));
-    // Sandboxes restored from it do not depend on it any more.
+    // Sandboxes restored from it keep working: its frozen layer stays while they use it.
     assert_eq!(sh(&m, &by_name.id, "cat /home/user/file").await, "kept");
+    let layers = state.path().join("gvisor/layers");
+    assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 1);
     for s in [&by_id, &by_name] {
         assert!(m.kill(&s.id, "test done").await.unwrap());
     }
     assert!(common::mounts_under(state.path()).is_empty());
+    assert_eq!(
+        std::fs::read_dir(&layers).unwrap().count(),
+        0,
+        "unused layers are removed"
+    );
     assert!(driver.list_on_host().await.unwrap().is_empty());
 }
 
@@ -348,6 +355,13 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
     )
     .await;
     sh(&m, &parent.id, "echo parent > /home/user/file").await;
+    // 8 MB the parent wrote: children share it, they do not copy it.
+    sh(
+        &m,
+        &parent.id,
+        "head -c 8000000 /dev/zero > /home/user/big && echo ok",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     assert!(matches!(
@@ -385,6 +399,30 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
         );
         sh(&m, &child.id, &format!("echo child{i} > /home/user/file")).await;
     }
+    // A child's own layer holds what it wrote, not the parent's 8 MB; the parent's layer
+    // is frozen once, shared by all.
+    let du = |p: std::path::PathBuf| -> u64 {
+        let out = std::process::Command::new("du")
+            .args(["-sb", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let sandboxes = state.path().join("gvisor/sandboxes");
+    for c in children.iter().map(|c| &c.id).chain([&parent.id]) {
+        let own = du(sandboxes.join(c).join("upper"));
+        assert!(own < 1_000_000, "{c}'s own layer is {own} bytes");
+    }
+    let layers = du(state.path().join("gvisor/layers"));
+    assert!(
+        (8_000_000..12_000_000).contains(&layers),
+        "the frozen layers hold {layers} bytes"
+    );
     // They diverge independently.
     for (i, child) in children.iter().enumerate() {
         assert_eq!(
@@ -401,6 +439,12 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
         assert!(m.kill(id, "test done").await.unwrap());
     }
     assert!(common::mounts_under(state.path()).is_empty());
+    // Once nothing stacks on the frozen layer, it is removed.
+    let layers = state.path().join("gvisor/layers");
+    assert_eq!(
+        std::fs::read_dir(&layers).map(|d| d.count()).unwrap_or(0),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::mounts::{is_mounted, mount_overlay};
+use super::mounts::{is_mounted, mount_overlay_stack};
 use super::{check_id, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result};
 
@@ -29,8 +29,9 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(5);
 struct Paused {
     /// Whether `checkpoint/` holds the sandbox's memory.
     memory: bool,
-    /// The template rootfs under the sandbox's writable layer.
-    lower: PathBuf,
+    /// The layers under the sandbox's writable layer, topmost first (frozen layers of
+    /// snapshots, then the template rootfs).
+    lower: Vec<PathBuf>,
 }
 
 impl GvisorDriver {
@@ -78,8 +79,9 @@ impl GvisorDriver {
         self.runsc.output(&["kill", id, "USR2"]).await.map(drop)
     }
 
-    /// The template rootfs the sandbox's layer stacks on (the lower dir of its mount).
-    pub(super) fn lower_of(&self, id: &str) -> Result<PathBuf> {
+    /// The layers the sandbox's writable layer stacks on (the lower dirs of its mount, topmost
+    /// first).
+    pub(super) fn lower_of(&self, id: &str) -> Result<Vec<PathBuf>> {
         let rootfs = self.sandbox_dir(id).join("rootfs");
         let info = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(io_err("reading /proc/self/mountinfo"))?;
@@ -92,7 +94,7 @@ impl GvisorDriver {
                     .nth(3)?
                     .split(',')
                     .find_map(|o| o.strip_prefix("lowerdir="))
-                    .map(PathBuf::from)
+                    .map(|l| l.split(':').map(PathBuf::from).collect())
             })
             .ok_or_else(|| DriverError::Other(format!("the layer of sandbox {id} is not mounted")))
     }
@@ -154,7 +156,7 @@ impl GvisorDriver {
         let rootfs = dir.join("rootfs");
         if !is_mounted(&rootfs) {
             // The host rebooted while the sandbox was paused.
-            mount_overlay(
+            mount_overlay_stack(
                 &paused.lower,
                 &dir.join("upper"),
                 &dir.join("work"),

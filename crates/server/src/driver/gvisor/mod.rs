@@ -42,7 +42,7 @@ pub use runsc::Runsc;
 use super::{
     io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
 };
-use mounts::{mount_overlay, unmount};
+use mounts::{mount_overlay_stack, unmount};
 
 /// Path of the agent binary inside every template.
 pub const AGENT_PATH: &str = "/usr/bin/kiln-agent";
@@ -173,8 +173,9 @@ impl GvisorDriver {
         self.cfg.dir.join("sandboxes").join(id)
     }
 
-    /// Prepares the sandbox's layer and bundle; with `seed`, the layer starts as a copy of it.
-    async fn prepare_with(&self, spec: &SandboxSpec, seed: Option<&Path>) -> Result<()> {
+    /// Prepares the sandbox's layer and bundle. The fresh writable layer stacks on `lowers`
+    /// (topmost first; frozen layers of a snapshot), or on the template rootfs when None.
+    async fn prepare_with(&self, spec: &SandboxSpec, lowers: Option<&[PathBuf]>) -> Result<()> {
         let dir = self.sandbox_dir(&spec.id);
         if dir.exists() {
             return Err(DriverError::Other(format!(
@@ -197,11 +198,9 @@ impl GvisorDriver {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
         }
-        if let Some(seed) = seed {
-            snapshot::copy_tree(seed, &dir.join("upper")).await?;
-        }
-        mount_overlay(
-            &spec.rootfs,
+        let template = [spec.rootfs.clone()];
+        mount_overlay_stack(
+            lowers.unwrap_or(&template),
             &dir.join("upper"),
             &dir.join("work"),
             &dir.join("rootfs"),
@@ -323,7 +322,9 @@ impl Driver for GvisorDriver {
     async fn stop(&self, id: &str) -> Result<()> {
         check_id(id)?;
         self.halt(id).await?;
-        self.remove_files(id)
+        let r = self.remove_files(id);
+        self.gc_layers();
+        r
     }
 
     async fn pause(&self, id: &str, memory: bool) -> Result<()> {
