@@ -54,32 +54,53 @@ fn vsock_listener(port: u32) -> anyhow::Result<OwnedFd> {
     Ok(owned)
 }
 
-/// Bind every listener, then serve until `shutdown` resolves. Binding errors are returned
-/// before anything is served, so a caller knows the agent is reachable once this is polled.
-pub async fn run(
-    agent: Arc<Agent>,
-    cfg: ListenConfig,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    let mut tasks = Vec::new();
+/// Suffix of the file written next to each Unix socket while the agent is detached.
+pub const DETACHED_SUFFIX: &str = ".detached";
+
+/// Accepts on `accept` forever; each connection is served in a task owned by this one, so
+/// aborting this task closes the listener and every connection it accepted.
+async fn accept_loop<S, F, Fut>(agent: Arc<Agent>, what: &'static str, mut accept: F)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::io::Result<S>>,
+{
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            r = accept() => match r {
+                Ok(s) => {
+                    conns.spawn(serve_conn(agent.clone(), s));
+                }
+                Err(e) => {
+                    tracing::warn!("{what} accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Binds the TCP and Unix listeners and serves them. Dropping the returned set closes them
+/// and every connection they accepted.
+async fn bind_socket_listeners(
+    agent: &Arc<Agent>,
+    cfg: &ListenConfig,
+) -> anyhow::Result<tokio::task::JoinSet<()>> {
+    let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = cfg.tcp {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("bind TCP {addr}"))?;
         tracing::info!("listening on tcp {}", l.local_addr()?);
-        let a = agent.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match l.accept().await {
-                    Ok((s, _)) => {
-                        let _ = s.set_nodelay(true);
-                        tokio::spawn(serve_conn(a.clone(), s));
-                    }
-                    Err(e) => {
-                        tracing::warn!("TCP accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    }
-                }
+        let l = Arc::new(l);
+        tasks.spawn(accept_loop(agent.clone(), "TCP", move || {
+            let l = l.clone();
+            async move {
+                let (s, _) = l.accept().await?;
+                let _ = s.set_nodelay(true);
+                Ok(s)
             }
         }));
     }
@@ -101,20 +122,43 @@ pub async fn run(
         let l = tokio::net::UnixListener::bind(path)
             .with_context(|| format!("bind unix socket {}", path.display()))?;
         tracing::info!("listening on unix {}", path.display());
-        let a = agent.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match l.accept().await {
-                    Ok((s, _)) => {
-                        tokio::spawn(serve_conn(a.clone(), s));
-                    }
-                    Err(e) => {
-                        tracing::warn!("unix accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    }
-                }
-            }
+        let l = Arc::new(l);
+        tasks.spawn(accept_loop(agent.clone(), "unix", move || {
+            let l = l.clone();
+            async move { l.accept().await.map(|(s, _)| s) }
         }));
+    }
+    Ok(tasks)
+}
+
+fn detached_marker(socket: &std::path::Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(DETACHED_SUFFIX);
+    PathBuf::from(p)
+}
+
+/// Bind every listener, then serve until `shutdown` resolves. Binding errors are returned
+/// before anything is served, so a caller knows the agent is reachable once this is polled.
+///
+/// SIGUSR1 detaches the agent from its TCP and Unix sockets (listeners and connections are
+/// closed, socket files removed, then `<socket>.detached` is written next to each Unix
+/// socket as the acknowledgement); SIGUSR2 binds them again and removes the markers. gVisor
+/// cannot checkpoint a sandbox that holds sockets backed by the host (`--host-uds`), so the
+/// server detaches the agent before a checkpoint and attaches it after a restore.
+pub async fn run(
+    agent: Arc<Agent>,
+    cfg: ListenConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Handlers first: an early SIGUSR1 must not end the agent.
+    let (mut detach, mut attach) = (
+        signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?,
+        signal(SignalKind::user_defined2()).context("SIGUSR2 handler")?,
+    );
+    let mut served = Some(bind_socket_listeners(&agent, &cfg).await?);
+    for p in &cfg.unix {
+        let _ = std::fs::remove_file(detached_marker(p));
     }
     if let Some(port) = cfg.vsock_port {
         let fd = vsock_listener(port)?;
@@ -150,13 +194,38 @@ pub async fn run(
                 });
             })?;
     }
-    if tasks.is_empty() && cfg.vsock_port.is_none() {
+    if cfg.tcp.is_none() && cfg.unix.is_empty() && cfg.vsock_port.is_none() {
         anyhow::bail!("no listener configured: drop --no-tcp or add --listen-unix/--vsock-port");
     }
-    shutdown.await;
-    for t in tasks {
-        t.abort();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = detach.recv() => {
+                if let Some(mut tasks) = served.take() {
+                    tasks.shutdown().await;
+                }
+                for p in &cfg.unix {
+                    let _ = std::fs::remove_file(p);
+                    let _ = std::fs::write(detached_marker(p), b"");
+                }
+                tracing::info!("detached from sockets");
+            }
+            _ = attach.recv() => {
+                if served.is_none() {
+                    match bind_socket_listeners(&agent, &cfg).await {
+                        Ok(t) => served = Some(t),
+                        Err(e) => tracing::warn!("attaching to sockets again: {e:#}"),
+                    }
+                }
+                for p in &cfg.unix {
+                    let _ = std::fs::remove_file(detached_marker(p));
+                }
+                tracing::info!("attached to sockets");
+            }
+        }
     }
+    drop(served);
     for p in &cfg.unix {
         let _ = std::fs::remove_file(p);
     }

@@ -54,6 +54,9 @@ pub struct Args {
     /// Skip installing host packages and building the base template.
     #[arg(long)]
     no_prepare: bool,
+    /// Warm pool: keep N booted sandboxes of TEMPLATE ready (repeatable).
+    #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = kiln_server::manager::parse_pool)]
+    pools: Vec<(String, u32)>,
     /// Extra template made of a bare rootfs directory, NAME=DIR (repeatable; for tests).
     #[arg(long = "template-dir", value_name = "NAME=DIR")]
     template_dirs: Vec<String>,
@@ -143,6 +146,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 state_dir: Some(state_dir),
                 ..Default::default()
             },
+            pools: a.pools.clone(),
             ..LifecycleConfig::default()
         },
     };

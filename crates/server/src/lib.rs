@@ -130,6 +130,7 @@ impl Server {
     /// Serves until the process ends (sandboxes keep running across restarts by design).
     pub async fn serve(self) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
+        let _pools = self.manager.spawn_pools();
         let state = Arc::new(api::AppState {
             manager: self.manager.clone(),
             cfg: api::ApiConfig {

@@ -84,7 +84,7 @@ fn has_signature(uri: &http::Uri) -> bool {
 /// Forwards `req` to `target`.
 pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) -> Response {
     let id = target.sandbox_id.as_str();
-    let Some(route) = manager.route(id) else {
+    let Some(route) = manager.route_resuming(id).await else {
         return proxy_error(
             StatusCode::BAD_GATEWAY,
             id,

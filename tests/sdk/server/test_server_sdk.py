@@ -201,13 +201,13 @@ def test_two_sandboxes_cannot_see_each_other(server):
 
 
 def test_driver_errors_reach_the_sdk_with_their_status(sandbox):
-    """A driver's "not implemented" is a 501 and "not found" a 404, end to end; a template id
+    """"Not implemented" is a 501 and "not found" a 404, end to end; a template id
     that could name a host path is refused before anything is looked up."""
     from e2b import SandboxException
     from e2b.exceptions import NotFoundException
 
     with pytest.raises(SandboxException) as ei:
-        sandbox.pause()
+        Sandbox.create(volume_mounts={"/mnt/data": "some-volume"})
     assert getattr(ei.value, "status_code", None) == 501, repr(ei.value)
     assert "not implemented" in str(ei.value)
     # The sandbox is unharmed.

@@ -3,6 +3,7 @@
 
 mod agent;
 mod create;
+mod lifecycle;
 mod vmm;
 
 #[derive(clap::Subcommand)]
@@ -11,6 +12,8 @@ pub enum Cmd {
     Agent(agent::Args),
     /// Sandbox create → first `echo` output, sequential and concurrent, vs raw `runsc run`.
     Create(create::Args),
+    /// Pause, resume, fork and create-from-pool vs raw `runsc checkpoint`/`restore`.
+    Lifecycle(lifecycle::Args),
     /// kiln-vmm: process start → first guest instruction, snapshot, restore, VMM RSS.
     Vmm(vmm::Args),
 }
@@ -19,6 +22,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Create(a) => create::run(a),
+        Cmd::Lifecycle(a) => lifecycle::run(a),
         Cmd::Vmm(a) => vmm::run(a),
     }
 }

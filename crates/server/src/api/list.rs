@@ -82,6 +82,7 @@ pub async fn list_v1(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Jso
         st.manager
             .list()
             .iter()
+            .filter(|r| r.state == SandboxState::Running)
             .filter(|r| matches_metadata(r, &filter))
             .map(listed_json)
             .collect(),

@@ -2,11 +2,13 @@
 //! auth, and in front of it the entry point that sends sandbox-addressed traffic to the proxy.
 //!
 //! - [`wire`]: JSON shapes; [`error`]: the error answer and the status mapping;
-//! - [`sandboxes`], [`list`], [`templates`]: handlers (each a call into the manager).
+//! - [`sandboxes`], [`list`], [`templates`], [`snapshots`]: handlers (each a call into the
+//!   manager).
 
 mod error;
 mod list;
 mod sandboxes;
+mod snapshots;
 mod templates;
 pub mod wire;
 
@@ -53,8 +55,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/sandboxes/{sandboxID}/fork"),
     ("POST", "/sandboxes/{sandboxID}/snapshots"),
     ("PUT", "/sandboxes/{sandboxID}/network"),
+    ("GET", "/snapshots"),
     ("GET", "/templates"),
     ("GET", "/templates/{templateID}"),
+    ("DELETE", "/templates/{templateID}"),
 ];
 
 /// Server-wide settings the API needs.
@@ -178,7 +182,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(&format!("{sbx}/snapshots"), post(s::snapshot))
         .route(&format!("{sbx}/network"), put(s::network))
         .route("/templates", get(templates::list_templates))
-        .route("/templates/{templateID}", get(templates::get_template))
+        .route("/snapshots", get(snapshots::list_snapshots))
+        .route(
+            "/templates/{templateID}",
+            get(templates::get_template).delete(snapshots::delete_template),
+        )
         .fallback(any(fallback))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(

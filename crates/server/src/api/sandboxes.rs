@@ -9,9 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::wire::{
-    detail_json, metric_json, parse_json, sandbox_json, ts, NewSandbox, SandboxJson,
-};
+use super::wire::{detail_json, metric_json, parse_json, sandbox_json, ts, NewSandbox};
 use super::{ApiError, ApiResult, St};
 use crate::manager::CreateParams;
 
@@ -39,6 +37,8 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
         env_vars: req.env_vars.unwrap_or_default(),
         secure: req.secure.unwrap_or(true),
         auto_pause: req.auto_pause.unwrap_or(false),
+        auto_resume: req.auto_resume.as_ref().is_some_and(|a| a.enabled),
+        auto_pause_filesystem_only: req.auto_pause_memory == Some(false),
         allow_internet_access: req.allow_internet_access,
     };
     let rec = tokio::spawn(async move { manager.create(params).await })
@@ -88,21 +88,31 @@ pub async fn set_timeout(
 #[derive(Deserialize, Default)]
 struct ConnectBody {
     timeout: Option<i64>,
+    /// false: resume a paused sandbox by booting it on its saved disk.
+    memory: Option<bool>,
 }
 
-pub async fn connect(
-    State(st): St,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> ApiResult<Json<SandboxJson>> {
+/// `POST /v2/sandboxes/{id}/connect`: 201 when it resumed a paused sandbox, 200 when the
+/// sandbox was running (its timeout is extended).
+pub async fn connect(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let b: ConnectBody = parse_json(&body, true)?.unwrap_or_default();
     // Validate before looking the sandbox up, so bad input is a 400 even for unknown ids.
     let secs = b
         .timeout
         .unwrap_or(st.manager.config().default_timeout_secs as i64);
     st.manager.check_timeout(secs)?;
-    let r = st.manager.extend(&id, secs, "connected").await?;
-    Ok(Json(sandbox_json(&r, &st.cfg.domain)))
+    let manager = st.manager.clone();
+    let memory = b.memory.unwrap_or(true);
+    // Its own task: a client that gives up mid-resume must not cut a resume in half.
+    let (r, resumed) = tokio::spawn(async move { manager.connect(&id, secs, memory).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("connect task: {e}")))??;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(sandbox_json(&r, &st.cfg.domain))).into_response())
 }
 
 #[derive(Deserialize, Default)]
@@ -166,34 +176,90 @@ async fn collect_logs(
     Ok((logs, entries))
 }
 
-pub async fn pause(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    st.manager.pause(&id).await?;
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PauseBody {
+    /// false: keep the filesystem only (default: memory and processes too).
+    memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: 204, 409 when already paused.
+pub async fn pause(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+    let b: PauseBody = parse_json(&body, true)?.unwrap_or_default();
+    let manager = st.manager.clone();
+    tokio::spawn(async move { manager.pause(&id, b.memory.unwrap_or(true)).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("pause task: {e}")))??;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn resume(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    st.manager.resume(&id).await?;
-    Ok(StatusCode::NO_CONTENT)
+#[derive(Deserialize, Default)]
+struct ResumeBody {
+    timeout: Option<i64>,
+    memory: Option<bool>,
 }
 
-pub async fn snapshot(State(st): St, Path(id): Path<String>) -> ApiResult<Response> {
-    let snap = st.manager.snapshot(&id).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"snapshotID": snap.0, "names": []})),
-    )
-        .into_response())
+/// `POST /sandboxes/{id}/resume` (deprecated; `connect` replaces it): 201, 409 when the
+/// sandbox is not paused.
+pub async fn resume(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let b: ResumeBody = parse_json(&body, true)?.unwrap_or_default();
+    let secs = b
+        .timeout
+        .unwrap_or(st.manager.config().default_timeout_secs as i64);
+    st.manager.check_timeout(secs)?;
+    let manager = st.manager.clone();
+    let sid = id.clone();
+    let memory = b.memory.unwrap_or(true);
+    let resumed = tokio::spawn(async move { manager.resume(&sid, memory, secs).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("resume task: {e}")))??;
+    if !resumed {
+        return Err(ApiError::conflict(format!(
+            "sandbox \"{id}\" is already running"
+        )));
+    }
+    let r = st.manager.get(&id)?;
+    Ok((StatusCode::CREATED, Json(sandbox_json(&r, &st.cfg.domain))).into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct SnapshotBody {
+    name: Option<String>,
+}
+
+/// `POST /sandboxes/{id}/snapshots`: 201 `{snapshotID, names}`; the sandbox keeps running.
+pub async fn snapshot(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let b: SnapshotBody = parse_json(&body, true)?.unwrap_or_default();
+    let manager = st.manager.clone();
+    let snap = tokio::spawn(async move { manager.snapshot(&id, b.name).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("snapshot task: {e}")))??;
+    Ok((StatusCode::CREATED, Json(super::wire::snapshot_json(&snap))).into_response())
 }
 
 #[derive(Deserialize, Default)]
 struct ForkBody {
+    timeout: Option<i64>,
     count: Option<u32>,
 }
 
-pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+/// `POST /sandboxes/{id}/fork`: 201 with one `{sandbox}` or `{error: {code, message}}` per
+/// child.
+pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let b: ForkBody = parse_json(&body, true)?.unwrap_or_default();
-    st.manager.fork(&id, b.count.unwrap_or(1)).await?;
-    Ok(StatusCode::CREATED)
+    let manager = st.manager.clone();
+    let children =
+        tokio::spawn(async move { manager.fork(&id, b.count.unwrap_or(1), b.timeout).await })
+            .await
+            .map_err(|e| ApiError::internal(format!("fork task: {e}")))??;
+    let list: Vec<Value> = children
+        .into_iter()
+        .map(|c| match c {
+            Ok(r) => json!({ "sandbox": sandbox_json(&r, &st.cfg.domain) }),
+            Err(e) => json!({ "error": ApiError::from(e).body() }),
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(list)).into_response())
 }
 
 /// `PUT /sandboxes/{id}/network`: sandboxes have no network yet.

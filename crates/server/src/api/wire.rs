@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::{ApiError, ApiResult};
 use crate::manager::{MetricSample, TemplateView};
-use crate::store::{SandboxRecord, SandboxState};
+use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
 
 /// RFC 3339 (milliseconds, UTC) of a Unix time in milliseconds.
 pub fn ts(ms: i64) -> String {
@@ -44,6 +44,8 @@ pub struct NewSandbox {
     pub template_id: String,
     pub timeout: Option<i64>,
     pub auto_pause: Option<bool>,
+    pub auto_pause_memory: Option<bool>,
+    pub auto_resume: Option<AutoResume>,
     pub secure: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
@@ -51,6 +53,12 @@ pub struct NewSandbox {
     pub env_vars: Option<BTreeMap<String, String>>,
     pub mcp: Option<Value>,
     pub volume_mounts: Option<Vec<Value>>,
+}
+
+/// `autoResume` of a create request.
+#[derive(Debug, Deserialize)]
+pub struct AutoResume {
+    pub enabled: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,6 +119,11 @@ pub fn detail_json(r: &SandboxRecord, domain: &str) -> Value {
     v["envdAccessToken"] = json!(r.envd_token);
     v["domain"] = json!(domain);
     v["allowInternetAccess"] = json!(false);
+    if r.state == SandboxState::Paused {
+        if let Some(m) = r.pause_mode {
+            v["pauseMode"] = json!(m.as_str());
+        }
+    }
     v
 }
 
@@ -151,5 +164,18 @@ pub fn metric_json(m: &MetricSample) -> Value {
         "memCache": m.mem_cache,
         "diskUsed": m.disk_used,
         "diskTotal": m.disk_total,
+    })
+}
+
+/// A snapshot (`SnapshotInfo`, plus where it came from and its disk use).
+pub fn snapshot_json(s: &SnapshotRecord) -> Value {
+    let names: Vec<String> = s.name.iter().map(|n| format!("{n}:default")).collect();
+    json!({
+        "snapshotID": crate::manager::tagged(&s.id),
+        "names": names,
+        "sandboxID": s.sandbox_id,
+        "templateID": s.template_id,
+        "createdAt": ts(s.created_at_ms),
+        "sizeBytes": s.size_bytes,
     })
 }

@@ -124,21 +124,35 @@ pub trait Driver: Send + Sync + 'static {
     /// The sandbox's own output (the agent's stdout/stderr), last `max_bytes` bytes.
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String>;
 
-    /// Freezes the sandbox and saves its memory and disk; it no longer runs on the host.
-    async fn pause(&self, _id: &str) -> Result<()> {
+    /// Freezes the sandbox and saves its disk, and with `memory` its memory and processes
+    /// too; it no longer runs on the host. Its saved state survives a server restart.
+    async fn pause(&self, _id: &str, _memory: bool) -> Result<()> {
         Err(DriverError::NotImplemented("pausing sandboxes"))
     }
-    /// Runs a paused sandbox again from its saved state.
-    async fn resume(&self, _id: &str) -> Result<()> {
+    /// Runs a paused sandbox again: from its saved memory when it has one and `memory` is
+    /// true (its processes continue), else by booting it on its saved disk. Returns whether
+    /// the memory was restored (false: a fresh boot whose agent needs initialising).
+    async fn resume(&self, _id: &str, _memory: bool) -> Result<bool> {
         Err(DriverError::NotImplemented("resuming sandboxes"))
     }
-    /// Captures a running sandbox (which keeps running) as a snapshot.
-    async fn snapshot(&self, _id: &str) -> Result<SnapshotRef> {
+    /// Whether the sandbox is paused on the host (its saved state is complete).
+    async fn is_paused(&self, _id: &str) -> Result<bool> {
+        Ok(false)
+    }
+    /// Captures the running sandbox `id` (which keeps running, with its processes) as the new
+    /// snapshot `snapshot`; returns the disk bytes the snapshot uses. A snapshot outlives its
+    /// source.
+    async fn snapshot(&self, _id: &str, _snapshot: &SnapshotRef) -> Result<u64> {
         Err(DriverError::NotImplemented("sandbox snapshots"))
     }
-    /// Starts a new sandbox `spec.id` from a snapshot.
+    /// Creates and starts a new sandbox `spec.id` continuing from a snapshot (its agent
+    /// keeps the identity it had in the snapshot until it is initialised again).
     async fn restore(&self, _snapshot: &SnapshotRef, _spec: &SandboxSpec) -> Result<()> {
         Err(DriverError::NotImplemented("restoring sandbox snapshots"))
+    }
+    /// Deletes a snapshot and frees its disk.
+    async fn delete_snapshot(&self, _snapshot: &SnapshotRef) -> Result<()> {
+        Err(DriverError::NotImplemented("sandbox snapshots"))
     }
     /// Starts `children` as copies of the running sandbox `id` (which keeps running).
     async fn fork(&self, _id: &str, _children: &[SandboxSpec]) -> Result<()> {

@@ -9,6 +9,24 @@ use crate::error::{Error, Result};
 use crate::store::{now_ms, SandboxRecord, SandboxState, TemplateRecord};
 use crate::templates::{self, TemplateInfo};
 
+/// The `/init` that gives a freshly booted agent the sandbox's identity: environment (the
+/// template's, then the request's), access token, default user and working directory, clock.
+pub(super) fn init_request(
+    record: &SandboxRecord,
+    tpl: &TemplateInfo,
+) -> kiln_proto::envd::InitRequest {
+    let mut env: std::collections::HashMap<String, String> = tpl.env.clone().into_iter().collect();
+    env.extend(record.env_vars.clone());
+    kiln_proto::envd::InitRequest {
+        env_vars: Some(env),
+        access_token: record.envd_token.clone(),
+        default_user: Some(tpl.user.clone()),
+        default_workdir: Some(tpl.workdir.clone()),
+        timestamp: Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        ..Default::default()
+    }
+}
+
 impl Manager {
     /// Creates and starts a sandbox, returning its record once its agent is initialised.
     pub async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
@@ -27,6 +45,12 @@ impl Manager {
                 )));
             }
         }
+        // Refused up front when the server or the host is full (warm-pool sandboxes are
+        // booted ahead and counted by the host check, not here).
+        let _ticket = self.admit()?;
+        if let Some(snap) = self.find_snapshot(&p.template_id).await? {
+            return self.create_from_snapshot(p, snap, timeout).await;
+        }
         let name = p
             .template_id
             .split_once(':')
@@ -34,7 +58,6 @@ impl Manager {
             .unwrap_or(&p.template_id)
             .to_string();
         let tpl = self.lookup_template(&name).await?;
-        let _ticket = self.admit()?;
         let _ = self
             .store
             .upsert_template(&TemplateRecord {
@@ -48,7 +71,9 @@ impl Manager {
             })
             .await;
 
-        let id = super::new_sandbox_id();
+        // A warm pool's sandbox of this template, booted ahead of time, when there is one.
+        let pooled = self.pools.take(&tpl.name);
+        let id = pooled.clone().unwrap_or_else(super::new_sandbox_id);
         let now = now_ms();
         let mut record = SandboxRecord {
             id: id.clone(),
@@ -68,6 +93,9 @@ impl Manager {
             end_reason: None,
             auto_pause: p.auto_pause,
             driver: self.driver.name().to_string(),
+            pause_mode: None,
+            auto_resume: p.auto_resume,
+            auto_pause_memory: !p.auto_pause_filesystem_only,
         };
         self.store.insert_sandbox(&record).await?;
         let spec = SandboxSpec {
@@ -81,7 +109,7 @@ impl Manager {
             pids_limit: self.cfg.pids_limit,
         };
         let booted = match self.boots.acquire().await {
-            Ok(_permit) => self.boot(&spec, &record, &tpl).await,
+            Ok(_permit) => self.boot(&spec, &record, &tpl, pooled.is_some()).await,
             Err(_) => Err(Error::Unavailable(
                 "the sandbox manager is shutting down".into(),
             )),
@@ -122,6 +150,23 @@ impl Manager {
         Ok(record)
     }
 
+    /// Gives a freshly booted agent the sandbox's identity and starts the template's start
+    /// command.
+    async fn init_booted(&self, record: &SandboxRecord, tpl: &TemplateInfo) -> Result<()> {
+        // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
+        // /init, e.g. on resume, must send the current token.)
+        self.agent(&record.id, None)
+            .init(&init_request(record, tpl))
+            .await
+            .map_err(|e| Error::create("initialising the agent")(e.into()))?;
+        if let Some(cmd) = &tpl.start_cmd {
+            self.start_cmd(record, tpl, cmd)
+                .await
+                .map_err(Error::create("starting the template's start command"))?;
+        }
+        Ok(())
+    }
+
     /// The template `name`, or 400 (bad name) / 404 (not built).
     pub(super) async fn lookup_template(&self, name: &str) -> Result<TemplateInfo> {
         templates::check_name(name)?;
@@ -137,13 +182,23 @@ impl Manager {
             })
     }
 
-    /// Creates, starts and initialises the sandbox; returns how long each phase took.
+    /// Creates, starts and initialises the sandbox (a `pooled` one is already running: it is
+    /// only initialised); returns how long each phase took.
     async fn boot(
         &self,
         spec: &SandboxSpec,
         record: &SandboxRecord,
         tpl: &TemplateInfo,
+        pooled: bool,
     ) -> Result<String> {
+        if pooled {
+            let t = Instant::now();
+            self.init_booted(record, tpl).await?;
+            return Ok(format!(
+                "from the warm pool, init {} ms",
+                t.elapsed().as_millis()
+            ));
+        }
         let t = Instant::now();
         self.driver
             .create(spec)
@@ -170,31 +225,8 @@ impl Manager {
             ));
         }
         let t_ready = t.elapsed();
-        let mut env: std::collections::HashMap<String, String> =
-            tpl.env.clone().into_iter().collect();
-        env.extend(record.env_vars.clone());
-        let init = kiln_proto::envd::InitRequest {
-            env_vars: Some(env),
-            access_token: record.envd_token.clone(),
-            default_user: Some(tpl.user.clone()),
-            default_workdir: Some(tpl.workdir.clone()),
-            timestamp: Some(
-                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            ),
-            ..Default::default()
-        };
-        // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
-        // /init, e.g. on resume, must send the current token.)
-        agent
-            .init(&init)
-            .await
-            .map_err(|e| Error::create("initialising the agent")(e.into()))?;
+        self.init_booted(record, tpl).await?;
         let t_init = t.elapsed();
-        if let Some(cmd) = &tpl.start_cmd {
-            self.start_cmd(record, tpl, cmd)
-                .await
-                .map_err(Error::create("starting the template's start command"))?;
-        }
         let ms = |d: Duration| d.as_millis();
         Ok(format!(
             "prepare {} ms, start {} ms, agent ready {} ms, init {} ms",

@@ -5,18 +5,22 @@
 //! - timeouts, kill and the reaper here and in `reaper.rs`;
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
 //! - metrics, logs and template views in `observe.rs`;
-//! - pause/resume/snapshot/fork pass through to the driver in `lifecycle.rs`.
+//! - pause/resume (and auto-pause/resume) in `lifecycle.rs`, snapshots in `snapshots.rs`,
+//!   fork in `fork.rs`, warm pools in `pool.rs`.
 //!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
 
 mod admission;
 mod create;
+mod fork;
 mod lifecycle;
 mod observe;
+mod pool;
 mod reaper;
 mod recovery;
 mod registry;
+mod snapshots;
 mod start_cmd;
 
 use std::collections::BTreeMap;
@@ -32,8 +36,11 @@ use crate::store::{now_ms, SandboxRecord, SandboxState, StateStore};
 use crate::templates::Templates;
 
 pub use admission::AdmissionConfig;
+pub use fork::MAX_FORK;
 pub use observe::{Logs, MetricSample, TemplateView};
+pub use pool::parse_pool;
 pub use recovery::RecoveryReport;
+pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use start_cmd::START_CMD_EVENT;
 
 /// Largest timeout the API accepts (E2B's timeout is an int32 of seconds).
@@ -56,6 +63,8 @@ pub struct LifecycleConfig {
     pub reap_interval: Duration,
     /// Caps on concurrent sandboxes and the host-capacity check.
     pub admission: AdmissionConfig,
+    /// Warm pools: (template, how many booted sandboxes to keep ready).
+    pub pools: Vec<(String, u32)>,
 }
 
 impl Default for LifecycleConfig {
@@ -70,6 +79,7 @@ impl Default for LifecycleConfig {
             agent_ready_timeout: Duration::from_secs(30),
             reap_interval: Duration::from_millis(200),
             admission: AdmissionConfig::default(),
+            pools: Vec::new(),
         }
     }
 }
@@ -92,6 +102,10 @@ pub struct CreateParams {
     pub env_vars: BTreeMap<String, String>,
     pub secure: bool,
     pub auto_pause: bool,
+    /// Traffic to the sandbox while it is paused resumes it.
+    pub auto_resume: bool,
+    /// An auto-pause keeps the filesystem only (`autoPauseMemory: false`).
+    pub auto_pause_filesystem_only: bool,
     pub allow_internet_access: Option<bool>,
 }
 
@@ -113,6 +127,9 @@ pub struct Manager {
     /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
     /// than CPUs only makes every one of them slower.
     boots: tokio::sync::Semaphore,
+    /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
+    lifecycle_lock: tokio::sync::Mutex<()>,
+    pools: pool::Pools,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -167,6 +184,8 @@ impl Manager {
                     .unwrap_or(2)
                     .max(2),
             ),
+            lifecycle_lock: tokio::sync::Mutex::new(()),
+            pools: pool::Pools::default(),
         })
     }
 
@@ -216,24 +235,27 @@ impl Manager {
         Ok(secs as u64)
     }
 
-    /// The running sandbox `id`, or [`Error::SandboxNotFound`].
+    /// The running or paused sandbox `id`, or [`Error::SandboxNotFound`].
     pub fn get(&self, id: &str) -> Result<SandboxRecord> {
         self.registry
             .get(id)
             .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
     }
 
-    /// Running sandboxes, oldest first.
+    /// Running and paused sandboxes, oldest first.
     pub fn list(&self) -> Vec<SandboxRecord> {
         self.registry.list()
     }
 
-    /// Where the proxy sends traffic for `id`.
+    /// Where the proxy sends traffic for `id` (None when it is not running).
     pub fn route(&self, id: &str) -> Option<Route> {
-        self.registry.get(id).map(|r| Route {
-            sandbox_id: r.id,
-            envd_token: r.envd_token,
-        })
+        self.registry
+            .get(id)
+            .filter(|r| r.state == SandboxState::Running)
+            .map(|r| Route {
+                sandbox_id: r.id,
+                envd_token: r.envd_token,
+            })
     }
 
     /// A client for `port` inside sandbox `id` (raw HTTP through the driver's connect).

@@ -39,9 +39,13 @@ pub struct TemplateView {
 const CONSOLE_TAIL: usize = 64 * 1024;
 
 impl Manager {
-    /// A current metrics sample of the running sandbox `id`.
+    /// A current metrics sample of the running sandbox `id` (none while it is paused).
     pub async fn metrics(&self, id: &str) -> Result<Vec<MetricSample>> {
         let r = self.get(id)?;
+        if r.state == crate::store::SandboxState::Paused {
+            // Nothing runs: no sample.
+            return Ok(Vec::new());
+        }
         let stats = self.driver.stats(id).await?;
         let pct = self.registry.cpu_pct(id, stats.cpu_ns, r.cpu_count);
         let (disk_used, disk_total) = match self.agent(id, r.envd_token.clone()).metrics().await {

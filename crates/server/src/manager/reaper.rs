@@ -1,4 +1,4 @@
-//! Ending sandboxes whose time is up. Expiry is a question to the store (the authority on end
+//! Ending (or, with autoPause, pausing) sandboxes whose time is up. Expiry is a question to the store (the authority on end
 //! times), so a sandbox's timeout holds whichever process serves it.
 
 use std::sync::Arc;
@@ -7,7 +7,8 @@ use super::Manager;
 use crate::store::now_ms;
 
 impl Manager {
-    /// Kills sandboxes whose time is up. Returns the ids killed.
+    /// Kills sandboxes whose time is up, or pauses those created with autoPause. Returns
+    /// the ids killed.
     pub async fn reap_expired(&self) -> Vec<String> {
         let due = match self.store.expired(now_ms()).await {
             Ok(ids) => ids,
@@ -18,6 +19,15 @@ impl Manager {
         };
         let mut killed = Vec::new();
         for id in due {
+            // autoPause: the sandbox pauses instead of ending.
+            if let Some(r) = self.registry.get(&id).filter(|r| r.auto_pause) {
+                match self.pause(&id, r.auto_pause_memory).await {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, error = %e, "auto-pausing; killing instead")
+                    }
+                }
+            }
             match self.kill(&id, "timeout expired").await {
                 Ok(true) => killed.push(id),
                 Ok(false) => {}

@@ -65,6 +65,23 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX IF NOT EXISTS sandboxes_state_end ON sandboxes(state, end_at);
     ALTER TABLE templates ADD COLUMN image TEXT;
     ",
+    // 3: paused sandboxes remember what their pause saved (`full` or `filesystem`), whether
+    // traffic resumes them and what an auto-pause keeps; snapshots of sandboxes.
+    "
+    ALTER TABLE sandboxes ADD COLUMN pause_mode TEXT;
+    ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sandboxes ADD COLUMN auto_pause_memory INTEGER NOT NULL DEFAULT 1;
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        name TEXT UNIQUE,
+        sandbox_id TEXT NOT NULL,
+        template_id TEXT NOT NULL,
+        envd_token TEXT,
+        env_vars TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        size_bytes INTEGER NOT NULL
+    );
+    ",
 ];
 
 /// Schema version this kiln writes.

@@ -59,9 +59,20 @@ pub trait StateStore: Send + Sync + 'static {
     async fn list_sandboxes(&self, states: &[SandboxState]) -> Result<Vec<SandboxRecord>>;
     /// Moves a sandbox to `state`; ending states also record when and why.
     async fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>) -> Result<()>;
+    /// Marks a sandbox paused, recording what its pause saved.
+    async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()>;
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()>;
     /// Ids of running sandboxes whose end time is at or before `now_ms`.
     async fn expired(&self, now_ms: i64) -> Result<Vec<String>>;
+
+    // ---- snapshots ----
+    async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<()>;
+    /// The snapshot whose id or name is `key`.
+    async fn get_snapshot(&self, key: &str) -> Result<Option<SnapshotRecord>>;
+    /// Every snapshot, oldest first.
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>>;
+    /// Deletes the snapshot `id`; false when there is none.
+    async fn delete_snapshot(&self, id: &str) -> Result<bool>;
 
     // ---- events ----
     async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()>;

@@ -47,6 +47,32 @@ impl SandboxState {
     }
 }
 
+/// What a pause saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseMode {
+    /// Memory, processes and filesystem: resuming continues where the sandbox stopped.
+    Full,
+    /// The filesystem only: resuming boots the sandbox again on its saved disk.
+    Filesystem,
+}
+
+impl PauseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Full => "full",
+            PauseMode::Filesystem => "filesystem",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "full" => Some(PauseMode::Full),
+            "filesystem" => Some(PauseMode::Filesystem),
+            _ => None,
+        }
+    }
+}
+
 /// One sandbox row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxRecord {
@@ -67,6 +93,12 @@ pub struct SandboxRecord {
     pub end_reason: Option<String>,
     pub auto_pause: bool,
     pub driver: String,
+    /// What the latest pause saved (None: never paused).
+    pub pause_mode: Option<PauseMode>,
+    /// Whether traffic to the sandbox while it is paused resumes it.
+    pub auto_resume: bool,
+    /// Whether an auto-pause keeps memory (else the filesystem only).
+    pub auto_pause_memory: bool,
 }
 
 /// One API key row (the key itself is never stored, only its SHA-256).
@@ -102,4 +134,23 @@ pub struct TemplateRecord {
     pub last_spawned_ms: Option<i64>,
     /// The template's ext4 image, for drivers that boot from a block device.
     pub image: Option<String>,
+}
+
+/// A snapshot of a sandbox: a template new sandboxes continue from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub id: String,
+    /// Optional unique name it can also be used by.
+    pub name: Option<String>,
+    /// The sandbox it was taken from (which may be gone).
+    pub sandbox_id: String,
+    /// The template that sandbox was made from.
+    pub template_id: String,
+    /// The agent's access token in the snapshot (needed to give a restored agent a new one).
+    pub envd_token: Option<String>,
+    /// The source's environment variables from its create request.
+    pub env_vars: BTreeMap<String, String>,
+    pub created_at_ms: i64,
+    /// Disk used by the snapshot.
+    pub size_bytes: u64,
 }

@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::migrations;
 use super::{
-    now_ms, Event, KeyRecord, Result, SandboxRecord, SandboxState, StateStore, StoreError,
-    TemplateRecord,
+    now_ms, Event, KeyRecord, PauseMode, Result, SandboxRecord, SandboxState, SnapshotRecord,
+    StateStore, StoreError, TemplateRecord,
 };
 
 /// The SQLite state database.
@@ -40,6 +40,12 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<(SandboxRecord, String, Str
             end_reason: r.get("end_reason")?,
             auto_pause: r.get::<_, i64>("auto_pause")? != 0,
             driver: r.get("driver")?,
+            pause_mode: r
+                .get::<_, Option<String>>("pause_mode")?
+                .as_deref()
+                .and_then(PauseMode::parse),
+            auto_resume: r.get::<_, i64>("auto_resume")? != 0,
+            auto_pause_memory: r.get::<_, i64>("auto_pause_memory")? != 0,
         },
         r.get("metadata")?,
         r.get("env_vars")?,
@@ -49,6 +55,28 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<(SandboxRecord, String, Str
 fn finish(row: (SandboxRecord, String, String)) -> Result<SandboxRecord> {
     let (mut s, md, env) = row;
     s.metadata = serde_json::from_str(&md)?;
+    s.env_vars = serde_json::from_str(&env)?;
+    Ok(s)
+}
+
+fn snapshot_from_row(r: &Row<'_>) -> rusqlite::Result<(SnapshotRecord, String)> {
+    Ok((
+        SnapshotRecord {
+            id: r.get("id")?,
+            name: r.get("name")?,
+            sandbox_id: r.get("sandbox_id")?,
+            template_id: r.get("template_id")?,
+            envd_token: r.get("envd_token")?,
+            env_vars: BTreeMap::new(),
+            created_at_ms: r.get("created_at")?,
+            size_bytes: r.get::<_, i64>("size_bytes")? as u64,
+        },
+        r.get("env_vars")?,
+    ))
+}
+
+fn finish_snapshot(row: (SnapshotRecord, String)) -> Result<SnapshotRecord> {
+    let (mut s, env) = row;
     s.env_vars = serde_json::from_str(&env)?;
     Ok(s)
 }
@@ -128,9 +156,10 @@ impl StateStore for SqliteStore {
             c.execute(
                 "INSERT INTO sandboxes (id, template_id, alias, client_id, state, metadata,
                    env_vars, cpu_count, memory_mb, disk_size_mb, envd_token, started_at, end_at,
-                   ended_at, end_reason, auto_pause, driver)
+                   ended_at, end_reason, auto_pause, driver, pause_mode, auto_resume,
+                   auto_pause_memory)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                   ?17)",
+                   ?17, ?18, ?19, ?20)",
                 params![
                     s.id,
                     s.template_id,
@@ -149,6 +178,9 @@ impl StateStore for SqliteStore {
                     s.end_reason,
                     s.auto_pause as i64,
                     s.driver,
+                    s.pause_mode.map(PauseMode::as_str),
+                    s.auto_resume as i64,
+                    s.auto_pause_memory as i64,
                 ],
             )?;
             Ok(())
@@ -202,6 +234,18 @@ impl StateStore for SqliteStore {
         .await
     }
 
+    async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()> {
+        let id = id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE sandboxes SET state = 'paused', pause_mode = ?2 WHERE id = ?1",
+                params![id, mode.as_str()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()> {
         let id = id.to_string();
         self.with(move |c| {
@@ -224,6 +268,62 @@ impl StateStore for SqliteStore {
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await
+    }
+
+    async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<()> {
+        let s = s.clone();
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO snapshots (id, name, sandbox_id, template_id, envd_token, env_vars,
+                   created_at, size_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    s.id,
+                    s.name,
+                    s.sandbox_id,
+                    s.template_id,
+                    s.envd_token,
+                    serde_json::to_string(&s.env_vars)?,
+                    s.created_at_ms,
+                    s.size_bytes as i64,
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_snapshot(&self, key: &str) -> Result<Option<SnapshotRecord>> {
+        let key = key.to_string();
+        self.with(move |c| {
+            c.query_row(
+                "SELECT * FROM snapshots WHERE id = ?1 OR name = ?1",
+                [key],
+                snapshot_from_row,
+            )
+            .optional()?
+            .map(finish_snapshot)
+            .transpose()
+        })
+        .await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>> {
+        self.with(|c| {
+            let mut stmt = c.prepare("SELECT * FROM snapshots ORDER BY created_at, id")?;
+            let rows = stmt.query_map([], snapshot_from_row)?;
+            let mut out = Vec::new();
+            for r in rows {
+                out.push(finish_snapshot(r?)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.with(move |c| Ok(c.execute("DELETE FROM snapshots WHERE id = ?1", [id])? > 0))
+            .await
     }
 
     async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()> {

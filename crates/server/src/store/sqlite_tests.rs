@@ -22,7 +22,40 @@ fn sample(id: &str, state: SandboxState) -> SandboxRecord {
         end_reason: None,
         auto_pause: false,
         driver: "gvisor".into(),
+        pause_mode: None,
+        auto_resume: false,
+        auto_pause_memory: true,
     }
+}
+
+#[tokio::test]
+async fn pauses_are_recorded_with_their_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    {
+        let s = SqliteStore::open(&db).unwrap();
+        let mut rec = sample("p", SandboxState::Running);
+        rec.auto_resume = true;
+        s.insert_sandbox(&rec).await.unwrap();
+        s.set_paused("p", PauseMode::Filesystem).await.unwrap();
+    }
+    let s = SqliteStore::open(&db).unwrap();
+    let got = s.get_sandbox("p").await.unwrap().unwrap();
+    assert_eq!(got.state, SandboxState::Paused);
+    assert_eq!(got.pause_mode, Some(PauseMode::Filesystem));
+    assert!(got.auto_resume);
+    assert_eq!(got.ended_at_ms, None, "a paused sandbox has not ended");
+    // A paused sandbox never expires.
+    s.set_end_at("p", 1).await.unwrap();
+    assert!(s.expired(10_000).await.unwrap().is_empty());
+    s.set_state("p", SandboxState::Running, None).await.unwrap();
+    let got = s.get_sandbox("p").await.unwrap().unwrap();
+    assert_eq!(got.state, SandboxState::Running);
+    assert_eq!(
+        got.pause_mode,
+        Some(PauseMode::Filesystem),
+        "the last pause's mode stays"
+    );
 }
 
 #[tokio::test]

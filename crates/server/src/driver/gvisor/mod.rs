@@ -20,13 +20,17 @@
 //! seconds until the host's init reaps the zombies.
 //!
 //! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
-//! (the overlay), [`reap`] (host processes).
+//! (the overlay), [`reap`] (host processes), [`checkpoint`] (pause and resume), [`snapshot`]
+//! (snapshots and sandboxes restored from them).
 
 pub mod bench;
+pub mod bench_lifecycle;
+mod checkpoint;
 mod mounts;
 mod oci;
 mod reap;
 mod runsc;
+mod snapshot;
 
 use std::path::{Path, PathBuf};
 
@@ -37,8 +41,10 @@ pub use oci::oci_spec;
 pub use reap::reap_adopted_zombies;
 pub use runsc::Runsc;
 
-use super::{io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats};
-use mounts::{mount_overlay, unmount};
+use super::{
+    io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
+};
+use mounts::{mount_overlay_stack, unmount};
 
 /// Path of the agent binary inside every template.
 pub const AGENT_PATH: &str = "/usr/bin/kiln-agent";
@@ -176,7 +182,9 @@ impl GvisorDriver {
         self.cfg.dir.join("sandboxes").join(id)
     }
 
-    async fn prepare(&self, spec: &SandboxSpec) -> Result<()> {
+    /// Prepares the sandbox's layer and bundle. The fresh writable layer stacks on `lowers`
+    /// (topmost first; frozen layers of a snapshot), or on the template rootfs when None.
+    async fn prepare_with(&self, spec: &SandboxSpec, lowers: Option<&[PathBuf]>) -> Result<()> {
         let dir = self.sandbox_dir(&spec.id);
         if dir.exists() {
             return Err(DriverError::Other(format!(
@@ -199,8 +207,9 @@ impl GvisorDriver {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
         }
-        mount_overlay(
-            &spec.rootfs,
+        let template = [spec.rootfs.clone()];
+        mount_overlay_stack(
+            lowers.unwrap_or(&template),
             &dir.join("upper"),
             &dir.join("work"),
             &dir.join("rootfs"),
@@ -223,6 +232,36 @@ impl GvisorDriver {
     /// Host path of the agent socket.
     fn socket_path(&self, id: &str) -> PathBuf {
         self.sandbox_dir(id).join("run").join(SOCKET_NAME)
+    }
+
+    /// Ends the sandbox's container and processes, keeping its files (layer, bundle, saved
+    /// state). Idempotent.
+    async fn halt(&self, id: &str) -> Result<()> {
+        // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
+        // gone instead of polling for seconds until the host's init reaps the zombies.
+        reap::kill_and_reap(&reap::sandbox_processes(id, &self.sandbox_dir(id))).await;
+        // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
+        // an unknown container (never created, or a concurrent stop won): only fail if the
+        // container is still there. Processes that exit meanwhile (a checkpointed sandbox's do
+        // on their own) are reaped as they go, or runsc waits seconds for them.
+        let reaping = async {
+            loop {
+                reap_adopted_zombies();
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        };
+        let args = ["delete", "--force", id];
+        let deleted = tokio::select! {
+            r = self.runsc.output(&args) => r,
+            never = reaping => never,
+        };
+        if let Err(e) = deleted {
+            if self.runsc.status(id).await.is_some() {
+                return Err(e);
+            }
+        }
+        reap_adopted_zombies();
+        Ok(())
     }
 
     /// Removes every host trace of a sandbox (after runsc is gone).
@@ -271,7 +310,7 @@ impl Driver for GvisorDriver {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<()> {
         check_id(&spec.id)?;
-        let r = self.prepare(spec).await;
+        let r = self.prepare_with(spec, None).await;
         if r.is_err() {
             let _ = self.stop(&spec.id).await;
         }
@@ -291,19 +330,34 @@ impl Driver for GvisorDriver {
 
     async fn stop(&self, id: &str) -> Result<()> {
         check_id(id)?;
-        // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
-        // gone instead of polling for seconds until the host's init reaps the zombies.
-        reap::kill_and_reap(&reap::sandbox_processes(id, &self.sandbox_dir(id))).await;
-        // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
-        // an unknown container (never created, or a concurrent stop won): only fail if the
-        // container is still there.
-        if let Err(e) = self.runsc.output(&["delete", "--force", id]).await {
-            if self.runsc.status(id).await.is_some() {
-                return Err(e);
-            }
-        }
-        reap_adopted_zombies();
-        self.remove_files(id)
+        self.halt(id).await?;
+        let r = self.remove_files(id);
+        self.gc_layers();
+        r
+    }
+
+    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        self.pause_sandbox(id, memory).await
+    }
+
+    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
+        self.resume_sandbox(id, memory).await
+    }
+
+    async fn is_paused(&self, id: &str) -> Result<bool> {
+        Ok(self.paused_on_host(id))
+    }
+
+    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        self.take_snapshot(id, snapshot).await
+    }
+
+    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
+        self.restore_snapshot(snapshot, spec).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
+        self.remove_snapshot(snapshot)
     }
 
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {

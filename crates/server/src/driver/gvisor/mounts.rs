@@ -43,8 +43,14 @@ fn unescape_mount(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
-    for p in [lower, upper, work] {
+/// Mounts an overlay of `lowers` (topmost first) under the writable `upper`.
+pub fn mount_overlay_stack(
+    lowers: &[std::path::PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<()> {
+    for p in lowers.iter().map(|p| p.as_path()).chain([upper, work]) {
         if p.to_string_lossy().contains([',', ':']) {
             return Err(DriverError::Other(format!(
                 "overlay layer path {} contains ',' or ':', which overlayfs cannot take",
@@ -52,9 +58,14 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
             )));
         }
     }
+    let lower = lowers
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
     let opts = format!(
         "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
+        lower,
         upper.display(),
         work.display()
     );
@@ -78,7 +89,7 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
             what: format!(
                 "mounting the sandbox overlay at {} (lower {}); kiln serve must run as root",
                 target.display(),
-                lower.display()
+                lower
             ),
             source: std::io::Error::last_os_error(),
         });

@@ -88,6 +88,35 @@ impl Runsc {
     /// Go start-up less than `create` + `start`). The sandbox inherits the given stdio for its
     /// whole life, so it gets a file (`log`), never a pipe someone would have to drain.
     pub async fn run_detached(&self, bundle: &Path, id: &str, log: &Path) -> Result<()> {
+        self.detached(&["run"], bundle, id, log).await
+    }
+
+    /// `runsc restore --detach`: a new container `id` continuing from the checkpoint in
+    /// `image` (stdio as for [`Self::run_detached`]).
+    pub async fn restore_detached(
+        &self,
+        image: &Path,
+        bundle: &Path,
+        id: &str,
+        log: &Path,
+    ) -> Result<()> {
+        let image = format!("--image-path={}", image.display());
+        self.detached(&["restore", &image], bundle, id, log).await
+    }
+
+    /// `runsc checkpoint`: saves the container's memory and processes into `image`. Without
+    /// `leave_running` the sandbox stops (its container is left for `delete`).
+    pub async fn checkpoint(&self, id: &str, image: &Path, leave_running: bool) -> Result<()> {
+        let image = format!("--image-path={}", image.display());
+        let mut args = vec!["checkpoint", image.as_str()];
+        if leave_running {
+            args.push("--leave-running");
+        }
+        args.push(id);
+        self.output(&args).await.map(drop)
+    }
+
+    async fn detached(&self, sub: &[&str], bundle: &Path, id: &str, log: &Path) -> Result<()> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -95,7 +124,7 @@ impl Runsc {
             .map_err(io_err(format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(io_err("duplicating the log fd"))?;
         let mut c = self.command();
-        c.arg("run")
+        c.args(sub)
             .arg("--detach")
             .arg(format!("--bundle={}", bundle.display()))
             .arg(id)
@@ -104,13 +133,13 @@ impl Runsc {
         let status = tokio::time::timeout(RUNSC_TIMEOUT, c.status())
             .await
             .map_err(|_| DriverError::Command {
-                command: "runsc run --detach".into(),
+                command: format!("runsc {} --detach", sub[0]),
                 output: format!("timed out after {}s", RUNSC_TIMEOUT.as_secs()),
             })?
             .map_err(io_err(format!("running {}", self.bin.display())))?;
         if !status.success() {
             return Err(DriverError::Command {
-                command: format!("runsc run --detach {id}"),
+                command: format!("runsc {} --detach {id}", sub[0]),
                 output: super::tail(log, 4000),
             });
         }

@@ -1,0 +1,102 @@
+//! `kiln bench lifecycle`: pause, resume, fork (1 and 5 children) and create from a warm pool
+//! (sequential and 10 at once), beside the raw `runsc checkpoint` / `runsc restore` of the same
+//! sandbox measured in the same run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use kiln_server::driver::gvisor::bench::Percentiles;
+use kiln_server::driver::gvisor::bench_lifecycle::{lifecycle_bench, LifecycleBenchOptions};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Template to start sandboxes from.
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// Pause/resume rounds (each also measures a raw checkpoint and restore).
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// Forks of each size (1 and 5 children).
+    #[arg(long, default_value_t = 5)]
+    fork_rounds: usize,
+    /// Sequential creates from the warm pool.
+    #[arg(long, default_value_t = 20)]
+    pool_creates: usize,
+    /// gVisor platform.
+    #[arg(long, env = "KILN_PLATFORM", default_value = "ptrace")]
+    platform: String,
+    /// runsc binary (default: runsc on PATH).
+    #[arg(long, env = "KILN_RUNSC")]
+    runsc: Option<PathBuf>,
+    /// Directory for the bench's temporary state (default: the kiln state dir).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let store = kiln_template::Store::open_default().context("opening the template store")?;
+    let opts = LifecycleBenchOptions {
+        template: a.template,
+        rounds: a.rounds.max(1),
+        fork_rounds: a.fork_rounds.max(1),
+        pool_creates: a.pool_creates.max(1),
+        platform: a.platform,
+        runsc: a.runsc,
+        work_dir: a
+            .work_dir
+            .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench")),
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    let r = rt
+        .block_on(lifecycle_bench(&opts, Arc::new(store)))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let row = |name: &str, p: &Percentiles, base: Option<(&str, &Percentiles)>| {
+        let ratio = base
+            .map(|(what, b)| format!("{:>5.2}x raw {what}", p.p50_ms / b.p50_ms))
+            .unwrap_or_default();
+        println!(
+            "{name:<40} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   {ratio}",
+            p.n, p.p50_ms, p.p99_ms,
+        );
+    };
+    println!(
+        "kiln bench lifecycle (gVisor, platform {}, template {}):",
+        opts.platform, opts.template
+    );
+    println!("  raw = the runsc command alone on the same sandbox (agent detached beforehand)");
+    row("raw   runsc checkpoint", &r.raw_checkpoint, None);
+    row("raw   runsc restore", &r.raw_restore, None);
+    row(
+        "kiln  pause (memory)",
+        &r.pause,
+        Some(("checkpoint", &r.raw_checkpoint)),
+    );
+    row(
+        "kiln  resume (connect, agent answers)",
+        &r.resume,
+        Some(("restore", &r.raw_restore)),
+    );
+    row(
+        "kiln  fork, 1 child answering",
+        &r.fork1,
+        Some(("restore", &r.raw_restore)),
+    );
+    row(
+        "kiln  fork, 5 children answering",
+        &r.fork5,
+        Some(("restore", &r.raw_restore)),
+    );
+    row(
+        "kiln  create from warm pool, sequential",
+        &r.pool_sequential,
+        None,
+    );
+    row(
+        "kiln  create from warm pool, 10 at once",
+        &r.pool_concurrent,
+        None,
+    );
+    println!("  targets: pool p50 <= 25 ms, p99 <= 100 ms; pause/resume <= 1.2x raw; fork child <= 1.3x raw restore");
+    Ok(0)
+}

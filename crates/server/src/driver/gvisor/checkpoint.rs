@@ -1,0 +1,194 @@
+//! Pause and resume of a gVisor sandbox: `runsc checkpoint` into the sandbox's directory, then
+//! `runsc restore` from it.
+//!
+//! gVisor cannot checkpoint a sandbox that holds sockets backed by the host, and the agent's
+//! socket (`--host-uds=create`) is one. So the agent is detached first (`SIGUSR1`: it closes
+//! its listeners and connections, then writes `run/agent.sock.detached`), and attached again
+//! after a restore (`SIGUSR2`).
+//!
+//! Per sandbox, next to the layer and bundle (see the module docs of [`super`]):
+//! - `checkpoint/`: runsc's image of memory and processes (full pauses only);
+//! - `paused.json`: written last, atomically, once the pause is complete; it says whether the
+//!   memory was kept and which template rootfs the layer stacks on (to mount it again after a
+//!   host reboot). A sandbox without it is not paused, whatever else is on disk.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::mounts::{is_mounted, mount_overlay_stack};
+use super::{check_id, GvisorDriver, SOCKET_NAME};
+use crate::driver::{io_err, DriverError, Result};
+
+/// How long the agent may take to let go of its sockets.
+const DETACH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The record of a completed pause.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Paused {
+    /// Whether `checkpoint/` holds the sandbox's memory.
+    memory: bool,
+    /// The layers under the sandbox's writable layer, topmost first (frozen layers of
+    /// snapshots, then the template rootfs).
+    lower: Vec<PathBuf>,
+}
+
+impl GvisorDriver {
+    fn image_dir(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id).join("checkpoint")
+    }
+
+    fn paused_file(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id).join("paused.json")
+    }
+
+    fn detached_marker(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id)
+            .join("run")
+            .join(format!("{SOCKET_NAME}.detached"))
+    }
+
+    fn read_paused(&self, id: &str) -> Option<Paused> {
+        let text = std::fs::read(self.paused_file(id)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Asks the agent to let go of its sockets and waits until it has.
+    pub(super) async fn detach_agent(&self, id: &str) -> Result<()> {
+        let marker = self.detached_marker(id);
+        let _ = std::fs::remove_file(&marker);
+        self.runsc.output(&["kill", id, "USR1"]).await?;
+        let deadline = tokio::time::Instant::now() + DETACH_TIMEOUT;
+        while !marker.exists() {
+            if tokio::time::Instant::now() >= deadline {
+                let _ = self.attach_agent(id).await;
+                return Err(DriverError::Other(format!(
+                    "the agent of sandbox {id} did not release its sockets within {}s; \
+                     templates built before pause support must be rebuilt",
+                    DETACH_TIMEOUT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(())
+    }
+
+    /// Asks the agent to listen on its sockets again.
+    pub(super) async fn attach_agent(&self, id: &str) -> Result<()> {
+        self.runsc.output(&["kill", id, "USR2"]).await.map(drop)
+    }
+
+    /// The layers the sandbox's writable layer stacks on (the lower dirs of its mount, topmost
+    /// first).
+    pub(super) fn lower_of(&self, id: &str) -> Result<Vec<PathBuf>> {
+        let rootfs = self.sandbox_dir(id).join("rootfs");
+        let info = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(io_err("reading /proc/self/mountinfo"))?;
+        let want = rootfs.to_string_lossy();
+        info.lines()
+            .filter(|l| l.split(' ').nth(4) == Some(want.as_ref()))
+            .find_map(|l| {
+                l.split(' ')
+                    .skip_while(|f| *f != "-")
+                    .nth(3)?
+                    .split(',')
+                    .find_map(|o| o.strip_prefix("lowerdir="))
+                    .map(|l| l.split(':').map(PathBuf::from).collect())
+            })
+            .ok_or_else(|| DriverError::Other(format!("the layer of sandbox {id} is not mounted")))
+    }
+
+    pub(super) async fn pause_sandbox(&self, id: &str, memory: bool) -> Result<()> {
+        check_id(id)?;
+        if self.read_paused(id).is_some() {
+            return Err(DriverError::Other(format!(
+                "sandbox {id} is already paused"
+            )));
+        }
+        if self.runsc.status(id).await.as_deref() != Some("running") {
+            return Err(DriverError::NotFound(id.to_string()));
+        }
+        let lower = self.lower_of(id)?;
+        let image = self.image_dir(id);
+        let _ = std::fs::remove_dir_all(&image);
+        std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
+        let t = std::time::Instant::now();
+        self.detach_agent(id).await?;
+        let t_detach = t.elapsed();
+        // A checkpoint also makes gVisor write back what it caches of the sandbox's files, so
+        // a filesystem-only pause takes one too and then drops the memory image.
+        if let Err(e) = self.runsc.checkpoint(id, &image, false).await {
+            if memory {
+                // Newer runsc leaves the sandbox running after a failed checkpoint.
+                let _ = self.attach_agent(id).await;
+                let _ = std::fs::remove_dir_all(&image);
+                return Err(e);
+            }
+            tracing::warn!(sandbox = id, error = %e, "checkpoint before a filesystem pause");
+        }
+        let t_checkpoint = t.elapsed();
+        self.halt(id).await?;
+        tracing::debug!(
+            sandbox = id,
+            "pause: detach {:?}, checkpoint {:?}, halt {:?}",
+            t_detach,
+            t_checkpoint - t_detach,
+            t.elapsed() - t_checkpoint
+        );
+        if !memory {
+            let _ = std::fs::remove_dir_all(&image);
+        }
+        let record = serde_json::to_vec(&Paused { memory, lower })
+            .map_err(|e| DriverError::Other(format!("encoding paused.json: {e}")))?;
+        let tmp = self.sandbox_dir(id).join("paused.json.tmp");
+        std::fs::write(&tmp, record).map_err(io_err(format!("writing {}", tmp.display())))?;
+        std::fs::rename(&tmp, self.paused_file(id))
+            .map_err(io_err(format!("renaming {}", tmp.display())))
+    }
+
+    pub(super) async fn resume_sandbox(&self, id: &str, memory: bool) -> Result<bool> {
+        check_id(id)?;
+        let Some(paused) = self.read_paused(id) else {
+            return Err(DriverError::NotFound(id.to_string()));
+        };
+        let dir = self.sandbox_dir(id);
+        let rootfs = dir.join("rootfs");
+        if !is_mounted(&rootfs) {
+            // The host rebooted while the sandbox was paused.
+            mount_overlay_stack(
+                &paused.lower,
+                &dir.join("upper"),
+                &dir.join("work"),
+                &rootfs,
+            )?;
+        }
+        // (The pause deleted the container before writing paused.json.)
+        let image = self.image_dir(id);
+        let restore = memory && paused.memory && image.join("checkpoint.img").exists();
+        // The agent binds its socket again: the old socket file must be gone (removing it from
+        // inside the sandbox does not remove the host's).
+        let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
+        if restore {
+            self.runsc
+                .restore_detached(&image, &dir.join("bundle"), id, &dir.join("console.log"))
+                .await?;
+            if let Err(e) = self.attach_agent(id).await {
+                let _ = self.halt(id).await;
+                return Err(e);
+            }
+        } else {
+            self.runsc
+                .run_detached(&dir.join("bundle"), id, &dir.join("console.log"))
+                .await?;
+        }
+        // Running again: the saved memory no longer matches the disk.
+        let _ = std::fs::remove_file(self.paused_file(id));
+        let _ = std::fs::remove_dir_all(&image);
+        Ok(restore)
+    }
+
+    pub(super) fn paused_on_host(&self, id: &str) -> bool {
+        check_id(id).is_ok() && self.read_paused(id).is_some()
+    }
+}

@@ -1,0 +1,233 @@
+//! Snapshots of a running gVisor sandbox, and new sandboxes restored from them.
+//!
+//! A snapshot lives under `<state>/gvisor/snapshots/<snapshot id>/`, apart from its source
+//! (which it outlives): `checkpoint/` (runsc's image of memory and processes) and
+//! `snapshot.json` (its layer stack), written last. Its files are a frozen layer,
+//! `<state>/gvisor/layers/<snapshot id>/`: at capture the source's writable layer becomes that
+//! read-only layer (a rename, no copy) and the source continues on a fresh writable layer
+//! stacked on it. Sandboxes restored from the snapshot stack their own fresh writable layer
+//! on the same frozen ones, so a child costs the disk it writes, whatever its parent's size.
+//!
+//! Capture: the agent is detached, the sandbox checkpointed (it stops), its layer frozen and
+//! its overlay mounted again on the new stack, and the sandbox restored from that same image
+//! under its own id, so it keeps running with its processes (its open connections are cut).
+//! A frozen layer is removed once no snapshot, mount or paused sandbox uses it.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::mounts::{is_mounted, mount_overlay_stack, unmount};
+use super::{check_id, GvisorDriver, SOCKET_NAME};
+use crate::driver::{io_err, DriverError, Result, SandboxSpec, SnapshotRef};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SnapshotMeta {
+    /// The layers a sandbox restored from the snapshot stacks on, topmost first.
+    lowers: Vec<PathBuf>,
+}
+
+/// Bytes used by the files under `path` (allocated blocks, as `du` counts them).
+pub fn disk_usage(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let own = meta.blocks() * 512;
+    if !meta.is_dir() {
+        return own;
+    }
+    let children = std::fs::read_dir(path)
+        .map(|rd| rd.flatten().map(|e| disk_usage(&e.path())).sum())
+        .unwrap_or(0);
+    own + children
+}
+
+impl GvisorDriver {
+    fn snapshot_dir(&self, snap: &SnapshotRef) -> Result<PathBuf> {
+        check_id(&snap.0)?;
+        Ok(self.cfg.dir.join("snapshots").join(&snap.0))
+    }
+
+    fn layer_dir(&self, snap: &SnapshotRef) -> PathBuf {
+        self.cfg.dir.join("layers").join(&snap.0)
+    }
+
+    pub(super) async fn take_snapshot(&self, id: &str, snap: &SnapshotRef) -> Result<u64> {
+        check_id(id)?;
+        let sdir = self.snapshot_dir(snap)?;
+        if sdir.exists() {
+            return Err(DriverError::Other(format!(
+                "snapshot {} already exists",
+                snap.0
+            )));
+        }
+        if self.runsc.status(id).await.as_deref() != Some("running") {
+            return Err(DriverError::NotFound(id.to_string()));
+        }
+        let lowers = self.lower_of(id)?;
+        let image = sdir.join("checkpoint");
+        std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
+        std::fs::create_dir_all(self.cfg.dir.join("layers")).map_err(io_err("creating layers"))?;
+        let r = self.capture(id, snap, &sdir, &image, lowers).await;
+        if r.is_err() {
+            let _ = std::fs::remove_dir_all(&sdir);
+            self.gc_layers();
+        }
+        r
+    }
+
+    /// Freezes the stopped sandbox's writable layer as the snapshot's layer and mounts its
+    /// overlay again on a fresh one above it; returns the new stack.
+    fn freeze_layer(
+        &self,
+        id: &str,
+        snap: &SnapshotRef,
+        lowers: &[PathBuf],
+    ) -> Result<Vec<PathBuf>> {
+        let dir = self.sandbox_dir(id);
+        let (upper, work, rootfs) = (dir.join("upper"), dir.join("work"), dir.join("rootfs"));
+        let layer = self.layer_dir(snap);
+        unmount(&rootfs)?;
+        std::fs::rename(&upper, &layer).map_err(io_err(format!("freezing {}", upper.display())))?;
+        let _ = std::fs::remove_dir_all(&work);
+        for d in [&upper, &work] {
+            std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
+        }
+        let mut stack = vec![layer];
+        stack.extend(lowers.iter().cloned());
+        mount_overlay_stack(&stack, &upper, &work, &rootfs)?;
+        Ok(stack)
+    }
+
+    async fn capture(
+        &self,
+        id: &str,
+        snap: &SnapshotRef,
+        sdir: &Path,
+        image: &Path,
+        lowers: Vec<PathBuf>,
+    ) -> Result<u64> {
+        let dir = self.sandbox_dir(id);
+        let t = std::time::Instant::now();
+        self.detach_agent(id).await?;
+        let t_detach = t.elapsed();
+        if let Err(e) = self.runsc.checkpoint(id, image, false).await {
+            let _ = self.attach_agent(id).await;
+            return Err(e);
+        }
+        let t_checkpoint = t.elapsed();
+        self.halt(id).await?;
+        let t_halt = t.elapsed();
+        let frozen = self.freeze_layer(id, snap, &lowers);
+        let t_freeze = t.elapsed();
+        if frozen.is_err() && !is_mounted(&dir.join("rootfs")) {
+            // Put the sandbox back on its own layer before continuing it.
+            let _ = std::fs::rename(self.layer_dir(snap), dir.join("upper"));
+            mount_overlay_stack(
+                &lowers,
+                &dir.join("upper"),
+                &dir.join("work"),
+                &dir.join("rootfs"),
+            )?;
+        }
+        // The sandbox continues from the image whatever happened to its layer.
+        let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
+        self.runsc
+            .restore_detached(image, &dir.join("bundle"), id, &dir.join("console.log"))
+            .await?;
+        self.attach_agent(id).await?;
+        tracing::debug!(
+            sandbox = id,
+            "snapshot: detach {:?}, checkpoint {:?}, halt {:?}, freeze {:?}, restore {:?}",
+            t_detach,
+            t_checkpoint - t_detach,
+            t_halt - t_checkpoint,
+            t_freeze - t_halt,
+            t.elapsed() - t_freeze
+        );
+        let stack = frozen?;
+        let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
+            .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
+        std::fs::write(sdir.join("snapshot.json"), meta)
+            .map_err(io_err("writing snapshot.json"))?;
+        Ok(disk_usage(sdir) + disk_usage(&self.layer_dir(snap)))
+    }
+
+    pub(super) async fn restore_snapshot(
+        &self,
+        snap: &SnapshotRef,
+        spec: &SandboxSpec,
+    ) -> Result<()> {
+        check_id(&spec.id)?;
+        let sdir = self.snapshot_dir(snap)?;
+        if !sdir.join("snapshot.json").exists() {
+            return Err(DriverError::NotFound(snap.0.clone()));
+        }
+        let meta: SnapshotMeta = std::fs::read(sdir.join("snapshot.json"))
+            .ok()
+            .and_then(|t| serde_json::from_slice(&t).ok())
+            .ok_or_else(|| DriverError::Other(format!("snapshot {} is unreadable", snap.0)))?;
+        self.prepare_with(spec, Some(&meta.lowers)).await?;
+        let dir = self.sandbox_dir(&spec.id);
+        let restored = async {
+            self.runsc
+                .restore_detached(
+                    &sdir.join("checkpoint"),
+                    &dir.join("bundle"),
+                    &spec.id,
+                    &dir.join("console.log"),
+                )
+                .await?;
+            self.attach_agent(&spec.id).await
+        }
+        .await;
+        if restored.is_err() {
+            let _ = crate::driver::Driver::stop(self, &spec.id).await;
+        }
+        restored
+    }
+
+    /// Removes frozen layers that no snapshot, mounted sandbox or paused sandbox uses.
+    pub(super) fn gc_layers(&self) {
+        let Ok(rd) = std::fs::read_dir(self.cfg.dir.join("layers")) else {
+            return;
+        };
+        let mut used = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for sub in ["snapshots", "sandboxes"] {
+            for e in std::fs::read_dir(self.cfg.dir.join(sub))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                for f in ["snapshot.json", "paused.json"] {
+                    used.push_str(&std::fs::read_to_string(e.path().join(f)).unwrap_or_default());
+                }
+            }
+        }
+        for e in rd.flatten() {
+            let p = e.path();
+            if !used.contains(p.to_string_lossy().as_ref()) {
+                if let Err(err) = std::fs::remove_dir_all(&p) {
+                    tracing::warn!(layer = %p.display(), error = %err, "removing an unused layer");
+                }
+            }
+        }
+    }
+
+    pub(super) fn remove_snapshot(&self, snap: &SnapshotRef) -> Result<()> {
+        let sdir = self.snapshot_dir(snap)?;
+        let r = std::fs::remove_dir_all(&sdir);
+        self.gc_layers();
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(DriverError::NotFound(snap.0.clone()))
+            }
+            Err(e) => Err(DriverError::Io {
+                what: format!("removing {}", sdir.display()),
+                source: e,
+            }),
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Snapshots: capturing a running sandbox (which keeps running), listing and deleting
+//! snapshots, and creating sandboxes from one (`templateID` = a snapshot id or name). A
+//! snapshot outlives its source sandbox.
+//!
+//! Snapshot ids are generated like sandbox ids and checked against a strict grammar before
+//! they reach the driver (which builds paths from them); names are user-chosen within
+//! [`check_snapshot_name`]'s grammar.
+
+use std::time::Instant;
+
+use super::{CreateParams, Manager};
+use crate::driver::{SandboxSpec, SnapshotRef};
+use crate::error::{Error, Result};
+use crate::store::{now_ms, SandboxRecord, SandboxState, SnapshotRecord};
+
+/// Tag E2B appends to snapshot ids (`<id>:default`).
+const TAG: &str = "default";
+
+/// Whether `s` is a snapshot id: 20 lowercase letters and digits, as kiln generates them.
+pub fn is_snapshot_id(s: &str) -> bool {
+    s.len() == 20
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// Snapshot names: 1-64 of lowercase letters, digits, `-`, `_`, `.`, starting with a letter
+/// or digit.
+pub fn check_snapshot_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::bad_request(format!(
+            "invalid snapshot name {name:?}: use 1-64 lowercase letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+/// The snapshot key (id or name) a `templateID` or a snapshot id given by a client names,
+/// without its `:tag`.
+fn key_of(s: &str) -> &str {
+    s.split_once(':').map(|(k, _)| k).unwrap_or(s)
+}
+
+/// `<id>:default`, the form the API shows.
+pub fn tagged(id: &str) -> String {
+    format!("{id}:{TAG}")
+}
+
+impl Manager {
+    /// `POST /sandboxes/{id}/snapshots`: captures the running sandbox `id`.
+    pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotRecord> {
+        if let Some(n) = &name {
+            check_snapshot_name(n)?;
+            if self.store.get_snapshot(n).await?.is_some() {
+                return Err(Error::Conflict(format!(
+                    "a snapshot named {n:?} already exists"
+                )));
+            }
+        }
+        let _guard = self.lifecycle_lock.lock().await;
+        let rec = self.get(id)?;
+        if rec.state != SandboxState::Running {
+            return Err(Error::Conflict(format!(
+                "sandbox \"{id}\" is paused; resume it before taking a snapshot"
+            )));
+        }
+        let snap_id = super::new_sandbox_id();
+        let t = Instant::now();
+        let size = self
+            .driver
+            .snapshot(id, &SnapshotRef(snap_id.clone()))
+            .await?;
+        // The source continues from the capture: wait until its agent answers again.
+        self.agent(id, rec.envd_token.clone())
+            .wait_ready(self.cfg.agent_ready_timeout)
+            .await?;
+        let snap = SnapshotRecord {
+            id: snap_id,
+            name,
+            sandbox_id: id.to_string(),
+            template_id: rec.template_id.clone(),
+            envd_token: rec.envd_token.clone(),
+            env_vars: rec.env_vars.clone(),
+            created_at_ms: now_ms(),
+            size_bytes: size,
+        };
+        if let Err(e) = self.store.insert_snapshot(&snap).await {
+            let _ = self
+                .driver
+                .delete_snapshot(&SnapshotRef(snap.id.clone()))
+                .await;
+            return Err(e.into());
+        }
+        self.event(
+            id,
+            "snapshot",
+            format!(
+                "snapshot {} ({} bytes) in {} ms",
+                snap.id,
+                size,
+                t.elapsed().as_millis()
+            ),
+        )
+        .await;
+        Ok(snap)
+    }
+
+    /// Snapshots, oldest first, optionally of one sandbox or with one name.
+    pub async fn snapshots(
+        &self,
+        sandbox_id: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<Vec<SnapshotRecord>> {
+        Ok(self
+            .store
+            .list_snapshots()
+            .await?
+            .into_iter()
+            .filter(|s| sandbox_id.is_none_or(|id| s.sandbox_id == id))
+            .filter(|s| name.is_none_or(|n| s.name.as_deref() == Some(key_of(n))))
+            .collect())
+    }
+
+    /// `DELETE /templates/{snapshotID}`: deletes a snapshot and frees its disk.
+    pub async fn delete_snapshot(&self, key: &str) -> Result<()> {
+        let k = key_of(key);
+        if !is_snapshot_id(k) && check_snapshot_name(k).is_err() {
+            return Err(Error::bad_request(format!("invalid snapshot id {key:?}")));
+        }
+        let snap = self
+            .store
+            .get_snapshot(k)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("snapshot {key:?} not found")))?;
+        match self
+            .driver
+            .delete_snapshot(&SnapshotRef(snap.id.clone()))
+            .await
+        {
+            Ok(()) | Err(crate::driver::DriverError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.store.delete_snapshot(&snap.id).await?;
+        Ok(())
+    }
+
+    /// The snapshot a create request's `templateID` names, if it names one.
+    pub(super) async fn find_snapshot(&self, template_id: &str) -> Result<Option<SnapshotRecord>> {
+        let k = key_of(template_id);
+        if !is_snapshot_id(k) && check_snapshot_name(k).is_err() {
+            return Ok(None);
+        }
+        Ok(self.store.get_snapshot(k).await?)
+    }
+
+    /// Creates a sandbox continuing from `snap`: its processes and files as they were, with
+    /// its own id and access token, and the request's environment added.
+    pub(super) async fn create_from_snapshot(
+        &self,
+        p: CreateParams,
+        snap: SnapshotRecord,
+        timeout: u64,
+    ) -> Result<SandboxRecord> {
+        let started = Instant::now();
+        let tpl = self.lookup_template(&snap.template_id).await?;
+        let id = super::new_sandbox_id();
+        let now = now_ms();
+        let mut env_vars = snap.env_vars.clone();
+        env_vars.extend(p.env_vars.clone());
+        let mut record = SandboxRecord {
+            id: id.clone(),
+            template_id: snap.template_id.clone(),
+            alias: Some(snap.name.clone().unwrap_or_else(|| tagged(&snap.id))),
+            client_id: "kiln".into(),
+            state: SandboxState::Starting,
+            metadata: p.metadata.clone(),
+            env_vars,
+            cpu_count: self.cfg.default_cpu_count,
+            memory_mb: self.cfg.default_memory_mb,
+            disk_size_mb: self.cfg.default_disk_mb,
+            envd_token: p.secure.then(|| crate::auth::random_hex(16)),
+            started_at_ms: now,
+            end_at_ms: now + timeout as i64 * 1000,
+            ended_at_ms: None,
+            end_reason: None,
+            auto_pause: p.auto_pause,
+            driver: self.driver.name().to_string(),
+            pause_mode: None,
+            auto_resume: p.auto_resume,
+            auto_pause_memory: !p.auto_pause_filesystem_only,
+        };
+        self.store.insert_sandbox(&record).await?;
+        let spec = SandboxSpec {
+            id: id.clone(),
+            template_name: tpl.name.clone(),
+            rootfs: tpl.rootfs.clone(),
+            image: tpl.image.clone(),
+            env: tpl.env.clone(),
+            cpu_count: record.cpu_count,
+            memory_mb: record.memory_mb,
+            pids_limit: self.cfg.pids_limit,
+        };
+        let restored = match self.boots.acquire().await {
+            Ok(_permit) => self.restore_and_init(&snap, &spec, &record).await,
+            Err(_) => Err(Error::Unavailable(
+                "the sandbox manager is shutting down".into(),
+            )),
+        };
+        if let Err(e) = restored {
+            let _ = self.driver.stop(&id).await;
+            let msg = e.to_string();
+            let _ = self
+                .store
+                .set_state(&id, SandboxState::Failed, Some(&msg))
+                .await;
+            self.event(&id, "failed", msg).await;
+            return Err(e);
+        }
+        record.state = SandboxState::Running;
+        record.end_at_ms = now_ms() + timeout as i64 * 1000;
+        self.store.set_end_at(&id, record.end_at_ms).await?;
+        self.store
+            .set_state(&id, SandboxState::Running, None)
+            .await?;
+        self.registry.insert(record.clone());
+        self.event(
+            &id,
+            "created",
+            format!(
+                "from snapshot {} in {} ms, timeout {timeout}s",
+                snap.id,
+                started.elapsed().as_millis()
+            ),
+        )
+        .await;
+        Ok(record)
+    }
+
+    async fn restore_and_init(
+        &self,
+        snap: &SnapshotRecord,
+        spec: &SandboxSpec,
+        record: &SandboxRecord,
+    ) -> Result<()> {
+        self.driver
+            .restore(&SnapshotRef(snap.id.clone()), spec)
+            .await
+            .map_err(|e| Error::create("restoring the snapshot")(e.into()))?;
+        // The restored agent still holds the snapshot's token: present it to set the new one.
+        let agent = self.agent(&spec.id, snap.envd_token.clone());
+        agent
+            .wait_ready(self.cfg.agent_ready_timeout)
+            .await
+            .map_err(|e| Error::create("waiting for the restored agent")(e.into()))?;
+        let init = kiln_proto::envd::InitRequest {
+            env_vars: Some(record.env_vars.clone().into_iter().collect()),
+            access_token: Some(record.envd_token.clone().unwrap_or_default()),
+            timestamp: Some(
+                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            ),
+            ..Default::default()
+        };
+        agent
+            .init(&init)
+            .await
+            .map_err(|e| Error::create("initialising the restored agent")(e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_ids_and_names_are_strict() {
+        assert!(is_snapshot_id("abcdefghij0123456789"));
+        for bad in [
+            "",
+            "abc",
+            "ABCDEFGHIJ0123456789",
+            "abcdefghij012345678/",
+            "../../etc/passwd0",
+        ] {
+            assert!(!is_snapshot_id(bad), "{bad:?}");
+        }
+        assert!(check_snapshot_name("my-snap.v2").is_ok());
+        for bad in ["", "-x", "a/b", "..", "A", &"x".repeat(65), "a b"] {
+            assert!(check_snapshot_name(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(key_of("abc:default"), "abc");
+        assert_eq!(tagged("abc"), "abc:default");
+    }
+}

@@ -1,0 +1,263 @@
+"""Pause and resume through the real e2b SDK: a running counter process, files and environment
+survive pause -> connect, with the server restarted in between; paused sandboxes are listed as
+paused; a filesystem-only pause keeps the files; autoPause pauses at timeout and traffic to the
+sandbox resumes it."""
+
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+from e2b import Sandbox, SandboxQuery, SandboxState
+
+from .conftest import KilnServer, cleanup_state, mounts_under, runsc_processes_for
+
+COUNTER = "bash -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done'"
+
+
+def count(sbx) -> int:
+    for _ in range(10):
+        text = sbx.files.read("/home/user/count").strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.02)
+    pytest.fail("the counter file never held a number")
+
+
+def paused_ids(opts) -> set:
+    pages = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED]), **opts)
+    ids = set()
+    while pages.has_next:
+        ids.update(s.sandbox_id for s in pages.next_items())
+    return ids
+
+
+@pytest.fixture
+def state_dir():
+    base = tempfile.mkdtemp(prefix="kiln-life-")
+    state = os.path.join(base, "state")
+    try:
+        yield state
+    finally:
+        cleanup_state(state)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_pause_connect_across_a_restart(state_dir, server):
+    extra = os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split()
+    first = KilnServer(state_dir, extra).start()
+    second = None
+    try:
+        sbx = Sandbox.create(timeout=120, envs={"KEPT": "across-pauses"}, **first.opts())
+        sid = sbx.sandbox_id
+        sbx.commands.run(COUNTER, background=True)
+        sbx.files.write("/home/user/notes.txt", "written before the pause")
+        time.sleep(0.6)
+        before = count(sbx)
+        assert before > 0
+
+        assert sbx.pause() is True
+        assert Sandbox.pause(sid, **first.opts()) is False, "a second pause is a 409"
+        assert sid in paused_ids(first.opts())
+        info = Sandbox.get_info(sid, **first.opts())
+        assert info.state == SandboxState.PAUSED
+        status, detail, _ = first.request("GET", f"/sandboxes/{sid}")
+        assert status == 200 and detail["state"] == "paused" and detail["pauseMode"] == "full"
+        status, metrics, _ = first.request("GET", f"/sandboxes/{sid}/metrics")
+        assert status == 200 and metrics == [], "a paused sandbox has no metrics sample"
+        # Nothing of it runs on the host while paused.
+        assert not [p for p in runsc_processes_for(state_dir) if sid in p]
+
+        first.stop()
+        second = KilnServer(state_dir, extra)
+        second.api_key = first.api_key
+        second.url = first.url
+        second.start()
+        assert sid in paused_ids(second.opts()), "still paused after the restart"
+
+        again = Sandbox.connect(sid, timeout=120, **second.opts())
+        after = count(again)
+        assert before <= after < before + 30, f"the counter restarted or jumped: {before} -> {after}"
+        time.sleep(0.5)
+        assert count(again) > after, "the counter process does not run after resume"
+        assert again.files.read("/home/user/notes.txt") == "written before the pause"
+        assert again.commands.run("echo $KEPT").stdout == "across-pauses\n"
+        assert sid not in paused_ids(second.opts())
+
+        # Filesystem-only pause: the files stay, the processes do not.
+        again.files.write("/home/user/second.txt", "fs pause")
+        assert again.pause(keep_memory=False) is True
+        status, detail, _ = second.request("GET", f"/sandboxes/{sid}")
+        assert detail["pauseMode"] == "filesystem"
+        third = Sandbox.connect(sid, timeout=120, **second.opts())
+        assert third.files.read("/home/user/second.txt") == "fs pause"
+        assert third.commands.run("echo $KEPT").stdout == "across-pauses\n"
+        c = count(third)
+        time.sleep(0.4)
+        assert count(third) == c, "a rebooted sandbox runs no old process"
+
+        third.pause()
+        third.kill()
+        deadline = time.time() + 15
+        while (runsc_processes_for(state_dir) or mounts_under(state_dir)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not runsc_processes_for(state_dir)
+        assert not mounts_under(state_dir)
+    finally:
+        for s in (second, first):
+            if s:
+                s.kill_all_sandboxes()
+                s.stop()
+
+
+def test_auto_pause_then_auto_resume_on_traffic(server):
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sbx.files.write("/tmp/mark", "before the auto-pause")
+        deadline = time.time() + 30
+        while Sandbox.get_info(sbx.sandbox_id).state != SandboxState.PAUSED:
+            assert time.time() < deadline, "never auto-paused"
+            time.sleep(0.2)
+        # Envd traffic to the paused sandbox resumes it transparently.
+        assert sbx.files.read("/tmp/mark") == "before the auto-pause"
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    finally:
+        sbx.kill()
+
+
+def listed_snapshots(**kw) -> list:
+    pages = Sandbox.list_snapshots(**kw)
+    out = []
+    while pages.has_next:
+        out.extend(pages.next_items())
+    return out
+
+
+def test_snapshot_outlives_its_source_and_starts_sandboxes(server):
+    src = Sandbox.create(timeout=120, envs={"KEPT": "in-snapshot"})
+    made = []
+    snap = None
+    try:
+        src.commands.run(COUNTER, background=True)
+        src.files.write("/home/user/notes.txt", "captured")
+        time.sleep(0.4)
+        snap = src.create_snapshot(name="life-snap")
+        assert snap.snapshot_id.endswith(":default")
+        assert snap.names == ["life-snap:default"]
+        # The source keeps running.
+        c = count(src)
+        time.sleep(0.4)
+        assert count(src) > c
+        listed = listed_snapshots(sandbox_id=src.sandbox_id)
+        assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
+        status, raw, _ = server.request("GET", f"/snapshots?sandboxID={src.sandbox_id}")
+        assert status == 200 and raw[0]["sizeBytes"] > 0, "disk used is reported"
+        src.kill()
+
+        # Twice from the snapshot (by id and by name), after its source is gone.
+        for template in (snap.snapshot_id, "life-snap"):
+            sbx = Sandbox.create(template=template, timeout=120)
+            made.append(sbx)
+            assert sbx.files.read("/home/user/notes.txt") == "captured"
+            assert sbx.commands.run("echo $KEPT").stdout == "in-snapshot\n"
+            c = count(sbx)
+            time.sleep(0.4)
+            assert count(sbx) > c, "the snapshot's process does not run"
+        made[0].files.write("/home/user/notes.txt", "first's own")
+        assert made[1].files.read("/home/user/notes.txt") == "captured"
+
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+        snap = None
+        assert not listed_snapshots(sandbox_id=src.sandbox_id)
+    finally:
+        for s in made:
+            s.kill()
+        if snap is not None:
+            Sandbox.delete_snapshot(snap.snapshot_id)
+        try:
+            src.kill()
+        except Exception:
+            pass
+
+
+def test_fork_three_children_diverge(server):
+    parent = Sandbox.create(timeout=120)
+    children = []
+    try:
+        parent.commands.run(COUNTER, background=True)
+        parent.files.write("/home/user/notes.txt", "parent")
+        time.sleep(0.4)
+        children = parent.fork(count=3, timeout=120)
+        assert len(children) == 3
+        assert all(not isinstance(c, Exception) for c in children), children
+        assert len({c.sandbox_id for c in children} | {parent.sandbox_id}) == 4
+        for i, child in enumerate(children):
+            assert child.files.read("/home/user/notes.txt") == "parent"
+            c = count(child)
+            time.sleep(0.3)
+            assert count(child) > c
+            child.files.write("/home/user/notes.txt", f"child {i}")
+        for i, child in enumerate(children):
+            assert child.files.read("/home/user/notes.txt") == f"child {i}"
+        assert parent.files.read("/home/user/notes.txt") == "parent"
+        c = count(parent)
+        time.sleep(0.3)
+        assert count(parent) > c, "the parent keeps running"
+    finally:
+        for c in children:
+            if not isinstance(c, Exception):
+                c.kill()
+        parent.kill()
+
+
+def test_auto_pause_filesystem_only(server):
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        sbx.files.write("/home/user/on-disk", "kept")
+        deadline = time.time() + 30
+        while Sandbox.get_info(sbx.sandbox_id).state != SandboxState.PAUSED:
+            assert time.time() < deadline, "never auto-paused"
+            time.sleep(0.2)
+        status, detail, _ = server.request("GET", f"/sandboxes/{sbx.sandbox_id}")
+        assert status == 200 and detail["pauseMode"] == "filesystem"
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.files.read("/home/user/on-disk") == "kept"
+    finally:
+        sbx.kill()
+
+
+def test_list_pagination_with_states_never_repeats_or_skips(server):
+    made = [Sandbox.create(timeout=120, metadata={"page": "life"}) for _ in range(3)]
+    try:
+        made[1].pause()
+        want = {s.sandbox_id for s in made}
+        for state in ("running,paused", "paused", "running"):
+            seen, token = [], None
+            while True:
+                q = f"/v2/sandboxes?state={state}&metadata=page%3Dlife&limit=1"
+                if token:
+                    q += f"&nextToken={token}"
+                status, page, headers = server.request("GET", q)
+                assert status == 200 and len(page) <= 1
+                seen += [p["sandboxID"] for p in page]
+                token = headers.get("x-next-token")
+                if not token:
+                    break
+            assert len(seen) == len(set(seen)), f"{state}: repeated {seen}"
+            expect = {
+                "running,paused": want,
+                "paused": {made[1].sandbox_id},
+                "running": want - {made[1].sandbox_id},
+            }[state]
+            assert set(seen) == expect, f"{state}: {seen}"
+        # The SDK's paginator agrees.
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED], metadata={"page": "life"}), limit=1)
+        ids = []
+        while paused.has_next:
+            ids += [s.sandbox_id for s in paused.next_items()]
+        assert ids == [made[1].sandbox_id]
+    finally:
+        for s in made:
+            s.kill()
