@@ -41,6 +41,8 @@ struct Inner {
     /// Every index in use: ready, leased, being built or being torn down.
     taken: BTreeSet<u32>,
     building: usize,
+    /// Set by [`SlotPool::shutdown`]: build nothing more.
+    closed: bool,
 }
 
 pub struct SlotPool {
@@ -189,11 +191,22 @@ impl SlotPool {
         self.slot(index)
     }
 
-    /// Tears down the ready slots (leased ones stay with their sandboxes).
-    pub async fn drain(&self) {
-        let slots: Vec<Slot> = self.lock().ready.drain(..).collect();
-        for s in slots {
-            self.release(s).await;
+    /// Stops refilling and tears down the ready slots, waiting for slots being built (leased
+    /// ones stay with their sandboxes).
+    pub async fn shutdown(&self) {
+        self.lock().closed = true;
+        loop {
+            let (slots, building) = {
+                let mut g = self.lock();
+                (g.ready.drain(..).collect::<Vec<_>>(), g.building)
+            };
+            for s in slots {
+                self.release(s).await;
+            }
+            if building == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 }
@@ -203,7 +216,7 @@ async fn refill(pool: Weak<SlotPool>, wake: Arc<Notify>) {
         let Some(p) = pool.upgrade() else { return };
         let need = {
             let mut g = p.lock();
-            let need = g.ready.len() + g.building < p.cfg.pool_size;
+            let need = !g.closed && g.ready.len() + g.building < p.cfg.pool_size;
             if need {
                 g.building += 1;
             }

@@ -262,7 +262,7 @@ async fn egress_policy_ingress_and_dns() {
 
     pool.release(a).await;
     pool.release(b).await;
-    pool.drain().await;
+    pool.shutdown().await;
     host::remove_table(&prefix).await.unwrap();
     wait_clean(&prefix).await;
 }
@@ -296,12 +296,16 @@ async fn create_release_cycles_and_restart_leave_nothing_behind() {
     // A crash: slots leased and never released, the pool dropped.
     let leaked = pool.acquire(&EgressPolicy::default()).await.unwrap();
     assert!(leaked.sandbox_ns_path().exists());
+    // (Let the refill finish first, so no slot is built after the restart's cleanup.)
+    while pool.ready() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(pool);
     // The next start removes them (keeping only what it is told live sandboxes use).
     let kept_cfg = c.clone();
     let pool = SlotPool::start(kept_cfg, &[]).await.unwrap();
     assert!(!leaked.sandbox_ns_path().exists());
-    pool.drain().await;
+    pool.shutdown().await;
     drop(pool);
     for i in host::leftover_indices(&prefix) {
         host::remove_slot(&prefix, i).await.unwrap();
