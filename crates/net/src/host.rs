@@ -73,6 +73,59 @@ pub async fn host_addresses() -> Result<Vec<Ipv4Addr>> {
     Ok(addrs)
 }
 
+/// Where pools keep their lock files: a pool holds `<prefix>.lock` (flock) for its life, so a
+/// later start can tell a dead pool's leftovers from a live one's.
+pub const LOCK_DIR: &str = "/run/kiln-net";
+
+/// Takes the lock of `prefix`; fails if a live pool holds it.
+pub fn lock_prefix(prefix: &str) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(LOCK_DIR).map_err(crate::io_err(format!("creating {LOCK_DIR}")))?;
+    let path = format!("{LOCK_DIR}/{prefix}.lock");
+    let f = std::fs::File::create(&path).map_err(crate::io_err(format!("creating {path}")))?;
+    // SAFETY: flock on a file descriptor we own; no memory is shared with the kernel.
+    let rc = unsafe { nix::libc::flock(f.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(NetError::Config(format!(
+            "another kiln server already uses the network prefix {prefix} (same state directory)"
+        )));
+    }
+    Ok(f)
+}
+
+/// Removes what dead pools (whose lock nobody holds) left in `range`: their slots and tables.
+pub async fn reclaim_stale(range: &Cidr, own_prefix: &str) -> Result<()> {
+    let mut dead = std::collections::BTreeSet::new();
+    for (dst, dev) in route_destinations().await? {
+        let Some(p) = pool_prefix_of(&dev) else {
+            continue;
+        };
+        if p != own_prefix && dst.overlaps(range) {
+            dead.insert(p.to_string());
+        }
+    }
+    for p in dead {
+        let Ok(_lock) = lock_prefix(&p) else { continue };
+        tracing::info!(prefix = %p, "removing network slots a dead kiln server left behind");
+        for i in leftover_indices(&p) {
+            remove_slot(&p, i).await?;
+        }
+        let _ = remove_table(&p).await;
+    }
+    Ok(())
+}
+
+/// The pool prefix of a host veth name (`k1a2bh7` → `k1a2b`).
+fn pool_prefix_of(dev: &str) -> Option<&str> {
+    let b = dev.as_bytes();
+    let ok = b.len() > 6
+        && b[0] == b'k'
+        && b[1..5].iter().all(u8::is_ascii_hexdigit)
+        && b[5] == b'h'
+        && b[6..].iter().all(u8::is_ascii_digit);
+    ok.then(|| &dev[..5])
+}
+
 /// Name of the host table of the pool with `prefix`.
 pub fn host_table(prefix: &str) -> String {
     format!("kiln_{prefix}")
@@ -142,6 +195,9 @@ mod tests {
         assert_eq!(p, prefix_for("/var/lib/kiln"));
         assert_ne!(p, prefix_for("/tmp/other"));
         // The longest interface name stays within IFNAMSIZ - 1.
-        assert!(format!("{p}h{}", u32::MAX).len() <= 15 || format!("{p}h65535").len() <= 15);
+        assert!(format!("{p}h65535").len() <= 15);
+        assert_eq!(pool_prefix_of("k1a2bh7"), Some("k1a2b"));
+        assert_eq!(pool_prefix_of("eth0"), None);
+        assert_eq!(pool_prefix_of("k1a2bh"), None);
     }
 }

@@ -50,6 +50,8 @@ pub struct SlotPool {
     facts: HostFacts,
     inner: Mutex<Inner>,
     refill: Arc<Notify>,
+    /// Held for the pool's life (see [`host::lock_prefix`]).
+    _lock: std::fs::File,
 }
 
 impl SlotPool {
@@ -63,6 +65,8 @@ impl SlotPool {
                 cfg.range
             )));
         }
+        let lock = host::lock_prefix(&cfg.prefix)?;
+        host::reclaim_stale(&cfg.range, &cfg.prefix).await?;
         host::check_range(&cfg.range, &format!("{}h", cfg.prefix)).await?;
         for i in host::leftover_indices(&cfg.prefix) {
             if !keep.contains(&i) {
@@ -88,6 +92,7 @@ impl SlotPool {
                 ..Default::default()
             }),
             refill: Arc::new(Notify::new()),
+            _lock: lock,
         });
         tokio::spawn(refill(Arc::downgrade(&pool), pool.refill.clone()));
         pool.refill.notify_one();

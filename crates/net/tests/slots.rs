@@ -301,12 +301,33 @@ async fn create_release_cycles_and_restart_leave_nothing_behind() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(pool);
-    // The next start removes them (keeping only what it is told live sandboxes use).
-    let kept_cfg = c.clone();
-    let pool = SlotPool::start(kept_cfg, &[]).await.unwrap();
+    // The next start of the same pool removes them (keeping only what it is told live
+    // sandboxes use)...
+    let pool = SlotPool::start(c.clone(), &[]).await.unwrap();
     assert!(!leaked.sandbox_ns_path().exists());
+    let leaked = pool.acquire(&EgressPolicy::default()).await.unwrap();
+    while pool.ready() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and so does another server's pool on the same range once this one is dead (its lock
+    // released), while a live pool's range is refused.
+    let other = cfg("slots-cycles-other", "10.233.0.0/24", 1);
+    let err = SlotPool::start(other.clone(), &[])
+        .await
+        .err()
+        .expect("live pool's range");
+    assert!(
+        err.to_string().contains("overlaps the host's route"),
+        "{err}"
+    );
+    drop(pool);
+    let pool = SlotPool::start(other.clone(), &[]).await.unwrap();
+    assert!(!leaked.sandbox_ns_path().exists());
+    assert!(!host_table_exists(&prefix));
     pool.shutdown().await;
     drop(pool);
+    host::remove_table(&other.prefix).await.unwrap();
+    wait_clean(&other.prefix).await;
     for i in host::leftover_indices(&prefix) {
         host::remove_slot(&prefix, i).await.unwrap();
     }
