@@ -6,6 +6,7 @@
 
 mod error;
 mod list;
+mod network;
 mod sandboxes;
 mod templates;
 pub mod wire;
@@ -176,7 +177,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(&format!("{sbx}/resume"), post(s::resume))
         .route(&format!("{sbx}/fork"), post(s::fork))
         .route(&format!("{sbx}/snapshots"), post(s::snapshot))
-        .route(&format!("{sbx}/network"), put(s::network))
+        .route(&format!("{sbx}/network"), put(network::update))
         .route("/templates", get(templates::list_templates))
         .route("/templates/{templateID}", get(templates::get_template))
         .fallback(any(fallback))

@@ -18,11 +18,7 @@ use crate::manager::CreateParams;
 pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
-    if req.allow_internet_access == Some(true) {
-        return Err(ApiError::not_implemented(
-            "sandbox internet access (allow_internet_access=true; sandboxes have no network yet)",
-        ));
-    }
+    let network = super::network::policy_of(req.allow_internet_access, req.network.as_ref())?;
     if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
         return Err(ApiError::not_implemented("MCP gateway (mcp)"));
     }
@@ -40,6 +36,7 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
         secure: req.secure.unwrap_or(true),
         auto_pause: req.auto_pause.unwrap_or(false),
         allow_internet_access: req.allow_internet_access,
+        network,
     };
     let rec = tokio::spawn(async move { manager.create(params).await })
         .await
@@ -53,7 +50,11 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
 
 pub async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let r = st.manager.get(&id)?;
-    Ok(Json(detail_json(&r, &st.cfg.domain)))
+    let mut v = detail_json(&r, &st.cfg.domain);
+    let (internet, network) = super::network::info(st.manager.network(&id).await?.as_ref());
+    v["allowInternetAccess"] = json!(internet);
+    v["network"] = network;
+    Ok(Json(v))
 }
 
 pub async fn kill_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
@@ -194,14 +195,6 @@ pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResu
     let b: ForkBody = parse_json(&body, true)?.unwrap_or_default();
     st.manager.fork(&id, b.count.unwrap_or(1)).await?;
     Ok(StatusCode::CREATED)
-}
-
-/// `PUT /sandboxes/{id}/network`: sandboxes have no network yet.
-pub async fn network(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    st.manager.get(&id)?;
-    Err(ApiError::not_implemented(
-        "sandbox network configuration (PUT /sandboxes/{sandboxID}/network)",
-    ))
 }
 
 pub async fn bulk_metrics() -> ApiResult<StatusCode> {

@@ -80,7 +80,7 @@ impl Manager {
             pids_limit: self.cfg.pids_limit,
         };
         let booted = match self.boots.acquire().await {
-            Ok(_permit) => self.boot(&spec, &record, &tpl).await,
+            Ok(_permit) => self.boot(&spec, &record, &tpl, p.network.as_ref()).await,
             Err(_) => Err(Error::Unavailable(
                 "the sandbox manager is shutting down".into(),
             )),
@@ -142,12 +142,16 @@ impl Manager {
         spec: &SandboxSpec,
         record: &SandboxRecord,
         tpl: &TemplateInfo,
+        network: Option<&kiln_net::EgressPolicy>,
     ) -> Result<String> {
         let t = Instant::now();
         self.driver
             .create(spec)
             .await
             .map_err(|e| Error::create("preparing the sandbox")(e.into()))?;
+        if let Some(policy) = network {
+            self.apply_network(&spec.id, policy).await?;
+        }
         let t_create = t.elapsed();
         self.driver
             .start(&spec.id)

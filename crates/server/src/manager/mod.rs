@@ -12,6 +12,7 @@
 
 mod create;
 mod lifecycle;
+mod network;
 mod observe;
 mod reaper;
 mod recovery;
@@ -88,6 +89,8 @@ pub struct CreateParams {
     pub secure: bool,
     pub auto_pause: bool,
     pub allow_internet_access: Option<bool>,
+    /// The egress policy asked for (`None`: the driver's default).
+    pub network: Option<kiln_net::EgressPolicy>,
 }
 
 /// What the proxy needs to know about a sandbox before forwarding to it.

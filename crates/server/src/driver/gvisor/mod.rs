@@ -23,6 +23,7 @@
 //! (the overlay), [`reap`] (host processes).
 
 mod mounts;
+pub mod network;
 mod oci;
 mod reap;
 mod runsc;
@@ -56,6 +57,8 @@ pub struct GvisorSettings {
     pub platform: Option<String>,
     /// Skip cgroup configuration entirely (hosts where runsc cannot manage cgroups).
     pub ignore_cgroups: bool,
+    /// Sandbox networking (`None`: `--network=none`, the agent socket only).
+    pub network: Option<kiln_net::NetConfig>,
 }
 
 /// Resolved settings of one gVisor driver instance.
@@ -71,6 +74,8 @@ pub struct GvisorConfig {
     pub ignore_cgroups: bool,
     /// Extra arguments given to the agent (after the socket flag).
     pub agent_args: Vec<String>,
+    /// Sandbox networking (`None`: `--network=none`).
+    pub network: Option<kiln_net::NetConfig>,
 }
 
 impl GvisorConfig {
@@ -88,6 +93,7 @@ impl GvisorConfig {
             platform: s.platform.clone().unwrap_or_else(|| "ptrace".into()),
             ignore_cgroups: s.ignore_cgroups,
             agent_args: Vec::new(),
+            network: s.network.clone(),
         }
     }
 }
@@ -95,6 +101,7 @@ impl GvisorConfig {
 pub struct GvisorDriver {
     cfg: GvisorConfig,
     runsc: Runsc,
+    net: Option<std::sync::Arc<network::Network>>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -111,7 +118,10 @@ fn check_id(id: &str) -> Result<()> {
 }
 
 impl GvisorDriver {
-    pub fn new(cfg: GvisorConfig) -> Result<Self> {
+    pub fn new(mut cfg: GvisorConfig) -> Result<Self> {
+        if cfg.network.is_none() {
+            cfg.network = network::config_from_env(&cfg.dir).map_err(DriverError::Other)?;
+        }
         // runsc leaves each sandbox's processes behind as orphans. Adopting them (instead of
         // PID 1) lets stop reap them at once: `runsc delete` waits until they are gone, and a
         // slow init on the host leaves them as zombies for seconds.
@@ -151,8 +161,13 @@ impl GvisorDriver {
             root: cfg.dir.join("runsc"),
             platform: cfg.platform.clone(),
             ignore_cgroups: cfg.ignore_cgroups,
+            network: cfg.network.is_some(),
         };
-        Ok(Self { cfg, runsc })
+        let net = cfg
+            .network
+            .clone()
+            .map(|n| network::Network::new(n, cfg.dir.join("sandboxes")));
+        Ok(Self { cfg, runsc, net })
     }
 
     pub fn config(&self) -> &GvisorConfig {
@@ -197,13 +212,17 @@ impl GvisorDriver {
             &dir.join("work"),
             &dir.join("rootfs"),
         )?;
-        let config = oci_spec(
+        let mut config = oci_spec(
             spec,
             &dir.join("rootfs"),
             &dir.join("run"),
             &self.cfg.agent_args,
             !self.cfg.ignore_cgroups,
         );
+        if let Some(net) = &self.net {
+            let ns = net.attach(&spec.id, &dir.join("rootfs")).await?;
+            network::set_netns_path(&mut config, &ns);
+        }
         let text = serde_json::to_vec_pretty(&config)
             .map_err(|e| DriverError::Other(format!("encoding config.json: {e}")))?;
         std::fs::write(dir.join("bundle/config.json"), text)
@@ -276,8 +295,15 @@ impl Driver for GvisorDriver {
         if !dir.join("bundle/config.json").exists() {
             return Err(DriverError::NotFound(id.to_string()));
         }
+        let workaround = match &self.net {
+            Some(net) => match net.sandbox_ns(id) {
+                Some(ns) => net.needs_sysctl_workaround(&ns).await,
+                None => false,
+            },
+            None => false,
+        };
         self.runsc
-            .run_detached(&dir.join("bundle"), id, &dir.join("console.log"))
+            .run_detached(&dir.join("bundle"), id, &dir.join("console.log"), workaround)
             .await
     }
 
@@ -295,17 +321,23 @@ impl Driver for GvisorDriver {
             }
         }
         reap_adopted_zombies();
+        if let Some(net) = &self.net {
+            net.detach(id).await;
+        }
         self.remove_files(id)
     }
 
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
         check_id(id)?;
         if port != ENVD_PORT {
+            if let Some(net) = &self.net {
+                return net.connect(id, port).await;
+            }
             return Err(DriverError::Unreachable {
                 id: id.to_string(),
                 port,
                 reason: format!(
-                    "sandbox networking is not implemented in kiln yet; only the agent port \
+                    "this server runs sandboxes without a network; only the agent port \
                      {ENVD_PORT} is reachable"
                 ),
             });
@@ -392,6 +424,20 @@ impl Driver for GvisorDriver {
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String> {
         check_id(id)?;
         Ok(tail(&self.sandbox_dir(id).join("console.log"), max_bytes))
+    }
+
+    async fn set_network(&self, id: &str, policy: &kiln_net::EgressPolicy) -> Result<()> {
+        check_id(id)?;
+        match &self.net {
+            Some(net) => net.set_policy(id, policy).await,
+            None => Err(DriverError::NotImplemented(
+                "sandbox networking (this server runs sandboxes without a network)",
+            )),
+        }
+    }
+
+    async fn network(&self, id: &str) -> Option<kiln_net::EgressPolicy> {
+        self.net.as_ref()?.policy(id)
     }
 }
 

@@ -21,6 +21,9 @@ pub struct Runsc {
     pub root: PathBuf,
     pub platform: String,
     pub ignore_cgroups: bool,
+    /// `--network=sandbox` (gVisor's netstack in the spec's network namespace) instead of
+    /// `--network=none`.
+    pub network: bool,
 }
 
 impl Runsc {
@@ -29,7 +32,10 @@ impl Runsc {
         let mut v = vec![
             format!("--root={}", self.root.display()),
             format!("--platform={}", self.platform),
-            "--network=none".to_string(),
+            format!(
+                "--network={}",
+                if self.network { "sandbox" } else { "none" }
+            ),
             "--host-uds=create".to_string(),
             "--cpu-num-from-quota".to_string(),
             // The writable layer is kiln's host overlayfs (per-sandbox upper dir, which
@@ -87,14 +93,34 @@ impl Runsc {
     /// `runsc run --detach`: creates the container and starts its init in one invocation (one
     /// Go start-up less than `create` + `start`). The sandbox inherits the given stdio for its
     /// whole life, so it gets a file (`log`), never a pipe someone would have to drain.
-    pub async fn run_detached(&self, bundle: &Path, id: &str, log: &Path) -> Result<()> {
+    ///
+    /// `sysctl_workaround`: run it in a private mount namespace with an empty tmpfs over
+    /// `/proc/sys/net` (see [`super::network`]).
+    pub async fn run_detached(
+        &self,
+        bundle: &Path,
+        id: &str,
+        log: &Path,
+        sysctl_workaround: bool,
+    ) -> Result<()> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .map_err(io_err(format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(io_err("duplicating the log fd"))?;
-        let mut c = self.command();
+        let mut c = if sysctl_workaround {
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                .arg("mount -t tmpfs -o size=4k kiln-net /proc/sys/net && exec \"$0\" \"$@\"")
+                .arg(&self.bin)
+                .args(self.global_args())
+                .stdin(Stdio::null())
+                .kill_on_drop(true);
+            c
+        } else {
+            self.command()
+        };
         c.arg("run")
             .arg("--detach")
             .arg(format!("--bundle={}", bundle.display()))
@@ -129,6 +155,7 @@ mod tests {
             root: "/s/runsc".into(),
             platform: "systrap".into(),
             ignore_cgroups: true,
+            network: false,
         };
         let args = r.global_args();
         assert_eq!(
@@ -150,5 +177,7 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         assert_eq!(got, args);
+        let r = Runsc { network: true, ..r };
+        assert!(r.global_args().contains(&"--network=sandbox".to_string()));
     }
 }
