@@ -91,7 +91,13 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
             format!("The sandbox {id} was not found: it does not exist, was killed or timed out"),
         );
     };
-    if let Some(token) = &route.envd_token {
+    // The envd access token guards the agent's port; a sandbox's other ports are public
+    // (E2B's default, allowPublicTraffic=true).
+    let envd_token = match target.port {
+        kiln_proto::envd::ENVD_PORT => route.envd_token.as_ref(),
+        _ => None,
+    };
+    if let Some(token) = envd_token {
         let presented = req
             .headers()
             .get(ACCESS_TOKEN_HEADER)

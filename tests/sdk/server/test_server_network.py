@@ -1,0 +1,290 @@
+"""Sandbox networking through the real e2b SDK against a real `kiln serve` (KILN_NETWORK=on):
+egress to a small test "internet" (namespace `ktsdk`, 203.0.113.0/24, with its own DNS server),
+E2B's policy (allow_internet_access, allow_out/deny_out, update_network), the always-denied
+ranges, and ingress to any port of a sandbox through kiln's proxy.
+
+Nothing here sends traffic outside this machine: the test hosts live in a network namespace.
+Needs root (namespaces, nftables)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from e2b import Sandbox
+
+from .conftest import KilnServer, cleanup_state
+
+NS = "ktsdk"
+HOST_SIDE = "203.0.113.254"
+RANGE = "10.235.0.0/24"
+HTTP_HOSTS = {"203.0.113.10": "ten", "203.0.113.11": "eleven"}
+DNS_ADDR = "203.0.113.53"
+NAMES = {"host-a.test": "203.0.113.10", "host-b.test": "203.0.113.11"}
+
+# A tiny authoritative DNS server: A records from NAMES, NXDOMAIN otherwise.
+DNS_SERVER = textwrap.dedent("""
+    import json, socket, struct, sys
+    names = json.loads(sys.argv[2])
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((sys.argv[1], 53))
+    while True:
+        q, peer = s.recvfrom(512)
+        i, labels = 12, []
+        while q[i]:
+            labels.append(q[i + 1:i + 1 + q[i]].decode().lower())
+            i += 1 + q[i]
+        question = q[12:i + 5]
+        qtype = struct.unpack("!H", q[i + 1:i + 3])[0]
+        ip = names.get(".".join(labels))
+        if ip and qtype == 1:
+            answer = b"\\xc0\\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + socket.inet_aton(ip)
+            head = q[:2] + b"\\x81\\x80" + struct.pack("!HHHH", 1, 1, 0, 0)
+        else:
+            answer = b""
+            rcode = b"\\x81\\x80" if ip else b"\\x81\\x83"
+            head = q[:2] + rcode + struct.pack("!HHHH", 1, 0, 0, 0)
+        s.sendto(head + question + answer, peer)
+""")
+
+
+def sh(*args, check=True):
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+def require_root():
+    if os.geteuid() != 0:
+        if os.environ.get("KILN_ALLOW_SKIPS") == "1":
+            pytest.skip("needs root (network namespaces, nftables)")
+        pytest.fail("the network tests need root; KILN_ALLOW_SKIPS=1 to skip")
+
+
+def internet_down():
+    sh("ip", "netns", "del", NS, check=False)
+    sh("ip", "link", "del", "ktsdk0", check=False)
+
+
+def wait_http(url: str, timeout: float = 30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            return urllib.request.urlopen(url, timeout=2).read().decode()
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"test host {url} did not come up")
+
+
+@pytest.fixture(scope="module")
+def internet():
+    require_root()
+    internet_down()
+    procs = []
+    www = tempfile.mkdtemp(prefix="kiln-inet-")
+    try:
+        sh("ip", "netns", "add", NS)
+        sh("ip", "link", "add", "ktsdk0", "type", "veth", "peer", "name", "eth0", "netns", NS)
+        sh("ip", "addr", "add", f"{HOST_SIDE}/24", "dev", "ktsdk0")
+        sh("ip", "link", "set", "ktsdk0", "up")
+        for a in [*HTTP_HOSTS, DNS_ADDR]:
+            sh("ip", "-n", NS, "addr", "add", f"{a}/24", "dev", "eth0")
+        sh("ip", "-n", NS, "link", "set", "eth0", "up")
+        sh("ip", "-n", NS, "link", "set", "lo", "up")
+        sh("ip", "-n", NS, "route", "add", "default", "via", HOST_SIDE)
+        for ip, body in HTTP_HOSTS.items():
+            d = os.path.join(www, ip)
+            os.makedirs(d)
+            with open(os.path.join(d, "index.html"), "w") as f:
+                f.write(body)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", NS, sys.executable, "-m", "http.server", "--bind", ip, "80"],
+                cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", NS, sys.executable, "-c", DNS_SERVER, DNS_ADDR, json.dumps(NAMES)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for ip, body in HTTP_HOSTS.items():
+            assert wait_http(f"http://{ip}/") == body
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        internet_down()
+        shutil.rmtree(www, ignore_errors=True)
+
+
+def remove_slots_in_range():
+    """Removes the namespaces, veths and host table a stopped kiln left in RANGE."""
+    routes = json.loads(sh("ip", "-j", "route").stdout or "[]")
+    prefixes = {r["dev"][:5] for r in routes
+                if re.fullmatch(r"k[0-9a-f]{4}h\d+", r.get("dev", "")) and r["dst"].startswith("10.235.0.")}
+    for p in prefixes:
+        for ns in os.listdir("/run/netns"):
+            if ns.startswith(p + "-"):
+                sh("ip", "netns", "del", ns, check=False)
+        for dev in os.listdir("/sys/class/net"):
+            if dev.startswith(p + "h"):
+                sh("ip", "link", "del", dev, check=False)
+        sh("nft", "delete", "table", "ip", f"kiln_{p}", check=False)
+    return prefixes
+
+
+@pytest.fixture(scope="module")
+def net_server(internet):
+    base = tempfile.mkdtemp(prefix="kiln-net-")
+    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": RANGE, "KILN_NET_POOL": "2",
+           "KILN_DNS_UPSTREAM": DNS_ADDR}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    srv = KilnServer(os.path.join(base, "state"), os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+    try:
+        srv.start()
+        yield srv
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        srv.kill_all_sandboxes()
+        srv.stop()
+        log = srv.log()
+        print("---- kiln serve (network) log (tail) ----\n" + log[-6000:])
+        cleanup_state(srv.state_dir)
+        remove_slots_in_range()
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, f"the server panicked:\n{log}"
+
+
+def run(sbx, cmd: str, timeout: float = 30):
+    """(exit code, stdout) of a shell command in the sandbox."""
+    try:
+        r = sbx.commands.run(cmd, timeout=timeout)
+        return r.exit_code, r.stdout
+    except Exception as e:  # CommandExitException carries the result
+        return getattr(e, "exit_code", -1), getattr(e, "stdout", "")
+
+
+def fetch(sbx, url: str):
+    code, out = run(sbx, f"curl -s -m 3 {url}")
+    return out.strip() if code == 0 else None
+
+
+def create(srv, **kw):
+    return Sandbox.create(timeout=120, **srv.opts(), **kw)
+
+
+def test_default_create_reaches_a_test_host_by_ip_and_name(net_server):
+    sbx = create(net_server)
+    try:
+        assert fetch(sbx, "http://203.0.113.10/") == "ten"
+        code, out = run(sbx, "getent hosts host-b.test")
+        assert code == 0 and out.split()[0] == "203.0.113.11", out
+        assert fetch(sbx, "http://host-a.test/") == "ten"
+        info = sbx.get_info()
+        assert info.allow_internet_access is True
+    finally:
+        sbx.kill()
+
+
+def test_internet_off_reaches_nothing(net_server):
+    sbx = create(net_server, allow_internet_access=False)
+    try:
+        assert fetch(sbx, "http://203.0.113.10/") is None
+        assert sbx.get_info().allow_internet_access is False
+    finally:
+        sbx.kill()
+
+
+def test_allow_and_deny_by_cidr_and_update_while_running(net_server):
+    sbx = create(net_server, network={"deny_out": ["203.0.113.11/32"]})
+    try:
+        assert fetch(sbx, "http://203.0.113.10/") == "ten"
+        assert fetch(sbx, "http://203.0.113.11/") is None
+        assert sbx.get_info().network["deny_out"] == ["203.0.113.11"]
+        # Deny everything but one host: allow beats deny.
+        sbx.update_network({"deny_out": ["0.0.0.0/0"], "allow_out": ["203.0.113.11"]})
+        assert fetch(sbx, "http://203.0.113.11/") == "eleven"
+        assert fetch(sbx, "http://203.0.113.10/") is None
+        # Omitted fields are cleared.
+        sbx.update_network({})
+        assert fetch(sbx, "http://203.0.113.10/") == "ten"
+        assert fetch(sbx, "http://203.0.113.11/") == "eleven"
+    finally:
+        sbx.kill()
+
+
+def test_host_and_other_sandboxes_stay_unreachable_even_when_all_is_allowed(net_server):
+    other = create(net_server)
+    sbx = create(net_server, network={"allow_out": ["0.0.0.0/0"]})
+    host_listener = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", HOST_SIDE, "18080"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        other.commands.run("cd /tmp && python3 -m http.server 8000", background=True)
+        wait_http(f"http://{HOST_SIDE}:18080/")
+        assert fetch(sbx, "http://203.0.113.10/") == "ten"
+        # The host's own address (a server is listening there), kiln's API port on it,
+        # link-local metadata, and every slot address of the range (the other sandbox).
+        port = net_server.url.rsplit(":", 1)[1]
+        for url in [f"http://{HOST_SIDE}:18080/", f"http://{HOST_SIDE}:{port}/health",
+                    "http://169.254.169.254/", "http://127.0.0.53:53/"]:
+            assert fetch(sbx, url) is None, url
+        code, out = run(sbx, "for i in 1 3 5 7 9 11; do curl -s -m 1 http://10.235.0.$i:8000/ && echo reached; done; true",
+                        timeout=60)
+        assert "reached" not in out, out
+    finally:
+        host_listener.kill()
+        host_listener.wait()
+        sbx.kill()
+        other.kill()
+
+
+def proxied(srv, sandbox_id: str, port: int, host_form: bool = False):
+    headers = ({"Host": f"{port}-{sandbox_id}.kiln.local"} if host_form
+               else {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)})
+    req = urllib.request.Request(srv.url + "/", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_server_in_the_sandbox_is_reachable_on_any_port(net_server):
+    sbx = create(net_server)
+    try:
+        sbx.files.write("/tmp/www/index.html", "served from inside")
+        sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+        deadline = time.time() + 30
+        status, body = proxied(net_server, sbx.sandbox_id, 8000)
+        while status != 200 and time.time() < deadline:
+            time.sleep(0.3)
+            status, body = proxied(net_server, sbx.sandbox_id, 8000)
+        assert (status, body) == (200, "served from inside")
+        assert proxied(net_server, sbx.sandbox_id, 8000, host_form=True) == (200, "served from inside")
+        # A large body through the proxy.
+        sbx.commands.run("head -c 5000000 /dev/zero | tr '\\0' x > /tmp/www/big.txt")
+        req = urllib.request.Request(net_server.url + "/big.txt",
+                                     headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.read() == b"x" * 5_000_000
+        # Nothing listens on 8001: a clear 502 naming the port, not a hang.
+        status, body = proxied(net_server, sbx.sandbox_id, 8001)
+        assert status == 502 and "8001" in body, body
+    finally:
+        sbx.kill()
+
+
+def test_unsupported_network_options_are_refused_not_ignored(net_server):
+    for network in [{"allow_out": ["example.com"]}, {"allow_public_traffic": False}]:
+        with pytest.raises(Exception) as e:
+            create(net_server, network=network)
+        assert "not implemented" in str(e.value), str(e.value)
