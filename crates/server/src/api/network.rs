@@ -45,10 +45,14 @@ pub fn policy_of(
     let empty = NetworkJson::default();
     let n = net.unwrap_or(&empty);
     if present(&n.rules) {
-        return Err(ApiError::not_implemented("network rules (per-host transforms)"));
+        return Err(ApiError::not_implemented(
+            "network rules (per-host transforms)",
+        ));
     }
     if present(&n.egress_proxy) {
-        return Err(ApiError::not_implemented("an upstream egress proxy (egressProxy)"));
+        return Err(ApiError::not_implemented(
+            "an upstream egress proxy (egressProxy)",
+        ));
     }
     if n.allow_public_traffic == Some(false) {
         return Err(ApiError::not_implemented(
@@ -124,7 +128,10 @@ mod tests {
             deny_out: Some(vec!["not an address!".into()]),
             ..Default::default()
         };
-        assert_eq!(policy_of(None, Some(&bad)).unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            policy_of(None, Some(&bad)).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
         let dom = NetworkJson {
             allow_out: Some(vec!["example.com".into()]),
             ..Default::default()

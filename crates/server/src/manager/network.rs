@@ -31,7 +31,11 @@ impl Manager {
             "network",
             format!(
                 "egress policy: internet {}, allowOut {:?}, denyOut {:?}",
-                if policy.allow_internet_access { "on" } else { "off" },
+                if policy.allow_internet_access {
+                    "on"
+                } else {
+                    "off"
+                },
                 EgressPolicy::list_strings(&policy.allow_out),
                 EgressPolicy::list_strings(&policy.deny_out)
             ),

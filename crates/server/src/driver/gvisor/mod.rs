@@ -303,7 +303,12 @@ impl Driver for GvisorDriver {
             None => false,
         };
         self.runsc
-            .run_detached(&dir.join("bundle"), id, &dir.join("console.log"), workaround)
+            .run_detached(
+                &dir.join("bundle"),
+                id,
+                &dir.join("console.log"),
+                workaround,
+            )
             .await
     }
 

@@ -45,7 +45,9 @@ pub fn config_from_env(seed: &Path) -> std::result::Result<Option<NetConfig>, St
         None => NetConfig::default_range(),
     };
     let pool_size = match var("KILN_NET_POOL") {
-        Some(n) => n.parse().map_err(|_| format!("KILN_NET_POOL={n:?}: not a number"))?,
+        Some(n) => n
+            .parse()
+            .map_err(|_| format!("KILN_NET_POOL={n:?}: not a number"))?,
         None => 4,
     };
     let list = |k: &str| -> Vec<String> {
@@ -62,7 +64,10 @@ pub fn config_from_env(seed: &Path) -> std::result::Result<Option<NetConfig>, St
     };
     let operator_allow = list("KILN_NET_ALLOW_PRIVATE")
         .iter()
-        .map(|c| c.parse().map_err(|e| format!("KILN_NET_ALLOW_PRIVATE: {e}")))
+        .map(|c| {
+            c.parse()
+                .map_err(|e| format!("KILN_NET_ALLOW_PRIVATE: {e}"))
+        })
         .collect::<std::result::Result<_, _>>()?;
     Ok(Some(NetConfig {
         range,
@@ -215,8 +220,7 @@ impl Network {
         let pool = self.pool().await?;
         let policy = EgressPolicy::default();
         let slot = pool.acquire(&policy).await.map_err(net_err)?;
-        let dns = match DnsForwarder::start(&slot.router_ns_path(), self.upstreams(&policy)).await
-        {
+        let dns = match DnsForwarder::start(&slot.router_ns_path(), self.upstreams(&policy)).await {
             Ok(d) => d,
             Err(e) => {
                 pool.release(slot).await;
@@ -364,7 +368,8 @@ mod tests {
 
     #[test]
     fn netns_path_goes_into_the_spec() {
-        let mut v = serde_json::json!({"linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}});
+        let mut v =
+            serde_json::json!({"linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}});
         set_netns_path(&mut v, Path::new("/run/netns/k1-0s"));
         assert_eq!(v["linux"]["namespaces"][1]["path"], "/run/netns/k1-0s");
         assert!(v["linux"]["namespaces"][0].get("path").is_none());
