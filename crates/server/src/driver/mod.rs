@@ -124,6 +124,10 @@ pub trait Driver: Send + Sync + 'static {
     /// The sandbox's own output (the agent's stdout/stderr), last `max_bytes` bytes.
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String>;
 
+    /// Whether this driver's sandboxes have a network (egress, ports other than the agent's).
+    fn has_network(&self) -> bool {
+        false
+    }
     /// Replaces the egress policy of a created or running sandbox (atomically).
     async fn set_network(&self, _id: &str, _policy: &kiln_net::EgressPolicy) -> Result<()> {
         Err(DriverError::NotImplemented("sandbox networking"))

@@ -17,6 +17,7 @@ impl Manager {
             p.timeout_secs
                 .unwrap_or(self.cfg.default_timeout_secs as i64),
         )?;
+        self.check_network(p.network.as_ref())?;
         if p.template_id.trim().is_empty() {
             return Err(Error::bad_request("templateID must not be empty"));
         }

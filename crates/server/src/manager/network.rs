@@ -7,16 +7,32 @@ use super::Manager;
 use crate::driver::DriverError;
 use crate::error::Result;
 
+/// Whether a driver without networking can honour `policy`: it denies everything anyway.
+fn no_network_suffices(policy: &EgressPolicy) -> bool {
+    !policy.allow_internet_access && policy.allow_out.is_empty()
+}
+
 impl Manager {
+    /// Refuses (501) a policy that needs a network on a driver without one, before anything
+    /// is created.
+    pub(super) fn check_network(&self, policy: Option<&EgressPolicy>) -> Result<()> {
+        match policy {
+            Some(p) if !self.driver.has_network() && !no_network_suffices(p) => {
+                Err(DriverError::NotImplemented(
+                    "sandbox internet access (this server runs sandboxes without a network; \
+                     start it with KILN_NETWORK=on)",
+                )
+                .into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Puts `policy` in force for sandbox `id` (created or running). A driver without
     /// networking accepts a policy that denies everything (its sandboxes reach nothing anyway).
     pub(super) async fn apply_network(&self, id: &str, policy: &EgressPolicy) -> Result<()> {
         match self.driver.set_network(id, policy).await {
-            Err(DriverError::NotImplemented(_))
-                if !policy.allow_internet_access && policy.allow_out.is_empty() =>
-            {
-                Ok(())
-            }
+            Err(DriverError::NotImplemented(_)) if no_network_suffices(policy) => Ok(()),
             r => Ok(r?),
         }
     }

@@ -431,6 +431,10 @@ impl Driver for GvisorDriver {
         Ok(tail(&self.sandbox_dir(id).join("console.log"), max_bytes))
     }
 
+    fn has_network(&self) -> bool {
+        self.net.is_some()
+    }
+
     async fn set_network(&self, id: &str, policy: &kiln_net::EgressPolicy) -> Result<()> {
         check_id(id)?;
         match &self.net {
