@@ -3,6 +3,7 @@
 
 mod agent;
 mod create;
+mod net;
 mod vmm;
 
 #[derive(clap::Subcommand)]
@@ -11,6 +12,8 @@ pub enum Cmd {
     Agent(agent::Args),
     /// Sandbox create → first `echo` output, sequential and concurrent, vs raw `runsc run`.
     Create(create::Args),
+    /// Sandbox networking: create p50 with vs without, proxied vs direct HTTP to a sandbox port.
+    Net(net::Args),
     /// kiln-vmm: process start → first guest instruction, snapshot, restore, VMM RSS.
     Vmm(vmm::Args),
 }
@@ -19,6 +22,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Create(a) => create::run(a),
+        Cmd::Net(a) => net::run(a),
         Cmd::Vmm(a) => vmm::run(a),
     }
 }

@@ -109,18 +109,12 @@ impl Runsc {
             .open(log)
             .map_err(io_err(format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(io_err("duplicating the log fd"))?;
-        let mut c = if sysctl_workaround {
-            let mut c = Command::new("unshare");
-            c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-                .arg("mount -t tmpfs -o size=4k kiln-net /proc/sys/net && exec \"$0\" \"$@\"")
-                .arg(&self.bin)
-                .args(self.global_args())
-                .stdin(Stdio::null())
-                .kill_on_drop(true);
-            c
-        } else {
-            self.command()
-        };
+        let mut c = self.command();
+        if sysctl_workaround {
+            // SAFETY: the closure runs in the forked child before exec and only makes raw
+            // system calls (unshare, mount) on static C strings: no allocation, no locks.
+            unsafe { c.pre_exec(hide_proc_sys_net) };
+        }
         c.arg("run")
             .arg("--detach")
             .arg(format!("--bundle={}", bundle.display()))
@@ -142,6 +136,41 @@ impl Runsc {
         }
         Ok(())
     }
+}
+
+/// In a new private mount namespace, covers `/proc/sys/net` with an empty tmpfs (runs in the
+/// child between fork and exec; see [`super::network`] for why).
+fn hide_proc_sys_net() -> std::io::Result<()> {
+    let fail = || Err(std::io::Error::last_os_error());
+    // SAFETY: plain system calls with static NUL-terminated strings and null pointers where
+    // the kernel accepts them.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return fail();
+        }
+        let none = c"none".as_ptr();
+        if libc::mount(
+            none,
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return fail();
+        }
+        if libc::mount(
+            c"kiln-net".as_ptr(),
+            c"/proc/sys/net".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            c"size=4k".as_ptr().cast(),
+        ) != 0
+        {
+            return fail();
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
