@@ -17,17 +17,20 @@
 //! Modules: [`addr`] (IPv4 CIDRs, the host range), [`policy`] (E2B's egress policy),
 //! [`rules`] (nftables text), [`cmd`] (running `ip`/`nft`), [`slot`] (one slot's setup and
 //! teardown), [`host`] (host-wide forwarding and NAT), [`pool`] (the pool), [`netns`]
-//! (sockets inside a namespace), [`dns`] (the per-sandbox DNS forwarder).
+//! (sockets inside a namespace), [`dns`] (the per-sandbox DNS forwarder), [`egress`] (the
+//! per-sandbox proxy that applies domain rules, naming connections with [`sni`]).
 
 pub mod addr;
 pub mod cmd;
 pub mod dns;
+pub mod egress;
 pub mod host;
 pub mod netns;
 pub mod policy;
 pub mod pool;
 pub mod rules;
 pub mod slot;
+pub mod sni;
 
 use std::net::Ipv4Addr;
 

@@ -64,6 +64,8 @@ pub struct EgressPolicy {
     pub deny_out: Vec<Target>,
     /// Upstream resolvers of the sandbox's DNS forwarder (empty: kiln's default).
     pub dns_servers: Vec<Ipv4Addr>,
+    /// Ports besides 443 whose connections are named by TLS SNI (domain rules).
+    pub https_ports: Vec<u16>,
 }
 
 impl Default for EgressPolicy {
@@ -74,6 +76,7 @@ impl Default for EgressPolicy {
             allow_out: Vec::new(),
             deny_out: Vec::new(),
             dns_servers: Vec::new(),
+            https_ports: Vec::new(),
         }
     }
 }
@@ -104,7 +107,26 @@ impl EgressPolicy {
             allow_out: parse(allow_out)?,
             deny_out: parse(deny_out)?,
             dns_servers: dns,
+            https_ports: Vec::new(),
         })
+    }
+
+    /// Whether `list` matches a connection to `ip` named `name` (SNI or Host).
+    pub fn list_matches(list: &[Target], name: Option<&str>, ip: Ipv4Addr) -> bool {
+        list.iter().any(|t| match t {
+            Target::Net(c) => c.contains(ip),
+            Target::Domain(d) => name.is_some_and(|n| domain_matches(d, n)),
+        })
+    }
+
+    /// E2B's precedence for one connection: an allow match wins, then a deny match (or
+    /// internet access off) denies, else it is allowed. (The always-denied ranges are checked
+    /// before this, by the caller.)
+    pub fn allows(&self, name: Option<&str>, ip: Ipv4Addr) -> bool {
+        if Self::list_matches(&self.allow_out, name, ip) {
+            return true;
+        }
+        !(Self::list_matches(&self.deny_out, name, ip) || !self.allow_internet_access)
     }
 
     /// The CIDR entries of a list.
@@ -150,6 +172,17 @@ impl EgressPolicy {
     }
 }
 
+/// `example.com` matches that name; `*.example.com` matches its subdomains.
+pub fn domain_matches(pattern: &str, name: &str) -> bool {
+    let name = name.trim_end_matches('.');
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => name
+            .strip_suffix(suffix)
+            .is_some_and(|head| head.ends_with('.') && head.len() > 1),
+        None => pattern == name,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +200,24 @@ mod tests {
         for bad in ["", "1.2.3.4/40", "::1", "a..b", "exa mple.com", "1.2.3"] {
             assert!(Target::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn domains_and_precedence() {
+        assert!(domain_matches("example.com", "example.com"));
+        assert!(!domain_matches("example.com", "www.example.com"));
+        assert!(domain_matches("*.example.com", "a.b.example.com"));
+        assert!(!domain_matches("*.example.com", "example.com"));
+        assert!(!domain_matches("*.example.com", "badexample.com"));
+        let ip: Ipv4Addr = "203.0.113.10".parse().unwrap();
+        let p =
+            EgressPolicy::from_lists(true, &["a.test".into()], &["0.0.0.0/0".into()], &[]).unwrap();
+        assert!(p.allows(Some("a.test"), ip));
+        assert!(!p.allows(Some("b.test"), ip));
+        assert!(!p.allows(None, ip));
+        let p = EgressPolicy::from_lists(true, &[], &["*.b.test".into()], &[]).unwrap();
+        assert!(!p.allows(Some("x.b.test"), ip));
+        assert!(p.allows(Some("a.test"), ip));
     }
 
     #[test]

@@ -41,6 +41,31 @@ fn set(out: &mut String, name: &str, elems: &[Cidr]) {
 /// the DNS forwarder's port, and the egress policy.
 pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy) -> String {
     let t = SLOT_TABLE;
+    let proxy = crate::egress::PROXY_PORT;
+    // With domain rules, TCP to the web ports goes through the egress proxy (which names
+    // connections by SNI/Host), and QUIC (UDP) to the TLS ports is dropped: it cannot be named.
+    let (redirect, quic) = if policy.domains().is_empty() {
+        (String::new(), String::new())
+    } else {
+        let mut tls: Vec<u16> = vec![443];
+        tls.extend(policy.https_ports.iter().copied().filter(|p| *p != 80));
+        tls.sort_unstable();
+        tls.dedup();
+        let list = |v: &[u16]| v.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+        let mut web = tls.clone();
+        web.push(80);
+        web.sort_unstable();
+        (
+            format!(
+                "    iifname \"{GUEST_LINK}\" tcp dport {{ {} }} redirect to :{proxy}\n",
+                list(&web)
+            ),
+            format!(
+                "    iifname \"{GUEST_LINK}\" udp dport {{ {} }} drop\n",
+                list(&tls)
+            ),
+        )
+    };
     let mut s = format!("table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n");
     set(&mut s, "host_deny", &host.host_deny);
     set(&mut s, "always_deny", &crate::addr::always_denied());
@@ -52,7 +77,7 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
         r#"  chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
     iifname "{UPLINK}" ip daddr {slot_addr} dnat to {GUEST_ADDR}
-  }}
+{redirect}  }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     oifname "{UPLINK}" ip saddr {GUEST_ADDR} snat to {slot_addr}
@@ -62,11 +87,12 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
     iifname "lo" accept
     ct state established,related accept
     iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} udp dport 53 accept
+    iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} tcp dport {proxy} accept
   }}
   chain forward {{
     type filter hook forward priority filter; policy drop;
     ct state established,related accept
-    iifname "{UPLINK}" oifname "{GUEST_LINK}" ct status dnat accept
+{quic}    iifname "{UPLINK}" oifname "{GUEST_LINK}" ct status dnat accept
     iifname "{GUEST_LINK}" oifname "{UPLINK}" jump egress
   }}
   chain egress {{
@@ -141,6 +167,14 @@ mod tests {
         let deny = r.find("ip daddr @always_deny drop").unwrap();
         assert!(r.find("ip daddr @host_deny drop").unwrap() < deny);
         assert!(deny < r.find("ip daddr @allow_out accept").unwrap());
+        assert!(r.contains("tcp dport { 80, 443 } redirect to :15001"));
+        assert!(r.contains("udp dport { 443 } drop"));
+        let plain = slot_ruleset(
+            "10.231.0.1".parse().unwrap(),
+            &host,
+            &EgressPolicy::default(),
+        );
+        assert!(!plain.contains("redirect"));
     }
 
     #[test]

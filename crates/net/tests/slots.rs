@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_net::dns::DnsForwarder;
+use kiln_net::egress::EgressProxy;
 use kiln_net::netns::{connect_tcp, in_netns};
+use kiln_net::sni::client_hello;
 use kiln_net::{host, EgressPolicy, NetConfig, Slot, SlotPool, GUEST_ADDR};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -101,6 +103,18 @@ async fn fetch(ns: &Path, to: &str) -> Result<String, String> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
     Ok(buf)
+}
+
+/// Connects from `ns`, sends `bytes`, reads until the peer closes ("" when refused by the
+/// proxy).
+async fn send(ns: &Path, to: &str, bytes: &[u8]) -> String {
+    let to: SocketAddr = to.parse().unwrap();
+    let mut s = connect_tcp(ns, to, Duration::from_secs(2)).await.unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf
 }
 
 fn cfg(seed: &str, range: &str, pool_size: usize) -> NetConfig {
@@ -259,6 +273,49 @@ async fn egress_policy_ingress_and_dns() {
     assert!(buf[..n].ends_with(b"kiln-test"));
     assert_eq!(fwd.queries(), vec!["host.test".to_string()]);
     drop(fwd);
+
+    // Domain rules: connections to the web ports go through the egress proxy, named by Host
+    // (port 80) or TLS SNI (443); the address is still checked against the always-denied
+    // ranges after a name matched.
+    serve_banner(&inet, "198.51.100.10:443".parse().unwrap(), "ten-tls").await;
+    let p = policy(true, &["a.test", "*.ok.test", "evil.test"], &["0.0.0.0/0"]);
+    let proxy = EgressProxy::start(&a.router_ns_path(), p.clone(), pool.host_facts().clone())
+        .await
+        .unwrap();
+    pool.set_policy(&a, &p).await.unwrap();
+    let host = |h: &str| format!("GET / HTTP/1.0\r\nHost: {h}\r\n\r\n").into_bytes();
+    assert_eq!(send(&sa, "198.51.100.10:80", &host("a.test")).await, "ten");
+    assert_eq!(
+        send(&sa, "198.51.100.10:80", &host("x.ok.test:80")).await,
+        "ten"
+    );
+    assert_eq!(send(&sa, "198.51.100.10:80", &host("b.test")).await, "");
+    assert_eq!(
+        send(&sa, "198.51.100.10:443", &client_hello("a.test")).await,
+        "ten-tls"
+    );
+    assert_eq!(
+        send(&sa, "198.51.100.10:443", &client_hello("b.test")).await,
+        ""
+    );
+    // Other ports: CIDR rules only (denied here).
+    serve_banner(&inet, "198.51.100.10:8443".parse().unwrap(), "ten-8443").await;
+    assert!(fetch(&sa, "198.51.100.10:8443").await.is_err());
+    // A name that matches cannot reach the host or a private address.
+    assert_eq!(send(&sa, "198.51.100.254:80", &host("evil.test")).await, "");
+    // Updates reach the proxy.
+    let p = policy(true, &["b.test"], &["0.0.0.0/0"]);
+    proxy.set_policy(p.clone());
+    pool.set_policy(&a, &p).await.unwrap();
+    assert_eq!(
+        send(&sa, "198.51.100.10:443", &client_hello("b.test")).await,
+        "ten-tls"
+    );
+    assert_eq!(
+        send(&sa, "198.51.100.10:443", &client_hello("a.test")).await,
+        ""
+    );
+    drop(proxy);
 
     pool.release(a).await;
     pool.release(b).await;
