@@ -28,7 +28,30 @@ HOST_SIDE = "203.0.113.254"
 RANGE = "10.235.0.0/24"
 HTTP_HOSTS = {"203.0.113.10": "ten", "203.0.113.11": "eleven"}
 DNS_ADDR = "203.0.113.53"
-NAMES = {"host-a.test": "203.0.113.10", "host-b.test": "203.0.113.11"}
+NAMES = {"host-a.test": "203.0.113.10", "alias-a.test": "203.0.113.10",
+         "www.site.test": "203.0.113.10", "host-b.test": "203.0.113.11"}
+
+# An HTTPS server answering with the SNI name the client sent.
+TLS_SERVER = textwrap.dedent("""
+    import http.server, ssl, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = ("tls:" + self.request.server_hostname_seen).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+    def sni(sock, name, _ctx):
+        sock.server_hostname_seen = name or ""
+    ctx.sni_callback = sni
+    srv = http.server.ThreadingHTTPServer((sys.argv[1], 443), H)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.serve_forever()
+""")
 
 # A tiny authoritative DNS server: A records from NAMES, NXDOMAIN otherwise.
 DNS_SERVER = textwrap.dedent("""
@@ -109,8 +132,20 @@ def internet():
         procs.append(subprocess.Popen(
             ["ip", "netns", "exec", NS, sys.executable, "-c", DNS_SERVER, DNS_ADDR, json.dumps(NAMES)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cert, key = os.path.join(www, "c.pem"), os.path.join(www, "k.pem")
+        sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+           "-days", "1", "-subj", "/CN=host-a.test",
+           "-addext", "subjectAltName=DNS:host-a.test,DNS:alias-a.test,DNS:www.site.test")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", NS, sys.executable, "-c", TLS_SERVER, "203.0.113.10", cert, key],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for ip, body in HTTP_HOSTS.items():
             assert wait_http(f"http://{ip}/") == body
+        deadline = time.time() + 30
+        while sh("curl", "-sk", "-m", "2", "--resolve", "host-a.test:443:203.0.113.10",
+                 "https://host-a.test/", check=False).stdout != "tls:host-a.test":
+            assert time.time() < deadline, "the TLS test host did not come up"
+            time.sleep(0.2)
         yield
     finally:
         for p in procs:
@@ -283,8 +318,31 @@ def test_a_server_in_the_sandbox_is_reachable_on_any_port(net_server):
         sbx.kill()
 
 
+def test_allow_and_deny_by_domain_over_http_and_https(net_server):
+    # Only host-a.test and *.site.test; alias-a.test is the same address under another name.
+    sbx = create(net_server, network={"allow_out": ["host-a.test", "*.site.test"],
+                                      "deny_out": ["0.0.0.0/0"]})
+    try:
+        assert fetch(sbx, "http://host-a.test/") == "ten"
+        assert fetch(sbx, "http://www.site.test/") == "ten"
+        assert fetch(sbx, "http://alias-a.test/") is None
+        assert fetch(sbx, "http://203.0.113.10/") is None
+        assert fetch(sbx, "-k https://host-a.test/") == "tls:host-a.test"
+        assert fetch(sbx, "-k https://www.site.test/") == "tls:www.site.test"
+        assert fetch(sbx, "-k https://alias-a.test/") is None
+        # A deny by name, internet otherwise on; updates reach the name rules too.
+        sbx.update_network({"deny_out": ["alias-a.test"]})
+        assert fetch(sbx, "-k https://alias-a.test/") is None
+        assert fetch(sbx, "-k https://host-a.test/") == "tls:host-a.test"
+        assert fetch(sbx, "http://203.0.113.11/") == "eleven"
+        sbx.update_network({})
+        assert fetch(sbx, "-k https://alias-a.test/") == "tls:alias-a.test"
+    finally:
+        sbx.kill()
+
+
 def test_unsupported_network_options_are_refused_not_ignored(net_server):
-    for network in [{"allow_out": ["example.com"]}, {"allow_public_traffic": False}]:
+    for network in [{"allow_public_traffic": False}, {"mask_request_host": "localhost:${PORT}"}]:
         with pytest.raises(Exception) as e:
             create(net_server, network=network)
         assert "not implemented" in str(e.value), str(e.value)

@@ -63,18 +63,16 @@ pub fn policy_of(
         return Err(ApiError::not_implemented("maskRequestHost"));
     }
     let v = |l: &Option<Vec<String>>| l.clone().unwrap_or_default();
-    let policy = EgressPolicy::from_lists(
+    let mut policy = EgressPolicy::from_lists(
         allow_internet_access.unwrap_or(true),
         &v(&n.allow_out),
         &v(&n.deny_out),
         &v(&n.dns_servers),
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    if !policy.domains().is_empty() {
-        return Err(ApiError::not_implemented(&format!(
-            "domain names in allowOut/denyOut ({})",
-            policy.domains().join(", ")
-        )));
+    policy.https_ports = n.https_ports.clone().unwrap_or_default();
+    if policy.https_ports.contains(&0) {
+        return Err(ApiError::bad_request("httpsPorts: 0 is not a port"));
     }
     Ok(Some(policy))
 }
@@ -90,19 +88,23 @@ pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
                 "denyOut": EgressPolicy::list_strings(&p.deny_out),
                 "dnsServers": p.dns_servers.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
                 "allowPublicTraffic": true,
+                "httpsPorts": p.https_ports,
             }),
         ),
     }
 }
 
 /// `PUT /sandboxes/{id}/network`: replaces `allowOut`, `denyOut` and `dnsServers` (omitted
-/// ones are cleared); internet access stays as created.
+/// ones are cleared); internet access and `httpsPorts` stay as created.
 pub async fn update(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
     let n: NetworkJson = parse_json(&body, true)?.unwrap_or_default();
     let current = st.manager.network(&id).await?;
     let internet = current.as_ref().map(|p| p.allow_internet_access);
-    let policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?
+    let mut policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?
         .expect("a policy when internet access is given");
+    if n.https_ports.is_none() {
+        policy.https_ports = current.map(|p| p.https_ports).unwrap_or_default();
+    }
     st.manager.set_network(&id, policy).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -133,13 +135,14 @@ mod tests {
             StatusCode::BAD_REQUEST
         );
         let dom = NetworkJson {
-            allow_out: Some(vec!["example.com".into()]),
+            allow_out: Some(vec!["*.example.com".into()]),
+            https_ports: Some(vec![8443]),
             ..Default::default()
         };
-        assert_eq!(
-            policy_of(None, Some(&dom)).unwrap_err().status,
-            StatusCode::NOT_IMPLEMENTED
-        );
+        let p = policy_of(None, Some(&dom)).unwrap().unwrap();
+        assert_eq!(p.domains(), vec!["*.example.com"]);
+        assert_eq!(p.https_ports, vec![8443]);
+        assert_eq!(info(Some(&p)).1["httpsPorts"][0], 8443);
         assert_eq!(info(None), (false, Value::Null));
     }
 }

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kiln_net::dns::DnsForwarder;
+use kiln_net::egress::EgressProxy;
 use kiln_net::{EgressPolicy, NetConfig, Slot, SlotPool, GATEWAY_ADDR, GUEST_ADDR};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
@@ -87,6 +88,8 @@ struct NetFile {
     allow_out: Vec<String>,
     deny_out: Vec<String>,
     dns_servers: Vec<String>,
+    #[serde(default)]
+    https_ports: Vec<u16>,
 }
 
 impl NetFile {
@@ -97,6 +100,7 @@ impl NetFile {
             allow_out: EgressPolicy::list_strings(&p.allow_out),
             deny_out: EgressPolicy::list_strings(&p.deny_out),
             dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
+            https_ports: p.https_ports.clone(),
         }
     }
     fn policy(&self) -> Option<EgressPolicy> {
@@ -107,13 +111,18 @@ impl NetFile {
             &self.dns_servers,
         )
         .ok()
+        .map(|mut p| {
+            p.https_ports = self.https_ports.clone();
+            p
+        })
     }
 }
 
 struct Lease {
     slot: Slot,
     policy: EgressPolicy,
-    _dns: DnsForwarder,
+    dns: DnsForwarder,
+    egress: EgressProxy,
 }
 
 /// The network side of the gVisor driver.
@@ -194,15 +203,15 @@ impl Network {
                     let (Some(slot), Some(policy)) = (pool.adopt(f.slot), f.policy()) else {
                         continue;
                     };
-                    match DnsForwarder::start(&slot.router_ns_path(), self.upstreams(&policy)).await
-                    {
-                        Ok(dns) => {
+                    match self.services(&pool, &slot, &policy).await {
+                        Ok((dns, egress)) => {
                             self.leases().insert(
                                 id,
                                 Lease {
                                     slot,
                                     policy,
-                                    _dns: dns,
+                                    dns,
+                                    egress,
                                 },
                             );
                         }
@@ -214,17 +223,34 @@ impl Network {
             .await
     }
 
-    /// Gives sandbox `id` a slot (default policy) and its DNS forwarder; writes its
+    /// The slot's DNS forwarder and egress proxy.
+    async fn services(
+        &self,
+        pool: &SlotPool,
+        slot: &Slot,
+        policy: &EgressPolicy,
+    ) -> Result<(DnsForwarder, EgressProxy)> {
+        let ns = slot.router_ns_path();
+        let dns = DnsForwarder::start(&ns, self.upstreams(policy))
+            .await
+            .map_err(net_err)?;
+        let egress = EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone())
+            .await
+            .map_err(net_err)?;
+        Ok((dns, egress))
+    }
+
+    /// Gives sandbox `id` a slot (default policy), its DNS forwarder and egress proxy; writes its
     /// resolv.conf into `rootfs`. Returns the namespace path for the OCI spec.
     pub async fn attach(&self, id: &str, rootfs: &Path) -> Result<PathBuf> {
         let pool = self.pool().await?;
         let policy = EgressPolicy::default();
         let slot = pool.acquire(&policy).await.map_err(net_err)?;
-        let dns = match DnsForwarder::start(&slot.router_ns_path(), self.upstreams(&policy)).await {
-            Ok(d) => d,
+        let (dns, egress) = match self.services(pool, &slot, &policy).await {
+            Ok(s) => s,
             Err(e) => {
                 pool.release(slot).await;
-                return Err(net_err(e));
+                return Err(e);
             }
         };
         let path = slot.sandbox_ns_path();
@@ -234,7 +260,8 @@ impl Network {
             Lease {
                 slot,
                 policy,
-                _dns: dns,
+                dns,
+                egress,
             },
         );
         write_resolv_conf(rootfs)?;
@@ -253,7 +280,8 @@ impl Network {
         self.write_file(id, &NetFile::new(slot.index, policy))?;
         if let Some(l) = self.leases().get_mut(id) {
             l.policy = policy.clone();
-            l._dns.set_upstreams(self.upstreams(policy));
+            l.dns.set_upstreams(self.upstreams(policy));
+            l.egress.set_policy(policy.clone());
         }
         Ok(())
     }
