@@ -341,6 +341,87 @@ def test_allow_and_deny_by_domain_over_http_and_https(net_server):
         sbx.kill()
 
 
+# A WebSocket echo server (stdlib only) for inside a sandbox.
+WS_ECHO = textwrap.dedent("""
+    import base64, hashlib, socket, threading
+    def recv_exact(c, n):
+        b = b""
+        while len(b) < n:
+            chunk = c.recv(n - len(b))
+            if not chunk:
+                raise EOFError
+            b += chunk
+        return b
+    def handle(c):
+        data = b""
+        while b"\\r\\n\\r\\n" not in data:
+            data += c.recv(4096)
+        key = [l.split(b":", 1)[1].strip() for l in data.split(b"\\r\\n")
+               if l.lower().startswith(b"sec-websocket-key")][0]
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\n"
+                  b"Connection: Upgrade\\r\\nSec-WebSocket-Accept: " + accept + b"\\r\\n\\r\\n")
+        try:
+            while True:
+                head = recv_exact(c, 2)
+                n = head[1] & 127
+                mask = recv_exact(c, 4)
+                text = bytes(b ^ mask[i % 4] for i, b in enumerate(recv_exact(c, n)))
+                out = b"echo:" + text
+                c.sendall(bytes([0x81, len(out)]) + out)
+        except EOFError:
+            pass
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 8765))
+    s.listen()
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+""")
+
+
+def test_websocket_to_a_sandbox_port_through_the_proxy(net_server):
+    import socket as pysocket
+
+    sbx = create(net_server)
+    try:
+        sbx.files.write("/tmp/ws_echo.py", WS_ECHO)
+        sbx.commands.run("python3 /tmp/ws_echo.py", background=True)
+        host, port = net_server.url.removeprefix("http://").split(":")
+        deadline = time.time() + 30
+        while True:
+            c = pysocket.create_connection((host, int(port)), timeout=10)
+            c.sendall((f"GET /ws HTTP/1.1\r\nHost: 8765-{sbx.sandbox_id}.kiln.local\r\n"
+                       "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                       "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                       ).encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = c.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            if head.startswith(b"HTTP/1.1 101"):
+                break
+            c.close()
+            assert time.time() < deadline, head
+            time.sleep(0.3)
+        assert b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in head, head
+        # A long-lived stream: messages a while apart on the same upgraded connection.
+        for i in range(3):
+            msg = f"hi{i}".encode()
+            mask = b"\x01\x02\x03\x04"
+            c.sendall(bytes([0x81, 0x80 | len(msg)]) + mask +
+                      bytes(b ^ mask[j % 4] for j, b in enumerate(msg)))
+            frame = c.recv(64)
+            assert frame[2:] == b"echo:" + msg, frame
+            time.sleep(1)
+        c.close()
+    finally:
+        sbx.kill()
+
+
 def test_unsupported_network_options_are_refused_not_ignored(net_server):
     for network in [{"allow_public_traffic": False}, {"mask_request_host": "localhost:${PORT}"}]:
         with pytest.raises(Exception) as e:
