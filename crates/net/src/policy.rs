@@ -66,6 +66,10 @@ pub struct EgressPolicy {
     pub dns_servers: Vec<Ipv4Addr>,
     /// Ports besides 443 whose connections are named by TLS SNI (domain rules).
     pub https_ports: Vec<u16>,
+    /// Ingress, kept with the rest of the sandbox's network settings: the token traffic to
+    /// the sandbox's ports must carry (E2B's `allowPublicTraffic=false`); `None`: public.
+    #[serde(skip)]
+    pub traffic_token: Option<String>,
 }
 
 impl Default for EgressPolicy {
@@ -77,6 +81,7 @@ impl Default for EgressPolicy {
             deny_out: Vec::new(),
             dns_servers: Vec::new(),
             https_ports: Vec::new(),
+            traffic_token: None,
         }
     }
 }
@@ -108,6 +113,7 @@ impl EgressPolicy {
             deny_out: parse(deny_out)?,
             dns_servers: dns,
             https_ports: Vec::new(),
+            traffic_token: None,
         })
     }
 

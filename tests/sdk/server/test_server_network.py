@@ -282,9 +282,10 @@ def test_host_and_other_sandboxes_stay_unreachable_even_when_all_is_allowed(net_
         other.kill()
 
 
-def proxied(srv, sandbox_id: str, port: int, host_form: bool = False):
+def proxied(srv, sandbox_id: str, port: int, host_form: bool = False, extra=None):
     headers = ({"Host": f"{port}-{sandbox_id}.kiln.local"} if host_form
                else {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)})
+    headers.update(extra or {})
     req = urllib.request.Request(srv.url + "/", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -422,8 +423,32 @@ def test_websocket_to_a_sandbox_port_through_the_proxy(net_server):
         sbx.kill()
 
 
+def test_private_ports_need_the_traffic_access_token(net_server):
+    sbx = create(net_server, network={"allow_public_traffic": False})
+    try:
+        token = sbx.traffic_access_token
+        assert token and len(token) >= 16
+        assert sbx.get_info().network["allow_public_traffic"] is False
+        sbx.files.write("/tmp/www/index.html", "private")
+        sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+        good = {"e2b-traffic-access-token": token}
+        deadline = time.time() + 30
+        while proxied(net_server, sbx.sandbox_id, 8000, extra=good)[0] != 200:
+            assert time.time() < deadline
+            time.sleep(0.3)
+        assert proxied(net_server, sbx.sandbox_id, 8000, extra=good) == (200, "private")
+        status, body = proxied(net_server, sbx.sandbox_id, 8000)
+        assert status == 403 and "traffic access token" in body, body
+        status, _ = proxied(net_server, sbx.sandbox_id, 8000, extra={"e2b-traffic-access-token": "x" * 32})
+        assert status == 403
+        # The agent keeps working through the SDK (its own token, not the traffic token).
+        assert sbx.commands.run("echo ok").stdout.strip() == "ok"
+    finally:
+        sbx.kill()
+
+
 def test_unsupported_network_options_are_refused_not_ignored(net_server):
-    for network in [{"allow_public_traffic": False}, {"mask_request_host": "localhost:${PORT}"}]:
+    for network in [{"mask_request_host": "localhost:${PORT}"}, {"rules": {"x.test": [{"transform": {}}]}}]:
         with pytest.raises(Exception) as e:
             create(net_server, network=network)
         assert "not implemented" in str(e.value), str(e.value)

@@ -54,11 +54,6 @@ pub fn policy_of(
             "an upstream egress proxy (egressProxy)",
         ));
     }
-    if n.allow_public_traffic == Some(false) {
-        return Err(ApiError::not_implemented(
-            "restricting sandbox ports to a traffic access token (allowPublicTraffic=false)",
-        ));
-    }
     if n.mask_request_host.is_some() {
         return Err(ApiError::not_implemented("maskRequestHost"));
     }
@@ -74,6 +69,9 @@ pub fn policy_of(
     if policy.https_ports.contains(&0) {
         return Err(ApiError::bad_request("httpsPorts: 0 is not a port"));
     }
+    if n.allow_public_traffic == Some(false) {
+        policy.traffic_token = Some(crate::auth::random_hex(16));
+    }
     Ok(Some(policy))
 }
 
@@ -87,7 +85,7 @@ pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
                 "allowOut": EgressPolicy::list_strings(&p.allow_out),
                 "denyOut": EgressPolicy::list_strings(&p.deny_out),
                 "dnsServers": p.dns_servers.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-                "allowPublicTraffic": true,
+                "allowPublicTraffic": p.traffic_token.is_none(),
                 "httpsPorts": p.https_ports,
             }),
         ),
@@ -103,8 +101,13 @@ pub async fn update(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiRe
     let mut policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?
         .expect("a policy when internet access is given");
     if n.https_ports.is_none() {
-        policy.https_ports = current.map(|p| p.https_ports).unwrap_or_default();
+        policy.https_ports = current
+            .as_ref()
+            .map(|p| p.https_ports.clone())
+            .unwrap_or_default();
     }
+    // Ingress is not part of the update: the traffic token stays.
+    policy.traffic_token = current.and_then(|p| p.traffic_token);
     st.manager.set_network(&id, policy).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -144,5 +147,12 @@ mod tests {
         assert_eq!(p.https_ports, vec![8443]);
         assert_eq!(info(Some(&p)).1["httpsPorts"][0], 8443);
         assert_eq!(info(None), (false, Value::Null));
+        let private = NetworkJson {
+            allow_public_traffic: Some(false),
+            ..Default::default()
+        };
+        let p = policy_of(None, Some(&private)).unwrap().unwrap();
+        assert_eq!(p.traffic_token.as_ref().map(String::len), Some(32));
+        assert_eq!(info(Some(&p)).1["allowPublicTraffic"], false);
     }
 }

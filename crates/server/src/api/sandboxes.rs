@@ -19,6 +19,7 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
     let network = super::network::policy_of(req.allow_internet_access, req.network.as_ref())?;
+    let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
     if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
         return Err(ApiError::not_implemented("MCP gateway (mcp)"));
     }
@@ -41,11 +42,9 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
     let rec = tokio::spawn(async move { manager.create(params).await })
         .await
         .map_err(|e| ApiError::internal(format!("create task: {e}")))??;
-    Ok((
-        StatusCode::CREATED,
-        Json(sandbox_json(&rec, &st.cfg.domain)),
-    )
-        .into_response())
+    let mut created = sandbox_json(&rec, &st.cfg.domain);
+    created.traffic_access_token = traffic_token;
+    Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
 pub async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Value>> {

@@ -90,6 +90,8 @@ struct NetFile {
     dns_servers: Vec<String>,
     #[serde(default)]
     https_ports: Vec<u16>,
+    #[serde(default)]
+    traffic_token: Option<String>,
 }
 
 impl NetFile {
@@ -101,6 +103,7 @@ impl NetFile {
             deny_out: EgressPolicy::list_strings(&p.deny_out),
             dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
             https_ports: p.https_ports.clone(),
+            traffic_token: p.traffic_token.clone(),
         }
     }
     fn policy(&self) -> Option<EgressPolicy> {
@@ -113,6 +116,7 @@ impl NetFile {
         .ok()
         .map(|mut p| {
             p.https_ports = self.https_ports.clone();
+            p.traffic_token = self.traffic_token.clone();
             p
         })
     }
