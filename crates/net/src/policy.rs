@@ -132,7 +132,7 @@ impl EgressPolicy {
         if Self::list_matches(&self.allow_out, name, ip) {
             return true;
         }
-        !(Self::list_matches(&self.deny_out, name, ip) || !self.allow_internet_access)
+        self.allow_internet_access && !Self::list_matches(&self.deny_out, name, ip)
     }
 
     /// The CIDR entries of a list.
