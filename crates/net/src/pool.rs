@@ -26,6 +26,10 @@ pub struct NetConfig {
     pub operator_allow: Vec<Cidr>,
     /// Default upstream resolvers of the DNS forwarders.
     pub dns_upstreams: Vec<Ipv4Addr>,
+    /// Most connections a sandbox may have open at once (0: no cap).
+    pub max_connections: u32,
+    /// Egress bandwidth cap of a sandbox, MiB/s (0: none).
+    pub egress_mib_per_sec: u32,
 }
 
 impl NetConfig {
@@ -83,6 +87,8 @@ impl SlotPool {
         let facts = HostFacts {
             host_deny,
             operator_allow: cfg.operator_allow.clone(),
+            max_connections: cfg.max_connections,
+            egress_mib_per_sec: cfg.egress_mib_per_sec,
         };
         let pool = Arc::new(Self {
             cfg,

@@ -23,6 +23,10 @@ pub struct HostFacts {
     pub host_deny: Vec<Cidr>,
     /// Private ranges the operator lets sandboxes reach (still subject to their policy).
     pub operator_allow: Vec<Cidr>,
+    /// Most connections a sandbox may have open at once (0: no cap).
+    pub max_connections: u32,
+    /// Egress bandwidth cap of a sandbox, MiB/s (0: none).
+    pub egress_mib_per_sec: u32,
 }
 
 fn set(out: &mut String, name: &str, elems: &[Cidr]) {
@@ -66,6 +70,21 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
             ),
         )
     };
+    let mut caps = String::new();
+    if host.egress_mib_per_sec > 0 {
+        let _ = writeln!(
+            caps,
+            "    iifname \"{GUEST_LINK}\" limit rate over {} mbytes/second drop",
+            host.egress_mib_per_sec
+        );
+    }
+    if host.max_connections > 0 {
+        let _ = writeln!(
+            caps,
+            "    iifname \"{GUEST_LINK}\" ct state new ct count over {} drop",
+            host.max_connections
+        );
+    }
     let mut s = format!("table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n");
     set(&mut s, "host_deny", &host.host_deny);
     set(&mut s, "always_deny", &crate::addr::always_denied());
@@ -84,14 +103,14 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
   }}
   chain input {{
     type filter hook input priority filter; policy drop;
-    iifname "lo" accept
+{caps}    iifname "lo" accept
     ct state established,related accept
     iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} udp dport 53 accept
     iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} tcp dport {proxy} accept
   }}
   chain forward {{
     type filter hook forward priority filter; policy drop;
-    ct state established,related accept
+{caps}    ct state established,related accept
 {quic}    iifname "{UPLINK}" oifname "{GUEST_LINK}" ct status dnat accept
     iifname "{GUEST_LINK}" oifname "{UPLINK}" jump egress
   }}
@@ -154,6 +173,8 @@ mod tests {
         let host = HostFacts {
             host_deny: vec!["10.231.0.0/16".parse().unwrap()],
             operator_allow: vec![],
+            max_connections: 0,
+            egress_mib_per_sec: 0,
         };
         let r = slot_ruleset("10.231.0.1".parse().unwrap(), &host, &p);
         assert!(r.starts_with("table ip kiln\ndelete table ip kiln\n"));
@@ -175,6 +196,19 @@ mod tests {
             &EgressPolicy::default(),
         );
         assert!(!plain.contains("redirect"));
+        assert!(!plain.contains("ct count") && !plain.contains("limit rate"));
+        let capped = HostFacts {
+            max_connections: 100,
+            egress_mib_per_sec: 5,
+            ..host
+        };
+        let r = slot_ruleset(
+            "10.231.0.1".parse().unwrap(),
+            &capped,
+            &EgressPolicy::default(),
+        );
+        assert!(r.contains("iifname \"gw0\" ct state new ct count over 100 drop"));
+        assert!(r.contains("iifname \"gw0\" limit rate over 5 mbytes/second drop"));
     }
 
     #[test]

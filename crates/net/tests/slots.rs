@@ -69,7 +69,7 @@ impl Internet {
         Internet
     }
     fn down() {
-        let _ = Command::new("ip").args(["netns", "del", INET_NS]).status();
+        let _ = Command::new("ip").args(["netns", "del", INET_NS]).output();
         let _ = Command::new("ip").args(["link", "del", "ktnet0"]).output();
     }
     fn path() -> PathBuf {
@@ -124,6 +124,8 @@ fn cfg(seed: &str, range: &str, pool_size: usize) -> NetConfig {
         prefix: host::prefix_for(seed),
         operator_allow: vec![],
         dns_upstreams: vec![],
+        max_connections: 0,
+        egress_mib_per_sec: 0,
     }
 }
 
@@ -402,4 +404,46 @@ async fn create_release_cycles_and_restart_leave_nothing_behind() {
         err.to_string().contains("overlaps the host's route"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_and_bandwidth_cap_rules_load_and_hold() {
+    if !root_or_skip() {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let _inet = Internet::up();
+    // A server that keeps every connection open.
+    let at: SocketAddr = "198.51.100.10:9000".parse().unwrap();
+    let l: TcpListener = in_netns(&Internet::path(), move || TcpListener::bind(at))
+        .await
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in l.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let mut c = cfg("slots-caps", "10.234.0.0/24", 1);
+    c.max_connections = 3;
+    c.egress_mib_per_sec = 50;
+    let prefix = c.prefix.clone();
+    let pool = SlotPool::start(c, &[]).await.unwrap();
+    let a = pool.acquire(&EgressPolicy::default()).await.unwrap();
+    let ns = a.sandbox_ns_path();
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(connect_tcp(&ns, at, Duration::from_secs(2)).await.unwrap());
+    }
+    assert!(
+        connect_tcp(&ns, at, Duration::from_millis(700))
+            .await
+            .is_err(),
+        "a fourth connection got through a cap of 3"
+    );
+    drop(open);
+    pool.release(a).await;
+    pool.shutdown().await;
+    host::remove_table(&prefix).await.unwrap();
+    wait_clean(&prefix).await;
 }

@@ -33,7 +33,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// `KILN_NETWORK=on` turns it on; `KILN_NET_RANGE` (host-side range, default 10.231.0.0/16),
 /// `KILN_NET_POOL` (slots kept ready, default 4), `KILN_DNS_UPSTREAM` (comma-separated
 /// resolvers; default: the host's), `KILN_NET_ALLOW_PRIVATE` (comma-separated private CIDRs
-/// sandboxes may reach). `seed` (the state directory) names this server's slots.
+/// sandboxes may reach), `KILN_NET_MAX_CONNS` (connections per sandbox, default no cap),
+/// `KILN_NET_EGRESS_MIBS` (egress MiB/s per sandbox, default no cap). `seed` (the state directory) names this server's slots.
 pub fn config_from_env(seed: &Path) -> std::result::Result<Option<NetConfig>, String> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     match var("KILN_NETWORK").as_deref() {
@@ -63,6 +64,13 @@ pub fn config_from_env(seed: &Path) -> std::result::Result<Option<NetConfig>, St
             .map(|a| a.parse().map_err(|_| format!("KILN_DNS_UPSTREAM: {a:?}")))
             .collect::<std::result::Result<_, _>>()?,
     };
+    let num = |k: &str| -> std::result::Result<u32, String> {
+        var(k).map_or(Ok(0), |v| {
+            v.parse().map_err(|_| format!("{k}={v:?}: not a number"))
+        })
+    };
+    let max_connections = num("KILN_NET_MAX_CONNS")?;
+    let egress_mib_per_sec = num("KILN_NET_EGRESS_MIBS")?;
     let operator_allow = list("KILN_NET_ALLOW_PRIVATE")
         .iter()
         .map(|c| {
@@ -76,6 +84,8 @@ pub fn config_from_env(seed: &Path) -> std::result::Result<Option<NetConfig>, St
         prefix: kiln_net::host::prefix_for(&seed.display().to_string()),
         operator_allow,
         dns_upstreams,
+        max_connections,
+        egress_mib_per_sec,
     }))
 }
 
