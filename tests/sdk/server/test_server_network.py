@@ -155,11 +155,20 @@ def internet():
         shutil.rmtree(www, ignore_errors=True)
 
 
-def remove_slots_in_range():
-    """Removes the namespaces, veths and host table a stopped kiln left in RANGE."""
+def slot_prefixes_in(net: str) -> set:
+    """Name prefixes of kiln slots whose host veths route into `net` (e.g. "10.235.0.")."""
     routes = json.loads(sh("ip", "-j", "route").stdout or "[]")
-    prefixes = {r["dev"][:5] for r in routes
-                if re.fullmatch(r"k[0-9a-f]{4}h\d+", r.get("dev", "")) and r["dst"].startswith("10.235.0.")}
+    return {r["dev"][:5] for r in routes
+            if re.fullmatch(r"k[0-9a-f]{4}h\d+", r.get("dev", "")) and r["dst"].startswith(net)}
+
+
+def namespaces_of(prefix: str) -> list:
+    return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix + "-"))
+
+
+def remove_slots_in_range(net: str = "10.235.0."):
+    """Removes the namespaces, veths and host table a stopped kiln left in `net`."""
+    prefixes = slot_prefixes_in(net)
     for p in prefixes:
         for ns in os.listdir("/run/netns"):
             if ns.startswith(p + "-"):
@@ -171,23 +180,37 @@ def remove_slots_in_range():
     return prefixes
 
 
-@pytest.fixture(scope="module")
-def net_server(internet):
-    base = tempfile.mkdtemp(prefix="kiln-net-")
-    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": RANGE, "KILN_NET_POOL": "2",
+def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None) -> KilnServer:
+    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": net_range, "KILN_NET_POOL": "2",
            "KILN_DNS_UPSTREAM": DNS_ADDR}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    srv = KilnServer(os.path.join(base, "state"), os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
     try:
-        srv.start()
-        yield srv
+        srv = KilnServer(state_dir, os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+        if previous:
+            # Same state: the key persists (none is printed), and the log file is shared.
+            srv.api_key, srv.url = previous.api_key, previous.url
+        return srv.start()
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def net_server(internet):
+    base = tempfile.mkdtemp(prefix="kiln-net-")
+    try:
+        srv = start_net_server(os.path.join(base, "state"), RANGE)
+    except BaseException:
+        remove_slots_in_range()
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    try:
+        yield srv
+    finally:
         srv.kill_all_sandboxes()
         srv.stop()
         log = srv.log()
@@ -452,3 +475,44 @@ def test_unsupported_network_options_are_refused_not_ignored(net_server):
         with pytest.raises(Exception) as e:
             create(net_server, network=network)
         assert "not implemented" in str(e.value), str(e.value)
+
+
+def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(internet):
+    base = tempfile.mkdtemp(prefix="kiln-netre-")
+    state = os.path.join(base, "state")
+    first = second = None
+    try:
+        first = start_net_server(state, "10.236.0.0/24")
+        keep = create(first)
+        doomed = create(first)
+        assert fetch(keep, "http://203.0.113.10/") == "ten"
+        [prefix] = slot_prefixes_in("10.236.0.")
+        first.kill9()
+        # While the server is down, one sandbox dies behind its back.
+        root = os.path.join(state, "gvisor", "runsc")
+        sh(os.environ.get("KILN_RUNSC") or "runsc", f"--root={root}", "delete", "--force",
+           doomed.sandbox_id)
+        second = start_net_server(state, "10.236.0.0/24", previous=first)
+        keep = Sandbox.connect(keep.sandbox_id, **second.opts())
+        assert fetch(keep, "http://203.0.113.10/") == "ten", second.log()[-3000:]
+        code, out = run(keep, "getent hosts host-a.test")
+        assert code == 0 and "203.0.113.10" in out, out
+        # The dead sandbox's slot is gone: only the live one's and the pool's (2) remain.
+        deadline = time.time() + 20
+        while len(namespaces_of(prefix)) != 2 * 3:
+            assert time.time() < deadline, namespaces_of(prefix)
+            time.sleep(0.2)
+        keep.kill()
+        deadline = time.time() + 20
+        while len(namespaces_of(prefix)) != 2 * 2:
+            assert time.time() < deadline, namespaces_of(prefix)
+            time.sleep(0.2)
+    finally:
+        for srv in (second, first):
+            if srv:
+                srv.kill_all_sandboxes()
+                srv.stop()
+        cleanup_state(state)
+        remove_slots_in_range("10.236.0.")
+        shutil.rmtree(base, ignore_errors=True)
+    assert not slot_prefixes_in("10.236.0."), "slots left behind"

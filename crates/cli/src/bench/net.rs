@@ -67,6 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 struct Side {
     manager: Arc<Manager>,
     driver: Arc<dyn Driver>,
+    gvisor: Arc<GvisorDriver>,
     _dir: tempfile::TempDir,
 }
 
@@ -86,7 +87,8 @@ fn side(
     // `GvisorDriver::new` reads KILN_NETWORK (no thread reads the environment meanwhile:
     // drivers are built before any sandbox starts).
     std::env::set_var("KILN_NETWORK", if networked { "on" } else { "off" });
-    let driver: Arc<dyn Driver> = Arc::new(GvisorDriver::new(cfg)?);
+    let gvisor = Arc::new(GvisorDriver::new(cfg)?);
+    let driver: Arc<dyn Driver> = gvisor.clone();
     if driver.has_network() != networked {
         bail!("the bench's drivers are not configured as expected");
     }
@@ -99,6 +101,7 @@ fn side(
     Ok(Side {
         manager,
         driver,
+        gvisor,
         _dir: dir,
     })
 }
@@ -266,6 +269,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     };
     let (tpp, tpd) = (median(&mut tp_proxied), median(&mut tp_direct));
     let _ = net.manager.kill(&id, "bench").await;
+    net.gvisor.shutdown_network().await;
 
     let (w, wo) = (percentiles(&with), percentiles(&without));
     println!(

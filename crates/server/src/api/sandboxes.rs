@@ -52,7 +52,10 @@ pub async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Jso
     let mut v = detail_json(&r, &st.cfg.domain);
     let (internet, network) = super::network::info(st.manager.network(&id).await?.as_ref());
     v["allowInternetAccess"] = json!(internet);
-    v["network"] = network;
+    // No network: no `network` key (the e2b SDK cannot parse a null one).
+    if !network.is_null() {
+        v["network"] = network;
+    }
     Ok(Json(v))
 }
 

@@ -174,6 +174,14 @@ impl GvisorDriver {
         &self.cfg
     }
 
+    /// Tears down the network slots kept ready (a server or bench shutting down); the slots of
+    /// running sandboxes stay with them.
+    pub async fn shutdown_network(&self) {
+        if let Some(net) = &self.net {
+            net.shutdown().await;
+        }
+    }
+
     /// The runsc command line this driver uses.
     pub fn runsc(&self) -> &Runsc {
         &self.runsc

@@ -311,15 +311,18 @@ impl Network {
 
     /// Frees the slot of sandbox `id` (whether this run or an earlier one leased it).
     pub async fn detach(&self, id: &str) {
+        // Start (or wait for) the pool first: its start adopts the slots recorded on the host,
+        // this sandbox's included, so the lease removed below is really gone.
+        let pool = self.pool().await.ok();
         let lease = self.leases().remove(id);
         let index = lease
             .as_ref()
             .map(|l| l.slot.index)
             .or_else(|| self.read_file(id).map(|f| f.slot));
-        let Some(index) = index else { return };
-        let Ok(pool) = self.pool().await else { return };
         drop(lease);
-        pool.release_index(index).await;
+        if let (Some(pool), Some(index)) = (pool, index) {
+            pool.release_index(index).await;
+        }
         let _ = std::fs::remove_file(self.sandboxes_dir.join(id).join(NET_FILE));
     }
 
@@ -376,6 +379,10 @@ impl Network {
     pub async fn shutdown(&self) {
         if let Some(p) = self.pool.get() {
             p.shutdown().await;
+            // With no sandbox left, the host table goes too.
+            if self.leases().is_empty() {
+                let _ = kiln_net::host::remove_table(&self.cfg.prefix).await;
+            }
         }
     }
 }
