@@ -83,6 +83,11 @@ impl Slot {
                 "-q",
                 "-w",
                 "net.ipv4.ip_forward=1",
+                // Sandboxes are IPv4-only: no IPv6 (not even link-local) on the router side.
+                "-w",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "-w",
+                "net.ipv6.conf.default.disable_ipv6=1",
             ],
             None,
         )
