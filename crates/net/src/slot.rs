@@ -72,6 +72,23 @@ impl Slot {
             ],
         )
         .await?;
+        // No IPv6 in the sandbox namespace either: the runtime copies what it finds there.
+        run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &s,
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "-w",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ],
+            None,
+        )
+        .await?;
         self.address_guest().await?;
         run(
             "ip",
