@@ -35,6 +35,10 @@ pub struct Args {
     /// Size of the file fetched for throughput, MiB.
     #[arg(long, default_value_t = 16)]
     blob_mib: usize,
+    /// Pause between create samples, ms (lets the pool rebuild the slot just used, as it
+    /// does between real requests; 0 measures creates racing the refill).
+    #[arg(long, default_value_t = 500)]
+    gap_ms: u64,
     /// gVisor platform.
     #[arg(long, default_value = "ptrace")]
     platform: String,
@@ -182,8 +186,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     for _ in 0..a.n {
         without.push(timed_create(&plain, &a.template).await?);
         with.push(timed_create(&net, &a.template).await?);
-        // Let the pool refill between samples, as between real requests.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(a.gap_ms)).await;
     }
 
     // A server inside a networked sandbox.
