@@ -70,6 +70,10 @@ pub struct EgressPolicy {
     /// the sandbox's ports must carry (E2B's `allowPublicTraffic=false`); `None`: public.
     #[serde(skip)]
     pub traffic_token: Option<String>,
+    /// Ingress: the `Host` requests to the sandbox's ports carry (`${PORT}` is replaced by the
+    /// port; E2B's `maskRequestHost`); `None`: kiln's default.
+    #[serde(skip)]
+    pub mask_request_host: Option<String>,
 }
 
 impl Default for EgressPolicy {
@@ -82,6 +86,7 @@ impl Default for EgressPolicy {
             dns_servers: Vec::new(),
             https_ports: Vec::new(),
             traffic_token: None,
+            mask_request_host: None,
         }
     }
 }
@@ -114,6 +119,7 @@ impl EgressPolicy {
             dns_servers: dns,
             https_ports: Vec::new(),
             traffic_token: None,
+            mask_request_host: None,
         })
     }
 

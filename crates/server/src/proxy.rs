@@ -99,11 +99,17 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
         kiln_proto::envd::ENVD_PORT => route.envd_token.as_ref(),
         _ => None,
     };
+    let mut host = HeaderValue::from_static("localhost");
     if target.port != kiln_proto::envd::ENVD_PORT {
-        let required = match manager.network(id).await {
-            Ok(Some(p)) => p.traffic_token,
-            _ => None,
+        let (required, mask) = match manager.network(id).await {
+            Ok(Some(p)) => (p.traffic_token, p.mask_request_host),
+            _ => (None, None),
         };
+        if let Some(v) = mask.and_then(|m| {
+            HeaderValue::from_str(&m.replace("${PORT}", &target.port.to_string())).ok()
+        }) {
+            host = v;
+        }
         if let Some(token) = required {
             let ok = req
                 .headers()
@@ -150,7 +156,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     headers.remove(TRAFFIC_TOKEN_HEADER);
     headers.remove(SANDBOX_ID_HEADER);
     headers.remove(SANDBOX_PORT_HEADER);
-    headers.insert(header::HOST, HeaderValue::from_static("localhost"));
+    headers.insert(header::HOST, host);
     if let Some(u) = &upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, u.clone());

@@ -470,8 +470,37 @@ def test_private_ports_need_the_traffic_access_token(net_server):
         sbx.kill()
 
 
+HOST_ECHO = textwrap.dedent("""
+    import http.server
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = self.headers.get("Host", "").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    http.server.HTTPServer(("0.0.0.0", 8001), H).serve_forever()
+""")
+
+
+def test_mask_request_host_rewrites_the_host_header(net_server):
+    sbx = create(net_server, network={"mask_request_host": "app.internal:${PORT}"})
+    try:
+        sbx.files.write("/tmp/host_echo.py", HOST_ECHO)
+        sbx.commands.run("python3 /tmp/host_echo.py", background=True)
+        deadline = time.time() + 30
+        while proxied(net_server, sbx.sandbox_id, 8001)[0] != 200:
+            assert time.time() < deadline
+            time.sleep(0.3)
+        assert proxied(net_server, sbx.sandbox_id, 8001) == (200, "app.internal:8001")
+        assert proxied(net_server, sbx.sandbox_id, 8001, host_form=True) == (200, "app.internal:8001")
+        assert sbx.get_info().network["mask_request_host"] == "app.internal:${PORT}"
+    finally:
+        sbx.kill()
+
+
 def test_unsupported_network_options_are_refused_not_ignored(net_server):
-    for network in [{"mask_request_host": "localhost:${PORT}"}, {"rules": {"x.test": [{"transform": {}}]}}]:
+    for network in [{"rules": {"x.test": [{"transform": {}}]}}]:
         with pytest.raises(Exception) as e:
             create(net_server, network=network)
         assert "not implemented" in str(e.value), str(e.value)

@@ -54,9 +54,6 @@ pub fn policy_of(
             "an upstream egress proxy (egressProxy)",
         ));
     }
-    if n.mask_request_host.is_some() {
-        return Err(ApiError::not_implemented("maskRequestHost"));
-    }
     let v = |l: &Option<Vec<String>>| l.clone().unwrap_or_default();
     let mut policy = EgressPolicy::from_lists(
         allow_internet_access.unwrap_or(true),
@@ -71,6 +68,14 @@ pub fn policy_of(
     }
     if n.allow_public_traffic == Some(false) {
         policy.traffic_token = Some(crate::auth::random_hex(16));
+    }
+    if let Some(mask) = &n.mask_request_host {
+        if mask.is_empty() || http::HeaderValue::from_str(&mask.replace("${PORT}", "1")).is_err() {
+            return Err(ApiError::bad_request(format!(
+                "maskRequestHost {mask:?} is not a valid Host header value"
+            )));
+        }
+        policy.mask_request_host = Some(mask.clone());
     }
     Ok(Some(policy))
 }
@@ -87,6 +92,7 @@ pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
                 "dnsServers": p.dns_servers.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
                 "allowPublicTraffic": p.traffic_token.is_none(),
                 "httpsPorts": p.https_ports,
+                "maskRequestHost": p.mask_request_host,
             }),
         ),
     }
@@ -106,8 +112,11 @@ pub async fn update(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiRe
             .map(|p| p.https_ports.clone())
             .unwrap_or_default();
     }
-    // Ingress is not part of the update: the traffic token stays.
-    policy.traffic_token = current.and_then(|p| p.traffic_token);
+    // Ingress is not part of the update: the traffic token and Host mask stay.
+    if let Some(c) = current {
+        policy.traffic_token = c.traffic_token;
+        policy.mask_request_host = c.mask_request_host;
+    }
     st.manager.set_network(&id, policy).await?;
     Ok(StatusCode::NO_CONTENT)
 }

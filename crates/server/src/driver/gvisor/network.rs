@@ -102,6 +102,8 @@ struct NetFile {
     https_ports: Vec<u16>,
     #[serde(default)]
     traffic_token: Option<String>,
+    #[serde(default)]
+    mask_request_host: Option<String>,
 }
 
 impl NetFile {
@@ -114,6 +116,7 @@ impl NetFile {
             dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
             https_ports: p.https_ports.clone(),
             traffic_token: p.traffic_token.clone(),
+            mask_request_host: p.mask_request_host.clone(),
         }
     }
     fn policy(&self) -> Option<EgressPolicy> {
@@ -127,6 +130,7 @@ impl NetFile {
         .map(|mut p| {
             p.https_ports = self.https_ports.clone();
             p.traffic_token = self.traffic_token.clone();
+            p.mask_request_host = self.mask_request_host.clone();
             p
         })
     }
