@@ -1,6 +1,6 @@
-//! The per-sandbox DNS forwarder: a UDP socket on the slot's gateway address (inside the
-//! router namespace), forwarding each query to an upstream resolver from the host and the
-//! answer back. The sandbox's `resolv.conf` points at it. It remembers the names asked for
+//! The per-sandbox DNS forwarder: UDP and TCP sockets on the slot's gateway address (inside
+//! the router namespace), forwarding each query to an upstream resolver from the host and the
+//! answer back (TCP for the answers too large for UDP). The sandbox's `resolv.conf` points at it. It remembers the names asked for
 //! (the last [`LOG_LEN`]) for auditing.
 
 use std::collections::VecDeque;
@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UdpSocket;
 
 use crate::{io_err, Result, GATEWAY_ADDR};
@@ -20,6 +21,7 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 /// A running forwarder; stops when dropped.
 pub struct DnsForwarder {
     task: tokio::task::JoinHandle<()>,
+    tcp_task: tokio::task::JoinHandle<()>,
     log: Arc<Mutex<VecDeque<String>>>,
     upstreams: Arc<Mutex<Vec<Ipv4Addr>>>,
 }
@@ -27,6 +29,7 @@ pub struct DnsForwarder {
 impl Drop for DnsForwarder {
     fn drop(&mut self) {
         self.task.abort();
+        self.tcp_task.abort();
     }
 }
 
@@ -41,9 +44,16 @@ impl DnsForwarder {
         let sock = Arc::new(UdpSocket::from_std(std_sock).map_err(io_err("DNS socket"))?);
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let upstreams = Arc::new(Mutex::new(upstreams));
+        let at = SocketAddr::from((GATEWAY_ADDR, 53));
+        let l = crate::netns::in_netns(router_ns, move || std::net::TcpListener::bind(at)).await?;
+        l.set_nonblocking(true)
+            .map_err(io_err("setting the DNS socket non-blocking"))?;
+        let l = tokio::net::TcpListener::from_std(l).map_err(io_err("DNS TCP socket"))?;
         let task = tokio::spawn(serve(sock, log.clone(), upstreams.clone()));
+        let tcp_task = tokio::spawn(serve_tcp(l, log.clone(), upstreams.clone()));
         Ok(Self {
             task,
+            tcp_task,
             log,
             upstreams,
         })
@@ -76,13 +86,7 @@ async fn serve(
             continue;
         };
         let query = buf[..n].to_vec();
-        if let Some(name) = question_name(&query) {
-            let mut l = log.lock().unwrap_or_else(|e| e.into_inner());
-            if l.len() == LOG_LEN {
-                l.pop_front();
-            }
-            l.push_back(name);
-        }
+        remember(&log, &query);
         let ups = upstreams.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let sock = sock.clone();
         tokio::spawn(async move {
@@ -94,6 +98,77 @@ async fn serve(
             }
         });
     }
+}
+
+fn remember(log: &Mutex<VecDeque<String>>, query: &[u8]) {
+    if let Some(name) = question_name(query) {
+        let mut l = log.lock().unwrap_or_else(|e| e.into_inner());
+        if l.len() == LOG_LEN {
+            l.pop_front();
+        }
+        l.push_back(name);
+    }
+}
+
+async fn serve_tcp(
+    l: tokio::net::TcpListener,
+    log: Arc<Mutex<VecDeque<String>>>,
+    upstreams: Arc<Mutex<Vec<Ipv4Addr>>>,
+) {
+    loop {
+        let Ok((mut c, _)) = l.accept().await else {
+            continue;
+        };
+        let (log, upstreams) = (log.clone(), upstreams.clone());
+        tokio::spawn(async move {
+            // Length-prefixed messages, several per connection.
+            while let Ok(Some(query)) = read_framed(&mut c).await {
+                remember(&log, &query);
+                let ups = upstreams.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let mut answered = false;
+                for up in ups {
+                    if let Some(answer) = ask_tcp(up, &query).await {
+                        let mut out = (answer.len() as u16).to_be_bytes().to_vec();
+                        out.extend(answer);
+                        answered = c.write_all(&out).await.is_ok();
+                        break;
+                    }
+                }
+                if !answered {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+async fn read_framed(s: &mut tokio::net::TcpStream) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 2];
+    match tokio::time::timeout(UPSTREAM_TIMEOUT * 4, s.read_exact(&mut len)).await {
+        Ok(Ok(_)) => {}
+        _ => return Ok(None),
+    }
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    tokio::time::timeout(UPSTREAM_TIMEOUT, s.read_exact(&mut msg))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    Ok(Some(msg))
+}
+
+/// One query to one upstream over TCP, from the host's namespace.
+async fn ask_tcp(upstream: Ipv4Addr, query: &[u8]) -> Option<Vec<u8>> {
+    let mut s = tokio::time::timeout(
+        UPSTREAM_TIMEOUT,
+        tokio::net::TcpStream::connect((upstream, 53)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let mut out = (query.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(query);
+    s.write_all(&out).await.ok()?;
+    let answer = read_framed(&mut s).await.ok()??;
+    (answer.len() >= 2 && query.len() >= 2 && answer[..2] == query[..2]).then_some(answer)
 }
 
 /// One query to one upstream, from the host's namespace.

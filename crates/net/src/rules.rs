@@ -106,6 +106,7 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
 {caps}    iifname "lo" accept
     ct state established,related accept
     iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} udp dport 53 accept
+    iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} tcp dport 53 accept
     iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} tcp dport {proxy} accept
   }}
   chain forward {{

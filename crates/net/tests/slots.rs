@@ -274,6 +274,43 @@ async fn egress_policy_ingress_and_dns() {
     assert_eq!(&buf[..2], &[0xab, 0xcd]);
     assert!(buf[..n].ends_with(b"kiln-test"));
     assert_eq!(fwd.queries(), vec!["host.test".to_string()]);
+    // Over TCP too (a resolver retries there when an answer is truncated).
+    let tcp_dns: TcpListener = in_netns(&inet, || TcpListener::bind("198.51.100.53:53"))
+        .await
+        .unwrap();
+    std::thread::spawn(move || {
+        for mut c in tcp_dns.incoming().flatten() {
+            let mut len = [0u8; 2];
+            if c.read_exact(&mut len).is_err() {
+                continue;
+            }
+            let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+            c.read_exact(&mut msg).unwrap();
+            msg[2] |= 0x80;
+            msg.extend_from_slice(b"kiln-tcp");
+            let mut out = (msg.len() as u16).to_be_bytes().to_vec();
+            out.extend(msg);
+            let _ = c.write_all(&out);
+        }
+    });
+    let mut t = connect_tcp(
+        &sa,
+        "169.254.0.22:53".parse().unwrap(),
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut framed = (query.len() as u16).to_be_bytes().to_vec();
+    framed.extend(&query);
+    t.write_all(&framed).unwrap();
+    let mut len = [0u8; 2];
+    t.read_exact(&mut len).unwrap();
+    let mut answer = vec![0u8; u16::from_be_bytes(len) as usize];
+    t.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer[..2], &[0xab, 0xcd]);
+    assert!(answer.ends_with(b"kiln-tcp"));
+    assert_eq!(fwd.queries().len(), 2);
     drop(fwd);
 
     // Domain rules: connections to the web ports go through the egress proxy, named by Host
