@@ -16,6 +16,8 @@ const SMALL_BODY: u64 = 1 << 20;
 
 /// Header carrying the envd access token.
 pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// Header carrying the traffic access token (ports of `allowPublicTraffic=false` sandboxes).
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
 fn proxy_error(status: StatusCode, sandbox_id: &str, message: String) -> Response {
     (
@@ -91,7 +93,42 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
             format!("The sandbox {id} was not found: it does not exist, was killed or timed out"),
         );
     };
-    if let Some(token) = &route.envd_token {
+    // The envd access token guards the agent's port; a sandbox's other ports are public
+    // (E2B's default, allowPublicTraffic=true).
+    let envd_token = match target.port {
+        kiln_proto::envd::ENVD_PORT => route.envd_token.as_ref(),
+        _ => None,
+    };
+    let mut host = HeaderValue::from_static("localhost");
+    if target.port != kiln_proto::envd::ENVD_PORT {
+        let (required, mask) = match manager.network(id).await {
+            Ok(Some(p)) => (p.traffic_token, p.mask_request_host),
+            _ => (None, None),
+        };
+        if let Some(v) = mask.and_then(|m| {
+            HeaderValue::from_str(&m.replace("${PORT}", &target.port.to_string())).ok()
+        }) {
+            host = v;
+        }
+        if let Some(token) = required {
+            let ok = req
+                .headers()
+                .get(TRAFFIC_TOKEN_HEADER)
+                .is_some_and(|v| constant_time_eq(v.as_bytes(), token.as_bytes()));
+            if !ok {
+                return proxy_error(
+                    StatusCode::FORBIDDEN,
+                    id,
+                    format!(
+                        "port {} of this sandbox is private: send its traffic access token \
+                         in the e2b-traffic-access-token header",
+                        target.port
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(token) = envd_token {
         let presented = req
             .headers()
             .get(ACCESS_TOKEN_HEADER)
@@ -116,9 +153,10 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    headers.remove(TRAFFIC_TOKEN_HEADER);
     headers.remove(SANDBOX_ID_HEADER);
     headers.remove(SANDBOX_PORT_HEADER);
-    headers.insert(header::HOST, HeaderValue::from_static("localhost"));
+    headers.insert(header::HOST, host);
     if let Some(u) = &upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, u.clone());

@@ -4,6 +4,7 @@
 mod agent;
 mod create;
 mod lifecycle;
+mod net;
 mod vmm;
 
 #[derive(clap::Subcommand)]
@@ -14,6 +15,8 @@ pub enum Cmd {
     Create(create::Args),
     /// Pause, resume, fork and create-from-pool vs raw `runsc checkpoint`/`restore`.
     Lifecycle(lifecycle::Args),
+    /// Sandbox networking: create p50 with vs without, proxied vs direct HTTP to a sandbox port.
+    Net(net::Args),
     /// kiln-vmm: process start → first guest instruction, snapshot, restore, VMM RSS.
     Vmm(vmm::Args),
 }
@@ -23,6 +26,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Create(a) => create::run(a),
         Cmd::Lifecycle(a) => lifecycle::run(a),
+        Cmd::Net(a) => net::run(a),
         Cmd::Vmm(a) => vmm::run(a),
     }
 }

@@ -7,6 +7,7 @@
 
 mod error;
 mod list;
+mod network;
 mod sandboxes;
 mod snapshots;
 mod templates;
@@ -180,7 +181,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(&format!("{sbx}/resume"), post(s::resume))
         .route(&format!("{sbx}/fork"), post(s::fork))
         .route(&format!("{sbx}/snapshots"), post(s::snapshot))
-        .route(&format!("{sbx}/network"), put(s::network))
+        .route(&format!("{sbx}/network"), put(network::update))
         .route("/templates", get(templates::list_templates))
         .route("/snapshots", get(snapshots::list_snapshots))
         .route(

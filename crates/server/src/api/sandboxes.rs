@@ -16,11 +16,8 @@ use crate::manager::CreateParams;
 pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
-    if req.allow_internet_access == Some(true) {
-        return Err(ApiError::not_implemented(
-            "sandbox internet access (allow_internet_access=true; sandboxes have no network yet)",
-        ));
-    }
+    let network = super::network::policy_of(req.allow_internet_access, req.network.as_ref())?;
+    let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
     if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
         return Err(ApiError::not_implemented("MCP gateway (mcp)"));
     }
@@ -40,20 +37,26 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
         auto_resume: req.auto_resume.as_ref().is_some_and(|a| a.enabled),
         auto_pause_filesystem_only: req.auto_pause_memory == Some(false),
         allow_internet_access: req.allow_internet_access,
+        network,
     };
     let rec = tokio::spawn(async move { manager.create(params).await })
         .await
         .map_err(|e| ApiError::internal(format!("create task: {e}")))??;
-    Ok((
-        StatusCode::CREATED,
-        Json(sandbox_json(&rec, &st.cfg.domain)),
-    )
-        .into_response())
+    let mut created = sandbox_json(&rec, &st.cfg.domain);
+    created.traffic_access_token = traffic_token;
+    Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
 pub async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let r = st.manager.get(&id)?;
-    Ok(Json(detail_json(&r, &st.cfg.domain)))
+    let mut v = detail_json(&r, &st.cfg.domain);
+    let (internet, network) = super::network::info(st.manager.network(&id).await?.as_ref());
+    v["allowInternetAccess"] = json!(internet);
+    // No network: no `network` key (the e2b SDK cannot parse a null one).
+    if !network.is_null() {
+        v["network"] = network;
+    }
+    Ok(Json(v))
 }
 
 pub async fn kill_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
@@ -260,14 +263,6 @@ pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResu
         })
         .collect();
     Ok((StatusCode::CREATED, Json(list)).into_response())
-}
-
-/// `PUT /sandboxes/{id}/network`: sandboxes have no network yet.
-pub async fn network(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    st.manager.get(&id)?;
-    Err(ApiError::not_implemented(
-        "sandbox network configuration (PUT /sandboxes/{sandboxID}/network)",
-    ))
 }
 
 pub async fn bulk_metrics() -> ApiResult<StatusCode> {

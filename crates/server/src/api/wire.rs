@@ -51,6 +51,7 @@ pub struct NewSandbox {
     pub allow_internet_access: Option<bool>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub env_vars: Option<BTreeMap<String, String>>,
+    pub network: Option<super::network::NetworkJson>,
     pub mcp: Option<Value>,
     pub volume_mounts: Option<Vec<Value>>,
 }

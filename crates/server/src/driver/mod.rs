@@ -124,6 +124,19 @@ pub trait Driver: Send + Sync + 'static {
     /// The sandbox's own output (the agent's stdout/stderr), last `max_bytes` bytes.
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String>;
 
+    /// Whether this driver's sandboxes have a network (egress, ports other than the agent's).
+    fn has_network(&self) -> bool {
+        false
+    }
+    /// Replaces the egress policy of a created or running sandbox (atomically).
+    async fn set_network(&self, _id: &str, _policy: &kiln_net::EgressPolicy) -> Result<()> {
+        Err(DriverError::NotImplemented("sandbox networking"))
+    }
+    /// The egress policy in force, or `None` when the sandbox has no network.
+    async fn network(&self, _id: &str) -> Option<kiln_net::EgressPolicy> {
+        None
+    }
+
     /// Freezes the sandbox and saves its disk, and with `memory` its memory and processes
     /// too; it no longer runs on the host. Its saved state survives a server restart.
     async fn pause(&self, _id: &str, _memory: bool) -> Result<()> {

@@ -35,6 +35,7 @@ impl Manager {
             p.timeout_secs
                 .unwrap_or(self.cfg.default_timeout_secs as i64),
         )?;
+        self.check_network(p.network.as_ref())?;
         if p.template_id.trim().is_empty() {
             return Err(Error::bad_request("templateID must not be empty"));
         }
@@ -109,7 +110,10 @@ impl Manager {
             pids_limit: self.cfg.pids_limit,
         };
         let booted = match self.boots.acquire().await {
-            Ok(_permit) => self.boot(&spec, &record, &tpl, pooled.is_some()).await,
+            Ok(_permit) => {
+                self.boot(&spec, &record, &tpl, pooled.is_some(), p.network.as_ref())
+                    .await
+            }
             Err(_) => Err(Error::Unavailable(
                 "the sandbox manager is shutting down".into(),
             )),
@@ -190,9 +194,13 @@ impl Manager {
         record: &SandboxRecord,
         tpl: &TemplateInfo,
         pooled: bool,
+        network: Option<&kiln_net::EgressPolicy>,
     ) -> Result<String> {
         if pooled {
             let t = Instant::now();
+            if let Some(policy) = network {
+                self.apply_network(&spec.id, policy).await?;
+            }
             self.init_booted(record, tpl).await?;
             return Ok(format!(
                 "from the warm pool, init {} ms",
@@ -204,6 +212,9 @@ impl Manager {
             .create(spec)
             .await
             .map_err(|e| Error::create("preparing the sandbox")(e.into()))?;
+        if let Some(policy) = network {
+            self.apply_network(&spec.id, policy).await?;
+        }
         let t_create = t.elapsed();
         self.driver
             .start(&spec.id)

@@ -15,6 +15,7 @@ mod admission;
 mod create;
 mod fork;
 mod lifecycle;
+mod network;
 mod observe;
 mod pool;
 mod reaper;
@@ -107,6 +108,8 @@ pub struct CreateParams {
     /// An auto-pause keeps the filesystem only (`autoPauseMemory: false`).
     pub auto_pause_filesystem_only: bool,
     pub allow_internet_access: Option<bool>,
+    /// The egress policy asked for (`None`: the driver's default).
+    pub network: Option<kiln_net::EgressPolicy>,
 }
 
 /// What the proxy needs to know about a sandbox before forwarding to it.

@@ -96,7 +96,13 @@ async fn raw_round(
     let _ = std::fs::remove_file(dir.join("run/agent.sock"));
     let t = Instant::now();
     runsc
-        .restore_detached(image, &dir.join("bundle"), id, &dir.join("console.log"))
+        .restore_detached(
+            image,
+            &dir.join("bundle"),
+            id,
+            &dir.join("console.log"),
+            false,
+        )
         .await
         .map_err(|e| e.to_string())?;
     let restore = t.elapsed();

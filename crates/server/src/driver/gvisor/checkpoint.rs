@@ -169,9 +169,16 @@ impl GvisorDriver {
         // The agent binds its socket again: the old socket file must be gone (removing it from
         // inside the sandbox does not remove the host's).
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
+        let workaround = self.prepare_restore(id).await?;
         if restore {
             self.runsc
-                .restore_detached(&image, &dir.join("bundle"), id, &dir.join("console.log"))
+                .restore_detached(
+                    &image,
+                    &dir.join("bundle"),
+                    id,
+                    &dir.join("console.log"),
+                    workaround,
+                )
                 .await?;
             if let Err(e) = self.attach_agent(id).await {
                 let _ = self.halt(id).await;
@@ -179,7 +186,12 @@ impl GvisorDriver {
             }
         } else {
             self.runsc
-                .run_detached(&dir.join("bundle"), id, &dir.join("console.log"))
+                .run_detached(
+                    &dir.join("bundle"),
+                    id,
+                    &dir.join("console.log"),
+                    workaround,
+                )
                 .await?;
         }
         // Running again: the saved memory no longer matches the disk.

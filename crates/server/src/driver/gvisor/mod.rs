@@ -27,6 +27,7 @@ pub mod bench;
 pub mod bench_lifecycle;
 mod checkpoint;
 mod mounts;
+pub mod network;
 mod oci;
 mod reap;
 mod runsc;
@@ -63,6 +64,8 @@ pub struct GvisorSettings {
     pub platform: Option<String>,
     /// Skip cgroup configuration entirely (hosts where runsc cannot manage cgroups).
     pub ignore_cgroups: bool,
+    /// Sandbox networking (`None`: `--network=none`, the agent socket only).
+    pub network: Option<kiln_net::NetConfig>,
 }
 
 /// Resolved settings of one gVisor driver instance.
@@ -78,6 +81,8 @@ pub struct GvisorConfig {
     pub ignore_cgroups: bool,
     /// Extra arguments given to the agent (after the socket flag).
     pub agent_args: Vec<String>,
+    /// Sandbox networking (`None`: `--network=none`).
+    pub network: Option<kiln_net::NetConfig>,
 }
 
 impl GvisorConfig {
@@ -95,6 +100,7 @@ impl GvisorConfig {
             platform: s.platform.clone().unwrap_or_else(|| "ptrace".into()),
             ignore_cgroups: s.ignore_cgroups,
             agent_args: Vec::new(),
+            network: s.network.clone(),
         }
     }
 }
@@ -109,6 +115,7 @@ pub fn build(settings: &GvisorSettings, state_dir: &Path) -> Result<std::sync::A
 pub struct GvisorDriver {
     cfg: GvisorConfig,
     runsc: Runsc,
+    net: Option<std::sync::Arc<network::Network>>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -125,7 +132,10 @@ fn check_id(id: &str) -> Result<()> {
 }
 
 impl GvisorDriver {
-    pub fn new(cfg: GvisorConfig) -> Result<Self> {
+    pub fn new(mut cfg: GvisorConfig) -> Result<Self> {
+        if cfg.network.is_none() {
+            cfg.network = network::config_from_env(&cfg.dir).map_err(DriverError::Other)?;
+        }
         // runsc leaves each sandbox's processes behind as orphans. Adopting them (instead of
         // PID 1) lets stop reap them at once: `runsc delete` waits until they are gone, and a
         // slow init on the host leaves them as zombies for seconds.
@@ -165,12 +175,46 @@ impl GvisorDriver {
             root: cfg.dir.join("runsc"),
             platform: cfg.platform.clone(),
             ignore_cgroups: cfg.ignore_cgroups,
+            network: cfg.network.is_some(),
         };
-        Ok(Self { cfg, runsc })
+        let net = cfg
+            .network
+            .clone()
+            .map(|n| network::Network::new(n, cfg.dir.join("sandboxes")));
+        Ok(Self { cfg, runsc, net })
     }
 
     pub fn config(&self) -> &GvisorConfig {
         &self.cfg
+    }
+
+    /// Tears down the network slots kept ready (a server or bench shutting down); the slots of
+    /// running sandboxes stay with them.
+    pub async fn shutdown_network(&self) {
+        if let Some(net) = &self.net {
+            net.shutdown().await;
+        }
+    }
+
+    /// Whether runsc must start (or restore) sandbox `id` with the `/proc/sys/net`
+    /// workaround: only when it has a network slot and the probe says this runsc needs it.
+    pub(super) async fn sysctl_workaround(&self, id: &str) -> bool {
+        match &self.net {
+            Some(net) => match net.sandbox_ns(id) {
+                Some(ns) => net.needs_sysctl_workaround(&ns).await,
+                None => false,
+            },
+            None => false,
+        }
+    }
+
+    /// Gets sandbox `id`'s own network slot ready for a restore into it (a paused sandbox
+    /// resuming, a snapshot's source continuing); returns whether runsc needs the workaround.
+    pub(super) async fn prepare_restore(&self, id: &str) -> Result<bool> {
+        if let Some(net) = &self.net {
+            net.readdress(id).await?;
+        }
+        Ok(self.sysctl_workaround(id).await)
     }
 
     /// The runsc command line this driver uses.
@@ -214,13 +258,17 @@ impl GvisorDriver {
             &dir.join("work"),
             &dir.join("rootfs"),
         )?;
-        let config = oci_spec(
+        let mut config = oci_spec(
             spec,
             &dir.join("rootfs"),
             &dir.join("run"),
             &self.cfg.agent_args,
             !self.cfg.ignore_cgroups,
         );
+        if let Some(net) = &self.net {
+            let ns = net.attach(&spec.id, &dir.join("rootfs")).await?;
+            network::set_netns_path(&mut config, &ns);
+        }
         let text = serde_json::to_vec_pretty(&config)
             .map_err(|e| DriverError::Other(format!("encoding config.json: {e}")))?;
         std::fs::write(dir.join("bundle/config.json"), text)
@@ -323,14 +371,23 @@ impl Driver for GvisorDriver {
         if !dir.join("bundle/config.json").exists() {
             return Err(DriverError::NotFound(id.to_string()));
         }
+        let workaround = self.sysctl_workaround(id).await;
         self.runsc
-            .run_detached(&dir.join("bundle"), id, &dir.join("console.log"))
+            .run_detached(
+                &dir.join("bundle"),
+                id,
+                &dir.join("console.log"),
+                workaround,
+            )
             .await
     }
 
     async fn stop(&self, id: &str) -> Result<()> {
         check_id(id)?;
         self.halt(id).await?;
+        if let Some(net) = &self.net {
+            net.detach(id).await;
+        }
         let r = self.remove_files(id);
         self.gc_layers();
         r
@@ -363,11 +420,14 @@ impl Driver for GvisorDriver {
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
         check_id(id)?;
         if port != ENVD_PORT {
+            if let Some(net) = &self.net {
+                return net.connect(id, port).await;
+            }
             return Err(DriverError::Unreachable {
                 id: id.to_string(),
                 port,
                 reason: format!(
-                    "sandbox networking is not implemented in kiln yet; only the agent port \
+                    "this server runs sandboxes without a network; only the agent port \
                      {ENVD_PORT} is reachable"
                 ),
             });
@@ -454,6 +514,24 @@ impl Driver for GvisorDriver {
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String> {
         check_id(id)?;
         Ok(tail(&self.sandbox_dir(id).join("console.log"), max_bytes))
+    }
+
+    fn has_network(&self) -> bool {
+        self.net.is_some()
+    }
+
+    async fn set_network(&self, id: &str, policy: &kiln_net::EgressPolicy) -> Result<()> {
+        check_id(id)?;
+        match &self.net {
+            Some(net) => net.set_policy(id, policy).await,
+            None => Err(DriverError::NotImplemented(
+                "sandbox networking (this server runs sandboxes without a network)",
+            )),
+        }
+    }
+
+    async fn network(&self, id: &str) -> Option<kiln_net::EgressPolicy> {
+        self.net.as_ref()?.policy(id)
     }
 }
 

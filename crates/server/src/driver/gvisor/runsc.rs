@@ -21,6 +21,9 @@ pub struct Runsc {
     pub root: PathBuf,
     pub platform: String,
     pub ignore_cgroups: bool,
+    /// `--network=sandbox` (gVisor's netstack in the spec's network namespace) instead of
+    /// `--network=none`.
+    pub network: bool,
 }
 
 impl Runsc {
@@ -29,7 +32,10 @@ impl Runsc {
         let mut v = vec![
             format!("--root={}", self.root.display()),
             format!("--platform={}", self.platform),
-            "--network=none".to_string(),
+            format!(
+                "--network={}",
+                if self.network { "sandbox" } else { "none" }
+            ),
             "--host-uds=create".to_string(),
             "--cpu-num-from-quota".to_string(),
             // The writable layer is kiln's host overlayfs (per-sandbox upper dir, which
@@ -87,21 +93,33 @@ impl Runsc {
     /// `runsc run --detach`: creates the container and starts its init in one invocation (one
     /// Go start-up less than `create` + `start`). The sandbox inherits the given stdio for its
     /// whole life, so it gets a file (`log`), never a pipe someone would have to drain.
-    pub async fn run_detached(&self, bundle: &Path, id: &str, log: &Path) -> Result<()> {
-        self.detached(&["run"], bundle, id, log).await
+    ///
+    /// `sysctl_workaround`: run it in a private mount namespace with an empty tmpfs over
+    /// `/proc/sys/net` (see [`super::network`]).
+    pub async fn run_detached(
+        &self,
+        bundle: &Path,
+        id: &str,
+        log: &Path,
+        sysctl_workaround: bool,
+    ) -> Result<()> {
+        self.detached(&["run"], bundle, id, log, sysctl_workaround)
+            .await
     }
 
     /// `runsc restore --detach`: a new container `id` continuing from the checkpoint in
-    /// `image` (stdio as for [`Self::run_detached`]).
+    /// `image` (stdio and `sysctl_workaround` as for [`Self::run_detached`]).
     pub async fn restore_detached(
         &self,
         image: &Path,
         bundle: &Path,
         id: &str,
         log: &Path,
+        sysctl_workaround: bool,
     ) -> Result<()> {
         let image = format!("--image-path={}", image.display());
-        self.detached(&["restore", &image], bundle, id, log).await
+        self.detached(&["restore", &image], bundle, id, log, sysctl_workaround)
+            .await
     }
 
     /// `runsc checkpoint`: saves the container's memory and processes into `image`. Without
@@ -116,7 +134,14 @@ impl Runsc {
         self.output(&args).await.map(drop)
     }
 
-    async fn detached(&self, sub: &[&str], bundle: &Path, id: &str, log: &Path) -> Result<()> {
+    async fn detached(
+        &self,
+        sub: &[&str],
+        bundle: &Path,
+        id: &str,
+        log: &Path,
+        sysctl_workaround: bool,
+    ) -> Result<()> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -124,6 +149,11 @@ impl Runsc {
             .map_err(io_err(format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(io_err("duplicating the log fd"))?;
         let mut c = self.command();
+        if sysctl_workaround {
+            // SAFETY: the closure runs in the forked child before exec and only makes raw
+            // system calls (unshare, mount) on static C strings: no allocation, no locks.
+            unsafe { c.pre_exec(hide_proc_sys_net) };
+        }
         c.args(sub)
             .arg("--detach")
             .arg(format!("--bundle={}", bundle.display()))
@@ -147,6 +177,41 @@ impl Runsc {
     }
 }
 
+/// In a new private mount namespace, covers `/proc/sys/net` with an empty tmpfs (runs in the
+/// child between fork and exec; see [`super::network`] for why).
+fn hide_proc_sys_net() -> std::io::Result<()> {
+    let fail = || Err(std::io::Error::last_os_error());
+    // SAFETY: plain system calls with static NUL-terminated strings and null pointers where
+    // the kernel accepts them.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return fail();
+        }
+        let none = c"none".as_ptr();
+        if libc::mount(
+            none,
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return fail();
+        }
+        if libc::mount(
+            c"kiln-net".as_ptr(),
+            c"/proc/sys/net".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            c"size=4k".as_ptr().cast(),
+        ) != 0
+        {
+            return fail();
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +223,7 @@ mod tests {
             root: "/s/runsc".into(),
             platform: "systrap".into(),
             ignore_cgroups: true,
+            network: false,
         };
         let args = r.global_args();
         assert_eq!(
@@ -179,5 +245,7 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         assert_eq!(got, args);
+        let r = Runsc { network: true, ..r };
+        assert!(r.global_args().contains(&"--network=sandbox".to_string()));
     }
 }

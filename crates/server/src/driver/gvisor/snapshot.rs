@@ -133,8 +133,15 @@ impl GvisorDriver {
         }
         // The sandbox continues from the image whatever happened to its layer.
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
+        let workaround = self.prepare_restore(id).await?;
         self.runsc
-            .restore_detached(image, &dir.join("bundle"), id, &dir.join("console.log"))
+            .restore_detached(
+                image,
+                &dir.join("bundle"),
+                id,
+                &dir.join("console.log"),
+                workaround,
+            )
             .await?;
         self.attach_agent(id).await?;
         tracing::debug!(
@@ -171,12 +178,14 @@ impl GvisorDriver {
         self.prepare_with(spec, Some(&meta.lowers)).await?;
         let dir = self.sandbox_dir(&spec.id);
         let restored = async {
+            let workaround = self.sysctl_workaround(&spec.id).await;
             self.runsc
                 .restore_detached(
                     &sdir.join("checkpoint"),
                     &dir.join("bundle"),
                     &spec.id,
                     &dir.join("console.log"),
+                    workaround,
                 )
                 .await?;
             self.attach_agent(&spec.id).await

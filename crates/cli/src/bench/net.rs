@@ -1,0 +1,305 @@
+//! `kiln bench net`: what sandbox networking costs, in one run:
+//! - create p50 with networking (a pooled slot, `runsc --network=sandbox`) vs without
+//!   (`--network=none`), interleaved;
+//! - an HTTP request to a server inside a sandbox through kiln's proxy vs the same request made
+//!   directly from the sandbox's router namespace (no proxy), p50 latency and throughput.
+//!
+//! Sandbox networking is configured the way `kiln serve` reads it (KILN_NETWORK, KILN_NET_RANGE);
+//! the bench uses its own range (`--range`) so it can run next to a server.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
+use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
+use kiln_server::driver::Driver;
+use kiln_server::manager::CreateParams;
+use kiln_server::store::SqliteStore;
+use kiln_server::templates::Templates;
+use kiln_server::{LifecycleConfig, Manager};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Template to start sandboxes from.
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// Creates of each kind (with and without networking).
+    #[arg(long, default_value_t = 20)]
+    n: usize,
+    /// HTTP requests of each kind (proxied and direct).
+    #[arg(long, default_value_t = 200)]
+    requests: usize,
+    /// Size of the file fetched for throughput, MiB.
+    #[arg(long, default_value_t = 16)]
+    blob_mib: usize,
+    /// Pause between create samples, ms (lets the pool rebuild the slot just used, as it
+    /// does between real requests; 0 measures creates racing the refill).
+    #[arg(long, default_value_t = 500)]
+    gap_ms: u64,
+    /// gVisor platform.
+    #[arg(long, default_value = "ptrace")]
+    platform: String,
+    /// Host-side range of the bench's network slots.
+    #[arg(long, default_value = "10.239.0.0/24")]
+    range: String,
+    /// Directory for the bench's temporary state (default: the kiln state dir).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+const PORT: u16 = 8000;
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let store = kiln_template::Store::open_default().context("opening the template store")?;
+    let templates: Arc<dyn Templates> = Arc::new(store);
+    let work_root = a
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
+    std::fs::create_dir_all(&work_root)?;
+    // The networked driver reads its settings from the environment (as `kiln serve` does);
+    // set them before any thread starts.
+    std::env::set_var("KILN_NET_RANGE", &a.range);
+    std::env::set_var("KILN_NET_POOL", "4");
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(bench(a, templates, work_root))
+}
+
+struct Side {
+    manager: Arc<Manager>,
+    driver: Arc<dyn Driver>,
+    gvisor: Arc<GvisorDriver>,
+    _dir: tempfile::TempDir,
+}
+
+fn side(
+    work_root: &std::path::Path,
+    platform: &str,
+    networked: bool,
+    templates: &Arc<dyn Templates>,
+) -> anyhow::Result<Side> {
+    let dir = tempfile::Builder::new()
+        .prefix("n")
+        .rand_bytes(4)
+        .tempdir_in(work_root)?;
+    let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
+    let mut cfg = GvisorConfig::new(dir.path());
+    cfg.platform = platform.to_string();
+    // `GvisorDriver::new` reads KILN_NETWORK (no thread reads the environment meanwhile:
+    // drivers are built before any sandbox starts).
+    std::env::set_var("KILN_NETWORK", if networked { "on" } else { "off" });
+    let gvisor = Arc::new(GvisorDriver::new(cfg)?);
+    let driver: Arc<dyn Driver> = gvisor.clone();
+    if driver.has_network() != networked {
+        bail!("the bench's drivers are not configured as expected");
+    }
+    let manager = Manager::new(
+        LifecycleConfig::default(),
+        store,
+        driver.clone(),
+        templates.clone(),
+    );
+    Ok(Side {
+        manager,
+        driver,
+        gvisor,
+        _dir: dir,
+    })
+}
+
+fn params(template: &str) -> CreateParams {
+    CreateParams {
+        template_id: template.to_string(),
+        timeout_secs: Some(600),
+        secure: false,
+        ..Default::default()
+    }
+}
+
+async fn timed_create(s: &Side, template: &str) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let rec = s.manager.create(params(template)).await?;
+    let took = t.elapsed();
+    s.manager.kill(&rec.id, "bench").await?;
+    Ok(took)
+}
+
+/// `GET path` over HTTP/1.0 on `io`; returns the body length.
+async fn get_direct(s: &Side, id: &str, path: &str) -> anyhow::Result<usize> {
+    let mut io = s.driver.connect(id, PORT).await?;
+    io.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    io.read_to_end(&mut buf).await?;
+    let head_end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow!("no HTTP header in the answer"))?;
+    if !buf.starts_with(b"HTTP/1.0 200") {
+        bail!(
+            "direct request: {}",
+            String::from_utf8_lossy(&buf[..head_end])
+        );
+    }
+    Ok(buf.len() - head_end - 4)
+}
+
+async fn get_proxied(
+    client: &reqwest::Client,
+    url: &str,
+    id: &str,
+    path: &str,
+) -> anyhow::Result<usize> {
+    let r = client
+        .get(format!("{url}{path}"))
+        .header("E2b-Sandbox-Id", id)
+        .header("E2b-Sandbox-Port", PORT.to_string())
+        .send()
+        .await?;
+    if !r.status().is_success() {
+        bail!("proxied request: {}", r.status());
+    }
+    Ok(r.bytes().await?.len())
+}
+
+fn row(name: &str, p: &Percentiles, base: &Percentiles) {
+    println!(
+        "  {name:<40} n={:<4} p50 {:>8.2} ms   p99 {:>8.2} ms   p50 ratio {:>5.2}x",
+        p.n,
+        p.p50_ms,
+        p.p99_ms,
+        p.p50_ms / base.p50_ms
+    );
+}
+
+async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
+    let plain = side(&work_root, &a.platform, false, &templates)?;
+    let net = side(&work_root, &a.platform, true, &templates)?;
+    // Warm-up (and let the pool fill).
+    timed_create(&plain, &a.template).await?;
+    timed_create(&net, &a.template).await?;
+    eprintln!("create: {} × with networking, {} × without …", a.n, a.n);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..a.n {
+        without.push(timed_create(&plain, &a.template).await?);
+        with.push(timed_create(&net, &a.template).await?);
+        tokio::time::sleep(Duration::from_millis(a.gap_ms)).await;
+    }
+
+    // A server inside a networked sandbox.
+    let rec = net.manager.create(params(&a.template)).await?;
+    let id = rec.id.clone();
+    let agent = net.manager.agent(&id, None);
+    let setup = format!(
+        "mkdir -p /tmp/www && head -c 100 /dev/zero > /tmp/www/small && \
+         head -c {} /dev/zero > /tmp/www/blob",
+        a.blob_mib << 20
+    );
+    let out = agent
+        .run(
+            &setup,
+            kiln_envd::RunOptions {
+                timeout: Some(Duration::from_secs(60)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    if out.exit_code != 0 {
+        bail!("preparing files: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut server = agent
+        .start(
+            &kiln_envd::bash_request(
+                &format!("exec python3 -m http.server {PORT} --directory /tmp/www"),
+                Default::default(),
+                None,
+                None,
+            ),
+            None,
+        )
+        .await?;
+    tokio::spawn(async move { while let Ok(Some(_)) = server.next_event().await {} });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get_direct(&net, &id, "/small").await.is_err() {
+        if Instant::now() > deadline {
+            bail!("the in-sandbox server did not come up");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // kiln's API and proxy on a local port.
+    let state = Arc::new(kiln_server::api::AppState {
+        manager: net.manager.clone(),
+        cfg: kiln_server::api::ApiConfig {
+            domain: kiln_server::DEFAULT_DOMAIN.into(),
+        },
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let app = kiln_server::api::router(state);
+    tokio::spawn(async move { axum_serve(listener, app).await });
+    let client = reqwest::Client::new();
+
+    eprintln!("http: {} × small GET proxied and direct …", a.requests);
+    let (mut proxied, mut direct) = (Vec::new(), Vec::new());
+    for _ in 0..a.requests {
+        let t = Instant::now();
+        get_proxied(&client, &url, &id, "/small").await?;
+        proxied.push(t.elapsed());
+        let t = Instant::now();
+        get_direct(&net, &id, "/small").await?;
+        direct.push(t.elapsed());
+    }
+    let tp = |d: Duration| (a.blob_mib as f64) / d.as_secs_f64();
+    let (mut tp_proxied, mut tp_direct) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        let n = get_proxied(&client, &url, &id, "/blob").await?;
+        tp_proxied.push(tp(t.elapsed()));
+        let t = Instant::now();
+        let m = get_direct(&net, &id, "/blob").await?;
+        tp_direct.push(tp(t.elapsed()));
+        if n != a.blob_mib << 20 || m != n {
+            bail!("blob sizes: proxied {n}, direct {m}");
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (tpp, tpd) = (median(&mut tp_proxied), median(&mut tp_direct));
+    let _ = net.manager.kill(&id, "bench").await;
+    net.gvisor.shutdown_network().await;
+
+    let (w, wo) = (percentiles(&with), percentiles(&without));
+    println!(
+        "kiln bench net (gVisor, platform {}, template {}):",
+        a.platform, a.template
+    );
+    row("create, no network (baseline)", &wo, &wo);
+    row("create, with network", &w, &wo);
+    println!(
+        "  create p50 cost of networking: {:+.1} ms (target: at most +10 ms)",
+        w.p50_ms - wo.p50_ms
+    );
+    let (p, d) = (percentiles(&proxied), percentiles(&direct));
+    row("GET 100 B, direct from the namespace", &d, &d);
+    row("GET 100 B, through kiln's proxy", &p, &d);
+    println!(
+        "  GET {} MiB throughput: direct {:.0} MiB/s, proxied {:.0} MiB/s (ratio {:.2}x)",
+        a.blob_mib,
+        tpd,
+        tpp,
+        tpp / tpd
+    );
+    Ok(0)
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    if let Err(e) = axum::serve(listener, app).await {
+        eprintln!("bench proxy: {e}");
+    }
+}

@@ -1,0 +1,161 @@
+//! The per-sandbox egress proxy for name-based rules. When a policy names domains, the slot's
+//! ruleset redirects the sandbox's TCP connections to ports 80, 443 and `httpsPorts` to this
+//! listener (in the router namespace). It names each connection from its first bytes (TLS SNI,
+//! or the HTTP `Host`), never from DNS answers, decides with the policy, checks the original
+//! address against the always-denied ranges (so a name cannot smuggle a private address in),
+//! and splices it to its original destination.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::policy::EgressPolicy;
+use crate::rules::HostFacts;
+use crate::sni::{http_host, tls_server_name, Peek};
+use crate::{io_err, Result, GATEWAY_ADDR};
+
+/// Port of the proxy on the slot's gateway address.
+pub const PROXY_PORT: u16 = 15001;
+const PEEK_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const PEEK_MAX: usize = 16 * 1024;
+
+/// A running proxy; stops when dropped.
+pub struct EgressProxy {
+    task: tokio::task::JoinHandle<()>,
+    policy: Arc<RwLock<EgressPolicy>>,
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl EgressProxy {
+    /// Starts the proxy of the router namespace at `router_ns`.
+    pub async fn start(router_ns: &Path, policy: EgressPolicy, facts: HostFacts) -> Result<Self> {
+        let at = SocketAddr::from((GATEWAY_ADDR, PROXY_PORT));
+        let l = crate::netns::in_netns(router_ns, move || std::net::TcpListener::bind(at)).await?;
+        l.set_nonblocking(true)
+            .map_err(io_err("setting the proxy socket non-blocking"))?;
+        let l = TcpListener::from_std(l).map_err(io_err("proxy socket"))?;
+        let policy = Arc::new(RwLock::new(policy));
+        let ctx = Arc::new(Ctx {
+            ns: router_ns.to_path_buf(),
+            policy: policy.clone(),
+            facts,
+        });
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((s, _)) = l.accept().await else {
+                    continue;
+                };
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = ctx.handle(s).await {
+                        tracing::debug!(error = %e, "egress proxy connection");
+                    }
+                });
+            }
+        });
+        Ok(Self { task, policy })
+    }
+
+    /// Replaces the policy (new connections see it).
+    pub fn set_policy(&self, p: EgressPolicy) {
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = p;
+    }
+}
+
+struct Ctx {
+    ns: PathBuf,
+    policy: Arc<RwLock<EgressPolicy>>,
+    facts: HostFacts,
+}
+
+impl Ctx {
+    fn always_denied(&self, ip: Ipv4Addr) -> bool {
+        if self.facts.host_deny.iter().any(|c| c.contains(ip)) {
+            return true;
+        }
+        !self.facts.operator_allow.iter().any(|c| c.contains(ip))
+            && crate::addr::always_denied().iter().any(|c| c.contains(ip))
+    }
+
+    async fn handle(&self, mut s: TcpStream) -> std::io::Result<()> {
+        let orig = original_dst(&s)?;
+        let policy = self
+            .policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let tls = orig.port() == 443 || policy.https_ports.contains(&orig.port());
+        let mut buf = Vec::with_capacity(4096);
+        let name = tokio::time::timeout(PEEK_TIMEOUT, async {
+            loop {
+                let peek = if tls {
+                    tls_server_name(&buf)
+                } else {
+                    http_host(&buf)
+                };
+                match peek {
+                    Peek::Name(n) => return Some(n),
+                    Peek::NoName => return None,
+                    Peek::Incomplete if buf.len() >= PEEK_MAX => return None,
+                    Peek::Incomplete => {}
+                }
+                let mut chunk = [0u8; 4096];
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        })
+        .await
+        .unwrap_or(None);
+        let ip = *orig.ip();
+        if self.always_denied(ip) || !policy.allows(name.as_deref(), ip) {
+            tracing::debug!(?name, %orig, "egress denied");
+            return Ok(());
+        }
+        let up = crate::netns::connect_tcp(&self.ns, SocketAddr::V4(orig), CONNECT_TIMEOUT)
+            .await
+            .map_err(std::io::Error::other)?;
+        up.set_nonblocking(true)?;
+        let mut up = TcpStream::from_std(up)?;
+        up.write_all(&buf).await?;
+        tokio::io::copy_bidirectional(&mut s, &mut up).await?;
+        Ok(())
+    }
+}
+
+/// The destination a redirected connection was addressed to (`SO_ORIGINAL_DST`).
+fn original_dst(s: &TcpStream) -> std::io::Result<SocketAddrV4> {
+    // SAFETY: a zeroed sockaddr_in is a valid value of that plain C struct.
+    let mut addr: nix::libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<nix::libc::sockaddr_in>() as nix::libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `addr`, which is that large, on a
+    // socket this stream owns.
+    let rc = unsafe {
+        nix::libc::getsockopt(
+            s.as_raw_fd(),
+            nix::libc::SOL_IP,
+            nix::libc::SO_ORIGINAL_DST,
+            (&mut addr as *mut nix::libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+        u16::from_be(addr.sin_port),
+    ))
+}

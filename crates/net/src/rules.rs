@@ -1,0 +1,222 @@
+//! The nftables rulesets: one table per slot (in its router namespace) and one host table.
+//!
+//! Each ruleset is loaded with one `nft -f`, which is one atomic transaction: the table is
+//! declared, deleted and defined again, so replacing a policy never leaves a moment with no
+//! rules or with half of them.
+
+use std::fmt::Write;
+use std::net::Ipv4Addr;
+
+use crate::policy::EgressPolicy;
+use crate::{Cidr, GATEWAY_ADDR, GUEST_ADDR};
+
+/// Name of the table in every router namespace.
+pub const SLOT_TABLE: &str = "kiln";
+/// Interface names inside a slot.
+pub const UPLINK: &str = "up0";
+pub const GUEST_LINK: &str = "gw0";
+
+/// What the slot ruleset needs to know about the host.
+#[derive(Debug, Clone, Default)]
+pub struct HostFacts {
+    /// Never reachable from a sandbox: the host's addresses and the whole host range.
+    pub host_deny: Vec<Cidr>,
+    /// Private ranges the operator lets sandboxes reach (still subject to their policy).
+    pub operator_allow: Vec<Cidr>,
+    /// Most connections a sandbox may have open at once (0: no cap).
+    pub max_connections: u32,
+    /// Egress bandwidth cap of a sandbox, MiB/s (0: none).
+    pub egress_mib_per_sec: u32,
+}
+
+fn set(out: &mut String, name: &str, elems: &[Cidr]) {
+    let _ = write!(
+        out,
+        "  set {name} {{ type ipv4_addr; flags interval; auto-merge;"
+    );
+    if !elems.is_empty() {
+        let list: Vec<String> = elems.iter().map(Cidr::to_string).collect();
+        let _ = write!(out, " elements = {{ {} }};", list.join(", "));
+    }
+    out.push_str(" }\n");
+}
+
+/// The ruleset of one slot's router namespace: NAT between the guest and the slot address,
+/// the DNS forwarder's port, and the egress policy.
+pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy) -> String {
+    let t = SLOT_TABLE;
+    let proxy = crate::egress::PROXY_PORT;
+    // With domain rules, TCP to the web ports goes through the egress proxy (which names
+    // connections by SNI/Host), and QUIC (UDP) to the TLS ports is dropped: it cannot be named.
+    let (redirect, quic) = if policy.domains().is_empty() {
+        (String::new(), String::new())
+    } else {
+        let mut tls: Vec<u16> = vec![443];
+        tls.extend(policy.https_ports.iter().copied().filter(|p| *p != 80));
+        tls.sort_unstable();
+        tls.dedup();
+        let list = |v: &[u16]| v.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+        let mut web = tls.clone();
+        web.push(80);
+        web.sort_unstable();
+        (
+            format!(
+                "    iifname \"{GUEST_LINK}\" tcp dport {{ {} }} redirect to :{proxy}\n",
+                list(&web)
+            ),
+            format!(
+                "    iifname \"{GUEST_LINK}\" udp dport {{ {} }} drop\n",
+                list(&tls)
+            ),
+        )
+    };
+    let mut caps = String::new();
+    if host.egress_mib_per_sec > 0 {
+        let _ = writeln!(
+            caps,
+            "    iifname \"{GUEST_LINK}\" limit rate over {} mbytes/second drop",
+            host.egress_mib_per_sec
+        );
+    }
+    if host.max_connections > 0 {
+        let _ = writeln!(
+            caps,
+            "    iifname \"{GUEST_LINK}\" ct state new ct count over {} drop",
+            host.max_connections
+        );
+    }
+    let mut s = format!("table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n");
+    set(&mut s, "host_deny", &host.host_deny);
+    set(&mut s, "always_deny", &crate::addr::always_denied());
+    set(&mut s, "operator_allow", &host.operator_allow);
+    set(&mut s, "allow_out", &EgressPolicy::nets(&policy.allow_out));
+    set(&mut s, "deny_out", &policy.effective_deny());
+    let _ = write!(
+        s,
+        r#"  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "{UPLINK}" ip daddr {slot_addr} dnat to {GUEST_ADDR}
+{redirect}  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    oifname "{UPLINK}" ip saddr {GUEST_ADDR} snat to {slot_addr}
+  }}
+  chain input {{
+    type filter hook input priority filter; policy drop;
+{caps}    iifname "lo" accept
+    ct state established,related accept
+    iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} udp dport 53 accept
+    iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} tcp dport 53 accept
+    iifname "{GUEST_LINK}" ip daddr {GATEWAY_ADDR} tcp dport {proxy} accept
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy drop;
+{caps}    ct state established,related accept
+{quic}    iifname "{UPLINK}" oifname "{GUEST_LINK}" ct status dnat accept
+    iifname "{GUEST_LINK}" oifname "{UPLINK}" jump egress
+  }}
+  chain egress {{
+    ip daddr @host_deny drop
+    ip daddr @operator_allow goto user_policy
+    ip daddr @always_deny drop
+    goto user_policy
+  }}
+  chain user_policy {{
+    ip daddr @allow_out accept
+    ip daddr @deny_out drop
+    accept
+  }}
+}}
+"#
+    );
+    s
+}
+
+/// The host's table: masquerade the host range out of the host, and keep sandboxes off the
+/// host itself (its addresses, kiln's port) and off each other.
+pub fn host_ruleset(table: &str, veth_prefix: &str, range: &Cidr) -> String {
+    let v = format!("{veth_prefix}*");
+    format!(
+        r#"table ip {table}
+delete table ip {table}
+table ip {table} {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {range} oifname != "{v}" masquerade
+  }}
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    iifname "{v}" ct state established,related accept
+    iifname "{v}" drop
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    iifname "{v}" oifname "{v}" drop
+  }}
+}}
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_ruleset_carries_policy_and_nat() {
+        let p = EgressPolicy::from_lists(
+            false,
+            &["198.51.100.7".into(), "example.com".into()],
+            &["203.0.113.0/24".into()],
+            &[],
+        )
+        .unwrap();
+        let host = HostFacts {
+            host_deny: vec!["10.231.0.0/16".parse().unwrap()],
+            operator_allow: vec![],
+            max_connections: 0,
+            egress_mib_per_sec: 0,
+        };
+        let r = slot_ruleset("10.231.0.1".parse().unwrap(), &host, &p);
+        assert!(r.starts_with("table ip kiln\ndelete table ip kiln\n"));
+        assert!(r.contains("set allow_out { type ipv4_addr; flags interval; auto-merge; elements = { 198.51.100.7/32 }; }"));
+        assert!(r.contains("elements = { 203.0.113.0/24, 0.0.0.0/0 }"));
+        assert!(r.contains("set host_deny { type ipv4_addr; flags interval; auto-merge; elements = { 10.231.0.0/16 }; }"));
+        assert!(r.contains("set operator_allow { type ipv4_addr; flags interval; auto-merge; }"));
+        assert!(r.contains("dnat to 169.254.0.21"));
+        assert!(r.contains("snat to 10.231.0.1"));
+        // Host and always-denied ranges come before the user's allow list.
+        let deny = r.find("ip daddr @always_deny drop").unwrap();
+        assert!(r.find("ip daddr @host_deny drop").unwrap() < deny);
+        assert!(deny < r.find("ip daddr @allow_out accept").unwrap());
+        assert!(r.contains("tcp dport { 80, 443 } redirect to :15001"));
+        assert!(r.contains("udp dport { 443 } drop"));
+        let plain = slot_ruleset(
+            "10.231.0.1".parse().unwrap(),
+            &host,
+            &EgressPolicy::default(),
+        );
+        assert!(!plain.contains("redirect"));
+        assert!(!plain.contains("ct count") && !plain.contains("limit rate"));
+        let capped = HostFacts {
+            max_connections: 100,
+            egress_mib_per_sec: 5,
+            ..host
+        };
+        let r = slot_ruleset(
+            "10.231.0.1".parse().unwrap(),
+            &capped,
+            &EgressPolicy::default(),
+        );
+        assert!(r.contains("iifname \"gw0\" ct state new ct count over 100 drop"));
+        assert!(r.contains("iifname \"gw0\" limit rate over 5 mbytes/second drop"));
+    }
+
+    #[test]
+    fn host_ruleset_isolates_host_and_sandboxes() {
+        let r = host_ruleset("kiln_ab12", "kab12h", &"10.231.0.0/16".parse().unwrap());
+        assert!(r.contains("ip saddr 10.231.0.0/16 oifname != \"kab12h*\" masquerade"));
+        assert!(r.contains("iifname \"kab12h*\" drop"));
+        assert!(r.contains("iifname \"kab12h*\" oifname \"kab12h*\" drop"));
+    }
+}

@@ -1,0 +1,167 @@
+//! The network part of E2B's API: create's `allow_internet_access` and `network`,
+//! `PUT /sandboxes/{id}/network`, and what get_info reports.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use kiln_net::EgressPolicy;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::wire::parse_json;
+use super::{ApiError, ApiResult, St};
+
+/// `network` of a create request (and the body of `PUT .../network`, a subset).
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkJson {
+    pub allow_out: Option<Vec<String>>,
+    pub deny_out: Option<Vec<String>>,
+    pub dns_servers: Option<Vec<String>>,
+    pub allow_public_traffic: Option<bool>,
+    pub mask_request_host: Option<String>,
+    pub https_ports: Option<Vec<u16>>,
+    pub rules: Option<Value>,
+    pub egress_proxy: Option<Value>,
+}
+
+fn present(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(m)) => !m.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// The egress policy of a request: `None` when it names none (the server's default).
+pub fn policy_of(
+    allow_internet_access: Option<bool>,
+    net: Option<&NetworkJson>,
+) -> ApiResult<Option<EgressPolicy>> {
+    if allow_internet_access.is_none() && net.is_none() {
+        return Ok(None);
+    }
+    let empty = NetworkJson::default();
+    let n = net.unwrap_or(&empty);
+    if present(&n.rules) {
+        return Err(ApiError::not_implemented(
+            "network rules (per-host transforms)",
+        ));
+    }
+    if present(&n.egress_proxy) {
+        return Err(ApiError::not_implemented(
+            "an upstream egress proxy (egressProxy)",
+        ));
+    }
+    let v = |l: &Option<Vec<String>>| l.clone().unwrap_or_default();
+    let mut policy = EgressPolicy::from_lists(
+        allow_internet_access.unwrap_or(true),
+        &v(&n.allow_out),
+        &v(&n.deny_out),
+        &v(&n.dns_servers),
+    )
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    policy.https_ports = n.https_ports.clone().unwrap_or_default();
+    if policy.https_ports.contains(&0) {
+        return Err(ApiError::bad_request("httpsPorts: 0 is not a port"));
+    }
+    if n.allow_public_traffic == Some(false) {
+        policy.traffic_token = Some(crate::auth::random_hex(16));
+    }
+    if let Some(mask) = &n.mask_request_host {
+        if mask.is_empty() || http::HeaderValue::from_str(&mask.replace("${PORT}", "1")).is_err() {
+            return Err(ApiError::bad_request(format!(
+                "maskRequestHost {mask:?} is not a valid Host header value"
+            )));
+        }
+        policy.mask_request_host = Some(mask.clone());
+    }
+    Ok(Some(policy))
+}
+
+/// `allowInternetAccess` and `network` of get_info.
+pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
+    match policy {
+        None => (false, Value::Null),
+        Some(p) => (
+            p.allow_internet_access,
+            json!({
+                "allowOut": EgressPolicy::list_strings(&p.allow_out),
+                "denyOut": EgressPolicy::list_strings(&p.deny_out),
+                "dnsServers": p.dns_servers.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "allowPublicTraffic": p.traffic_token.is_none(),
+                "httpsPorts": p.https_ports,
+                "maskRequestHost": p.mask_request_host,
+            }),
+        ),
+    }
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces `allowOut`, `denyOut` and `dnsServers` (omitted
+/// ones are cleared); internet access and `httpsPorts` stay as created.
+pub async fn update(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+    let n: NetworkJson = parse_json(&body, true)?.unwrap_or_default();
+    let current = st.manager.network(&id).await?;
+    let internet = current.as_ref().map(|p| p.allow_internet_access);
+    let mut policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?
+        .expect("a policy when internet access is given");
+    if n.https_ports.is_none() {
+        policy.https_ports = current
+            .as_ref()
+            .map(|p| p.https_ports.clone())
+            .unwrap_or_default();
+    }
+    // Ingress is not part of the update: the traffic token and Host mask stay.
+    if let Some(c) = current {
+        policy.traffic_token = c.traffic_token;
+        policy.mask_request_host = c.mask_request_host;
+    }
+    st.manager.set_network(&id, policy).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_policies() {
+        assert!(policy_of(None, None).unwrap().is_none());
+        let p = policy_of(Some(false), None).unwrap().unwrap();
+        assert!(!p.allow_internet_access);
+        let n = NetworkJson {
+            allow_out: Some(vec!["198.51.100.0/24".into()]),
+            deny_out: Some(vec!["0.0.0.0/0".into()]),
+            ..Default::default()
+        };
+        let p = policy_of(None, Some(&n)).unwrap().unwrap();
+        assert!(p.allow_internet_access);
+        assert_eq!(info(Some(&p)).1["allowOut"][0], "198.51.100.0/24");
+        let bad = NetworkJson {
+            deny_out: Some(vec!["not an address!".into()]),
+            ..Default::default()
+        };
+        assert_eq!(
+            policy_of(None, Some(&bad)).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+        let dom = NetworkJson {
+            allow_out: Some(vec!["*.example.com".into()]),
+            https_ports: Some(vec![8443]),
+            ..Default::default()
+        };
+        let p = policy_of(None, Some(&dom)).unwrap().unwrap();
+        assert_eq!(p.domains(), vec!["*.example.com"]);
+        assert_eq!(p.https_ports, vec![8443]);
+        assert_eq!(info(Some(&p)).1["httpsPorts"][0], 8443);
+        assert_eq!(info(None), (false, Value::Null));
+        let private = NetworkJson {
+            allow_public_traffic: Some(false),
+            ..Default::default()
+        };
+        let p = policy_of(None, Some(&private)).unwrap().unwrap();
+        assert_eq!(p.traffic_token.as_ref().map(String::len), Some(32));
+        assert_eq!(info(Some(&p)).1["allowPublicTraffic"], false);
+    }
+}

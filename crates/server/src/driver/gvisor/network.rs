@@ -1,0 +1,450 @@
+//! The gVisor driver's sandbox network: each sandbox gets a [`kiln_net`] slot; runsc runs with
+//! `--network=sandbox` in the slot's sandbox namespace (the OCI spec's network namespace
+//! path), so gVisor's netstack takes over its interface. The sandbox's resolv.conf points at
+//! the slot's DNS forwarder.
+//!
+//! Per sandbox, `net.json` in its directory records the slot and the policy, so a restarted
+//! server adopts the slots of sandboxes still running and frees the others.
+//!
+//! Debian's runsc builds (2022-12 and 2024-07) refuse any namespace but the root one on recent
+//! kernels: they test for `/proc/sys/net/core/rmem_default`, which recent kernels show in
+//! every namespace. A probe ([`needs_sysctl_workaround`]) looks at that file from inside a
+//! slot; when it is there, runsc runs in a private mount namespace with an empty tmpfs over
+//! `/proc/sys/net` (a runsc with the upstream fix works either way).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kiln_net::dns::DnsForwarder;
+use kiln_net::egress::EgressProxy;
+use kiln_net::{EgressPolicy, NetConfig, Slot, SlotPool, GATEWAY_ADDR, GUEST_ADDR};
+use serde::{Deserialize, Serialize};
+use tokio::sync::OnceCell;
+
+use crate::driver::{io_err, BoxIo, DriverError, Result};
+
+const NET_FILE: &str = "net.json";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Networking settings from the environment, for servers whose configuration names none:
+/// `KILN_NETWORK=on` turns it on; `KILN_NET_RANGE` (host-side range, default 10.231.0.0/16),
+/// `KILN_NET_POOL` (slots kept ready, default 4), `KILN_DNS_UPSTREAM` (comma-separated
+/// resolvers; default: the host's), `KILN_NET_ALLOW_PRIVATE` (comma-separated private CIDRs
+/// sandboxes may reach), `KILN_NET_MAX_CONNS` (connections per sandbox, default no cap),
+/// `KILN_NET_EGRESS_MIBS` (egress MiB/s per sandbox, default no cap). `seed` (the state directory) names this server's slots.
+pub fn config_from_env(seed: &Path) -> std::result::Result<Option<NetConfig>, String> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    match var("KILN_NETWORK").as_deref() {
+        None | Some("off") | Some("0") => return Ok(None),
+        Some("on") | Some("1") => {}
+        Some(other) => return Err(format!("KILN_NETWORK={other:?}: use on or off")),
+    }
+    let range = match var("KILN_NET_RANGE") {
+        Some(r) => r.parse().map_err(|e| format!("KILN_NET_RANGE: {e}"))?,
+        None => NetConfig::default_range(),
+    };
+    let pool_size = match var("KILN_NET_POOL") {
+        Some(n) => n
+            .parse()
+            .map_err(|_| format!("KILN_NET_POOL={n:?}: not a number"))?,
+        None => 4,
+    };
+    let list = |k: &str| -> Vec<String> {
+        var(k)
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+            .unwrap_or_default()
+    };
+    let dns_upstreams = match list("KILN_DNS_UPSTREAM") {
+        l if l.is_empty() => kiln_net::dns::system_resolvers(),
+        l => l
+            .iter()
+            .map(|a| a.parse().map_err(|_| format!("KILN_DNS_UPSTREAM: {a:?}")))
+            .collect::<std::result::Result<_, _>>()?,
+    };
+    let num = |k: &str| -> std::result::Result<u32, String> {
+        var(k).map_or(Ok(0), |v| {
+            v.parse().map_err(|_| format!("{k}={v:?}: not a number"))
+        })
+    };
+    let max_connections = num("KILN_NET_MAX_CONNS")?;
+    let egress_mib_per_sec = num("KILN_NET_EGRESS_MIBS")?;
+    let operator_allow = list("KILN_NET_ALLOW_PRIVATE")
+        .iter()
+        .map(|c| {
+            c.parse()
+                .map_err(|e| format!("KILN_NET_ALLOW_PRIVATE: {e}"))
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    Ok(Some(NetConfig {
+        range,
+        pool_size,
+        prefix: kiln_net::host::prefix_for(&seed.display().to_string()),
+        operator_allow,
+        dns_upstreams,
+        max_connections,
+        egress_mib_per_sec,
+    }))
+}
+
+/// `net.json`: what a restarted server needs to adopt a sandbox's slot.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetFile {
+    slot: u32,
+    allow_internet_access: bool,
+    allow_out: Vec<String>,
+    deny_out: Vec<String>,
+    dns_servers: Vec<String>,
+    #[serde(default)]
+    https_ports: Vec<u16>,
+    #[serde(default)]
+    traffic_token: Option<String>,
+    #[serde(default)]
+    mask_request_host: Option<String>,
+}
+
+impl NetFile {
+    fn new(slot: u32, p: &EgressPolicy) -> Self {
+        Self {
+            slot,
+            allow_internet_access: p.allow_internet_access,
+            allow_out: EgressPolicy::list_strings(&p.allow_out),
+            deny_out: EgressPolicy::list_strings(&p.deny_out),
+            dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
+            https_ports: p.https_ports.clone(),
+            traffic_token: p.traffic_token.clone(),
+            mask_request_host: p.mask_request_host.clone(),
+        }
+    }
+    fn policy(&self) -> Option<EgressPolicy> {
+        EgressPolicy::from_lists(
+            self.allow_internet_access,
+            &self.allow_out,
+            &self.deny_out,
+            &self.dns_servers,
+        )
+        .ok()
+        .map(|mut p| {
+            p.https_ports = self.https_ports.clone();
+            p.traffic_token = self.traffic_token.clone();
+            p.mask_request_host = self.mask_request_host.clone();
+            p
+        })
+    }
+}
+
+struct Lease {
+    slot: Slot,
+    policy: EgressPolicy,
+    dns: DnsForwarder,
+    egress: EgressProxy,
+}
+
+/// The network side of the gVisor driver.
+pub struct Network {
+    cfg: NetConfig,
+    sandboxes_dir: PathBuf,
+    pool: OnceCell<Arc<SlotPool>>,
+    leases: Mutex<HashMap<String, Lease>>,
+    workaround: OnceCell<bool>,
+}
+
+fn net_err(e: kiln_net::NetError) -> DriverError {
+    DriverError::Other(format!("sandbox network: {e}"))
+}
+
+impl Network {
+    pub fn new(cfg: NetConfig, sandboxes_dir: PathBuf) -> Arc<Self> {
+        let n = Arc::new(Self {
+            cfg,
+            sandboxes_dir,
+            pool: OnceCell::new(),
+            leases: Mutex::new(HashMap::new()),
+            workaround: OnceCell::new(),
+        });
+        // Start the pool now when there is a runtime (cleanup and pre-creation happen at start
+        // rather than on the first create).
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            let n2 = n.clone();
+            h.spawn(async move {
+                if let Err(e) = n2.pool().await {
+                    tracing::error!(error = %e, "starting the sandbox network pool");
+                }
+            });
+        }
+        n
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lease>> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read_file(&self, id: &str) -> Option<NetFile> {
+        let text = std::fs::read(self.sandboxes_dir.join(id).join(NET_FILE)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    fn write_file(&self, id: &str, f: &NetFile) -> Result<()> {
+        let path = self.sandboxes_dir.join(id).join(NET_FILE);
+        let text = serde_json::to_vec(f).map_err(|e| DriverError::Other(e.to_string()))?;
+        std::fs::write(&path, text).map_err(io_err(format!("writing {}", path.display())))
+    }
+
+    fn upstreams(&self, p: &EgressPolicy) -> Vec<std::net::Ipv4Addr> {
+        if p.dns_servers.is_empty() {
+            self.cfg.dns_upstreams.clone()
+        } else {
+            p.dns_servers.clone()
+        }
+    }
+
+    /// The pool, started on first use: adopts the slots recorded by sandboxes on the host.
+    async fn pool(&self) -> Result<&Arc<SlotPool>> {
+        self.pool
+            .get_or_try_init(|| async {
+                let mut adopted = Vec::new();
+                for e in std::fs::read_dir(&self.sandboxes_dir).into_iter().flatten() {
+                    let Ok(e) = e else { continue };
+                    let id = e.file_name().to_string_lossy().into_owned();
+                    if let Some(f) = self.read_file(&id) {
+                        adopted.push((id, f));
+                    }
+                }
+                let keep: Vec<u32> = adopted.iter().map(|(_, f)| f.slot).collect();
+                let pool = SlotPool::start(self.cfg.clone(), &keep)
+                    .await
+                    .map_err(net_err)?;
+                for (id, f) in adopted {
+                    let (Some(slot), Some(policy)) = (pool.adopt(f.slot), f.policy()) else {
+                        continue;
+                    };
+                    match self.services(&pool, &slot, &policy).await {
+                        Ok((dns, egress)) => {
+                            self.leases().insert(
+                                id,
+                                Lease {
+                                    slot,
+                                    policy,
+                                    dns,
+                                    egress,
+                                },
+                            );
+                        }
+                        Err(e) => tracing::warn!(sandbox = %id, error = %e, "adopting a slot"),
+                    }
+                }
+                Ok(pool)
+            })
+            .await
+    }
+
+    /// The slot's DNS forwarder and egress proxy.
+    async fn services(
+        &self,
+        pool: &SlotPool,
+        slot: &Slot,
+        policy: &EgressPolicy,
+    ) -> Result<(DnsForwarder, EgressProxy)> {
+        let ns = slot.router_ns_path();
+        let dns = DnsForwarder::start(&ns, self.upstreams(policy))
+            .await
+            .map_err(net_err)?;
+        let egress = EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone())
+            .await
+            .map_err(net_err)?;
+        Ok((dns, egress))
+    }
+
+    /// Gives sandbox `id` a slot (default policy), its DNS forwarder and egress proxy; writes its
+    /// resolv.conf into `rootfs`. Returns the namespace path for the OCI spec.
+    pub async fn attach(&self, id: &str, rootfs: &Path) -> Result<PathBuf> {
+        let pool = self.pool().await?;
+        let policy = EgressPolicy::default();
+        let slot = pool.acquire(&policy).await.map_err(net_err)?;
+        let (dns, egress) = match self.services(pool, &slot, &policy).await {
+            Ok(s) => s,
+            Err(e) => {
+                pool.release(slot).await;
+                return Err(e);
+            }
+        };
+        let path = slot.sandbox_ns_path();
+        self.write_file(id, &NetFile::new(slot.index, &policy))?;
+        self.leases().insert(
+            id.to_string(),
+            Lease {
+                slot,
+                policy,
+                dns,
+                egress,
+            },
+        );
+        write_resolv_conf(rootfs)?;
+        Ok(path)
+    }
+
+    /// Replaces the egress policy of sandbox `id` (one nftables transaction).
+    pub async fn set_policy(&self, id: &str, policy: &EgressPolicy) -> Result<()> {
+        let pool = self.pool().await?;
+        let slot = self
+            .leases()
+            .get(id)
+            .map(|l| l.slot.clone())
+            .ok_or_else(|| DriverError::NotFound(id.to_string()))?;
+        pool.set_policy(&slot, policy).await.map_err(net_err)?;
+        self.write_file(id, &NetFile::new(slot.index, policy))?;
+        if let Some(l) = self.leases().get_mut(id) {
+            l.policy = policy.clone();
+            l.dns.set_upstreams(self.upstreams(policy));
+            l.egress.set_policy(policy.clone());
+        }
+        Ok(())
+    }
+
+    /// Addresses sandbox `id`'s slot again (runsc's netstack took the address when the sandbox
+    /// stopped): before its checkpoint is restored into the same slot.
+    pub async fn readdress(&self, id: &str) -> Result<()> {
+        let slot = self.leases().get(id).map(|l| l.slot.clone());
+        match slot {
+            Some(slot) => slot.address_guest().await.map_err(net_err),
+            None => Ok(()),
+        }
+    }
+
+    /// The sandbox namespace of sandbox `id`'s slot.
+    pub fn sandbox_ns(&self, id: &str) -> Option<PathBuf> {
+        self.leases().get(id).map(|l| l.slot.sandbox_ns_path())
+    }
+
+    pub fn policy(&self, id: &str) -> Option<EgressPolicy> {
+        self.leases().get(id).map(|l| l.policy.clone())
+    }
+
+    /// Frees the slot of sandbox `id` (whether this run or an earlier one leased it).
+    pub async fn detach(&self, id: &str) {
+        // Start (or wait for) the pool first: its start adopts the slots recorded on the host,
+        // this sandbox's included, so the lease removed below is really gone.
+        let pool = self.pool().await.ok();
+        let lease = self.leases().remove(id);
+        let index = lease
+            .as_ref()
+            .map(|l| l.slot.index)
+            .or_else(|| self.read_file(id).map(|f| f.slot));
+        drop(lease);
+        if let (Some(pool), Some(index)) = (pool, index) {
+            pool.release_index(index).await;
+        }
+        let _ = std::fs::remove_file(self.sandboxes_dir.join(id).join(NET_FILE));
+    }
+
+    /// A TCP connection to `port` of sandbox `id`, made from its router namespace.
+    pub async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
+        let ns = self
+            .leases()
+            .get(id)
+            .map(|l| l.slot.router_ns_path())
+            .ok_or_else(|| DriverError::NotFound(id.to_string()))?;
+        let unreachable = |reason: String| DriverError::Unreachable {
+            id: id.to_string(),
+            port,
+            reason,
+        };
+        let s = kiln_net::netns::connect_tcp(
+            &ns,
+            SocketAddr::from((GUEST_ADDR, port)),
+            CONNECT_TIMEOUT,
+        )
+        .await
+        .map_err(|e| match e {
+            kiln_net::NetError::Io { source, .. } => unreachable(match source.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    format!("nothing is listening on port {port} in the sandbox")
+                }
+                std::io::ErrorKind::TimedOut => format!("connecting to port {port} timed out"),
+                k => format!("connecting to port {port}: {k}"),
+            }),
+            other => unreachable(other.to_string()),
+        })?;
+        s.set_nonblocking(true)
+            .map_err(io_err("setting a socket non-blocking"))?;
+        let s = tokio::net::TcpStream::from_std(s).map_err(io_err("registering a socket"))?;
+        Ok(Box::new(s))
+    }
+
+    /// Whether runsc needs the `/proc/sys/net` workaround on this host (probed once, from
+    /// inside the slot's sandbox namespace).
+    pub async fn needs_sysctl_workaround(&self, ns: &Path) -> bool {
+        *self
+            .workaround
+            .get_or_init(|| async {
+                kiln_net::netns::in_netns(ns, || {
+                    Ok(Path::new("/proc/sys/net/core/rmem_default").exists())
+                })
+                .await
+                .unwrap_or(true)
+            })
+            .await
+    }
+
+    /// Tears down the ready slots (server shutdown).
+    pub async fn shutdown(&self) {
+        if let Some(p) = self.pool.get() {
+            p.shutdown().await;
+            // With no sandbox left, the host table goes too.
+            if self.leases().is_empty() {
+                let _ = kiln_net::host::remove_table(&self.cfg.prefix).await;
+            }
+        }
+    }
+}
+
+/// Points the sandbox's resolver at its DNS forwarder (the slot's gateway).
+fn write_resolv_conf(rootfs: &Path) -> Result<()> {
+    let etc = rootfs.join("etc");
+    std::fs::create_dir_all(&etc).map_err(io_err("creating /etc in the sandbox"))?;
+    let path = etc.join("resolv.conf");
+    // A symlink (e.g. to systemd-resolved's file) would point outside the sandbox's files.
+    if path.is_symlink() {
+        std::fs::remove_file(&path).map_err(io_err("replacing the sandbox's resolv.conf"))?;
+    }
+    std::fs::write(&path, format!("nameserver {GATEWAY_ADDR}\n"))
+        .map_err(io_err("writing the sandbox's resolv.conf"))
+}
+
+/// Points the OCI spec's network namespace at `ns`.
+pub fn set_netns_path(spec: &mut serde_json::Value, ns: &Path) {
+    if let Some(list) = spec["linux"]["namespaces"].as_array_mut() {
+        for n in list.iter_mut() {
+            if n["type"] == "network" {
+                n["path"] = serde_json::json!(ns);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netns_path_goes_into_the_spec() {
+        let mut v =
+            serde_json::json!({"linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}});
+        set_netns_path(&mut v, Path::new("/run/netns/k1-0s"));
+        assert_eq!(v["linux"]["namespaces"][1]["path"], "/run/netns/k1-0s");
+        assert!(v["linux"]["namespaces"][0].get("path").is_none());
+    }
+
+    #[test]
+    fn resolv_conf_points_at_the_gateway() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("etc")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", d.path().join("etc/resolv.conf")).unwrap();
+        write_resolv_conf(d.path()).unwrap();
+        let text = std::fs::read_to_string(d.path().join("etc/resolv.conf")).unwrap();
+        assert_eq!(text, "nameserver 169.254.0.22\n");
+    }
+}

@@ -1,0 +1,68 @@
+//! Sandbox egress policy: applied at create (before the sandbox runs), replaced while it
+//! runs, reported by get_info. The driver enforces it.
+
+use kiln_net::EgressPolicy;
+
+use super::Manager;
+use crate::driver::DriverError;
+use crate::error::Result;
+
+/// Whether a driver without networking can honour `policy`: it denies everything anyway.
+fn no_network_suffices(policy: &EgressPolicy) -> bool {
+    !policy.allow_internet_access && policy.allow_out.is_empty()
+}
+
+impl Manager {
+    /// Refuses (501) a policy that needs a network on a driver without one, before anything
+    /// is created.
+    pub(super) fn check_network(&self, policy: Option<&EgressPolicy>) -> Result<()> {
+        match policy {
+            Some(p) if !self.driver.has_network() && !no_network_suffices(p) => {
+                Err(DriverError::NotImplemented(
+                    "sandbox internet access (this server runs sandboxes without a network; \
+                     start it with KILN_NETWORK=on)",
+                )
+                .into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts `policy` in force for sandbox `id` (created or running). A driver without
+    /// networking accepts a policy that denies everything (its sandboxes reach nothing anyway).
+    pub(super) async fn apply_network(&self, id: &str, policy: &EgressPolicy) -> Result<()> {
+        match self.driver.set_network(id, policy).await {
+            Err(DriverError::NotImplemented(_)) if no_network_suffices(policy) => Ok(()),
+            r => Ok(r?),
+        }
+    }
+
+    /// `PUT /sandboxes/{id}/network`: replaces the egress policy of a running sandbox; new
+    /// connections see it at once.
+    pub async fn set_network(&self, id: &str, policy: EgressPolicy) -> Result<()> {
+        self.get(id)?;
+        self.apply_network(id, &policy).await?;
+        self.event(
+            id,
+            "network",
+            format!(
+                "egress policy: internet {}, allowOut {:?}, denyOut {:?}",
+                if policy.allow_internet_access {
+                    "on"
+                } else {
+                    "off"
+                },
+                EgressPolicy::list_strings(&policy.allow_out),
+                EgressPolicy::list_strings(&policy.deny_out)
+            ),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// The egress policy in force (`None`: the sandbox has no network).
+    pub async fn network(&self, id: &str) -> Result<Option<EgressPolicy>> {
+        self.get(id)?;
+        Ok(self.driver.network(id).await)
+    }
+}

@@ -1,0 +1,547 @@
+"""Sandbox networking through the real e2b SDK against a real `kiln serve` (KILN_NETWORK=on):
+egress to a small test "internet" (namespace `ktsdk`, 198.51.100.0/24, with its own DNS server),
+E2B's policy (allow_internet_access, allow_out/deny_out, update_network), the always-denied
+ranges, and ingress to any port of a sandbox through kiln's proxy.
+
+Nothing here sends traffic outside this machine: the test hosts live in a network namespace.
+Needs root (namespaces, nftables)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from e2b import Sandbox
+
+from .conftest import KilnServer, cleanup_state
+
+NS = "ktsdk"
+HOST_SIDE = "198.51.100.254"
+RANGE = "10.235.0.0/24"
+HTTP_HOSTS = {"198.51.100.10": "ten", "198.51.100.11": "eleven"}
+DNS_ADDR = "198.51.100.53"
+NAMES = {"host-a.test": "198.51.100.10", "alias-a.test": "198.51.100.10",
+         "www.site.test": "198.51.100.10", "host-b.test": "198.51.100.11"}
+
+# An HTTPS server answering with the SNI name the client sent.
+TLS_SERVER = textwrap.dedent("""
+    import http.server, ssl, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = ("tls:" + self.request.server_hostname_seen).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+    def sni(sock, name, _ctx):
+        sock.server_hostname_seen = name or ""
+    ctx.sni_callback = sni
+    srv = http.server.ThreadingHTTPServer((sys.argv[1], 443), H)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.serve_forever()
+""")
+
+# A tiny authoritative DNS server: A records from NAMES, NXDOMAIN otherwise.
+DNS_SERVER = textwrap.dedent("""
+    import json, socket, struct, sys
+    names = json.loads(sys.argv[2])
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((sys.argv[1], 53))
+    while True:
+        q, peer = s.recvfrom(512)
+        i, labels = 12, []
+        while q[i]:
+            labels.append(q[i + 1:i + 1 + q[i]].decode().lower())
+            i += 1 + q[i]
+        question = q[12:i + 5]
+        qtype = struct.unpack("!H", q[i + 1:i + 3])[0]
+        ip = names.get(".".join(labels))
+        if ip and qtype == 1:
+            answer = b"\\xc0\\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + socket.inet_aton(ip)
+            head = q[:2] + b"\\x81\\x80" + struct.pack("!HHHH", 1, 1, 0, 0)
+        else:
+            answer = b""
+            rcode = b"\\x81\\x80" if ip else b"\\x81\\x83"
+            head = q[:2] + rcode + struct.pack("!HHHH", 1, 0, 0, 0)
+        s.sendto(head + question + answer, peer)
+""")
+
+
+def sh(*args, check=True):
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+def require_root():
+    if os.geteuid() != 0:
+        if os.environ.get("KILN_ALLOW_SKIPS") == "1":
+            pytest.skip("needs root (network namespaces, nftables)")
+        pytest.fail("the network tests need root; KILN_ALLOW_SKIPS=1 to skip")
+
+
+def internet_down():
+    sh("ip", "netns", "del", NS, check=False)
+    sh("ip", "link", "del", "ktsdk0", check=False)
+
+
+def wait_http(url: str, timeout: float = 30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            return urllib.request.urlopen(url, timeout=2).read().decode()
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"test host {url} did not come up")
+
+
+@pytest.fixture(scope="module")
+def internet():
+    require_root()
+    internet_down()
+    procs = []
+    www = tempfile.mkdtemp(prefix="kiln-inet-")
+    try:
+        sh("ip", "netns", "add", NS)
+        sh("ip", "link", "add", "ktsdk0", "type", "veth", "peer", "name", "eth0", "netns", NS)
+        sh("ip", "addr", "add", f"{HOST_SIDE}/24", "dev", "ktsdk0")
+        sh("ip", "link", "set", "ktsdk0", "up")
+        for a in [*HTTP_HOSTS, DNS_ADDR]:
+            sh("ip", "-n", NS, "addr", "add", f"{a}/24", "dev", "eth0")
+        sh("ip", "-n", NS, "link", "set", "eth0", "up")
+        sh("ip", "-n", NS, "link", "set", "lo", "up")
+        sh("ip", "-n", NS, "route", "add", "default", "via", HOST_SIDE)
+        for ip, body in HTTP_HOSTS.items():
+            d = os.path.join(www, ip)
+            os.makedirs(d)
+            with open(os.path.join(d, "index.html"), "w") as f:
+                f.write(body)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", NS, sys.executable, "-m", "http.server", "--bind", ip, "80"],
+                cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", NS, sys.executable, "-c", DNS_SERVER, DNS_ADDR, json.dumps(NAMES)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cert, key = os.path.join(www, "c.pem"), os.path.join(www, "k.pem")
+        sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+           "-days", "1", "-subj", "/CN=host-a.test",
+           "-addext", "subjectAltName=DNS:host-a.test,DNS:alias-a.test,DNS:www.site.test")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", NS, sys.executable, "-c", TLS_SERVER, "198.51.100.10", cert, key],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for ip, body in HTTP_HOSTS.items():
+            assert wait_http(f"http://{ip}/") == body
+        deadline = time.time() + 30
+        while sh("curl", "-sk", "-m", "2", "--resolve", "host-a.test:443:198.51.100.10",
+                 "https://host-a.test/", check=False).stdout != "tls:host-a.test":
+            assert time.time() < deadline, "the TLS test host did not come up"
+            time.sleep(0.2)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        internet_down()
+        shutil.rmtree(www, ignore_errors=True)
+
+
+def slot_prefixes_in(net: str) -> set:
+    """Name prefixes of kiln slots whose host veths route into `net` (e.g. "10.235.0.")."""
+    routes = json.loads(sh("ip", "-j", "route").stdout or "[]")
+    return {r["dev"][:5] for r in routes
+            if re.fullmatch(r"k[0-9a-f]{4}h\d+", r.get("dev", "")) and r["dst"].startswith(net)}
+
+
+def namespaces_of(prefix: str) -> list:
+    return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix + "-"))
+
+
+def remove_slots_in_range(net: str = "10.235.0."):
+    """Removes the namespaces, veths and host table a stopped kiln left in `net`."""
+    prefixes = slot_prefixes_in(net)
+    for p in prefixes:
+        for ns in os.listdir("/run/netns"):
+            if ns.startswith(p + "-"):
+                sh("ip", "netns", "del", ns, check=False)
+        for dev in os.listdir("/sys/class/net"):
+            if dev.startswith(p + "h"):
+                sh("ip", "link", "del", dev, check=False)
+        sh("nft", "delete", "table", "ip", f"kiln_{p}", check=False)
+    return prefixes
+
+
+def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None) -> KilnServer:
+    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": net_range, "KILN_NET_POOL": "2",
+           "KILN_DNS_UPSTREAM": DNS_ADDR}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        srv = KilnServer(state_dir, os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+        if previous:
+            # Same state: the key persists (none is printed), and the log file is shared.
+            srv.api_key, srv.url = previous.api_key, previous.url
+        return srv.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def net_server(internet):
+    base = tempfile.mkdtemp(prefix="kiln-net-")
+    try:
+        srv = start_net_server(os.path.join(base, "state"), RANGE)
+    except BaseException:
+        remove_slots_in_range()
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    try:
+        yield srv
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+        log = srv.log()
+        print("---- kiln serve (network) log (tail) ----\n" + log[-6000:])
+        cleanup_state(srv.state_dir)
+        remove_slots_in_range()
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, f"the server panicked:\n{log}"
+
+
+def run(sbx, cmd: str, timeout: float = 30):
+    """(exit code, stdout) of a shell command in the sandbox."""
+    try:
+        r = sbx.commands.run(cmd, timeout=timeout)
+        return r.exit_code, r.stdout
+    except Exception as e:  # CommandExitException carries the result
+        return getattr(e, "exit_code", -1), getattr(e, "stdout", "")
+
+
+def fetch(sbx, url: str):
+    code, out = run(sbx, f"curl -s -m 3 {url}")
+    return out.strip() if code == 0 else None
+
+
+def create(srv, **kw):
+    return Sandbox.create(timeout=120, **srv.opts(), **kw)
+
+
+def test_default_create_reaches_a_test_host_by_ip_and_name(net_server):
+    sbx = create(net_server)
+    try:
+        assert fetch(sbx, "http://198.51.100.10/") == "ten"
+        code, out = run(sbx, "getent hosts host-b.test")
+        assert code == 0 and out.split()[0] == "198.51.100.11", out
+        assert fetch(sbx, "http://host-a.test/") == "ten"
+        info = sbx.get_info()
+        assert info.allow_internet_access is True
+    finally:
+        sbx.kill()
+
+
+def test_internet_off_reaches_nothing(net_server):
+    sbx = create(net_server, allow_internet_access=False)
+    try:
+        assert fetch(sbx, "http://198.51.100.10/") is None
+        assert sbx.get_info().allow_internet_access is False
+    finally:
+        sbx.kill()
+
+
+def test_allow_and_deny_by_cidr_and_update_while_running(net_server):
+    sbx = create(net_server, network={"deny_out": ["198.51.100.11/32"]})
+    try:
+        assert fetch(sbx, "http://198.51.100.10/") == "ten"
+        assert fetch(sbx, "http://198.51.100.11/") is None
+        assert sbx.get_info().network["deny_out"] == ["198.51.100.11"]
+        # Deny everything but one host: allow beats deny.
+        sbx.update_network({"deny_out": ["0.0.0.0/0"], "allow_out": ["198.51.100.11"]})
+        assert fetch(sbx, "http://198.51.100.11/") == "eleven"
+        assert fetch(sbx, "http://198.51.100.10/") is None
+        # Omitted fields are cleared.
+        sbx.update_network({})
+        assert fetch(sbx, "http://198.51.100.10/") == "ten"
+        assert fetch(sbx, "http://198.51.100.11/") == "eleven"
+    finally:
+        sbx.kill()
+
+
+def test_host_and_other_sandboxes_stay_unreachable_even_when_all_is_allowed(net_server):
+    other = create(net_server)
+    sbx = create(net_server, network={"allow_out": ["0.0.0.0/0"]})
+    host_listener = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", HOST_SIDE, "18080"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        other.commands.run("cd /tmp && python3 -m http.server 8000", background=True)
+        wait_http(f"http://{HOST_SIDE}:18080/")
+        assert fetch(sbx, "http://198.51.100.10/") == "ten"
+        # The host's own address (a server is listening there), kiln's API port on it,
+        # link-local metadata, and every slot address of the range (the other sandbox).
+        port = net_server.url.rsplit(":", 1)[1]
+        for url in [f"http://{HOST_SIDE}:18080/", f"http://{HOST_SIDE}:{port}/health",
+                    "http://169.254.169.254/", "http://127.0.0.53:53/"]:
+            assert fetch(sbx, url) is None, url
+        code, out = run(sbx, "for i in 1 3 5 7 9 11; do curl -s -m 1 http://10.235.0.$i:8000/ && echo reached; done; true",
+                        timeout=60)
+        assert "reached" not in out, out
+    finally:
+        host_listener.kill()
+        host_listener.wait()
+        sbx.kill()
+        other.kill()
+
+
+def proxied(srv, sandbox_id: str, port: int, host_form: bool = False, extra=None):
+    headers = ({"Host": f"{port}-{sandbox_id}.kiln.local"} if host_form
+               else {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)})
+    headers.update(extra or {})
+    req = urllib.request.Request(srv.url + "/", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_server_in_the_sandbox_is_reachable_on_any_port(net_server):
+    sbx = create(net_server)
+    try:
+        sbx.files.write("/tmp/www/index.html", "served from inside")
+        sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+        deadline = time.time() + 30
+        status, body = proxied(net_server, sbx.sandbox_id, 8000)
+        while status != 200 and time.time() < deadline:
+            time.sleep(0.3)
+            status, body = proxied(net_server, sbx.sandbox_id, 8000)
+        assert (status, body) == (200, "served from inside")
+        assert proxied(net_server, sbx.sandbox_id, 8000, host_form=True) == (200, "served from inside")
+        # A large body through the proxy.
+        sbx.commands.run("head -c 5000000 /dev/zero | tr '\\0' x > /tmp/www/big.txt")
+        req = urllib.request.Request(net_server.url + "/big.txt",
+                                     headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.read() == b"x" * 5_000_000
+        # Nothing listens on 8001: a clear 502 naming the port, not a hang.
+        status, body = proxied(net_server, sbx.sandbox_id, 8001)
+        assert status == 502 and "8001" in body, body
+    finally:
+        sbx.kill()
+
+
+def test_allow_and_deny_by_domain_over_http_and_https(net_server):
+    # Only host-a.test and *.site.test; alias-a.test is the same address under another name.
+    sbx = create(net_server, network={"allow_out": ["host-a.test", "*.site.test"],
+                                      "deny_out": ["0.0.0.0/0"]})
+    try:
+        assert fetch(sbx, "http://host-a.test/") == "ten"
+        assert fetch(sbx, "http://www.site.test/") == "ten"
+        assert fetch(sbx, "http://alias-a.test/") is None
+        assert fetch(sbx, "http://198.51.100.10/") is None
+        assert fetch(sbx, "-k https://host-a.test/") == "tls:host-a.test"
+        assert fetch(sbx, "-k https://www.site.test/") == "tls:www.site.test"
+        assert fetch(sbx, "-k https://alias-a.test/") is None
+        # A deny by name, internet otherwise on; updates reach the name rules too.
+        sbx.update_network({"deny_out": ["alias-a.test"]})
+        assert fetch(sbx, "-k https://alias-a.test/") is None
+        assert fetch(sbx, "-k https://host-a.test/") == "tls:host-a.test"
+        assert fetch(sbx, "http://198.51.100.11/") == "eleven"
+        sbx.update_network({})
+        assert fetch(sbx, "-k https://alias-a.test/") == "tls:alias-a.test"
+    finally:
+        sbx.kill()
+
+
+# A WebSocket echo server (stdlib only) for inside a sandbox.
+WS_ECHO = textwrap.dedent("""
+    import base64, hashlib, socket, threading
+    def recv_exact(c, n):
+        b = b""
+        while len(b) < n:
+            chunk = c.recv(n - len(b))
+            if not chunk:
+                raise EOFError
+            b += chunk
+        return b
+    def handle(c):
+        data = b""
+        while b"\\r\\n\\r\\n" not in data:
+            data += c.recv(4096)
+        key = [l.split(b":", 1)[1].strip() for l in data.split(b"\\r\\n")
+               if l.lower().startswith(b"sec-websocket-key")][0]
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\n"
+                  b"Connection: Upgrade\\r\\nSec-WebSocket-Accept: " + accept + b"\\r\\n\\r\\n")
+        try:
+            while True:
+                head = recv_exact(c, 2)
+                n = head[1] & 127
+                mask = recv_exact(c, 4)
+                text = bytes(b ^ mask[i % 4] for i, b in enumerate(recv_exact(c, n)))
+                out = b"echo:" + text
+                c.sendall(bytes([0x81, len(out)]) + out)
+        except EOFError:
+            pass
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 8765))
+    s.listen()
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+""")
+
+
+def test_websocket_to_a_sandbox_port_through_the_proxy(net_server):
+    import socket as pysocket
+
+    sbx = create(net_server)
+    try:
+        sbx.files.write("/tmp/ws_echo.py", WS_ECHO)
+        sbx.commands.run("python3 /tmp/ws_echo.py", background=True)
+        host, port = net_server.url.removeprefix("http://").split(":")
+        deadline = time.time() + 30
+        while True:
+            c = pysocket.create_connection((host, int(port)), timeout=10)
+            c.sendall((f"GET /ws HTTP/1.1\r\nHost: 8765-{sbx.sandbox_id}.kiln.local\r\n"
+                       "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                       "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                       ).encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = c.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            if head.startswith(b"HTTP/1.1 101"):
+                break
+            c.close()
+            assert time.time() < deadline, head
+            time.sleep(0.3)
+        assert b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in head, head
+        # A long-lived stream: messages a while apart on the same upgraded connection.
+        for i in range(3):
+            msg = f"hi{i}".encode()
+            mask = b"\x01\x02\x03\x04"
+            c.sendall(bytes([0x81, 0x80 | len(msg)]) + mask +
+                      bytes(b ^ mask[j % 4] for j, b in enumerate(msg)))
+            frame = c.recv(64)
+            assert frame[2:] == b"echo:" + msg, frame
+            time.sleep(1)
+        c.close()
+    finally:
+        sbx.kill()
+
+
+def test_private_ports_need_the_traffic_access_token(net_server):
+    sbx = create(net_server, network={"allow_public_traffic": False})
+    try:
+        token = sbx.traffic_access_token
+        assert token and len(token) >= 16
+        assert sbx.get_info().network["allow_public_traffic"] is False
+        sbx.files.write("/tmp/www/index.html", "private")
+        sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+        good = {"e2b-traffic-access-token": token}
+        deadline = time.time() + 30
+        while proxied(net_server, sbx.sandbox_id, 8000, extra=good)[0] != 200:
+            assert time.time() < deadline
+            time.sleep(0.3)
+        assert proxied(net_server, sbx.sandbox_id, 8000, extra=good) == (200, "private")
+        status, body = proxied(net_server, sbx.sandbox_id, 8000)
+        assert status == 403 and "traffic access token" in body, body
+        status, _ = proxied(net_server, sbx.sandbox_id, 8000, extra={"e2b-traffic-access-token": "x" * 32})
+        assert status == 403
+        # The agent keeps working through the SDK (its own token, not the traffic token).
+        assert sbx.commands.run("echo ok").stdout.strip() == "ok"
+    finally:
+        sbx.kill()
+
+
+HOST_ECHO = textwrap.dedent("""
+    import http.server
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = self.headers.get("Host", "").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    http.server.HTTPServer(("0.0.0.0", 8001), H).serve_forever()
+""")
+
+
+def test_mask_request_host_rewrites_the_host_header(net_server):
+    sbx = create(net_server, network={"mask_request_host": "app.internal:${PORT}"})
+    try:
+        sbx.files.write("/tmp/host_echo.py", HOST_ECHO)
+        sbx.commands.run("python3 /tmp/host_echo.py", background=True)
+        deadline = time.time() + 30
+        while proxied(net_server, sbx.sandbox_id, 8001)[0] != 200:
+            assert time.time() < deadline
+            time.sleep(0.3)
+        assert proxied(net_server, sbx.sandbox_id, 8001) == (200, "app.internal:8001")
+        assert proxied(net_server, sbx.sandbox_id, 8001, host_form=True) == (200, "app.internal:8001")
+        assert sbx.get_info().network["mask_request_host"] == "app.internal:${PORT}"
+    finally:
+        sbx.kill()
+
+
+def test_unsupported_network_options_are_refused_not_ignored(net_server):
+    for network in [{"rules": {"x.test": [{"transform": {}}]}}]:
+        with pytest.raises(Exception) as e:
+            create(net_server, network=network)
+        assert "not implemented" in str(e.value), str(e.value)
+
+
+def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(internet):
+    base = tempfile.mkdtemp(prefix="kiln-netre-")
+    state = os.path.join(base, "state")
+    first = second = None
+    try:
+        first = start_net_server(state, "10.236.0.0/24")
+        keep = create(first)
+        doomed = create(first)
+        assert fetch(keep, "http://198.51.100.10/") == "ten"
+        [prefix] = slot_prefixes_in("10.236.0.")
+        first.kill9()
+        # While the server is down, one sandbox dies behind its back.
+        root = os.path.join(state, "gvisor", "runsc")
+        sh(os.environ.get("KILN_RUNSC") or "runsc", f"--root={root}", "delete", "--force",
+           doomed.sandbox_id)
+        second = start_net_server(state, "10.236.0.0/24", previous=first)
+        keep = Sandbox.connect(keep.sandbox_id, **second.opts())
+        assert fetch(keep, "http://198.51.100.10/") == "ten", second.log()[-3000:]
+        code, out = run(keep, "getent hosts host-a.test")
+        assert code == 0 and "198.51.100.10" in out, out
+        # The dead sandbox's slot is gone: only the live one's and the pool's (2) remain.
+        deadline = time.time() + 20
+        while len(namespaces_of(prefix)) != 2 * 3:
+            assert time.time() < deadline, namespaces_of(prefix)
+            time.sleep(0.2)
+        keep.kill()
+        deadline = time.time() + 20
+        while len(namespaces_of(prefix)) != 2 * 2:
+            assert time.time() < deadline, namespaces_of(prefix)
+            time.sleep(0.2)
+    finally:
+        for srv in (second, first):
+            if srv:
+                srv.kill_all_sandboxes()
+                srv.stop()
+        cleanup_state(state)
+        remove_slots_in_range("10.236.0.")
+        shutil.rmtree(base, ignore_errors=True)
+    assert not slot_prefixes_in("10.236.0."), "slots left behind"
