@@ -58,7 +58,7 @@ ensure_runsc() {
   export KILN_RUNSC="$path"
   PATH="$(dirname "$path"):$PATH"
   export PATH
-  "$path" --version | head -1 >&2
+  "$path" --version | sed -n 1p >&2  # sed reads it all: no SIGPIPE under pipefail
   # The platform `kiln serve` would pick (fastest that works); the driver tests use it too.
   KILN_PLATFORM=${KILN_PLATFORM:-$("$kiln" runtime platform)} || die "no gVisor platform works with $path"
   export KILN_PLATFORM

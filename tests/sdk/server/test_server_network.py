@@ -545,3 +545,37 @@ def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(intern
         remove_slots_in_range("10.236.0.")
         shutil.rmtree(base, ignore_errors=True)
     assert not slot_prefixes_in("10.236.0."), "slots left behind"
+
+
+def test_pause_resume_and_fork_keep_the_network_and_its_policy(net_server):
+    """A networked sandbox pauses and resumes into its own slot, and forks into fresh slots
+    with the same inside addressing: egress, the sandbox's policy and ingress to a port all
+    work afterwards."""
+    sbx = create(net_server, network={"deny_out": ["198.51.100.11/32"]})
+    children = []
+    try:
+        sbx.files.write("/tmp/www/index.html", "served")
+        sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+        deadline = time.time() + 15
+        while time.time() < deadline and proxied(net_server, sbx.sandbox_id, 8000)[0] != 200:
+            time.sleep(0.2)
+        assert proxied(net_server, sbx.sandbox_id, 8000) == (200, "served")
+        assert fetch(sbx, "http://198.51.100.10/") == "ten"
+
+        assert sbx.pause() is True
+        again = Sandbox.connect(sbx.sandbox_id, timeout=120, **net_server.opts())
+        assert fetch(again, "http://198.51.100.10/") == "ten", "egress after resume"
+        assert fetch(again, "http://198.51.100.11/") is None, "policy kept after resume"
+        assert proxied(net_server, sbx.sandbox_id, 8000) == (200, "served"), "ingress after resume"
+
+        children = again.fork(count=2, timeout=120)
+        assert all(not isinstance(c, Exception) for c in children), children
+        for child in children:
+            assert fetch(child, "http://198.51.100.10/") == "ten", "egress in a fork"
+            assert proxied(net_server, child.sandbox_id, 8000) == (200, "served"), "ingress in a fork"
+        assert fetch(again, "http://198.51.100.10/") == "ten", "the parent keeps its network"
+    finally:
+        for c in children:
+            if not isinstance(c, Exception):
+                c.kill()
+        sbx.kill()
