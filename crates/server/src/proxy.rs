@@ -87,6 +87,13 @@ fn has_signature(uri: &http::Uri) -> bool {
 pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) -> Response {
     let id = target.sandbox_id.as_str();
     let Some(route) = manager.route_resuming(id).await else {
+        if manager.get(id).is_ok() {
+            return proxy_error(
+                StatusCode::BAD_GATEWAY,
+                id,
+                format!("The sandbox {id} is paused: connect to it to resume it"),
+            );
+        }
         return proxy_error(
             StatusCode::BAD_GATEWAY,
             id,

@@ -66,6 +66,10 @@ def test_pause_connect_across_a_restart(state_dir, server):
         assert status == 200 and detail["state"] == "paused" and detail["pauseMode"] == "full"
         status, metrics, _ = first.request("GET", f"/sandboxes/{sid}/metrics")
         assert status == 200 and metrics == [], "a paused sandbox has no metrics sample"
+        # Envd traffic to it (no autoResume) is refused, saying why.
+        status, body, _ = first.request("GET", "/health", api_key=None,
+                                        headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"})
+        assert status == 502 and "paused" in body["message"], body
         # Nothing of it runs on the host while paused.
         assert not [p for p in runsc_processes_for(state_dir) if sid in p]
 

@@ -10,7 +10,8 @@
 //! The lifecycle is split so that pools and snapshots fit: [`Driver::create`] prepares
 //! everything that does not depend on the request (writable layer, bundle) and
 //! [`Driver::start`] makes it run. Pause, resume, snapshot, restore and fork are named here and
-//! answer [`DriverError::NotImplemented`] until a driver supports them.
+//! answer [`DriverError::NotImplemented`] until a driver supports them (the gVisor driver does
+//! pause/resume/snapshot/restore; the manager builds fork on snapshot + restore).
 
 pub mod factory;
 pub mod gvisor;
@@ -167,7 +168,8 @@ pub trait Driver: Send + Sync + 'static {
     async fn delete_snapshot(&self, _snapshot: &SnapshotRef) -> Result<()> {
         Err(DriverError::NotImplemented("sandbox snapshots"))
     }
-    /// Starts `children` as copies of the running sandbox `id` (which keeps running).
+    /// Starts `children` as copies of the running sandbox `id` (which keeps running). Unused
+    /// so far: the manager forks with [`Driver::snapshot`] and [`Driver::restore`].
     async fn fork(&self, _id: &str, _children: &[SandboxSpec]) -> Result<()> {
         Err(DriverError::NotImplemented("forking sandboxes"))
     }
