@@ -12,6 +12,7 @@ pub mod client;
 mod files;
 mod fs;
 mod fsrpc;
+pub mod interp;
 pub mod listen;
 mod metrics;
 pub mod pid1;
