@@ -99,7 +99,10 @@ impl Bash {
             if !is_name(k) {
                 continue;
             }
-            let v = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+            let v = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
             script.push_str(&format!(
                 "if [ -n \"${{{k}+x}}\" ]; then __kiln_old_{k}=\"${k}\"; else unset __kiln_old_{k}; fi; export {k}={}\n",
                 quote(&v)

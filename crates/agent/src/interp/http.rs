@@ -87,9 +87,7 @@ pub async fn handle(ctxs: Arc<Contexts>, req: Request<Incoming>) -> Response<Bod
     match (&method, parts.as_slice()) {
         (&Method::GET, ["health"]) => json_response(StatusCode::OK, &json!("OK")),
         (&Method::POST, ["execute"]) => execute(ctxs, req).await,
-        (&Method::GET, ["contexts"]) => {
-            json_response(StatusCode::OK, &json!(ctxs.list().await))
-        }
+        (&Method::GET, ["contexts"]) => json_response(StatusCode::OK, &json!(ctxs.list().await)),
         (&Method::POST, ["contexts"]) => {
             let r: CreateReq = match json_body(req).await {
                 Ok(r) => r,

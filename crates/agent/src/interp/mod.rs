@@ -67,7 +67,10 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
 }
 
 /// Serve on an already bound listener.
-pub async fn serve_on(listener: tokio::net::TcpListener, ctxs: Arc<Contexts>) -> anyhow::Result<()> {
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    ctxs: Arc<Contexts>,
+) -> anyhow::Result<()> {
     loop {
         match listener.accept().await {
             Ok((s, _)) => {

@@ -61,6 +61,13 @@ pub fn result_from_bundle(data: &Map<String, Value>, is_main: bool) -> Map<Strin
             ),
             v => v.clone(),
         };
+        // Binary formats are base64; kernels may wrap it in newlines.
+        let v = match (mime.as_str(), v) {
+            ("image/png" | "image/jpeg" | "application/pdf", Value::String(s)) => {
+                Value::String(s.split_whitespace().collect())
+            }
+            (_, v) => v,
+        };
         match field_for(mime) {
             Some(f) => {
                 out.insert(f.into(), v);
@@ -151,7 +158,7 @@ mod tests {
     #[test]
     fn bundle_mapping() {
         let data = json!({
-            "text/plain": "<Figure>", "image/png": "iVBOR", CHART_MIME: {"type": "line"},
+            "text/plain": "<Figure>", "image/png": "iVB\nOR\n", CHART_MIME: {"type": "line"},
             "application/x-custom": ["a", "b"],
         });
         let r = result_from_bundle(data.as_object().unwrap(), false);
@@ -167,7 +174,10 @@ mod tests {
         let l = Event::Count(3).to_line();
         assert!(l.ends_with('\n'));
         let v: Value = serde_json::from_str(&l).unwrap();
-        assert_eq!(v, json!({"type": "number_of_executions", "execution_count": 3}));
+        assert_eq!(
+            v,
+            json!({"type": "number_of_executions", "execution_count": 3})
+        );
         let v: Value = serde_json::from_str(&Event::Stdout("x".into()).to_line()).unwrap();
         assert_eq!(v["type"], "stdout");
         assert!(v["timestamp"].as_u64().unwrap() > 0);

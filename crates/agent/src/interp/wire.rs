@@ -195,10 +195,7 @@ mod tests {
         let mut frames = wire.into_vec();
         frames[5] = Bytes::from_static(b"{\"a\":2}");
         let tampered = ZmqMessage::try_from(frames).unwrap();
-        assert!(matches!(
-            s.decode(&tampered),
-            Err(WireError::BadSignature)
-        ));
+        assert!(matches!(s.decode(&tampered), Err(WireError::BadSignature)));
     }
 
     #[test]
