@@ -43,6 +43,9 @@ struct InterpArgs {
     /// Python interpreter with ipykernel.
     #[arg(long, default_value = "python3")]
     python: PathBuf,
+    /// Node.js, for JavaScript contexts.
+    #[arg(long, default_value = "node")]
+    node: PathBuf,
     /// Directory for kernel connection files and bash cells.
     #[arg(long, default_value = "/tmp/kiln-interp")]
     runtime_dir: PathBuf,
@@ -58,6 +61,7 @@ fn interp_main(a: InterpArgs) -> i32 {
     let cfg = kiln_agent::interp::ServeConfig {
         addr: a.listen,
         python: a.python,
+        node: a.node,
         runtime_dir: a.runtime_dir,
         default_cwd: a
             .cwd

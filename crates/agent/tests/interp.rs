@@ -49,6 +49,7 @@ async fn start() -> Option<Svc> {
             runtime_dir: dir.path().join("rt"),
         },
         default_cwd: dir.path().to_path_buf(),
+        node: PathBuf::from("node"),
     });
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -273,7 +274,11 @@ async fn contexts_bash_restart_and_interrupt() {
     drop(s);
     let t0 = Instant::now();
     let l = exec(a, json!({"code": "y + 1", "context_id": id})).await;
-    assert_eq!(of_type(&l, "result")[0]["text"], "8");
+    assert_eq!(
+        of_type(&l, "result").first().map(|r| r["text"].clone()),
+        Some(json!("8")),
+        "{l:?}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
 
     // Restart: same id, fresh state.
@@ -334,4 +339,62 @@ async fn contexts_bash_restart_and_interrupt() {
     )
     .await;
     assert_eq!(s, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_contexts() {
+    let Some(svc) = start().await else { return };
+    let a = svc.addr;
+    let ok = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        let msg = "node is not installed (apt install nodejs)";
+        if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
+            eprintln!("SKIP: {msg}");
+            return;
+        }
+        panic!("{msg}");
+    }
+    let l = exec(
+        a,
+        json!({"code": "let n = 40; console.log('hi', [1]); n + 2", "language": "javascript"}),
+    )
+    .await;
+    assert_eq!(stdout(&l), "hi [ 1 ]\n");
+    assert_eq!(of_type(&l, "result")[0]["text"], "42");
+    let l = exec(
+        a,
+        json!({"code": "n + Number(process.env.JS_ADD)", "language": "js", "env_vars": {"JS_ADD": "2"}}),
+    )
+    .await;
+    assert_eq!(of_type(&l, "result")[0]["text"], "42");
+    let l = exec(a, json!({"code": "process.env.JS_ADD", "language": "js"})).await;
+    assert!(of_type(&l, "result").is_empty(), "{l:?}");
+    let l = exec(a, json!({"code": "null.x", "language": "js"})).await;
+    assert_eq!(of_type(&l, "error")[0]["name"], "TypeError");
+    let l = exec(
+        a,
+        json!({"code": "globalThis.w = await Promise.resolve(7); return w", "language": "js"}),
+    )
+    .await;
+    assert_eq!(of_type(&l, "result")[0]["text"], "7");
+
+    // An endless loop outliving its client is interrupted; the context survives.
+    let mut s = send(
+        a,
+        "POST",
+        "/execute",
+        Some(json!({"code": "while (true) {}", "language": "js"})),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(s.shutdown().await);
+    drop(s);
+    let t0 = Instant::now();
+    let l = exec(a, json!({"code": "n", "language": "js"})).await;
+    assert_eq!(of_type(&l, "result")[0]["text"], "40");
+    assert!(t0.elapsed() < Duration::from_secs(20));
 }

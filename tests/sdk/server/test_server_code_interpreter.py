@@ -230,3 +230,15 @@ def test_timeout_interrupts_without_losing_the_context(sbx):
     t0 = time.time()
     assert sbx.run_code("kept", context=ctx, timeout=60).text == "'still here'"
     assert time.time() - t0 < 30
+
+
+def test_javascript_context(sbx):
+    js = sbx.create_code_context(language="javascript")
+    assert js.language == "javascript"
+    r = sbx.run_code("const base = 40; console.log('from js'); base + 2", context=js)
+    assert r.error is None, r.error
+    assert r.text == "42"
+    assert r.logs.stdout == ["from js\n"]
+    assert sbx.run_code("base * 2", context=js).text == "80"
+    r = sbx.run_code("undefinedFn()", context=js)
+    assert r.error.name == "ReferenceError"

@@ -1,4 +1,5 @@
-//! Execution contexts: each one a kernel (Python) or a persistent shell (bash) with its own
+//! Execution contexts: each one a kernel (Python), a persistent shell (bash) or a persistent
+//! node (JavaScript) with its own
 //! state and working directory. One default context per language is created on first use.
 
 use std::collections::HashMap;
@@ -10,6 +11,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, Mutex};
 
 use super::bash::Bash;
+use super::js::Js;
 use super::kernel::{env_code, Kernel, KernelSpec};
 use super::output::Event;
 
@@ -18,6 +20,7 @@ use super::output::Event;
 pub enum Language {
     Python,
     Bash,
+    JavaScript,
 }
 
 impl Language {
@@ -26,6 +29,7 @@ impl Language {
         match s.map(str::to_ascii_lowercase).as_deref() {
             None | Some("") | Some("python") | Some("python3") => Some(Language::Python),
             Some("bash") | Some("sh") | Some("shell") => Some(Language::Bash),
+            Some("javascript") | Some("js") | Some("node") => Some(Language::JavaScript),
             _ => None,
         }
     }
@@ -34,6 +38,7 @@ impl Language {
         match self {
             Language::Python => "python",
             Language::Bash => "bash",
+            Language::JavaScript => "javascript",
         }
     }
 }
@@ -41,6 +46,7 @@ impl Language {
 enum Backend {
     Python(Kernel),
     Bash(Bash),
+    Js(Js),
 }
 
 impl Backend {
@@ -50,6 +56,7 @@ impl Backend {
             Language::Bash => {
                 Backend::Bash(Bash::start(cwd, &cfg.kernel.runtime_dir.join("bash")).await?)
             }
+            Language::JavaScript => Backend::Js(Js::start(&cfg.node, cwd).await?),
         })
     }
 
@@ -57,6 +64,7 @@ impl Backend {
         match self {
             Backend::Python(k) => k.shutdown().await,
             Backend::Bash(b) => b.shutdown().await,
+            Backend::Js(j) => j.shutdown().await,
         }
     }
 }
@@ -82,6 +90,8 @@ pub struct Config {
     pub kernel: KernelSpec,
     /// Working directory of contexts created without one.
     pub default_cwd: PathBuf,
+    /// Node.js, for JavaScript contexts.
+    pub node: PathBuf,
 }
 
 /// All contexts.
@@ -202,6 +212,7 @@ impl Context {
                 }
             }
             Backend::Bash(b) => b.execute(code, env, out.clone()).await,
+            Backend::Js(j) => j.execute(code, env, out.clone()).await,
         };
         match res {
             Ok(Some(n)) => {

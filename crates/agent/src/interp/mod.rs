@@ -2,14 +2,15 @@
 //! wire-compatible with `e2b-code-interpreter` (port 49999).
 //!
 //! [`http`] serves the API; [`contexts`] keeps one backend per context: an IPython kernel
-//! ([`kernel`], driven over the Jupyter messaging protocol in [`wire`]) or a persistent bash
-//! ([`bash`]). [`output`] maps kernel messages to E2B's NDJSON lines. Python kernels run
+//! ([`kernel`], driven over the Jupyter messaging protocol in [`wire`]), a persistent bash
+//! ([`bash`]) or a persistent node ([`js`], running `driver.js`). [`output`] maps kernel messages to E2B's NDJSON lines. Python kernels run
 //! `startup.py` first: formatters that attach E2B's structured charts to matplotlib figures and
 //! column data to pandas DataFrames.
 
 pub mod bash;
 pub mod contexts;
 pub mod http;
+pub mod js;
 pub mod kernel;
 pub mod output;
 pub mod wire;
@@ -36,6 +37,7 @@ pub fn new_id() -> String {
 pub struct ServeConfig {
     pub addr: SocketAddr,
     pub python: PathBuf,
+    pub node: PathBuf,
     pub runtime_dir: PathBuf,
     pub default_cwd: PathBuf,
     /// Start the default Python context before serving (so the first `run_code` is fast).
@@ -53,6 +55,7 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             runtime_dir: cfg.runtime_dir.clone(),
         },
         default_cwd: cfg.default_cwd.clone(),
+        node: cfg.node.clone(),
     });
     if cfg.warm {
         let c = ctxs.clone();
