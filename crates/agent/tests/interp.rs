@@ -41,6 +41,13 @@ struct Svc {
 }
 
 async fn start() -> Option<Svc> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KILN_AGENT_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
     let py = python()?;
     let dir = tempfile::tempdir().unwrap();
     let ctxs = Contexts::new(Config {

@@ -189,6 +189,7 @@ impl Context {
     /// Run `code` with `env` set for this execution; outputs go to `out`, then the count.
     pub async fn execute(&self, code: &str, env: &Map<String, Value>, out: mpsc::Sender<Event>) {
         let mut guard = self.backend.lock().await;
+        tracing::debug!(context = %self.info.id, "execute");
         let Some(backend) = guard.as_mut() else {
             let _ = out.send(Event::Internal("context removed".into())).await;
             return;
@@ -214,6 +215,7 @@ impl Context {
             Backend::Bash(b) => b.execute(code, env, out.clone()).await,
             Backend::Js(j) => j.execute(code, env, out.clone()).await,
         };
+        tracing::debug!(context = %self.info.id, ok = res.is_ok(), closed = out.is_closed(), "executed");
         match res {
             Ok(Some(n)) => {
                 let _ = out.send(Event::Count(n)).await;

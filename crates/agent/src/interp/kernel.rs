@@ -162,7 +162,10 @@ impl Kernel {
             "execute_request",
             json!({
                 "code": code, "silent": silent, "store_history": !silent,
-                "user_expressions": {}, "allow_stdin": false, "stop_on_error": true,
+                "user_expressions": {}, "allow_stdin": false,
+                // One cell runs at a time, so there is no queue to abort after an error; with
+                // `true` ipykernel aborts requests arriving shortly after a failed cell.
+                "stop_on_error": false,
             }),
         );
         self.shell.send(self.signer.encode(&req)).await?;
@@ -195,6 +198,9 @@ impl Kernel {
                     if m.parent_id() == req.id() {
                         replied = true;
                         count = m.content["execution_count"].as_i64();
+                        if m.content["status"] == "aborted" {
+                            let _ = out.send(Event::Internal("the kernel aborted the execution".into())).await;
+                        }
                     }
                 }
                 _ = out.closed(), if !closed => {}
