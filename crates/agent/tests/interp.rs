@@ -372,6 +372,10 @@ async fn javascript_contexts() {
     .await;
     assert_eq!(stdout(&l), "hi [ 1 ]\n");
     assert_eq!(of_type(&l, "result")[0]["text"], "42");
+    // console.log's value is undefined: no result.
+    let l = exec(a, json!({"code": "console.log(1 + 1)", "language": "js"})).await;
+    assert_eq!(stdout(&l), "2\n");
+    assert!(of_type(&l, "result").is_empty(), "{l:?}");
     let l = exec(
         a,
         json!({"code": "n + Number(process.env.JS_ADD)", "language": "js", "env_vars": {"JS_ADD": "2"}}),

@@ -9,6 +9,7 @@ Every test runs twice:
 """
 
 import base64
+import json
 import os
 import re
 import socket
@@ -106,6 +107,35 @@ def sbx(request):
                                 f"reachable through kiln on port 49999: {e}")
                 time.sleep(1)
         yield s
+    finally:
+        s.kill()
+
+
+def test_service_runs_in_a_sandbox_of_the_template(server, ci_template):
+    """The template's start command serves the API inside a gVisor sandbox; driven from inside
+    through envd, so this needs no sandbox port routing."""
+    from e2b import Sandbox as BaseSandbox
+
+    s = BaseSandbox.create(template=ci_template, timeout=300, **server.opts())
+    try:
+        deadline = time.time() + 60
+        while "OK" not in s.commands.run("curl -s -m 5 localhost:49999/health || true").stdout:
+            assert time.time() < deadline, "the code interpreter did not come up in the sandbox"
+            time.sleep(0.5)
+        code = ("import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4])\nplt.title('inside')\n"
+                "plt.show()\nimport os\nos.getuid(), os.getcwd()")
+        s.files.write("/tmp/req.json", json.dumps({"code": code}))
+        out = s.commands.run("curl -sN localhost:49999/execute -d @/tmp/req.json", timeout=120).stdout
+        lines = [json.loads(l) for l in out.splitlines()]
+        results = [l for l in lines if l["type"] == "result"]
+        assert results[0]["chart"]["title"] == "inside", lines
+        assert base64.b64decode(results[0]["png"])[:4] == b"\x89PNG"
+        assert results[1]["text"] == "(1000, '/home/user')", lines
+        for lang, code, want in [("bash", "whoami", "user\n"), ("javascript", "console.log(6 * 7)", "42\n")]:
+            s.files.write("/tmp/req.json", json.dumps({"code": code, "language": lang}))
+            out = s.commands.run("curl -sN localhost:49999/execute -d @/tmp/req.json", timeout=60).stdout
+            lines = [json.loads(l) for l in out.splitlines()]
+            assert [l["text"] for l in lines if l["type"] == "stdout"] == [want], lines
     finally:
         s.kill()
 

@@ -9,13 +9,9 @@ const readline = require("readline");
 
 const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
 const fmt = (args) => util.formatWithOptions({ colors: false }, ...args) + "\n";
-const cellConsole = {
-  log: (...a) => out({ stdout: fmt(a) }),
-  info: (...a) => out({ stdout: fmt(a) }),
-  debug: (...a) => out({ stdout: fmt(a) }),
-  error: (...a) => out({ stderr: fmt(a) }),
-  warn: (...a) => out({ stderr: fmt(a) }),
-};
+const toStdout = (...a) => { out({ stdout: fmt(a) }); };
+const toStderr = (...a) => { out({ stderr: fmt(a) }); };
+const cellConsole = { log: toStdout, info: toStdout, debug: toStdout, error: toStderr, warn: toStderr };
 const sandbox = { console: cellConsole, require, process, Buffer, setTimeout, clearTimeout,
   setInterval, clearInterval, setImmediate, URL, TextEncoder, TextDecoder };
 sandbox.globalThis = sandbox;
