@@ -156,6 +156,13 @@ async fn python_state_results_errors_and_env() {
     assert_eq!(stdout(&l), "v1\n");
     let l = exec(a, json!({"code": "print(os.environ.get('KILN_T'))"})).await;
     assert_eq!(stdout(&l), "None\n");
+    // The helper names do not linger in the user's namespace.
+    let l = exec(
+        a,
+        json!({"code": "[n for n in dir() if n.startswith('_k')]"}),
+    )
+    .await;
+    assert_eq!(of_type(&l, "result")[0]["text"], "[]");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -241,7 +241,8 @@ pub fn env_code(env: &serde_json::Map<String, Value>) -> (String, String) {
     );
     let restore = "for _k, _v in _kiln_saved.items():\n    \
                    if _v is None: _kiln_os.environ.pop(_k, None)\n    \
-                   else: _kiln_os.environ[_k] = _v\n"
+                   else: _kiln_os.environ[_k] = _v\n\
+                   del _k, _v, _kiln_saved, _kiln_env, _kiln_os, _kiln_json\n"
         .to_string();
     (set, restore)
 }
