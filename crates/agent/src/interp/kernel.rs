@@ -43,8 +43,23 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Kernel {
-    /// Launch a kernel in `cwd` and wait until it answers on shell and iopub.
+    /// Launch a kernel in `cwd` and wait until it answers on shell and iopub. Retried: the
+    /// ports are picked free but another process may take one before the kernel binds it.
     pub async fn start(spec: &KernelSpec, cwd: &Path) -> anyhow::Result<Kernel> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Kernel::start_once(spec, cwd).await {
+                Ok(k) => return Ok(k),
+                Err(e) => {
+                    tracing::warn!("kernel start failed: {e:#}");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("kernel start failed")))
+    }
+
+    async fn start_once(spec: &KernelSpec, cwd: &Path) -> anyhow::Result<Kernel> {
         let key = super::new_id();
         let ports: Vec<u16> = (0..5).map(|_| free_port()).collect::<Result<_, _>>()?;
         let conn = json!({
