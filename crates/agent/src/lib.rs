@@ -10,6 +10,7 @@ pub mod bench;
 mod files;
 mod fs;
 mod fsrpc;
+pub mod interp;
 pub mod listen;
 mod metrics;
 pub mod pid1;

@@ -25,6 +25,68 @@ struct Args {
     /// Also listen on this vsock port.
     #[arg(long, value_name = "N")]
     vsock_port: Option<u32>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Serve the code interpreter API (e2b-code-interpreter's port 49999) instead of envd.
+    Interp(InterpArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct InterpArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:49999")]
+    listen: SocketAddr,
+    /// Python interpreter with ipykernel.
+    #[arg(long, default_value = "python3")]
+    python: PathBuf,
+    /// Node.js, for JavaScript contexts.
+    #[arg(long, default_value = "node")]
+    node: PathBuf,
+    /// Directory for kernel connection files and bash cells.
+    #[arg(long, default_value = "/tmp/kiln-interp")]
+    runtime_dir: PathBuf,
+    /// Working directory of contexts created without one (default: the current directory).
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+    /// Do not start the default Python context before serving.
+    #[arg(long)]
+    no_warm: bool,
+}
+
+fn interp_main(a: InterpArgs) -> i32 {
+    let cfg = kiln_agent::interp::ServeConfig {
+        addr: a.listen,
+        python: a.python,
+        node: a.node,
+        runtime_dir: a.runtime_dir,
+        default_cwd: a
+            .cwd
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(|| PathBuf::from("/")),
+        warm: !a.no_warm,
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kiln-agent interp: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match rt.block_on(kiln_agent::interp::serve(cfg)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("kiln-agent interp: {e:#}");
+            1
+        }
+    }
 }
 
 fn main() {
@@ -37,6 +99,9 @@ fn main() {
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
+    if let Some(Cmd::Interp(a)) = args.cmd {
+        std::process::exit(interp_main(a));
+    }
     let pid1 = std::process::id() == 1;
     if pid1 {
         kiln_agent::pid1::mount_basics();
