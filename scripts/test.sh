@@ -30,8 +30,9 @@ export KILN_AGENT_BIN="$STATIC_AGENT"
 # Every test below runs kiln's pinned runsc (not Debian bookworm's 2022 one).
 ensure_runsc "$KILN_BIN"
 
-say "base template"
+say "templates (cached by hash: a rebuild only when a recipe or the agent changed)"
 "$KILN_BIN" template build base
+"$KILN_BIN" template build code-interpreter-v1
 
 say "python venv for SDK tests"
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/kiln

@@ -74,8 +74,40 @@ def host_service():
 
 
 @pytest.fixture(scope="module")
-def ci_template(server):
+def net_server():
+    """A `kiln serve` with sandbox networking on (port 49999 is reached through the sandbox's
+    network slot), in its own slot range so it never meets another test server's."""
+    import shutil
+
+    from .conftest import KilnServer, cleanup_state
+
+    base = tempfile.mkdtemp(prefix="kiln-interp-srv-")
+    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": "10.236.0.0/24", "KILN_NET_POOL": "2"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        srv = KilnServer(os.path.join(base, "state"), []).start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        yield srv
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+        log = srv.log()
+        cleanup_state(srv.state_dir)
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, f"the server panicked:\n{log}"
+
+
+@pytest.fixture(scope="module")
+def ci_template(net_server):
     """Builds the template (a cache hit once built) so `kiln serve` can create sandboxes of it."""
+    server = net_server
     status, templates, _ = server.request("GET", "/templates")
     assert status == 200, templates
     if not any(t["templateID"] == TEMPLATE for t in templates):
@@ -91,7 +123,7 @@ def sbx(request):
         url = request.getfixturevalue("host_service")
         yield Sandbox.create(debug=True, sandbox_url=url)
         return
-    server = request.getfixturevalue("server")
+    server = request.getfixturevalue("net_server")
     tpl = request.getfixturevalue("ci_template")
     s = Sandbox.create(template=tpl, timeout=300, **server.opts())
     try:
@@ -111,12 +143,12 @@ def sbx(request):
         s.kill()
 
 
-def test_service_runs_in_a_sandbox_of_the_template(server, ci_template):
+def test_service_runs_in_a_sandbox_of_the_template(net_server, ci_template):
     """The template's start command serves the API inside a gVisor sandbox; driven from inside
     through envd, so this needs no sandbox port routing."""
     from e2b import Sandbox as BaseSandbox
 
-    s = BaseSandbox.create(template=ci_template, timeout=300, **server.opts())
+    s = BaseSandbox.create(template=ci_template, timeout=300, **net_server.opts())
     try:
         deadline = time.time() + 60
         while "OK" not in s.commands.run("curl -s -m 5 localhost:49999/health || true").stdout:
