@@ -43,6 +43,12 @@ impl Runsc {
             // newer runsc (`root:self`), which would hide writes from that layer.
             "--overlay2=none".to_string(),
         ];
+        if self.network {
+            // A checkpoint (pause, snapshot, fork) of a sandbox with open TCP connections
+            // disconnects them instead of failing ("endpoint cannot be saved in connected
+            // state").
+            v.push("--net-disconnect-ok".to_string());
+        }
         if self.ignore_cgroups {
             v.push("--ignore-cgroups".to_string());
         }
