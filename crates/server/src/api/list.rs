@@ -89,11 +89,17 @@ pub async fn list_v1(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Jso
     ))
 }
 
-fn encode_cursor(r: &SandboxRecord) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{}:{}", r.started_at_ms, r.id))
+/// A `nextToken`: the (time, id) of the last item of a page, in the order pages are sorted.
+pub(super) fn cursor(ms: i64, id: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{ms}:{id}"))
 }
 
-fn decode_cursor(s: &str) -> ApiResult<(i64, String)> {
+fn encode_cursor(r: &SandboxRecord) -> String {
+    cursor(r.started_at_ms, &r.id)
+}
+
+/// Parses a `nextToken` made by [`cursor`]; 400 when it is not one.
+pub(super) fn decode_cursor(s: &str) -> ApiResult<(i64, String)> {
     let bad = || ApiError::bad_request(format!("invalid nextToken {s:?}"));
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(s)

@@ -1,11 +1,11 @@
 //! `GET /snapshots` (filters `sandboxID`, `name`; `limit`/`nextToken` pagination) and
 //! `DELETE /templates/{snapshotID}`.
 
+use super::list::{cursor, decode_cursor};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::Engine;
 use serde::Deserialize;
 
 use super::wire::snapshot_json;
@@ -19,20 +19,6 @@ pub struct SnapshotQuery {
     limit: Option<String>,
     #[serde(rename = "nextToken")]
     next_token: Option<String>,
-}
-
-fn cursor(created_at_ms: i64, id: &str) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{created_at_ms}:{id}"))
-}
-
-fn decode_cursor(s: &str) -> ApiResult<(i64, String)> {
-    let bad = || ApiError::bad_request(format!("invalid nextToken {s:?}"));
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(s)
-        .map_err(|_| bad())?;
-    let raw = String::from_utf8(raw).map_err(|_| bad())?;
-    let (ms, id) = raw.split_once(':').ok_or_else(bad)?;
-    Ok((ms.parse().map_err(|_| bad())?, id.to_string()))
 }
 
 pub async fn list_snapshots(State(st): St, Query(q): Query<SnapshotQuery>) -> ApiResult<Response> {

@@ -199,16 +199,7 @@ impl Manager {
             auto_pause_memory: !p.auto_pause_filesystem_only,
         };
         self.store.insert_sandbox(&record).await?;
-        let spec = SandboxSpec {
-            id: id.clone(),
-            template_name: tpl.name.clone(),
-            rootfs: tpl.rootfs.clone(),
-            image: tpl.image.clone(),
-            env: tpl.env.clone(),
-            cpu_count: record.cpu_count,
-            memory_mb: record.memory_mb,
-            pids_limit: self.cfg.pids_limit,
-        };
+        let spec = self.spec_for(&id, &tpl);
         let restored = match self.boots.acquire().await {
             Ok(_permit) => self.restore_and_init(&snap, &spec, &record).await,
             Err(_) => Err(Error::Unavailable(
