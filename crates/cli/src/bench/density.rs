@@ -92,8 +92,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         a.template, a.count, a.step, a.concurrency
     );
     println!(
-        "  MiB and threads per sandbox: RSS and thread count of every runsc process of this \
-         bench, summed, / sandboxes; exec = `/bin/echo` through the agent ({} sandboxes per step)",
+        "  per sandbox: RSS (shared pages counted in each process), PSS (shared pages split) and \
+         threads of every runsc process of this bench, summed, / sandboxes; exec = `/bin/echo` through the agent ({} sandboxes per step)",
         a.exec_samples
     );
     let rt = tokio::runtime::Runtime::new()?;
@@ -118,10 +118,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 /// Creates the sandboxes step by step, printing a row per step.
 async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
     println!(
-        "  {:>6} {:>7} {:>9} {:>9} {:>11} {:>11} {:>10} {:>9} {:>7}",
+        "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6}",
         "count",
         "failed",
-        "MiB/sbx",
+        "refused",
+        "RSS/sbx",
+        "PSS/sbx",
         "thr/sbx",
         "create p50",
         "create p99",
@@ -148,10 +150,13 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
         let c = percentiles(&times);
         let first = *first_exec.get_or_insert(exec.p50_ms);
         println!(
-            "  {:>6} {:>7} {:>9.1} {:>9.1} {:>8.0} ms {:>8.0} ms {:>7.1} ms {:>8.2}x {:>7.1}",
+            "  {:>6} {:>6} {:>7} {:>4.1} MiB {:>4.1} MiB {:>8.1} {:>8.0} ms {:>8.0} ms {:>7.1} ms \
+             {:>8.2}x {:>6.1}",
             live,
-            failures.len(),
+            failures.iter().filter(|f| !f.refused).count(),
+            failures.iter().filter(|f| f.refused).count(),
             usage.rss_kib as f64 / 1024.0 / live.max(1) as f64,
+            usage.pss_kib as f64 / 1024.0 / live.max(1) as f64,
             usage.threads as f64 / live.max(1) as f64,
             c.p50_ms,
             c.p99_ms,
@@ -334,6 +339,8 @@ async fn restart_and_kill(
 struct Usage {
     processes: usize,
     rss_kib: u64,
+    /// Proportional set size: shared pages split between the processes that map them.
+    pss_kib: u64,
     threads: u64,
 }
 
@@ -368,21 +375,22 @@ fn runsc_usage(root: &Path) -> Usage {
             continue;
         };
         u.processes += 1;
-        for line in status.lines() {
-            let num = |l: &str| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            if line.starts_with("VmRSS:") {
-                u.rss_kib += num(line);
-            } else if line.starts_with("Threads:") {
-                u.threads += num(line);
-            }
+        if let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+            u.pss_kib += proc_field(&rollup, "Pss:");
         }
+        u.rss_kib += proc_field(&status, "VmRSS:");
+        u.threads += proc_field(&status, "Threads:");
     }
     u
+}
+
+/// The number after `key` on its line of a /proc status-like file (0 when absent).
+fn proc_field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Share of CPU time the host spent idle over `window` (from /proc/stat).
