@@ -153,15 +153,19 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {
         let server = Server::prepare(cfg.clone(), templates).await?;
-        let r = &server.recovery;
-        if !(r.adopted.is_empty() && r.cleaned.is_empty() && r.orphans_removed.is_empty()) {
-            println!(
-                "kiln: recovered from the previous run: {} sandbox(es) still running, {} gone and cleaned up, {} leftover(s) removed",
-                r.adopted.len(),
-                r.cleaned.len(),
-                r.orphans_removed.len()
-            );
-        }
+        let recovery = server.recovery.clone();
+        tokio::spawn(async move {
+            match recovery.done().await {
+                Ok(r) if !(r.adopted.is_empty() && r.cleaned.is_empty() && r.orphans_removed.is_empty()) => println!(
+                    "kiln: recovered from the previous run: {} sandbox(es) still running, {} gone and cleaned up, {} leftover(s) removed",
+                    r.adopted.len(),
+                    r.cleaned.len(),
+                    r.orphans_removed.len()
+                ),
+                Ok(_) => {}
+                Err(e) => eprintln!("kiln: recovering sandboxes from the previous run: {e}"),
+            }
+        });
         println!("kiln: listening on http://{}", server.local_addr);
         println!("kiln: state in {}", cfg.state_dir.display());
         if let Some(k) = &server.first_key {

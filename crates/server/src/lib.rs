@@ -76,19 +76,39 @@ fn prepare_state_dir(dir: &std::path::Path) -> Result<(), ServerError> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
-/// A server ready to serve: listener bound, state recovered.
+/// Recovery of the previous run's sandboxes, running in the background.
+#[derive(Clone)]
+pub struct Recovery(tokio::sync::watch::Receiver<Option<Result<manager::RecoveryReport, String>>>);
+
+impl Recovery {
+    /// Waits until recovery is over: what it did, or why it failed.
+    pub async fn done(&self) -> Result<manager::RecoveryReport, String> {
+        let mut rx = self.0.clone();
+        let r = rx.wait_for(|v| v.is_some()).await;
+        match r {
+            Ok(v) => v
+                .clone()
+                .unwrap_or_else(|| Err("recovery did not finish".into())),
+            Err(_) => Err("recovery was abandoned".into()),
+        }
+    }
+}
+
+/// A server ready to serve: listener bound, recovery of the previous run's sandboxes under way
+/// in the background (requests for a sandbox not yet recovered wait for it).
 pub struct Server {
     pub manager: Arc<Manager>,
     pub listener: tokio::net::TcpListener,
     pub local_addr: SocketAddr,
     /// Set on first start only: the generated API key (shown once).
     pub first_key: Option<auth::NewKey>,
-    pub recovery: manager::RecoveryReport,
+    pub recovery: Recovery,
     domain: String,
 }
 
 impl Server {
-    /// Opens the state, recovers sandboxes from a previous run, binds the listener.
+    /// Opens the state, binds the listener, and starts recovering sandboxes from a previous
+    /// run in the background (so it listens at once, whatever their number).
     pub async fn prepare(
         cfg: ServerConfig,
         templates: Arc<dyn templates::Templates>,
@@ -104,7 +124,6 @@ impl Server {
                 ServerError::Driver(driver::DriverError::Other(format!("driver setup: {e}")))
             })??;
         let manager = Manager::new(cfg.lifecycle.clone(), store, driver, templates);
-        let recovery = manager.recover().await.map_err(ServerError::Recover)?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {
@@ -117,12 +136,25 @@ impl Server {
                 addr: cfg.listen,
                 source,
             })?;
+        let pending = manager
+            .begin_recovery()
+            .await
+            .map_err(ServerError::Recover)?;
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let m = manager.clone();
+        tokio::spawn(async move {
+            let r = m.finish_recovery(pending).await.map_err(|e| e.to_string());
+            if let Err(e) = &r {
+                tracing::error!(error = %e, "recovering sandboxes from the previous run");
+            }
+            let _ = tx.send(Some(r));
+        });
         Ok(Self {
             manager,
+            recovery: Recovery(rx),
             listener,
             local_addr,
             first_key,
-            recovery,
             domain: cfg.domain,
         })
     }
@@ -130,7 +162,15 @@ impl Server {
     /// Serves until the process ends (sandboxes keep running across restarts by design).
     pub async fn serve(self) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
-        let _pools = self.manager.spawn_pools();
+        // Pools start once recovery is over (until then, their sandboxes would look like
+        // leftovers of the previous run).
+        let (m, recovery) = (self.manager.clone(), self.recovery.clone());
+        let _pools = tokio::spawn(async move {
+            let _ = recovery.done().await;
+            if let Some(h) = m.spawn_pools() {
+                let _ = h.await;
+            }
+        });
         let state = Arc::new(api::AppState {
             manager: self.manager.clone(),
             cfg: api::ApiConfig {

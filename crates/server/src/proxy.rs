@@ -86,6 +86,7 @@ fn has_signature(uri: &http::Uri) -> bool {
 /// Forwards `req` to `target`.
 pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) -> Response {
     let id = target.sandbox_id.as_str();
+    manager.wait_adopted(id).await;
     let Some(route) = manager.route_resuming(id).await else {
         if manager.get(id).is_ok() {
             return proxy_error(

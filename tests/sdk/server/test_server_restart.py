@@ -45,6 +45,10 @@ def test_kill9_restart_adopts_running_and_cleans_dead(state_dir, server):
         second.start()
         try:
             assert "first API key" not in second.log().split("listening on")[-1]
+            # Recovery runs in the background once the server listens; its summary follows.
+            deadline = time.time() + 30
+            while "recovered from the previous run" not in second.log() and time.time() < deadline:
+                time.sleep(0.05)
             assert "1 sandbox(es) still running, 1 gone and cleaned up" in second.log()
             again = Sandbox.connect(keep.sandbox_id, **second.opts())
             assert again.files.read("/home/user/survives") == "still here"

@@ -3,6 +3,7 @@
 
 mod agent;
 mod create;
+mod density;
 mod lifecycle;
 mod net;
 mod vmm;
@@ -13,6 +14,9 @@ pub enum Cmd {
     Agent(agent::Args),
     /// Sandbox create → first `echo` output, sequential and concurrent, vs raw `runsc run`.
     Create(create::Args),
+    /// Idle sandboxes per host in steps: MiB and threads per sandbox, create and exec latency,
+    /// CPU idle; then restart time and kill throughput.
+    Density(density::Args),
     /// Pause, resume, fork and create-from-pool vs raw `runsc checkpoint`/`restore`.
     Lifecycle(lifecycle::Args),
     /// Sandbox networking: create p50 with vs without, proxied vs direct HTTP to a sandbox port.
@@ -25,6 +29,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Create(a) => create::run(a),
+        Cmd::Density(a) => density::run(a),
         Cmd::Lifecycle(a) => lifecycle::run(a),
         Cmd::Net(a) => net::run(a),
         Cmd::Vmm(a) => vmm::run(a),

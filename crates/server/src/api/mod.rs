@@ -159,6 +159,20 @@ async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Respo
     }
 }
 
+/// After a restart, a request naming a sandbox recovery has not reached yet waits for it
+/// (bounded) instead of answering 404.
+async fn await_recovery(State(st): St, req: Request, next: Next) -> Response {
+    if st.manager.recovering() > 0 {
+        let mut seg = req.uri().path().split('/');
+        if seg.any(|s| s == "sandboxes") {
+            if let Some(id) = seg.next().filter(|s| !s.is_empty()) {
+                st.manager.wait_adopted(id).await;
+            }
+        }
+    }
+    next.run(req).await
+}
+
 /// The whole HTTP service: envd proxy in front, then auth, then the API routes.
 pub fn router(state: Arc<AppState>) -> Router {
     use sandboxes as s;
@@ -190,6 +204,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .fallback(any(fallback))
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            await_recovery,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,

@@ -46,7 +46,7 @@ impl Manager {
         let ticket = Ticket(&self.in_flight);
         let adm = &self.cfg.admission;
         if let Some(max) = adm.max_sandboxes {
-            let live = self.registry.len();
+            let live = self.registry.len() + self.registry.pending_len();
             if live + pending >= max {
                 return Err(Error::Capacity {
                     limit: format!(

@@ -40,7 +40,7 @@ pub use admission::AdmissionConfig;
 pub use fork::MAX_FORK;
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use pool::parse_pool;
-pub use recovery::RecoveryReport;
+pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use start_cmd::START_CMD_EVENT;
 

@@ -1,10 +1,11 @@
 //! The manager's in-memory view of running sandboxes: a cache of the store's running rows
 //! (filled by create and by recovery), consulted on every proxied request, plus per-sandbox
-//! CPU samples for `cpuUsedPct`.
+//! CPU samples for `cpuUsedPct`. While recovery runs in the background after a restart, the
+//! ids it has yet to look at are *pending*: requests for them wait until they are settled.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::store::SandboxRecord;
 
@@ -16,11 +17,51 @@ struct Entry {
 #[derive(Default)]
 pub(super) struct Registry {
     map: Mutex<HashMap<String, Entry>>,
+    /// Ids recovery has not settled yet (adopted or cleaned up).
+    pending: Mutex<HashSet<String>>,
+    settled: tokio::sync::Notify,
 }
 
 impl Registry {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks `ids` as not yet settled by recovery.
+    pub fn mark_pending(&self, ids: impl IntoIterator<Item = String>) {
+        self.pending().extend(ids);
+    }
+
+    /// Recovery is done with `id` (adopted, or cleaned up): waiters wake.
+    pub fn settle(&self, id: &str) {
+        self.pending().remove(id);
+        self.settled.notify_waiters();
+    }
+
+    /// Number of ids recovery has not settled yet.
+    pub fn pending_len(&self) -> usize {
+        self.pending().len()
+    }
+
+    /// Waits (at most `limit`) until recovery has settled `id`; false on timeout.
+    pub async fn wait_settled(&self, id: &str, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a settle in between is not missed.
+            notified.as_mut().enable();
+            if !self.pending().contains(id) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
     }
 
     pub fn insert(&self, record: SandboxRecord) {

@@ -1,0 +1,416 @@
+//! `kiln bench density`: how many idle sandboxes one host holds, and what each costs. Creates
+//! idle sandboxes in steps (through the same Server/Manager `kiln serve` runs, admission control
+//! included) and prints per step the runsc processes' RSS and host threads per sandbox (from
+//! /proc), create p50/p99, exec round-trip p50 (against the first step's) and host CPU idle;
+//! then the restart time with every sandbox alive and the kill throughput.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
+use kiln_server::manager::{AdmissionConfig, CreateParams};
+use kiln_server::{DriverConfig, DriverKind, LifecycleConfig, Manager, Server, ServerConfig};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Template the sandboxes start from.
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// Sandboxes to reach (the bench stops earlier when admission control refuses).
+    #[arg(long, default_value_t = 1000)]
+    count: usize,
+    /// Sandboxes added per step.
+    #[arg(long, default_value_t = 100)]
+    step: usize,
+    /// Creates in flight at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Sandboxes killed at once at the end.
+    #[arg(long, default_value_t = 8)]
+    kill_concurrency: usize,
+    /// Exec round trips measured per step (spread over the sandboxes).
+    #[arg(long, default_value_t = 20)]
+    exec_samples: usize,
+    /// gVisor platform (default: the fastest that works, as `kiln serve`).
+    #[arg(long, env = "KILN_PLATFORM")]
+    platform: Option<String>,
+    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
+    runsc: Option<PathBuf>,
+    /// Directory for the bench's temporary state (default: the kiln state dir).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let store = kiln_template::Store::open_default().context("opening the template store")?;
+    let templates: Arc<dyn kiln_server::templates::Templates> = Arc::new(store);
+    let runsc = kiln_host::runsc::resolve(a.runsc.as_deref())?;
+    let platform = match a.platform.clone() {
+        Some(p) => p,
+        None => kiln_host::runsc::platform::pick(
+            &runsc.path,
+            kiln_host::runsc::platform::kvm_at_hardware_speed(),
+        )
+        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
+    };
+    let base = a
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    // Short names: agent socket paths under the work dir must fit in 108 bytes.
+    let work = tempfile::Builder::new()
+        .prefix("d")
+        .rand_bytes(4)
+        .tempdir_in(&base)?;
+    let mut driver = DriverConfig {
+        kind: DriverKind::Gvisor,
+        ..DriverConfig::default()
+    };
+    driver.gvisor.runsc = Some(runsc.path.clone());
+    driver.gvisor.platform = Some(platform.clone());
+    let cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse()?,
+        domain: kiln_server::DEFAULT_DOMAIN.into(),
+        state_dir: work.path().to_path_buf(),
+        driver,
+        lifecycle: LifecycleConfig {
+            admission: AdmissionConfig {
+                state_dir: Some(work.path().to_path_buf()),
+                ..Default::default()
+            },
+            ..LifecycleConfig::default()
+        },
+    };
+    println!(
+        "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \
+         in steps of {}, {} creates at once):",
+        a.template, a.count, a.step, a.concurrency
+    );
+    println!(
+        "  per sandbox: RSS (shared pages counted in each process), PSS (shared pages split) and \
+         threads of every runsc process of this bench, summed, / sandboxes; exec = `/bin/echo` through the agent ({} sandboxes per step)",
+        a.exec_samples
+    );
+    let rt = tokio::runtime::Runtime::new()?;
+    let root = work.path().to_path_buf();
+    let code = rt.block_on(async move {
+        let server = Server::prepare(cfg.clone(), templates.clone()).await?;
+        let m = server.manager.clone();
+        let r = steps(&a, &m, &root).await;
+        drop(server);
+        let r = match r {
+            Ok(()) => restart_and_kill(&a, m, cfg, templates, &root).await,
+            Err(e) => {
+                m.kill_all("bench density failed").await;
+                Err(e)
+            }
+        };
+        r.map(|()| 0)
+    })?;
+    Ok(code)
+}
+
+/// Creates the sandboxes step by step, printing a row per step.
+async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
+    println!(
+        "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6}",
+        "count",
+        "failed",
+        "refused",
+        "RSS/sbx",
+        "PSS/sbx",
+        "thr/sbx",
+        "create p50",
+        "create p99",
+        "exec p50",
+        "vs first",
+        "idle%"
+    );
+    let mut first_exec: Option<f64> = None;
+    let (mut failed_total, mut refused_total) = (0, 0);
+    while m.list().len() < a.count {
+        let want = (m.list().len() + a.step).min(a.count) - m.list().len();
+        let (times, failures) = create_many(m, &a.template, want, a.concurrency).await;
+        refused_total += failures.iter().filter(|f| f.refused).count();
+        failed_total += failures.iter().filter(|f| !f.refused).count();
+        for f in failures.iter().take(3) {
+            eprintln!("  create failed: {}", f.message);
+        }
+        // Let the new sandboxes settle to idle before measuring.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let live = m.list().len();
+        let usage = runsc_usage(root);
+        let exec = exec_round_trips(m, a.exec_samples).await?;
+        let idle = cpu_idle_pct(Duration::from_secs(2)).await;
+        let c = percentiles(&times);
+        let first = *first_exec.get_or_insert(exec.p50_ms);
+        println!(
+            "  {:>6} {:>6} {:>7} {:>4.1} MiB {:>4.1} MiB {:>8.1} {:>8.0} ms {:>8.0} ms {:>7.1} ms \
+             {:>8.2}x {:>6.1}",
+            live,
+            failures.iter().filter(|f| !f.refused).count(),
+            failures.iter().filter(|f| f.refused).count(),
+            usage.rss_kib as f64 / 1024.0 / live.max(1) as f64,
+            usage.pss_kib as f64 / 1024.0 / live.max(1) as f64,
+            usage.threads as f64 / live.max(1) as f64,
+            c.p50_ms,
+            c.p99_ms,
+            exec.p50_ms,
+            exec.p50_ms / first,
+            idle
+        );
+        if failures.len() == want {
+            println!("  stopping: no create of this step succeeded");
+            break;
+        }
+        if failures.iter().any(|f| f.refused) {
+            println!("  stopping: admission control refused creates (host capacity reached)");
+            break;
+        }
+    }
+    println!(
+        "  {} idle sandboxes, {failed_total} failed create(s), {refused_total} refused by \
+         admission control",
+        m.list().len()
+    );
+    Ok(())
+}
+
+/// A create that did not succeed.
+struct Failure {
+    /// Refused up front by admission control (capacity or the sandbox limit).
+    refused: bool,
+    message: String,
+}
+
+/// `n` creates, `concurrency` at a time: the durations of those that succeeded, and the
+/// errors of the others.
+async fn create_many(
+    m: &Arc<Manager>,
+    template: &str,
+    n: usize,
+    concurrency: usize,
+) -> (Vec<Duration>, Vec<Failure>) {
+    let next = Arc::new(AtomicUsize::new(0));
+    let out = Arc::new(Mutex::new((Vec::new(), Vec::new())));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let (m, next, out, template) = (m.clone(), next.clone(), out.clone(), template.to_string());
+        workers.spawn(async move {
+            while next.fetch_add(1, Ordering::SeqCst) < n {
+                let t = Instant::now();
+                let r = m
+                    .create(CreateParams {
+                        template_id: template.clone(),
+                        timeout_secs: Some(3600),
+                        secure: true,
+                        ..Default::default()
+                    })
+                    .await;
+                let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
+                match r {
+                    Ok(_) => o.0.push(t.elapsed()),
+                    Err(e) => o.1.push(Failure {
+                        refused: matches!(e, kiln_server::Error::Capacity { .. }),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        });
+    }
+    while workers.join_next().await.is_some() {}
+    let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
+    (std::mem::take(&mut o.0), std::mem::take(&mut o.1))
+}
+
+/// Sequential `/bin/echo` round trips through the agents of up to `samples` sandboxes spread
+/// over the running ones.
+async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Result<Percentiles> {
+    use kiln_proto::process as pb;
+    let all = m.list();
+    let every = (all.len() / samples.max(1)).max(1);
+    let mut times = Vec::new();
+    for rec in all.iter().step_by(every).take(samples) {
+        let agent = m.agent(&rec.id, rec.envd_token.clone());
+        let req = pb::StartRequest {
+            process: Some(pb::ProcessConfig {
+                cmd: "/bin/echo".into(),
+                args: vec!["kiln-density".into()],
+                envs: Default::default(),
+                cwd: None,
+            }),
+            pty: None,
+            tag: None,
+            stdin: Some(false),
+        };
+        let t = Instant::now();
+        let mut stream = agent
+            .start(&req, None)
+            .await
+            .with_context(|| format!("exec in {}", rec.id))?;
+        let mut out = Vec::new();
+        loop {
+            match stream.next_event().await? {
+                Some(kiln_envd::ProcessEvent::Stdout(b)) => out.extend(b),
+                Some(kiln_envd::ProcessEvent::Exited { .. }) => break,
+                Some(_) => {}
+                None => anyhow::bail!("exec in {}: no end event", rec.id),
+            }
+        }
+        times.push(t.elapsed());
+        anyhow::ensure!(
+            out == b"kiln-density\n",
+            "exec in {}: unexpected output {:?}",
+            rec.id,
+            String::from_utf8_lossy(&out)
+        );
+    }
+    Ok(percentiles(&times))
+}
+
+/// Restarts the server with every sandbox alive (listen time, time until all are adopted),
+/// then kills them all, `kill_concurrency` at a time.
+async fn restart_and_kill(
+    a: &Args,
+    old: Arc<Manager>,
+    cfg: ServerConfig,
+    templates: Arc<dyn kiln_server::templates::Templates>,
+    root: &Path,
+) -> anyhow::Result<()> {
+    let live = old.list().len();
+    drop(old);
+    let t = Instant::now();
+    let server = Server::prepare(cfg, templates).await?;
+    let listening = t.elapsed();
+    let report = server.recovery.done().await.map_err(anyhow::Error::msg)?;
+    let adopted = t.elapsed();
+    println!(
+        "  restart with {live} live sandboxes: listening after {:.0} ms, {} adopted after {:.1} s \
+         ({} cleaned up)",
+        listening.as_secs_f64() * 1000.0,
+        report.adopted.len(),
+        adopted.as_secs_f64(),
+        report.cleaned.len()
+    );
+    let m = server.manager.clone();
+    let exec = exec_round_trips(&m, a.exec_samples).await?;
+    println!("  exec p50 after the restart: {:.1} ms", exec.p50_ms);
+    let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
+    let n = ids.len();
+    let queue = Arc::new(Mutex::new(ids));
+    let t = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..a.kill_concurrency.max(1) {
+        let (m, queue) = (m.clone(), queue.clone());
+        workers.spawn(async move {
+            loop {
+                let id = queue.lock().unwrap_or_else(|p| p.into_inner()).pop();
+                let Some(id) = id else { break };
+                if let Err(e) = m.kill(&id, "bench density done").await {
+                    eprintln!("  kill {id}: {e}");
+                }
+            }
+        });
+    }
+    while workers.join_next().await.is_some() {}
+    let took = t.elapsed();
+    println!(
+        "  kill: {n} adopted sandboxes in {:.1} s ({} at once) = {:.1} kills/s",
+        took.as_secs_f64(),
+        a.kill_concurrency,
+        n as f64 / took.as_secs_f64().max(1e-9)
+    );
+    let left = runsc_usage(root);
+    anyhow::ensure!(
+        left.processes == 0,
+        "{} runsc processes left after killing every sandbox",
+        left.processes
+    );
+    Ok(())
+}
+
+/// Summed over the runsc processes whose command line names `root` (this bench's own).
+#[derive(Debug, Default)]
+struct Usage {
+    processes: usize,
+    rss_kib: u64,
+    /// Proportional set size: shared pages split between the processes that map them.
+    pss_kib: u64,
+    threads: u64,
+}
+
+fn runsc_usage(root: &Path) -> Usage {
+    let needle = root.to_string_lossy().into_owned();
+    let mut u = Usage::default();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return u;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let mut args = cmdline.split(|&b| b == 0);
+        let argv0 = String::from_utf8_lossy(args.next().unwrap_or_default());
+        let is_runsc = argv0
+            .rsplit('/')
+            .next()
+            .is_some_and(|b| b.starts_with("runsc"));
+        let ours = String::from_utf8_lossy(&cmdline).contains(&needle);
+        if !(is_runsc && ours) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        u.processes += 1;
+        if let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+            u.pss_kib += proc_field(&rollup, "Pss:");
+        }
+        u.rss_kib += proc_field(&status, "VmRSS:");
+        u.threads += proc_field(&status, "Threads:");
+    }
+    u
+}
+
+/// The number after `key` on its line of a /proc status-like file (0 when absent).
+fn proc_field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Share of CPU time the host spent idle over `window` (from /proc/stat).
+async fn cpu_idle_pct(window: Duration) -> f64 {
+    fn sample() -> Option<(u64, u64)> {
+        let s = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = s.lines().next()?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal
+        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+        Some((idle, v.iter().take(8).sum()))
+    }
+    let a = sample();
+    tokio::time::sleep(window).await;
+    match (a, sample()) {
+        (Some((i0, t0)), Some((i1, t1))) if t1 > t0 => (i1 - i0) as f64 / (t1 - t0) as f64 * 100.0,
+        _ => f64::NAN,
+    }
+}
