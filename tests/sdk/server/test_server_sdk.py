@@ -126,6 +126,13 @@ def test_list_with_metadata_filter_info_timeout_connect_kill(server):
         assert [s.sandbox_id for s in found] == [b.sandbox_id]
         both = Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items()
         assert sorted(s.sandbox_id for s in both) == sorted([a.sandbox_id, b.sandbox_id])
+        # startedAfter: at or after the given time (the SDK sends an aware isoformat()).
+        b_started = b.get_info().started_at
+        later = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, started_after=b_started)).next_items()
+        assert [s.sandbox_id for s in later] == [b.sandbox_id]
+        a_started = a.get_info().started_at
+        since_a = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, started_after=a_started)).next_items()
+        assert sorted(s.sandbox_id for s in since_a) == sorted([a.sandbox_id, b.sandbox_id])
 
         info = a.get_info()
         assert info.sandbox_id == a.sandbox_id

@@ -23,6 +23,8 @@ pub struct ListQuery {
     limit: Option<String>,
     order: Option<String>,
     template: Option<String>,
+    #[serde(rename = "startedAfter")]
+    started_after: Option<String>,
 }
 
 fn percent_decode(s: &str) -> ApiResult<String> {
@@ -98,6 +100,24 @@ fn encode_cursor(r: &SandboxRecord) -> String {
     cursor(r.started_at_ms, &r.id)
 }
 
+/// Parses `startedAfter` (sandboxes started at or after it; RFC 3339, as the SDK sends `datetime.isoformat()`; a time without
+/// an offset is UTC) into Unix milliseconds.
+pub(super) fn parse_started_after(s: &str) -> ApiResult<i64> {
+    // A raw `+` of an offset arrives as a space when the client did not percent-encode it.
+    let s = s.trim().replace(' ', "+");
+    let s = s.as_str();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp_millis());
+    }
+    chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
+        .map(|t| t.and_utc().timestamp_millis())
+        .map_err(|_| {
+            ApiError::bad_request(format!(
+                "startedAfter {s:?} is not a date-time: use RFC 3339, e.g. 2026-01-31T12:00:00Z"
+            ))
+        })
+}
+
 /// Parses a `nextToken` made by [`cursor`]; 400 when it is not one.
 pub(super) fn decode_cursor(s: &str) -> ApiResult<(i64, String)> {
     let bad = || ApiError::bad_request(format!("invalid nextToken {s:?}"));
@@ -147,6 +167,12 @@ pub async fn list_v2(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Res
             )))
         }
     };
+    let started_after = q
+        .started_after
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+        .map(parse_started_after)
+        .transpose()?;
     let cursor = q
         .next_token
         .as_deref()
@@ -160,6 +186,7 @@ pub async fn list_v2(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Res
         .filter(|r| states.is_empty() || states.contains(&r.state))
         .filter(|r| matches_metadata(r, &filter))
         .filter(|r| q.template.as_deref().is_none_or(|t| r.template_id == t))
+        .filter(|r| started_after.is_none_or(|ms| r.started_at_ms >= ms))
         .collect();
     if desc {
         all.reverse();
@@ -186,4 +213,24 @@ pub async fn list_v2(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Res
         }
     }
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_started_after;
+
+    #[test]
+    fn started_after_accepts_what_the_sdk_sends() {
+        let utc = parse_started_after("2026-11-30T12:00:00.250000+00:00").unwrap();
+        assert_eq!(utc, 1_796_040_000_250);
+        assert_eq!(parse_started_after("2026-11-30T12:00:00.25Z").unwrap(), utc);
+        // An unencoded `+` arrives as a space.
+        assert_eq!(
+            parse_started_after("2026-11-30T13:00:00.25 01:00").unwrap(),
+            utc
+        );
+        assert_eq!(parse_started_after("2026-11-30T12:00:00.25").unwrap(), utc);
+        let e = parse_started_after("yesterday").unwrap_err();
+        assert!(format!("{e:?}").contains("RFC 3339"), "{e:?}");
+    }
 }

@@ -184,13 +184,20 @@ async fn collect_logs(
 struct PauseBody {
     /// false: keep the filesystem only (default: memory and processes too).
     memory: Option<bool>,
+    /// true: refuse (409) unless the sandbox's agent answers its health check.
+    require_healthy_guest: Option<bool>,
 }
 
-/// `POST /sandboxes/{id}/pause`: 204, 409 when already paused.
+/// `POST /sandboxes/{id}/pause`: 204, 409 when already paused (or, with
+/// `requireHealthyGuest`, when its guest does not answer).
 pub async fn pause(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
     let b: PauseBody = parse_json(&body, true)?.unwrap_or_default();
     let manager = st.manager.clone();
-    tokio::spawn(async move { manager.pause(&id, b.memory.unwrap_or(true)).await })
+    let (memory, healthy) = (
+        b.memory.unwrap_or(true),
+        b.require_healthy_guest.unwrap_or(false),
+    );
+    tokio::spawn(async move { manager.pause_checked(&id, memory, healthy).await })
         .await
         .map_err(|e| ApiError::internal(format!("pause task: {e}")))??;
     Ok(StatusCode::NO_CONTENT)

@@ -30,7 +30,7 @@ impl Manager {
         let timeout =
             self.check_timeout(timeout_secs.unwrap_or(self.cfg.default_timeout_secs as i64))?;
         let t = Instant::now();
-        let (snap, parent, ready) = {
+        let (snap, parent) = {
             let _guard = self.lifecycle_lock.lock().await;
             let parent = self.get(id)?;
             if parent.state != SandboxState::Running {
@@ -52,11 +52,15 @@ impl Manager {
                 created_at_ms: now_ms(),
                 size_bytes: 0,
             };
-            let ready = self
-                .agent(id, parent.envd_token.clone())
+            (snap, parent)
+        };
+        // The parent continues (the driver may restore it in the background) while the
+        // children are restored.
+        let token = parent.envd_token.clone();
+        let ready = async move {
+            self.agent(id, token)
                 .wait_ready(self.cfg.agent_ready_timeout)
-                .await;
-            (snap, parent, ready)
+                .await
         };
         let children = (0..count).map(|_| {
             let p = CreateParams {
@@ -79,7 +83,7 @@ impl Manager {
             }
         });
         // Restored side by side (the boot semaphore bounds how many at once).
-        let out = futures::future::join_all(children).await;
+        let (ready, out) = futures::future::join(ready, futures::future::join_all(children)).await;
         if let Err(e) = self
             .driver
             .delete_snapshot(&SnapshotRef(snap.id.clone()))

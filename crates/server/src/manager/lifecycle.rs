@@ -17,12 +17,33 @@ impl Manager {
     /// `POST /sandboxes/{id}/pause`: with `memory`, processes and memory are kept (resuming
     /// continues them); without, only the filesystem (resuming boots again on it).
     pub async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        self.pause_checked(id, memory, false).await
+    }
+
+    /// [`Manager::pause`]; with `require_healthy_guest` (E2B's `requireHealthyGuest`) the
+    /// sandbox's agent must answer its health check first, else 409 and nothing is saved.
+    pub async fn pause_checked(
+        &self,
+        id: &str,
+        memory: bool,
+        require_healthy_guest: bool,
+    ) -> Result<()> {
         let _guard = self.lifecycle_lock.lock().await;
         let rec = self.get(id)?;
         if rec.state == SandboxState::Paused {
             return Err(Error::Conflict(format!(
                 "sandbox \"{id}\" is already paused"
             )));
+        }
+        if require_healthy_guest {
+            let health = self.agent(id, rec.envd_token.clone()).health().await;
+            if let Err(e) = health {
+                tracing::info!(sandbox = id, error = %e, "pause refused: guest not healthy");
+                return Err(Error::Conflict(format!(
+                    "sandbox \"{id}\" was not paused: its guest did not answer its health \
+                     check (requireHealthyGuest); retry, or pause without requireHealthyGuest"
+                )));
+            }
         }
         let mode = if memory {
             PauseMode::Full

@@ -8,6 +8,8 @@
 //!
 //! Per sandbox, next to the layer and bundle (see the module docs of [`super`]):
 //! - `checkpoint/`: runsc's image of memory and processes (full pauses only);
+//! - `halting`: present until the paused sandbox's container is deleted (in the background,
+//!   after the pause returned);
 //! - `paused.json`: written last, atomically, once the pause is complete; it says whether the
 //!   memory was kept and which template rootfs the layer stacks on (to mount it again after a
 //!   host reboot). A sandbox without it is not paused, whatever else is on disk.
@@ -20,6 +22,9 @@ use serde::{Deserialize, Serialize};
 use super::mounts::{is_mounted, mount_overlay_stack};
 use super::{check_id, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result};
+
+/// Present while the container of a paused sandbox is still being deleted.
+const HALTING: &str = "halting";
 
 /// How long the agent may take to let go of its sockets.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -101,14 +106,14 @@ impl GvisorDriver {
 
     pub(super) async fn pause_sandbox(&self, id: &str, memory: bool) -> Result<()> {
         check_id(id)?;
+        self.settling.settle(id).await;
         if self.read_paused(id).is_some() {
             return Err(DriverError::Other(format!(
                 "sandbox {id} is already paused"
             )));
         }
-        if self.runsc.status(id).await.as_deref() != Some("running") {
-            return Err(DriverError::NotFound(id.to_string()));
-        }
+        // (No `runsc state` here: the manager knows the sandbox runs, and detaching the agent
+        // of a sandbox that does not fails anyway.)
         let lower = self.lower_of(id)?;
         let image = self.image_dir(id);
         let _ = std::fs::remove_dir_all(&image);
@@ -128,23 +133,41 @@ impl GvisorDriver {
             tracing::warn!(sandbox = id, error = %e, "checkpoint before a filesystem pause");
         }
         let t_checkpoint = t.elapsed();
-        self.halt(id).await?;
-        tracing::debug!(
-            sandbox = id,
-            "pause: detach {:?}, checkpoint {:?}, halt {:?}",
-            t_detach,
-            t_checkpoint - t_detach,
-            t.elapsed() - t_checkpoint
-        );
         if !memory {
             let _ = std::fs::remove_dir_all(&image);
         }
+        // The container is deleted in the background (its processes are exiting on their own
+        // after the checkpoint); `halting` says so until it is done, so that a resume after a
+        // server crash in between deletes it first.
+        let halting = self.halting_marker(id);
+        std::fs::write(&halting, b"").map_err(io_err(format!("writing {}", halting.display())))?;
         let record = serde_json::to_vec(&Paused { memory, lower })
             .map_err(|e| DriverError::Other(format!("encoding paused.json: {e}")))?;
         let tmp = self.sandbox_dir(id).join("paused.json.tmp");
         std::fs::write(&tmp, record).map_err(io_err(format!("writing {}", tmp.display())))?;
         std::fs::rename(&tmp, self.paused_file(id))
-            .map_err(io_err(format!("renaming {}", tmp.display())))
+            .map_err(io_err(format!("renaming {}", tmp.display())))?;
+        let (runsc, dir, sid) = (self.runsc.clone(), self.sandbox_dir(id), id.to_string());
+        self.settling.spawn(id, async move {
+            match super::halt_container(&runsc, &sid, &dir).await {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(dir.join(HALTING));
+                }
+                Err(e) => tracing::warn!(sandbox = sid, error = %e, "deleting a paused container"),
+            }
+        });
+        tracing::debug!(
+            sandbox = id,
+            "pause: detach {:?}, checkpoint {:?}, recorded {:?}",
+            t_detach,
+            t_checkpoint - t_detach,
+            t.elapsed() - t_checkpoint
+        );
+        Ok(())
+    }
+
+    fn halting_marker(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id).join(HALTING)
     }
 
     pub(super) async fn resume_sandbox(&self, id: &str, memory: bool) -> Result<bool> {
@@ -153,6 +176,12 @@ impl GvisorDriver {
             return Err(DriverError::NotFound(id.to_string()));
         };
         let dir = self.sandbox_dir(id);
+        // The pause's container must be gone before one with the same id starts.
+        self.settling.settle(id).await;
+        if self.halting_marker(id).exists() {
+            self.halt(id).await?;
+            let _ = std::fs::remove_file(self.halting_marker(id));
+        }
         let rootfs = dir.join("rootfs");
         if !is_mounted(&rootfs) {
             // The host rebooted while the sandbox was paused.

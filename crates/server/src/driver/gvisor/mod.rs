@@ -31,6 +31,7 @@ pub mod network;
 mod oci;
 mod reap;
 mod runsc;
+mod settle;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
@@ -116,6 +117,8 @@ pub struct GvisorDriver {
     cfg: GvisorConfig,
     runsc: Runsc,
     net: Option<std::sync::Arc<network::Network>>,
+    /// Cleanup still running after a call returned (the container of a paused sandbox).
+    settling: settle::Settling,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -181,7 +184,12 @@ impl GvisorDriver {
             .network
             .clone()
             .map(|n| network::Network::new(n, cfg.dir.join("sandboxes")));
-        Ok(Self { cfg, runsc, net })
+        Ok(Self {
+            cfg,
+            runsc,
+            net,
+            settling: Default::default(),
+        })
     }
 
     pub fn config(&self) -> &GvisorConfig {
@@ -285,31 +293,8 @@ impl GvisorDriver {
     /// Ends the sandbox's container and processes, keeping its files (layer, bundle, saved
     /// state). Idempotent.
     async fn halt(&self, id: &str) -> Result<()> {
-        // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
-        // gone instead of polling for seconds until the host's init reaps the zombies.
-        reap::kill_and_reap(&reap::sandbox_processes(id, &self.sandbox_dir(id))).await;
-        // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
-        // an unknown container (never created, or a concurrent stop won): only fail if the
-        // container is still there. Processes that exit meanwhile (a checkpointed sandbox's do
-        // on their own) are reaped as they go, or runsc waits seconds for them.
-        let reaping = async {
-            loop {
-                reap_adopted_zombies();
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-            }
-        };
-        let args = ["delete", "--force", id];
-        let deleted = tokio::select! {
-            r = self.runsc.output(&args) => r,
-            never = reaping => never,
-        };
-        if let Err(e) = deleted {
-            if self.runsc.status(id).await.is_some() {
-                return Err(e);
-            }
-        }
-        reap_adopted_zombies();
-        Ok(())
+        self.settling.settle(id).await;
+        halt_container(&self.runsc, id, &self.sandbox_dir(id)).await
     }
 
     /// Removes every host trace of a sandbox (after runsc is gone).
@@ -325,6 +310,36 @@ impl GvisorDriver {
             }),
         }
     }
+}
+
+/// Ends container `id` of sandbox directory `dir` and its processes (see
+/// [`GvisorDriver::halt`]).
+async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
+    // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
+    // gone instead of polling for seconds until the host's init reaps the zombies.
+    reap::kill_and_reap(&reap::sandbox_processes(id, dir)).await;
+    // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
+    // an unknown container (never created, or a concurrent stop won): only fail if the
+    // container is still there. Processes that exit meanwhile (a checkpointed sandbox's do
+    // on their own) are reaped as they go, or runsc waits seconds for them.
+    let reaping = async {
+        loop {
+            reap_adopted_zombies();
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    };
+    let args = ["delete", "--force", id];
+    let deleted = tokio::select! {
+        r = runsc.output(&args) => r,
+        never = reaping => never,
+    };
+    if let Err(e) = deleted {
+        if runsc.status(id).await.is_some() {
+            return Err(e);
+        }
+    }
+    reap_adopted_zombies();
+    Ok(())
 }
 
 /// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
@@ -419,6 +434,8 @@ impl Driver for GvisorDriver {
 
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
         check_id(id)?;
+        // (A capture's source may still be continuing in the background.)
+        self.settling.settle(id).await;
         if port != ENVD_PORT {
             if let Some(net) = &self.net {
                 return net.connect(id, port).await;
@@ -452,11 +469,15 @@ impl Driver for GvisorDriver {
 
     async fn is_running(&self, id: &str) -> Result<bool> {
         check_id(id)?;
+        // (A capture's source may still be continuing in the background.)
+        self.settling.settle(id).await;
         Ok(self.runsc.status(id).await.as_deref() == Some("running"))
     }
 
     async fn stats(&self, id: &str) -> Result<SandboxStats> {
         check_id(id)?;
+        // (A capture's source may still be continuing in the background.)
+        self.settling.settle(id).await;
         let out = self
             .runsc
             .output(&["events", "--stats", id])

@@ -55,6 +55,7 @@ impl GvisorDriver {
 
     pub(super) async fn take_snapshot(&self, id: &str, snap: &SnapshotRef) -> Result<u64> {
         check_id(id)?;
+        self.settling.settle(id).await;
         let sdir = self.snapshot_dir(snap)?;
         if sdir.exists() {
             return Err(DriverError::Other(format!(
@@ -62,9 +63,8 @@ impl GvisorDriver {
                 snap.0
             )));
         }
-        if self.runsc.status(id).await.as_deref() != Some("running") {
-            return Err(DriverError::NotFound(id.to_string()));
-        }
+        // (No `runsc state`: the manager knows the sandbox runs, and detaching the agent of a
+        // sandbox that does not fails anyway.)
         let lowers = self.lower_of(id)?;
         let image = sdir.join("checkpoint");
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
@@ -134,6 +134,64 @@ impl GvisorDriver {
         // The sandbox continues from the image whatever happened to its layer.
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.prepare_restore(id).await?;
+        let stack = match frozen {
+            Ok(stack) => stack,
+            Err(e) => {
+                self.continue_from(id, image, workaround).await?;
+                return Err(e);
+            }
+        };
+        let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
+            .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")));
+        let written = meta.and_then(|m| {
+            std::fs::write(sdir.join("snapshot.json"), m).map_err(io_err("writing snapshot.json"))
+        });
+        if let Err(e) = written {
+            self.continue_from(id, image, workaround).await?;
+            return Err(e);
+        }
+        let size = disk_usage(sdir) + disk_usage(&self.layer_dir(snap));
+        // The snapshot is complete: the source continues in the background (restores of the
+        // snapshot can start meanwhile; connecting to the source waits for it).
+        let (runsc, image, sid) = (self.runsc.clone(), image.to_path_buf(), id.to_string());
+        self.settling.spawn(id, async move {
+            let t = std::time::Instant::now();
+            let restored = runsc
+                .restore_detached(
+                    &image,
+                    &dir.join("bundle"),
+                    &sid,
+                    &dir.join("console.log"),
+                    workaround,
+                )
+                .await;
+            let attached = match restored {
+                Ok(()) => runsc.output(&["kill", &sid, "USR2"]).await.map(drop),
+                Err(e) => Err(e),
+            };
+            match attached {
+                Ok(()) => tracing::debug!(sandbox = sid, "source restored in {:?}", t.elapsed()),
+                Err(e) => {
+                    tracing::warn!(sandbox = sid, error = %e, "continuing a snapshot's source")
+                }
+            }
+        });
+        tracing::debug!(
+            sandbox = id,
+            "snapshot: detach {:?}, checkpoint {:?}, halt {:?}, freeze {:?}, recorded {:?}",
+            t_detach,
+            t_checkpoint - t_detach,
+            t_halt - t_checkpoint,
+            t_freeze - t_halt,
+            t.elapsed() - t_freeze
+        );
+        Ok(size)
+    }
+
+    /// Restores sandbox `id` from `image` and attaches its agent (the source of a capture
+    /// continuing, in the foreground).
+    async fn continue_from(&self, id: &str, image: &Path, workaround: bool) -> Result<()> {
+        let dir = self.sandbox_dir(id);
         self.runsc
             .restore_detached(
                 image,
@@ -143,22 +201,7 @@ impl GvisorDriver {
                 workaround,
             )
             .await?;
-        self.attach_agent(id).await?;
-        tracing::debug!(
-            sandbox = id,
-            "snapshot: detach {:?}, checkpoint {:?}, halt {:?}, freeze {:?}, restore {:?}",
-            t_detach,
-            t_checkpoint - t_detach,
-            t_halt - t_checkpoint,
-            t_freeze - t_halt,
-            t.elapsed() - t_freeze
-        );
-        let stack = frozen?;
-        let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
-            .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
-        std::fs::write(sdir.join("snapshot.json"), meta)
-            .map_err(io_err("writing snapshot.json"))?;
-        Ok(disk_usage(sdir) + disk_usage(&self.layer_dir(snap)))
+        self.attach_agent(id).await
     }
 
     pub(super) async fn restore_snapshot(
