@@ -235,13 +235,16 @@ pub async fn resume(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiRe
 #[derive(Deserialize, Default)]
 struct SnapshotBody {
     name: Option<String>,
+    /// false (`mode: "filesystem"`): the disk only; sandboxes from it boot fresh.
+    memory: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/snapshots`: 201 `{snapshotID, names}`; the sandbox keeps running.
 pub async fn snapshot(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let b: SnapshotBody = parse_json(&body, true)?.unwrap_or_default();
     let manager = st.manager.clone();
-    let snap = tokio::spawn(async move { manager.snapshot(&id, b.name).await })
+    let memory = b.memory.unwrap_or(true);
+    let snap = tokio::spawn(async move { manager.snapshot_with(&id, b.name, memory).await })
         .await
         .map_err(|e| ApiError::internal(format!("snapshot task: {e}")))??;
     Ok((StatusCode::CREATED, Json(super::wire::snapshot_json(&snap))).into_response())

@@ -154,13 +154,15 @@ pub trait Driver: Send + Sync + 'static {
         Ok(false)
     }
     /// Captures the running sandbox `id` (which keeps running, with its processes) as the new
-    /// snapshot `snapshot`; returns the disk bytes the snapshot uses. A snapshot outlives its
-    /// source.
-    async fn snapshot(&self, _id: &str, _snapshot: &SnapshotRef) -> Result<u64> {
+    /// snapshot `snapshot`, with its memory and processes when `memory` (else its disk only:
+    /// sandboxes started from it boot on that disk); returns the disk bytes the snapshot
+    /// uses. A snapshot outlives its source.
+    async fn snapshot(&self, _id: &str, _snapshot: &SnapshotRef, _memory: bool) -> Result<u64> {
         Err(DriverError::NotImplemented("sandbox snapshots"))
     }
     /// Creates and starts a new sandbox `spec.id` continuing from a snapshot (its agent
-    /// keeps the identity it had in the snapshot until it is initialised again).
+    /// keeps the identity it had in the snapshot until it is initialised again), or booting
+    /// on the snapshot's disk when it was taken without memory.
     async fn restore(&self, _snapshot: &SnapshotRef, _spec: &SandboxSpec) -> Result<()> {
         Err(DriverError::NotImplemented("restoring sandbox snapshots"))
     }

@@ -40,7 +40,7 @@ impl Manager {
             }
             let snap_id = super::new_sandbox_id();
             self.driver
-                .snapshot(id, &SnapshotRef(snap_id.clone()))
+                .snapshot(id, &SnapshotRef(snap_id.clone()), true)
                 .await?;
             let snap = SnapshotRecord {
                 id: snap_id,

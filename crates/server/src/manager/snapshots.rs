@@ -56,8 +56,19 @@ pub fn tagged(id: &str) -> String {
 }
 
 impl Manager {
-    /// `POST /sandboxes/{id}/snapshots`: captures the running sandbox `id`.
+    /// `POST /sandboxes/{id}/snapshots`: captures the running sandbox `id`, memory included.
     pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotRecord> {
+        self.snapshot_with(id, name, true).await
+    }
+
+    /// [`Manager::snapshot`]; `memory: false` (E2B's `mode: "filesystem"`) keeps the disk only:
+    /// sandboxes created from the snapshot boot fresh on it.
+    pub async fn snapshot_with(
+        &self,
+        id: &str,
+        name: Option<String>,
+        memory: bool,
+    ) -> Result<SnapshotRecord> {
         if let Some(n) = &name {
             check_snapshot_name(n)?;
             if self.store.get_snapshot(n).await?.is_some() {
@@ -77,7 +88,7 @@ impl Manager {
         let t = Instant::now();
         let size = self
             .driver
-            .snapshot(id, &SnapshotRef(snap_id.clone()))
+            .snapshot(id, &SnapshotRef(snap_id.clone()), memory)
             .await?;
         // The source continues from the capture: wait until its agent answers again.
         self.agent(id, rec.envd_token.clone())

@@ -420,8 +420,8 @@ impl Driver for GvisorDriver {
         Ok(self.paused_on_host(id))
     }
 
-    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
-        self.take_snapshot(id, snapshot).await
+    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
+        self.take_snapshot(id, snapshot, memory).await
     }
 
     async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {

@@ -53,7 +53,12 @@ impl GvisorDriver {
         self.cfg.dir.join("layers").join(&snap.0)
     }
 
-    pub(super) async fn take_snapshot(&self, id: &str, snap: &SnapshotRef) -> Result<u64> {
+    pub(super) async fn take_snapshot(
+        &self,
+        id: &str,
+        snap: &SnapshotRef,
+        memory: bool,
+    ) -> Result<u64> {
         check_id(id)?;
         self.settling.settle(id).await;
         let sdir = self.snapshot_dir(snap)?;
@@ -69,7 +74,7 @@ impl GvisorDriver {
         let image = sdir.join("checkpoint");
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
         std::fs::create_dir_all(self.cfg.dir.join("layers")).map_err(io_err("creating layers"))?;
-        let r = self.capture(id, snap, &sdir, &image, lowers).await;
+        let r = self.capture(id, snap, &sdir, &image, lowers, memory).await;
         if r.is_err() {
             let _ = std::fs::remove_dir_all(&sdir);
             self.gc_layers();
@@ -107,6 +112,7 @@ impl GvisorDriver {
         sdir: &Path,
         image: &Path,
         lowers: Vec<PathBuf>,
+        memory: bool,
     ) -> Result<u64> {
         let dir = self.sandbox_dir(id);
         let t = std::time::Instant::now();
@@ -150,10 +156,21 @@ impl GvisorDriver {
             self.continue_from(id, image, workaround).await?;
             return Err(e);
         }
+        // A filesystem-only snapshot keeps no memory image: the source's own restore (below)
+        // still reads it, so it moves aside and goes once the source continues.
+        let image = if memory {
+            image.to_path_buf()
+        } else {
+            let aside = self.sandbox_dir(id).join("capture");
+            let _ = std::fs::remove_dir_all(&aside);
+            std::fs::rename(image, &aside)
+                .map_err(io_err(format!("moving {} aside", image.display())))?;
+            aside
+        };
         let size = disk_usage(sdir) + disk_usage(&self.layer_dir(snap));
         // The snapshot is complete: the source continues in the background (restores of the
         // snapshot can start meanwhile; connecting to the source waits for it).
-        let (runsc, image, sid) = (self.runsc.clone(), image.to_path_buf(), id.to_string());
+        let (runsc, sid) = (self.runsc.clone(), id.to_string());
         self.settling.spawn(id, async move {
             let t = std::time::Instant::now();
             let restored = runsc
@@ -169,6 +186,9 @@ impl GvisorDriver {
                 Ok(()) => runsc.output(&["kill", &sid, "USR2"]).await.map(drop),
                 Err(e) => Err(e),
             };
+            if !memory {
+                let _ = std::fs::remove_dir_all(&image);
+            }
             match attached {
                 Ok(()) => tracing::debug!(sandbox = sid, "source restored in {:?}", t.elapsed()),
                 Err(e) => {
@@ -220,11 +240,24 @@ impl GvisorDriver {
             .ok_or_else(|| DriverError::Other(format!("snapshot {} is unreadable", snap.0)))?;
         self.prepare_with(spec, Some(&meta.lowers)).await?;
         let dir = self.sandbox_dir(&spec.id);
+        let image = sdir.join("checkpoint");
         let restored = async {
             let workaround = self.sysctl_workaround(&spec.id).await;
+            if !image.join("checkpoint.img").exists() {
+                // A filesystem-only snapshot: boot on its disk.
+                return self
+                    .runsc
+                    .run_detached(
+                        &dir.join("bundle"),
+                        &spec.id,
+                        &dir.join("console.log"),
+                        workaround,
+                    )
+                    .await;
+            }
             self.runsc
                 .restore_detached(
-                    &sdir.join("checkpoint"),
+                    &image,
                     &dir.join("bundle"),
                     &spec.id,
                     &dir.join("console.log"),

@@ -1,0 +1,172 @@
+//! Snapshot and pause options with real gVisor sandboxes: a filesystem-only snapshot (E2B's
+//! `mode: "filesystem"`) keeps the disk and boots fresh; `requireHealthyGuest` refuses to pause
+//! a sandbox whose agent does not answer; a pause leaves no container behind once settled.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_envd::RunOptions;
+use kiln_server::driver::Driver;
+use kiln_server::manager::CreateParams;
+use kiln_server::store::SandboxState;
+use kiln_server::templates::{from_dir, FixedTemplates};
+use kiln_server::{Error, LifecycleConfig, Manager};
+
+fn manager(
+    state: &std::path::Path,
+    tpl: &std::path::Path,
+    driver: Arc<dyn Driver>,
+) -> Arc<Manager> {
+    let cfg = LifecycleConfig {
+        reap_interval: Duration::from_millis(50),
+        default_memory_mb: 256,
+        ..LifecycleConfig::default()
+    };
+    common::manager(
+        state,
+        driver,
+        Arc::new(FixedTemplates(vec![from_dir("t", tpl)])),
+        cfg,
+    )
+}
+
+fn params(template: &str) -> CreateParams {
+    CreateParams {
+        template_id: template.into(),
+        timeout_secs: Some(600),
+        secure: true,
+        ..Default::default()
+    }
+}
+
+/// Exits 0 when a `sleep` process runs in the sandbox (its tools have no pgrep).
+const SLEEP_RUNS: &str = "bash -c 'for f in /proc/[0-9]*/comm; do read c < $f; \
+                          [ \"$c\" = sleep ] && exit 0; done; exit 1'";
+
+/// Runs `cmd` in the sandbox: (exit code, stdout).
+async fn sh(m: &Manager, id: &str, cmd: &str) -> (i32, String) {
+    let token = m.get(id).unwrap().envd_token;
+    let out = m
+        .agent(id, token)
+        .run(
+            cmd,
+            RunOptions {
+                timeout: Some(Duration::from_secs(30)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    (
+        out.exit_code,
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let m = manager(state.path(), tpl.path(), driver.clone());
+
+    let src = m.create(params("t")).await.expect("create");
+    cleanup.add(&src.id);
+    assert_eq!(sh(&m, &src.id, "echo kept > /home/user/file").await.0, 0);
+    // A process that only a memory snapshot would carry over.
+    assert_eq!(sh(&m, &src.id, "sleep 1000 >/dev/null 2>&1 &").await.0, 0);
+    let snap = m
+        .snapshot_with(&src.id, Some("disk-only".into()), false)
+        .await
+        .expect("filesystem snapshot");
+    let snap_dir = state.path().join("gvisor/snapshots").join(&snap.id);
+    assert!(
+        !snap_dir.join("checkpoint/checkpoint.img").exists(),
+        "a filesystem snapshot keeps no memory image"
+    );
+    // The source continues with its processes.
+    assert_eq!(sh(&m, &src.id, SLEEP_RUNS).await.0, 0);
+
+    let child = m.create(params("disk-only")).await.expect("create from it");
+    cleanup.add(&child.id);
+    assert_eq!(sh(&m, &child.id, "cat /home/user/file").await.1, "kept");
+    assert_ne!(
+        sh(&m, &child.id, SLEEP_RUNS).await.0,
+        0,
+        "a fresh boot has none of the source's processes"
+    );
+    // The capture moved aside for the source's own restore is gone once it continued.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let src_dir = state.path().join("gvisor/sandboxes").join(&src.id);
+    assert!(!src_dir.join("capture").exists());
+    for id in [&src.id, &child.id] {
+        assert!(m.kill(id, "test done").await.unwrap());
+    }
+    m.delete_snapshot(&snap.id).await.expect("delete");
+    assert!(common::mounts_under(state.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let m = manager(state.path(), tpl.path(), driver.clone());
+    let runsc = std::env::var("KILN_RUNSC").unwrap_or_else(|_| "runsc".into());
+    let root = state.path().join("gvisor/runsc");
+
+    let sb = m.create(params("t")).await.expect("create");
+    cleanup.add(&sb.id);
+    // A healthy guest pauses with the check, and resumes.
+    m.pause_checked(&sb.id, true, true)
+        .await
+        .expect("pause of a healthy guest");
+    assert_eq!(m.get(&sb.id).unwrap().state, SandboxState::Paused);
+    assert!(m.resume(&sb.id, true, 600).await.expect("resume"));
+    let dir = state.path().join("gvisor/sandboxes").join(&sb.id);
+    assert!(
+        !dir.join("halting").exists(),
+        "the paused container was deleted before the resume"
+    );
+    assert_eq!(sh(&m, &sb.id, "echo back").await.1, "back");
+
+    // The agent stops answering (it lets go of its sockets, as before a checkpoint).
+    let status = std::process::Command::new(&runsc)
+        .arg(format!("--root={}", root.display()))
+        .args(["kill", &sb.id, "USR1"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let marker = dir.join("run/agent.sock.detached");
+    for _ in 0..500 {
+        if marker.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(marker.exists(), "the agent did not detach");
+    let refused = m.pause_checked(&sb.id, true, true).await;
+    match refused {
+        Err(Error::Conflict(msg)) => {
+            assert!(msg.contains("requireHealthyGuest"), "{msg}");
+            assert!(!msg.contains(state.path().to_str().unwrap()), "{msg}");
+        }
+        other => panic!("expected 409, got {other:?}"),
+    }
+    assert_eq!(
+        m.get(&sb.id).unwrap().state,
+        SandboxState::Running,
+        "nothing was saved"
+    );
+    assert!(driver.is_running(&sb.id).await.unwrap());
+    assert!(m.kill(&sb.id, "test done").await.unwrap());
+    assert!(common::mounts_under(state.path()).is_empty());
+}
