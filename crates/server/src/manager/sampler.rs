@@ -65,8 +65,17 @@ impl Manager {
         })
     }
 
-    /// Samples `r` and records the sample in its history.
+    /// Samples `r` and records the sample in its history. Holds the lifecycle lock, so no
+    /// agent call is in flight while a pause, snapshot or fork detaches the agent's sockets;
+    /// a sandbox that is no longer running is not sampled.
     async fn sample_into_history(&self, r: &SandboxRecord) -> Result<MetricSample> {
+        let _guard = self.lifecycle_lock.lock().await;
+        if self.registry.get(&r.id).map(|r| r.state) != Some(SandboxState::Running) {
+            return Err(crate::error::Error::Conflict(format!(
+                "sandbox \"{}\" is not running",
+                r.id
+            )));
+        }
         let s = self.take_sample(r).await?;
         let cap = self.cfg.metrics_capacity;
         self.history
@@ -92,7 +101,12 @@ impl Manager {
             .filter(|r| r.state == SandboxState::Running)
             .collect();
         let failed: Vec<String> = futures::stream::iter(running)
-            .map(|r| async move { self.sample_into_history(&r).await.err().map(|_| r.id) })
+            .map(|r| async move {
+                match self.sample_into_history(&r).await {
+                    Err(crate::error::Error::Conflict(_)) | Ok(_) => None,
+                    Err(_) => Some(r.id),
+                }
+            })
             .buffer_unordered(SAMPLE_CONCURRENCY)
             .filter_map(|x| async move { x })
             .collect()
