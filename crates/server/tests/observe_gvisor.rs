@@ -85,12 +85,27 @@ async fn history_windows_and_died_timed_out_killed_events() {
     // b stops behind the server's back: the sampler notices and records `died`.
     driver.stop(&b.id).await.unwrap();
     wait("b to be noticed dead", || m.get(&b.id).is_err()).await;
-    let rec = store.get_sandbox(&b.id).await.unwrap().unwrap();
-    assert_eq!(rec.state, SandboxState::Killed);
+    let t = Instant::now();
+    // The registry lets go first; the store follows once the leftovers are cleaned up.
+    while store.get_sandbox(&b.id).await.unwrap().unwrap().state != SandboxState::Killed {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "b never marked ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // a times out.
     m.set_timeout(&a.id, 1).await.unwrap();
     wait("a to time out", || m.get(&a.id).is_err()).await;
+    let t = Instant::now();
+    while store.get_sandbox(&a.id).await.unwrap().unwrap().state != SandboxState::Killed {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "a never marked ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // c is killed by request.
     let c = m.create(params(600)).await.expect("create c");
