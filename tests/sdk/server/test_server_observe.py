@@ -226,3 +226,36 @@ def test_events_and_signed_webhooks_with_retry(srv):
         assert srv.request("DELETE", f"/webhooks/{hid}")[0] == 204
     finally:
         httpd.shutdown()
+
+
+def test_cli_events_and_webhooks(srv):
+    import subprocess
+
+    def kiln(*args):
+        r = subprocess.run([os.environ["KILN_BIN"], *args, "--url", srv.url, "--api-key", srv.api_key],
+                           capture_output=True, text=True, timeout=60)
+        return r.returncode, r.stdout, r.stderr
+
+    sbx = Sandbox.create(timeout=120, **srv.opts())
+    sbx.kill()
+    rc, out, err = kiln("events", "--sandbox", sbx.sandbox_id, "--type", "created,killed")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert [line.split()[3] for line in lines] == ["created", "killed"], out
+    rc, out, err = kiln("events", "--sandbox", sbx.sandbox_id, "--json")
+    assert rc == 0 and all(json.loads(line)["sandboxID"] == sbx.sandbox_id for line in out.splitlines())
+
+    rc, out, err = kiln("webhooks", "add", "http://127.0.0.1:9/none", "--event", "killed")
+    assert rc == 0, err
+    hid = out.splitlines()[0]
+    assert out.splitlines()[1].startswith("secret: whsec_")
+    rc, out, _ = kiln("webhooks", "ls")
+    assert rc == 0 and f"{hid} http://127.0.0.1:9/none killed" in out
+    # Nothing listens on port 9: the test delivery fails (exit 1) and stays queued for a retry.
+    rc, out, _ = kiln("webhooks", "test", hid)
+    assert rc == 1 and "pending" in out, out
+    rc, out, _ = kiln("webhooks", "deliveries", hid)
+    assert rc == 0 and "webhook.test" not in out and "test" in out
+    assert kiln("webhooks", "rm", hid)[0] == 0
+    rc, _, err = kiln("webhooks", "rm", hid)
+    assert rc == 1 and "not found" in err
