@@ -36,12 +36,23 @@ impl Manager {
         &self.telemetry
     }
 
-    /// Takes one sample of the running sandbox `r` (not recorded).
+    /// Takes one sample of the running sandbox `r` (not recorded). The agent is asked under
+    /// the lifecycle lock, so no agent call is in flight while a pause, snapshot or fork
+    /// detaches the agent's sockets; a sandbox no longer running is not asked (Conflict).
     async fn take_sample(&self, r: &SandboxRecord) -> Result<MetricSample> {
         let stats = self.driver.stats(&r.id).await?;
+        let agent = {
+            let _guard = self.lifecycle_lock.lock().await;
+            if self.registry.get(&r.id).map(|r| r.state) != Some(SandboxState::Running) {
+                return Err(crate::error::Error::Conflict(format!(
+                    "sandbox \"{}\" is not running",
+                    r.id
+                )));
+            }
+            self.agent(&r.id, r.envd_token.clone()).metrics().await
+        };
         let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
-        let (disk_used, disk_total) = match self.agent(&r.id, r.envd_token.clone()).metrics().await
-        {
+        let (disk_used, disk_total) = match agent {
             Ok(m) => (m.disk_used, m.disk_total),
             Err(_) => {
                 Telemetry::add(&self.telemetry.agent_errors, 1);
@@ -65,17 +76,8 @@ impl Manager {
         })
     }
 
-    /// Samples `r` and records the sample in its history. Holds the lifecycle lock, so no
-    /// agent call is in flight while a pause, snapshot or fork detaches the agent's sockets;
-    /// a sandbox that is no longer running is not sampled.
+    /// Samples `r` and records the sample in its history.
     async fn sample_into_history(&self, r: &SandboxRecord) -> Result<MetricSample> {
-        let _guard = self.lifecycle_lock.lock().await;
-        if self.registry.get(&r.id).map(|r| r.state) != Some(SandboxState::Running) {
-            return Err(crate::error::Error::Conflict(format!(
-                "sandbox \"{}\" is not running",
-                r.id
-            )));
-        }
         let s = self.take_sample(r).await?;
         let cap = self.cfg.metrics_capacity;
         self.history
