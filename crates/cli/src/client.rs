@@ -106,6 +106,16 @@ impl Client {
         Ok(v)
     }
 
+    /// One REST call by method and path (`kiln events`, `kiln webhooks`).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value> {
+        self.api(method, path, body).await
+    }
+
     pub async fn create(
         &self,
         template: &str,

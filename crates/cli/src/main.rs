@@ -9,6 +9,7 @@ mod bench;
 mod client;
 mod doctor;
 mod keys;
+mod observe;
 mod runtime;
 mod sandbox;
 mod serve;
@@ -43,6 +44,11 @@ enum Cmd {
     /// Manage API keys (works on the server's state directly).
     #[command(subcommand)]
     Keys(keys::Cmd),
+    /// Lifecycle events of a running kiln server's sandboxes (`--follow` to keep watching).
+    Events(observe::EventsArgs),
+    /// Manage webhooks (signed lifecycle event deliveries) of a running kiln server.
+    #[command(subcommand)]
+    Webhooks(observe::WebhookCmd),
     /// The gVisor runtime (runsc): find, verify or download the version kiln needs.
     #[command(subcommand)]
     Runtime(runtime::Cmd),
@@ -69,6 +75,8 @@ fn main() {
         Cmd::Template(c) => template::run(c),
         Cmd::Sandbox(c) => sandbox::run(c),
         Cmd::Keys(c) => keys::run(c),
+        Cmd::Events(a) => observe::events(a),
+        Cmd::Webhooks(c) => observe::webhooks(c),
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
     };
@@ -78,5 +86,14 @@ fn main() {
             eprintln!("kiln: error: {e:#}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -54,6 +54,15 @@ pub struct Args {
     /// Skip installing host packages and building the base template.
     #[arg(long)]
     no_prepare: bool,
+    /// Bearer token of the Prometheus endpoint `GET /metrics` (without one it is off).
+    #[arg(long, env = "KILN_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
+    /// Seconds between two metrics samples of each running sandbox.
+    #[arg(long, env = "KILN_METRICS_INTERVAL", default_value_t = 5.0)]
+    metrics_interval: f64,
+    /// Seconds before a failed webhook delivery is retried (doubling on each retry).
+    #[arg(long, env = "KILN_WEBHOOK_RETRY_BASE", default_value_t = 2.0)]
+    webhook_retry_base: f64,
     /// Warm pool: keep N booted sandboxes of TEMPLATE ready (repeatable).
     #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = kiln_server::manager::parse_pool)]
     pools: Vec<(String, u32)>,
@@ -147,8 +156,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 ..Default::default()
             },
             pools: a.pools.clone(),
+            metrics_interval: secs(a.metrics_interval, "--metrics-interval")?,
+            webhooks: kiln_server::obs::webhooks::WebhookConfig {
+                retry_base: secs(a.webhook_retry_base, "--webhook-retry-base")?,
+                ..Default::default()
+            },
             ..LifecycleConfig::default()
         },
+        metrics_token: a.metrics_token.clone().filter(|t| !t.is_empty()),
     };
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {
@@ -193,6 +208,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(0)
+}
+
+/// A positive number of seconds from the command line.
+fn secs(v: f64, flag: &str) -> anyhow::Result<std::time::Duration> {
+    anyhow::ensure!(
+        v.is_finite() && v > 0.0 && v < 86_400.0,
+        "{flag} must be a positive number of seconds below a day, got {v}"
+    );
+    Ok(std::time::Duration::from_secs_f64(v))
 }
 
 /// `HH:MM:SS.mmm` (UTC) of a Unix time in milliseconds.

@@ -8,6 +8,7 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -122,8 +123,10 @@ impl Ctx {
         let ip = *orig.ip();
         if self.always_denied(ip) || !policy.allows(name.as_deref(), ip) {
             tracing::debug!(?name, %orig, "egress denied");
+            DENIED.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        ALLOWED.fetch_add(1, Ordering::Relaxed);
         let up = crate::netns::connect_tcp(&self.ns, SocketAddr::V4(orig), CONNECT_TIMEOUT)
             .await
             .map_err(std::io::Error::other)?;
@@ -133,6 +136,17 @@ impl Ctx {
         tokio::io::copy_bidirectional(&mut s, &mut up).await?;
         Ok(())
     }
+}
+
+static ALLOWED: AtomicU64 = AtomicU64::new(0);
+static DENIED: AtomicU64 = AtomicU64::new(0);
+
+/// Connections every egress proxy of this process let out and refused, so far.
+pub fn counts() -> (u64, u64) {
+    (
+        ALLOWED.load(Ordering::Relaxed),
+        DENIED.load(Ordering::Relaxed),
+    )
 }
 
 /// The destination a redirected connection was addressed to (`SO_ORIGINAL_DST`).

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod driver;
 pub mod error;
 pub mod manager;
+pub mod obs;
 pub mod proxy;
 pub mod routing;
 pub mod store;
@@ -40,6 +41,8 @@ pub struct ServerConfig {
     /// The isolation driver and its own settings.
     pub driver: DriverConfig,
     pub lifecycle: LifecycleConfig,
+    /// Bearer token of the Prometheus `/metrics` endpoint (None: the endpoint answers 404).
+    pub metrics_token: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +107,7 @@ pub struct Server {
     pub first_key: Option<auth::NewKey>,
     pub recovery: Recovery,
     domain: String,
+    metrics_token: Option<String>,
 }
 
 impl Server {
@@ -156,12 +160,15 @@ impl Server {
             local_addr,
             first_key,
             domain: cfg.domain,
+            metrics_token: cfg.metrics_token,
         })
     }
 
     /// Serves until the process ends (sandboxes keep running across restarts by design).
     pub async fn serve(self) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
+        let _sampler = self.manager.spawn_sampler();
+        let _webhooks = self.manager.webhooks().spawn(self.manager.subscribe());
         // Pools start once recovery is over (until then, their sandboxes would look like
         // leftovers of the previous run).
         let (m, recovery) = (self.manager.clone(), self.recovery.clone());
@@ -175,6 +182,7 @@ impl Server {
             manager: self.manager.clone(),
             cfg: api::ApiConfig {
                 domain: self.domain.clone(),
+                metrics_token: self.metrics_token.clone(),
             },
         });
         let app = api::router(state);

@@ -191,7 +191,7 @@ async fn bad_input_gets_the_right_status() {
         ("GET", "/sandboxes/abc/logs", None, 404),
         ("GET", "/sandboxes/abc/metrics", None, 404),
         ("POST", "/sandboxes/abc/pause", Some("{}"), 404),
-        ("GET", "/sandboxes/metrics", None, 501),
+        ("GET", "/sandboxes/metrics", None, 400),
         ("POST", "/v3/templates", Some("{}"), 501),
         ("GET", "/secrets", None, 501),
         ("GET", "/v2/sandboxes?state=frozen", None, 400),

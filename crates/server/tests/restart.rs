@@ -63,6 +63,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             state_dir: state.path().to_path_buf(),
             driver: common::driver_config(),
             lifecycle: lifecycle(),
+            metrics_token: None,
         },
         templates.clone(),
     )
@@ -85,6 +86,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
         manager: manager.clone(),
         cfg: kiln_server::api::ApiConfig {
             domain: "kiln.test".into(),
+            metrics_token: None,
         },
     }));
     // A request made while recovery still runs (sandboxes pending) waits and succeeds.

@@ -65,7 +65,10 @@ def test_pause_connect_across_a_restart(state_dir, server):
         status, detail, _ = first.request("GET", f"/sandboxes/{sid}")
         assert status == 200 and detail["state"] == "paused" and detail["pauseMode"] == "full"
         status, metrics, _ = first.request("GET", f"/sandboxes/{sid}/metrics")
-        assert status == 200 and metrics == [], "a paused sandbox has no metrics sample"
+        # Its history is kept while paused, and nothing new is sampled.
+        assert status == 200 and all(m["timestampUnix"] <= time.time() for m in metrics)
+        status, again, _ = first.request("GET", f"/sandboxes/{sid}/metrics")
+        assert status == 200 and again == metrics, "a paused sandbox was sampled"
         # Envd traffic to it (no autoResume) is refused, saying why.
         status, body, _ = first.request("GET", "/health", api_key=None,
                                         headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"})

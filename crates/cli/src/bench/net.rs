@@ -235,6 +235,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
         manager: net.manager.clone(),
         cfg: kiln_server::api::ApiConfig {
             domain: kiln_server::DEFAULT_DOMAIN.into(),
+            metrics_token: None,
         },
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

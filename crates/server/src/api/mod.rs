@@ -8,9 +8,11 @@
 mod error;
 mod list;
 mod network;
+mod observe;
 mod sandboxes;
 mod snapshots;
 mod templates;
+mod webhooks;
 pub mod wire;
 
 use std::sync::Arc;
@@ -27,6 +29,7 @@ pub use list::parse_metadata_filter;
 
 use crate::auth;
 use crate::manager::Manager;
+use crate::obs::Telemetry;
 use crate::routing;
 
 /// The OpenAPI document of kiln's API (also served at `/openapi.json`).
@@ -60,6 +63,15 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/templates"),
     ("GET", "/templates/{templateID}"),
     ("DELETE", "/templates/{templateID}"),
+    ("GET", "/sandboxes/{sandboxID}/events"),
+    ("GET", "/events"),
+    ("GET", "/metrics"),
+    ("POST", "/webhooks"),
+    ("GET", "/webhooks"),
+    ("GET", "/webhooks/{webhookID}"),
+    ("DELETE", "/webhooks/{webhookID}"),
+    ("GET", "/webhooks/{webhookID}/deliveries"),
+    ("POST", "/webhooks/{webhookID}/test"),
 ];
 
 /// Server-wide settings the API needs.
@@ -67,6 +79,8 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub struct ApiConfig {
     /// Domain of sandbox host names (`{port}-{id}.{domain}`).
     pub domain: String,
+    /// Bearer token of `GET /metrics` (Prometheus); None: the endpoint is off (404).
+    pub metrics_token: Option<String>,
 }
 
 pub struct AppState {
@@ -129,7 +143,8 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 
 async fn require_api_key(State(st): St, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    if path == "/health" || path == "/openapi.json" {
+    // `/metrics` checks its own token.
+    if path == "/health" || path == "/openapi.json" || path == "/metrics" {
         return next.run(req).await;
     }
     let headers: &HeaderMap = req.headers();
@@ -151,9 +166,34 @@ async fn require_api_key(State(st): St, req: Request, next: Next) -> Response {
     }
 }
 
+/// `body`, adding the bytes of each data frame to a counter of `t` as they pass.
+fn count_body(
+    body: axum::body::Body,
+    t: &Arc<Telemetry>,
+    counter: fn(&Telemetry) -> &std::sync::atomic::AtomicU64,
+) -> axum::body::Body {
+    use http_body_util::BodyExt;
+    let t = t.clone();
+    axum::body::Body::new(body.map_frame(move |f| {
+        if let Some(d) = f.data_ref() {
+            Telemetry::add(counter(&t), d.len() as u64);
+        }
+        f
+    }))
+}
+
 async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Response {
     match routing::target_of(req.headers(), &st.cfg.domain) {
-        Ok(Some(target)) => crate::proxy::forward(&st.manager, target, req).await,
+        Ok(Some(target)) => {
+            let t = st.manager.telemetry().clone();
+            let req = req.map(|b| count_body(b, &t, |t| &t.proxy_request_bytes));
+            let resp = crate::proxy::forward(&st.manager, target, req).await;
+            Telemetry::add(&t.proxy_requests, 1);
+            if resp.status().is_server_error() {
+                Telemetry::add(&t.proxy_errors, 1);
+            }
+            resp.map(|b| count_body(b, &t, |t| &t.proxy_response_bytes))
+        }
         Ok(None) => next.run(req).await,
         Err(e) => ApiError::bad_request(e.to_string()).into_response(),
     }
@@ -182,13 +222,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/sandboxes", post(s::create_sandbox).get(list::list_v1))
         .route("/v2/sandboxes", post(s::create_sandbox).get(list::list_v2))
-        .route("/sandboxes/metrics", get(s::bulk_metrics))
+        .route("/sandboxes/metrics", get(observe::bulk_metrics))
         .route(sbx, get(s::get_sandbox).delete(s::kill_sandbox))
         .route(&format!("{sbx}/timeout"), post(s::set_timeout))
         .route(&format!("{sbx}/connect"), post(s::connect))
         .route("/v2/sandboxes/{sandboxID}/connect", post(s::connect))
         .route(&format!("{sbx}/refreshes"), post(s::refresh))
-        .route(&format!("{sbx}/metrics"), get(s::metrics))
+        .route(&format!("{sbx}/metrics"), get(observe::sandbox_metrics))
+        .route(&format!("{sbx}/events"), get(observe::sandbox_events))
+        .route("/events", get(observe::events))
+        .route("/metrics", get(observe::prometheus))
+        .route("/webhooks", post(webhooks::create).get(webhooks::list))
+        .route(
+            "/webhooks/{webhookID}",
+            get(webhooks::get).delete(webhooks::delete),
+        )
+        .route(
+            "/webhooks/{webhookID}/deliveries",
+            get(webhooks::deliveries),
+        )
+        .route("/webhooks/{webhookID}/test", post(webhooks::test))
         .route(&format!("{sbx}/logs"), get(s::logs))
         .route("/v2/sandboxes/{sandboxID}/logs", get(s::logs_v2))
         .route(&format!("{sbx}/pause"), post(s::pause))

@@ -9,7 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::wire::{detail_json, metric_json, parse_json, sandbox_json, ts, NewSandbox};
+use super::wire::{detail_json, parse_json, sandbox_json, ts, NewSandbox};
 use super::{ApiError, ApiResult, St};
 use crate::manager::CreateParams;
 
@@ -39,9 +39,11 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
         allow_internet_access: req.allow_internet_access,
         network,
     };
+    let t = std::time::Instant::now();
     let rec = tokio::spawn(async move { manager.create(params).await })
         .await
         .map_err(|e| ApiError::internal(format!("create task: {e}")))??;
+    st.manager.telemetry().observe("create", t.elapsed());
     let mut created = sandbox_json(&rec, &st.cfg.domain);
     created.traffic_access_token = traffic_token;
     Ok((StatusCode::CREATED, Json(created)).into_response())
@@ -107,9 +109,13 @@ pub async fn connect(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiR
     let manager = st.manager.clone();
     let memory = b.memory.unwrap_or(true);
     // Its own task: a client that gives up mid-resume must not cut a resume in half.
+    let t = std::time::Instant::now();
     let (r, resumed) = tokio::spawn(async move { manager.connect(&id, secs, memory).await })
         .await
         .map_err(|e| ApiError::internal(format!("connect task: {e}")))??;
+    if resumed {
+        st.manager.telemetry().observe("resume", t.elapsed());
+    }
     let status = if resumed {
         StatusCode::CREATED
     } else {
@@ -130,11 +136,6 @@ pub async fn refresh(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiR
         .unwrap_or(st.manager.config().default_timeout_secs as i64);
     st.manager.extend(&id, secs, "refreshed").await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-pub async fn metrics(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Vec<Value>>> {
-    let samples = st.manager.metrics(&id).await?;
-    Ok(Json(samples.iter().map(metric_json).collect()))
 }
 
 /// `GET /sandboxes/{id}/logs`: plain lines and structured entries.
@@ -197,9 +198,11 @@ pub async fn pause(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiRes
         b.memory.unwrap_or(true),
         b.require_healthy_guest.unwrap_or(false),
     );
+    let t = std::time::Instant::now();
     tokio::spawn(async move { manager.pause_checked(&id, memory, healthy).await })
         .await
         .map_err(|e| ApiError::internal(format!("pause task: {e}")))??;
+    st.manager.telemetry().observe("pause", t.elapsed());
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -220,9 +223,13 @@ pub async fn resume(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiRe
     let manager = st.manager.clone();
     let sid = id.clone();
     let memory = b.memory.unwrap_or(true);
+    let t = std::time::Instant::now();
     let resumed = tokio::spawn(async move { manager.resume(&sid, memory, secs).await })
         .await
         .map_err(|e| ApiError::internal(format!("resume task: {e}")))??;
+    if resumed {
+        st.manager.telemetry().observe("resume", t.elapsed());
+    }
     if !resumed {
         return Err(ApiError::conflict(format!(
             "sandbox \"{id}\" is already running"
@@ -261,10 +268,12 @@ struct ForkBody {
 pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let b: ForkBody = parse_json(&body, true)?.unwrap_or_default();
     let manager = st.manager.clone();
+    let t = std::time::Instant::now();
     let children =
         tokio::spawn(async move { manager.fork(&id, b.count.unwrap_or(1), b.timeout).await })
             .await
             .map_err(|e| ApiError::internal(format!("fork task: {e}")))??;
+    st.manager.telemetry().observe("fork", t.elapsed());
     let list: Vec<Value> = children
         .into_iter()
         .map(|c| match c {
@@ -273,10 +282,4 @@ pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResu
         })
         .collect();
     Ok((StatusCode::CREATED, Json(list)).into_response())
-}
-
-pub async fn bulk_metrics() -> ApiResult<StatusCode> {
-    Err(ApiError::not_implemented(
-        "bulk sandbox metrics (GET /sandboxes/metrics)",
-    ))
 }

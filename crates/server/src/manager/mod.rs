@@ -21,6 +21,7 @@ mod pool;
 mod reaper;
 mod recovery;
 mod registry;
+mod sampler;
 mod snapshots;
 mod start_cmd;
 
@@ -66,6 +67,13 @@ pub struct LifecycleConfig {
     pub admission: AdmissionConfig,
     /// Warm pools: (template, how many booted sandboxes to keep ready).
     pub pools: Vec<(String, u32)>,
+    /// How often each running sandbox's metrics are sampled.
+    pub metrics_interval: Duration,
+    /// At most this many samples are kept per sandbox (older ones are thinned, never the
+    /// whole start of its life dropped).
+    pub metrics_capacity: usize,
+    /// Webhook delivery retries and timeouts.
+    pub webhooks: crate::obs::webhooks::WebhookConfig,
 }
 
 impl Default for LifecycleConfig {
@@ -81,6 +89,9 @@ impl Default for LifecycleConfig {
             reap_interval: Duration::from_millis(200),
             admission: AdmissionConfig::default(),
             pools: Vec::new(),
+            metrics_interval: Duration::from_secs(5),
+            metrics_capacity: crate::obs::ring::DEFAULT_CAPACITY,
+            webhooks: Default::default(),
         }
     }
 }
@@ -133,6 +144,9 @@ pub struct Manager {
     /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
     lifecycle_lock: tokio::sync::Mutex<()>,
     pools: pool::Pools,
+    telemetry: Arc<crate::obs::Telemetry>,
+    history: sampler::History,
+    webhooks: Arc<crate::obs::webhooks::Webhooks>,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -173,6 +187,12 @@ impl Manager {
         templates: Arc<dyn Templates>,
     ) -> Arc<Self> {
         let (events, _) = broadcast::channel(1024);
+        let telemetry: Arc<crate::obs::Telemetry> = Arc::default();
+        let webhooks = Arc::new(crate::obs::webhooks::Webhooks::new(
+            store.clone(),
+            telemetry.clone(),
+            cfg.webhooks.clone(),
+        ));
         Arc::new(Self {
             cfg,
             store,
@@ -189,6 +209,9 @@ impl Manager {
             ),
             lifecycle_lock: tokio::sync::Mutex::new(()),
             pools: pool::Pools::default(),
+            telemetry,
+            history: sampler::History::default(),
+            webhooks,
         })
     }
 
@@ -275,8 +298,24 @@ impl Manager {
         driver::agent_client(&self.driver, id).with_access_token(token)
     }
 
+    /// The webhook delivery service.
+    pub fn webhooks(&self) -> &Arc<crate::obs::webhooks::Webhooks> {
+        &self.webhooks
+    }
+
+    /// The state store (the events and webhooks APIs read it directly).
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
     /// Kills `id`; false when it is not running.
     pub async fn kill(&self, id: &str, reason: &str) -> Result<bool> {
+        self.end(id, "killed", reason).await
+    }
+
+    /// Stops `id` and records why with an event of `kind` (`killed`, `timed-out`, `died`,
+    /// `oom`); false when it is not running.
+    pub(crate) async fn end(&self, id: &str, kind: &str, reason: &str) -> Result<bool> {
         if self.registry.remove(id).is_none() {
             return Ok(false);
         }
@@ -285,9 +324,9 @@ impl Manager {
             .set_state(id, SandboxState::Killed, Some(reason))
             .await?;
         match r {
-            Ok(()) => self.event(id, "killed", reason).await,
+            Ok(()) => self.event(id, kind, reason).await,
             Err(e) => {
-                self.event(id, "killed", format!("{reason} (cleanup error: {e})"))
+                self.event(id, kind, format!("{reason} (cleanup error: {e})"))
                     .await
             }
         }

@@ -44,7 +44,7 @@ impl Manager {
         self.apply_network(id, &policy).await?;
         self.event(
             id,
-            "network",
+            "network-policy-changed",
             format!(
                 "egress policy: internet {}, allowOut {:?}, denyOut {:?}",
                 if policy.allow_internet_access {

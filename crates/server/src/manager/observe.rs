@@ -2,7 +2,7 @@
 
 use super::Manager;
 use crate::error::{Error, Result};
-use crate::store::{now_ms, Event, TemplateRecord};
+use crate::store::{Event, TemplateRecord};
 use crate::templates::TemplateInfo;
 
 /// One metrics sample of a sandbox (E2B's `SandboxMetric`).
@@ -39,36 +39,6 @@ pub struct TemplateView {
 const CONSOLE_TAIL: usize = 64 * 1024;
 
 impl Manager {
-    /// A current metrics sample of the running sandbox `id` (none while it is paused).
-    pub async fn metrics(&self, id: &str) -> Result<Vec<MetricSample>> {
-        let r = self.get(id)?;
-        if r.state == crate::store::SandboxState::Paused {
-            // Nothing runs: no sample.
-            return Ok(Vec::new());
-        }
-        let stats = self.driver.stats(id).await?;
-        let pct = self.registry.cpu_pct(id, stats.cpu_ns, r.cpu_count);
-        let (disk_used, disk_total) = match self.agent(id, r.envd_token.clone()).metrics().await {
-            Ok(m) => (m.disk_used, m.disk_total),
-            Err(_) => (0, u64::from(r.disk_size_mb) << 20),
-        };
-        let mem_total = if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
-            stats.mem_limit_bytes
-        } else {
-            u64::from(r.memory_mb) << 20
-        };
-        Ok(vec![MetricSample {
-            timestamp_ms: now_ms(),
-            cpu_count: r.cpu_count,
-            cpu_used_pct: pct,
-            mem_used: stats.mem_used_bytes,
-            mem_total,
-            mem_cache: 0,
-            disk_used,
-            disk_total,
-        }])
-    }
-
     /// The logs of sandbox `id` (running or ended).
     pub async fn logs(&self, id: &str) -> Result<Logs> {
         let rec = self

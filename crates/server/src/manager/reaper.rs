@@ -28,7 +28,7 @@ impl Manager {
                     }
                 }
             }
-            match self.kill(&id, "timeout expired").await {
+            match self.end(&id, "timed-out", "timeout expired").await {
                 Ok(true) => killed.push(id),
                 Ok(false) => {}
                 Err(e) => tracing::warn!(sandbox = %id, error = %e, "killing an expired sandbox"),

@@ -82,6 +82,41 @@ pub const MIGRATIONS: &[&str] = &[
         size_bytes INTEGER NOT NULL
     );
     ",
+    // 4: the events API reads the event log by time too; webhooks (per team), their
+    // persisted delivery queue and log, and the dispatcher's cursor into the event log.
+    "
+    CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
+    CREATE TABLE webhooks (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL DEFAULT 'default',
+        url TEXT NOT NULL,
+        secret TEXT NOT NULL,
+        events TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX webhooks_team ON webhooks(team);
+    CREATE TABLE webhook_deliveries (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        webhook_id TEXT NOT NULL,
+        event_seq INTEGER,
+        kind TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        last_attempt_at INTEGER,
+        last_status INTEGER,
+        last_error TEXT
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
+    CREATE INDEX webhook_deliveries_hook ON webhook_deliveries(webhook_id, id);
+    CREATE TABLE webhook_cursor (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL
+    );
+    INSERT INTO webhook_cursor (id, seq) SELECT 1, COALESCE(MAX(seq), 0) FROM events;
+    ",
 ];
 
 /// Schema version this kiln writes.

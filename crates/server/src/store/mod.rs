@@ -8,6 +8,7 @@
 //! rebuilds.
 
 mod migrations;
+mod obs_sql;
 mod records;
 mod sqlite;
 
@@ -77,6 +78,37 @@ pub trait StateStore: Send + Sync + 'static {
     // ---- events ----
     async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()>;
     async fn events(&self, sandbox_id: &str) -> Result<Vec<Event>>;
+    /// A page of the event log in sequence order (the events API).
+    async fn events_page(&self, q: &EventQuery) -> Result<Vec<StoredEvent>>;
+
+    // ---- webhooks ----
+    async fn insert_webhook(&self, w: &WebhookRecord) -> Result<()>;
+    /// The webhooks of `team`, oldest first.
+    async fn list_webhooks(&self, team: &str) -> Result<Vec<WebhookRecord>>;
+    async fn get_webhook(&self, team: &str, id: &str) -> Result<Option<WebhookRecord>>;
+    /// Deletes a webhook and its deliveries; false when `team` has no such webhook.
+    async fn delete_webhook(&self, team: &str, id: &str) -> Result<bool>;
+    /// Turns events not yet seen by the webhook dispatcher into pending deliveries for every
+    /// webhook that wants them, and advances its cursor — in one transaction, so an event is
+    /// queued exactly once across restarts. Returns how many deliveries were queued.
+    async fn queue_deliveries(&self, now_ms: i64, max_events: u32) -> Result<usize>;
+    /// Queues one delivery of `payload` (a test delivery); returns its id.
+    async fn enqueue_delivery(&self, webhook_id: &str, kind: &str, payload: &str) -> Result<i64>;
+    /// Pending deliveries due at `now_ms`, with their webhook's URL and secret.
+    async fn due_deliveries(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(DeliveryRecord, WebhookRecord)>>;
+    /// Records one attempt of delivery `id`.
+    async fn record_attempt(&self, id: i64, a: &Attempt) -> Result<()>;
+    /// The deliveries of a webhook, newest first, before delivery id `before` when given.
+    async fn deliveries(
+        &self,
+        webhook_id: &str,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRecord>>;
 
     // ---- API keys ----
     async fn insert_key(&self, k: &KeyRecord) -> Result<()>;

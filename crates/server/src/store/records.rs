@@ -154,3 +154,108 @@ pub struct SnapshotRecord {
     /// Disk used by the snapshot.
     pub size_bytes: u64,
 }
+
+/// A lifecycle event with its position in the event log (the cursor of the events API).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoredEvent {
+    pub seq: i64,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// Which events a page of the events API holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventQuery {
+    /// Only events after this sequence number (the cursor); takes precedence over `since_ms`.
+    pub after_seq: Option<i64>,
+    /// Only events at or after this time.
+    pub since_ms: Option<i64>,
+    pub sandbox_id: Option<String>,
+    /// Only these kinds (all when empty).
+    pub kinds: Vec<String>,
+    pub limit: u32,
+}
+
+/// The team of everything created before teams exist (and of every caller until they do).
+pub const DEFAULT_TEAM: &str = "default";
+
+/// A registered webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookRecord {
+    pub id: String,
+    pub team: String,
+    pub url: String,
+    /// HMAC-SHA256 key of its signatures.
+    pub secret: String,
+    /// Event kinds it receives (all lifecycle kinds when empty).
+    pub events: Vec<String>,
+    pub created_at_ms: i64,
+}
+
+/// Where a webhook delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    Pending,
+    Delivered,
+    Failed,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Failed => "failed",
+        }
+    }
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "delivered" => DeliveryStatus::Delivered,
+            "failed" => DeliveryStatus::Failed,
+            _ => DeliveryStatus::Pending,
+        }
+    }
+}
+
+/// One webhook delivery (a payload and its attempts so far).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryRecord {
+    pub id: i64,
+    pub webhook_id: String,
+    /// The event delivered (None: a test delivery).
+    pub event_seq: Option<i64>,
+    pub kind: String,
+    pub payload: String,
+    pub status: DeliveryStatus,
+    pub attempts: u32,
+    pub next_attempt_ms: i64,
+    pub created_at_ms: i64,
+    pub last_attempt_ms: Option<i64>,
+    pub last_status_code: Option<u16>,
+    pub last_error: Option<String>,
+}
+
+/// The result of one delivery attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub at_ms: i64,
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    /// Delivered (2xx), or else when to try again (None: give up).
+    pub delivered: bool,
+    pub retry_at_ms: Option<i64>,
+}
+
+/// The lifecycle event kinds of the events API and webhooks (a webhook registered without a
+/// list receives these). The log holds other kinds too (`timeout`, `refreshed`, `snapshot`…).
+pub const LIFECYCLE_KINDS: &[&str] = &[
+    "created",
+    "paused",
+    "resumed",
+    "killed",
+    "timed-out",
+    "oom",
+    "died",
+    "network-policy-changed",
+];

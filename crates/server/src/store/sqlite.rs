@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::migrations;
+use super::{migrations, obs_sql};
 use super::{
-    now_ms, Event, KeyRecord, PauseMode, Result, SandboxRecord, SandboxState, SnapshotRecord,
-    StateStore, StoreError, TemplateRecord,
+    now_ms, Attempt, DeliveryRecord, Event, EventQuery, KeyRecord, PauseMode, Result,
+    SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoreError, StoredEvent,
+    TemplateRecord, WebhookRecord,
 };
 
 /// The SQLite state database.
@@ -143,6 +144,17 @@ impl SqliteStore {
     ) -> Result<T> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || f(&me.lock()))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+
+    /// Runs `f` on the connection (for transactions) on the blocking pool.
+    async fn with_mut<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || f(&mut me.lock()))
             .await
             .map_err(|e| StoreError::Task(e.to_string()))?
     }
@@ -356,6 +368,73 @@ impl StateStore for SqliteStore {
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await
+    }
+
+    async fn events_page(&self, q: &EventQuery) -> Result<Vec<StoredEvent>> {
+        let q = q.clone();
+        self.with(move |c| obs_sql::events_page(c, &q)).await
+    }
+
+    async fn insert_webhook(&self, w: &WebhookRecord) -> Result<()> {
+        let w = w.clone();
+        self.with(move |c| obs_sql::insert_webhook(c, &w)).await
+    }
+
+    async fn list_webhooks(&self, team: &str) -> Result<Vec<WebhookRecord>> {
+        let team = team.to_string();
+        self.with(move |c| obs_sql::list_webhooks(c, &team)).await
+    }
+
+    async fn get_webhook(&self, team: &str, id: &str) -> Result<Option<WebhookRecord>> {
+        let (team, id) = (team.to_string(), id.to_string());
+        self.with(move |c| obs_sql::get_webhook(c, &team, &id))
+            .await
+    }
+
+    async fn delete_webhook(&self, team: &str, id: &str) -> Result<bool> {
+        let (team, id) = (team.to_string(), id.to_string());
+        self.with_mut(move |c| obs_sql::delete_webhook(c, &team, &id))
+            .await
+    }
+
+    async fn queue_deliveries(&self, now: i64, max_events: u32) -> Result<usize> {
+        self.with_mut(move |c| obs_sql::queue_deliveries(c, now, max_events))
+            .await
+    }
+
+    async fn enqueue_delivery(&self, webhook_id: &str, kind: &str, payload: &str) -> Result<i64> {
+        let (w, k, p) = (
+            webhook_id.to_string(),
+            kind.to_string(),
+            payload.to_string(),
+        );
+        self.with(move |c| obs_sql::enqueue_delivery(c, &w, &k, &p, now_ms()))
+            .await
+    }
+
+    async fn due_deliveries(
+        &self,
+        now: i64,
+        limit: u32,
+    ) -> Result<Vec<(DeliveryRecord, WebhookRecord)>> {
+        self.with(move |c| obs_sql::due_deliveries(c, now, limit))
+            .await
+    }
+
+    async fn record_attempt(&self, id: i64, a: &Attempt) -> Result<()> {
+        let a = a.clone();
+        self.with(move |c| obs_sql::record_attempt(c, id, &a)).await
+    }
+
+    async fn deliveries(
+        &self,
+        webhook_id: &str,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRecord>> {
+        let w = webhook_id.to_string();
+        self.with(move |c| obs_sql::deliveries(c, &w, before, limit))
+            .await
     }
 
     async fn insert_key(&self, k: &KeyRecord) -> Result<()> {

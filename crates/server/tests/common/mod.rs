@@ -243,6 +243,7 @@ pub async fn app(manager: Arc<Manager>, state: &Path) -> (axum::Router, String) 
         manager,
         cfg: ApiConfig {
             domain: "kiln.test".into(),
+            metrics_token: None,
         },
     }));
     (app, key)

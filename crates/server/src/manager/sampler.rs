@@ -1,0 +1,257 @@
+//! The metrics sampler: every `metrics_interval` it samples each running sandbox (the
+//! driver's stats and the agent's `/metrics`) into the sandbox's [`MetricRing`], which lives
+//! as long as the sandbox (kept while it is paused). It also notices sandboxes that stopped on
+//! their own and ends them with a `died` (or `oom`) event.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use super::{Manager, MetricSample};
+use crate::error::Result;
+use crate::obs::ring::MetricRing;
+use crate::obs::Telemetry;
+use crate::store::{now_ms, SandboxRecord, SandboxState};
+
+/// How many sandboxes are sampled at once.
+const SAMPLE_CONCURRENCY: usize = 4;
+
+/// Every sandbox's metrics history.
+#[derive(Default)]
+pub(super) struct History {
+    rings: Mutex<HashMap<String, MetricRing>>,
+}
+
+impl History {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, MetricRing>> {
+        self.rings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Manager {
+    /// The server's counters (Prometheus `/metrics`).
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// Takes one sample of the running sandbox `r` (not recorded). The agent is asked under
+    /// the lifecycle lock, so no agent call is in flight while a pause, snapshot or fork
+    /// detaches the agent's sockets; a sandbox no longer running is not asked (Conflict).
+    async fn take_sample(&self, r: &SandboxRecord) -> Result<MetricSample> {
+        let stats = self.driver.stats(&r.id).await?;
+        let agent = {
+            let _guard = self.lifecycle_lock.lock().await;
+            if self.registry.get(&r.id).map(|r| r.state) != Some(SandboxState::Running) {
+                return Err(crate::error::Error::Conflict(format!(
+                    "sandbox \"{}\" is not running",
+                    r.id
+                )));
+            }
+            self.agent(&r.id, r.envd_token.clone()).metrics().await
+        };
+        let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
+        let (disk_used, disk_total) = match agent {
+            Ok(m) => (m.disk_used, m.disk_total),
+            Err(_) => {
+                Telemetry::add(&self.telemetry.agent_errors, 1);
+                (0, u64::from(r.disk_size_mb) << 20)
+            }
+        };
+        let mem_total = if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
+            stats.mem_limit_bytes
+        } else {
+            u64::from(r.memory_mb) << 20
+        };
+        Ok(MetricSample {
+            timestamp_ms: now_ms(),
+            cpu_count: r.cpu_count,
+            cpu_used_pct: pct,
+            mem_used: stats.mem_used_bytes,
+            mem_total,
+            mem_cache: 0,
+            disk_used,
+            disk_total,
+        })
+    }
+
+    /// Samples `r` and records the sample in its history.
+    async fn sample_into_history(&self, r: &SandboxRecord) -> Result<MetricSample> {
+        let s = self.take_sample(r).await?;
+        let cap = self.cfg.metrics_capacity;
+        self.history
+            .lock()
+            .entry(r.id.clone())
+            .or_insert_with(|| MetricRing::new(cap))
+            .push(s.clone());
+        Ok(s)
+    }
+
+    /// One round of the sampler: every running sandbox sampled, histories of ended sandboxes
+    /// dropped, sandboxes found stopped ended.
+    pub async fn sample_all(&self) {
+        let live = self.registry.list();
+        {
+            let ids: std::collections::HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
+            self.history
+                .lock()
+                .retain(|id, _| ids.contains(id.as_str()));
+        }
+        let running: Vec<SandboxRecord> = live
+            .into_iter()
+            .filter(|r| r.state == SandboxState::Running)
+            .collect();
+        let failed: Vec<String> = futures::stream::iter(running)
+            .map(|r| async move {
+                match self.sample_into_history(&r).await {
+                    Err(crate::error::Error::Conflict(_)) | Ok(_) => None,
+                    Err(_) => Some(r.id),
+                }
+            })
+            .buffer_unordered(SAMPLE_CONCURRENCY)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await;
+        for id in failed {
+            self.check_alive(&id).await;
+        }
+    }
+
+    /// After a failed sample: ends `id` with `died` (or `oom`) when it is no longer running
+    /// although nothing paused or killed it.
+    async fn check_alive(&self, id: &str) {
+        let stopped = {
+            // Pause, snapshot and fork hold this lock while the sandbox is briefly not running.
+            let _guard = self.lifecycle_lock.lock().await;
+            let running_here = self
+                .registry
+                .get(id)
+                .is_some_and(|r| r.state == SandboxState::Running);
+            let mut stopped = running_here;
+            // Asked twice, a second apart, so one slow `runsc state` is not a death.
+            for i in 0..2 {
+                if !stopped {
+                    break;
+                }
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                stopped = matches!(self.driver.is_running(id).await, Ok(false));
+            }
+            stopped
+        };
+        if !stopped {
+            return;
+        }
+        let last = self
+            .history
+            .lock()
+            .get(id)
+            .and_then(|r| r.latest().cloned());
+        let (kind, why) = match last {
+            Some(s) if s.mem_total > 0 && s.mem_used.saturating_mul(10) >= s.mem_total * 9 => (
+                "oom",
+                format!(
+                    "the sandbox stopped while using {} of its {} MiB of memory",
+                    s.mem_used >> 20,
+                    s.mem_total >> 20
+                ),
+            ),
+            _ => ("died", "the sandbox stopped on its own".to_string()),
+        };
+        if let Err(e) = self.end(id, kind, &why).await {
+            tracing::warn!(sandbox = id, error = %e, "cleaning up a sandbox that stopped");
+        }
+    }
+
+    /// Runs [`Self::sample_all`] every `metrics_interval`.
+    pub fn spawn_sampler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(me.cfg.metrics_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                me.sample_all().await;
+            }
+        })
+    }
+
+    /// `GET /sandboxes/{id}/metrics?start&end`: the samples of `id` taken between `start_ms`
+    /// (default: its start) and `end_ms` (default: now). Without an end, a running sandbox
+    /// whose newest sample is older than the interval is sampled first.
+    pub async fn metrics_window(
+        &self,
+        id: &str,
+        start_ms: Option<i64>,
+        end_ms: Option<i64>,
+    ) -> Result<Vec<MetricSample>> {
+        let r = self.get(id)?;
+        if end_ms.is_none() && r.state == SandboxState::Running {
+            let stale = self
+                .history
+                .lock()
+                .get(id)
+                .and_then(|ring| ring.latest().map(|s| s.timestamp_ms))
+                .is_none_or(|t| now_ms() - t >= self.cfg.metrics_interval.as_millis() as i64);
+            if stale {
+                // A sandbox mid-pause cannot be sampled: show what there is.
+                let _ = self.sample_into_history(&r).await;
+            }
+        }
+        let start = start_ms.unwrap_or(r.started_at_ms);
+        let end = end_ms.unwrap_or(i64::MAX);
+        Ok(self
+            .history
+            .lock()
+            .get(id)
+            .map(|ring| ring.window(start, end))
+            .unwrap_or_default())
+    }
+
+    /// `GET /sandboxes/metrics?sandbox_ids=`: the newest sample of each of `ids` that is
+    /// running or paused (unknown ids are left out).
+    pub async fn latest_metrics(&self, ids: &[String]) -> BTreeMap<String, MetricSample> {
+        let mut out = BTreeMap::new();
+        for id in ids {
+            let Ok(r) = self.get(id) else { continue };
+            let latest = self
+                .history
+                .lock()
+                .get(id)
+                .and_then(|g| g.latest().cloned());
+            let s = match latest {
+                Some(s) => Some(s),
+                None if r.state == SandboxState::Running => self.sample_into_history(&r).await.ok(),
+                None => None,
+            };
+            if let Some(s) = s {
+                out.insert(id.clone(), s);
+            }
+        }
+        out
+    }
+}
+
+impl Manager {
+    /// The newest sample of every running or paused sandbox.
+    pub fn latest_samples(&self) -> Vec<(String, MetricSample)> {
+        self.history
+            .lock()
+            .iter()
+            .filter_map(|(id, r)| r.latest().map(|s| (id.clone(), s.clone())))
+            .collect()
+    }
+
+    /// Free bytes on the file system of the state directory (sandbox layers).
+    pub fn state_disk_free(&self) -> Option<u64> {
+        let dir = self
+            .cfg
+            .admission
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("/"));
+        kiln_host::capacity::read_limits(&dir).disk_free_bytes
+    }
+}
