@@ -12,6 +12,7 @@ mod keys;
 mod runtime;
 mod sandbox;
 mod serve;
+mod team;
 mod template;
 mod term;
 
@@ -43,6 +44,9 @@ enum Cmd {
     /// Manage API keys (works on the server's state directly).
     #[command(subcommand)]
     Keys(keys::Cmd),
+    /// Teams and their quotas (works on the server's state directly).
+    #[command(subcommand)]
+    Team(team::Cmd),
     /// The gVisor runtime (runsc): find, verify or download the version kiln needs.
     #[command(subcommand)]
     Runtime(runtime::Cmd),
@@ -69,6 +73,7 @@ fn main() {
         Cmd::Template(c) => template::run(c),
         Cmd::Sandbox(c) => sandbox::run(c),
         Cmd::Keys(c) => keys::run(c),
+        Cmd::Team(c) => team::run(c),
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
     };

@@ -12,12 +12,14 @@
 pub mod api;
 pub mod auth;
 pub mod driver;
+pub mod edge;
 pub mod error;
 pub mod manager;
 pub mod proxy;
 pub mod routing;
 pub mod store;
 pub mod templates;
+pub mod tenancy;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +42,8 @@ pub struct ServerConfig {
     /// The isolation driver and its own settings.
     pub driver: DriverConfig,
     pub lifecycle: LifecycleConfig,
+    /// Connection limits and timeouts.
+    pub edge: edge::EdgeConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +108,7 @@ pub struct Server {
     pub first_key: Option<auth::NewKey>,
     pub recovery: Recovery,
     domain: String,
+    edge: edge::EdgeConfig,
 }
 
 impl Server {
@@ -156,6 +161,7 @@ impl Server {
             local_addr,
             first_key,
             domain: cfg.domain,
+            edge: cfg.edge,
         })
     }
 
@@ -171,13 +177,14 @@ impl Server {
                 let _ = h.await;
             }
         });
-        let state = Arc::new(api::AppState {
-            manager: self.manager.clone(),
-            cfg: api::ApiConfig {
+        let state = Arc::new(api::AppState::new(
+            self.manager.clone(),
+            api::ApiConfig {
                 domain: self.domain.clone(),
             },
-        });
+        ));
         let app = api::router(state);
-        axum::serve(self.listener, app).await
+        edge::serve(self.listener, app, self.edge).await;
+        Ok(())
     }
 }
