@@ -46,7 +46,20 @@ impl Manager {
             // Nothing runs: no sample.
             return Ok(Vec::new());
         }
-        let stats = self.driver.stats(id).await?;
+        let stats = match self.driver.stats(id).await {
+            Ok(s) => s,
+            // Ended meanwhile: as if it had been gone before.
+            Err(_) if self.registry.get(id).is_none() => {
+                return Err(Error::SandboxNotFound(id.to_string()))
+            }
+            // Busy being captured or restored (the runtime has no state to report for a
+            // moment): no sample this time, like a paused sandbox.
+            Err(e) if self.lifecycle_lock.try_lock().is_err() => {
+                tracing::debug!(sandbox = id, error = %e, "no metrics sample during a capture");
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let pct = self.registry.cpu_pct(id, stats.cpu_ns, r.cpu_count);
         let (disk_used, disk_total) = match self.agent(id, r.envd_token.clone()).metrics().await {
             Ok(m) => (m.disk_used, m.disk_total),
