@@ -352,6 +352,9 @@ pub async fn fork(
     if let Some(secs) = b.timeout {
         st.manager.check_team_timeout(&c.team, secs).await?;
     }
+    st.manager
+        .check_team_room(&c.team, b.count.unwrap_or(1) as usize)
+        .await?;
     let manager = st.manager.clone();
     let children =
         tokio::spawn(async move { manager.fork(&id, b.count.unwrap_or(1), b.timeout).await })

@@ -104,6 +104,29 @@ impl Manager {
         Ok(())
     }
 
+    /// Whether `team` has room for `n` more sandboxes (a fork's children): 429 naming the
+    /// quota when not.
+    pub async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
+        if let Some(max) = self.team_quota(team).await?.max_sandboxes {
+            let live = self
+                .registry
+                .list()
+                .iter()
+                .filter(|r| r.team == team)
+                .count();
+            if live + n > max as usize {
+                return Err(quota_refusal(
+                    format!(
+                        "team \"{team}\"'s sandbox quota ({max} at once; {live} running or \
+                         paused, {n} more asked for)"
+                    ),
+                    RETRY_AFTER_SECS,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Admits one more create for `team`, or says which limit refuses it.
     pub(super) fn admit(&self, team: &str, quota: &TeamQuota) -> Result<Ticket<'_>> {
         let pending = self.in_flight.total.fetch_add(1, Ordering::SeqCst);
