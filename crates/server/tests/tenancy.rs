@@ -250,6 +250,18 @@ async fn quotas_and_idempotent_creates() {
         msg.contains("team \"red\"'s sandbox quota (1 at once"),
         "{msg}"
     );
+    // A fork would take red past its quota too (checked before anything is captured).
+    let (s, h, v) = req(
+        &app,
+        &red,
+        "POST",
+        &format!("/sandboxes/{first}/fork"),
+        Some("{}"),
+        &[],
+    )
+    .await;
+    common::assert_error(s, &v, 429);
+    assert!(h.contains_key("retry-after"), "{h:?}");
     // ...and a refused create with a key is not remembered: after room is made it runs.
     let idem2 = [("Idempotency-Key", "create-2")];
     let (s, _, v) = req(&app, &red, "POST", "/sandboxes", Some(CREATE), &idem2).await;
