@@ -223,3 +223,93 @@ async fn connections_beyond_the_cap_get_503() {
     }
     assert_eq!(ok, 1, "no slot came back after the connections closed");
 }
+
+/// A proxied upload without Content-Length (chunked) streams into the sandbox whatever its size,
+/// and a body-less GET through the proxy still works (the buffered path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_uploads_stream_through_the_proxy() {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    common::require_runsc_root();
+    let tpl = tempfile::tempdir().unwrap();
+    common::build_rootfs(tpl.path());
+    let state = common::state_dir();
+    let driver = common::driver(state.path());
+    let cleanup = common::Cleanup::new(driver.clone());
+    let manager = common::manager(
+        state.path(),
+        driver.clone(),
+        Arc::new(FixedTemplates(vec![kiln_server::templates::from_dir(
+            "t",
+            tpl.path(),
+        )])),
+        LifecycleConfig {
+            default_memory_mb: 256,
+            ..Default::default()
+        },
+    );
+    let (app, key) = common::app(manager.clone(), state.path()).await;
+    let (s, v) = common::call(
+        &app,
+        Some(&key),
+        "POST",
+        "/sandboxes",
+        Some(r#"{"templateID":"t","timeout":120}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(s.as_u16(), 201, "{v}");
+    let id = v["sandboxID"].as_str().unwrap().to_string();
+    cleanup.add(&id);
+    let token = v["envdAccessToken"].as_str().unwrap().to_string();
+    // 3 MiB (three times what the proxy ever buffers) in 64 KiB chunks, no Content-Length.
+    const CHUNKS: usize = 48;
+    let chunks = futures::stream::iter(
+        (0..CHUNKS).map(|i| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![i as u8; 64 << 10]))),
+    );
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("/files?path=/home/user/big.bin&username=user")
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .header("content-type", "application/octet-stream")
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    assert!(req.headers().get("content-length").is_none());
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(status.as_u16(), 200, "{}", String::from_utf8_lossy(&body));
+    let out = manager
+        .agent(&id, Some(token.clone()))
+        .run("ls -ln /home/user/big.bin", Default::default())
+        .await
+        .unwrap();
+    let ls = String::from_utf8_lossy(&out.stdout).to_string();
+    let n: usize = ls
+        .split_whitespace()
+        .nth(4)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(n, CHUNKS * (64 << 10), "{out:?}");
+    // A body-less GET through the proxy: the download comes back whole.
+    let (s, v) = common::call(
+        &app,
+        None,
+        "GET",
+        "/files?path=/home/user/big.bin&username=user",
+        None,
+        &[("E2b-Sandbox-Id", &id), ("X-Access-Token", &token)],
+    )
+    .await;
+    assert_eq!(s.as_u16(), 200);
+    // (bytes 0..48 are ASCII: the text form has the same length)
+    assert_eq!(
+        v.as_str().map(str::len),
+        Some(CHUNKS * (64 << 10)),
+        "download"
+    );
+    manager.kill_all("test done").await;
+}
