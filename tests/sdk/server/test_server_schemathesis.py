@@ -78,7 +78,9 @@ def test_no_server_errors_on_generated_requests(fuzzed_server):
     ]
     env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        # Its own working directory: schemathesis keeps a crash cache in `.schemathesis/`.
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                           cwd=os.path.dirname(srv.state_dir))
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"schemathesis did not finish within 600 s:\n{e.stdout}")
     out = r.stdout + r.stderr
