@@ -12,6 +12,9 @@ pub enum Cmd {
         /// A name to recognise the key by.
         #[arg(long, default_value = "cli")]
         name: String,
+        /// The team the key acts for: it sees only that team's sandboxes and snapshots.
+        #[arg(long, default_value = kiln_server::tenancy::DEFAULT_TEAM)]
+        team: String,
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
@@ -28,13 +31,13 @@ pub enum Cmd {
     },
 }
 
-fn open(state_dir: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
+pub(crate) fn open(state_dir: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
     let dir = state_dir.unwrap_or_else(kiln_host::paths::state_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     SqliteStore::open(&dir.join("kiln.db")).context("opening the state database")
 }
 
-fn when(ms: Option<i64>) -> String {
+pub(crate) fn when(ms: Option<i64>) -> String {
     ms.and_then(chrono::DateTime::from_timestamp_millis)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| "-".into())
@@ -50,12 +53,17 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
 
 async fn run_async(c: Cmd) -> anyhow::Result<i32> {
     match c {
-        Cmd::Create { name, state_dir } => {
+        Cmd::Create {
+            name,
+            team,
+            state_dir,
+        } => {
+            kiln_server::tenancy::check_team_name(&team)?;
             let store = open(state_dir)?;
-            let k = kiln_server::auth::create_key(&store, &name).await?;
+            let k = kiln_server::auth::create_team_key(&store, &name, &team).await?;
             println!("{}", k.secret);
             eprintln!(
-                "kiln: created key {} ({name}); it is shown only this once",
+                "kiln: created key {} ({name}, team {team}); it is shown only this once",
                 k.record.id
             );
             Ok(0)
@@ -63,8 +71,8 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
         Cmd::List { state_dir } => {
             let store = open(state_dir)?;
             println!(
-                "{:<18} {:<16} {:<12} {:<20} {:<20} STATUS",
-                "ID", "NAME", "PREFIX", "CREATED", "LAST USED"
+                "{:<18} {:<16} {:<16} {:<12} {:<20} {:<20} STATUS",
+                "ID", "NAME", "TEAM", "PREFIX", "CREATED", "LAST USED"
             );
             for k in store.list_keys().await? {
                 let status = if k.revoked_at_ms.is_some() {
@@ -73,9 +81,10 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
                     "active"
                 };
                 println!(
-                    "{:<18} {:<16} {:<12} {:<20} {:<20} {status}",
+                    "{:<18} {:<16} {:<16} {:<12} {:<20} {:<20} {status}",
                     k.id,
                     k.name,
+                    k.team,
                     format!("{}…", k.prefix),
                     when(Some(k.created_at_ms)),
                     when(k.last_used_ms)

@@ -13,6 +13,7 @@ mod observe;
 mod runtime;
 mod sandbox;
 mod serve;
+mod team;
 mod template;
 mod term;
 
@@ -49,6 +50,9 @@ enum Cmd {
     /// Manage webhooks (signed lifecycle event deliveries) of a running kiln server.
     #[command(subcommand)]
     Webhooks(observe::WebhookCmd),
+    /// Teams and their quotas (works on the server's state directly).
+    #[command(subcommand)]
+    Team(team::Cmd),
     /// The gVisor runtime (runsc): find, verify or download the version kiln needs.
     #[command(subcommand)]
     Runtime(runtime::Cmd),
@@ -77,6 +81,7 @@ fn main() {
         Cmd::Keys(c) => keys::run(c),
         Cmd::Events(a) => observe::events(a),
         Cmd::Webhooks(c) => observe::webhooks(c),
+        Cmd::Team(c) => team::run(c),
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
     };

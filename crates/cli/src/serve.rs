@@ -51,6 +51,23 @@ pub struct Args {
     /// (default: as many as the host's capacity allows — those get 503).
     #[arg(long, env = "KILN_MAX_SANDBOXES")]
     max_sandboxes: Option<usize>,
+    /// Default per-team quota: sandboxes a team may have at once (429 beyond; `kiln team set`
+    /// overrides it per team).
+    #[arg(long, env = "KILN_TEAM_MAX_SANDBOXES")]
+    team_max_sandboxes: Option<u32>,
+    /// Default per-team quota: largest timeout, seconds (400 beyond).
+    #[arg(long, env = "KILN_TEAM_MAX_TIMEOUT")]
+    team_max_timeout: Option<u64>,
+    /// Default per-team quota: creates per minute (429 with Retry-After beyond).
+    #[arg(long, env = "KILN_TEAM_CREATES_PER_MINUTE")]
+    team_creates_per_minute: Option<u32>,
+    /// Open client connections at most; further ones get 503 and are closed.
+    #[arg(long, env = "KILN_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// Seconds a client has to send a request's headers; idle keep-alive connections are
+    /// closed after as long.
+    #[arg(long, env = "KILN_HEADER_TIMEOUT", default_value_t = 30)]
+    header_timeout: u64,
     /// Skip installing host packages and building the base template.
     #[arg(long)]
     no_prepare: bool,
@@ -153,6 +170,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
                 state_dir: Some(state_dir),
+                team_defaults: kiln_server::tenancy::TeamQuota {
+                    max_sandboxes: a.team_max_sandboxes,
+                    max_timeout_secs: a.team_max_timeout,
+                    creates_per_minute: a.team_creates_per_minute,
+                },
                 ..Default::default()
             },
             pools: a.pools.clone(),
@@ -164,6 +186,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ..LifecycleConfig::default()
         },
         metrics_token: a.metrics_token.clone().filter(|t| !t.is_empty()),
+        edge: kiln_server::edge::EdgeConfig {
+            max_connections: a.max_connections.max(1),
+            header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
+            ..Default::default()
+        },
     };
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {

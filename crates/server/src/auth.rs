@@ -4,6 +4,7 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use crate::store::{now_ms, KeyRecord, StateStore, StoreError};
+use crate::tenancy::{Caller, DEFAULT_TEAM};
 
 /// Header carrying the API key (as E2B).
 pub const API_KEY_HEADER: &str = "x-api-key";
@@ -26,8 +27,18 @@ pub fn random_hex(bytes: usize) -> String {
     hex::encode(buf)
 }
 
-/// Generates a key named `name` and stores its hash.
+/// Generates a key named `name` for the default team and stores its hash.
 pub async fn create_key(store: &dyn StateStore, name: &str) -> Result<NewKey, StoreError> {
+    create_team_key(store, name, DEFAULT_TEAM).await
+}
+
+/// Generates a key named `name` acting for `team` and stores its hash (the team name is
+/// checked by the caller, see [`crate::tenancy::check_team_name`]).
+pub async fn create_team_key(
+    store: &dyn StateStore,
+    name: &str,
+    team: &str,
+) -> Result<NewKey, StoreError> {
     let secret = format!("e2b_{}", random_hex(20));
     let record = KeyRecord {
         id: format!("key_{}", random_hex(6)),
@@ -37,6 +48,7 @@ pub async fn create_key(store: &dyn StateStore, name: &str) -> Result<NewKey, St
         created_at_ms: now_ms(),
         last_used_ms: None,
         revoked_at_ms: None,
+        team: team.to_string(),
     };
     store.insert_key(&record).await?;
     Ok(NewKey { secret, record })
@@ -61,11 +73,12 @@ pub enum AuthError {
     Revoked,
 }
 
-/// Checks `presented` against the stored hashes; returns the key's id.
+/// Checks `presented` against the stored hashes; returns who is calling (the key's id and
+/// team).
 pub async fn verify(
     store: &dyn StateStore,
     presented: Option<&str>,
-) -> Result<Result<String, AuthError>, StoreError> {
+) -> Result<Result<Caller, AuthError>, StoreError> {
     let Some(secret) = presented.map(str::trim).filter(|s| !s.is_empty()) else {
         return Ok(Err(AuthError::Missing));
     };
@@ -74,7 +87,10 @@ pub async fn verify(
         Some(k) if k.revoked_at_ms.is_some() => Ok(Err(AuthError::Revoked)),
         Some(k) => {
             store.touch_key(&k.id).await?;
-            Ok(Ok(k.id))
+            Ok(Ok(Caller {
+                key_id: k.id,
+                team: k.team,
+            }))
         }
     }
 }
@@ -102,7 +118,15 @@ mod tests {
         assert!(!rows[0].hash.contains(&k.secret[4..]));
         assert_eq!(
             verify(&s, Some(&k.secret)).await.unwrap(),
-            Ok(k.record.id.clone())
+            Ok(Caller {
+                key_id: k.record.id.clone(),
+                team: DEFAULT_TEAM.into()
+            })
+        );
+        let t = create_team_key(&s, "ci", "red").await.unwrap();
+        assert_eq!(
+            verify(&s, Some(&t.secret)).await.unwrap().unwrap().team,
+            "red"
         );
     }
 

@@ -12,6 +12,7 @@
 pub mod api;
 pub mod auth;
 pub mod driver;
+pub mod edge;
 pub mod error;
 pub mod manager;
 pub mod obs;
@@ -19,6 +20,7 @@ pub mod proxy;
 pub mod routing;
 pub mod store;
 pub mod templates;
+pub mod tenancy;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +45,8 @@ pub struct ServerConfig {
     pub lifecycle: LifecycleConfig,
     /// Bearer token of the Prometheus `/metrics` endpoint (None: the endpoint answers 404).
     pub metrics_token: Option<String>,
+    /// Connection limits and timeouts.
+    pub edge: edge::EdgeConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +112,7 @@ pub struct Server {
     pub recovery: Recovery,
     domain: String,
     metrics_token: Option<String>,
+    edge: edge::EdgeConfig,
 }
 
 impl Server {
@@ -161,6 +166,7 @@ impl Server {
             first_key,
             domain: cfg.domain,
             metrics_token: cfg.metrics_token,
+            edge: cfg.edge,
         })
     }
 
@@ -178,14 +184,15 @@ impl Server {
                 let _ = h.await;
             }
         });
-        let state = Arc::new(api::AppState {
-            manager: self.manager.clone(),
-            cfg: api::ApiConfig {
+        let state = Arc::new(api::AppState::new(
+            self.manager.clone(),
+            api::ApiConfig {
                 domain: self.domain.clone(),
                 metrics_token: self.metrics_token.clone(),
             },
-        });
+        ));
         let app = api::router(state);
-        axum::serve(self.listener, app).await
+        edge::serve(self.listener, app, self.edge).await;
+        Ok(())
     }
 }

@@ -194,10 +194,9 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
                 .ok()
                 .and_then(|s| s.parse::<u64>().ok())
                 .is_some_and(|n| n <= SMALL_BODY),
-            None => matches!(
-                method,
-                http::Method::GET | http::Method::HEAD | http::Method::DELETE
-            ),
+            // No Content-Length: buffered only when there is no body at all; a chunked body
+            // of any size streams (it was buffered without limit before).
+            None => http_body::Body::is_end_stream(&body),
         };
     let sent = if small {
         let bytes = match http_body_util::BodyExt::collect(body).await {

@@ -243,7 +243,7 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let snap = m
-        .snapshot(&src.id, Some("snap-a".into()))
+        .snapshot(&src.id, "default", Some("snap-a".into()))
         .await
         .expect("snapshot");
     assert!(kiln_server::manager::is_snapshot_id(&snap.id));
@@ -255,11 +255,11 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(count(&m, &src.id).await > c, "the source stopped counting");
     assert!(matches!(
-        m.snapshot(&src.id, Some("snap-a".into())).await,
+        m.snapshot(&src.id, "default", Some("snap-a".into())).await,
         Err(Error::Conflict(_))
     ));
     assert!(matches!(
-        m.snapshot(&src.id, Some("../x".into())).await,
+        m.snapshot(&src.id, "default", Some("../x".into())).await,
         Err(Error::BadRequest(_))
     ));
     // The snapshot outlives its source.
@@ -296,22 +296,25 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
     sh(&m, &by_id.id, "echo mine > /home/user/file").await;
     assert_eq!(sh(&m, &by_name.id, "cat /home/user/file").await, "kept");
 
-    assert_eq!(m.snapshots(None, None).await.unwrap().len(), 1);
+    assert_eq!(m.snapshots("default", None, None).await.unwrap().len(), 1);
     assert_eq!(
-        m.snapshots(Some(&src.id), Some("snap-a")).await.unwrap()[0].id,
+        m.snapshots("default", Some(&src.id), Some("snap-a"))
+            .await
+            .unwrap()[0]
+            .id,
         snap.id
     );
     assert!(matches!(
-        m.delete_snapshot("../../etc/passwd").await,
+        m.delete_snapshot("../../etc/passwd", "default").await,
         Err(Error::BadRequest(_))
     ));
-    m.delete_snapshot(&kiln_server::manager::tagged(&snap.id))
+    m.delete_snapshot(&kiln_server::manager::tagged(&snap.id), "default")
         .await
         .expect("delete");
     assert!(!snap_dir.exists(), "deleting a snapshot frees its disk");
-    assert!(m.snapshots(None, None).await.unwrap().is_empty());
+    assert!(m.snapshots("default", None, None).await.unwrap().is_empty());
     assert!(matches!(
-        m.delete_snapshot(&snap.id).await,
+        m.delete_snapshot(&snap.id, "default").await,
         Err(Error::NotFound(_))
     ));
     // Sandboxes restored from it keep working: its frozen layer stays while they use it.
@@ -432,7 +435,7 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
     }
     assert_eq!(sh(&m, &parent.id, "cat /home/user/file").await, "parent");
     // The capture a fork makes is not left behind.
-    assert!(m.snapshots(None, None).await.unwrap().is_empty());
+    assert!(m.snapshots("default", None, None).await.unwrap().is_empty());
     let snaps = state.path().join("gvisor/snapshots");
     assert_eq!(std::fs::read_dir(&snaps).map(|d| d.count()).unwrap_or(0), 0);
     for id in children.iter().map(|c| &c.id).chain([&parent.id]) {
@@ -491,7 +494,7 @@ async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
     let sbx = m.create(params).await.expect("create from the pool");
     let took = t.elapsed();
     cleanup.add(&sbx.id);
-    let logs = m.logs(&sbx.id).await.unwrap();
+    let logs = m.logs(&sbx.id, "default").await.unwrap();
     assert!(
         logs.events.iter().any(|e| e.detail.contains("warm pool")),
         "not taken from the pool: {:?}",

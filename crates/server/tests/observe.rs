@@ -40,13 +40,13 @@ async fn fixture(metrics_token: Option<&str>) -> Fixture {
         cfg,
     );
     let (_, key) = common::app(manager.clone(), dir.path()).await;
-    let app = api::router(Arc::new(AppState {
-        manager: manager.clone(),
-        cfg: ApiConfig {
+    let app = api::router(Arc::new(AppState::new(
+        manager.clone(),
+        ApiConfig {
             domain: "kiln.test".into(),
             metrics_token: metrics_token.map(str::to_string),
         },
-    }));
+    )));
     Fixture {
         manager,
         app,

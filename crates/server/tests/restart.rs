@@ -64,6 +64,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             driver: common::driver_config(),
             lifecycle: lifecycle(),
             metrics_token: None,
+            edge: Default::default(),
         },
         templates.clone(),
     )
@@ -82,13 +83,13 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
         .clone()
         .expect("first start makes a key")
         .secret;
-    let app = kiln_server::api::router(Arc::new(kiln_server::api::AppState {
-        manager: manager.clone(),
-        cfg: kiln_server::api::ApiConfig {
+    let app = kiln_server::api::router(Arc::new(kiln_server::api::AppState::new(
+        manager.clone(),
+        kiln_server::api::ApiConfig {
             domain: "kiln.test".into(),
             metrics_token: None,
         },
-    }));
+    )));
     // A request made while recovery still runs (sandboxes pending) waits and succeeds.
     let pending_before = manager.recovering();
     assert!(

@@ -81,7 +81,7 @@ async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
     // A process that only a memory snapshot would carry over.
     assert_eq!(sh(&m, &src.id, "sleep 1000 >/dev/null 2>&1 &").await.0, 0);
     let snap = m
-        .snapshot_with(&src.id, Some("disk-only".into()), false)
+        .snapshot_with(&src.id, "default", Some("disk-only".into()), false)
         .await
         .expect("filesystem snapshot");
     let snap_dir = state.path().join("gvisor/snapshots").join(&snap.id);
@@ -107,7 +107,9 @@ async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
     for id in [&src.id, &child.id] {
         assert!(m.kill(id, "test done").await.unwrap());
     }
-    m.delete_snapshot(&snap.id).await.expect("delete");
+    m.delete_snapshot(&snap.id, "default")
+        .await
+        .expect("delete");
     assert!(common::mounts_under(state.path()).is_empty());
 }
 

@@ -86,6 +86,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ..LifecycleConfig::default()
         },
         metrics_token: None,
+        edge: Default::default(),
     };
     println!(
         "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \

@@ -231,13 +231,13 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     }
 
     // kiln's API and proxy on a local port.
-    let state = Arc::new(kiln_server::api::AppState {
-        manager: net.manager.clone(),
-        cfg: kiln_server::api::ApiConfig {
+    let state = Arc::new(kiln_server::api::AppState::new(
+        net.manager.clone(),
+        kiln_server::api::ApiConfig {
             domain: kiln_server::DEFAULT_DOMAIN.into(),
             metrics_token: None,
         },
-    });
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let app = kiln_server::api::router(state);

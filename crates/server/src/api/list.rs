@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use base64::Engine;
 use serde::Deserialize;
@@ -13,6 +14,7 @@ use serde_json::Value;
 use super::wire::listed_json;
 use super::{ApiError, ApiResult, St};
 use crate::store::{SandboxRecord, SandboxState};
+use crate::tenancy::Caller;
 
 #[derive(Debug, Deserialize)]
 pub struct ListQuery {
@@ -73,7 +75,11 @@ fn matches_metadata(r: &SandboxRecord, filter: &BTreeMap<String, String>) -> boo
     filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
 }
 
-pub async fn list_v1(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Json<Vec<Value>>> {
+pub async fn list_v1(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<Value>>> {
     let filter = q
         .metadata
         .as_deref()
@@ -82,7 +88,7 @@ pub async fn list_v1(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Jso
         .unwrap_or_default();
     Ok(Json(
         st.manager
-            .list()
+            .list_for(&c.team)
             .iter()
             .filter(|r| r.state == SandboxState::Running)
             .filter(|r| matches_metadata(r, &filter))
@@ -129,7 +135,11 @@ pub(super) fn decode_cursor(s: &str) -> ApiResult<(i64, String)> {
     Ok((ms.parse().map_err(|_| bad())?, id.to_string()))
 }
 
-pub async fn list_v2(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Response> {
+pub async fn list_v2(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Response> {
     let filter = q
         .metadata
         .as_deref()
@@ -181,7 +191,7 @@ pub async fn list_v2(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Res
         .transpose()?;
     let mut all: Vec<SandboxRecord> = st
         .manager
-        .list()
+        .list_for(&c.team)
         .into_iter()
         .filter(|r| states.is_empty() || states.contains(&r.state))
         .filter(|r| matches_metadata(r, &filter))

@@ -6,6 +6,7 @@
 //!   manager).
 
 mod error;
+pub mod idempotency;
 mod list;
 mod network;
 mod observe;
@@ -86,6 +87,18 @@ pub struct ApiConfig {
 pub struct AppState {
     pub manager: Arc<Manager>,
     pub cfg: ApiConfig,
+    /// Idempotency keys of recent creates.
+    pub idempotency: idempotency::Idempotency,
+}
+
+impl AppState {
+    pub fn new(manager: Arc<Manager>, cfg: ApiConfig) -> Self {
+        Self {
+            manager,
+            cfg,
+            idempotency: Default::default(),
+        }
+    }
 }
 
 type St = State<Arc<AppState>>;
@@ -141,7 +154,9 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 
 // ---------- layers ----------
 
-async fn require_api_key(State(st): St, req: Request, next: Next) -> Response {
+/// Checks the API key and puts the caller ([`crate::tenancy::Caller`]) in the request's
+/// extensions.
+async fn require_api_key(State(st): St, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     // `/metrics` checks its own token.
     if path == "/health" || path == "/openapi.json" || path == "/metrics" {
@@ -160,7 +175,10 @@ async fn require_api_key(State(st): St, req: Request, next: Next) -> Response {
                 .map(str::to_string)
         });
     match st.manager.authenticate(key.as_deref()).await {
-        Ok(Ok(_)) => next.run(req).await,
+        Ok(Ok(caller)) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
         Ok(Err(e)) => ApiError::unauthorized(e.to_string()).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
@@ -257,6 +275,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .fallback(any(fallback))
         .method_not_allowed_fallback(method_not_allowed)
+        // Innermost: bodies are read only once the key was checked.
+        .layer(middleware::from_fn(crate::edge::limit_api_body))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             await_recovery,

@@ -100,8 +100,14 @@ pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
 
 /// `PUT /sandboxes/{id}/network`: replaces `allowOut`, `denyOut` and `dnsServers` (omitted
 /// ones are cleared); internet access and `httpsPorts` stay as created.
-pub async fn update(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn update(
+    State(st): St,
+    axum::Extension(c): axum::Extension<crate::tenancy::Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let n: NetworkJson = parse_json(&body, true)?.unwrap_or_default();
+    st.manager.get_for(&id, &c.team)?;
     let current = st.manager.network(&id).await?;
     let internet = current.as_ref().map(|p| p.allow_internet_access);
     let mut policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?

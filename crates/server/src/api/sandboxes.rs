@@ -5,6 +5,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -12,8 +13,31 @@ use serde_json::{json, Value};
 use super::wire::{detail_json, parse_json, sandbox_json, ts, NewSandbox};
 use super::{ApiError, ApiResult, St};
 use crate::manager::CreateParams;
+use crate::tenancy::Caller;
 
-pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
+/// The caller of a request (set by the auth layer).
+type Who = Extension<Caller>;
+
+pub async fn create_sandbox(
+    State(st): St,
+    Extension(c): Who,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let key = super::idempotency::key_of(&headers)?;
+    let Some(key) = key else {
+        return create_inner(st, c, body).await;
+    };
+    let scope = format!("{}/create", c.team);
+    let work = Box::pin(create_inner(st.clone(), c, body.clone()));
+    Ok(st.idempotency.run(scope, key, &body, work).await)
+}
+
+async fn create_inner(
+    st: std::sync::Arc<super::AppState>,
+    c: Caller,
+    body: Bytes,
+) -> ApiResult<Response> {
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
     let network = super::network::policy_of(req.allow_internet_access, req.network.as_ref())?;
@@ -38,6 +62,7 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
         auto_pause_filesystem_only: req.auto_pause_memory == Some(false),
         allow_internet_access: req.allow_internet_access,
         network,
+        team: c.team,
     };
     let t = std::time::Instant::now();
     let rec = tokio::spawn(async move { manager.create(params).await })
@@ -49,8 +74,12 @@ pub async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
-pub async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Value>> {
-    let r = st.manager.get(&id)?;
+pub async fn get_sandbox(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let r = st.manager.get_for(&id, &c.team)?;
     let mut v = detail_json(&r, &st.cfg.domain);
     let (internet, network) = super::network::info(st.manager.network(&id).await?.as_ref());
     v["allowInternetAccess"] = json!(internet);
@@ -61,7 +90,12 @@ pub async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Jso
     Ok(Json(v))
 }
 
-pub async fn kill_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
+pub async fn kill_sandbox(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    st.manager.get_for(&id, &c.team)?;
     let manager = st.manager.clone();
     let sid = id.clone();
     let killed = tokio::spawn(async move { manager.kill(&sid, "killed by request").await })
@@ -81,11 +115,15 @@ struct TimeoutBody {
 
 pub async fn set_timeout(
     State(st): St,
+    Extension(c): Who,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let b: TimeoutBody =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
+    st.manager.check_timeout(b.timeout)?;
+    st.manager.get_for(&id, &c.team)?;
+    st.manager.check_team_timeout(&c.team, b.timeout).await?;
     st.manager.set_timeout(&id, b.timeout).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -99,13 +137,20 @@ struct ConnectBody {
 
 /// `POST /v2/sandboxes/{id}/connect`: 201 when it resumed a paused sandbox, 200 when the
 /// sandbox was running (its timeout is extended).
-pub async fn connect(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+pub async fn connect(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b: ConnectBody = parse_json(&body, true)?.unwrap_or_default();
     // Validate before looking the sandbox up, so bad input is a 400 even for unknown ids.
     let secs = b
         .timeout
         .unwrap_or(st.manager.config().default_timeout_secs as i64);
     st.manager.check_timeout(secs)?;
+    st.manager.get_for(&id, &c.team)?;
+    st.manager.check_team_timeout(&c.team, secs).await?;
     let manager = st.manager.clone();
     let memory = b.memory.unwrap_or(true);
     // Its own task: a client that gives up mid-resume must not cut a resume in half.
@@ -129,32 +174,41 @@ struct RefreshBody {
     duration: Option<i64>,
 }
 
-pub async fn refresh(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn refresh(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let b: RefreshBody = parse_json(&body, true)?.unwrap_or_default();
     let secs = b
         .duration
         .unwrap_or(st.manager.config().default_timeout_secs as i64);
+    st.manager.check_timeout(secs)?;
+    st.manager.get_for(&id, &c.team)?;
+    st.manager.check_team_timeout(&c.team, secs).await?;
     st.manager.extend(&id, secs, "refreshed").await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /sandboxes/{id}/logs`: plain lines and structured entries.
-pub async fn logs(st: St, id: Path<String>) -> ApiResult<Json<Value>> {
-    let (logs, entries) = collect_logs(st, id).await?;
+pub async fn logs(st: St, c: Who, id: Path<String>) -> ApiResult<Json<Value>> {
+    let (logs, entries) = collect_logs(st, c, id).await?;
     Ok(Json(json!({"logs": logs, "logEntries": entries})))
 }
 
 /// `GET /v2/sandboxes/{id}/logs`: structured entries only.
-pub async fn logs_v2(st: St, id: Path<String>) -> ApiResult<Json<Value>> {
-    let (_, entries) = collect_logs(st, id).await?;
+pub async fn logs_v2(st: St, c: Who, id: Path<String>) -> ApiResult<Json<Value>> {
+    let (_, entries) = collect_logs(st, c, id).await?;
     Ok(Json(json!({ "logs": entries })))
 }
 
 async fn collect_logs(
     State(st): St,
+    Extension(c): Who,
     Path(id): Path<String>,
 ) -> ApiResult<(Vec<Value>, Vec<Value>)> {
-    let l = st.manager.logs(&id).await?;
+    let l = st.manager.logs(&id, &c.team).await?;
     let mut logs = Vec::new();
     let mut entries = Vec::new();
     for e in &l.events {
@@ -191,8 +245,14 @@ struct PauseBody {
 
 /// `POST /sandboxes/{id}/pause`: 204, 409 when already paused (or, with
 /// `requireHealthyGuest`, when its guest does not answer).
-pub async fn pause(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn pause(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let b: PauseBody = parse_json(&body, true)?.unwrap_or_default();
+    st.manager.get_for(&id, &c.team)?;
     let manager = st.manager.clone();
     let (memory, healthy) = (
         b.memory.unwrap_or(true),
@@ -214,12 +274,19 @@ struct ResumeBody {
 
 /// `POST /sandboxes/{id}/resume` (deprecated; `connect` replaces it): 201, 409 when the
 /// sandbox is not paused.
-pub async fn resume(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+pub async fn resume(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b: ResumeBody = parse_json(&body, true)?.unwrap_or_default();
     let secs = b
         .timeout
         .unwrap_or(st.manager.config().default_timeout_secs as i64);
     st.manager.check_timeout(secs)?;
+    st.manager.get_for(&id, &c.team)?;
+    st.manager.check_team_timeout(&c.team, secs).await?;
     let manager = st.manager.clone();
     let sid = id.clone();
     let memory = b.memory.unwrap_or(true);
@@ -247,13 +314,35 @@ struct SnapshotBody {
 }
 
 /// `POST /sandboxes/{id}/snapshots`: 201 `{snapshotID, names}`; the sandbox keeps running.
-pub async fn snapshot(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+pub async fn snapshot(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let key = super::idempotency::key_of(&headers)?;
+    let Some(key) = key else {
+        return snapshot_inner(st, c, id, body).await;
+    };
+    let scope = format!("{}/snapshot/{id}", c.team);
+    let work = Box::pin(snapshot_inner(st.clone(), c, id, body.clone()));
+    Ok(st.idempotency.run(scope, key, &body, work).await)
+}
+
+async fn snapshot_inner(
+    st: std::sync::Arc<super::AppState>,
+    c: Caller,
+    id: String,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b: SnapshotBody = parse_json(&body, true)?.unwrap_or_default();
     let manager = st.manager.clone();
     let memory = b.memory.unwrap_or(true);
-    let snap = tokio::spawn(async move { manager.snapshot_with(&id, b.name, memory).await })
-        .await
-        .map_err(|e| ApiError::internal(format!("snapshot task: {e}")))??;
+    let snap =
+        tokio::spawn(async move { manager.snapshot_with(&id, &c.team, b.name, memory).await })
+            .await
+            .map_err(|e| ApiError::internal(format!("snapshot task: {e}")))??;
     Ok((StatusCode::CREATED, Json(super::wire::snapshot_json(&snap))).into_response())
 }
 
@@ -265,8 +354,20 @@ struct ForkBody {
 
 /// `POST /sandboxes/{id}/fork`: 201 with one `{sandbox}` or `{error: {code, message}}` per
 /// child.
-pub async fn fork(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+pub async fn fork(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b: ForkBody = parse_json(&body, true)?.unwrap_or_default();
+    st.manager.get_for(&id, &c.team)?;
+    if let Some(secs) = b.timeout {
+        st.manager.check_team_timeout(&c.team, secs).await?;
+    }
+    st.manager
+        .check_team_room(&c.team, b.count.unwrap_or(1) as usize)
+        .await?;
     let manager = st.manager.clone();
     let t = std::time::Instant::now();
     let children =

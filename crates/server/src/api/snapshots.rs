@@ -5,11 +5,12 @@ use super::list::{cursor, decode_cursor};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 
 use super::wire::snapshot_json;
 use super::{ApiError, ApiResult, St};
+use crate::tenancy::Caller;
 
 #[derive(Debug, Deserialize)]
 pub struct SnapshotQuery {
@@ -21,7 +22,11 @@ pub struct SnapshotQuery {
     next_token: Option<String>,
 }
 
-pub async fn list_snapshots(State(st): St, Query(q): Query<SnapshotQuery>) -> ApiResult<Response> {
+pub async fn list_snapshots(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Query(q): Query<SnapshotQuery>,
+) -> ApiResult<Response> {
     let limit: usize = match q.limit.as_deref() {
         None => 100,
         Some(l) => l
@@ -38,7 +43,7 @@ pub async fn list_snapshots(State(st): St, Query(q): Query<SnapshotQuery>) -> Ap
         .transpose()?;
     let mut all = st
         .manager
-        .snapshots(q.sandbox_id.as_deref(), q.name.as_deref())
+        .snapshots(&c.team, q.sandbox_id.as_deref(), q.name.as_deref())
         .await?;
     if let Some(key) = after {
         all.retain(|s| (s.created_at_ms, s.id.clone()) > key);
@@ -56,7 +61,11 @@ pub async fn list_snapshots(State(st): St, Query(q): Query<SnapshotQuery>) -> Ap
 
 /// `DELETE /templates/{templateID}`: deletes a snapshot (templates built with `kiln template
 /// build` are managed with that command).
-pub async fn delete_template(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    st.manager.delete_snapshot(&id).await?;
+pub async fn delete_template(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    st.manager.delete_snapshot(&id, &c.team).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,14 +1,23 @@
-//! Admission control: a create that would exceed the configured cap (`--max-sandboxes`) or the
-//! host's capacity is refused before anything starts — 429 or 503 with `Retry-After` and the
-//! limit named — instead of failing half-way in the runtime and harming running sandboxes.
+//! Admission control: a create that would exceed the configured cap (`--max-sandboxes`), its
+//! team's quota or the host's capacity is refused before anything starts — 429 or 503 with
+//! `Retry-After` and the limit named — instead of failing half-way in the runtime and harming
+//! running sandboxes.
+//!
+//! Per-team quotas ([`TeamQuota`]: concurrent sandboxes, creates per minute, largest timeout)
+//! come from the server's defaults ([`AdmissionConfig::team_defaults`]) overridden by the
+//! team's row in the store (`kiln team set`).
 
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kiln_host::capacity::{self, SandboxCost};
 
 use super::Manager;
 use crate::error::{Error, Result};
+use crate::tenancy::TeamQuota;
 
 /// Admission settings.
 #[derive(Debug, Clone, Default)]
@@ -21,41 +30,144 @@ pub struct AdmissionConfig {
     pub state_dir: Option<PathBuf>,
     /// Skip the host-capacity check (tests that must not depend on the host's load).
     pub skip_host_check: bool,
+    /// Quotas of every team without its own (`kiln serve --team-*`).
+    pub team_defaults: TeamQuota,
 }
 
 /// Seconds a refused client is told to wait.
 const RETRY_AFTER_SECS: u64 = 5;
 
-/// Counts creates in flight, so concurrent creates cannot all pass one check.
-#[derive(Default)]
-pub(super) struct InFlight(AtomicUsize);
+/// The window of the create-rate quota.
+const RATE_WINDOW: Duration = Duration::from_secs(60);
 
-/// Held while a create runs; releases its slot when dropped.
-pub(super) struct Ticket<'a>(&'a InFlight);
+/// Creates in flight (in total and per team), so concurrent creates cannot all pass one
+/// check, and each team's recent creates for its rate quota.
+#[derive(Default)]
+pub(super) struct InFlight {
+    total: AtomicUsize,
+    teams: Mutex<HashMap<String, usize>>,
+    recent: Mutex<HashMap<String, VecDeque<Instant>>>,
+}
+
+impl InFlight {
+    fn teams(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.teams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn recent(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Instant>>> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Held while a create runs; releases its slots when dropped.
+pub(super) struct Ticket<'a> {
+    flight: &'a InFlight,
+    team: String,
+}
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::SeqCst);
+        self.flight.total.fetch_sub(1, Ordering::SeqCst);
+        let mut teams = self.flight.teams();
+        if let Some(n) = teams.get_mut(&self.team) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                teams.remove(&self.team);
+            }
+        }
+    }
+}
+
+fn quota_refusal(limit: String, retry_after_secs: u64) -> Error {
+    Error::Capacity {
+        limit,
+        retry_after_secs,
+        quota: true,
     }
 }
 
 impl Manager {
-    /// Admits one more create, or says which limit refuses it.
-    pub(super) fn admit(&self) -> Result<Ticket<'_>> {
-        let pending = self.in_flight.0.fetch_add(1, Ordering::SeqCst);
-        let ticket = Ticket(&self.in_flight);
+    /// The quotas that apply to `team` (its own where set, else the server's defaults).
+    pub async fn team_quota(&self, team: &str) -> Result<TeamQuota> {
+        let own = self.store.get_team(team).await?;
+        Ok(self.cfg.admission.team_defaults.for_team(own.as_ref()))
+    }
+
+    /// Checks a timeout against `team`'s largest (400 naming the limit: retrying cannot help).
+    pub async fn check_team_timeout(&self, team: &str, secs: i64) -> Result<()> {
+        if let Some(max) = self.team_quota(team).await?.max_timeout_secs {
+            if secs > 0 && secs as u64 > max {
+                return Err(Error::bad_request(format!(
+                    "timeout {secs}s is above team \"{team}\"'s maximum of {max}s"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `team` has room for `n` more sandboxes (a fork's children): 429 naming the
+    /// quota when not.
+    pub async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
+        if let Some(max) = self.team_quota(team).await?.max_sandboxes {
+            let live = self
+                .registry
+                .list()
+                .iter()
+                .filter(|r| r.team == team)
+                .count();
+            if live + n > max as usize {
+                return Err(quota_refusal(
+                    format!(
+                        "team \"{team}\"'s sandbox quota ({max} at once; {live} running or \
+                         paused, {n} more asked for)"
+                    ),
+                    RETRY_AFTER_SECS,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Admits one more create for `team`, or says which limit refuses it.
+    pub(super) fn admit(&self, team: &str, quota: &TeamQuota) -> Result<Ticket<'_>> {
+        let pending = self.in_flight.total.fetch_add(1, Ordering::SeqCst);
+        let team_pending = {
+            let mut teams = self.in_flight.teams();
+            let n = teams.entry(team.to_string()).or_default();
+            *n += 1;
+            *n - 1
+        };
+        let ticket = Ticket {
+            flight: &self.in_flight,
+            team: team.to_string(),
+        };
         let adm = &self.cfg.admission;
         if let Some(max) = adm.max_sandboxes {
             let live = self.registry.len() + self.registry.pending_len();
             if live + pending >= max {
-                return Err(Error::Capacity {
-                    limit: format!(
+                return Err(quota_refusal(
+                    format!(
                         "the server's sandbox limit (--max-sandboxes {max}; {live} running, \
                          {pending} being created)"
                     ),
-                    retry_after_secs: RETRY_AFTER_SECS,
-                    quota: true,
-                });
+                    RETRY_AFTER_SECS,
+                ));
+            }
+        }
+        if let Some(max) = quota.max_sandboxes {
+            let live = self
+                .registry
+                .list()
+                .iter()
+                .filter(|r| r.team == team)
+                .count();
+            if live + team_pending >= max as usize {
+                return Err(quota_refusal(
+                    format!(
+                        "team \"{team}\"'s sandbox quota ({max} at once; {live} running or \
+                         paused, {team_pending} being created)"
+                    ),
+                    RETRY_AFTER_SECS,
+                ));
             }
         }
         if !adm.skip_host_check {
@@ -72,6 +184,29 @@ impl Manager {
                     });
                 }
             }
+        }
+        // Last: only an admitted create counts against the rate.
+        if let Some(per_min) = quota.creates_per_minute {
+            let now = Instant::now();
+            let mut recent = self.in_flight.recent();
+            let q = recent.entry(team.to_string()).or_default();
+            while q
+                .front()
+                .is_some_and(|t| now.duration_since(*t) >= RATE_WINDOW)
+            {
+                q.pop_front();
+            }
+            if q.len() >= per_min as usize {
+                let wait = q
+                    .front()
+                    .map(|t| RATE_WINDOW.saturating_sub(now.duration_since(*t)))
+                    .unwrap_or(RATE_WINDOW);
+                return Err(quota_refusal(
+                    format!("team \"{team}\"'s create rate quota ({per_min} per minute)"),
+                    wait.as_secs().max(1),
+                ));
+            }
+            q.push_back(now);
         }
         Ok(ticket)
     }

@@ -46,10 +46,17 @@ impl Manager {
                 )));
             }
         }
-        // Refused up front when the server or the host is full (warm-pool sandboxes are
-        // booted ahead and counted by the host check, not here).
-        let _ticket = self.admit()?;
-        if let Some(snap) = self.find_snapshot(&p.template_id).await? {
+        let team = p.team().to_string();
+        let quota = self.team_quota(&team).await?;
+        if let Some(max) = quota.max_timeout_secs.filter(|m| timeout > *m) {
+            return Err(Error::bad_request(format!(
+                "timeout {timeout}s is above team \"{team}\"'s maximum of {max}s"
+            )));
+        }
+        // Refused up front when the server, the team's quota or the host is full (warm-pool
+        // sandboxes are booted ahead and counted by the host check, not here).
+        let _ticket = self.admit(&team, &quota)?;
+        if let Some(snap) = self.find_snapshot(&p.template_id, &team).await? {
             return self.create_from_snapshot(p, snap, timeout).await;
         }
         let name = p
@@ -97,6 +104,7 @@ impl Manager {
             pause_mode: None,
             auto_resume: p.auto_resume,
             auto_pause_memory: !p.auto_pause_filesystem_only,
+            team,
         };
         self.store.insert_sandbox(&record).await?;
         let spec = self.spec_for(&id, &tpl);

@@ -51,6 +51,7 @@ impl Manager {
                 env_vars: parent.env_vars.clone(),
                 created_at_ms: now_ms(),
                 size_bytes: 0,
+                team: parent.team.clone(),
             };
             (snap, parent)
         };
@@ -71,6 +72,7 @@ impl Manager {
                 auto_pause: parent.auto_pause,
                 auto_resume: parent.auto_resume,
                 auto_pause_filesystem_only: !parent.auto_pause_memory,
+                team: parent.team.clone(),
                 ..Default::default()
             };
             let (snap, alias) = (snap.clone(), parent.alias.clone());

@@ -121,6 +121,19 @@ pub struct CreateParams {
     pub allow_internet_access: Option<bool>,
     /// The egress policy asked for (`None`: the driver's default).
     pub network: Option<kiln_net::EgressPolicy>,
+    /// The team the sandbox will belong to (empty: [`crate::tenancy::DEFAULT_TEAM`]).
+    pub team: String,
+}
+
+impl CreateParams {
+    /// The team the sandbox will belong to.
+    pub fn team(&self) -> &str {
+        if self.team.is_empty() {
+            crate::tenancy::DEFAULT_TEAM
+        } else {
+            &self.team
+        }
+    }
 }
 
 /// What the proxy needs to know about a sandbox before forwarding to it.
@@ -237,7 +250,7 @@ impl Manager {
     pub async fn authenticate(
         &self,
         key: Option<&str>,
-    ) -> Result<std::result::Result<String, crate::auth::AuthError>> {
+    ) -> Result<std::result::Result<crate::tenancy::Caller, crate::auth::AuthError>> {
         Ok(crate::auth::verify(self.store.as_ref(), key).await?)
     }
 
@@ -266,6 +279,22 @@ impl Manager {
         self.registry
             .get(id)
             .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
+    }
+
+    /// The running or paused sandbox `id` if it belongs to `team`; [`Error::SandboxNotFound`]
+    /// otherwise (another team's sandbox does not exist for this one).
+    pub fn get_for(&self, id: &str, team: &str) -> Result<SandboxRecord> {
+        self.registry
+            .get(id)
+            .filter(|r| r.team == team)
+            .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
+    }
+
+    /// Running and paused sandboxes of `team`, oldest first.
+    pub fn list_for(&self, team: &str) -> Vec<SandboxRecord> {
+        let mut v = self.registry.list();
+        v.retain(|r| r.team == team);
+        v
     }
 
     /// Running and paused sandboxes, oldest first.

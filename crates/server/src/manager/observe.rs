@@ -39,12 +39,13 @@ pub struct TemplateView {
 const CONSOLE_TAIL: usize = 64 * 1024;
 
 impl Manager {
-    /// The logs of sandbox `id` (running or ended).
-    pub async fn logs(&self, id: &str) -> Result<Logs> {
+    /// The logs of sandbox `id` (running or ended) of `team`.
+    pub async fn logs(&self, id: &str, team: &str) -> Result<Logs> {
         let rec = self
             .store
             .get_sandbox(id)
             .await?
+            .filter(|r| r.team == team)
             .ok_or_else(|| Error::SandboxNotFound(id.to_string()))?;
         let events = self.store.events(id).await?;
         let console = if rec.state.is_live() {

@@ -28,6 +28,17 @@ impl Manager {
                     }
                 }
             }
+            // Not in the middle of a pause, snapshot or fork of it (a capture cut short by a
+            // kill fails with a runtime error); then only if it is still due (a connect may
+            // have extended it meanwhile).
+            let _guard = self.lifecycle_lock.lock().await;
+            if self
+                .registry
+                .get(&id)
+                .is_some_and(|r| r.end_at_ms > now_ms())
+            {
+                continue;
+            }
             match self.end(&id, "timed-out", "timeout expired").await {
                 Ok(true) => killed.push(id),
                 Ok(false) => {}

@@ -56,9 +56,15 @@ pub fn tagged(id: &str) -> String {
 }
 
 impl Manager {
-    /// `POST /sandboxes/{id}/snapshots`: captures the running sandbox `id`, memory included.
-    pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotRecord> {
-        self.snapshot_with(id, name, true).await
+    /// `POST /sandboxes/{id}/snapshots`: captures the running sandbox `id` (of `team`), memory
+    /// included.
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        team: &str,
+        name: Option<String>,
+    ) -> Result<SnapshotRecord> {
+        self.snapshot_with(id, team, name, true).await
     }
 
     /// [`Manager::snapshot`]; `memory: false` (E2B's `mode: "filesystem"`) keeps the disk only:
@@ -66,9 +72,11 @@ impl Manager {
     pub async fn snapshot_with(
         &self,
         id: &str,
+        team: &str,
         name: Option<String>,
         memory: bool,
     ) -> Result<SnapshotRecord> {
+        self.get_for(id, team)?;
         if let Some(n) = &name {
             check_snapshot_name(n)?;
             if self.store.get_snapshot(n).await?.is_some() {
@@ -103,6 +111,7 @@ impl Manager {
             env_vars: rec.env_vars.clone(),
             created_at_ms: now_ms(),
             size_bytes: size,
+            team: rec.team.clone(),
         };
         if let Err(e) = self.store.insert_snapshot(&snap).await {
             let _ = self
@@ -125,9 +134,10 @@ impl Manager {
         Ok(snap)
     }
 
-    /// Snapshots, oldest first, optionally of one sandbox or with one name.
+    /// Snapshots of `team`, oldest first, optionally of one sandbox or with one name.
     pub async fn snapshots(
         &self,
+        team: &str,
         sandbox_id: Option<&str>,
         name: Option<&str>,
     ) -> Result<Vec<SnapshotRecord>> {
@@ -136,13 +146,14 @@ impl Manager {
             .list_snapshots()
             .await?
             .into_iter()
+            .filter(|s| s.team == team)
             .filter(|s| sandbox_id.is_none_or(|id| s.sandbox_id == id))
             .filter(|s| name.is_none_or(|n| s.name.as_deref() == Some(key_of(n))))
             .collect())
     }
 
-    /// `DELETE /templates/{snapshotID}`: deletes a snapshot and frees its disk.
-    pub async fn delete_snapshot(&self, key: &str) -> Result<()> {
+    /// `DELETE /templates/{snapshotID}`: deletes a snapshot of `team` and frees its disk.
+    pub async fn delete_snapshot(&self, key: &str, team: &str) -> Result<()> {
         let k = key_of(key);
         if !is_snapshot_id(k) && check_snapshot_name(k).is_err() {
             return Err(Error::bad_request(format!("invalid snapshot id {key:?}")));
@@ -151,6 +162,7 @@ impl Manager {
             .store
             .get_snapshot(k)
             .await?
+            .filter(|s| s.team == team)
             .ok_or_else(|| Error::NotFound(format!("snapshot {key:?} not found")))?;
         match self
             .driver
@@ -164,13 +176,17 @@ impl Manager {
         Ok(())
     }
 
-    /// The snapshot a create request's `templateID` names, if it names one.
-    pub(super) async fn find_snapshot(&self, template_id: &str) -> Result<Option<SnapshotRecord>> {
+    /// The snapshot of `team` a create request's `templateID` names, if it names one.
+    pub(super) async fn find_snapshot(
+        &self,
+        template_id: &str,
+        team: &str,
+    ) -> Result<Option<SnapshotRecord>> {
         let k = key_of(template_id);
         if !is_snapshot_id(k) && check_snapshot_name(k).is_err() {
             return Ok(None);
         }
-        Ok(self.store.get_snapshot(k).await?)
+        Ok(self.store.get_snapshot(k).await?.filter(|s| s.team == team))
     }
 
     /// Creates a sandbox continuing from `snap`: its processes and files as they were, with
@@ -208,6 +224,7 @@ impl Manager {
             pause_mode: None,
             auto_resume: p.auto_resume,
             auto_pause_memory: !p.auto_pause_filesystem_only,
+            team: p.team().to_string(),
         };
         self.store.insert_sandbox(&record).await?;
         let spec = self.spec_for(&id, &tpl);

@@ -117,6 +117,22 @@ pub const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO webhook_cursor (id, seq) SELECT 1, COALESCE(MAX(seq), 0) FROM events;
     ",
+    // 5: tenancy. API keys belong to a team; sandboxes and snapshots to the team of the key
+    // that made them (everything before teams existed belongs to `default`). Per-team quotas
+    // (NULL: the server's default).
+    "
+    ALTER TABLE api_keys ADD COLUMN team TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE sandboxes ADD COLUMN team TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE snapshots ADD COLUMN team TEXT NOT NULL DEFAULT 'default';
+    CREATE INDEX sandboxes_team ON sandboxes(team, state);
+    CREATE TABLE teams (
+        name TEXT PRIMARY KEY,
+        max_sandboxes INTEGER,
+        max_timeout_secs INTEGER,
+        creates_per_minute INTEGER,
+        created_at INTEGER NOT NULL
+    );
+    ",
 ];
 
 /// Schema version this kiln writes.

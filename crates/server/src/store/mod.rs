@@ -11,6 +11,7 @@ mod migrations;
 mod obs_sql;
 mod records;
 mod sqlite;
+mod teams;
 
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use records::*;
@@ -123,4 +124,11 @@ pub trait StateStore: Send + Sync + 'static {
     async fn upsert_template(&self, t: &TemplateRecord) -> Result<()>;
     async fn template_spawned(&self, name: &str) -> Result<()>;
     async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>>;
+
+    // ---- teams ----
+    /// Records a team's quotas (replacing them when it exists; its creation time is kept).
+    async fn upsert_team(&self, t: &TeamRecord) -> Result<()>;
+    async fn get_team(&self, name: &str) -> Result<Option<TeamRecord>>;
+    /// Teams with quotas of their own, by name.
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>>;
 }

@@ -99,6 +99,8 @@ pub struct SandboxRecord {
     pub auto_resume: bool,
     /// Whether an auto-pause keeps memory (else the filesystem only).
     pub auto_pause_memory: bool,
+    /// The team that owns it (the team of the API key that created it).
+    pub team: String,
 }
 
 /// One API key row (the key itself is never stored, only its SHA-256).
@@ -112,6 +114,8 @@ pub struct KeyRecord {
     pub created_at_ms: i64,
     pub last_used_ms: Option<i64>,
     pub revoked_at_ms: Option<i64>,
+    /// The team the key acts for.
+    pub team: String,
 }
 
 /// One lifecycle event.
@@ -153,6 +157,21 @@ pub struct SnapshotRecord {
     pub created_at_ms: i64,
     /// Disk used by the snapshot.
     pub size_bytes: u64,
+    /// The team that owns it (the source sandbox's).
+    pub team: String,
+}
+
+/// A team's quotas; `None` fields fall back to the server's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TeamRecord {
+    pub name: String,
+    /// Sandboxes (running, paused or being created) at once.
+    pub max_sandboxes: Option<u32>,
+    /// Largest timeout (seconds) a sandbox of the team may have.
+    pub max_timeout_secs: Option<u64>,
+    /// Creates accepted per minute.
+    pub creates_per_minute: Option<u32>,
+    pub created_at_ms: i64,
 }
 
 /// A lifecycle event with its position in the event log (the cursor of the events API).

@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{migrations, obs_sql};
 use super::{
-    now_ms, Attempt, DeliveryRecord, Event, EventQuery, KeyRecord, PauseMode, Result,
-    SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoreError, StoredEvent,
+    now_ms, teams, Attempt, DeliveryRecord, Event, EventQuery, KeyRecord, PauseMode, Result,
+    SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoreError, StoredEvent, TeamRecord,
     TemplateRecord, WebhookRecord,
 };
 
@@ -47,6 +47,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<(SandboxRecord, String, Str
                 .and_then(PauseMode::parse),
             auto_resume: r.get::<_, i64>("auto_resume")? != 0,
             auto_pause_memory: r.get::<_, i64>("auto_pause_memory")? != 0,
+            team: r.get("team")?,
         },
         r.get("metadata")?,
         r.get("env_vars")?,
@@ -71,6 +72,7 @@ fn snapshot_from_row(r: &Row<'_>) -> rusqlite::Result<(SnapshotRecord, String)> 
             env_vars: BTreeMap::new(),
             created_at_ms: r.get("created_at")?,
             size_bytes: r.get::<_, i64>("size_bytes")? as u64,
+            team: r.get("team")?,
         },
         r.get("env_vars")?,
     ))
@@ -91,6 +93,7 @@ fn key_from_row(r: &Row<'_>) -> rusqlite::Result<KeyRecord> {
         created_at_ms: r.get("created_at")?,
         last_used_ms: r.get("last_used")?,
         revoked_at_ms: r.get("revoked_at")?,
+        team: r.get("team")?,
     })
 }
 
@@ -169,9 +172,9 @@ impl StateStore for SqliteStore {
                 "INSERT INTO sandboxes (id, template_id, alias, client_id, state, metadata,
                    env_vars, cpu_count, memory_mb, disk_size_mb, envd_token, started_at, end_at,
                    ended_at, end_reason, auto_pause, driver, pause_mode, auto_resume,
-                   auto_pause_memory)
+                   auto_pause_memory, team)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                   ?17, ?18, ?19, ?20)",
+                   ?17, ?18, ?19, ?20, ?21)",
                 params![
                     s.id,
                     s.template_id,
@@ -193,6 +196,7 @@ impl StateStore for SqliteStore {
                     s.pause_mode.map(PauseMode::as_str),
                     s.auto_resume as i64,
                     s.auto_pause_memory as i64,
+                    s.team,
                 ],
             )?;
             Ok(())
@@ -287,7 +291,7 @@ impl StateStore for SqliteStore {
         self.with(move |c| {
             c.execute(
                 "INSERT INTO snapshots (id, name, sandbox_id, template_id, envd_token, env_vars,
-                   created_at, size_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                   created_at, size_bytes, team) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     s.id,
                     s.name,
@@ -297,6 +301,7 @@ impl StateStore for SqliteStore {
                     serde_json::to_string(&s.env_vars)?,
                     s.created_at_ms,
                     s.size_bytes as i64,
+                    s.team,
                 ],
             )?;
             Ok(())
@@ -441,8 +446,8 @@ impl StateStore for SqliteStore {
         let k = k.clone();
         self.with(move |c| {
             c.execute(
-                "INSERT INTO api_keys (id, name, prefix, hash, created_at, last_used, revoked_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO api_keys (id, name, prefix, hash, created_at, last_used, revoked_at,
+                   team) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     k.id,
                     k.name,
@@ -450,7 +455,8 @@ impl StateStore for SqliteStore {
                     k.hash,
                     k.created_at_ms,
                     k.last_used_ms,
-                    k.revoked_at_ms
+                    k.revoked_at_ms,
+                    k.team,
                 ],
             )?;
             Ok(())
@@ -563,6 +569,20 @@ impl StateStore for SqliteStore {
             .optional()?)
         })
         .await
+    }
+
+    async fn upsert_team(&self, t: &TeamRecord) -> Result<()> {
+        let t = t.clone();
+        self.with(move |c| teams::upsert(c, &t)).await
+    }
+
+    async fn get_team(&self, name: &str) -> Result<Option<TeamRecord>> {
+        let name = name.to_string();
+        self.with(move |c| teams::get(c, &name)).await
+    }
+
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>> {
+        self.with(teams::list).await
     }
 }
 

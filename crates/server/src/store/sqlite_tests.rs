@@ -25,6 +25,7 @@ fn sample(id: &str, state: SandboxState) -> SandboxRecord {
         pause_mode: None,
         auto_resume: false,
         auto_pause_memory: true,
+        team: "default".into(),
     }
 }
 
@@ -141,6 +142,7 @@ async fn keys_and_templates() {
         created_at_ms: 1,
         last_used_ms: None,
         revoked_at_ms: None,
+        team: "default".into(),
     };
     s.insert_key(&k).await.unwrap();
     assert_eq!(s.key_by_hash("h").await.unwrap().unwrap().id, "k1");

@@ -239,13 +239,13 @@ pub async fn app(manager: Arc<Manager>, state: &Path) -> (axum::Router, String) 
         .await
         .unwrap()
         .secret;
-    let app = api::router(Arc::new(AppState {
+    let app = api::router(Arc::new(AppState::new(
         manager,
-        cfg: ApiConfig {
+        ApiConfig {
             domain: "kiln.test".into(),
             metrics_token: None,
         },
-    }));
+    )));
     (app, key)
 }
 
