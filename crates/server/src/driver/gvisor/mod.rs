@@ -27,6 +27,7 @@ pub mod bench;
 pub mod bench_lifecycle;
 mod checkpoint;
 mod mounts;
+pub mod net_config;
 pub mod network;
 mod oci;
 mod reap;
@@ -132,10 +133,7 @@ fn check_id(id: &str) -> Result<()> {
 }
 
 impl GvisorDriver {
-    pub fn new(mut cfg: GvisorConfig) -> Result<Self> {
-        if cfg.network.is_none() {
-            cfg.network = network::config_from_env(&cfg.dir).map_err(DriverError::Other)?;
-        }
+    pub fn new(cfg: GvisorConfig) -> Result<Self> {
         // runsc leaves each sandbox's processes behind as orphans. Adopting them (instead of
         // PID 1) lets stop reap them at once: `runsc delete` waits until they are gone, and a
         // slow init on the host leaves them as zombies for seconds.
