@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use crate::cmd::run;
-use crate::host::{host_addresses, route_destinations, LOCK_DIR};
+use crate::host::{route_destinations, LOCK_DIR};
 use crate::{io_err, Cidr, NetError, Result};
 
 /// Ranges never chosen automatically: the documentation networks (test hosts live there).
@@ -81,6 +81,23 @@ fn claims_of_others(own_prefix: &str) -> Vec<Cidr> {
     out
 }
 
+/// The host's IPv4 addresses with the device each is on.
+async fn addresses_by_device() -> Result<Vec<(Ipv4Addr, String)>> {
+    let out = run("ip", &["-j", "-4", "addr", "show"], None).await?;
+    let v: serde_json::Value = serde_json::from_str(out.trim())
+        .map_err(|e| NetError::Config(format!("parsing `ip -j addr`: {e}")))?;
+    let mut addrs = Vec::new();
+    for link in v.as_array().into_iter().flatten() {
+        let dev = link["ifname"].as_str().unwrap_or("").to_string();
+        for a in link["addr_info"].as_array().into_iter().flatten() {
+            if let Some(ip) = a["local"].as_str().and_then(|s| s.parse().ok()) {
+                addrs.push((ip, dev.clone()));
+            }
+        }
+    }
+    Ok(addrs)
+}
+
 /// Picks a free host range for the pool with `prefix` (trying `preferred` first, e.g. the range
 /// an earlier run of the same server used, so that its sandboxes' slots can be adopted) and
 /// claims it. Fails when every candidate is taken.
@@ -105,10 +122,11 @@ pub async fn pick_range(prefix: &str, preferred: Option<Cidr>) -> Result<Cidr> {
         .map(|(c, _)| c)
         .collect();
     taken.extend(
-        host_addresses()
+        addresses_by_device()
             .await?
             .into_iter()
-            .map(|a| Cidr::new(a, 32).expect("valid")),
+            .filter(|(_, dev)| !dev.starts_with(&own_dev))
+            .map(|(a, _)| Cidr::new(a, 32).expect("valid")),
     );
     taken.extend(NEVER.iter().map(|c| c.parse::<Cidr>().expect("valid")));
     taken.extend(claims_of_others(prefix));

@@ -159,7 +159,8 @@ impl Server {
         })
     }
 
-    /// Serves until the process ends (sandboxes keep running across restarts by design).
+    /// Serves until SIGTERM or SIGINT (sandboxes keep running across restarts by design; what
+    /// the driver keeps ready for new ones, e.g. network slots, is released).
     pub async fn serve(self) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
         // Pools start once recovery is over (until then, their sandboxes would look like
@@ -178,6 +179,39 @@ impl Server {
             },
         });
         let app = api::router(state);
-        axum::serve(self.listener, app).await
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = stop.clone();
+        let listener = self.listener;
+        let mut serving = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.notified().await })
+                .await
+        });
+        tokio::select! {
+            r = &mut serving => return r.map_err(std::io::Error::other)?,
+            _ = stop_signal() => {}
+        }
+        // Stop accepting; give requests in flight a moment (streams may never end).
+        stop.notify_one();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), &mut serving).await;
+        serving.abort();
+        self.manager.shutdown_driver().await;
+        Ok(())
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without handlers, the default action (exit) applies.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
 }

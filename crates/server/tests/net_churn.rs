@@ -90,9 +90,8 @@ async fn concurrent_create_kill_never_takes_a_live_sandbox_slot() {
         max_connections: 0,
         egress_mib_per_sec: 0,
     });
-    let gvisor = Arc::new(
-        GvisorDriver::new(GvisorConfig::from_settings(&settings, state.path())).unwrap(),
-    );
+    let gvisor =
+        Arc::new(GvisorDriver::new(GvisorConfig::from_settings(&settings, state.path())).unwrap());
     let driver: Arc<dyn Driver> = gvisor.clone();
     let cleanup = common::Cleanup::new(driver.clone());
     let cfg = LifecycleConfig {

@@ -518,6 +518,10 @@ impl Driver for GvisorDriver {
         self.net.is_some()
     }
 
+    async fn shutdown(&self) {
+        self.shutdown_network().await;
+    }
+
     async fn set_network(&self, id: &str, policy: &kiln_net::EgressPolicy) -> Result<()> {
         check_id(id)?;
         match &self.net {
