@@ -19,7 +19,6 @@ use kiln_server::manager::CreateParams;
 use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::{LifecycleConfig, Manager};
 
-const RANGE: &str = "10.238.0.0/24";
 const WORKERS: usize = 4;
 
 fn params() -> CreateParams {
@@ -80,9 +79,11 @@ async fn concurrent_create_kill_never_takes_a_live_sandbox_slot() {
     common::build_rootfs(tpl.path());
     let state = common::state_dir();
     let prefix = prefix_for_state(state.path());
+    // A free range of this host (other test servers may be running).
+    let range = kiln_net::range::pick_range(&prefix, None).await.unwrap();
     let mut settings = common::driver_config().gvisor;
     settings.network = Some(kiln_net::NetConfig {
-        range: RANGE.parse().unwrap(),
+        range,
         pool_size: 2,
         prefix: prefix.clone(),
         operator_allow: Vec::new(),

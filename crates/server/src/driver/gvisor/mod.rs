@@ -26,6 +26,7 @@
 pub mod bench;
 pub mod bench_lifecycle;
 mod checkpoint;
+mod forward;
 mod mounts;
 pub mod net_config;
 pub mod network;
@@ -419,7 +420,22 @@ impl Driver for GvisorDriver {
         check_id(id)?;
         if port != ENVD_PORT {
             if let Some(net) = &self.net {
-                return net.connect(id, port).await;
+                return match net.connect(id, port).await {
+                    // Refused at the sandbox's address: maybe a server bound to localhost.
+                    Err(DriverError::Unreachable { reason, .. })
+                        if reason.starts_with(network::REFUSED) =>
+                    {
+                        match forward::via_agent(&self.socket_path(id), port).await {
+                            Ok(Some(s)) => Ok(Box::new(s)),
+                            _ => Err(DriverError::Unreachable {
+                                id: id.to_string(),
+                                port,
+                                reason,
+                            }),
+                        }
+                    }
+                    r => r,
+                };
             }
             return Err(DriverError::Unreachable {
                 id: id.to_string(),

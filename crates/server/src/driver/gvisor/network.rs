@@ -27,6 +27,8 @@ use tokio::sync::OnceCell;
 use crate::driver::{io_err, BoxIo, DriverError, Result};
 
 const NET_FILE: &str = "net.json";
+/// How a refused connection's reason starts.
+pub const REFUSED: &str = "nothing is listening";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// `net.json`: what a restarted server needs to adopt a sandbox's slot.
@@ -314,7 +316,7 @@ impl Network {
         .map_err(|e| match e {
             kiln_net::NetError::Io { source, .. } => unreachable(match source.kind() {
                 std::io::ErrorKind::ConnectionRefused => {
-                    format!("nothing is listening on port {port} in the sandbox")
+                    format!("{REFUSED} on port {port} in the sandbox")
                 }
                 std::io::ErrorKind::TimedOut => format!("connecting to port {port} timed out"),
                 k => format!("connecting to port {port}: {k}"),
