@@ -45,9 +45,8 @@ async fn a_server_bound_to_localhost_is_reachable_through_port_routing() {
         max_connections: 0,
         egress_mib_per_sec: 0,
     });
-    let gvisor = Arc::new(
-        GvisorDriver::new(GvisorConfig::from_settings(&settings, state.path())).unwrap(),
-    );
+    let gvisor =
+        Arc::new(GvisorDriver::new(GvisorConfig::from_settings(&settings, state.path())).unwrap());
     let driver: Arc<dyn Driver> = gvisor.clone();
     let cleanup = common::Cleanup::new(driver.clone());
     let m: Arc<Manager> = common::manager(
@@ -75,7 +74,10 @@ async fn a_server_bound_to_localhost_is_reachable_through_port_routing() {
     // agent's relay alike.
     match driver.connect(&id, 8000).await {
         Err(DriverError::Unreachable { reason, .. }) => {
-            assert!(reason.contains("nothing is listening on port 8000"), "{reason}")
+            assert!(
+                reason.contains("nothing is listening on port 8000"),
+                "{reason}"
+            )
         }
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("port 8000 answered before any server started"),
