@@ -36,15 +36,28 @@ pub fn candidates(prefix: &str) -> Vec<Cidr> {
         .collect()
 }
 
-/// Whether a lock file is held by a live process (we cannot take it).
+/// Whether a lock file is held by a live process. Read from `/proc/locks` rather than by trying
+/// the lock, which could make a server starting at that moment think its prefix taken.
 fn lock_held(path: &std::path::Path) -> bool {
-    let Ok(f) = std::fs::OpenOptions::new().read(true).open(path) else {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else {
         return false;
     };
-    // SAFETY: flock on a file descriptor we own; no memory is shared with the kernel.
-    let rc = unsafe { nix::libc::flock(f.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) };
-    // Taking it proves nobody holds it; closing `f` releases it again.
-    rc != 0
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    flock_on_inode(&locks, meta.ino())
+}
+
+/// Whether `/proc/locks` text lists a flock on inode `ino` (`… FLOCK ADVISORY WRITE <pid>
+/// <maj>:<min>:<ino> 0 EOF`).
+fn flock_on_inode(locks: &str, ino: u64) -> bool {
+    locks.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.iter().any(|w| *w == "FLOCK")
+            && f.iter().any(|w| {
+                w.rsplit(':').next().and_then(|i| i.parse::<u64>().ok()) == Some(ino)
+                    && w.matches(':').count() == 2
+            })
+    })
 }
 
 /// Ranges other live kiln servers have claimed.
@@ -187,6 +200,15 @@ pub async fn probe() -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flocks_are_found_by_inode() {
+        let locks = "1: FLOCK  ADVISORY  WRITE 4242 00:1a:777 0 EOF\n\
+                     2: POSIX  ADVISORY  WRITE 17 00:1a:778 0 EOF\n";
+        assert!(flock_on_inode(locks, 777));
+        assert!(!flock_on_inode(locks, 778));
+        assert!(!flock_on_inode(locks, 77));
+    }
 
     #[test]
     fn candidates_cover_the_block_once_avoiding_test_networks() {
