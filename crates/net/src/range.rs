@@ -52,7 +52,7 @@ fn lock_held(path: &std::path::Path) -> bool {
 fn flock_on_inode(locks: &str, ino: u64) -> bool {
     locks.lines().any(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        f.iter().any(|w| *w == "FLOCK")
+        f.contains(&"FLOCK")
             && f.iter().any(|w| {
                 w.rsplit(':').next().and_then(|i| i.parse::<u64>().ok()) == Some(ino)
                     && w.matches(':').count() == 2
