@@ -199,7 +199,7 @@ impl GvisorDriver {
     /// workaround: only when it has a network slot and the probe says this runsc needs it.
     pub(super) async fn sysctl_workaround(&self, id: &str) -> bool {
         match &self.net {
-            Some(net) => match net.sandbox_ns(id) {
+            Some(net) => match net.sandbox_ns(id).await {
                 Some(ns) => net.needs_sysctl_workaround(&ns).await,
                 None => false,
             },
@@ -549,7 +549,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn network(&self, id: &str) -> Option<kiln_net::EgressPolicy> {
-        self.net.as_ref()?.policy(id)
+        self.net.as_ref()?.policy(id).await
     }
 }
 

@@ -259,20 +259,28 @@ impl Network {
     /// Addresses sandbox `id`'s slot again (runsc's netstack took the address when the sandbox
     /// stopped): before its checkpoint is restored into the same slot.
     pub async fn readdress(&self, id: &str) -> Result<()> {
-        let slot = self.leases().get(id).map(|l| l.slot.clone());
+        let slot = self.leased(id, |l| l.slot.clone()).await;
         match slot {
             Some(slot) => slot.address_guest().await.map_err(net_err),
             None => Ok(()),
         }
     }
 
-    /// The sandbox namespace of sandbox `id`'s slot.
-    pub fn sandbox_ns(&self, id: &str) -> Option<PathBuf> {
-        self.leases().get(id).map(|l| l.slot.sandbox_ns_path())
+    /// `f` of sandbox `id`'s lease. Waits for the pool's start first: a restarted server
+    /// adopts the leases of its sandboxes there, and a resume or a port connect may come
+    /// before it is done.
+    async fn leased<T>(&self, id: &str, f: impl FnOnce(&Lease) -> T) -> Option<T> {
+        let _ = self.pool().await;
+        self.leases().get(id).map(f)
     }
 
-    pub fn policy(&self, id: &str) -> Option<EgressPolicy> {
-        self.leases().get(id).map(|l| l.policy.clone())
+    /// The sandbox namespace of sandbox `id`'s slot.
+    pub async fn sandbox_ns(&self, id: &str) -> Option<PathBuf> {
+        self.leased(id, |l| l.slot.sandbox_ns_path()).await
+    }
+
+    pub async fn policy(&self, id: &str) -> Option<EgressPolicy> {
+        self.leased(id, |l| l.policy.clone()).await
     }
 
     /// Frees the slot of sandbox `id` (whether this run or an earlier one leased it). Only the
@@ -298,9 +306,8 @@ impl Network {
     /// A TCP connection to `port` of sandbox `id`, made from its router namespace.
     pub async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
         let ns = self
-            .leases()
-            .get(id)
-            .map(|l| l.slot.router_ns_path())
+            .leased(id, |l| l.slot.router_ns_path())
+            .await
             .ok_or_else(|| DriverError::NotFound(id.to_string()))?;
         let unreachable = |reason: String| DriverError::Unreachable {
             id: id.to_string(),
