@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod bench;
 mod files;
+pub mod forward;
 mod fs;
 mod fsrpc;
 pub mod interp;

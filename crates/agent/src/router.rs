@@ -51,7 +51,11 @@ where
     let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     b.http1().keep_alive(true);
     b.http2().max_concurrent_streams(1000);
-    if let Err(e) = b.serve_connection(TokioIo::new(io), svc).await {
+    // With upgrades: kiln's forwarding to servers bound to localhost ([`crate::forward`]).
+    if let Err(e) = b
+        .serve_connection_with_upgrades(TokioIo::new(io), svc)
+        .await
+    {
         tracing::debug!("connection ended: {e}");
     }
 }
@@ -66,6 +70,9 @@ pub async fn handle(agent: Arc<Agent>, req: Request<Incoming>) -> Response<Body>
             .status(StatusCode::NO_CONTENT)
             .body(rpc::empty())
             .expect("valid response");
+    }
+    if path == crate::forward::PATH && method == Method::GET {
+        return crate::forward::handle(req).await;
     }
     let token_ok = agent.token_ok(&req);
     if path == "/files" {

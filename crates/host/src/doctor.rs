@@ -327,6 +327,48 @@ fn kernel_feature_checks() -> Vec<Check> {
     ]
 }
 
+/// Whether `kiln serve` can give sandboxes a network (it is on by default), and why not.
+fn network_check(checks: &[Check]) -> Check {
+    let failed = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c.name == name)
+            .is_some_and(|c| !c.ok)
+    };
+    let mut why = Vec::new();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        why.push("not root".to_string());
+    }
+    for (name, what) in [
+        ("ip", "iproute2 (`ip`) is missing"),
+        ("nft", "nftables (`nft`) is missing"),
+        ("veth", "network namespaces with veth pairs do not work"),
+        ("nftables", "nftables does not work"),
+    ] {
+        if failed(name) {
+            why.push(what.to_string());
+        }
+    }
+    if why.is_empty() {
+        check(
+            "network",
+            true,
+            "sandbox networking works (on by default in `kiln serve`; --network off to turn it off)",
+        )
+    } else {
+        check(
+            "network",
+            false,
+            format!(
+                "`kiln serve` will run sandboxes without a network (creates asking for internet \
+                 access get 501): {}",
+                why.join("; ")
+            ),
+        )
+    }
+}
+
 /// Picks the default driver: microvm only at hardware KVM speed, else gvisor, else none.
 pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<DriverChoice>, String) {
     if kvm.hardware_speed {
@@ -372,6 +414,7 @@ pub fn report(opts: Options) -> Report {
     let free = free_bytes(&cache);
     let mut checks = tool_checks();
     checks.extend(kernel_feature_checks());
+    checks.push(network_check(&checks));
     checks.push(match free {
         Some(b) => check(
             "disk space",

@@ -17,7 +17,7 @@
 //! Modules: [`addr`] (IPv4 CIDRs, the host range), [`policy`] (E2B's egress policy),
 //! [`rules`] (nftables text), [`cmd`] (running `ip`/`nft`), [`slot`] (one slot's setup and
 //! teardown), [`host`] (host-wide forwarding and NAT), [`pool`] (the pool), [`netns`]
-//! (sockets inside a namespace), [`dns`] (the per-sandbox DNS forwarder), [`egress`] (the
+//! (sockets inside a namespace), [`range`] (choosing a free host range, probing the host), [`dns`] (the per-sandbox DNS forwarder), [`egress`] (the
 //! per-sandbox proxy that applies domain rules, naming connections with [`sni`]).
 
 pub mod addr;
@@ -28,6 +28,7 @@ pub mod host;
 pub mod netns;
 pub mod policy;
 pub mod pool;
+pub mod range;
 pub mod rules;
 pub mod slot;
 pub mod sni;

@@ -44,6 +44,10 @@ struct Inner {
     ready: VecDeque<Slot>,
     /// Every index in use: ready, leased, being built or being torn down.
     taken: BTreeSet<u32>,
+    /// Indices handed out (acquired or adopted) and not yet released. Releasing an index that
+    /// is not here does nothing: a second release of the same lease must not tear down the
+    /// slot that a rebuild put at that index meanwhile.
+    leased: BTreeSet<u32>,
     building: usize,
     /// Set by [`SlotPool::shutdown`]: build nothing more.
     closed: bool,
@@ -70,6 +74,10 @@ impl SlotPool {
             )));
         }
         let lock = host::lock_prefix(&cfg.prefix)?;
+        // Claim the range for this pool's life (see [`crate::range`]).
+        let claim = format!("{}/{}.range", host::LOCK_DIR, cfg.prefix);
+        std::fs::write(&claim, format!("{}\n", cfg.range))
+            .map_err(crate::io_err(format!("writing {claim}")))?;
         host::reclaim_stale(&cfg.range, &cfg.prefix).await?;
         host::check_range(&cfg.range, &format!("{}h", cfg.prefix)).await?;
         for i in host::leftover_indices(&cfg.prefix) {
@@ -95,6 +103,7 @@ impl SlotPool {
             facts,
             inner: Mutex::new(Inner {
                 taken: keep.iter().copied().collect(),
+                leased: keep.iter().copied().collect(),
                 ..Default::default()
             }),
             refill: Arc::new(Notify::new()),
@@ -156,7 +165,14 @@ impl SlotPool {
 
     /// A slot with `policy` in force: a ready one if any (else one built now).
     pub async fn acquire(&self, policy: &EgressPolicy) -> Result<Slot> {
-        let ready = self.lock().ready.pop_front();
+        let ready = {
+            let mut g = self.lock();
+            let s = g.ready.pop_front();
+            if let Some(s) = &s {
+                g.leased.insert(s.index);
+            }
+            s
+        };
         self.refill.notify_one();
         match ready {
             Some(slot) => {
@@ -168,7 +184,11 @@ impl SlotPool {
                 }
                 Ok(slot)
             }
-            None => self.build(policy).await,
+            None => {
+                let slot = self.build(policy).await?;
+                self.lock().leased.insert(slot.index);
+                Ok(slot)
+            }
         }
     }
 
@@ -177,28 +197,49 @@ impl SlotPool {
         slot.apply(&self.facts, policy).await
     }
 
-    /// Tears a slot down and frees its index; errors are logged (the next start of the pool
-    /// removes whatever is left).
+    /// Tears a leased slot down and frees its index; errors are logged (the next start of the
+    /// pool removes whatever is left). Releasing a slot that is not leased (released already)
+    /// does nothing.
     pub async fn release(&self, slot: Slot) {
+        if !self.lock().leased.remove(&slot.index) {
+            tracing::debug!(slot = slot.index, "slot released twice; ignored");
+            return;
+        }
+        self.destroy(slot).await;
+    }
+
+    /// Whether slot `index` is leased now.
+    pub fn is_leased(&self, index: u32) -> bool {
+        self.lock().leased.contains(&index)
+    }
+
+    /// Tears a slot down and frees its index.
+    async fn destroy(&self, slot: Slot) {
         if let Err(e) = slot.teardown().await {
             tracing::warn!(slot = slot.index, error = %e, "tearing a network slot down");
         }
         self.lock().taken.remove(&slot.index);
     }
 
-    /// Frees an index whose slot is already gone (or never was).
+    /// Releases the leased slot with `index` (see [`SlotPool::release`]).
     pub async fn release_index(&self, index: u32) {
         match self.slot(index) {
             Some(s) => self.release(s).await,
             None => {
-                self.lock().taken.remove(&index);
+                let mut g = self.lock();
+                if g.leased.remove(&index) {
+                    g.taken.remove(&index);
+                }
             }
         }
     }
 
     /// Marks `index` as leased (a slot found on the host after a restart).
     pub fn adopt(&self, index: u32) -> Option<Slot> {
-        self.lock().taken.insert(index);
+        let mut g = self.lock();
+        g.taken.insert(index);
+        g.leased.insert(index);
+        drop(g);
         self.slot(index)
     }
 
@@ -212,7 +253,7 @@ impl SlotPool {
                 (g.ready.drain(..).collect::<Vec<_>>(), g.building)
             };
             for s in slots {
-                self.release(s).await;
+                self.destroy(s).await;
             }
             if building == 0 {
                 return;

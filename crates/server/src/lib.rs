@@ -170,7 +170,8 @@ impl Server {
         })
     }
 
-    /// Serves until the process ends (sandboxes keep running across restarts by design).
+    /// Serves until SIGTERM or SIGINT (sandboxes keep running across restarts by design; what
+    /// the driver keeps ready for new ones, e.g. network slots, is released).
     pub async fn serve(self) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
         let _sampler = self.manager.spawn_sampler();
@@ -192,7 +193,33 @@ impl Server {
             },
         ));
         let app = api::router(state);
-        edge::serve(self.listener, app, self.edge).await;
+        let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));
+        tokio::select! {
+            r = &mut serving => {
+                r.map_err(std::io::Error::other)?;
+                return Ok(());
+            }
+            _ = stop_signal() => {}
+        }
+        // Stop accepting (connections in flight end with the process).
+        serving.abort();
+        self.manager.shutdown_driver().await;
         Ok(())
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without handlers, the default action (exit) applies.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
 }

@@ -49,7 +49,29 @@ def cleanup_state(state_dir: str) -> None:
             print(f"cleanup: runsc: {e}")
     for mp in mounts_under(state_dir):
         subprocess.run(["umount", "-l", mp], capture_output=True)
+    remove_net_slots(state_dir)
     shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def net_prefix(state_dir: str) -> str:
+    """The name prefix of the network slots of the server with `state_dir` (kiln_net's
+    prefix_for over `<state>/gvisor`: FNV-1a, low 16 bits)."""
+    h = 0x811C9DC5
+    for b in os.path.join(state_dir, "gvisor").encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return "k%04x" % (h & 0xFFFF)
+
+
+def remove_net_slots(state_dir: str) -> None:
+    """Removes the namespaces, veths and host table a (killed) server left behind."""
+    p = net_prefix(state_dir)
+    for ns in os.listdir("/run/netns") if os.path.isdir("/run/netns") else []:
+        if ns.startswith(p + "-"):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    for dev in os.listdir("/sys/class/net"):
+        if dev.startswith(p + "h"):
+            subprocess.run(["ip", "link", "del", dev], capture_output=True)
+    subprocess.run(["nft", "delete", "table", "ip", f"kiln_{p}"], capture_output=True)
 
 
 def mounts_under(path: str) -> list:

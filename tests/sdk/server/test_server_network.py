@@ -1,4 +1,5 @@
-"""Sandbox networking through the real e2b SDK against a real `kiln serve` (KILN_NETWORK=on):
+"""Sandbox networking through the real e2b SDK against a real `kiln serve` (networking is on by
+default; `--network off` turns it off):
 egress to a small test "internet" (namespace `ktsdk`, 198.51.100.0/24, with its own DNS server),
 E2B's policy (allow_internet_access, allow_out/deny_out, update_network), the always-denied
 ranges, and ingress to any port of a sandbox through kiln's proxy.
@@ -181,22 +182,13 @@ def remove_slots_in_range(net: str = "10.235.0."):
 
 
 def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None) -> KilnServer:
-    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": net_range, "KILN_NET_POOL": "2",
-           "KILN_DNS_UPSTREAM": DNS_ADDR}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        srv = KilnServer(state_dir, os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
-        if previous:
-            # Same state: the key persists (none is printed), and the log file is shared.
-            srv.api_key, srv.url = previous.api_key, previous.url
-        return srv.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # Networking is on by default; the flags pick this test's range, pool and resolver.
+    flags = ["--net-range", net_range, "--net-pool", "2", "--dns-upstream", DNS_ADDR]
+    srv = KilnServer(state_dir, flags + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+    if previous:
+        # Same state: the key persists (none is printed), and the log file is shared.
+        srv.api_key, srv.url = previous.api_key, previous.url
+    return srv.start()
 
 
 @pytest.fixture(scope="module")
@@ -579,3 +571,76 @@ def test_pause_resume_and_fork_keep_the_network_and_its_policy(net_server):
             if not isinstance(c, Exception):
                 c.kill()
         sbx.kill()
+
+
+def test_networking_is_on_by_default_with_an_automatic_range(internet):
+    """A server started with no network flags gives sandboxes the internet (E2B's default) in a
+    free host range it chose and names at startup; the same state directory gets the same
+    range again."""
+    base = tempfile.mkdtemp(prefix="kiln-netdef-")
+    srv = KilnServer(os.path.join(base, "state"), os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+    chosen = None
+    try:
+        srv.start()
+        m = re.search(r"sandbox networking on, host range (10\.(\d+)\.0\.0/16) \(chosen automatically",
+                      srv.log())
+        assert m, srv.log()
+        chosen = m.group(1)
+        assert 200 <= int(m.group(2)) <= 254
+        sbx = create(srv)
+        try:
+            assert fetch(sbx, "http://198.51.100.10/") == "ten"
+            assert sbx.get_info().allow_internet_access is True
+        finally:
+            sbx.kill()
+        srv.stop()
+        again = KilnServer(srv.state_dir, srv.extra_args)
+        # Same state: the key persists (none is printed), and the log file is shared.
+        again.api_key, again.url = srv.api_key, srv.url
+        again.start()
+        srv = again
+        assert f"host range {chosen} (the range this state directory used before" in srv.log(), srv.log()
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+        log = srv.log()
+        cleanup_state(srv.state_dir)
+        if chosen:
+            remove_slots_in_range(chosen.rsplit(".", 2)[0] + ".")
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, log
+
+
+def test_network_off_answers_501_for_internet_access(internet):
+    """`--network off`: sandboxes have no network; asking for internet access (or a policy
+    update) is a 501 that says why, while a create that needs no network works."""
+    from e2b import SandboxException
+
+    base = tempfile.mkdtemp(prefix="kiln-netoff-")
+    srv = KilnServer(os.path.join(base, "state"),
+                     ["--network", "off"] + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+    try:
+        srv.start()
+        assert "sandbox networking off: turned off (--network off)" in srv.log(), srv.log()
+        status, resp, _ = srv.request("POST", "/sandboxes",
+                                      body={"templateID": "base", "allow_internet_access": True})
+        assert status == 501, resp
+        assert "--network off" in resp["message"], resp
+        sbx = create(srv, allow_internet_access=False)
+        try:
+            assert fetch(sbx, "http://198.51.100.10/") is None
+            # The isolation driver's own "not implemented" reaches the SDK as a 501.
+            with pytest.raises(SandboxException) as ei:
+                sbx.update_network({"allow_out": ["198.51.100.7"]})
+            assert getattr(ei.value, "status_code", None) == 501, repr(ei.value)
+            assert "not implemented by this isolation driver" in str(ei.value), str(ei.value)
+            assert sbx.commands.run("echo still-here").stdout == "still-here\n"
+        finally:
+            sbx.kill()
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+        log = srv.log()
+        cleanup_state(srv.state_dir)
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, log

@@ -4,8 +4,8 @@
 //! - an HTTP request to a server inside a sandbox through kiln's proxy vs the same request made
 //!   directly from the sandbox's router namespace (no proxy), p50 latency and throughput.
 //!
-//! Sandbox networking is configured the way `kiln serve` reads it (KILN_NETWORK, KILN_NET_RANGE);
-//! the bench uses its own range (`--range`) so it can run next to a server.
+//! The networked side uses its own host range (`--range`) so the bench can run next to a
+//! server.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,10 +60,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
     std::fs::create_dir_all(&work_root)?;
-    // The networked driver reads its settings from the environment (as `kiln serve` does);
-    // set them before any thread starts.
-    std::env::set_var("KILN_NET_RANGE", &a.range);
-    std::env::set_var("KILN_NET_POOL", "4");
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(bench(a, templates, work_root))
 }
@@ -79,6 +75,7 @@ fn side(
     work_root: &std::path::Path,
     platform: &str,
     networked: bool,
+    range: &str,
     templates: &Arc<dyn Templates>,
 ) -> anyhow::Result<Side> {
     let dir = tempfile::Builder::new()
@@ -88,9 +85,17 @@ fn side(
     let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
     let mut cfg = GvisorConfig::new(dir.path());
     cfg.platform = platform.to_string();
-    // `GvisorDriver::new` reads KILN_NETWORK (no thread reads the environment meanwhile:
-    // drivers are built before any sandbox starts).
-    std::env::set_var("KILN_NETWORK", if networked { "on" } else { "off" });
+    if networked {
+        cfg.network = Some(kiln_net::NetConfig {
+            range: range.parse()?,
+            pool_size: 4,
+            prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(dir.path()),
+            operator_allow: Vec::new(),
+            dns_upstreams: kiln_net::dns::system_resolvers(),
+            max_connections: 0,
+            egress_mib_per_sec: 0,
+        });
+    }
     let gvisor = Arc::new(GvisorDriver::new(cfg)?);
     let driver: Arc<dyn Driver> = gvisor.clone();
     if driver.has_network() != networked {
@@ -176,8 +181,8 @@ fn row(name: &str, p: &Percentiles, base: &Percentiles) {
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
-    let plain = side(&work_root, &a.platform, false, &templates)?;
-    let net = side(&work_root, &a.platform, true, &templates)?;
+    let plain = side(&work_root, &a.platform, false, &a.range, &templates)?;
+    let net = side(&work_root, &a.platform, true, &a.range, &templates)?;
     // Warm-up (and let the pool fill).
     timed_create(&plain, &a.template).await?;
     timed_create(&net, &a.template).await?;

@@ -125,6 +125,10 @@ pub trait Driver: Send + Sync + 'static {
     /// The sandbox's own output (the agent's stdout/stderr), last `max_bytes` bytes.
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String>;
 
+    /// The server is stopping: release what the driver keeps ready for future sandboxes (e.g.
+    /// pre-created network slots). Running sandboxes are left alone.
+    async fn shutdown(&self) {}
+
     /// Whether this driver's sandboxes have a network (egress, ports other than the agent's).
     fn has_network(&self) -> bool {
         false

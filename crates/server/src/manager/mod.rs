@@ -233,6 +233,12 @@ impl Manager {
     }
 
     /// Name of the isolation driver sandboxes run on.
+    /// The server is stopping: the driver releases what it keeps ready (sandboxes keep
+    /// running).
+    pub async fn shutdown_driver(&self) {
+        self.driver.shutdown().await;
+    }
+
     pub fn driver_name(&self) -> &'static str {
         self.driver.name()
     }

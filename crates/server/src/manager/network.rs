@@ -19,8 +19,9 @@ impl Manager {
         match policy {
             Some(p) if !self.driver.has_network() && !no_network_suffices(p) => {
                 Err(DriverError::NotImplemented(
-                    "sandbox internet access (this server runs sandboxes without a network; \
-                     start it with KILN_NETWORK=on)",
+                    "sandbox internet access (this server runs sandboxes without a network: \
+                     it was started with --network off, or the host cannot do networking; \
+                     its startup output and `kiln doctor` say which)",
                 )
                 .into())
             }

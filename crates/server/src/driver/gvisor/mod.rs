@@ -26,7 +26,9 @@
 pub mod bench;
 pub mod bench_lifecycle;
 mod checkpoint;
+mod forward;
 mod mounts;
+pub mod net_config;
 pub mod network;
 mod oci;
 mod reap;
@@ -135,10 +137,7 @@ fn check_id(id: &str) -> Result<()> {
 }
 
 impl GvisorDriver {
-    pub fn new(mut cfg: GvisorConfig) -> Result<Self> {
-        if cfg.network.is_none() {
-            cfg.network = network::config_from_env(&cfg.dir).map_err(DriverError::Other)?;
-        }
+    pub fn new(cfg: GvisorConfig) -> Result<Self> {
         // runsc leaves each sandbox's processes behind as orphans. Adopting them (instead of
         // PID 1) lets stop reap them at once: `runsc delete` waits until they are gone, and a
         // slow init on the host leaves them as zombies for seconds.
@@ -208,7 +207,7 @@ impl GvisorDriver {
     /// workaround: only when it has a network slot and the probe says this runsc needs it.
     pub(super) async fn sysctl_workaround(&self, id: &str) -> bool {
         match &self.net {
-            Some(net) => match net.sandbox_ns(id) {
+            Some(net) => match net.sandbox_ns(id).await {
                 Some(ns) => net.needs_sysctl_workaround(&ns).await,
                 None => false,
             },
@@ -438,7 +437,22 @@ impl Driver for GvisorDriver {
         self.settling.settle(id).await;
         if port != ENVD_PORT {
             if let Some(net) = &self.net {
-                return net.connect(id, port).await;
+                return match net.connect(id, port).await {
+                    // Refused at the sandbox's address: maybe a server bound to localhost.
+                    Err(DriverError::Unreachable { reason, .. })
+                        if reason.starts_with(network::REFUSED) =>
+                    {
+                        match forward::via_agent(&self.socket_path(id), port).await {
+                            Ok(Some(s)) => Ok(Box::new(s)),
+                            _ => Err(DriverError::Unreachable {
+                                id: id.to_string(),
+                                port,
+                                reason,
+                            }),
+                        }
+                    }
+                    r => r,
+                };
             }
             return Err(DriverError::Unreachable {
                 id: id.to_string(),
@@ -541,6 +555,10 @@ impl Driver for GvisorDriver {
         self.net.is_some()
     }
 
+    async fn shutdown(&self) {
+        self.shutdown_network().await;
+    }
+
     async fn set_network(&self, id: &str, policy: &kiln_net::EgressPolicy) -> Result<()> {
         check_id(id)?;
         match &self.net {
@@ -552,7 +570,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn network(&self, id: &str) -> Option<kiln_net::EgressPolicy> {
-        self.net.as_ref()?.policy(id)
+        self.net.as_ref()?.policy(id).await
     }
 }
 

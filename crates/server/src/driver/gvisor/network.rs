@@ -27,67 +27,9 @@ use tokio::sync::OnceCell;
 use crate::driver::{io_err, BoxIo, DriverError, Result};
 
 const NET_FILE: &str = "net.json";
+/// How a refused connection's reason starts.
+pub const REFUSED: &str = "nothing is listening";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Networking settings from the environment, for servers whose configuration names none:
-/// `KILN_NETWORK=on` turns it on; `KILN_NET_RANGE` (host-side range, default 10.231.0.0/16),
-/// `KILN_NET_POOL` (slots kept ready, default 4), `KILN_DNS_UPSTREAM` (comma-separated
-/// resolvers; default: the host's), `KILN_NET_ALLOW_PRIVATE` (comma-separated private CIDRs
-/// sandboxes may reach), `KILN_NET_MAX_CONNS` (connections per sandbox, default no cap),
-/// `KILN_NET_EGRESS_MIBS` (egress MiB/s per sandbox, default no cap). `seed` (the state directory) names this server's slots.
-pub fn config_from_env(seed: &Path) -> std::result::Result<Option<NetConfig>, String> {
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    match var("KILN_NETWORK").as_deref() {
-        None | Some("off") | Some("0") => return Ok(None),
-        Some("on") | Some("1") => {}
-        Some(other) => return Err(format!("KILN_NETWORK={other:?}: use on or off")),
-    }
-    let range = match var("KILN_NET_RANGE") {
-        Some(r) => r.parse().map_err(|e| format!("KILN_NET_RANGE: {e}"))?,
-        None => NetConfig::default_range(),
-    };
-    let pool_size = match var("KILN_NET_POOL") {
-        Some(n) => n
-            .parse()
-            .map_err(|_| format!("KILN_NET_POOL={n:?}: not a number"))?,
-        None => 4,
-    };
-    let list = |k: &str| -> Vec<String> {
-        var(k)
-            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
-            .unwrap_or_default()
-    };
-    let dns_upstreams = match list("KILN_DNS_UPSTREAM") {
-        l if l.is_empty() => kiln_net::dns::system_resolvers(),
-        l => l
-            .iter()
-            .map(|a| a.parse().map_err(|_| format!("KILN_DNS_UPSTREAM: {a:?}")))
-            .collect::<std::result::Result<_, _>>()?,
-    };
-    let num = |k: &str| -> std::result::Result<u32, String> {
-        var(k).map_or(Ok(0), |v| {
-            v.parse().map_err(|_| format!("{k}={v:?}: not a number"))
-        })
-    };
-    let max_connections = num("KILN_NET_MAX_CONNS")?;
-    let egress_mib_per_sec = num("KILN_NET_EGRESS_MIBS")?;
-    let operator_allow = list("KILN_NET_ALLOW_PRIVATE")
-        .iter()
-        .map(|c| {
-            c.parse()
-                .map_err(|e| format!("KILN_NET_ALLOW_PRIVATE: {e}"))
-        })
-        .collect::<std::result::Result<_, _>>()?;
-    Ok(Some(NetConfig {
-        range,
-        pool_size,
-        prefix: kiln_net::host::prefix_for(&seed.display().to_string()),
-        operator_allow,
-        dns_upstreams,
-        max_connections,
-        egress_mib_per_sec,
-    }))
-}
 
 /// `net.json`: what a restarted server needs to adopt a sandbox's slot.
 #[derive(Debug, Serialize, Deserialize)]
@@ -149,6 +91,9 @@ pub struct Network {
     sandboxes_dir: PathBuf,
     pool: OnceCell<Arc<SlotPool>>,
     leases: Mutex<HashMap<String, Lease>>,
+    /// Slots recorded by sandboxes of an earlier run whose services could not be restarted:
+    /// still leased (the sandbox may run), released when the sandbox stops.
+    orphans: Mutex<HashMap<String, u32>>,
     workaround: OnceCell<bool>,
 }
 
@@ -163,6 +108,7 @@ impl Network {
             sandboxes_dir,
             pool: OnceCell::new(),
             leases: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(HashMap::new()),
             workaround: OnceCell::new(),
         });
         // Start the pool now when there is a runtime (cleanup and pre-creation happen at start
@@ -179,7 +125,7 @@ impl Network {
     }
 
     fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lease>> {
-        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.leases)
     }
 
     fn read_file(&self, id: &str) -> Option<NetFile> {
@@ -233,7 +179,10 @@ impl Network {
                                 },
                             );
                         }
-                        Err(e) => tracing::warn!(sandbox = %id, error = %e, "adopting a slot"),
+                        Err(e) => {
+                            tracing::warn!(sandbox = %id, error = %e, "adopting a slot");
+                            lock(&self.orphans).insert(id, slot.index);
+                        }
                     }
                 }
                 Ok(pool)
@@ -272,7 +221,10 @@ impl Network {
             }
         };
         let path = slot.sandbox_ns_path();
-        self.write_file(id, &NetFile::new(slot.index, &policy))?;
+        if let Err(e) = self.write_file(id, &NetFile::new(slot.index, &policy)) {
+            pool.release(slot).await;
+            return Err(e);
+        }
         self.leases().insert(
             id.to_string(),
             Lease {
@@ -307,23 +259,34 @@ impl Network {
     /// Addresses sandbox `id`'s slot again (runsc's netstack took the address when the sandbox
     /// stopped): before its checkpoint is restored into the same slot.
     pub async fn readdress(&self, id: &str) -> Result<()> {
-        let slot = self.leases().get(id).map(|l| l.slot.clone());
+        let slot = self.leased(id, |l| l.slot.clone()).await;
         match slot {
             Some(slot) => slot.address_guest().await.map_err(net_err),
             None => Ok(()),
         }
     }
 
+    /// `f` of sandbox `id`'s lease. Waits for the pool's start first: a restarted server
+    /// adopts the leases of its sandboxes there, and a resume or a port connect may come
+    /// before it is done.
+    async fn leased<T>(&self, id: &str, f: impl FnOnce(&Lease) -> T) -> Option<T> {
+        let _ = self.pool().await;
+        self.leases().get(id).map(f)
+    }
+
     /// The sandbox namespace of sandbox `id`'s slot.
-    pub fn sandbox_ns(&self, id: &str) -> Option<PathBuf> {
-        self.leases().get(id).map(|l| l.slot.sandbox_ns_path())
+    pub async fn sandbox_ns(&self, id: &str) -> Option<PathBuf> {
+        self.leased(id, |l| l.slot.sandbox_ns_path()).await
     }
 
-    pub fn policy(&self, id: &str) -> Option<EgressPolicy> {
-        self.leases().get(id).map(|l| l.policy.clone())
+    pub async fn policy(&self, id: &str) -> Option<EgressPolicy> {
+        self.leased(id, |l| l.policy.clone()).await
     }
 
-    /// Frees the slot of sandbox `id` (whether this run or an earlier one leased it).
+    /// Frees the slot of sandbox `id` (whether this run or an earlier one leased it). Only the
+    /// first of several detaches of one sandbox frees anything: the lease (or orphan record)
+    /// is taken out atomically, so a repeated stop never tears down a slot that was rebuilt at
+    /// the same index and leased to another sandbox meanwhile.
     pub async fn detach(&self, id: &str) {
         // Start (or wait for) the pool first: its start adopts the slots recorded on the host,
         // this sandbox's included, so the lease removed below is really gone.
@@ -332,7 +295,7 @@ impl Network {
         let index = lease
             .as_ref()
             .map(|l| l.slot.index)
-            .or_else(|| self.read_file(id).map(|f| f.slot));
+            .or_else(|| lock(&self.orphans).remove(id));
         drop(lease);
         if let (Some(pool), Some(index)) = (pool, index) {
             pool.release_index(index).await;
@@ -343,9 +306,8 @@ impl Network {
     /// A TCP connection to `port` of sandbox `id`, made from its router namespace.
     pub async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
         let ns = self
-            .leases()
-            .get(id)
-            .map(|l| l.slot.router_ns_path())
+            .leased(id, |l| l.slot.router_ns_path())
+            .await
             .ok_or_else(|| DriverError::NotFound(id.to_string()))?;
         let unreachable = |reason: String| DriverError::Unreachable {
             id: id.to_string(),
@@ -361,7 +323,7 @@ impl Network {
         .map_err(|e| match e {
             kiln_net::NetError::Io { source, .. } => unreachable(match source.kind() {
                 std::io::ErrorKind::ConnectionRefused => {
-                    format!("nothing is listening on port {port} in the sandbox")
+                    format!("{REFUSED} on port {port} in the sandbox")
                 }
                 std::io::ErrorKind::TimedOut => format!("connecting to port {port} timed out"),
                 k => format!("connecting to port {port}: {k}"),
@@ -399,6 +361,10 @@ impl Network {
             }
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Points the sandbox's resolver at its DNS forwarder (the slot's gateway).
