@@ -11,6 +11,7 @@ mod files;
 mod fs;
 mod fsrpc;
 pub mod interp;
+pub mod limits;
 pub mod listen;
 mod metrics;
 pub mod pid1;
@@ -20,6 +21,7 @@ pub mod reaper;
 pub mod router;
 pub mod rpc;
 pub mod state;
+pub mod sudo;
 mod users;
 mod watch;
 

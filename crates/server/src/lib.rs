@@ -162,6 +162,7 @@ impl Server {
     /// Serves until the process ends (sandboxes keep running across restarts by design).
     pub async fn serve(self) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
+        let _watcher = self.manager.spawn_watcher();
         // Pools start once recovery is over (until then, their sandboxes would look like
         // leftovers of the previous run).
         let (m, recovery) = (self.manager.clone(), self.recovery.clone());

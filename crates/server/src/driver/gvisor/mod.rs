@@ -26,6 +26,7 @@
 pub mod bench;
 pub mod bench_lifecycle;
 mod checkpoint;
+mod console;
 mod mounts;
 pub mod network;
 mod oci;
@@ -341,13 +342,21 @@ pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
         .find_map(|v| v.trim().parse::<u64>().ok())
 }
 
-/// Last `max` bytes of a file, lossily decoded (empty when unreadable).
+/// Last `max` bytes of a file, lossily decoded (empty when unreadable). Reads only the tail:
+/// a console log can be large.
 pub fn tail(path: &Path, max: usize) -> String {
-    let Ok(data) = std::fs::read(path) else {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
         return String::new();
     };
-    let start = data.len().saturating_sub(max);
-    String::from_utf8_lossy(&data[start..]).into_owned()
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(max as u64);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut data = Vec::with_capacity(max.min(len as usize));
+    let _ = f.take(max as u64).read_to_end(&mut data);
+    String::from_utf8_lossy(&data).into_owned()
 }
 
 #[async_trait::async_trait]
@@ -452,7 +461,24 @@ impl Driver for GvisorDriver {
 
     async fn is_running(&self, id: &str) -> Result<bool> {
         check_id(id)?;
+        // A sandbox process that died is our zombie (we are its subreaper) until reaped, and
+        // runsc counts a zombie as alive.
+        reap_adopted_zombies();
         Ok(self.runsc.status(id).await.as_deref() == Some("running"))
+    }
+
+    async fn dead(&self, ids: &[String]) -> Vec<String> {
+        reap_adopted_zombies();
+        // One /proc scan for all sandboxes; only those without a runsc-sandbox process are
+        // asked about with `runsc state`.
+        let alive = reap::live_sandbox_ids();
+        let mut out = Vec::new();
+        for id in ids.iter().filter(|id| !alive.contains(id.as_str())) {
+            if check_id(id).is_ok() && self.runsc.status(id).await.as_deref() != Some("running") {
+                out.push(id.clone());
+            }
+        }
+        out
     }
 
     async fn stats(&self, id: &str) -> Result<SandboxStats> {
@@ -472,9 +498,12 @@ impl Driver for GvisorDriver {
         Ok(SandboxStats {
             cpu_ns: num(&d["cpu"]["usage"]["total"]),
             mem_used_bytes: num(&d["memory"]["usage"]["usage"]),
+            // The host cgroup has headroom above the sandbox's size (oci::host_memory_limit).
             mem_limit_bytes: match num(&d["memory"]["usage"]["limit"]) {
-                0 => cgroup_memory_limit(id).unwrap_or(0),
-                n => n,
+                0 => cgroup_memory_limit(id)
+                    .map(oci::sandbox_memory)
+                    .unwrap_or(0),
+                n => oci::sandbox_memory(n),
             },
             pids: num(&d["pids"]["current"]),
         })
@@ -513,7 +542,20 @@ impl Driver for GvisorDriver {
 
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String> {
         check_id(id)?;
-        Ok(tail(&self.sandbox_dir(id).join("console.log"), max_bytes))
+        let dir = self.sandbox_dir(id);
+        let cur = tail(&dir.join("console.log"), max_bytes);
+        if cur.len() >= max_bytes {
+            return Ok(cur);
+        }
+        // Just rotated: the rest comes from the previous file.
+        let older = tail(&dir.join("console.log.1"), max_bytes - cur.len());
+        Ok(older + &cur)
+    }
+
+    async fn housekeep(&self, ids: &[String]) {
+        for id in ids.iter().filter(|id| check_id(id).is_ok()) {
+            console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
+        }
     }
 
     fn has_network(&self) -> bool {
