@@ -328,6 +328,37 @@ impl GvisorDriver {
     }
 }
 
+/// Connects to the agent's socket at `path` in the directory shared with the sandbox, where
+/// root in the sandbox can plant anything: the final component must be a socket itself (never
+/// a symlink), and the connection goes through the descriptor opened with `O_NOFOLLOW`, so the
+/// name cannot be swapped between the check and the connect.
+async fn connect_no_follow(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "the agent socket was replaced by a link",
+            ),
+            _ => e,
+        })?;
+    if !f.metadata()?.file_type().is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the agent socket was replaced by something else",
+        ));
+    }
+    use std::os::fd::AsRawFd;
+    let via_fd = format!("/proc/self/fd/{}", f.as_raw_fd());
+    let s = tokio::net::UnixStream::connect(via_fd).await;
+    drop(f);
+    s
+}
+
 /// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
 /// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
 pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
@@ -443,7 +474,7 @@ impl Driver for GvisorDriver {
         }
         // The agent's socket, made reachable from the host by `--host-uds=create`: this path
         // needs no sandbox network.
-        match tokio::net::UnixStream::connect(self.socket_path(id)).await {
+        match connect_no_follow(&self.socket_path(id)).await {
             Ok(s) => Ok(Box::new(s)),
             Err(e) => Err(DriverError::Unreachable {
                 id: id.to_string(),
@@ -453,6 +484,7 @@ impl Driver for GvisorDriver {
                     std::io::ErrorKind::ConnectionRefused => {
                         "the agent is not accepting connections".into()
                     }
+                    std::io::ErrorKind::PermissionDenied => e.to_string(),
                     _ => format!("connecting to the agent: {}", e.kind()),
                 },
             }),
