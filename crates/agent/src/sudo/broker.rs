@@ -42,6 +42,7 @@ pub fn start() -> std::io::Result<()> {
     )?;
     let addr = socket::UnixAddr::new_abstract(SOCKET_NAME)?;
     socket::bind(fd.as_raw_fd(), &addr)?;
+    socket::setsockopt(&fd, sockopt::PassCred, &true)?;
     socket::listen(
         &fd,
         socket::Backlog::new(64).unwrap_or(socket::Backlog::MAXCONN),
@@ -73,9 +74,19 @@ fn send(fd: &OwnedFd, msg: &Msg) {
     }
 }
 
+/// The caller's identity as the kernel vouches for it: `SCM_CREDENTIALS` sent by the shim
+/// (a process can only send its own pid and ids). Not `SO_PEERCRED`: gVisor answers that with
+/// the asker's own credentials, which would make every caller root.
+struct Cred {
+    pid: i32,
+    uid: u32,
+}
+
 fn serve(conn: OwnedFd) {
+    let _ = socket::setsockopt(&conn, sockopt::PassCred, &true);
     let mut buf = vec![0u8; MAX_REQUEST];
-    let mut cmsg = nix::cmsg_space!([RawFd; 3]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 3], libc::ucred);
+    let mut cred = None;
     let (n, fds) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let msg = match socket::recvmsg::<()>(
@@ -90,31 +101,43 @@ fn serve(conn: OwnedFd) {
         let mut fds: Vec<OwnedFd> = Vec::new();
         if let Ok(cmsgs) = msg.cmsgs() {
             for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(list) = c {
-                    // SAFETY: SCM_RIGHTS delivered these descriptors to us; each is owned once.
-                    fds.extend(list.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+                match c {
+                    ControlMessageOwned::ScmRights(list) => {
+                        // SAFETY: SCM_RIGHTS delivered these descriptors to us; each is owned
+                        // once.
+                        fds.extend(list.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+                    }
+                    // pid 0 is what a receiver gets when the sender attached nothing.
+                    ControlMessageOwned::ScmCredentials(c) if c.pid() > 0 => {
+                        cred = Some(Cred {
+                            pid: c.pid(),
+                            uid: c.uid(),
+                        });
+                    }
+                    _ => {}
                 }
             }
         }
         (msg.bytes, fds)
     };
-    match start_command(&conn, &buf[..n], fds) {
+    let Some(cred) = cred else {
+        send(
+            &conn,
+            &Msg::Error("the request carried no credentials".into()),
+        );
+        return;
+    };
+    match start_command(&conn, &buf[..n], fds, cred) {
         Ok(()) => {}
         Err(text) => send(&conn, &Msg::Error(text)),
     }
 }
 
-fn start_command(conn: &OwnedFd, body: &[u8], fds: Vec<OwnedFd>) -> Result<(), String> {
+fn start_command(conn: &OwnedFd, body: &[u8], fds: Vec<OwnedFd>, cred: Cred) -> Result<(), String> {
     let req: Request =
         serde_json::from_slice(body).map_err(|e| format!("malformed request: {e}"))?;
-    let cred = socket::getsockopt(conn, sockopt::PeerCredentials)
-        .map_err(|e| format!("cannot identify the caller: {e}"))?;
-    let caller = users::lookup_uid(cred.uid()).map_err(|_| {
-        format!(
-            "you do not exist in the passwd database (uid {})",
-            cred.uid()
-        )
-    })?;
+    let caller = users::lookup_uid(cred.uid)
+        .map_err(|_| format!("you do not exist in the passwd database (uid {})", cred.uid))?;
     let group_names: Vec<String> = caller
         .groups
         .iter()
@@ -195,7 +218,7 @@ fn start_command(conn: &OwnedFd, body: &[u8], fds: Vec<OwnedFd>) -> Result<(), S
         req.cwd.clone()
     };
     let env = build_env(&req, &caller, &target, &program);
-    run(conn, program, args, env, cwd, &target, cred.pid(), fds)
+    run(conn, program, args, env, cwd, &target, cred.pid, fds)
 }
 
 /// The command's environment: sudo's `env_reset` (or the caller's with `-E`), then the target's
