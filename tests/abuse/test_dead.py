@@ -40,7 +40,10 @@ def test_dead_runtime_is_detected_and_cleaned_up(server, sandbox, bystander):
     elapsed = time.time() - t0
     assert gone, f"the dead sandbox is still listed: {body}"
     assert elapsed < 5, f"noticed only after {elapsed:.1f}s"
-    assert "died" in server.log()
+    deadline = time.time() + 3
+    while f"{sid} died" not in server.log() and time.time() < deadline:
+        time.sleep(0.1)
+    assert f"{sid} died" in server.log()
     # Nothing of it is left on the host.
     d = os.path.join(server.state_dir, "gvisor", "sandboxes", sid)
     deadline = time.time() + 5

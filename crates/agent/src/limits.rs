@@ -3,8 +3,9 @@
 //!
 //! - **pids**: gVisor enforces `pids.max` of its own (sandbox-internal) pids cgroups, mounted at
 //!   `/sys/fs/cgroup` by the OCI spec. Every command gets a cgroup `kiln-cmd-N` whose
-//!   `pids.max` leaves room for the agent and other commands; a fork bomb gets `EAGAIN` there
-//!   while the agent keeps working. Killing a command (SIGKILL) kills its whole cgroup.
+//!   `pids.max` leaves room for the agent and other commands (the sandbox's limit less 32, and
+//!   at most half the memory size in MiB); a fork bomb gets `EAGAIN` there while the agent
+//!   keeps working. Killing a command (SIGKILL) kills its whole cgroup.
 //! - **memory**: gVisor does not enforce memory cgroups inside, and the host cgroup's OOM kill
 //!   takes the whole sandbox. The host limit has headroom above the sandbox's memory size and
 //!   the agent's [`oom_watch`] acts as a VM's OOM killer: when used memory (MemTotal −
@@ -53,9 +54,13 @@ pub fn init() {
     };
     let pids = num(ENV_PIDS);
     let memory = num(ENV_MEMORY_MB).filter(|m| *m > 0).map(|m| m << 20);
+    // Each process also costs the sandbox ≈2 MiB of host memory its own accounting does not
+    // see (gVisor's platform stubs): a command gets at most memory/2 MiB processes, which the
+    // server's host memory limit leaves room for.
+    let by_memory = memory.map(|m| (m >> 20) / 2).unwrap_or(u64::MAX);
     let cmd_pids = pids
         .filter(|_| Path::new(PIDS_ROOT).join("cgroup.procs").exists())
-        .map(|p| p.saturating_sub(PIDS_RESERVE).max(16));
+        .map(|p| p.saturating_sub(PIDS_RESERVE).min(by_memory).max(16));
     if pids.is_some() && cmd_pids.is_none() {
         tracing::warn!("no pids cgroup at {PIDS_ROOT}: commands are not limited individually");
     }

@@ -24,24 +24,33 @@ const CAPS: &[&str] = &[
     "CAP_AUDIT_WRITE",
 ];
 
-/// The host cgroup's memory limit for a sandbox of `memory_mb`: the sandbox's size plus
-/// headroom for the sentry itself, so that the agent's in-sandbox OOM killer (which kills the
+/// The host cgroup's memory limit for a sandbox of `memory_mb`: twice the sandbox's size plus
+/// 128 MiB for the sentry itself, so that the agent's in-sandbox OOM killer (which kills the
 /// biggest process once the sandbox uses `memory_mb`) acts before the host's OOM killer would
-/// take the whole sandbox.
+/// take the whole sandbox. The second `memory_mb` covers what the sandbox's own accounting
+/// does not see: the platform's per-process host cost (measured ≈2 MiB per process with
+/// systrap), which the agent bounds by allowing a command at most `memory_mb / 2` processes.
 pub fn host_memory_limit(memory_mb: u32) -> u64 {
     let mb = u64::from(memory_mb);
-    (mb + (mb / 4).max(128)) << 20
+    (2 * mb + 128) << 20
+}
+
+/// The host cgroup's pids limit for a sandbox of `pids` processes. Under gVisor the host
+/// cgroup counts the sentry's threads and the platform's stub processes, not the sandbox's
+/// processes (those the sentry limits itself, see the agent's per-command cgroups), and a
+/// sentry that reaches the host limit dies with everything in it: leave it room.
+pub fn host_pids_limit(pids: u32) -> i64 {
+    i64::from(pids.max(16)) * 8 + 512
 }
 
 /// The sandbox memory size (bytes) whose [`host_memory_limit`] is `host` (bytes), or `host`
 /// itself when it is not one of ours.
 pub fn sandbox_memory(host: u64) -> u64 {
-    let mb = host >> 20;
-    [mb.saturating_sub(128), mb * 4 / 5]
-        .into_iter()
-        .find(|m| u32::try_from(*m).is_ok_and(|m| host_memory_limit(m) == host))
-        .map(|m| m << 20)
-        .unwrap_or(host)
+    let mb = (host >> 20).saturating_sub(128) / 2;
+    match u32::try_from(mb) {
+        Ok(m) if host_memory_limit(m) == host => mb << 20,
+        _ => host,
+    }
 }
 
 /// The OCI runtime spec of one sandbox.
@@ -82,7 +91,7 @@ pub fn oci_spec(
         "resources": {
             "memory": {"limit": host_memory_limit(spec.memory_mb)},
             "cpu": {"quota": i64::from(spec.cpu_count.max(1)) * period as i64, "period": period},
-            "pids": {"limit": i64::from(spec.pids_limit.max(16))}
+            "pids": {"limit": host_pids_limit(spec.pids_limit)}
         },
         "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
         "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"]
@@ -162,10 +171,10 @@ mod tests {
         assert_eq!(v["process"]["args"][2], "/run/kiln/agent.sock");
         assert_eq!(
             v["linux"]["resources"]["memory"]["limit"],
-            (256u64 + 128) << 20
+            (2 * 256u64 + 128) << 20
         );
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
-        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300);
+        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300 * 8 + 512);
         assert_eq!(v["linux"]["cgroupsPath"], "/kiln/sbx1");
         assert_eq!(v["root"]["path"], "/s/rootfs");
         let env: Vec<&str> = v["process"]["env"]
