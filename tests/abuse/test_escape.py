@@ -2,6 +2,7 @@
 what root in a sandbox plants in the directory shared with the host is never followed."""
 
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -107,4 +108,5 @@ def test_planted_link_for_the_agent_socket_is_not_followed(server, sandbox):
     finally:
         t.join()
         lst.close()
+        shutil.rmtree(d, ignore_errors=True)
     assert not hits, "the server connected through a link planted by the sandbox"
