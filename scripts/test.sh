@@ -53,6 +53,10 @@ say "SDK end-to-end tests"
 set +e
 "$KILN_PYTHON" -m pytest tests/sdk -q -rs
 rc=$?
+say "abuse tests (hostile workloads against kiln serve)"
+"$KILN_PYTHON" -m pytest tests/abuse -q -rs
+rc_abuse=$?
+[ $rc -eq 0 ] && rc=$rc_abuse
 set -e
 if [ $rc -eq 5 ]; then
   die "pytest collected no SDK tests"

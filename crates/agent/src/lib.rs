@@ -12,6 +12,7 @@ pub mod forward;
 mod fs;
 mod fsrpc;
 pub mod interp;
+pub mod limits;
 pub mod listen;
 mod metrics;
 pub mod pid1;
@@ -21,6 +22,7 @@ pub mod reaper;
 pub mod router;
 pub mod rpc;
 pub mod state;
+pub mod sudo;
 mod users;
 mod watch;
 

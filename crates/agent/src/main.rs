@@ -90,6 +90,14 @@ fn interp_main(a: InterpArgs) -> i32 {
 }
 
 fn main() {
+    // Templates link /usr/bin/sudo to this binary: run as the sudo shim.
+    if std::env::args_os()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n == "sudo"))
+        .unwrap_or(false)
+    {
+        std::process::exit(kiln_agent::sudo::shim::main());
+    }
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -104,7 +112,12 @@ fn main() {
     }
     let pid1 = std::process::id() == 1;
     if pid1 {
+        kiln_agent::limits::init();
+        std::thread::spawn(kiln_agent::limits::oom_watch);
         kiln_agent::pid1::mount_basics();
+        if let Err(e) = kiln_agent::sudo::broker::start() {
+            tracing::warn!("sudo will not work: cannot start the privilege broker: {e}");
+        }
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

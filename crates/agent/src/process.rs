@@ -43,6 +43,8 @@ pub struct Proc {
     pty: Option<Arc<AsyncFd<OwnedFd>>>,
     subscribers: Mutex<Vec<mpsc::Sender<Event>>>,
     end: watch::Sender<Option<process_event::EndEvent>>,
+    /// The command's own pids cgroup (see `limits`), killed whole on SIGKILL.
+    cgroup: Option<std::path::PathBuf>,
 }
 
 impl Proc {
@@ -126,6 +128,12 @@ impl Proc {
     pub fn signal(&self, sig: i32) -> Result<(), RpcError> {
         // SAFETY: kill has no memory-safety preconditions.
         let r = unsafe { libc::kill(self.pid as i32, sig) };
+        if sig == libc::SIGKILL {
+            if let Some(dir) = self.cgroup.clone() {
+                // Everything the command started (a fork bomb's children too) goes with it.
+                std::thread::spawn(move || crate::limits::kill_cgroup(&dir));
+            }
+        }
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::ESRCH) {
@@ -352,9 +360,14 @@ impl Table {
             err_r = Some(r);
         }
 
+        let cgroup = crate::limits::CmdCgroup::create();
+        let cgroup_fd = cgroup.as_ref().map(|c| c.procs_fd());
         // SAFETY: the closure only makes async-signal-safe syscalls with data prepared above.
         unsafe {
             cmd.pre_exec(move || {
+                if let Some(fd) = cgroup_fd {
+                    crate::limits::join_raw(fd)?;
+                }
                 if libc::setsid() < 0 {
                     return Err(io::Error::last_os_error());
                 }
@@ -386,6 +399,7 @@ impl Table {
         })
         .map_err(|e| spawn_error(&config.cmd, &cwd, &user.name, &e))?;
         drop(cmd);
+        let cgroup = cgroup.map(|c| c.dir().to_path_buf());
 
         let to_async = |fd: OwnedFd| async_fd(fd).map_err(|e| RpcError::io("register fd", &e));
         let master = master.map(to_async).transpose()?;
@@ -402,6 +416,7 @@ impl Table {
             pty: master.clone(),
             subscribers: Mutex::new(Vec::new()),
             end,
+            cgroup,
         });
         let rx = proc_
             .subscribe()
@@ -467,6 +482,9 @@ impl Table {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&p2.pid);
+            if p2.cgroup.is_some() {
+                tokio::task::spawn_blocking(crate::limits::sweep);
+            }
             tracing::debug!(pid = p2.pid, "process finished");
         });
         Ok((proc_, rx))

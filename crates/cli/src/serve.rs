@@ -48,6 +48,10 @@ pub struct Args {
     /// Memory limit of each sandbox, MiB.
     #[arg(long, default_value_t = 512)]
     memory_mb: u32,
+    /// Process limit of each sandbox; each command in it may use all but 32 of them (a fork
+    /// bomb gets EAGAIN while the agent and other commands go on).
+    #[arg(long, default_value_t = 4096)]
+    pids_limit: u32,
     /// At most this many sandboxes at once; further creates get 429 with Retry-After
     /// (default: as many as the host's capacity allows — those get 503).
     #[arg(long, env = "KILN_MAX_SANDBOXES")]
@@ -267,6 +271,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             max_timeout_secs: a.max_timeout,
             default_cpu_count: a.cpus,
             default_memory_mb: a.memory_mb,
+            pids_limit: a.pids_limit,
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
                 state_dir: Some(state_dir),

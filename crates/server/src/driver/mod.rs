@@ -119,11 +119,26 @@ pub trait Driver: Send + Sync + 'static {
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo>;
     /// Whether the sandbox is running on the host.
     async fn is_running(&self, id: &str) -> Result<bool>;
+    /// Which of `ids` (sandboxes the server believes are running) have no runtime left on the
+    /// host. Called every second or so, so drivers make it cheap; a sandbox is only reported
+    /// when it is really gone (the default asks [`Self::is_running`] for each).
+    async fn dead(&self, ids: &[String]) -> Vec<String> {
+        let mut out = Vec::new();
+        for id in ids {
+            if let Ok(false) = self.is_running(id).await {
+                out.push(id.clone());
+            }
+        }
+        out
+    }
     async fn stats(&self, id: &str) -> Result<SandboxStats>;
     /// Sandboxes this driver finds on the host (running or leftover).
     async fn list_on_host(&self) -> Result<Vec<HostSandbox>>;
     /// The sandbox's own output (the agent's stdout/stderr), last `max_bytes` bytes.
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String>;
+    /// Periodic upkeep of running sandboxes' host files (e.g. rotating console logs); called
+    /// by the watcher about once a second.
+    async fn housekeep(&self, _ids: &[String]) {}
 
     /// The server is stopping: release what the driver keeps ready for future sandboxes (e.g.
     /// pre-created network slots). Running sandboxes are left alone.

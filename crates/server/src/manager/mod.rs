@@ -2,7 +2,8 @@
 //!
 //! - [`create`](Manager::create) in `create.rs` (template lookup, driver create/start, agent
 //!   init, the template's start command in `start_cmd.rs`);
-//! - timeouts, kill and the reaper here and in `reaper.rs`;
+//! - timeouts, kill and the reaper here and in `reaper.rs`; runtimes that die on their own in
+//!   `watcher.rs`;
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
 //! - metrics, logs and template views in `observe.rs`;
 //! - pause/resume (and auto-pause/resume) in `lifecycle.rs`, snapshots in `snapshots.rs`,
@@ -24,6 +25,7 @@ mod registry;
 mod sampler;
 mod snapshots;
 mod start_cmd;
+mod watcher;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,6 +46,7 @@ pub use pool::parse_pool;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use start_cmd::START_CMD_EVENT;
+pub use watcher::{DIED_REASON, WATCH_INTERVAL};
 
 /// Largest timeout the API accepts (E2B's timeout is an int32 of seconds).
 pub const MAX_TIMEOUT_SECS: u64 = i32::MAX as u64;

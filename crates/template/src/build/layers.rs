@@ -27,7 +27,24 @@ pub(super) fn install_agent(agent: &Path, rootfs: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))
         .map_err(io_err("chmod kiln-agent"))?;
-    Ok(())
+    install_sudo_shim(rootfs)
+}
+
+/// Where templates that have sudo get kiln's sudo shim instead.
+pub const SUDO_PATH_IN_ROOTFS: &str = "usr/bin/sudo";
+
+/// gVisor sets "no new privileges" on every process, so setuid sudo cannot work: when the
+/// template has sudo, `/usr/bin/sudo` becomes a link to kiln-agent, which runs as a shim for
+/// the agent's privilege broker (crates/agent/src/sudo/).
+fn install_sudo_shim(rootfs: &Path) -> Result<()> {
+    let dest = rootfs.join(SUDO_PATH_IN_ROOTFS);
+    if dest.symlink_metadata().is_err() {
+        return Ok(());
+    }
+    // Replace the entry (the base stage is hard-linked).
+    std::fs::remove_file(&dest).map_err(io_err(format!("removing {}", dest.display())))?;
+    std::os::unix::fs::symlink("kiln-agent", &dest)
+        .map_err(io_err(format!("linking {} to kiln-agent", dest.display())))
 }
 
 /// Compiles the compat preload library with the host C compiler (freestanding: it links against

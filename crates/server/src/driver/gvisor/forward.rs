@@ -14,7 +14,7 @@ const MAX_HEAD: usize = 8 << 10;
 /// A relayed connection to 127.0.0.1:`port` inside the sandbox whose agent listens on `sock`,
 /// or `None` when nothing listens there either (or the agent cannot forward).
 pub async fn via_agent(sock: &Path, port: u16) -> std::io::Result<Option<UnixStream>> {
-    let mut s = UnixStream::connect(sock).await?;
+    let mut s = super::connect_no_follow(sock).await?;
     s.write_all(
         format!(
             "GET /kiln/forward?port={port} HTTP/1.1\r\nHost: agent\r\nConnection: Upgrade\r\n\

@@ -26,6 +26,7 @@
 pub mod bench;
 pub mod bench_lifecycle;
 mod checkpoint;
+mod console;
 mod forward;
 mod mounts;
 pub mod net_config;
@@ -341,6 +342,37 @@ async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Connects to the agent's socket at `path` in the directory shared with the sandbox, where
+/// root in the sandbox can plant anything: the final component must be a socket itself (never
+/// a symlink), and the connection goes through the descriptor opened with `O_NOFOLLOW`, so the
+/// name cannot be swapped between the check and the connect.
+pub(super) async fn connect_no_follow(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "the agent socket was replaced by a link",
+            ),
+            _ => e,
+        })?;
+    if !f.metadata()?.file_type().is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the agent socket was replaced by something else",
+        ));
+    }
+    use std::os::fd::AsRawFd;
+    let via_fd = format!("/proc/self/fd/{}", f.as_raw_fd());
+    let s = tokio::net::UnixStream::connect(via_fd).await;
+    drop(f);
+    s
+}
+
 /// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
 /// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
 pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
@@ -355,13 +387,21 @@ pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
         .find_map(|v| v.trim().parse::<u64>().ok())
 }
 
-/// Last `max` bytes of a file, lossily decoded (empty when unreadable).
+/// Last `max` bytes of a file, lossily decoded (empty when unreadable). Reads only the tail:
+/// a console log can be large.
 pub fn tail(path: &Path, max: usize) -> String {
-    let Ok(data) = std::fs::read(path) else {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
         return String::new();
     };
-    let start = data.len().saturating_sub(max);
-    String::from_utf8_lossy(&data[start..]).into_owned()
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(max as u64);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut data = Vec::with_capacity(max.min(len as usize));
+    let _ = f.take(max as u64).read_to_end(&mut data);
+    String::from_utf8_lossy(&data).into_owned()
 }
 
 #[async_trait::async_trait]
@@ -465,7 +505,7 @@ impl Driver for GvisorDriver {
         }
         // The agent's socket, made reachable from the host by `--host-uds=create`: this path
         // needs no sandbox network.
-        match tokio::net::UnixStream::connect(self.socket_path(id)).await {
+        match connect_no_follow(&self.socket_path(id)).await {
             Ok(s) => Ok(Box::new(s)),
             Err(e) => Err(DriverError::Unreachable {
                 id: id.to_string(),
@@ -475,6 +515,7 @@ impl Driver for GvisorDriver {
                     std::io::ErrorKind::ConnectionRefused => {
                         "the agent is not accepting connections".into()
                     }
+                    std::io::ErrorKind::PermissionDenied => e.to_string(),
                     _ => format!("connecting to the agent: {}", e.kind()),
                 },
             }),
@@ -485,7 +526,24 @@ impl Driver for GvisorDriver {
         check_id(id)?;
         // (A capture's source may still be continuing in the background.)
         self.settling.settle(id).await;
+        // A sandbox process that died is our zombie (we are its subreaper) until reaped, and
+        // runsc counts a zombie as alive.
+        reap_adopted_zombies();
         Ok(self.runsc.status(id).await.as_deref() == Some("running"))
+    }
+
+    async fn dead(&self, ids: &[String]) -> Vec<String> {
+        reap_adopted_zombies();
+        // One /proc scan for all sandboxes; only those without a runsc-sandbox process are
+        // asked about with `runsc state`.
+        let alive = reap::live_sandbox_ids();
+        let mut out = Vec::new();
+        for id in ids.iter().filter(|id| !alive.contains(id.as_str())) {
+            if check_id(id).is_ok() && self.runsc.status(id).await.as_deref() != Some("running") {
+                out.push(id.clone());
+            }
+        }
+        out
     }
 
     async fn stats(&self, id: &str) -> Result<SandboxStats> {
@@ -507,9 +565,12 @@ impl Driver for GvisorDriver {
         Ok(SandboxStats {
             cpu_ns: num(&d["cpu"]["usage"]["total"]),
             mem_used_bytes: num(&d["memory"]["usage"]["usage"]),
+            // The host cgroup has headroom above the sandbox's size (oci::host_memory_limit).
             mem_limit_bytes: match num(&d["memory"]["usage"]["limit"]) {
-                0 => cgroup_memory_limit(id).unwrap_or(0),
-                n => n,
+                0 => cgroup_memory_limit(id)
+                    .map(oci::sandbox_memory)
+                    .unwrap_or(0),
+                n => oci::sandbox_memory(n),
             },
             pids: num(&d["pids"]["current"]),
         })
@@ -548,7 +609,20 @@ impl Driver for GvisorDriver {
 
     async fn console_log(&self, id: &str, max_bytes: usize) -> Result<String> {
         check_id(id)?;
-        Ok(tail(&self.sandbox_dir(id).join("console.log"), max_bytes))
+        let dir = self.sandbox_dir(id);
+        let cur = tail(&dir.join("console.log"), max_bytes);
+        if cur.len() >= max_bytes {
+            return Ok(cur);
+        }
+        // Just rotated: the rest comes from the previous file.
+        let older = tail(&dir.join("console.log.1"), max_bytes - cur.len());
+        Ok(older + &cur)
+    }
+
+    async fn housekeep(&self, ids: &[String]) {
+        for id in ids.iter().filter(|id| check_id(id).is_ok()) {
+            console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
+        }
     }
 
     fn has_network(&self) -> bool {

@@ -24,6 +24,35 @@ const CAPS: &[&str] = &[
     "CAP_AUDIT_WRITE",
 ];
 
+/// The host cgroup's memory limit for a sandbox of `memory_mb`: twice the sandbox's size plus
+/// 128 MiB for the sentry itself, so that the agent's in-sandbox OOM killer (which kills the
+/// biggest process once the sandbox uses `memory_mb`) acts before the host's OOM killer would
+/// take the whole sandbox. The second `memory_mb` covers what the sandbox's own accounting
+/// does not see: the platform's per-process host cost (measured ≈2 MiB per process with
+/// systrap), which the agent bounds by allowing a command at most `memory_mb / 2` processes.
+pub fn host_memory_limit(memory_mb: u32) -> u64 {
+    let mb = u64::from(memory_mb);
+    (2 * mb + 128) << 20
+}
+
+/// The host cgroup's pids limit for a sandbox of `pids` processes. Under gVisor the host
+/// cgroup counts the sentry's threads and the platform's stub processes, not the sandbox's
+/// processes (those the sentry limits itself, see the agent's per-command cgroups), and a
+/// sentry that reaches the host limit dies with everything in it: leave it room.
+pub fn host_pids_limit(pids: u32) -> i64 {
+    i64::from(pids.max(16)) * 8 + 512
+}
+
+/// The sandbox memory size (bytes) whose [`host_memory_limit`] is `host` (bytes), or `host`
+/// itself when it is not one of ours.
+pub fn sandbox_memory(host: u64) -> u64 {
+    let mb = (host >> 20).saturating_sub(128) / 2;
+    match u32::try_from(mb) {
+        Ok(m) if host_memory_limit(m) == host => mb << 20,
+        _ => host,
+    }
+}
+
 /// The OCI runtime spec of one sandbox.
 pub fn oci_spec(
     spec: &SandboxSpec,
@@ -41,6 +70,12 @@ pub fn oci_spec(
     for (k, v) in &spec.env {
         env.insert(k.clone(), v.clone());
     }
+    // The agent enforces these per command inside (crates/agent/src/limits.rs).
+    env.insert(
+        "KILN_SANDBOX_PIDS".into(),
+        spec.pids_limit.max(16).to_string(),
+    );
+    env.insert("KILN_SANDBOX_MEMORY_MB".into(), spec.memory_mb.to_string());
     let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut args = vec![
         AGENT_PATH.to_string(),
@@ -54,9 +89,9 @@ pub fn oci_spec(
             {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}
         ],
         "resources": {
-            "memory": {"limit": u64::from(spec.memory_mb) * 1024 * 1024},
+            "memory": {"limit": host_memory_limit(spec.memory_mb)},
             "cpu": {"quota": i64::from(spec.cpu_count.max(1)) * period as i64, "period": period},
-            "pids": {"limit": i64::from(spec.pids_limit.max(16))}
+            "pids": {"limit": host_pids_limit(spec.pids_limit)}
         },
         "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
         "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"]
@@ -90,6 +125,10 @@ pub fn oci_spec(
              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs",
              "options": ["nosuid", "noexec", "nodev", "ro"]},
+            // gVisor's own cgroupfs (not the host's): the agent gives every command a pids
+            // cgroup there, which the sentry enforces.
+            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+             "options": ["nosuid", "noexec", "nodev", "rw"]},
             {"destination": AGENT_SOCKET_DIR, "type": "bind", "source": run_dir,
              "options": ["rbind", "rw"]}
         ],
@@ -100,6 +139,14 @@ pub fn oci_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_limit_round_trips() {
+        for mb in [64u32, 256, 512, 1024, 2048, 8192] {
+            assert_eq!(sandbox_memory(host_memory_limit(mb)), u64::from(mb) << 20);
+        }
+        assert_eq!(sandbox_memory(12345), 12345);
+    }
 
     #[test]
     fn spec_carries_limits_agent_and_socket_mount() {
@@ -122,9 +169,12 @@ mod tests {
         );
         assert_eq!(v["process"]["args"][0], AGENT_PATH);
         assert_eq!(v["process"]["args"][2], "/run/kiln/agent.sock");
-        assert_eq!(v["linux"]["resources"]["memory"]["limit"], 256u64 << 20);
+        assert_eq!(
+            v["linux"]["resources"]["memory"]["limit"],
+            (2 * 256u64 + 128) << 20
+        );
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
-        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300);
+        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300 * 8 + 512);
         assert_eq!(v["linux"]["cgroupsPath"], "/kiln/sbx1");
         assert_eq!(v["root"]["path"], "/s/rootfs");
         let env: Vec<&str> = v["process"]["env"]
@@ -134,6 +184,8 @@ mod tests {
             .map(|e| e.as_str().unwrap())
             .collect();
         assert!(env.contains(&"LANG=C.UTF-8"));
+        assert!(env.contains(&"KILN_SANDBOX_MEMORY_MB=256"));
+        assert!(env.contains(&"KILN_SANDBOX_PIDS=300"));
         let mounts = v["mounts"].as_array().unwrap();
         assert!(mounts
             .iter()

@@ -98,6 +98,52 @@ pub fn sandbox_processes(id: &str, sandbox_dir: &Path) -> Vec<libc::pid_t> {
     out
 }
 
+/// Ids of the sandboxes that have a live `runsc-sandbox` process (its `--id` or trailing
+/// container id argument); one pass over /proc.
+pub fn live_sandbox_ids() -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        if !e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.first().map(String::as_str) != Some("runsc-sandbox") {
+            continue;
+        }
+        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
+            if stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next())
+                == Some("Z")
+            {
+                continue;
+            }
+        }
+        // Every argument that could be the id: the check against the list of running ids
+        // happens in the caller.
+        for a in args.into_iter().skip(1) {
+            match a.split_once('=') {
+                Some((_, v)) if a.starts_with('-') => out.insert(v.to_string()),
+                _ => out.insert(a),
+            };
+        }
+    }
+    out
+}
+
 /// Kills `pids` and reaps them, waiting at most [`REAP_TIMEOUT`].
 pub async fn kill_and_reap(pids: &[libc::pid_t]) {
     kill_pids(pids);

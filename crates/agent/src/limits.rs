@@ -1,0 +1,292 @@
+//! Per-command resource limits inside the sandbox, so one runaway command does not take the
+//! sandbox (and its agent) down — see docs/hardening.md for what was measured under gVisor.
+//!
+//! - **pids**: gVisor enforces `pids.max` of its own (sandbox-internal) pids cgroups, mounted at
+//!   `/sys/fs/cgroup` by the OCI spec. Every command gets a cgroup `kiln-cmd-N` whose
+//!   `pids.max` leaves room for the agent and other commands (the sandbox's limit less 32, and
+//!   at most half the memory size in MiB); a fork bomb gets `EAGAIN` there while the agent
+//!   keeps working. Killing a command (SIGKILL) kills its whole cgroup.
+//! - **memory**: gVisor does not enforce memory cgroups inside, and the host cgroup's OOM kill
+//!   takes the whole sandbox. The host limit has headroom above the sandbox's memory size and
+//!   the agent's [`oom_watch`] acts as a VM's OOM killer: when used memory (MemTotal −
+//!   MemAvailable of the sentry's /proc/meminfo) passes the sandbox's size, the process with
+//!   the largest RSS (never PID 1) gets SIGKILL.
+//!
+//! The server tells the agent the sandbox's limits through `KILN_SANDBOX_PIDS` and
+//! `KILN_SANDBOX_MEMORY_MB` in PID 1's environment.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Processes kept free for the agent and other commands below the sandbox's pids limit.
+const PIDS_RESERVE: u64 = 32;
+const PIDS_ROOT: &str = "/sys/fs/cgroup/pids";
+/// Memory kept free above the OOM threshold is the host cgroup's headroom (see the server's
+/// OCI spec); the watcher polls this often.
+const OOM_POLL: Duration = Duration::from_millis(50);
+
+/// Environment variable (PID 1 only) with the sandbox's pids limit.
+pub const ENV_PIDS: &str = "KILN_SANDBOX_PIDS";
+/// Environment variable (PID 1 only) with the sandbox's memory size in MiB.
+pub const ENV_MEMORY_MB: &str = "KILN_SANDBOX_MEMORY_MB";
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Config {
+    /// `pids.max` of each command's cgroup (None: no per-command cgroups).
+    cmd_pids: Option<u64>,
+    /// Used memory at which the OOM watcher kills (bytes).
+    memory: Option<u64>,
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// Reads the limits from the environment (and removes them from it). Call from PID 1 before
+/// any thread starts.
+pub fn init() {
+    let num = |k: &str| {
+        let v = std::env::var(k).ok()?.trim().parse::<u64>().ok();
+        std::env::remove_var(k);
+        v
+    };
+    let pids = num(ENV_PIDS);
+    let memory = num(ENV_MEMORY_MB).filter(|m| *m > 0).map(|m| m << 20);
+    // Each process also costs the sandbox ≈2 MiB of host memory its own accounting does not
+    // see (gVisor's platform stubs): a command gets at most memory/2 MiB processes, which the
+    // server's host memory limit leaves room for.
+    let by_memory = memory.map(|m| (m >> 20) / 2).unwrap_or(u64::MAX);
+    let cmd_pids = pids
+        .filter(|_| Path::new(PIDS_ROOT).join("cgroup.procs").exists())
+        .map(|p| p.saturating_sub(PIDS_RESERVE).min(by_memory).max(16));
+    if pids.is_some() && cmd_pids.is_none() {
+        tracing::warn!("no pids cgroup at {PIDS_ROOT}: commands are not limited individually");
+    }
+    let _ = CONFIG.set(Config { cmd_pids, memory });
+}
+
+fn config() -> Config {
+    CONFIG.get().copied().unwrap_or_default()
+}
+
+/// One command's pids cgroup.
+pub struct CmdCgroup {
+    dir: PathBuf,
+    procs: OwnedFd,
+}
+
+impl CmdCgroup {
+    /// A fresh cgroup for a command, when the agent limits commands.
+    pub fn create() -> Option<Self> {
+        let max = config().cmd_pids?;
+        let dir =
+            Path::new(PIDS_ROOT).join(format!("kiln-cmd-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        let made = std::fs::create_dir(&dir)
+            .and_then(|_| std::fs::write(dir.join("pids.max"), max.to_string()))
+            .and_then(|_| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.join("cgroup.procs"))
+            });
+        match made {
+            Ok(f) => Some(Self {
+                dir,
+                procs: f.into(),
+            }),
+            Err(e) => {
+                tracing::warn!("cannot create the command cgroup {}: {e}", dir.display());
+                let _ = std::fs::remove_dir(&dir);
+                None
+            }
+        }
+    }
+
+    /// Descriptor of `cgroup.procs`, for [`join_raw`] in the child before exec.
+    pub fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Moves the calling process into the cgroup whose `cgroup.procs` is open as `fd`.
+/// Async-signal-safe (no allocation): for `pre_exec`.
+pub fn join_raw(fd: RawFd) -> std::io::Result<()> {
+    let mut buf = [0u8; 20];
+    // SAFETY: getpid has no preconditions.
+    let mut n = unsafe { libc::getpid() } as u64;
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // SAFETY: writing an initialised byte range of a stack buffer to a descriptor.
+    let r = unsafe { libc::write(fd, buf[i..].as_ptr().cast(), buf.len() - i) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Pids listed in a cgroup directory.
+pub fn members(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// SIGKILLs every process of a command's cgroup (a fork bomb's children included), retrying
+/// while new ones appear.
+pub fn kill_cgroup(dir: &Path) {
+    for _ in 0..50 {
+        let pids = members(dir);
+        if pids.is_empty() {
+            return;
+        }
+        for p in pids {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Removes empty command cgroups (those whose commands have all ended).
+pub fn sweep() {
+    let Ok(rd) = std::fs::read_dir(PIDS_ROOT) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if name.to_string_lossy().starts_with("kiln-cmd-") && members(&e.path()).is_empty() {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
+/// The `cgroup.procs` file of the command cgroup `pid` is in, if any (a sudo command joins
+/// its caller's).
+pub fn cgroup_procs_of(pid: i32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let rel = text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+        ctrl.split(',')
+            .any(|c| c == "pids")
+            .then(|| path.to_string())
+    })?;
+    let name = rel.trim_start_matches('/');
+    if !name.starts_with("kiln-cmd-") || name.contains('/') {
+        return None;
+    }
+    let p = Path::new(PIDS_ROOT).join(name).join("cgroup.procs");
+    p.exists().then_some(p)
+}
+
+/// Used memory (MemTotal − MemAvailable) from a meminfo text, in bytes.
+pub fn used_memory(meminfo: &str) -> Option<u64> {
+    let field = |name: &str| {
+        meminfo.lines().find_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+            rest.split_whitespace().next()?.parse::<u64>().ok()
+        })
+    };
+    Some(field("MemTotal")?.saturating_sub(field("MemAvailable")?) * 1024)
+}
+
+/// The process with the largest resident set, never PID 1: (pid, rss bytes, name).
+fn biggest_process() -> Option<(i32, u64, String)> {
+    let page = 4096u64;
+    let mut best: Option<(i32, u64, String)> = None;
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == 1 {
+            continue;
+        }
+        let Ok(statm) = std::fs::read_to_string(e.path().join("statm")) else {
+            continue;
+        };
+        let rss = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * page;
+        if best.as_ref().is_none_or(|b| rss > b.1) {
+            let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            best = Some((pid, rss, name.trim().to_string()));
+        }
+    }
+    best
+}
+
+/// The in-sandbox OOM killer (run on a thread of its own in PID 1). Kills one process at a
+/// time, then waits for the memory to come back before judging again.
+pub fn oom_watch() {
+    let Some(limit) = config().memory else {
+        return;
+    };
+    loop {
+        std::thread::sleep(OOM_POLL);
+        let Some(used) = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| used_memory(&m))
+        else {
+            continue;
+        };
+        if used <= limit {
+            continue;
+        }
+        let Some((pid, rss, name)) = biggest_process() else {
+            continue;
+        };
+        // SAFETY: kill has no memory-safety preconditions; pid is not 1.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // The kernel's wording, so people recognise it.
+        eprintln!(
+            "kiln-agent: Out of memory: Killed process {pid} ({name}) total-rss:{}kB \
+             (sandbox memory {} MiB, used {} MiB)",
+            rss / 1024,
+            limit >> 20,
+            used >> 20
+        );
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(10));
+            // SAFETY: probing with signal 0.
+            if unsafe { libc::kill(pid, 0) } != 0 {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_used() {
+        let m = "MemTotal:       1000 kB\nMemFree:        300 kB\nMemAvailable:   400 kB\n";
+        assert_eq!(used_memory(m), Some(600 * 1024));
+        assert_eq!(used_memory("MemTotal: 5 kB\n"), None);
+    }
+
+    #[test]
+    fn join_raw_writes_the_pid() {
+        let d = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(d.path().join("procs")).unwrap();
+        join_raw(f.as_raw_fd()).unwrap();
+        let text = std::fs::read_to_string(d.path().join("procs")).unwrap();
+        assert_eq!(text, std::process::id().to_string());
+    }
+}

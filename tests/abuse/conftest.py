@@ -1,0 +1,82 @@
+"""Fixtures of the abuse tests: a real `kiln serve` (gVisor, base template) with small limits,
+so that attacks hit them in seconds, and the real e2b SDK. Reuses the SDK tests' server
+helpers (tests/sdk/server/conftest.py)."""
+
+import importlib.util
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "kiln_sdk_server_conftest",
+    os.path.join(os.path.dirname(__file__), "..", "sdk", "server", "conftest.py"),
+)
+sdk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sdk)
+
+# Small on purpose: a fork bomb reaches the pids limit and a memory hog the memory size fast.
+PIDS_LIMIT = 200
+MEMORY_MB = 320
+
+
+@pytest.fixture(scope="session")
+def server():
+    base = tempfile.mkdtemp(prefix="kiln-abuse-")
+    srv = sdk.KilnServer(
+        os.path.join(base, "state"),
+        ["--pids-limit", str(PIDS_LIMIT), "--memory-mb", str(MEMORY_MB)],
+    )
+    try:
+        srv.start()
+        os.environ["E2B_API_URL"] = srv.url
+        os.environ["E2B_SANDBOX_URL"] = srv.url
+        os.environ["E2B_API_KEY"] = srv.api_key
+        os.environ.pop("E2B_DEBUG", None)
+        yield srv
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+        log = srv.log()
+        print("---- kiln serve log (tail) ----\n" + log[-8000:])
+        sdk.cleanup_state(srv.state_dir)
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, f"the server panicked:\n{log}"
+
+
+def _new(server):
+    from e2b import Sandbox
+
+    return Sandbox.create(timeout=120)
+
+
+@pytest.fixture
+def sandbox(server):
+    sbx = _new(server)
+    try:
+        yield sbx
+    finally:
+        try:
+            sbx.kill()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def bystander(server):
+    """A second sandbox that must be unaffected by what the first one does."""
+    sbx = _new(server)
+    sbx.commands.run("echo before > /home/user/bystander.txt")
+    try:
+        yield sbx
+    finally:
+        try:
+            sbx.kill()
+        except Exception:
+            pass
+
+
+def assert_unharmed(bystander):
+    r = bystander.commands.run("cat /home/user/bystander.txt; echo alive")
+    assert r.stdout == "before\nalive\n"
