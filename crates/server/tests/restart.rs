@@ -63,6 +63,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             state_dir: state.path().to_path_buf(),
             driver: common::driver_config(),
             lifecycle: lifecycle(),
+            audit: Default::default(),
         },
         templates.clone(),
     )

@@ -85,6 +85,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             },
             ..LifecycleConfig::default()
         },
+        audit: Default::default(),
     };
     println!(
         "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \

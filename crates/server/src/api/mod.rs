@@ -5,6 +5,7 @@
 //! - [`sandboxes`], [`list`], [`templates`], [`snapshots`]: handlers (each a call into the
 //!   manager).
 
+mod audit;
 mod error;
 mod list;
 mod network;
@@ -56,6 +57,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/sandboxes/{sandboxID}/fork"),
     ("POST", "/sandboxes/{sandboxID}/snapshots"),
     ("PUT", "/sandboxes/{sandboxID}/network"),
+    ("GET", "/sandboxes/{sandboxID}/audit"),
+    ("GET", "/audit"),
+    ("GET", "/audit/verify"),
     ("GET", "/snapshots"),
     ("GET", "/templates"),
     ("GET", "/templates/{templateID}"),
@@ -127,7 +131,7 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 
 // ---------- layers ----------
 
-async fn require_api_key(State(st): St, req: Request, next: Next) -> Response {
+async fn require_api_key(State(st): St, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" || path == "/openapi.json" {
         return next.run(req).await;
@@ -145,7 +149,10 @@ async fn require_api_key(State(st): St, req: Request, next: Next) -> Response {
                 .map(str::to_string)
         });
     match st.manager.authenticate(key.as_deref()).await {
-        Ok(Ok(_)) => next.run(req).await,
+        Ok(Ok(key_id)) => {
+            req.extensions_mut().insert(audit::KeyId(key_id));
+            next.run(req).await
+        }
         Ok(Err(e)) => ApiError::unauthorized(e.to_string()).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
@@ -196,6 +203,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(&format!("{sbx}/fork"), post(s::fork))
         .route(&format!("{sbx}/snapshots"), post(s::snapshot))
         .route(&format!("{sbx}/network"), put(network::update))
+        .route(&format!("{sbx}/audit"), get(audit::sandbox_audit))
+        .route("/audit", get(audit::search))
+        .route("/audit/verify", get(audit::verify))
         .route("/templates", get(templates::list_templates))
         .route("/snapshots", get(snapshots::list_snapshots))
         .route(
@@ -204,6 +214,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .fallback(any(fallback))
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            audit::record_api,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             await_recovery,
