@@ -5,6 +5,7 @@
 //! the server's proxy, `doctor`/`runtime` → kiln-host, `template` → kiln-template, `bench` → the
 //! crate whose speed it measures.
 
+mod audit;
 mod bench;
 mod client;
 mod doctor;
@@ -46,6 +47,9 @@ enum Cmd {
     /// The gVisor runtime (runsc): find, verify or download the version kiln needs.
     #[command(subcommand)]
     Runtime(runtime::Cmd),
+    /// A sandbox's audit record (processes, files, connections, lifecycle, API calls), or
+    /// `verify [ID]` to check the hash chains.
+    Audit(audit::Args),
     /// Benchmarks: percentiles and ratios against a raw baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::Cmd),
@@ -71,6 +75,7 @@ fn main() {
         Cmd::Keys(c) => keys::run(c),
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
+        Cmd::Audit(a) => audit::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -61,6 +61,8 @@ pub struct Tap {
     pub(super) fields: Map<String, Value>,
     uploaded: Option<Arc<Upload>>,
     multipart_boundary: Option<String>,
+    /// The request was read (buffered, or from the start of a streamed body).
+    parsed: bool,
 }
 
 /// What passed of an upload's body.
@@ -232,11 +234,13 @@ impl Tap {
             fields,
             uploaded: None,
             multipart_boundary,
+            parsed: false,
         })
     }
 
     /// Reads what the (buffered) request asks for.
     pub fn request(&mut self, body: &[u8]) {
+        self.parsed = true;
         let c = self.codec;
         let v = match &self.op {
             Op::ProcStream { connect: false } => first_envelope(body)
@@ -324,6 +328,14 @@ impl Tap {
     /// Records what the response says, now or as its body streams.
     pub async fn response(mut self, resp: Response<Body>) -> Response<Body> {
         let status = resp.status();
+        // A streamed request (a Connect stream without Content-Length): the agent has read
+        // its message before answering, so it is in the body's first bytes.
+        if !self.parsed && self.op != Op::Upload {
+            if let Some(u) = self.uploaded.clone() {
+                let head = u.edges.lock().map(|e| e.0.clone()).unwrap_or_default();
+                self.request(&head);
+            }
+        }
         match self.op.clone() {
             Op::ProcStream { connect } if status == StatusCode::OK => {
                 let ev = if connect { "connect" } else { "start" };
@@ -372,9 +384,14 @@ impl Tap {
                     return resp;
                 };
                 let (parts, body) = resp.into_parts();
+                let gzip = parts
+                    .headers
+                    .get(header::CONTENT_ENCODING)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
                 let tap = CountOut {
                     inner: body,
                     bytes: 0,
+                    gunzip: gzip.then(|| flate2::write::GzDecoder::new(Counter(0))),
                     tap: Some(self),
                     tx,
                     sender: None,
@@ -470,6 +487,19 @@ impl Tap {
         }
         self.emit(Kind::File).await;
         resp
+    }
+}
+
+/// Counts what is written to it (the size of a gzip-encoded download, decoded).
+pub(super) struct Counter(pub(super) u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len() as u64;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
 use super::record::{Kind, NewRecord};
-use super::tap::{Tap, Upload, EDGE};
+use super::tap::{Counter, Tap, Upload, EDGE};
 use super::writer::Msg;
 
 type Item = Option<Result<Frame<Bytes>, axum::Error>>;
@@ -229,7 +229,10 @@ impl Drop for StreamTap {
 /// A download: bytes counted to the end of the body.
 pub(super) struct CountOut {
     pub inner: Body,
+    /// Bytes sent.
     pub bytes: u64,
+    /// A gzip-encoded download is decoded to count the file's own bytes.
+    pub gunzip: Option<flate2::write::GzDecoder<Counter>>,
     pub tap: Option<Tap>,
     pub tx: mpsc::Sender<Msg>,
     pub sender: Option<PollSender<Msg>>,
@@ -243,7 +246,21 @@ impl CountOut {
         let Some(tap) = self.tap.take() else { return };
         let mut b = tap.fields.clone();
         b.insert("op".into(), "read".into());
-        b.insert("bytes".into(), self.bytes.into());
+        match self.gunzip.take().map(|g| g.finish()) {
+            Some(Ok(c)) => {
+                b.insert("bytes".into(), c.0.into());
+                b.insert("wireBytes".into(), self.bytes.into());
+                b.insert("gzip".into(), true.into());
+            }
+            Some(Err(_)) => {
+                b.insert("bytes".into(), Value::Null);
+                b.insert("wireBytes".into(), self.bytes.into());
+                b.insert("gzip".into(), true.into());
+            }
+            None => {
+                b.insert("bytes".into(), self.bytes.into());
+            }
+        }
         b.insert("result".into(), result.into());
         self.pending
             .push_back(tap.record(Kind::File, Value::Object(b)));
@@ -273,6 +290,12 @@ impl HttpBody for CountOut {
                 Some(Ok(frame)) => {
                     if let Some(d) = frame.data_ref() {
                         this.bytes += d.len() as u64;
+                        if let Some(g) = this.gunzip.as_mut() {
+                            use std::io::Write;
+                            if g.write_all(d).is_err() {
+                                this.gunzip = None;
+                            }
+                        }
                     }
                     // The last frame waits for the record (sent first).
                     if this.inner.is_end_stream() {
