@@ -79,10 +79,10 @@ impl AuditQuery {
 }
 
 fn matches(f: &Filter, r: &AuditRecord) -> bool {
-    f.sandbox_id.as_ref().map_or(true, |s| s == &r.sandbox_id)
+    f.sandbox_id.as_ref().is_none_or(|s| s == &r.sandbox_id)
         && (f.kinds.is_empty() || f.kinds.iter().any(|k| k.as_str() == r.kind))
-        && f.since_ms.map_or(true, |t| r.ts_ms >= t)
-        && f.until_ms.map_or(true, |t| r.ts_ms < t)
+        && f.since_ms.is_none_or(|t| r.ts_ms >= t)
+        && f.until_ms.is_none_or(|t| r.ts_ms < t)
 }
 
 /// One page: `{"records": […], "nextCursor": "…"}` (the cursor to pass for what follows; it
