@@ -64,8 +64,9 @@ struct Inner {
     tx: mpsc::Sender<writer::Msg>,
     reader: Mutex<Connection>,
     live: broadcast::Sender<Arc<AuditRecord>>,
-    /// The API key that created each sandbox (recorded on its process records).
-    owners: Mutex<HashMap<String, String>>,
+    /// The API key that created each sandbox (recorded on its process records); None: looked
+    /// up and not known (e.g. created by a pool or a bench, not through the API).
+    owners: Mutex<HashMap<String, Option<String>>>,
 }
 
 /// Handle to the audit log (cheap to clone). A disabled log records nothing.
@@ -138,7 +139,7 @@ impl AuditLog {
     /// snapshot); `body` says how (e.g. the snapshot id).
     pub async fn link(&self, child: &str, parent: &str, body: Value) {
         let Some(i) = &self.0 else { return };
-        if let Some(k) = self.owner_cached(parent) {
+        if let Some(Some(k)) = self.owner_cached(parent) {
             self.set_owner(child, &k);
         }
         let m = writer::Msg::Link {
@@ -181,25 +182,33 @@ impl AuditLog {
     pub fn set_owner(&self, sandbox_id: &str, key_id: &str) {
         if let Some(i) = &self.0 {
             let mut o = i.owners.lock().unwrap_or_else(|p| p.into_inner());
-            o.insert(sandbox_id.to_string(), key_id.to_string());
+            o.insert(sandbox_id.to_string(), Some(key_id.to_string()));
         }
     }
 
-    fn owner_cached(&self, sandbox_id: &str) -> Option<String> {
+    fn owner_cached(&self, sandbox_id: &str) -> Option<Option<String>> {
         let i = self.0.as_ref()?;
         let o = i.owners.lock().unwrap_or_else(|p| p.into_inner());
         o.get(sandbox_id).cloned()
     }
 
-    /// The API key that created `sandbox_id`, if known (after a restart: from its chain).
+    /// The API key that created `sandbox_id`, if known (after a restart: from its chain,
+    /// looked up once).
     pub async fn owner(&self, sandbox_id: &str) -> Option<String> {
         if let Some(k) = self.owner_cached(sandbox_id) {
-            return Some(k);
+            return k;
         }
         let id = sandbox_id.to_string();
-        let k = self.read(move |c| store::owner(c, &id)).await.ok()??;
-        self.set_owner(sandbox_id, &k);
-        Some(k)
+        let k = self
+            .read(move |c| store::owner(c, &id))
+            .await
+            .ok()
+            .flatten();
+        if let Some(i) = &self.0 {
+            let mut o = i.owners.lock().unwrap_or_else(|p| p.into_inner());
+            o.entry(sandbox_id.to_string()).or_insert(k.clone());
+        }
+        k
     }
 
     async fn read<T: Send + 'static>(
