@@ -182,3 +182,40 @@ def test_follow_streams_new_records(server):
         assert second["body"]["event"] == "end" and second["seq"] > first["seq"]
     finally:
         sbx.kill()
+
+
+def test_pause_resume_and_fork_lose_nothing_and_forks_link_to_the_parent(server):
+    sbx = Sandbox.create(timeout=180, **server.opts())
+    child = None
+    try:
+        sbx.commands.run("echo before")
+        assert sbx.pause() is True
+        sbx = Sandbox.connect(sbx.sandbox_id, **server.opts())
+        sbx.commands.run("echo after")
+        children = sbx.fork(count=1, timeout=120)
+        assert len(children) == 1 and not isinstance(children[0], Exception), children
+        child = children[0]
+        child.commands.run("echo child")
+        parent_id, child_id = sbx.sandbox_id, child.sandbox_id
+    finally:
+        sbx.kill()
+        if child is not None:
+            child.kill()
+
+    recs = audit(server, parent_id)
+    cmds = [r["body"]["args"][-1] for r in recs if r["kind"] == "process" and r["body"]["event"] == "start"]
+    assert cmds == ["echo before", "echo after"], cmds
+    events = [r["body"]["event"] for r in recs if r["kind"] == "lifecycle"]
+    assert events.index("paused") < events.index("resumed"), events
+    assert "forked" in events and events[-1] == "killed", events
+
+    kid = audit(server, child_id)
+    first = kid[0]
+    assert first["seq"] == 1 and first["kind"] == "lifecycle"
+    assert first["body"]["event"] == "chain_start" and first["body"]["parent"] == parent_id
+    linked = next(r for r in recs if r["seq"] == first["body"]["parentSeq"])
+    assert first["prevHash"] == linked["hash"], "the child's chain starts at the parent's head"
+    assert [r["body"]["args"][-1] for r in kid if r["body"].get("event") == "start"] == ["echo child"]
+    for sid in (parent_id, child_id):
+        status, v, _ = server.request("GET", f"/audit/verify?sandboxID={sid}")
+        assert status == 200 and v["ok"], v
