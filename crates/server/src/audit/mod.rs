@@ -60,7 +60,7 @@ pub enum AuditError {
     Off,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     tx: mpsc::Sender<writer::Msg>,
     reader: Mutex<Connection>,
     live: broadcast::Sender<Arc<AuditRecord>>,
@@ -243,5 +243,23 @@ impl AuditLog {
             ids.iter().map(|s| store::verify(c, s)).collect()
         })
         .await
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// An enabled log's insides without a writer (its queue is never read): for taps that
+    /// only parse.
+    pub(crate) fn inner() -> Inner {
+        let (tx, _rx) = mpsc::channel(1);
+        let (live, _) = broadcast::channel(1);
+        Inner {
+            tx,
+            reader: Mutex::new(Connection::open_in_memory().expect("in-memory SQLite")),
+            live,
+            owners: Mutex::new(HashMap::new()),
+        }
     }
 }

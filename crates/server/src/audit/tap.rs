@@ -367,14 +367,16 @@ impl Tap {
                 resp
             }
             Op::ProcUnary(m) => {
+                let (resp, code) = result_of(resp).await;
                 self.fields.insert("event".into(), event_name(&m).into());
-                self.fields.insert("result".into(), code_of(status).into());
+                self.fields.insert("result".into(), code.into());
                 self.emit(Kind::Process).await;
                 resp
             }
             Op::Fs(m) => {
+                let (resp, code) = result_of(resp).await;
                 self.fields.insert("op".into(), fs_op(&m).into());
-                self.fields.insert("result".into(), code_of(status).into());
+                self.fields.insert("result".into(), code.into());
                 self.emit(Kind::File).await;
                 resp
             }
@@ -404,7 +406,8 @@ impl Tap {
             Op::Download => {
                 self.fields.insert("op".into(), "read".into());
                 self.fields.insert("bytes".into(), 0.into());
-                self.fields.insert("result".into(), code_of(status).into());
+                self.fields
+                    .insert("result".into(), files_result(status).into());
                 self.emit(Kind::File).await;
                 resp
             }
@@ -443,7 +446,8 @@ impl Tap {
     async fn upload_done(mut self, resp: Response<Body>) -> Response<Body> {
         let status = resp.status();
         self.fields.insert("op".into(), "write".into());
-        self.fields.insert("result".into(), code_of(status).into());
+        self.fields
+            .insert("result".into(), files_result(status).into());
         let total = self
             .uploaded
             .as_ref()
@@ -578,11 +582,119 @@ fn event_name(m: &str) -> String {
     }
 }
 
+/// `ok`, or the Connect code of a failed call: from its (small) error body, else its status.
+async fn result_of(resp: Response<Body>) -> (Response<Body>, String) {
+    let status = resp.status();
+    if status.is_success() {
+        return (resp, "ok".into());
+    }
+    let (parts, body) = resp.into_parts();
+    let limited = http_body_util::Limited::new(body, 64 << 10);
+    match http_body_util::BodyExt::collect(limited).await {
+        Ok(c) => {
+            let b = c.to_bytes();
+            let code = kiln_proto::connect::ErrorBody::from_unary(status.as_u16(), &b)
+                .code
+                .as_str()
+                .to_string();
+            (Response::from_parts(parts, Body::from(b)), code)
+        }
+        Err(_) => (Response::from_parts(parts, Body::empty()), code_of(status)),
+    }
+}
+
+/// The result of a `/files` call (plain HTTP statuses, not Connect's).
+fn files_result(s: StatusCode) -> String {
+    match s.as_u16() {
+        200..=299 => "ok".into(),
+        400 => "invalid_argument".into(),
+        401 => "unauthenticated".into(),
+        403 => "permission_denied".into(),
+        404 => "not_found".into(),
+        507 => "no_space".into(),
+        n => format!("http_{n}"),
+    }
+}
+
 /// `ok`, or the Connect code an HTTP status stands for.
 fn code_of(s: StatusCode) -> String {
     if s.is_success() {
         "ok".into()
     } else {
         Code::from_http_status(s.as_u16()).as_str().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multipart_payload_is_the_part_without_framing() {
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\
+Content-Type: application/octet-stream\r\n\r\nhello world\r\n--XyZ--\r\n";
+        let u = Upload::default();
+        *u.edges.lock().unwrap() = (body.to_vec(), body.to_vec());
+        assert_eq!(multipart_payload("XyZ", &u, body.len() as u64), Some(11));
+        assert_eq!(multipart_payload("nope", &u, body.len() as u64), None);
+    }
+
+    #[test]
+    fn query_user_and_codes() {
+        let uri: Uri = "/files?path=%2Fhome%2Fuser%2Fa%20b.txt&username=root"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            query_param(&uri, "path").as_deref(),
+            Some("/home/user/a b.txt")
+        );
+        assert_eq!(query_param(&uri, "username").as_deref(), Some("root"));
+        assert_eq!(query_param(&uri, "x"), None);
+        let mut h = HeaderMap::new();
+        assert_eq!(basic_user(&h), None);
+        h.insert(header::AUTHORIZATION, "Basic dXNlcjo=".parse().unwrap());
+        assert_eq!(basic_user(&h).as_deref(), Some("user"));
+        assert_eq!(code_of(StatusCode::OK), "ok");
+        assert_eq!(code_of(StatusCode::FORBIDDEN), "permission_denied");
+        assert_eq!(files_result(StatusCode::NOT_FOUND), "not_found");
+        assert_eq!(files_result(StatusCode::INSUFFICIENT_STORAGE), "no_space");
+        assert_eq!(files_result(StatusCode::IM_A_TEAPOT), "http_418");
+    }
+
+    #[test]
+    fn start_requests_are_read_from_json_and_proto_envelopes() {
+        let req = pb::StartRequest {
+            process: Some(pb::ProcessConfig {
+                cmd: "/bin/bash".into(),
+                args: vec!["-c".into(), "echo hi".into()],
+                envs: [("SECRET".to_string(), "value".to_string())].into(),
+                cwd: Some("/tmp".into()),
+            }),
+            pty: None,
+            tag: None,
+            stdin: Some(false),
+        };
+        for (ct, payload) in [
+            (
+                "application/connect+proto",
+                prost::Message::encode_to_vec(&req),
+            ),
+            (
+                "application/connect+json",
+                serde_json::to_vec(&req).unwrap(),
+            ),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            let log = AuditLog(Some(Arc::new(super::super::tests_support::inner())));
+            let uri: Uri = "/process.Process/Start".parse().unwrap();
+            let mut t = Tap::begin(&log, "s", &Method::POST, &uri, &h).unwrap();
+            t.request(&kiln_proto::framing::encode(0, &payload));
+            assert_eq!(t.fields["cmd"], "/bin/bash");
+            assert_eq!(t.fields["args"], json!(["-c", "echo hi"]));
+            assert_eq!(t.fields["envNames"], json!(["SECRET"]), "names only");
+            assert!(!t.fields.values().any(|v| v == "value"));
+            assert_eq!(t.fields["cwd"], "/tmp");
+        }
     }
 }
