@@ -17,6 +17,8 @@ use super::store;
 
 /// Most messages written in one transaction.
 const BATCH: usize = 1024;
+/// Attempts at writing one batch before its records are given up.
+const RETRIES: u32 = 50;
 /// How often retention runs.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
@@ -62,18 +64,34 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let mut flushes = Vec::new();
-            let mut prunes = Vec::new();
-            let written = match self.write(&mut batch, &mut heads, &mut flushes, &mut prunes) {
-                Ok(w) => w,
-                Err(e) => {
-                    tracing::error!(error = %e, "writing audit records");
-                    // The cached heads may be ahead of what was committed.
-                    heads.clear();
-                    Vec::new()
+            // A failed batch is retried (a record is never dropped while the database can
+            // still be written); each attempt waits for SQLite's lock up to the busy timeout.
+            let mut attempt = 0;
+            let written = loop {
+                match self.write(&batch, &mut heads) {
+                    Ok(w) => break w,
+                    Err(e) => {
+                        // The cached heads may be ahead of what was committed.
+                        heads.clear();
+                        attempt += 1;
+                        if attempt >= RETRIES {
+                            tracing::error!(error = %e, records = batch.len(), "writing audit records failed for good; they are lost");
+                            break Vec::new();
+                        }
+                        tracing::warn!(error = %e, attempt, "writing audit records; retrying");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                 }
             };
-            batch.clear();
+            let mut flushes = Vec::new();
+            let mut prunes = Vec::new();
+            for m in batch.drain(..) {
+                match m {
+                    Msg::Flush(f) => flushes.push(f),
+                    Msg::Prune(p) => prunes.push(p),
+                    _ => {}
+                }
+            }
             for r in written {
                 let _ = self.live.send(Arc::new(r));
             }
@@ -93,48 +111,45 @@ impl Writer {
 
     fn write(
         &mut self,
-        batch: &mut Vec<Msg>,
+        batch: &[Msg],
         heads: &mut HashMap<String, Head>,
-        flushes: &mut Vec<oneshot::Sender<()>>,
-        prunes: &mut Vec<oneshot::Sender<usize>>,
     ) -> rusqlite::Result<Vec<AuditRecord>> {
-        let tx = self.conn.transaction()?;
+        // IMMEDIATE: take the write lock up front (waiting for it), so reading a head and then
+        // appending never fails on another connection's write in between.
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut out = Vec::new();
-        for m in batch.drain(..) {
+        for m in batch {
+            let linked;
             let (rec, start) = match m {
                 Msg::Record(r) => (r, GENESIS.to_string()),
                 Msg::Link {
                     child,
                     parent,
                     ts_ms,
-                    mut body,
+                    body,
                 } => {
-                    let ph = cached_head(&tx, heads, &parent)?;
+                    let ph = cached_head(&tx, heads, parent)?;
+                    let mut body = body.clone();
                     if let Value::Object(o) = &mut body {
                         o.insert("event".into(), "chain_start".into());
                         o.insert("parent".into(), parent.clone().into());
                         o.insert("parentSeq".into(), ph.as_ref().map_or(0, |h| h.seq).into());
                     }
                     let start = ph.map_or(GENESIS.to_string(), |h| h.hash);
-                    let rec = NewRecord {
-                        sandbox_id: child,
-                        ts_ms,
+                    linked = NewRecord {
+                        sandbox_id: child.clone(),
+                        ts_ms: *ts_ms,
                         kind: Kind::Lifecycle,
                         body,
                     };
-                    (rec, start)
+                    (&linked, start)
                 }
-                Msg::Flush(f) => {
-                    flushes.push(f);
-                    continue;
-                }
-                Msg::Prune(p) => {
-                    prunes.push(p);
-                    continue;
-                }
+                Msg::Flush(_) | Msg::Prune(_) => continue,
             };
             let prev = cached_head(&tx, heads, &rec.sandbox_id)?;
-            let stored = store::append(&tx, &rec, prev.as_ref(), &start)?;
+            let stored = store::append(&tx, rec, prev.as_ref(), &start)?;
             heads.insert(
                 stored.sandbox_id.clone(),
                 Head {
@@ -155,11 +170,14 @@ impl Writer {
         }
         let now = crate::store::now_ms();
         let before = r.max_age.map(|a| now - a.as_millis() as i64);
-        let res = self.conn.transaction().and_then(|tx| {
-            let n = store::prune(&tx, before, r.max_records, now)?;
-            tx.commit()?;
-            Ok(n)
-        });
+        let res = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .and_then(|tx| {
+                let n = store::prune(&tx, before, r.max_records, now)?;
+                tx.commit()?;
+                Ok(n)
+            });
         match res {
             Ok(n) => {
                 if n > 0 {
