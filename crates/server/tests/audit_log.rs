@@ -298,3 +298,20 @@ async fn a_disabled_log_records_nothing() {
     log.record("x", Kind::Api, json!({})).await;
     assert!(log.query(all("x")).await.is_err());
 }
+
+#[tokio::test]
+async fn a_restarted_server_continues_each_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = open(dir.path(), Retention::default());
+    for i in 0..3 {
+        log.record("r", Kind::Process, json!({ "i": i })).await;
+    }
+    log.flush().await;
+    drop(log);
+    let (log, _) = open(dir.path(), Retention::default());
+    log.record("r", Kind::Process, json!({ "i": 3 })).await;
+    let recs = log.query(all("r")).await.unwrap();
+    assert_eq!(recs.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(recs[3].prev_hash, recs[2].hash);
+    assert!(log.verify(Some("r".into())).await.unwrap()[0].ok);
+}

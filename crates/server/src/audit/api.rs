@@ -133,7 +133,12 @@ pub fn follow(log: AuditLog, mut f: Filter) -> Response {
             }
         }
         loop {
-            match live.recv().await {
+            // Ends as soon as the client goes away, even while nothing matching is written.
+            let next = tokio::select! {
+                r = live.recv() => r,
+                _ = tx.closed() => return,
+            };
+            match next {
                 Ok(r) => {
                     if r.cursor <= last || !matches(&f, &r) {
                         continue;
