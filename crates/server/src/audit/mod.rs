@@ -17,6 +17,7 @@ pub mod record;
 pub mod store;
 pub mod tap;
 mod tap_body;
+mod tap_parse;
 mod writer;
 
 use std::collections::HashMap;

@@ -23,6 +23,7 @@ use serde_json::{json, Map, Value};
 
 use super::record::{Kind, NewRecord};
 use super::tap_body::{CountIn, CountOut, StreamTap};
+use super::tap_parse::{event_name, fs_op, fs_request};
 use super::writer::Msg;
 use super::AuditLog;
 
@@ -32,7 +33,7 @@ const UPLOAD_ANSWER_LIMIT: usize = 1 << 20;
 pub(super) const EDGE: usize = 8 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Codec {
+pub(super) enum Codec {
     Json,
     Proto,
 }
@@ -132,7 +133,7 @@ fn codec_of(h: &HeaderMap) -> Codec {
     }
 }
 
-fn decode<M: prost::Message + Default + serde::de::DeserializeOwned>(
+pub(super) fn decode<M: prost::Message + Default + serde::de::DeserializeOwned>(
     codec: Codec,
     data: &[u8],
 ) -> Option<M> {
@@ -146,7 +147,7 @@ fn decode<M: prost::Message + Default + serde::de::DeserializeOwned>(
 }
 
 /// The payload of the first envelope of an enveloped (streaming) request.
-fn first_envelope(body: &[u8]) -> Option<Bytes> {
+pub(super) fn first_envelope(body: &[u8]) -> Option<Bytes> {
     let mut d = EnvelopeDecoder::new(body.len().max(16));
     d.push(body);
     d.next_frame().ok().flatten().map(|f| f.payload)
@@ -527,61 +528,6 @@ fn rfind(h: &[u8], n: &[u8]) -> Option<usize> {
     h.windows(n.len()).rposition(|w| w == n)
 }
 
-fn fs_request(c: Codec, m: &str, body: &[u8]) -> Option<Value> {
-    use kiln_proto::filesystem as fs;
-    Some(match m {
-        "Stat" => json!({ "path": decode::<fs::StatRequest>(c, body)?.path }),
-        "MakeDir" => json!({ "path": decode::<fs::MakeDirRequest>(c, body)?.path }),
-        "Remove" => json!({ "path": decode::<fs::RemoveRequest>(c, body)?.path }),
-        "ListDir" => {
-            let r = decode::<fs::ListDirRequest>(c, body)?;
-            json!({ "path": r.path, "depth": r.depth })
-        }
-        "Move" => {
-            let r = decode::<fs::MoveRequest>(c, body)?;
-            json!({ "path": r.source, "destination": r.destination })
-        }
-        "WatchDir" => {
-            let p = first_envelope(body)?;
-            let r = decode::<fs::WatchDirRequest>(c, &p)?;
-            json!({ "path": r.path, "recursive": r.recursive })
-        }
-        "CreateWatcher" => {
-            let r = decode::<fs::CreateWatcherRequest>(c, body)?;
-            json!({ "path": r.path, "recursive": r.recursive })
-        }
-        "RemoveWatcher" => json!({
-            "watcherId": decode::<fs::RemoveWatcherRequest>(c, body)?.watcher_id
-        }),
-        _ => return None,
-    })
-}
-
-fn fs_op(m: &str) -> String {
-    match m {
-        "Stat" => "stat".into(),
-        "MakeDir" => "mkdir".into(),
-        "Remove" => "remove".into(),
-        "ListDir" => "list".into(),
-        "Move" => "move".into(),
-        "WatchDir" => "watch".into(),
-        "CreateWatcher" => "watch".into(),
-        "RemoveWatcher" => "unwatch".into(),
-        other => other.to_ascii_lowercase(),
-    }
-}
-
-fn event_name(m: &str) -> String {
-    match m {
-        "SendInput" => "input".into(),
-        "StreamInput" => "input_stream".into(),
-        "SendSignal" => "signal".into(),
-        "CloseStdin" => "close_stdin".into(),
-        "Update" => "resize".into(),
-        other => other.to_ascii_lowercase(),
-    }
-}
-
 /// `ok`, or the Connect code of a failed call: from its (small) error body, else its status.
 async fn result_of(resp: Response<Body>) -> (Response<Body>, String) {
     let status = resp.status();
@@ -626,75 +572,5 @@ fn code_of(s: StatusCode) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn multipart_payload_is_the_part_without_framing() {
-        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\
-Content-Type: application/octet-stream\r\n\r\nhello world\r\n--XyZ--\r\n";
-        let u = Upload::default();
-        *u.edges.lock().unwrap() = (body.to_vec(), body.to_vec());
-        assert_eq!(multipart_payload("XyZ", &u, body.len() as u64), Some(11));
-        assert_eq!(multipart_payload("nope", &u, body.len() as u64), None);
-    }
-
-    #[test]
-    fn query_user_and_codes() {
-        let uri: Uri = "/files?path=%2Fhome%2Fuser%2Fa%20b.txt&username=root"
-            .parse()
-            .unwrap();
-        assert_eq!(
-            query_param(&uri, "path").as_deref(),
-            Some("/home/user/a b.txt")
-        );
-        assert_eq!(query_param(&uri, "username").as_deref(), Some("root"));
-        assert_eq!(query_param(&uri, "x"), None);
-        let mut h = HeaderMap::new();
-        assert_eq!(basic_user(&h), None);
-        h.insert(header::AUTHORIZATION, "Basic dXNlcjo=".parse().unwrap());
-        assert_eq!(basic_user(&h).as_deref(), Some("user"));
-        assert_eq!(code_of(StatusCode::OK), "ok");
-        assert_eq!(code_of(StatusCode::FORBIDDEN), "permission_denied");
-        assert_eq!(files_result(StatusCode::NOT_FOUND), "not_found");
-        assert_eq!(files_result(StatusCode::INSUFFICIENT_STORAGE), "no_space");
-        assert_eq!(files_result(StatusCode::IM_A_TEAPOT), "http_418");
-    }
-
-    #[test]
-    fn start_requests_are_read_from_json_and_proto_envelopes() {
-        let req = pb::StartRequest {
-            process: Some(pb::ProcessConfig {
-                cmd: "/bin/bash".into(),
-                args: vec!["-c".into(), "echo hi".into()],
-                envs: [("SECRET".to_string(), "value".to_string())].into(),
-                cwd: Some("/tmp".into()),
-            }),
-            pty: None,
-            tag: None,
-            stdin: Some(false),
-        };
-        for (ct, payload) in [
-            (
-                "application/connect+proto",
-                prost::Message::encode_to_vec(&req),
-            ),
-            (
-                "application/connect+json",
-                serde_json::to_vec(&req).unwrap(),
-            ),
-        ] {
-            let mut h = HeaderMap::new();
-            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
-            let log = AuditLog(Some(Arc::new(super::super::tests_support::inner())));
-            let uri: Uri = "/process.Process/Start".parse().unwrap();
-            let mut t = Tap::begin(&log, "s", &Method::POST, &uri, &h).unwrap();
-            t.request(&kiln_proto::framing::encode(0, &payload));
-            assert_eq!(t.fields["cmd"], "/bin/bash");
-            assert_eq!(t.fields["args"], json!(["-c", "echo hi"]));
-            assert_eq!(t.fields["envNames"], json!(["SECRET"]), "names only");
-            assert!(!t.fields.values().any(|v| v == "value"));
-            assert_eq!(t.fields["cwd"], "/tmp");
-        }
-    }
-}
+#[path = "tap_tests.rs"]
+mod tests;
