@@ -116,6 +116,34 @@ impl Client {
         self.api(method, path, body).await
     }
 
+    /// `GET path`: the JSON answer or the server's error.
+    pub async fn get_json(&self, path: &str) -> Result<Value> {
+        self.api(reqwest::Method::GET, path, None).await
+    }
+
+    /// `GET path` as a stream (the caller reads the body as it arrives).
+    pub async fn get_stream(&self, path: &str) -> Result<reqwest::Response> {
+        let url = self.url(path);
+        let mut req = self.http.get(&url);
+        if let Some(k) = &self.api_key {
+            req = req.header("X-API-Key", k);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|source| ClientError::Http { url, source })?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["message"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            return Err(ClientError::Api { status, message });
+        }
+        Ok(resp)
+    }
+
     pub async fn create(
         &self,
         template: &str,

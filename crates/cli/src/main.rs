@@ -5,6 +5,7 @@
 //! the server's proxy, `doctor`/`runtime` → kiln-host, `template` → kiln-template, `bench` → the
 //! crate whose speed it measures.
 
+mod audit;
 mod bench;
 mod client;
 mod doctor;
@@ -56,6 +57,9 @@ enum Cmd {
     /// The gVisor runtime (runsc): find, verify or download the version kiln needs.
     #[command(subcommand)]
     Runtime(runtime::Cmd),
+    /// A sandbox's audit record (processes, files, connections, lifecycle, API calls), or
+    /// `verify [ID]` to check the hash chains.
+    Audit(audit::Args),
     /// Benchmarks: percentiles and ratios against a raw baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::Cmd),
@@ -84,6 +88,7 @@ fn main() {
         Cmd::Team(c) => team::run(c),
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
+        Cmd::Audit(a) => audit::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -21,7 +21,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn client(&self) -> anyhow::Result<Client> {
+    pub fn client(&self) -> anyhow::Result<Client> {
         let env = |a: &str, b: &str| std::env::var(a).or_else(|_| std::env::var(b)).ok();
         let url = self
             .url

@@ -88,6 +88,16 @@ pub struct Args {
     /// Warm pool: keep N booted sandboxes of TEMPLATE ready (repeatable).
     #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = kiln_server::manager::parse_pool)]
     pools: Vec<(String, u32)>,
+    /// The audit log of every sandbox's processes, file operations, connections, lifecycle
+    /// and API calls: on or off.
+    #[arg(long, env = "KILN_AUDIT", default_value = "on", value_parser = ["on", "off"])]
+    audit: String,
+    /// Audit retention: drop records older than this many hours (default: keep).
+    #[arg(long, env = "KILN_AUDIT_MAX_AGE_HOURS")]
+    audit_max_age_hours: Option<u64>,
+    /// Audit retention: keep at most this many records, dropping the oldest (default: keep).
+    #[arg(long, env = "KILN_AUDIT_MAX_RECORDS")]
+    audit_max_records: Option<u64>,
     /// Extra template made of a bare rootfs directory, NAME=DIR (repeatable; for tests).
     #[arg(long = "template-dir", value_name = "NAME=DIR")]
     template_dirs: Vec<String>,
@@ -294,6 +304,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         edge: kiln_server::edge::EdgeConfig {
             max_connections: a.max_connections.max(1),
             header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
+            ..Default::default()
+        },
+        audit: kiln_server::audit::AuditConfig {
+            enabled: a.audit == "on",
+            retention: kiln_server::audit::Retention {
+                max_age: a
+                    .audit_max_age_hours
+                    .map(|h| std::time::Duration::from_secs(h * 3600)),
+                max_records: a.audit_max_records,
+            },
             ..Default::default()
         },
     };

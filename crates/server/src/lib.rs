@@ -10,6 +10,7 @@
 //! - [`error`]: the typed error that travels from driver to API.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod driver;
 pub mod edge;
@@ -47,6 +48,8 @@ pub struct ServerConfig {
     pub metrics_token: Option<String>,
     /// Connection limits and timeouts.
     pub edge: edge::EdgeConfig,
+    /// The audit log (on by default; `--audit off`).
+    pub audit: audit::AuditConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +64,8 @@ pub enum ServerError {
     Store(#[from] store::StoreError),
     #[error("isolation driver: {0}")]
     Driver(#[from] driver::DriverError),
+    #[error(transparent)]
+    Audit(#[from] audit::AuditError),
     #[error("recovering sandboxes from the previous run: {0}")]
     Recover(Error),
     #[error("listening on {addr}: {source}")]
@@ -133,6 +138,10 @@ impl Server {
                 ServerError::Driver(driver::DriverError::Other(format!("driver setup: {e}")))
             })??;
         let manager = Manager::new(cfg.lifecycle.clone(), store, driver, templates);
+        manager.set_audit(audit::AuditLog::open(
+            &cfg.state_dir.join("kiln.db"),
+            &cfg.audit,
+        )?);
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {

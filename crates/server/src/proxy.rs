@@ -176,6 +176,13 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
         .unwrap_or("/")
         .to_string();
     let method = parts.method;
+    // Operations on the agent's port go on the sandbox's audit record.
+    let mut tap = match target.port {
+        kiln_proto::envd::ENVD_PORT if upgrade.is_none() => {
+            crate::audit::tap::Tap::begin(manager.audit(), id, &method, &parts.uri, &headers)
+        }
+        _ => None,
+    };
     let build = |body: Body| -> Result<Request<Body>, http::Error> {
         let mut r = Request::builder()
             .method(method.clone())
@@ -209,6 +216,9 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
                 );
             }
         };
+        if let Some(t) = tap.as_mut() {
+            t.request(&bytes);
+        }
         let mut attempt = 0;
         loop {
             let req = match build(Body::from(bytes.clone())) {
@@ -228,6 +238,10 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
             }
         }
     } else {
+        let body = match tap.as_mut() {
+            Some(t) => t.wrap_request(body),
+            None => body,
+        };
         match build(body) {
             Ok(req) => client.send(req).await,
             Err(e) => return proxy_error(StatusCode::BAD_REQUEST, id, format!("bad request: {e}")),
@@ -264,7 +278,11 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Response::from_parts(parts, Body::new(body))
+    let resp = Response::from_parts(parts, Body::new(body));
+    match tap {
+        Some(t) => t.response(resp).await,
+        None => resp,
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -65,6 +65,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             lifecycle: lifecycle(),
             metrics_token: None,
             edge: Default::default(),
+            audit: Default::default(),
         },
         templates.clone(),
     )

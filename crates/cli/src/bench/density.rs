@@ -87,6 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         },
         metrics_token: None,
         edge: Default::default(),
+        audit: Default::default(),
     };
     println!(
         "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \

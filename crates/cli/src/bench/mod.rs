@@ -2,6 +2,7 @@
 //! the same run. Each lives in the module of the area it measures.
 
 mod agent;
+mod audit;
 mod create;
 mod density;
 mod lifecycle;
@@ -12,6 +13,8 @@ mod vmm;
 pub enum Cmd {
     /// kiln-agent: exec round trip and file transfer throughput on loopback, idle RSS.
     Agent(agent::Args),
+    /// The audit log's cost: exec round trip and a large upload with auditing on vs off.
+    Audit(audit::Args),
     /// Sandbox create → first `echo` output, sequential and concurrent, vs raw `runsc run`.
     Create(create::Args),
     /// Idle sandboxes per host in steps: MiB and threads per sandbox, create and exec latency,
@@ -28,6 +31,7 @@ pub enum Cmd {
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Agent(a) => agent::run(a),
+        Cmd::Audit(a) => audit::run(a),
         Cmd::Create(a) => create::run(a),
         Cmd::Density(a) => density::run(a),
         Cmd::Lifecycle(a) => lifecycle::run(a),

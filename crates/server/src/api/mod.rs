@@ -5,6 +5,7 @@
 //! - [`sandboxes`], [`list`], [`templates`], [`snapshots`]: handlers (each a call into the
 //!   manager).
 
+mod audit;
 mod error;
 pub mod idempotency;
 mod list;
@@ -60,6 +61,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/sandboxes/{sandboxID}/fork"),
     ("POST", "/sandboxes/{sandboxID}/snapshots"),
     ("PUT", "/sandboxes/{sandboxID}/network"),
+    ("GET", "/sandboxes/{sandboxID}/audit"),
+    ("GET", "/audit"),
+    ("GET", "/audit/verify"),
     ("GET", "/snapshots"),
     ("GET", "/templates"),
     ("GET", "/templates/{templateID}"),
@@ -176,6 +180,8 @@ async fn require_api_key(State(st): St, mut req: Request, next: Next) -> Respons
         });
     match st.manager.authenticate(key.as_deref()).await {
         Ok(Ok(caller)) => {
+            req.extensions_mut()
+                .insert(audit::KeyId(caller.key_id.clone()));
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
@@ -267,6 +273,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(&format!("{sbx}/fork"), post(s::fork))
         .route(&format!("{sbx}/snapshots"), post(s::snapshot))
         .route(&format!("{sbx}/network"), put(network::update))
+        .route(&format!("{sbx}/audit"), get(audit::sandbox_audit))
+        .route("/audit", get(audit::search))
+        .route("/audit/verify", get(audit::verify))
         .route("/templates", get(templates::list_templates))
         .route("/snapshots", get(snapshots::list_snapshots))
         .route(
@@ -277,6 +286,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // Innermost: bodies are read only once the key was checked.
         .layer(middleware::from_fn(crate::edge::limit_api_body))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            audit::record_api,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             await_recovery,

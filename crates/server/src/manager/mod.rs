@@ -163,6 +163,8 @@ pub struct Manager {
     telemetry: Arc<crate::obs::Telemetry>,
     history: sampler::History,
     webhooks: Arc<crate::obs::webhooks::Webhooks>,
+    /// The audit log (set once by the server; unset: nothing is recorded).
+    audit: std::sync::OnceLock<crate::audit::AuditLog>,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -228,6 +230,7 @@ impl Manager {
             telemetry,
             history: sampler::History::default(),
             webhooks,
+            audit: std::sync::OnceLock::new(),
         })
     }
 
@@ -252,7 +255,28 @@ impl Manager {
     }
 
     async fn event(&self, id: &str, kind: &str, detail: impl Into<String>) {
-        record_event(self.store.as_ref(), &self.events, id, kind, detail.into()).await;
+        let detail = detail.into();
+        self.audit()
+            .record(
+                id,
+                crate::audit::Kind::Lifecycle,
+                serde_json::json!({ "event": kind, "detail": detail }),
+            )
+            .await;
+        record_event(self.store.as_ref(), &self.events, id, kind, detail).await;
+    }
+
+    /// Gives the manager its audit log (once; later calls are ignored).
+    pub fn set_audit(&self, log: crate::audit::AuditLog) {
+        let _ = self.audit.set(log);
+    }
+
+    /// The audit log (a disabled one when none was set).
+    pub fn audit(&self) -> &crate::audit::AuditLog {
+        static OFF: std::sync::OnceLock<crate::audit::AuditLog> = std::sync::OnceLock::new();
+        self.audit
+            .get()
+            .unwrap_or_else(|| OFF.get_or_init(crate::audit::AuditLog::disabled))
     }
 
     /// Checks an API key; `Ok(Err(_))` says why it was refused.

@@ -200,6 +200,14 @@ impl Manager {
         let started = Instant::now();
         let tpl = self.lookup_template(&snap.template_id).await?;
         let id = super::new_sandbox_id();
+        // The new sandbox's audit chain continues from its parent's.
+        self.audit()
+            .link(
+                &id,
+                &snap.sandbox_id,
+                serde_json::json!({ "snapshot": snap.id }),
+            )
+            .await;
         let now = now_ms();
         let mut env_vars = snap.env_vars.clone();
         env_vars.extend(p.env_vars.clone());

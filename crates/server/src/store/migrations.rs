@@ -133,6 +133,33 @@ pub const MIGRATIONS: &[&str] = &[
         created_at INTEGER NOT NULL
     );
     ",
+    // 6: the audit log (crates/server/src/audit): one hash chain of records per sandbox, the
+    // head of each chain, and the anchor retention leaves where it pruned a chain's start.
+    "
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        ts INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        body TEXT NOT NULL,
+        prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        UNIQUE (sandbox_id, seq)
+    );
+    CREATE INDEX audit_ts ON audit(ts);
+    CREATE TABLE audit_heads (
+        sandbox_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        hash TEXT NOT NULL
+    );
+    CREATE TABLE audit_anchors (
+        sandbox_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        hash TEXT NOT NULL,
+        pruned_at INTEGER NOT NULL
+    );
+    ",
 ];
 
 /// Schema version this kiln writes.

@@ -1,0 +1,174 @@
+//! The audit routes: `GET /sandboxes/{id}/audit` and `GET /audit` (filters, cursor paging, or
+//! `follow=true` for JSON lines as records are written) and `GET /audit/verify`.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::json;
+
+use super::record::{AuditRecord, Kind};
+use super::store::Filter;
+use super::{AuditError, AuditLog};
+
+/// Most records one page returns.
+pub const MAX_LIMIT: usize = 1000;
+pub const DEFAULT_LIMIT: usize = 100;
+
+/// Query parameters of the audit routes.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct AuditQuery {
+    /// Comma-separated kinds (`process,file,…`).
+    pub kind: Option<String>,
+    /// RFC 3339 time or Unix milliseconds.
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub limit: Option<usize>,
+    pub cursor: Option<String>,
+    pub follow: Option<bool>,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: Option<String>,
+}
+
+/// A time parameter: RFC 3339 or Unix milliseconds.
+pub fn parse_time(s: &str) -> Result<i64, String> {
+    if let Ok(ms) = s.trim().parse::<i64>() {
+        return Ok(ms);
+    }
+    chrono::DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.timestamp_millis())
+        .map_err(|_| format!("{s:?} is neither an RFC 3339 time nor Unix milliseconds"))
+}
+
+impl AuditQuery {
+    /// The filter this query asks for (`sandbox` from the path wins).
+    pub fn filter(&self, sandbox: Option<&str>) -> Result<Filter, String> {
+        let mut kinds = Vec::new();
+        for k in self
+            .kind
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+        {
+            kinds.push(Kind::parse(k).ok_or_else(|| {
+                format!(
+                    "unknown audit kind {k:?} (one of {})",
+                    Kind::ALL.map(|k| k.as_str()).join(", ")
+                )
+            })?);
+        }
+        let after = match self.cursor.as_deref().filter(|c| !c.is_empty()) {
+            Some(c) => Some(
+                c.parse::<i64>()
+                    .map_err(|_| format!("invalid cursor {c:?}"))?,
+            ),
+            None => None,
+        };
+        Ok(Filter {
+            sandbox_id: sandbox
+                .map(str::to_string)
+                .or_else(|| self.sandbox_id.clone()),
+            kinds,
+            since_ms: self.since.as_deref().map(parse_time).transpose()?,
+            until_ms: self.until.as_deref().map(parse_time).transpose()?,
+            after,
+            limit: self.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT),
+        })
+    }
+}
+
+fn matches(f: &Filter, r: &AuditRecord) -> bool {
+    f.sandbox_id.as_ref().is_none_or(|s| s == &r.sandbox_id)
+        && (f.kinds.is_empty() || f.kinds.iter().any(|k| k.as_str() == r.kind))
+        && f.since_ms.is_none_or(|t| r.ts_ms >= t)
+        && f.until_ms.is_none_or(|t| r.ts_ms < t)
+}
+
+/// One page: `{"records": […], "nextCursor": "…"}` (the cursor to pass for what follows; it
+/// is present even on the last page, so a poller can resume from it).
+pub async fn page(log: &AuditLog, f: Filter) -> Result<serde_json::Value, AuditError> {
+    let after = f.after;
+    let recs = log.query(f).await?;
+    let next = recs.last().map(|r| r.cursor).or(after).unwrap_or(0);
+    Ok(json!({ "records": recs, "nextCursor": next.to_string() }))
+}
+
+fn line(r: &AuditRecord) -> Bytes {
+    let mut v = serde_json::to_vec(r).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+/// `follow=true`: the stored records matching `f`, then each new one as it is written, as JSON
+/// lines, until the client goes away. Nothing is skipped: a follower that falls behind the
+/// live feed reads the gap back from the store.
+pub fn follow(log: AuditLog, mut f: Filter) -> Response {
+    let Some(mut live) = log.subscribe() else {
+        return (
+            http::StatusCode::NOT_IMPLEMENTED,
+            AuditError::Off.to_string(),
+        )
+            .into_response();
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    tokio::spawn(async move {
+        let mut last = f.after.unwrap_or(0);
+        f.limit = MAX_LIMIT;
+        // Backlog first (the subscription above already holds anything written meanwhile).
+        loop {
+            f.after = Some(last);
+            let Ok(recs) = log.query(f.clone()).await else {
+                return;
+            };
+            let n = recs.len();
+            for r in &recs {
+                last = r.cursor;
+                if tx.send(Ok(line(r))).await.is_err() {
+                    return;
+                }
+            }
+            if n < MAX_LIMIT {
+                break;
+            }
+        }
+        loop {
+            // Ends as soon as the client goes away, even while nothing matching is written.
+            let next = tokio::select! {
+                r = live.recv() => r,
+                _ = tx.closed() => return,
+            };
+            match next {
+                Ok(r) => {
+                    if r.cursor <= last || !matches(&f, &r) {
+                        continue;
+                    }
+                    last = r.cursor;
+                    if tx.send(Ok(line(&r))).await.is_err() {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    f.after = Some(last);
+                    let Ok(recs) = log.query(f.clone()).await else {
+                        return;
+                    };
+                    for r in &recs {
+                        last = r.cursor;
+                        if tx.send(Ok(line(r))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Response::builder()
+        .header(http::header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| http::StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}

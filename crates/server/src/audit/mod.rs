@@ -1,0 +1,266 @@
+//! The audit log: an append-only, hash-chained record per sandbox of every process, file
+//! operation, connection, DNS query, lifecycle transition and API call that touched it.
+//!
+//! - [`record`]: kinds and the stored record; [`chain`]: hashing and verification;
+//! - [`store`]: the tables (migration 4), queries, verification and retention;
+//! - `writer`: the single writer thread behind a bounded channel;
+//! - [`tap`]: what the sandbox proxy records of the envd traffic it forwards;
+//! - [`api`]: the HTTP routes (`/sandboxes/{id}/audit`, `/audit`, `/audit/verify`).
+//!
+//! Records come from what the server itself routes or decides (the proxy, the API, the
+//! manager, kiln-net's egress proxy and DNS forwarder), so a sandbox cannot forge or suppress
+//! them. See docs/audit.md.
+
+pub mod api;
+pub mod chain;
+pub mod record;
+pub mod store;
+pub mod tap;
+mod tap_body;
+mod tap_parse;
+mod writer;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::Connection;
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+pub use record::{AuditRecord, Kind, NewRecord};
+pub use store::{Filter, Report};
+pub use writer::Retention;
+
+/// `kiln serve` settings of the audit log.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    pub enabled: bool,
+    pub retention: Retention,
+    /// Capacity of the channel to the writer (senders wait when it is full).
+    pub queue: usize,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            retention: Retention::default(),
+            queue: 4096,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit log: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("audit log: {0}")]
+    Task(String),
+    #[error("the audit log is off on this server (kiln serve --audit off)")]
+    Off,
+}
+
+pub(crate) struct Inner {
+    tx: mpsc::Sender<writer::Msg>,
+    reader: Mutex<Connection>,
+    live: broadcast::Sender<Arc<AuditRecord>>,
+    /// The API key that created each sandbox (recorded on its process records); None: looked
+    /// up and not known (e.g. created by a pool or a bench, not through the API).
+    owners: Mutex<HashMap<String, Option<String>>>,
+}
+
+/// Handle to the audit log (cheap to clone). A disabled log records nothing.
+#[derive(Clone, Default)]
+pub struct AuditLog(Option<Arc<Inner>>);
+
+fn open(db: &Path) -> rusqlite::Result<Connection> {
+    let c = Connection::open(db)?;
+    c.busy_timeout(std::time::Duration::from_secs(10))?;
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(None, "synchronous", "NORMAL")?;
+    Ok(c)
+}
+
+impl AuditLog {
+    /// A log that records nothing (`--audit off`).
+    pub fn disabled() -> Self {
+        Self(None)
+    }
+
+    /// Opens the audit log in the (already migrated) state database `db` and starts its writer.
+    pub fn open(db: &Path, cfg: &AuditConfig) -> Result<Self, AuditError> {
+        if !cfg.enabled {
+            return Ok(Self::disabled());
+        }
+        let (tx, rx) = mpsc::channel(cfg.queue.max(1));
+        let (live, _) = broadcast::channel(4096);
+        let w = writer::Writer {
+            conn: open(db)?,
+            rx,
+            live: live.clone(),
+            retention: cfg.retention,
+        };
+        std::thread::Builder::new()
+            .name("kiln-audit".into())
+            .spawn(move || w.run())
+            .map_err(|e| AuditError::Task(format!("starting the writer: {e}")))?;
+        Ok(Self(Some(Arc::new(Inner {
+            tx,
+            reader: Mutex::new(open(db)?),
+            live,
+            owners: Mutex::new(HashMap::new()),
+        }))))
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Records `body` about `sandbox_id`; waits while the writer is behind (never drops).
+    pub async fn record(&self, sandbox_id: &str, kind: Kind, body: Value) {
+        let Some(i) = &self.0 else { return };
+        let r = NewRecord {
+            sandbox_id: sandbox_id.to_string(),
+            ts_ms: crate::store::now_ms(),
+            kind,
+            body,
+        };
+        if i.tx.send(writer::Msg::Record(r)).await.is_err() {
+            tracing::error!(sandbox = sandbox_id, "the audit writer has stopped");
+        }
+    }
+
+    /// A sender usable from `poll` code ([`tap`]'s response bodies).
+    fn sender(&self) -> Option<mpsc::Sender<writer::Msg>> {
+        self.0.as_ref().map(|i| i.tx.clone())
+    }
+
+    /// Starts `child`'s chain with a record pointing at `parent`'s head (fork, create from a
+    /// snapshot); `body` says how (e.g. the snapshot id).
+    pub async fn link(&self, child: &str, parent: &str, body: Value) {
+        let Some(i) = &self.0 else { return };
+        if let Some(Some(k)) = self.owner_cached(parent) {
+            self.set_owner(child, &k);
+        }
+        let m = writer::Msg::Link {
+            child: child.to_string(),
+            parent: parent.to_string(),
+            ts_ms: crate::store::now_ms(),
+            body: if body.is_object() {
+                body
+            } else {
+                serde_json::json!({})
+            },
+        };
+        let _ = i.tx.send(m).await;
+    }
+
+    /// Waits until every record sent before this call is stored.
+    pub async fn flush(&self) {
+        let Some(i) = &self.0 else { return };
+        let (tx, rx) = oneshot::channel();
+        if i.tx.send(writer::Msg::Flush(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Runs retention now; how many records it removed.
+    pub async fn prune_now(&self) -> usize {
+        let Some(i) = &self.0 else { return 0 };
+        let (tx, rx) = oneshot::channel();
+        if i.tx.send(writer::Msg::Prune(tx)).await.is_ok() {
+            return rx.await.unwrap_or(0);
+        }
+        0
+    }
+
+    /// Stored records as they are written.
+    pub fn subscribe(&self) -> Option<broadcast::Receiver<Arc<AuditRecord>>> {
+        self.0.as_ref().map(|i| i.live.subscribe())
+    }
+
+    pub fn set_owner(&self, sandbox_id: &str, key_id: &str) {
+        if let Some(i) = &self.0 {
+            let mut o = i.owners.lock().unwrap_or_else(|p| p.into_inner());
+            o.insert(sandbox_id.to_string(), Some(key_id.to_string()));
+        }
+    }
+
+    fn owner_cached(&self, sandbox_id: &str) -> Option<Option<String>> {
+        let i = self.0.as_ref()?;
+        let o = i.owners.lock().unwrap_or_else(|p| p.into_inner());
+        o.get(sandbox_id).cloned()
+    }
+
+    /// The API key that created `sandbox_id`, if known (after a restart: from its chain,
+    /// looked up once).
+    pub async fn owner(&self, sandbox_id: &str) -> Option<String> {
+        if let Some(k) = self.owner_cached(sandbox_id) {
+            return k;
+        }
+        let id = sandbox_id.to_string();
+        let k = self
+            .read(move |c| store::owner(c, &id))
+            .await
+            .ok()
+            .flatten();
+        if let Some(i) = &self.0 {
+            let mut o = i.owners.lock().unwrap_or_else(|p| p.into_inner());
+            o.entry(sandbox_id.to_string()).or_insert(k.clone());
+        }
+        k
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, AuditError> {
+        let Some(i) = self.0.clone() else {
+            return Err(AuditError::Off);
+        };
+        tokio::task::spawn_blocking(move || {
+            let c = i.reader.lock().unwrap_or_else(|p| p.into_inner());
+            f(&c).map_err(AuditError::from)
+        })
+        .await
+        .map_err(|e| AuditError::Task(e.to_string()))?
+    }
+
+    /// Stored records matching `f` (everything recorded before the call is included).
+    pub async fn query(&self, f: Filter) -> Result<Vec<AuditRecord>, AuditError> {
+        self.flush().await;
+        self.read(move |c| store::query(c, &f)).await
+    }
+
+    /// Verifies one sandbox's chain, or every chain.
+    pub async fn verify(&self, sandbox_id: Option<String>) -> Result<Vec<Report>, AuditError> {
+        self.flush().await;
+        self.read(move |c| {
+            let ids = match sandbox_id {
+                Some(s) => vec![s],
+                None => store::chains(c)?,
+            };
+            ids.iter().map(|s| store::verify(c, s)).collect()
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// An enabled log's insides without a writer (its queue is never read): for taps that
+    /// only parse.
+    pub(crate) fn inner() -> Inner {
+        let (tx, _rx) = mpsc::channel(1);
+        let (live, _) = broadcast::channel(1);
+        Inner {
+            tx,
+            reader: Mutex::new(Connection::open_in_memory().expect("in-memory SQLite")),
+            live,
+            owners: Mutex::new(HashMap::new()),
+        }
+    }
+}
