@@ -4,7 +4,7 @@
 //! says, answers only requests whose `Host` is `localhost` or an IP address (DNS-rebinding
 //! protection), and names itself `ws://localhost:<port>/devtools/...` in `/json/version` and
 //! `/json/list`. This shim listens on the sandbox's port (9222), forwards every connection to
-//! Chromium with `Host: localhost`, and rewrites the `/json*` answers so that their WebSocket
+//! Chromium with `Host: localhost:<port>`, and rewrites the `/json*` answers so that their WebSocket
 //! URLs name the public host the client used: `X-Forwarded-Host` (set by kiln's sandbox proxy)
 //! or else the request's `Host`. WebSocket upgrades and everything else pass through as bytes.
 
@@ -82,11 +82,12 @@ impl Head {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The head sent to Chromium: `Host: localhost`, forwarding headers dropped, and (for the
-    /// JSON endpoints, which are answered in one response) `Connection: close`.
-    pub fn upstream(&self, close: bool) -> Vec<u8> {
+    /// The head sent to Chromium: `Host: localhost:<port>` (Chromium names itself after it),
+    /// forwarding headers dropped, and (for the JSON endpoints, which are answered in one
+    /// response) `Connection: close`.
+    pub fn upstream(&self, port: u16, close: bool) -> Vec<u8> {
         let mut out = format!(
-            "{} {} HTTP/1.1\r\nHost: localhost\r\n",
+            "{} {} HTTP/1.1\r\nHost: localhost:{port}\r\n",
             self.method, self.path
         );
         for (k, v) in &self.headers {
@@ -171,21 +172,44 @@ async fn conn(mut client: TcpStream, upstream: SocketAddr) -> anyhow::Result<()>
     let _ = up.set_nodelay(true);
     let _ = client.set_nodelay(true);
     let is_json = head.method == "GET" && head.path.starts_with("/json");
-    up.write_all(&head.upstream(is_json)).await?;
+    up.write_all(&head.upstream(upstream.port(), is_json))
+        .await?;
     up.write_all(&rest).await?;
     if !is_json {
         tokio::io::copy_bidirectional(&mut client, &mut up).await?;
         return Ok(());
     }
-    let mut resp = Vec::new();
-    (&mut up)
-        .take(JSON_LIMIT as u64)
-        .read_to_end(&mut resp)
-        .await?;
-    let Some(end) = resp.windows(4).position(|w| w == b"\r\n\r\n") else {
-        client.write_all(&resp).await?;
-        return Ok(());
-    };
+    // Chromium keeps the connection open whatever `Connection` says: read the head, then the
+    // body by its Content-Length (or to the end when it has none).
+    let (rhead_raw, mut body) = read_head(&mut up).await?;
+    let rh = String::from_utf8_lossy(&rhead_raw).to_ascii_lowercase();
+    let len = rh.split("\r\n").find_map(|l| {
+        l.strip_prefix("content-length:")?
+            .trim()
+            .parse::<usize>()
+            .ok()
+    });
+    match len {
+        Some(n) => {
+            anyhow::ensure!(n <= JSON_LIMIT, "DevTools answer too large");
+            let mut chunk = [0u8; 8192];
+            while body.len() < n {
+                let k = up.read(&mut chunk).await?;
+                anyhow::ensure!(k > 0, "DevTools closed the connection mid-answer");
+                body.extend_from_slice(&chunk[..k]);
+            }
+            body.truncate(n);
+        }
+        None => {
+            (&mut up)
+                .take(JSON_LIMIT as u64)
+                .read_to_end(&mut body)
+                .await?;
+        }
+    }
+    let end = rhead_raw.len() - 4;
+    let mut resp = rhead_raw;
+    resp.extend_from_slice(&body);
     let (rhead, body) = resp.split_at(end + 4);
     let body = String::from_utf8_lossy(body);
     let body = match head.public_ws_base() {
@@ -227,10 +251,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(h.public_ws_base().as_deref(), Some("ws://127.0.0.1:3000"));
-        let up = String::from_utf8(h.upstream(true)).unwrap();
+        let up = String::from_utf8(h.upstream(9223, true)).unwrap();
         assert_eq!(
             up,
-            "GET /json/version HTTP/1.1\r\nHost: localhost\r\nUser-Agent: t\r\nConnection: close\r\n\r\n"
+            "GET /json/version HTTP/1.1\r\nHost: localhost:9223\r\nUser-Agent: t\r\nConnection: close\r\n\r\n"
         );
     }
 

@@ -56,8 +56,8 @@ def wait_for(fn, what, timeout=30, interval=0.3):
         time.sleep(interval)
 
 
-def windows(desk, cls):
-    r = desk.commands.run(f"xdotool search --onlyvisible --class {cls} || true")
+def windows(desk, name):
+    r = desk.commands.run(f"xdotool search --onlyvisible --name '{name}' || true")
     return [w for w in r.stdout.split() if w]
 
 
@@ -82,30 +82,31 @@ def test_screenshot_is_a_png_of_the_configured_size(desk):
 
 
 def test_type_into_a_text_window_and_read_it_back(desk):
+    # kiln-notepad: the template's small Tk text window (Ctrl+S saves to its file).
     desk.commands.run("rm -f /tmp/typed.txt")
-    h = desk.commands.run("xterm -geometry 60x8+40+40 -title kiln-typing -e sh -c 'cat > /tmp/typed.txt'",
-                          background=True, timeout=0)
+    h = desk.commands.run("exec kiln-notepad /tmp/typed.txt", background=True, timeout=0)
     try:
-        wins = wait_for(lambda: windows(desk, "xterm"), "the xterm window")
-        assert desk.get_window_title(wins[0]) == "kiln-typing"
-        desk.left_click(200, 80)
-        wait_for(lambda: desk.get_current_window_id() in wins, "focus on the xterm")
+        wins = wait_for(lambda: [w for w in desk.get_application_windows("kiln-notepad") if w],
+                        "the text window")
+        assert desk.get_window_title(wins[0]) == "kiln-notepad: /tmp/typed.txt"
+        desk.left_click(200, 120)
         desk.write("hello from kiln", chunk_size=8, delay_in_ms=20)
         desk.press("enter")
-        desk.press(["ctrl", "d"])
+        desk.write("line two")
+        desk.press(["ctrl", "s"])
         text = wait_for(lambda: desk.commands.run("cat /tmp/typed.txt 2>/dev/null || true").stdout,
-                        "the typed text")
-        assert text == "hello from kiln\n"
+                        "the saved text")
+        assert text == "hello from kiln\nline two"
     finally:
         h.kill()
 
 
 def test_mouse_clicks_reach_a_window(desk):
     desk.commands.run("rm -f /tmp/xev.log")
-    h = desk.commands.run("stdbuf -oL xev -geometry 300x200+300+300 -event button > /tmp/xev.log",
+    h = desk.commands.run("exec stdbuf -oL xev -geometry 300x200+300+300 -event button > /tmp/xev.log",
                           background=True, timeout=0)
     try:
-        wait_for(lambda: windows(desk, "xev"), "the xev window")
+        wait_for(lambda: windows(desk, "Event Tester"), "the xev window")
         time.sleep(0.5)
         desk.move_mouse(420, 400)
         assert desk.get_cursor_position() == (420, 400)
@@ -189,10 +190,10 @@ def test_stream_with_auth_needs_the_key(net_server, desk, tmp_path):
 
 def test_computer_use_actions(net_server, desk):
     desk.commands.run("rm -f /tmp/xev2.log")
-    h = desk.commands.run("stdbuf -oL xev -geometry 300x200+100+100 -event button -event keyboard > /tmp/xev2.log",
+    h = desk.commands.run("exec stdbuf -oL xev -geometry 300x200+100+100 -event button -event keyboard > /tmp/xev2.log",
                           background=True, timeout=0)
     try:
-        wait_for(lambda: windows(desk, "xev"), "the xev window")
+        wait_for(lambda: windows(desk, "Event Tester"), "the xev window")
         time.sleep(0.5)
         # Anthropic's vocabulary, with a screenshot after the batch.
         status, r = actions(net_server, desk, {"actions": [
