@@ -15,6 +15,7 @@ import shutil
 import time
 
 import pytest
+from e2b import CommandExitException
 from e2b_desktop import Sandbox
 
 from .rich_support import (colour_share, distinct_colours, ensure_template, need, png_size,
@@ -86,8 +87,13 @@ def test_type_into_a_text_window_and_read_it_back(desk):
     desk.commands.run("rm -f /tmp/typed.txt")
     h = desk.commands.run("exec kiln-notepad /tmp/typed.txt", background=True, timeout=0)
     try:
-        wins = wait_for(lambda: [w for w in desk.get_application_windows("kiln-notepad") if w],
-                        "the text window")
+        def app_windows():
+            # The SDK's query; xdotool exits 1 until the window is mapped.
+            try:
+                return [w for w in desk.get_application_windows("kiln-notepad") if w]
+            except CommandExitException:
+                return []
+        wins = wait_for(app_windows, "the text window")
         assert desk.get_window_title(wins[0]) == "kiln-notepad: /tmp/typed.txt"
         desk.left_click(200, 120)
         desk.write("hello from kiln", chunk_size=8, delay_in_ms=20)
