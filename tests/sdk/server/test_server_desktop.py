@@ -251,3 +251,36 @@ def test_computer_use_actions(net_server, desk):
         assert status == 200 and png_size(body) == (WIDTH, HEIGHT)
     finally:
         h.kill()
+
+
+def test_desktop_chromium_is_driven_over_cdp(net_server, desk):
+    """Chromium headful on the desktop, its DevTools fronted by `kiln-agent cdp` on 9222:
+    Playwright on the host drives it through kiln, and the page shows on the desktop."""
+    from playwright.sync_api import sync_playwright
+
+    colour = (0xC8, 0x1E, 0x1E)
+    b = desk.commands.run("exec chromium --remote-debugging-port=9223 --user-data-dir=/tmp/kiln-desk-chromium"
+                          " --window-position=0,0 --window-size=700,500 about:blank",
+                          background=True, timeout=0)
+    c = desk.commands.run("exec kiln-agent cdp --listen 0.0.0.0:9222 --upstream 127.0.0.1:9223",
+                          background=True, timeout=0)
+    try:
+        wait_for(lambda: port_request(net_server, desk.sandbox_id, 9222, "GET", "/json/version",
+                                      timeout=10)[0] == 200, "Chromium's DevTools", timeout=90, interval=1)
+        headers = {"E2b-Sandbox-Id": desk.sandbox_id, "E2b-Sandbox-Port": "9222"}
+        with sync_playwright() as p:
+            browser = p.chromium.connect_over_cdp(net_server.url, headers=headers, timeout=60000)
+            try:
+                ctx = browser.contexts[0]
+                page = ctx.pages[0] if ctx.pages else ctx.new_page()
+                page.set_content(f"<body style='margin:0;background:rgb{colour}'><h1>on the desktop</h1></body>")
+                assert page.inner_text("h1") == "on the desktop"
+                assert "Headless" not in page.evaluate("navigator.userAgent")
+                png = wait_for(lambda: (s := bytes(desk.screenshot())) and colour_share(s, colour) > 0.2 and s,
+                               "the page on the desktop", timeout=30, interval=1)
+                assert png_size(png) == (WIDTH, HEIGHT)
+            finally:
+                browser.close()
+    finally:
+        c.kill()
+        b.kill()
