@@ -114,3 +114,37 @@ def test_playwright_connect_over_cdp_drives_a_page_in_the_sandbox(net_server, br
         assert connect_s < 30, connect_s
     finally:
         srv.kill()
+
+
+def test_private_devtools_need_the_traffic_access_token(net_server):
+    """DevTools is full control of the browser: a sandbox created with
+    allow_public_traffic=False answers on 9222 only with its traffic access token, which
+    Playwright sends as a header."""
+    from playwright.sync_api import sync_playwright
+
+    tpl = ensure_template(net_server, "browser")
+    s = Sandbox.create(template=tpl, timeout=300, network={"allow_public_traffic": False},
+                       **net_server.opts())
+    try:
+        token = s.traffic_access_token
+        assert token
+        auth = {"e2b-traffic-access-token": token}
+        deadline = time.time() + 90
+        while port_request(net_server, s.sandbox_id, CDP_PORT, "GET", "/json/version", headers=auth,
+                           timeout=10)[0] != 200:
+            assert time.time() < deadline, "DevTools not reachable with the token"
+            time.sleep(1)
+        status, body, _ = port_request(net_server, s.sandbox_id, CDP_PORT, "GET", "/json/version")
+        assert status == 403, (status, body[:200])
+        headers = {"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": str(CDP_PORT), **auth}
+        with sync_playwright() as p:
+            browser = p.chromium.connect_over_cdp(net_server.url, headers=headers, timeout=60000)
+            try:
+                assert browser.version, browser.version
+                page = browser.contexts[0].new_page()
+                page.set_content("<title>private</title>")
+                assert page.title() == "private"
+            finally:
+                browser.close()
+    finally:
+        s.kill()
