@@ -284,3 +284,18 @@ def test_desktop_chromium_is_driven_over_cdp(net_server, desk):
     finally:
         c.kill()
         b.kill()
+
+
+
+def test_open_url_starts_the_browser(desk):
+    """`open(url)` runs xdg-open, which (no desktop environment) hands URLs to $BROWSER:
+    the template's Chromium, on the desktop."""
+    url = "http://127.0.0.1:9/kiln-open-test"
+    try:
+        desk.open(url)
+        wait_for(lambda: desk.commands.run(f"pgrep -f '[c]hromium.*{url}' || true").stdout.strip(),
+                 "Chromium with the URL", timeout=60, interval=1)
+        wait_for(lambda: desk.commands.run("xdotool search --onlyvisible --class chromium || true")
+                 .stdout.strip(), "a Chromium window", timeout=60, interval=1)
+    finally:
+        desk.commands.run("pkill -f '[k]iln-open-test' || true")
