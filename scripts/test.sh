@@ -15,6 +15,8 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || install_packages python3-venv
   install_packages ipykernel-missing:python3-ipykernel matplotlib-missing:python3-matplotlib \
     pandas-missing:python3-pandas pil-missing:python3-pil munkres-missing:python3-munkres
 install_packages node:nodejs
+# The desktop tests render the noVNC stream in the host's Chromium (through Playwright).
+install_packages chromium:chromium
 
 say "formatting and lints"
 cargo fmt --all -- --check
@@ -33,6 +35,18 @@ ensure_runsc "$KILN_BIN"
 say "templates (cached by hash: a rebuild only when a recipe or the agent changed)"
 "$KILN_BIN" template build base
 "$KILN_BIN" template build code-interpreter-v1
+# The desktop and browser templates (each about 6-8 min cold, mostly downloads and dpkg) build
+# side by side; a cache hit takes a second.
+"$KILN_BIN" template build desktop > "$KILN_ROOT/target/template-desktop.log" 2>&1 & desktop_pid=$!
+"$KILN_BIN" template build browser > "$KILN_ROOT/target/template-browser.log" 2>&1 & browser_pid=$!
+for t in desktop browser; do
+  pid_var="${t}_pid"
+  if ! wait "${!pid_var}"; then
+    cat "$KILN_ROOT/target/template-$t.log"
+    die "building the $t template failed"
+  fi
+  tail -n 3 "$KILN_ROOT/target/template-$t.log"
+done
 
 say "python venv for SDK tests"
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/kiln

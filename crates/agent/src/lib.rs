@@ -7,6 +7,8 @@
 
 pub mod auth;
 pub mod bench;
+pub mod cdp;
+pub mod computer;
 mod files;
 pub mod forward;
 mod fs;

@@ -33,6 +33,33 @@ struct Args {
 enum Cmd {
     /// Serve the code interpreter API (e2b-code-interpreter's port 49999) instead of envd.
     Interp(InterpArgs),
+    /// Serve the computer-use action API of the desktop template (port 49990).
+    Computer(ComputerArgs),
+    /// Serve Chromium's DevTools on a public port with URLs rewritten to the routed host.
+    Cdp(CdpArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ComputerArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:49990")]
+    listen: SocketAddr,
+    /// X display to drive (default: $DISPLAY, else :0).
+    #[arg(long)]
+    display: Option<String>,
+    /// Directory for screenshots in flight.
+    #[arg(long, default_value = "/tmp/kiln-computer")]
+    tmp: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+struct CdpArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:9222")]
+    listen: SocketAddr,
+    /// Chromium's own DevTools address (`--remote-debugging-port`).
+    #[arg(long, default_value = "127.0.0.1:9223")]
+    upstream: SocketAddr,
 }
 
 #[derive(clap::Args, Debug)]
@@ -55,6 +82,31 @@ struct InterpArgs {
     /// Do not start the default Python context before serving.
     #[arg(long)]
     no_warm: bool,
+}
+
+/// Runs one service subcommand on a small runtime; its exit code.
+fn run_service<F>(name: &str, f: F) -> i32
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kiln-agent {name}: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match rt.block_on(f) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("kiln-agent {name}: {e:#}");
+            1
+        }
+    }
 }
 
 fn interp_main(a: InterpArgs) -> i32 {
@@ -107,8 +159,24 @@ fn main() {
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    if let Some(Cmd::Interp(a)) = args.cmd {
-        std::process::exit(interp_main(a));
+    match args.cmd {
+        Some(Cmd::Interp(a)) => std::process::exit(interp_main(a)),
+        Some(Cmd::Computer(a)) => {
+            let cfg = kiln_agent::computer::ServeConfig {
+                addr: a.listen,
+                display: a
+                    .display
+                    .or_else(|| std::env::var("DISPLAY").ok().filter(|d| !d.is_empty()))
+                    .unwrap_or_else(|| ":0".into()),
+                tmp: a.tmp,
+            };
+            std::process::exit(run_service("computer", kiln_agent::computer::serve(cfg)))
+        }
+        Some(Cmd::Cdp(a)) => std::process::exit(run_service(
+            "cdp",
+            kiln_agent::cdp::serve(a.listen, a.upstream),
+        )),
+        None => {}
     }
     let pid1 = std::process::id() == 1;
     if pid1 {

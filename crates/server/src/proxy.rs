@@ -161,6 +161,16 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    // The host the client addressed, for services that name themselves in their answers (the
+    // DevTools front of the browser templates rewrites its WebSocket URLs to it). Always ours:
+    // a client's own X-Forwarded-* never reaches the sandbox.
+    let original_host = headers.get(header::HOST).cloned();
+    headers.remove("x-forwarded-host");
+    headers.remove("x-forwarded-proto");
+    if let Some(h) = original_host {
+        headers.insert("x-forwarded-host", h);
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    }
     headers.remove(TRAFFIC_TOKEN_HEADER);
     headers.remove(SANDBOX_ID_HEADER);
     headers.remove(SANDBOX_PORT_HEADER);

@@ -7,6 +7,7 @@ mod create;
 mod density;
 mod lifecycle;
 mod net;
+mod rich;
 mod vmm;
 
 #[derive(clap::Subcommand)]
@@ -24,6 +25,9 @@ pub enum Cmd {
     Lifecycle(lifecycle::Args),
     /// Sandbox networking: create p50 with vs without, proxied vs direct HTTP to a sandbox port.
     Net(net::Args),
+    /// Rich templates: create → first run_code, screenshot, CDP connect; image sizes and build
+    /// times.
+    Rich(rich::Args),
     /// kiln-vmm: process start → first guest instruction, snapshot, restore, VMM RSS.
     Vmm(vmm::Args),
 }
@@ -36,6 +40,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Density(a) => density::run(a),
         Cmd::Lifecycle(a) => lifecycle::run(a),
         Cmd::Net(a) => net::run(a),
+        Cmd::Rich(a) => rich::run(a),
         Cmd::Vmm(a) => vmm::run(a),
     }
 }

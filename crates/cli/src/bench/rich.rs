@@ -1,0 +1,398 @@
+//! `kiln bench rich`: the rich templates in one run, with networking on (their services are
+//! reached on sandbox ports):
+//! - create → first `run_code("1+1")` result (code-interpreter-v1, port 49999) vs create → first
+//!   `echo` output of the base template (the raw baseline of a sandbox that runs nothing extra);
+//! - a desktop screenshot through the computer-use API (`GET /screenshot` on 49990) vs the
+//!   E2B SDK's way (run `scrot`, read the file back through the agent), p50 and bytes;
+//! - a CDP connect (GET /json/version, WebSocket handshake, `Browser.getVersion`) through kiln's
+//!   proxy vs the same made directly to the sandbox port (no proxy);
+//! - each template's image size and the time its last build took.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
+use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
+use kiln_server::driver::Driver;
+use kiln_server::manager::CreateParams;
+use kiln_server::store::SqliteStore;
+use kiln_server::templates::Templates;
+use kiln_server::{LifecycleConfig, Manager};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Samples of each measurement (creates are the slow ones: about 1-3 s each).
+    #[arg(long, default_value_t = 5)]
+    n: usize,
+    /// gVisor platform (default: KILN_PLATFORM, else systrap).
+    #[arg(long)]
+    platform: Option<String>,
+    /// Host-side range of the bench's network slots.
+    #[arg(long, default_value = "10.240.0.0/24")]
+    range: String,
+    /// Directory for the bench's temporary state (default: the kiln state dir).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+const TEMPLATES: [&str; 4] = ["base", "code-interpreter-v1", "desktop", "browser"];
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let store = kiln_template::Store::open_default().context("opening the template store")?;
+    println!("kiln bench rich: templates (image size, time of the build that made it):");
+    for name in TEMPLATES {
+        match store.lookup(name) {
+            Ok(t) => println!(
+                "  {name:<22} {:>7.0} MiB   built in {:>6.1} s   key {}",
+                t.size_bytes as f64 / (1 << 20) as f64,
+                t.build_secs,
+                &t.key[..12.min(t.key.len())]
+            ),
+            Err(_) => bail!("template {name} is not built: run `kiln template build {name}`"),
+        }
+    }
+    let templates: Arc<dyn Templates> = Arc::new(store);
+    let work_root = a
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
+    std::fs::create_dir_all(&work_root)?;
+    std::env::set_var("KILN_NET_RANGE", &a.range);
+    std::env::set_var("KILN_NET_POOL", "2");
+    std::env::set_var("KILN_NETWORK", "on");
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(bench(a, templates, work_root))
+}
+
+struct Side {
+    manager: Arc<Manager>,
+    driver: Arc<dyn Driver>,
+    gvisor: Arc<GvisorDriver>,
+    _dir: tempfile::TempDir,
+}
+
+fn side(
+    work_root: &std::path::Path,
+    platform: &str,
+    t: &Arc<dyn Templates>,
+) -> anyhow::Result<Side> {
+    let dir = tempfile::Builder::new()
+        .prefix("r")
+        .rand_bytes(4)
+        .tempdir_in(work_root)?;
+    let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
+    let mut cfg = GvisorConfig::new(dir.path());
+    cfg.platform = platform.to_string();
+    let gvisor = Arc::new(GvisorDriver::new(cfg)?);
+    let driver: Arc<dyn Driver> = gvisor.clone();
+    if !driver.has_network() {
+        bail!("the bench needs sandbox networking (KILN_NETWORK=on could not be honoured)");
+    }
+    let manager = Manager::new(LifecycleConfig::default(), store, driver.clone(), t.clone());
+    Ok(Side {
+        manager,
+        driver,
+        gvisor,
+        _dir: dir,
+    })
+}
+
+fn params(template: &str) -> CreateParams {
+    CreateParams {
+        template_id: template.to_string(),
+        timeout_secs: Some(600),
+        secure: false,
+        ..Default::default()
+    }
+}
+
+/// One HTTP/1.0 exchange on `io`; returns (status line, body).
+async fn http<IO: AsyncRead + AsyncWrite + Unpin>(
+    mut io: IO,
+    head: &str,
+    body: &[u8],
+) -> anyhow::Result<(String, Vec<u8>)> {
+    io.write_all(head.as_bytes()).await?;
+    io.write_all(body).await?;
+    let mut buf = Vec::new();
+    io.read_to_end(&mut buf).await?;
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow!("no HTTP header in the answer"))?;
+    let status = String::from_utf8_lossy(&buf[..buf.iter().position(|b| *b == b'\r').unwrap_or(0)])
+        .into_owned();
+    Ok((status, buf[end + 4..].to_vec()))
+}
+
+async fn run_code(s: &Side, id: &str) -> anyhow::Result<bool> {
+    let io = match s.driver.connect(id, 49999).await {
+        Ok(io) => io,
+        Err(_) => return Ok(false),
+    };
+    let body = br#"{"code": "1+1"}"#;
+    let head = format!(
+        "POST /execute HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let Ok((status, out)) = http(io, &head, body).await else {
+        return Ok(false);
+    };
+    Ok(status.contains(" 200") && String::from_utf8_lossy(&out).contains(r#""text":"2""#))
+}
+
+/// Polls `cond` (an expression that awaits) until it holds, for at most `secs`.
+macro_rules! until {
+    ($what:expr, $secs:expr, $cond:expr) => {{
+        let deadline = Instant::now() + Duration::from_secs($secs);
+        loop {
+            if $cond {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for {}", $what);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }};
+}
+
+async fn sh(s: &Side, id: &str, cmd: &str) -> anyhow::Result<Vec<u8>> {
+    let out = s
+        .manager
+        .agent(id, None)
+        .run(
+            cmd,
+            kiln_envd::RunOptions {
+                timeout: Some(Duration::from_secs(60)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    if out.exit_code != 0 {
+        bail!("`{cmd}`: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(out.stdout)
+}
+
+async fn background(s: &Side, id: &str, cmd: &str) -> anyhow::Result<()> {
+    let mut p = s
+        .manager
+        .agent(id, None)
+        .start(
+            &kiln_envd::bash_request(cmd, Default::default(), None, None),
+            None,
+        )
+        .await?;
+    tokio::spawn(async move { while let Ok(Some(_)) = p.next_event().await {} });
+    Ok(())
+}
+
+async fn shot(s: &Side, id: &str) -> anyhow::Result<Vec<u8>> {
+    let io = s.driver.connect(id, 49990).await?;
+    let (st, body) = http(
+        io,
+        "GET /screenshot HTTP/1.0\r\nHost: localhost\r\n\r\n",
+        b"",
+    )
+    .await?;
+    if !st.contains(" 200") {
+        bail!("screenshot: {st}");
+    }
+    Ok(body)
+}
+
+/// GET /json/version through kiln's proxy (`via`: its address and routing headers) or directly
+/// to the sandbox port; returns the path of the browser's WebSocket URL.
+async fn version(
+    s: &Side,
+    id: &str,
+    via: Option<(std::net::SocketAddr, &str)>,
+) -> anyhow::Result<String> {
+    let (st, body) = match via {
+        Some((addr, route)) => {
+            let head = format!("GET /json/version HTTP/1.0\r\nHost: {addr}\r\n{route}\r\n");
+            http(tokio::net::TcpStream::connect(addr).await?, &head, b"").await?
+        }
+        None => {
+            let head = "GET /json/version HTTP/1.0\r\nHost: localhost\r\n\r\n";
+            http(s.driver.connect(id, 9222).await?, head, b"").await?
+        }
+    };
+    if !st.contains(" 200") {
+        bail!("/json/version: {st}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body)?;
+    let ws = v["webSocketDebuggerUrl"].as_str().unwrap_or_default();
+    let path = ws.find("/devtools/").map(|i| ws[i..].to_string());
+    path.ok_or_else(|| anyhow!("no webSocketDebuggerUrl in {v}"))
+}
+
+fn row(name: &str, p: &Percentiles, base: &Percentiles) {
+    println!(
+        "  {name:<46} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   p50 ratio {:>5.2}x",
+        p.n,
+        p.p50_ms,
+        p.p99_ms,
+        p.p50_ms / base.p50_ms
+    );
+}
+
+/// A WebSocket handshake and one CDP call (`Browser.getVersion`) on `io`.
+async fn cdp_call<IO: AsyncRead + AsyncWrite + Unpin>(
+    mut io: IO,
+    path: &str,
+    extra: &str,
+) -> anyhow::Result<()> {
+    io.write_all(
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}Upgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = io.read(&mut chunk).await?;
+        if n == 0 {
+            bail!("WebSocket handshake: connection closed");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    if !buf.starts_with(b"HTTP/1.1 101") {
+        bail!("WebSocket handshake: {}", String::from_utf8_lossy(&buf));
+    }
+    let msg = br#"{"id":1,"method":"Browser.getVersion"}"#;
+    let mask = [1u8, 2, 3, 4];
+    let mut frame = vec![0x81, 0x80 | msg.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(msg.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    io.write_all(&frame).await?;
+    let mut got = buf[buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4..].to_vec();
+    while !String::from_utf8_lossy(&got).contains("\"id\":1") {
+        let n = io.read(&mut chunk).await?;
+        if n == 0 {
+            bail!("CDP: connection closed before the answer");
+        }
+        got.extend_from_slice(&chunk[..n]);
+    }
+    Ok(())
+}
+
+async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
+    let platform = a
+        .platform
+        .clone()
+        .or_else(|| std::env::var("KILN_PLATFORM").ok())
+        .unwrap_or_else(|| "systrap".into());
+    let s = side(&work_root, &platform, &templates)?;
+
+    // Create → first result.
+    let (mut echo, mut code) = (Vec::new(), Vec::new());
+    for i in 0..=a.n {
+        let t = Instant::now();
+        let rec = s.manager.create(params("base")).await?;
+        sh(&s, &rec.id, "echo ready").await?;
+        let took = t.elapsed();
+        s.manager.kill(&rec.id, "bench").await?;
+        let t = Instant::now();
+        let ci = s.manager.create(params("code-interpreter-v1")).await?;
+        until!("run_code(\"1+1\")", 120, run_code(&s, &ci.id).await?);
+        let took_ci = t.elapsed();
+        s.manager.kill(&ci.id, "bench").await?;
+        if i > 0 {
+            // The first round warms caches.
+            echo.push(took);
+            code.push(took_ci);
+        }
+    }
+
+    // Screenshots.
+    let d = s.manager.create(params("desktop")).await?;
+    background(
+        &s,
+        &d.id,
+        "exec Xvfb :0 -ac -screen 0 1024x768x24 -nolisten tcp",
+    )
+    .await?;
+    until!(
+        "Xvfb",
+        30,
+        sh(&s, &d.id, "DISPLAY=:0 xdpyinfo >/dev/null")
+            .await
+            .is_ok()
+    );
+    background(&s, &d.id, "DISPLAY=:0 exec startxfce4").await?;
+    until!("the computer-use API", 60, shot(&s, &d.id).await.is_ok());
+    let (mut api, mut sdk, mut bytes) = (Vec::new(), Vec::new(), 0usize);
+    for _ in 0..a.n.max(5) * 2 {
+        let t = Instant::now();
+        bytes = shot(&s, &d.id).await?.len();
+        api.push(t.elapsed());
+        let t = Instant::now();
+        let out = sh(
+            &s,
+            &d.id,
+            "DISPLAY=:0 scrot --pointer -o /tmp/b.png && cat /tmp/b.png && rm /tmp/b.png",
+        )
+        .await?;
+        sdk.push(t.elapsed());
+        if out.len() < 100 {
+            bail!("scrot produced {} bytes", out.len());
+        }
+    }
+    s.manager.kill(&d.id, "bench").await?;
+
+    // CDP connect, through kiln's proxy and direct.
+    let b = s.manager.create(params("browser")).await?;
+    let state = Arc::new(kiln_server::api::AppState {
+        manager: s.manager.clone(),
+        cfg: kiln_server::api::ApiConfig {
+            domain: kiln_server::DEFAULT_DOMAIN.into(),
+        },
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let proxy_addr = listener.local_addr()?;
+    let app = kiln_server::api::router(state);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let route = format!("E2b-Sandbox-Id: {}\r\nE2b-Sandbox-Port: 9222\r\n", b.id);
+    until!("DevTools", 60, version(&s, &b.id, None).await.is_ok());
+    let (mut via, mut direct) = (Vec::new(), Vec::new());
+    for _ in 0..a.n.max(5) * 2 {
+        let t = Instant::now();
+        let p = version(&s, &b.id, Some((proxy_addr, &route))).await?;
+        cdp_call(
+            tokio::net::TcpStream::connect(proxy_addr).await?,
+            &p,
+            &route,
+        )
+        .await?;
+        via.push(t.elapsed());
+        let t = Instant::now();
+        let p = version(&s, &b.id, None).await?;
+        cdp_call(s.driver.connect(&b.id, 9222).await?, &p, "").await?;
+        direct.push(t.elapsed());
+    }
+    s.manager.kill(&b.id, "bench").await?;
+    s.gvisor.shutdown_network().await;
+
+    println!("kiln bench rich (gVisor, platform {platform}, networking on):");
+    let (e, c) = (percentiles(&echo), percentiles(&code));
+    row("create → first echo, base (baseline)", &e, &e);
+    row("create → first run_code(\"1+1\") result", &c, &e);
+    let (sd, ap) = (percentiles(&sdk), percentiles(&api));
+    row("screenshot 1024x768, scrot + read via agent", &sd, &sd);
+    row("screenshot 1024x768, GET /screenshot (49990)", &ap, &sd);
+    println!("  screenshot PNG size: {bytes} bytes");
+    let (di, vi) = (percentiles(&direct), percentiles(&via));
+    row("CDP connect + Browser.getVersion, direct", &di, &di);
+    row("CDP connect + Browser.getVersion, via proxy", &vi, &di);
+    Ok(0)
+}
