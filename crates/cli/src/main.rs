@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the kiln server (REST API + sandbox proxy), preparing the host and base template first.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Tell what this host can do (KVM speed, runsc, cgroups, nftables …) and which driver kiln will use.
     Doctor(doctor::Args),
     /// Build and inspect sandbox templates.
@@ -78,7 +78,7 @@ fn main() {
     let cli = Cli::parse();
     init_tracing();
     let result = match cli.cmd {
-        Cmd::Serve(a) => serve::run(a),
+        Cmd::Serve(a) => serve::run(*a),
         Cmd::Doctor(a) => doctor::run(a),
         Cmd::Template(c) => template::run(c),
         Cmd::Sandbox(c) => sandbox::run(c),

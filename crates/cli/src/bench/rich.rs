@@ -350,12 +350,13 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
 
     // CDP connect, through kiln's proxy and direct.
     let b = s.manager.create(params("browser")).await?;
-    let state = Arc::new(kiln_server::api::AppState {
-        manager: s.manager.clone(),
-        cfg: kiln_server::api::ApiConfig {
+    let state = Arc::new(kiln_server::api::AppState::new(
+        s.manager.clone(),
+        kiln_server::api::ApiConfig {
             domain: kiln_server::DEFAULT_DOMAIN.into(),
+            metrics_token: None,
         },
-    });
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let proxy_addr = listener.local_addr()?;
     let app = kiln_server::api::router(state);
