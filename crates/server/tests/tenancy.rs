@@ -109,6 +109,11 @@ async fn another_team_sees_nothing_on_any_route() {
         ),
         ("POST", format!("{sbx}/refreshes"), Some("{}")),
         ("GET", format!("{sbx}/metrics"), None),
+        ("GET", format!("{sbx}/events"), None),
+        ("GET", format!("{sbx}/audit"), None),
+        ("GET", format!("/events?sandboxId={id}"), None),
+        ("GET", format!("/audit?sandboxID={id}"), None),
+        ("GET", format!("/audit/verify?sandboxID={id}"), None),
         ("GET", format!("{sbx}/logs"), None),
         ("GET", format!("/v2/sandboxes/{id}/logs"), None),
         ("POST", format!("{sbx}/pause"), Some("{}")),
@@ -124,6 +129,22 @@ async fn another_team_sees_nothing_on_any_route() {
         ("DELETE", "/templates/red-snap".to_string(), None),
         ("DELETE", sbx.clone(), None),
     ];
+    // The whole server's logs are for the operator's team only.
+    for p in ["/events", "/audit", "/audit/verify"] {
+        let (s, _, v) = req(&app, &blue, "GET", p, None, &[]).await;
+        common::assert_error(s, &v, 403);
+    }
+    let (s, _, v) = req(
+        &app,
+        &blue,
+        "GET",
+        &format!("/sandboxes/metrics?sandbox_ids={id}"),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["sandboxes"].as_object().unwrap().is_empty(), "{v}");
     for (m, p, b) in &routes {
         let (s, _, v) = req(&app, &blue, m, p, *b, &[]).await;
         common::assert_error(s, &v, 404);

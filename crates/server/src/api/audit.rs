@@ -3,13 +3,14 @@
 use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use http::StatusCode;
 use serde_json::json;
 
 use super::{ApiError, ApiResult, St};
 use crate::audit::api::{follow, page, AuditQuery};
 use crate::audit::{AuditError, Kind};
+use crate::tenancy::Caller;
 
 /// The id of the API key a request was authenticated with (set by `require_api_key`).
 #[derive(Debug, Clone)]
@@ -40,14 +41,21 @@ async fn query(st: St, sandbox: Option<&str>, q: AuditQuery) -> ApiResult<Respon
 /// `GET /sandboxes/{id}/audit`: one sandbox's records (it may be gone: records outlive it).
 pub async fn sandbox_audit(
     st: St,
+    Extension(c): Extension<Caller>,
     Path(id): Path<String>,
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<Response> {
+    super::scope::check_owner(&st.0, &id, &c.team).await?;
     query(st, Some(&id), q).await
 }
 
 /// `GET /audit`: every sandbox's records (`sandboxID` narrows).
-pub async fn search(st: St, Query(q): Query<AuditQuery>) -> ApiResult<Response> {
+pub async fn search(
+    st: St,
+    Extension(c): Extension<Caller>,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult<Response> {
+    super::scope::check_wide(&st.0, &c, q.sandbox_id.as_deref()).await?;
     query(st, None, q).await
 }
 
@@ -58,7 +66,12 @@ pub struct VerifyQuery {
 }
 
 /// `GET /audit/verify`: checks one chain or all; `ok` is false when any is broken.
-pub async fn verify(st: St, Query(q): Query<VerifyQuery>) -> ApiResult<Response> {
+pub async fn verify(
+    st: St,
+    Extension(c): Extension<Caller>,
+    Query(q): Query<VerifyQuery>,
+) -> ApiResult<Response> {
+    super::scope::check_wide(&st.0, &c, q.sandbox_id.as_deref()).await?;
     let reports =
         st.0.manager
             .audit()

@@ -12,6 +12,7 @@ mod list;
 mod network;
 mod observe;
 mod sandboxes;
+mod scope;
 mod snapshots;
 mod templates;
 mod webhooks;

@@ -6,13 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 
 use super::wire::{metric_json, ts};
 use super::{ApiError, ApiResult, St};
 use crate::obs::prom::Text;
 use crate::store::{EventQuery, StoredEvent};
+use crate::tenancy::Caller;
 
 type Params = Query<HashMap<String, String>>;
 
@@ -30,9 +31,11 @@ fn int_param(q: &HashMap<String, String>, name: &str) -> ApiResult<Option<i64>> 
 /// in that window, oldest first (default: the sandbox's whole life).
 pub async fn sandbox_metrics(
     State(st): St,
+    Extension(c): Extension<Caller>,
     Path(id): Path<String>,
     Query(q): Params,
 ) -> ApiResult<Json<Vec<Value>>> {
+    super::scope::check_owner(&st, &id, &c.team).await?;
     let start = int_param(&q, "start")?;
     let end = int_param(&q, "end")?;
     if let (Some(s), Some(e)) = (start, end) {
@@ -56,7 +59,11 @@ const MAX_BULK_IDS: usize = 100;
 
 /// `GET /sandboxes/metrics?sandbox_ids=a,b`: `{"sandboxes": {id: newest sample}}` for those
 /// running or paused.
-pub async fn bulk_metrics(State(st): St, Query(q): Params) -> ApiResult<Json<Value>> {
+pub async fn bulk_metrics(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Query(q): Params,
+) -> ApiResult<Json<Value>> {
     let ids: Vec<String> = q
         .get("sandbox_ids")
         .map(|v| {
@@ -75,6 +82,11 @@ pub async fn bulk_metrics(State(st): St, Query(q): Params) -> ApiResult<Json<Val
             "at most {MAX_BULK_IDS} sandbox_ids per request"
         )));
     }
+    // Another team's sandboxes are left out, as unknown ones are.
+    let ids: Vec<String> = ids
+        .into_iter()
+        .filter(|id| st.manager.get_for(id, &c.team).is_ok())
+        .collect();
     let latest = st.manager.latest_metrics(&ids).await;
     let map: BTreeMap<String, Value> = latest
         .iter()
@@ -173,26 +185,27 @@ async fn events_page(
 }
 
 /// `GET /events?since&cursor&limit&sandboxId&type`: the lifecycle event log, oldest first.
-pub async fn events(State(st): St, Query(q): Params) -> ApiResult<Json<Value>> {
+pub async fn events(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Query(q): Params,
+) -> ApiResult<Json<Value>> {
+    let named = q
+        .get("sandboxId")
+        .or(q.get("sandboxID"))
+        .map(String::as_str);
+    super::scope::check_wide(&st, &c, named).await?;
     events_page(&st, &q, None).await
 }
 
 /// `GET /sandboxes/{id}/events`: the same, for one sandbox (also after it ended).
 pub async fn sandbox_events(
     State(st): St,
+    Extension(c): Extension<Caller>,
     Path(id): Path<String>,
     Query(q): Params,
 ) -> ApiResult<Json<Value>> {
-    if st
-        .manager
-        .store()
-        .get_sandbox(&id)
-        .await
-        .map_err(crate::Error::from)?
-        .is_none()
-    {
-        return Err(ApiError::sandbox_not_found(&id));
-    }
+    super::scope::check_owner(&st, &id, &c.team).await?;
     events_page(&st, &q, Some(id)).await
 }
 

@@ -1,8 +1,7 @@
 //! Webhook routes: register, list, show and delete a team's webhooks, read a webhook's
 //! delivery log, and send it a test delivery.
 //!
-//! Teams: every caller is in [`DEFAULT_TEAM`] until API keys carry a team; then the caller's
-//! team replaces [`caller_team`]'s constant.
+//! A webhook belongs to the team of the key that registered it; other teams get 404.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,18 +10,16 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::wire::{parse_json, ts};
 use super::{ApiError, ApiResult, St};
-use crate::store::{DeliveryRecord, WebhookRecord, DEFAULT_TEAM, LIFECYCLE_KINDS};
+use crate::store::{DeliveryRecord, WebhookRecord, LIFECYCLE_KINDS};
+use crate::tenancy::Caller;
 
-/// The team of the caller. TODO(teams): take it from the authenticated API key.
-fn caller_team() -> &'static str {
-    DEFAULT_TEAM
-}
+type Who = Extension<Caller>;
 
 /// Most webhooks one team may register.
 const MAX_WEBHOOKS: usize = 50;
@@ -90,17 +87,17 @@ fn random_secret() -> String {
     format!("whsec_{}", hex::encode(b))
 }
 
-async fn find(st: &super::AppState, id: &str) -> ApiResult<WebhookRecord> {
+async fn find(st: &super::AppState, team: &str, id: &str) -> ApiResult<WebhookRecord> {
     st.manager
         .store()
-        .get_webhook(caller_team(), id)
+        .get_webhook(team, id)
         .await
         .map_err(crate::Error::from)?
         .ok_or_else(|| ApiError::not_found(format!("webhook {id:?} not found")))
 }
 
 /// `POST /webhooks`: 201 with the webhook and its secret (shown this once).
-pub async fn create(State(st): St, body: Bytes) -> ApiResult<Response> {
+pub async fn create(State(st): St, Extension(c): Who, body: Bytes) -> ApiResult<Response> {
     let b: NewWebhook =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
     check_url(&b.url)?;
@@ -121,7 +118,7 @@ pub async fn create(State(st): St, body: Bytes) -> ApiResult<Response> {
         None => random_secret(),
     };
     let store = st.manager.store();
-    let team = caller_team();
+    let team = c.team.as_str();
     if store
         .list_webhooks(team)
         .await
@@ -148,27 +145,35 @@ pub async fn create(State(st): St, body: Bytes) -> ApiResult<Response> {
 }
 
 /// `GET /webhooks`: the caller's team's webhooks (without secrets).
-pub async fn list(State(st): St) -> ApiResult<Json<Vec<Value>>> {
+pub async fn list(State(st): St, Extension(c): Who) -> ApiResult<Json<Vec<Value>>> {
     let list = st
         .manager
         .store()
-        .list_webhooks(caller_team())
+        .list_webhooks(&c.team)
         .await
         .map_err(crate::Error::from)?;
     Ok(Json(list.iter().map(webhook_json).collect()))
 }
 
 /// `GET /webhooks/{id}`.
-pub async fn get(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Value>> {
-    Ok(Json(webhook_json(&find(&st, &id).await?)))
+pub async fn get(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    Ok(Json(webhook_json(&find(&st, &c.team, &id).await?)))
 }
 
 /// `DELETE /webhooks/{id}`: 204; its pending deliveries are dropped.
-pub async fn delete(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCode> {
+pub async fn delete(
+    State(st): St,
+    Extension(c): Who,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
     let gone = st
         .manager
         .store()
-        .delete_webhook(caller_team(), &id)
+        .delete_webhook(&c.team, &id)
         .await
         .map_err(crate::Error::from)?;
     if gone {
@@ -181,10 +186,11 @@ pub async fn delete(State(st): St, Path(id): Path<String>) -> ApiResult<StatusCo
 /// `GET /webhooks/{id}/deliveries?limit&cursor`: the delivery log, newest first.
 pub async fn deliveries(
     State(st): St,
+    Extension(c): Who,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    find(&st, &id).await?;
+    find(&st, &c.team, &id).await?;
     let limit = match q.get("limit").map(|l| l.parse::<u32>()) {
         None => 50,
         Some(Ok(n)) if (1..=500).contains(&n) => n,
@@ -215,8 +221,8 @@ pub async fn deliveries(
 /// `POST /webhooks/{id}/test`: queues a `webhook.test` delivery and answers with it after its
 /// first attempt (200), or 202 when that attempt has not finished within 15 s. A failed test
 /// delivery is retried like any other.
-pub async fn test(State(st): St, Path(id): Path<String>) -> ApiResult<Response> {
-    let w = find(&st, &id).await?;
+pub async fn test(State(st): St, Extension(c): Who, Path(id): Path<String>) -> ApiResult<Response> {
+    let w = find(&st, &c.team, &id).await?;
     let payload = json!({
         "type": "webhook.test",
         "webhookID": w.id,

@@ -167,8 +167,25 @@ pub fn queue_deliveries(c: &mut Connection, now_ms: i64, max_events: u32) -> Res
     };
     let hooks = all_webhooks(&tx, None)?;
     let mut queued = 0;
+    // A webhook hears only of its own team's sandboxes.
+    let mut teams: std::collections::HashMap<String, Option<String>> = Default::default();
     for e in &events {
-        for w in hooks.iter().filter(|w| wants(w, &e.event.kind)) {
+        let sid = &e.event.sandbox_id;
+        if !teams.contains_key(sid) {
+            let team = tx
+                .query_row("SELECT team FROM sandboxes WHERE id = ?1", [sid], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            teams.insert(sid.clone(), team);
+        }
+        let team = teams[sid]
+            .as_deref()
+            .unwrap_or(crate::tenancy::DEFAULT_TEAM);
+        for w in hooks
+            .iter()
+            .filter(|w| w.team == team && wants(w, &e.event.kind))
+        {
             tx.execute(
                 "INSERT INTO webhook_deliveries (webhook_id, event_seq, kind, payload, status,
                    next_attempt_at, created_at) VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5)",

@@ -82,17 +82,11 @@ async fn raw_round(
         .await
         .map_err(|e| e.to_string())?;
     let checkpoint = t.elapsed();
-    // The checkpointed sandbox's processes exit; reap them (this process adopted them) so
-    // that `runsc delete` does not wait for the host's init.
-    let t = Instant::now();
-    loop {
-        crate::driver::gvisor::reap_adopted_zombies();
-        match runsc.output(&["delete", "--force", id]).await {
-            Ok(_) => break,
-            Err(e) if t.elapsed() > Duration::from_secs(30) => return Err(e.to_string()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
+    // The checkpointed sandbox's processes exit; delete the container while reaping them
+    // (this process adopted them), as the driver does (not timed).
+    super::halt_container(runsc, id, &dir)
+        .await
+        .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(dir.join("run/agent.sock"));
     let t = Instant::now();
     runsc

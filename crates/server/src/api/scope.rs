@@ -1,0 +1,36 @@
+//! What a caller's team may see of the logs that outlive sandboxes (metrics history, events,
+//! audit records): one sandbox's only when it belongs (or belonged) to the team; the whole
+//! server's only for keys of the operator's team (`default`).
+
+use super::{ApiError, ApiResult, AppState};
+use crate::tenancy::{Caller, DEFAULT_TEAM};
+
+/// 404 unless sandbox `id` (running, paused or ended) belongs to `team`.
+pub(super) async fn check_owner(st: &AppState, id: &str, team: &str) -> ApiResult<()> {
+    let rec = st
+        .manager
+        .store()
+        .get_sandbox(id)
+        .await
+        .map_err(crate::Error::from)?;
+    match rec {
+        Some(r) if r.team == team => Ok(()),
+        _ => Err(ApiError::sandbox_not_found(id)),
+    }
+}
+
+/// A server-wide log read: the operator's team reads anything; other teams must name one of
+/// their sandboxes (`named`), which is checked.
+pub(super) async fn check_wide(st: &AppState, c: &Caller, named: Option<&str>) -> ApiResult<()> {
+    match named {
+        _ if c.team == DEFAULT_TEAM => Ok(()),
+        Some(id) => check_owner(st, id, &c.team).await,
+        None => Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "team {:?} may read the log of its own sandboxes only: name one with sandboxID",
+                c.team
+            ),
+        )),
+    }
+}
