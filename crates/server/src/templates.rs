@@ -44,6 +44,8 @@ pub struct TemplateInfo {
     pub env: BTreeMap<String, String>,
     /// Command started in the background (as `user`, in `workdir`) once the sandbox is up.
     pub start_cmd: Option<String>,
+    /// Memory of the template's sandboxes in MiB (None: the server's default).
+    pub memory_mb: Option<u32>,
     pub built_at_unix: u64,
     pub size_bytes: u64,
 }
@@ -65,6 +67,7 @@ fn info(t: kiln_template::Template) -> TemplateInfo {
         workdir: t.workdir,
         env: t.env,
         start_cmd: t.start_cmd.filter(|c| !c.trim().is_empty()),
+        memory_mb: t.memory_mb,
         built_at_unix: t.built_at_unix,
         size_bytes: t.size_bytes,
     }
@@ -129,6 +132,7 @@ pub fn from_dir(name: &str, dir: &std::path::Path) -> TemplateInfo {
         workdir: "/home/user".into(),
         env: BTreeMap::new(),
         start_cmd: None,
+        memory_mb: None,
         built_at_unix: 0,
         size_bytes: 0,
     }

@@ -3,6 +3,7 @@
 //! ```toml
 //! name = "base"
 //! start_cmd = ""                        # optional: started in the sandbox after the agent
+//! memory_mb = 2048                      # optional: its sandboxes' memory (server default if absent)
 //!
 //! [from]                                # like a Dockerfile's FROM, but built from packages
 //! debian = "bookworm"
@@ -42,6 +43,10 @@ pub struct Recipe {
     /// Command started inside the sandbox after the agent is up (E2B's start command).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_cmd: Option<String>,
+    /// Memory of the template's sandboxes in MiB (E2B's `memoryMB`); the server's default when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -363,6 +368,22 @@ workdir = "/home/user"
             "name = \"x\"\n{base}[[steps]]\nenv = {{ \"1A\" = \"v\" }}\n"
         ));
         assert!(e.contains("env name"), "{e}");
+    }
+
+    #[test]
+    fn memory_is_optional_and_leaves_other_hashes_alone() {
+        let plain = Recipe::parse(GOOD, "t.toml").unwrap();
+        assert_eq!(plain.memory_mb, None);
+        let sized = Recipe::parse(
+            &GOOD.replacen("name = \"t1\"", "name = \"t1\"\nmemory_mb = 2048", 1),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(sized.memory_mb, Some(2048));
+        assert_ne!(plain.content_hash(), sized.content_hash());
+        // Without the field, a recipe hashes as before the field existed.
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(!json.contains("memory_mb"), "{json}");
     }
 
     #[test]

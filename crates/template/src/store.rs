@@ -41,6 +41,9 @@ pub struct Template {
     pub workdir: String,
     pub env: BTreeMap<String, String>,
     pub start_cmd: Option<String>,
+    /// Memory of the template's sandboxes in MiB (None: the server's default).
+    #[serde(default)]
+    pub memory_mb: Option<u32>,
     pub built_at_unix: u64,
     /// Bytes used by the root filesystem.
     pub size_bytes: u64,
@@ -266,6 +269,7 @@ mod tests {
             workdir: "/home/user".into(),
             env: BTreeMap::new(),
             start_cmd: None,
+            memory_mb: None,
             built_at_unix: 1,
             size_bytes: 2,
             build_secs: 0.5,

@@ -174,7 +174,7 @@ def test_timeout_expiry_kills_the_sandbox(server):
     status, _, _ = server.request("GET", f"/sandboxes/{sbx.sandbox_id}")
     assert status == 404
     # The lifecycle line appears once the sandbox is fully torn down.
-    line = f"{sbx.sandbox_id} killed    timeout expired"
+    line = f"{sbx.sandbox_id} timed-out timeout expired"
     deadline = time.time() + 20
     while line not in server.log() and time.time() < deadline:
         time.sleep(0.2)

@@ -78,7 +78,7 @@ impl Manager {
             image: tpl.image.clone(),
             env: tpl.env.clone(),
             cpu_count: self.cfg.default_cpu_count,
-            memory_mb: self.cfg.default_memory_mb,
+            memory_mb: tpl.memory_mb.unwrap_or(self.cfg.default_memory_mb),
             pids_limit: self.cfg.pids_limit,
         }
     }

@@ -140,7 +140,13 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
         log_path.display()
     ));
 
-    let (base, base_cached) = base_stage(store, recipe, &recipe_hash, opts, &ui, &mut log)?;
+    // The filesystem stage does not depend on the sandbox size the recipe asks for.
+    let stage_hash = Recipe {
+        memory_mb: None,
+        ..recipe.clone()
+    }
+    .content_hash();
+    let (base, base_cached) = base_stage(store, recipe, &stage_hash, opts, &ui, &mut log)?;
 
     let staging = tempdir_in(&store.tmp_dir(), "template-")?;
     let result = (|| {
@@ -186,6 +192,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             workdir: defaults.workdir,
             env: defaults.env,
             start_cmd: recipe.start_cmd.clone().filter(|s| !s.trim().is_empty()),
+            memory_mb: recipe.memory_mb,
             built_at_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
