@@ -37,6 +37,22 @@ pub fn rotate_if_large(log: &Path) {
     let _ = f.set_len(0);
 }
 
+/// Last `max` bytes of a file, lossily decoded (empty when unreadable). Reads only the tail:
+/// a console log can be large.
+pub fn tail(path: &Path, max: usize) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(max as u64);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut data = Vec::with_capacity(max.min(len as usize));
+    let _ = f.take(max as u64).read_to_end(&mut data);
+    String::from_utf8_lossy(&data).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,7 @@ pub mod bench;
 pub mod bench_lifecycle;
 mod checkpoint;
 mod console;
+mod container;
 mod forward;
 mod mounts;
 pub mod net_config;
@@ -49,6 +50,8 @@ pub use runsc::Runsc;
 use super::{
     io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
 };
+pub use console::tail;
+use container::{connect_no_follow, halt_container};
 use mounts::{mount_overlay_stack, unmount};
 
 /// Path of the agent binary inside every template.
@@ -312,67 +315,6 @@ impl GvisorDriver {
     }
 }
 
-/// Ends container `id` of sandbox directory `dir` and its processes (see
-/// [`GvisorDriver::halt`]).
-async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
-    // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
-    // gone instead of polling for seconds until the host's init reaps the zombies.
-    reap::kill_and_reap(&reap::sandbox_processes(id, dir)).await;
-    // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
-    // an unknown container (never created, or a concurrent stop won): only fail if the
-    // container is still there. Processes that exit meanwhile (a checkpointed sandbox's do
-    // on their own) are reaped as they go, or runsc waits seconds for them.
-    let reaping = async {
-        loop {
-            reap_adopted_zombies();
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-    };
-    let args = ["delete", "--force", id];
-    let deleted = tokio::select! {
-        r = runsc.output(&args) => r,
-        never = reaping => never,
-    };
-    if let Err(e) = deleted {
-        if runsc.status(id).await.is_some() {
-            return Err(e);
-        }
-    }
-    reap_adopted_zombies();
-    Ok(())
-}
-
-/// Connects to the agent's socket at `path` in the directory shared with the sandbox, where
-/// root in the sandbox can plant anything: the final component must be a socket itself (never
-/// a symlink), and the connection goes through the descriptor opened with `O_NOFOLLOW`, so the
-/// name cannot be swapped between the check and the connect.
-pub(super) async fn connect_no_follow(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
-    use std::os::unix::fs::FileTypeExt;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => std::io::Error::new(
-                std::io::ErrorKind::PermissionDenied,
-                "the agent socket was replaced by a link",
-            ),
-            _ => e,
-        })?;
-    if !f.metadata()?.file_type().is_socket() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            "the agent socket was replaced by something else",
-        ));
-    }
-    use std::os::fd::AsRawFd;
-    let via_fd = format!("/proc/self/fd/{}", f.as_raw_fd());
-    let s = tokio::net::UnixStream::connect(via_fd).await;
-    drop(f);
-    s
-}
-
 /// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
 /// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
 pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
@@ -385,23 +327,6 @@ pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
         .iter()
         .filter_map(|p| std::fs::read_to_string(p).ok())
         .find_map(|v| v.trim().parse::<u64>().ok())
-}
-
-/// Last `max` bytes of a file, lossily decoded (empty when unreadable). Reads only the tail:
-/// a console log can be large.
-pub fn tail(path: &Path, max: usize) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return String::new();
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = len.saturating_sub(max as u64);
-    if f.seek(SeekFrom::Start(start)).is_err() {
-        return String::new();
-    }
-    let mut data = Vec::with_capacity(max.min(len as usize));
-    let _ = f.take(max as u64).read_to_end(&mut data);
-    String::from_utf8_lossy(&data).into_owned()
 }
 
 #[async_trait::async_trait]
