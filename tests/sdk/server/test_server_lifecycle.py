@@ -73,7 +73,11 @@ def test_pause_connect_across_a_restart(state_dir, server):
         status, body, _ = first.request("GET", "/health", api_key=None,
                                         headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"})
         assert status == 502 and "paused" in body["message"], body
-        # Nothing of it runs on the host while paused.
+        # Nothing of it runs on the host while paused (its container is deleted in the
+        # background, right after the pause returned).
+        deadline = time.time() + 10
+        while [p for p in runsc_processes_for(state_dir) if sid in p] and time.time() < deadline:
+            time.sleep(0.1)
         assert not [p for p in runsc_processes_for(state_dir) if sid in p]
 
         first.stop()

@@ -464,7 +464,12 @@ impl Driver for GvisorDriver {
         let alive = reap::live_sandbox_ids();
         let mut out = Vec::new();
         for id in ids.iter().filter(|id| !alive.contains(id.as_str())) {
-            if check_id(id).is_ok() && self.runsc.status(id).await.as_deref() != Some("running") {
+            if check_id(id).is_err() {
+                continue;
+            }
+            // A capture's source restoring in the background has no process for a moment.
+            self.settling.settle(id).await;
+            if self.runsc.status(id).await.as_deref() != Some("running") {
                 out.push(id.clone());
             }
         }
