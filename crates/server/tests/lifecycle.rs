@@ -9,29 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_envd::RunOptions;
-use kiln_server::driver::Driver;
 use kiln_server::manager::CreateParams;
 use kiln_server::store::{now_ms, PauseMode, SandboxState};
 use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::{Error, LifecycleConfig, Manager};
 
-fn manager(
-    state: &std::path::Path,
-    tpl: &std::path::Path,
-    driver: Arc<dyn Driver>,
-) -> Arc<Manager> {
-    let cfg = LifecycleConfig {
-        reap_interval: Duration::from_millis(50),
-        default_memory_mb: 256,
-        ..LifecycleConfig::default()
-    };
-    common::manager(
-        state,
-        driver,
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl)])),
-        cfg,
-    )
-}
+use common::template_manager as manager;
 
 /// Runs `cmd` in the sandbox and returns its stdout.
 async fn sh(m: &Manager, id: &str, cmd: &str) -> String {

@@ -233,6 +233,24 @@ pub fn manager(
     Manager::new(cfg, store(state), driver, templates)
 }
 
+/// A manager with one template, `t`, made of the rootfs `tpl`: 256 MiB sandboxes, reaped every
+/// 50 ms (the lifecycle tests' setting).
+pub fn template_manager(state: &Path, tpl: &Path, driver: Arc<dyn Driver>) -> Arc<Manager> {
+    let cfg = LifecycleConfig {
+        reap_interval: std::time::Duration::from_millis(50),
+        default_memory_mb: 256,
+        ..LifecycleConfig::default()
+    };
+    manager(
+        state,
+        driver,
+        Arc::new(kiln_server::templates::FixedTemplates(vec![
+            kiln_server::templates::from_dir("t", tpl),
+        ])),
+        cfg,
+    )
+}
+
 /// The API router over `manager`, with a fresh API key.
 pub async fn app(manager: Arc<Manager>, state: &Path) -> (axum::Router, String) {
     let key = kiln_server::auth::create_key(store(state).as_ref(), "test")
