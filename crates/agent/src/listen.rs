@@ -200,6 +200,10 @@ pub async fn run(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
+            // In this order: when a detach and an attach are both pending (signals sent close
+            // together lose their order), the detach goes first and the agent ends attached, as
+            // after the usual detach-then-attach.
+            biased;
             _ = &mut shutdown => break,
             _ = detach.recv() => {
                 if let Some(mut tasks) = served.take() {
