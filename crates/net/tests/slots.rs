@@ -176,7 +176,7 @@ async fn egress_policy_ingress_and_dns() {
     serve_banner(&inet, "198.51.100.10:80".parse().unwrap(), "ten").await;
     serve_banner(&inet, "198.51.100.11:80".parse().unwrap(), "eleven").await;
 
-    let c = cfg("slots-egress", "10.232.0.0/24", 2);
+    let c = cfg("slots-egress", "10.132.0.0/24", 2);
     let prefix = c.prefix.clone();
     let pool = SlotPool::start(c, &[]).await.unwrap();
     let a: Slot = pool.acquire(&EgressPolicy::default()).await.unwrap();
@@ -374,7 +374,7 @@ async fn create_release_cycles_and_restart_leave_nothing_behind() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let c = cfg("slots-cycles", "10.233.0.0/24", 2);
+    let c = cfg("slots-cycles", "10.133.0.0/24", 2);
     let prefix = c.prefix.clone();
     let pool: Arc<SlotPool> = SlotPool::start(c.clone(), &[]).await.unwrap();
     let t = std::time::Instant::now();
@@ -407,7 +407,7 @@ async fn create_release_cycles_and_restart_leave_nothing_behind() {
     }
     // ...and so does another server's pool on the same range once this one is dead (its lock
     // released), while a live pool's range is refused.
-    let other = cfg("slots-cycles-other", "10.233.0.0/24", 1);
+    let other = cfg("slots-cycles-other", "10.133.0.0/24", 1);
     let err = SlotPool::start(other.clone(), &[])
         .await
         .err()
@@ -461,7 +461,7 @@ async fn connection_cap_and_bandwidth_cap_rules_load_and_hold() {
             held.push(c);
         }
     });
-    let mut c = cfg("slots-caps", "10.234.0.0/24", 1);
+    let mut c = cfg("slots-caps", "10.134.0.0/24", 1);
     c.max_connections = 3;
     c.egress_mib_per_sec = 50;
     let prefix = c.prefix.clone();

@@ -18,7 +18,7 @@ PAGE_COLOUR = (0x12, 0xA0, 0x5C)
 
 @pytest.fixture(scope="module")
 def net_server():
-    srv, base = start_net_server("kiln-browser-srv-", "10.238.0.0/24")
+    srv, base = start_net_server("kiln-browser-srv-", "10.138.0.0/24")
     try:
         yield srv
     finally:

@@ -82,7 +82,7 @@ def net_server():
     from .conftest import KilnServer, cleanup_state
 
     base = tempfile.mkdtemp(prefix="kiln-interp-srv-")
-    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": "10.236.0.0/24", "KILN_NET_POOL": "2"}
+    env = {"KILN_NETWORK": "on", "KILN_NET_RANGE": "10.136.0.0/24", "KILN_NET_POOL": "2"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

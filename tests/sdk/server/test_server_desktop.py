@@ -30,7 +30,7 @@ HOST_CHROMIUM = os.environ.get("KILN_HOST_CHROMIUM") or shutil.which("chromium")
 
 @pytest.fixture(scope="module")
 def net_server():
-    srv, base = start_net_server("kiln-desktop-srv-", "10.237.0.0/24")
+    srv, base = start_net_server("kiln-desktop-srv-", "10.137.0.0/24")
     try:
         yield srv
     finally:

@@ -26,7 +26,7 @@ from .conftest import KilnServer, cleanup_state
 
 NS = "ktsdk"
 HOST_SIDE = "198.51.100.254"
-RANGE = "10.235.0.0/24"
+RANGE = "10.135.0.0/24"
 HTTP_HOSTS = {"198.51.100.10": "ten", "198.51.100.11": "eleven"}
 DNS_ADDR = "198.51.100.53"
 NAMES = {"host-a.test": "198.51.100.10", "alias-a.test": "198.51.100.10",
@@ -157,7 +157,7 @@ def internet():
 
 
 def slot_prefixes_in(net: str) -> set:
-    """Name prefixes of kiln slots whose host veths route into `net` (e.g. "10.235.0.")."""
+    """Name prefixes of kiln slots whose host veths route into `net` (e.g. "10.135.0.")."""
     routes = json.loads(sh("ip", "-j", "route").stdout or "[]")
     return {r["dev"][:5] for r in routes
             if re.fullmatch(r"k[0-9a-f]{4}h\d+", r.get("dev", "")) and r["dst"].startswith(net)}
@@ -167,7 +167,7 @@ def namespaces_of(prefix: str) -> list:
     return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix + "-"))
 
 
-def remove_slots_in_range(net: str = "10.235.0."):
+def remove_slots_in_range(net: str = "10.135.0."):
     """Removes the namespaces, veths and host table a stopped kiln left in `net`."""
     prefixes = slot_prefixes_in(net)
     for p in prefixes:
@@ -287,7 +287,7 @@ def test_host_and_other_sandboxes_stay_unreachable_even_when_all_is_allowed(net_
         for url in [f"http://{HOST_SIDE}:18080/", f"http://{HOST_SIDE}:{port}/health",
                     "http://169.254.169.254/", "http://127.0.0.53:53/"]:
             assert fetch(sbx, url) is None, url
-        code, out = run(sbx, "for i in 1 3 5 7 9 11; do curl -s -m 1 http://10.235.0.$i:8000/ && echo reached; done; true",
+        code, out = run(sbx, "for i in 1 3 5 7 9 11; do curl -s -m 1 http://10.135.0.$i:8000/ && echo reached; done; true",
                         timeout=60)
         assert "reached" not in out, out
     finally:
@@ -503,17 +503,17 @@ def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(intern
     state = os.path.join(base, "state")
     first = second = None
     try:
-        first = start_net_server(state, "10.236.0.0/24")
+        first = start_net_server(state, "10.136.0.0/24")
         keep = create(first)
         doomed = create(first)
         assert fetch(keep, "http://198.51.100.10/") == "ten"
-        [prefix] = slot_prefixes_in("10.236.0.")
+        [prefix] = slot_prefixes_in("10.136.0.")
         first.kill9()
         # While the server is down, one sandbox dies behind its back.
         root = os.path.join(state, "gvisor", "runsc")
         sh(os.environ.get("KILN_RUNSC") or "runsc", f"--root={root}", "delete", "--force",
            doomed.sandbox_id)
-        second = start_net_server(state, "10.236.0.0/24", previous=first)
+        second = start_net_server(state, "10.136.0.0/24", previous=first)
         keep = Sandbox.connect(keep.sandbox_id, **second.opts())
         assert fetch(keep, "http://198.51.100.10/") == "ten", second.log()[-3000:]
         code, out = run(keep, "getent hosts host-a.test")
@@ -534,9 +534,9 @@ def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(intern
                 srv.kill_all_sandboxes()
                 srv.stop()
         cleanup_state(state)
-        remove_slots_in_range("10.236.0.")
+        remove_slots_in_range("10.136.0.")
         shutil.rmtree(base, ignore_errors=True)
-    assert not slot_prefixes_in("10.236.0."), "slots left behind"
+    assert not slot_prefixes_in("10.136.0."), "slots left behind"
 
 
 def test_pause_resume_and_fork_keep_the_network_and_its_policy(net_server):
