@@ -9,6 +9,7 @@ pub mod auth;
 pub mod bench;
 pub mod cdp;
 pub mod computer;
+pub mod control;
 mod files;
 pub mod forward;
 mod fs;

@@ -131,6 +131,40 @@ async fn bind_socket_listeners(
     Ok(tasks)
 }
 
+/// How often a detached agent looks whether the server removed its markers.
+const MARKER_POLL: std::time::Duration = std::time::Duration::from_millis(3);
+
+/// Closes the listeners and connections, removes the socket files and writes the markers
+/// (the acknowledgement the server waits for).
+async fn detach_sockets(served: &mut Option<tokio::task::JoinSet<()>>, cfg: &ListenConfig) {
+    if let Some(mut tasks) = served.take() {
+        tasks.shutdown().await;
+    }
+    for p in &cfg.unix {
+        let _ = std::fs::remove_file(p);
+        let _ = std::fs::write(detached_marker(p), b"");
+    }
+    tracing::info!("detached from sockets");
+}
+
+/// Binds the listeners again (when detached) and removes the markers.
+async fn attach_sockets(
+    agent: &Arc<Agent>,
+    served: &mut Option<tokio::task::JoinSet<()>>,
+    cfg: &ListenConfig,
+) {
+    if served.is_none() {
+        match bind_socket_listeners(agent, cfg).await {
+            Ok(t) => *served = Some(t),
+            Err(e) => tracing::warn!("attaching to sockets again: {e:#}"),
+        }
+    }
+    for p in &cfg.unix {
+        let _ = std::fs::remove_file(detached_marker(p));
+    }
+    tracing::info!("attached to sockets");
+}
+
 fn detached_marker(socket: &std::path::Path) -> PathBuf {
     let mut p = socket.as_os_str().to_owned();
     p.push(DETACHED_SUFFIX);
@@ -142,7 +176,9 @@ fn detached_marker(socket: &std::path::Path) -> PathBuf {
 ///
 /// SIGUSR1 detaches the agent from its TCP and Unix sockets (listeners and connections are
 /// closed, socket files removed, then `<socket>.detached` is written next to each Unix
-/// socket as the acknowledgement); SIGUSR2 binds them again and removes the markers. gVisor
+/// socket as the acknowledgement); SIGUSR2 binds them again and removes the markers, and so
+/// does the server removing the markers (see [`crate::control`], which also detaches on a
+/// request over the socket). gVisor
 /// cannot checkpoint a sandbox that holds sockets backed by the host (`--host-uds`), so the
 /// server detaches the agent before a checkpoint and attaches it after a restore.
 pub async fn run(
@@ -205,27 +241,15 @@ pub async fn run(
             // after the usual detach-then-attach.
             biased;
             _ = &mut shutdown => break,
-            _ = detach.recv() => {
-                if let Some(mut tasks) = served.take() {
-                    tasks.shutdown().await;
+            _ = detach.recv() => detach_sockets(&mut served, &cfg).await,
+            _ = crate::control::detach_requested() => detach_sockets(&mut served, &cfg).await,
+            _ = attach.recv() => attach_sockets(&agent, &mut served, &cfg).await,
+            // Detached: the server removes the markers after a restore to have the agent
+            // attach again (no signal needed, see crate::control).
+            _ = tokio::time::sleep(MARKER_POLL), if served.is_none() && !cfg.unix.is_empty() => {
+                if cfg.unix.iter().all(|p| !detached_marker(p).exists()) {
+                    attach_sockets(&agent, &mut served, &cfg).await;
                 }
-                for p in &cfg.unix {
-                    let _ = std::fs::remove_file(p);
-                    let _ = std::fs::write(detached_marker(p), b"");
-                }
-                tracing::info!("detached from sockets");
-            }
-            _ = attach.recv() => {
-                if served.is_none() {
-                    match bind_socket_listeners(&agent, &cfg).await {
-                        Ok(t) => served = Some(t),
-                        Err(e) => tracing::warn!("attaching to sockets again: {e:#}"),
-                    }
-                }
-                for p in &cfg.unix {
-                    let _ = std::fs::remove_file(detached_marker(p));
-                }
-                tracing::info!("attached to sockets");
             }
         }
     }

@@ -71,6 +71,9 @@ pub async fn handle(agent: Arc<Agent>, req: Request<Incoming>) -> Response<Body>
             .body(rpc::empty())
             .expect("valid response");
     }
+    if path == crate::control::DETACH_PATH {
+        return crate::control::handle_detach(&method);
+    }
     if path == crate::forward::PATH && method == Method::GET {
         return crate::forward::handle(req).await;
     }

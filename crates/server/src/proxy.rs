@@ -154,6 +154,15 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
         }
     }
 
+    // `/kiln/…` on the agent's port is the server's private control channel (detach before a
+    // checkpoint, forwarding to localhost): never reachable by clients.
+    if target.port == kiln_proto::envd::ENVD_PORT && req.uri().path().starts_with("/kiln/") {
+        return proxy_error(
+            StatusCode::NOT_FOUND,
+            id,
+            format!("no route for {}", req.uri().path()),
+        );
+    }
     let upgrade = wants_upgrade(req.headers());
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 

@@ -89,6 +89,14 @@ def test_unknown_and_killed_sandbox(server):
     status, _, _ = server.request("GET", "/health", api_key=None,
                                   headers={"Host": f"49983-{sid}.kiln.local", "X-Access-Token": token})
     assert status in (200, 204)
+    # The agent's /kiln/ control paths (detach before a checkpoint, forwarding) are the
+    # server's alone: a client gets 404 even with the token, and the agent stays attached.
+    for method in ("POST", "GET"):
+        status, resp, _ = server.request(method, "/kiln/detach", api_key=None,
+                                         headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983",
+                                                  "X-Access-Token": token})
+        assert_error(status, resp, 404)
+    assert sbx.commands.run("echo attached").stdout == "attached\n"
     # Other ports: nothing listens there (or the server has no sandbox network), a clear 502
     # naming the port.
     status, resp, _ = server.request("GET", "/", api_key=None,

@@ -14,7 +14,7 @@
 //!   memory was kept and which template rootfs the layer stacks on (to mount it again after a
 //!   host reboot). A sandbox without it is not paused, whatever else is on disk.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,55 @@ const HALTING: &str = "halting";
 
 /// How long the agent may take to let go of its sockets.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the agent gets to act on a detach or attach request before it is signalled.
+const REQUEST_GRACE: Duration = Duration::from_millis(500);
+
+/// Sends `POST /kiln/detach` to the agent listening on `socket`: true when it was delivered
+/// to an agent that knows the request (a 202, or the connection closing as the agent
+/// detaches before its answer went out), false for an agent that does not (404) or when
+/// the socket cannot be reached.
+async fn request_detach(socket: &std::path::Path) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = super::connect_no_follow(socket).await else {
+        return false;
+    };
+    let req = b"POST /kiln/detach HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    if s.write_all(req).await.is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    let read = tokio::time::timeout(Duration::from_secs(2), s.read(&mut head)).await;
+    match read {
+        Ok(Ok(n)) if n >= 12 => &head[9..12] == b"202",
+        // Closed before the answer: the agent detached as asked.
+        Ok(Ok(_)) | Ok(Err(_)) => true,
+        Err(_) => false,
+    }
+}
+
+/// Has the agent of sandbox `id` (directory `dir`) listen on its sockets again: removing its
+/// `.detached` marker is the request (a detached agent watches it). An agent that does not
+/// attach within [`REQUEST_GRACE`] (built before this) gets `SIGUSR2` through `runsc kill`.
+pub(super) async fn attach_agent_at(
+    runsc: &super::runsc::Runsc,
+    dir: &Path,
+    id: &str,
+) -> Result<()> {
+    let run = dir.join("run");
+    let _ = std::fs::remove_file(run.join(format!("{SOCKET_NAME}.detached")));
+    let socket = run.join(SOCKET_NAME);
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < REQUEST_GRACE {
+        // Connectable, not merely present: a socket file left from before the pause accepts
+        // nothing.
+        if super::connect_no_follow(&socket).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    runsc.output(&["kill", id, "USR2"]).await.map(drop)
+}
 
 /// The record of a completed pause.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,14 +108,22 @@ impl GvisorDriver {
         serde_json::from_slice(&text).ok()
     }
 
-    /// Asks the agent to let go of its sockets and waits until it has.
+    /// Asks the agent to let go of its sockets and waits until it has. The request goes over
+    /// the agent's own socket (`/kiln/detach`, no runsc process); an agent that does not know
+    /// it (built before) or does not act on it gets `SIGUSR1` through `runsc kill`.
     pub(super) async fn detach_agent(&self, id: &str) -> Result<()> {
         let marker = self.detached_marker(id);
         let _ = std::fs::remove_file(&marker);
-        self.runsc.output(&["kill", id, "USR1"]).await?;
-        let deadline = tokio::time::Instant::now() + DETACH_TIMEOUT;
+        let asked = request_detach(&self.socket_path(id)).await;
+        let start = tokio::time::Instant::now();
+        let deadline = start + DETACH_TIMEOUT;
+        let mut signalled = !asked;
+        if signalled {
+            self.runsc.output(&["kill", id, "USR1"]).await?;
+        }
         while !marker.exists() {
-            if tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 let _ = self.attach_agent(id).await;
                 return Err(DriverError::Other(format!(
                     "the agent of sandbox {id} did not release its sockets within {}s; \
@@ -74,14 +131,18 @@ impl GvisorDriver {
                     DETACH_TIMEOUT.as_secs()
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            if !signalled && now - start >= REQUEST_GRACE {
+                signalled = true;
+                self.runsc.output(&["kill", id, "USR1"]).await?;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(())
     }
 
-    /// Asks the agent to listen on its sockets again.
+    /// Has the agent listen on its sockets again (see [`attach_agent_at`]).
     pub(super) async fn attach_agent(&self, id: &str) -> Result<()> {
-        self.runsc.output(&["kill", id, "USR2"]).await.map(drop)
+        attach_agent_at(&self.runsc, &self.sandbox_dir(id), id).await
     }
 
     /// The layers the sandbox's writable layer stacks on (the lower dirs of its mount, topmost

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::mounts::{is_mounted, mount_overlay_stack, unmount};
+use super::reap;
 use super::{check_id, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result, SandboxSpec, SnapshotRef};
 
@@ -123,9 +124,18 @@ impl GvisorDriver {
             return Err(e);
         }
         let t_checkpoint = t.elapsed();
-        self.halt(id).await?;
-        let t_halt = t.elapsed();
-        let frozen = self.freeze_layer(id, snap, &lowers);
+        // The checkpointed sandbox's processes are exiting on their own: killing and reaping
+        // them frees its layer. runsc's own delete of the container waits for the background
+        // (before the source continues), off the path of the children's restores; unless the
+        // layer is still busy, then it comes first.
+        reap::kill_and_reap(&reap::sandbox_processes(id, &dir)).await;
+        let mut halted = false;
+        let mut frozen = self.freeze_layer(id, snap, &lowers);
+        if frozen.is_err() && is_mounted(&dir.join("rootfs")) {
+            self.halt(id).await?;
+            halted = true;
+            frozen = self.freeze_layer(id, snap, &lowers);
+        }
         let t_freeze = t.elapsed();
         if frozen.is_err() && !is_mounted(&dir.join("rootfs")) {
             // Put the sandbox back on its own layer before continuing it.
@@ -143,6 +153,9 @@ impl GvisorDriver {
         let stack = match frozen {
             Ok(stack) => stack,
             Err(e) => {
+                if !halted {
+                    self.halt(id).await?;
+                }
                 self.continue_from(id, image, workaround).await?;
                 return Err(e);
             }
@@ -153,6 +166,9 @@ impl GvisorDriver {
             std::fs::write(sdir.join("snapshot.json"), m).map_err(io_err("writing snapshot.json"))
         });
         if let Err(e) = written {
+            if !halted {
+                self.halt(id).await?;
+            }
             self.continue_from(id, image, workaround).await?;
             return Err(e);
         }
@@ -173,17 +189,27 @@ impl GvisorDriver {
         let (runsc, sid) = (self.runsc.clone(), id.to_string());
         self.settling.spawn(id, async move {
             let t = std::time::Instant::now();
-            let restored = runsc
-                .restore_detached(
-                    &image,
-                    &dir.join("bundle"),
-                    &sid,
-                    &dir.join("console.log"),
-                    workaround,
-                )
-                .await;
+            let deleted = if halted {
+                Ok(())
+            } else {
+                super::halt_container(&runsc, &sid, &dir).await
+            };
+            let restored = match deleted {
+                Ok(()) => {
+                    runsc
+                        .restore_detached(
+                            &image,
+                            &dir.join("bundle"),
+                            &sid,
+                            &dir.join("console.log"),
+                            workaround,
+                        )
+                        .await
+                }
+                Err(e) => Err(e),
+            };
             let attached = match restored {
-                Ok(()) => runsc.output(&["kill", &sid, "USR2"]).await.map(drop),
+                Ok(()) => super::checkpoint::attach_agent_at(&runsc, &dir, &sid).await,
                 Err(e) => Err(e),
             };
             if !memory {
@@ -198,11 +224,10 @@ impl GvisorDriver {
         });
         tracing::debug!(
             sandbox = id,
-            "snapshot: detach {:?}, checkpoint {:?}, halt {:?}, freeze {:?}, recorded {:?}",
+            "snapshot: detach {:?}, checkpoint {:?}, reap and freeze {:?}, recorded {:?}",
             t_detach,
             t_checkpoint - t_detach,
-            t_halt - t_checkpoint,
-            t_freeze - t_halt,
+            t_freeze - t_checkpoint,
             t.elapsed() - t_freeze
         );
         Ok(size)
