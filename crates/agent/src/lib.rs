@@ -15,6 +15,7 @@ pub mod forward;
 mod fs;
 mod fsrpc;
 pub mod interp;
+pub mod launch;
 pub mod limits;
 pub mod listen;
 mod metrics;

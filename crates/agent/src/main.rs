@@ -142,13 +142,17 @@ fn interp_main(a: InterpArgs) -> i32 {
 }
 
 fn main() {
-    // Templates link /usr/bin/sudo to this binary: run as the sudo shim.
-    if std::env::args_os()
-        .next()
-        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n == "sudo"))
-        .unwrap_or(false)
-    {
-        std::process::exit(kiln_agent::sudo::shim::main());
+    // Templates link /usr/bin/sudo (and the desktop /usr/local/bin/gtk-launch) to this
+    // binary: run as that shim.
+    let argv0 = std::env::args_os().next().and_then(|a| {
+        std::path::Path::new(&a)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+    });
+    match argv0.as_deref() {
+        Some("sudo") => std::process::exit(kiln_agent::sudo::shim::main()),
+        Some("gtk-launch") => std::process::exit(kiln_agent::launch::main()),
+        _ => {}
     }
     let args = Args::parse();
     tracing_subscriber::fmt()
@@ -183,6 +187,7 @@ fn main() {
         kiln_agent::limits::init();
         std::thread::spawn(kiln_agent::limits::oom_watch);
         kiln_agent::pid1::mount_basics();
+        kiln_agent::pid1::ensure_etc_hosts();
         if let Err(e) = kiln_agent::sudo::broker::start() {
             tracing::warn!("sudo will not work: cannot start the privilege broker: {e}");
         }

@@ -68,6 +68,60 @@ pub fn mount_basics() {
     }
 }
 
+/// The `/etc/hosts` a sandbox gets when its root filesystem has none (Debian's minbase
+/// variant ships none): without it `localhost` does not resolve for glibc programs.
+pub fn etc_hosts_text(hostname: &str) -> String {
+    let mut text = String::from(
+        "# Written by kiln-agent at boot: the root filesystem had no /etc/hosts.\n\
+         127.0.0.1\tlocalhost\n\
+         ::1\tlocalhost ip6-localhost ip6-loopback\n\
+         ff02::1\tip6-allnodes\n\
+         ff02::2\tip6-allrouters\n",
+    );
+    let name = hostname.trim();
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if valid && name != "localhost" {
+        text.push_str(&format!("127.0.1.1\t{name}\n"));
+    }
+    text
+}
+
+/// Writes [`etc_hosts_text`] to `<root>/etc/hosts` unless something (a file, a link) is
+/// there already. Returns whether it wrote.
+pub fn ensure_etc_hosts_in(root: &Path, hostname: &str) -> std::io::Result<bool> {
+    use std::io::Write;
+    let path = root.join("etc/hosts");
+    if path.symlink_metadata().is_ok() {
+        return Ok(false);
+    }
+    let mut f = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    f.write_all(etc_hosts_text(hostname).as_bytes())?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    Ok(true)
+}
+
+/// [`ensure_etc_hosts_in`] for the sandbox's own root, with its host name (PID 1 at boot).
+pub fn ensure_etc_hosts() {
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Err(e) = ensure_etc_hosts_in(Path::new("/"), &hostname) {
+        tracing::warn!("cannot write /etc/hosts: {e}");
+    }
+}
+
 fn tempfile_probe(dir: &str) -> bool {
     let p = Path::new(dir).join(format!(".kiln-agent-probe-{}", std::process::id()));
     let ok = std::fs::write(&p, b"").is_ok();
@@ -80,5 +134,36 @@ pub fn signal_all(sig: i32) {
     // SAFETY: kill(-1, sig) signals every process except init (us) when we are PID 1.
     unsafe {
         libc::kill(-1, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_name_localhost_and_the_host() {
+        let t = etc_hosts_text("isb4xk2m0");
+        assert!(t.contains("127.0.0.1\tlocalhost\n"), "{t}");
+        assert!(t.contains("::1\tlocalhost ip6-localhost"), "{t}");
+        assert!(t.ends_with("127.0.1.1\tisb4xk2m0\n"), "{t}");
+        assert!(!etc_hosts_text("").contains("127.0.1.1"));
+        assert!(!etc_hosts_text("bad name\n1.2.3.4 evil").contains("evil"));
+    }
+
+    #[test]
+    fn hosts_written_only_when_missing() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("etc")).unwrap();
+        assert!(ensure_etc_hosts_in(d.path(), "sbx").unwrap());
+        let p = d.path().join("etc/hosts");
+        assert!(std::fs::read_to_string(&p).unwrap().contains("\tsbx\n"));
+        std::fs::write(&p, "10.0.0.1 mine\n").unwrap();
+        assert!(!ensure_etc_hosts_in(d.path(), "sbx").unwrap());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "10.0.0.1 mine\n");
+        // A dangling link is the image's choice too.
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink("/nonexistent", &p).unwrap();
+        assert!(!ensure_etc_hosts_in(d.path(), "sbx").unwrap());
     }
 }

@@ -60,9 +60,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
     std::fs::create_dir_all(&work_root)?;
-    std::env::set_var("KILN_NET_RANGE", &a.range);
-    std::env::set_var("KILN_NET_POOL", "2");
-    std::env::set_var("KILN_NETWORK", "on");
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(bench(a, templates, work_root))
 }
@@ -77,6 +74,7 @@ struct Side {
 fn side(
     work_root: &std::path::Path,
     platform: &str,
+    range: &str,
     t: &Arc<dyn Templates>,
 ) -> anyhow::Result<Side> {
     let dir = tempfile::Builder::new()
@@ -86,6 +84,15 @@ fn side(
     let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
     let mut cfg = GvisorConfig::new(dir.path());
     cfg.platform = platform.to_string();
+    cfg.network = Some(kiln_net::NetConfig {
+        range: range.parse()?,
+        pool_size: 2,
+        prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(dir.path()),
+        operator_allow: Vec::new(),
+        dns_upstreams: kiln_net::dns::system_resolvers(),
+        max_connections: 0,
+        egress_mib_per_sec: 0,
+    });
     let gvisor = Arc::new(GvisorDriver::new(cfg)?);
     let driver: Arc<dyn Driver> = gvisor.clone();
     if !driver.has_network() {
@@ -290,7 +297,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
         .clone()
         .or_else(|| std::env::var("KILN_PLATFORM").ok())
         .unwrap_or_else(|| "systrap".into());
-    let s = side(&work_root, &platform, &templates)?;
+    let s = side(&work_root, &platform, &a.range, &templates)?;
 
     // Create → first result.
     let (mut echo, mut code) = (Vec::new(), Vec::new());

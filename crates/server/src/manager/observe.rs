@@ -61,7 +61,7 @@ impl Manager {
         TemplateView {
             disk_mb: (info.size_bytes >> 20).max(u64::from(self.cfg.default_disk_mb)),
             cpu_count: self.cfg.default_cpu_count,
-            memory_mb: self.cfg.default_memory_mb,
+            memory_mb: info.memory_mb.unwrap_or(self.cfg.default_memory_mb),
             info,
             record,
         }

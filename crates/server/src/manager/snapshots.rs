@@ -220,7 +220,7 @@ impl Manager {
             metadata: p.metadata.clone(),
             env_vars,
             cpu_count: self.cfg.default_cpu_count,
-            memory_mb: self.cfg.default_memory_mb,
+            memory_mb: tpl.memory_mb.unwrap_or(self.cfg.default_memory_mb),
             disk_size_mb: self.cfg.default_disk_mb,
             envd_token: p.secure.then(|| crate::auth::random_hex(16)),
             started_at_ms: now,
