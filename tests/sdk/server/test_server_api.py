@@ -87,7 +87,7 @@ def test_unknown_and_killed_sandbox(server):
     assert status in (200, 204)
     # Host-based routing reaches the same agent.
     status, _, _ = server.request("GET", "/health", api_key=None,
-                                  headers={"Host": f"49983-{sid}.kiln.local", "X-Access-Token": token})
+                                  headers={"Host": f"49983-{sid}.localhost", "X-Access-Token": token})
     assert status in (200, 204)
     # Other ports: nothing listens there (or the server has no sandbox network), a clear 502
     # naming the port.
