@@ -17,8 +17,8 @@ from e2b import Sandbox
 
 from .conftest import KilnServer, cleanup_state, net_prefix
 
-RANGE_A = "10.142.0.0/24"
-RANGE_B = "10.143.0.0/24"
+RANGE_A = "10.162.0.0/24"
+RANGE_B = "10.163.0.0/24"
 
 
 def sh(*args, check=False):

@@ -28,7 +28,7 @@ NS = "ktls"
 HOST_SIDE = "198.51.100.201"
 NS_SIDE = "198.51.100.202"
 DOMAIN = "kiln-tls.test"
-RANGE = "10.141.0.0/24"
+RANGE = "10.161.0.0/24"
 
 # A DNS server answering A for DOMAIN and *.DOMAIN, NXDOMAIN for the rest.
 DNS_SERVER = textwrap.dedent("""
