@@ -198,22 +198,31 @@ impl Network {
         policy: &EgressPolicy,
     ) -> Result<(DnsForwarder, EgressProxy)> {
         let ns = slot.router_ns_path();
-        let dns = DnsForwarder::start(&ns, self.upstreams(policy))
-            .await
-            .map_err(net_err)?;
-        let egress = EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone())
-            .await
-            .map_err(net_err)?;
-        Ok((dns, egress))
+        // Each binds its sockets from a thread of its own in the router namespace: together.
+        tokio::try_join!(
+            DnsForwarder::start(&ns, self.upstreams(policy)),
+            EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone()),
+        )
+        .map_err(net_err)
     }
 
     /// Gives sandbox `id` a slot (default policy), its DNS forwarder and egress proxy; writes its
     /// resolv.conf into `rootfs`. Returns the namespace path for the OCI spec.
     pub async fn attach(&self, id: &str, rootfs: &Path) -> Result<PathBuf> {
+        let t0 = std::time::Instant::now();
         let pool = self.pool().await?;
         let policy = EgressPolicy::default();
         let slot = pool.acquire(&policy).await.map_err(net_err)?;
-        let (dns, egress) = match self.services(pool, &slot, &policy).await {
+        let t_slot = t0.elapsed();
+        let services = self.services(pool, &slot, &policy).await;
+        tracing::debug!(
+            sandbox = id,
+            slot = slot.index,
+            slot_us = t_slot.as_micros() as u64,
+            services_us = (t0.elapsed() - t_slot).as_micros() as u64,
+            "network slot taken, DNS forwarder and egress proxy started"
+        );
+        let (dns, egress) = match services {
             Ok(s) => s,
             Err(e) => {
                 pool.release(slot).await;
