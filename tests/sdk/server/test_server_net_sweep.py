@@ -83,7 +83,8 @@ def test_a_killed_servers_slots_are_swept_by_the_next_server(dirs):
     # (The pool starts, and sweeps, in the background of a listening server.)
     srv_b = KilnServer(b, ["--net-range", RANGE_B, "--net-pool", "1"]).start()
     servers.append(srv_b)
-    wait_for(lambda: len(leftovers(pa)["netns"]) < 6, "server B's sweep")
+    swept = "removed network slots that killed kiln servers left behind"
+    wait_for(lambda: swept in srv_b.log() and pa in srv_b.log().split(swept, 1)[1], "server B's sweep")
     after = leftovers(pa)
     assert after["netns"] == [kept + "r", kept + "s"], after
     assert len(after["veths"]) == 1 and after["table"], after
