@@ -19,12 +19,12 @@ pub const TLS_HANDSHAKE: u8 = 0x16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {what} {path}: {source}")]
+    // (The I/O error is in the message, not a source: callers print error chains.)
+    #[error("reading {what} {path}: {error}")]
     Read {
         what: &'static str,
         path: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{what} {path}: {message}")]
     Pem {
@@ -33,17 +33,17 @@ pub enum TlsError {
         message: String,
     },
     #[error("the TLS certificate and key do not go together or are unusable: {0}")]
-    Config(#[from] rustls::Error),
+    Config(String),
 }
 
 /// A server-side TLS configuration (ALPN `h2`, `http/1.1`) from a PEM certificate chain
 /// (leaf first) and a PEM private key (PKCS#8, PKCS#1 or SEC1).
 pub fn load(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let read = |what, path: &Path| {
-        std::fs::read(path).map_err(|source| TlsError::Read {
+        std::fs::read(path).map_err(|error| TlsError::Read {
             what,
             path: path.display().to_string(),
-            source,
+            error,
         })
     };
     let pem_err = |what, path: &Path, message: String| TlsError::Pem {
@@ -78,11 +78,14 @@ pub fn from_parts(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let config_err = |e: rustls::Error| TlsError::Config(e.to_string());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
+        .with_safe_default_protocol_versions()
+        .map_err(config_err)?
         .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+        .with_single_cert(chain, key)
+        .map_err(config_err)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }

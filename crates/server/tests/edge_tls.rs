@@ -258,3 +258,22 @@ async fn a_client_that_never_speaks_or_stalls_its_handshake_is_dropped() {
         (0, "2 200".into())
     );
 }
+
+#[test]
+fn a_key_that_is_not_the_certificates_is_refused_at_start() {
+    if !require_tools() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    make_certs(d.path());
+    // The CA's key with the leaf certificate.
+    let e = kiln_server::tls::load(&d.path().join("cert.pem"), &d.path().join("ca.key"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("do not go together"), "{e}");
+    let e = kiln_server::tls::load(&d.path().join("cert.pem"), &d.path().join("leaf.csr"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no usable private key"), "{e}");
+    assert!(kiln_server::tls::load(&d.path().join("cert.pem"), &d.path().join("key.pem")).is_ok());
+}
