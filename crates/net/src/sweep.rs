@@ -5,8 +5,10 @@
 //! flock of `<LOCK_DIR>/<p>.lock` for its life; its claim `<LOCK_DIR>/<p>.range` names the
 //! pid that wrote it. A prefix whose lock nobody holds and whose claim's pid is gone belongs to
 //! a dead server: its slots are removed, except those whose sandbox namespace still has
-//! processes in it (a sandbox that outlived its server, which that server's next start adopts);
-//! once none is left, its host table and range claim go too.
+//! processes in it (a sandbox that outlived its server, which that server's next start adopts)
+//! or whose lease record names a sandbox directory that still exists (a paused sandbox, whose
+//! restore needs its slot; see [`record_lease`]); once none is left, its host table, range
+//! claim, lock file and lease records go too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
@@ -26,6 +28,36 @@ pub struct SweepReport {
     pub slots_removed: usize,
     /// Slots kept because a sandbox still runs in them.
     pub slots_kept: usize,
+}
+
+/// Directory of the lease records of the pool with `prefix`.
+fn leases_dir(prefix: &str) -> String {
+    format!("{LOCK_DIR}/{prefix}.leases")
+}
+
+/// Records that slot `index` of `prefix` belongs to the sandbox whose files are in
+/// `sandbox_dir`: while that directory exists, no other server's sweep removes the slot.
+pub fn record_lease(prefix: &str, index: u32, sandbox_dir: &Path) -> Result<()> {
+    let dir = leases_dir(prefix);
+    std::fs::create_dir_all(&dir).map_err(crate::io_err(format!("creating {dir}")))?;
+    let path = format!("{dir}/{index}");
+    std::fs::write(&path, sandbox_dir.as_os_str().as_encoded_bytes())
+        .map_err(crate::io_err(format!("writing {path}")))
+}
+
+/// Forgets the lease record of slot `index` of `prefix` (the slot was released).
+pub fn forget_lease(prefix: &str, index: u32) {
+    let _ = std::fs::remove_file(format!("{}/{index}", leases_dir(prefix)));
+}
+
+/// Whether slot `index` of `prefix` has a lease record naming a sandbox directory that exists.
+fn leased_to_existing_sandbox(prefix: &str, index: u32) -> bool {
+    std::fs::read(format!("{}/{index}", leases_dir(prefix))).is_ok_and(|b| {
+        let p = std::path::PathBuf::from(std::ffi::OsString::from(
+            String::from_utf8_lossy(&b).into_owned(),
+        ));
+        p.is_absolute() && p.is_dir()
+    })
 }
 
 /// Whether `s` is a pool prefix: `k` and four lowercase hex digits.
@@ -138,7 +170,7 @@ pub async fn sweep_dead(own_prefix: &str) -> Result<SweepReport> {
         report.dead.push(p.clone());
         let mut kept = 0;
         for i in leftover_indices(p) {
-            if occupied(&format!("{p}-{i}s"), &in_use) {
+            if occupied(&format!("{p}-{i}s"), &in_use) || leased_to_existing_sandbox(p, i) {
                 kept += 1;
                 continue;
             }
@@ -156,6 +188,7 @@ pub async fn sweep_dead(own_prefix: &str) -> Result<SweepReport> {
             // The lock file too (held by us until the end of the sweep), so that dead servers'
             // names do not pile up.
             let _ = std::fs::remove_file(format!("{LOCK_DIR}/{p}.range"));
+            let _ = std::fs::remove_dir_all(leases_dir(p));
             let _ = std::fs::remove_file(format!("{LOCK_DIR}/{p}.lock"));
         }
     }
@@ -165,6 +198,22 @@ pub async fn sweep_dead(own_prefix: &str) -> Result<SweepReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lease_records_count_while_their_sandbox_directory_exists() {
+        let prefix = format!("kt{:03x}", std::process::id() & 0xfff);
+        let sandbox = tempfile::tempdir().unwrap();
+        record_lease(&prefix, 3, sandbox.path()).unwrap();
+        assert!(leased_to_existing_sandbox(&prefix, 3));
+        assert!(!leased_to_existing_sandbox(&prefix, 4));
+        let gone = sandbox.path().to_path_buf();
+        drop(sandbox);
+        assert!(!gone.exists());
+        assert!(!leased_to_existing_sandbox(&prefix, 3));
+        forget_lease(&prefix, 3);
+        assert!(!Path::new(&format!("{}/3", leases_dir(&prefix))).exists());
+        let _ = std::fs::remove_dir_all(leases_dir(&prefix));
+    }
 
     #[test]
     fn names_are_recognized_strictly() {

@@ -1,7 +1,8 @@
 """What a `kill -9`ed kiln server leaves on the host (network namespaces `kXXXX-*`, host veths,
 the nftables table `kiln_kXXXX`, its claim in /run/kiln-net) is removed by the next kiln server
 that starts, whatever its state directory and range — except the slot of a sandbox that
-outlived the server (its own next start adopts it), until that sandbox is gone too.
+outlived the server (its own next start adopts it) or whose files are still there (a paused
+sandbox restores into its slot), until that sandbox is gone too.
 
 Real `kiln serve`, real runsc, real namespaces and nftables. Needs root."""
 
@@ -15,7 +16,7 @@ import time
 import pytest
 from e2b import Sandbox
 
-from .conftest import KilnServer, cleanup_state, net_prefix
+from .conftest import KilnServer, cleanup_state, mounts_under, net_prefix
 
 RANGE_A = "10.162.0.0/24"
 RANGE_B = "10.163.0.0/24"
@@ -33,6 +34,22 @@ def leftovers(prefix: str) -> dict:
         "table": sh("nft", "list", "table", "ip", f"kiln_{prefix}").returncode == 0,
         "claim": os.path.exists(f"/run/kiln-net/{prefix}.range"),
     }
+
+
+SWEPT = "removed network slots that killed kiln servers left behind"
+
+
+def swept_since(srv: KilnServer, offset: int, prefix: str) -> bool:
+    """Whether the server's log, past `offset`, says it swept `prefix`."""
+    lines = srv.log()[offset:].splitlines()
+    return any(SWEPT in line and f'"{prefix}"' in line for line in lines)
+
+
+def restart_and_wait_for_sweep(srv: KilnServer, prefix: str):
+    srv.stop()
+    offset = len(srv.log())
+    srv.start()
+    wait_for(lambda: swept_since(srv, offset, prefix), "the restarted server's sweep")
 
 
 def wait_for(cond, what: str, timeout: float = 60):
@@ -83,23 +100,29 @@ def test_a_killed_servers_slots_are_swept_by_the_next_server(dirs):
     # (The pool starts, and sweeps, in the background of a listening server.)
     srv_b = KilnServer(b, ["--net-range", RANGE_B, "--net-pool", "1"]).start()
     servers.append(srv_b)
-    swept = "removed network slots that killed kiln servers left behind"
-    wait_for(lambda: swept in srv_b.log() and pa in srv_b.log().split(swept, 1)[1], "server B's sweep")
+    wait_for(lambda: swept_since(srv_b, 0, pa), "server B's sweep")
     after = leftovers(pa)
     assert after["netns"] == [kept + "r", kept + "s"], after
     assert len(after["veths"]) == 1 and after["table"], after
 
-    # The sandbox ends (its processes die with the server that would have adopted it gone):
-    # the next start removes the rest.
+    # The sandbox's processes end but its files stay (as a paused sandbox's do, whose restore
+    # needs its slot): the next sweep still keeps the slot.
     for pid in sh("ip", "netns", "pids", kept + "s").stdout.split():
         try:
             os.kill(int(pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
     wait_for(lambda: not sh("ip", "netns", "pids", kept + "s").stdout.split(), "the sandbox's processes to exit")
-    srv_b.stop()
-    srv_b.start()
-    wait_for(lambda: not leftovers(pa)["claim"], "server B's second sweep")
+    restart_and_wait_for_sweep(srv_b, pa)
+    assert leftovers(pa)["netns"] == [kept + "r", kept + "s"], leftovers(pa)
+
+    # Its files gone too: the next start removes the rest.
+    for mp in sorted(mounts_under(a), reverse=True):
+        sh("umount", "-l", mp)
+    shutil.rmtree(os.path.join(a, "gvisor", "sandboxes"))
+    restart_and_wait_for_sweep(srv_b, pa)
+    wait_for(lambda: not leftovers(pa)["claim"], "the end of server B's sweep")
     assert leftovers(pa) == {"netns": [], "veths": [], "table": False, "claim": False}
     assert not os.path.exists(f"/run/kiln-net/{pa}.lock")
+    assert not os.path.exists(f"/run/kiln-net/{pa}.leases")
     del sbx

@@ -167,6 +167,11 @@ impl Network {
                     let (Some(slot), Some(policy)) = (pool.adopt(f.slot), f.policy()) else {
                         continue;
                     };
+                    // (Again: /run may have been emptied since.)
+                    let dir = self.sandboxes_dir.join(&id);
+                    if let Err(e) = kiln_net::sweep::record_lease(&self.cfg.prefix, f.slot, &dir) {
+                        tracing::warn!(sandbox = %id, error = %e, "recording a slot's lease");
+                    }
                     match self.services(&pool, &slot, &policy).await {
                         Ok((dns, egress)) => {
                             self.leases().insert(
@@ -230,7 +235,17 @@ impl Network {
             }
         };
         let path = slot.sandbox_ns_path();
-        if let Err(e) = self.write_file(id, &NetFile::new(slot.index, &policy)) {
+        let recorded = self
+            .write_file(id, &NetFile::new(slot.index, &policy))
+            .and_then(|()| {
+                kiln_net::sweep::record_lease(
+                    &self.cfg.prefix,
+                    slot.index,
+                    &self.sandboxes_dir.join(id),
+                )
+                .map_err(net_err)
+            });
+        if let Err(e) = recorded {
             pool.release(slot).await;
             return Err(e);
         }
@@ -307,6 +322,8 @@ impl Network {
             .or_else(|| lock(&self.orphans).remove(id));
         drop(lease);
         if let (Some(pool), Some(index)) = (pool, index) {
+            // Forgotten first: once released, the index may be leased (and recorded) again.
+            kiln_net::sweep::forget_lease(&self.cfg.prefix, index);
             pool.release_index(index).await;
         }
         let _ = std::fs::remove_file(self.sandboxes_dir.join(id).join(NET_FILE));
