@@ -19,6 +19,15 @@ pub struct Args {
     /// Domain of sandbox host names: `{port}-{sandboxID}.{domain}` is routed to that sandbox.
     #[arg(long, env = "KILN_DOMAIN", default_value = kiln_server::DEFAULT_DOMAIN)]
     domain: String,
+    /// TLS certificate chain (PEM, leaf first) of the listener: clients that start a TLS
+    /// handshake get TLS (ALPN h2/http1.1), others plain HTTP on the same port. With a
+    /// certificate for `<domain>` and `*.<domain>` and those names resolving to this server on
+    /// port 443, the e2b SDK needs only E2B_DOMAIN. Needs --tls-key.
+    #[arg(long, env = "KILN_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(long, env = "KILN_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// State directory (database, sandbox layers). Default: KILN_STATE_DIR or /var/lib/kiln/state.
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -255,6 +264,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         runsc.path.display()
     );
     let templates = template_source(&a)?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(kiln_server::tls::load(c, k).context("--tls-cert/--tls-key")?),
+        _ => None,
+    };
     let state_dir = a
         .state_dir
         .clone()
@@ -304,6 +317,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         edge: kiln_server::edge::EdgeConfig {
             max_connections: a.max_connections.max(1),
             header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
+            tls: tls.clone(),
             ..Default::default()
         },
         audit: kiln_server::audit::AuditConfig {
@@ -333,6 +347,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             }
         });
         println!("kiln: listening on http://{}", server.local_addr);
+        if tls.is_some() {
+            println!(
+                "kiln: TLS on the same port: https://{} (clients starting a TLS handshake)",
+                server.local_addr
+            );
+        }
         println!("kiln: state in {}", cfg.state_dir.display());
         if let Some(k) = &server.first_key {
             println!("kiln: first API key (shown once, store it now): {}", k.secret);
@@ -341,6 +361,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             "kiln: SDK settings: E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_API_KEY=<key>",
             server.local_addr
         );
+        if tls.is_some() {
+            println!(
+                "kiln: or, with api.{0} and *.{0} resolving to this server on port 443: \
+                 E2B_DOMAIN={0} E2B_API_KEY=<key>",
+                cfg.domain
+            );
+        }
         let mut events = server.manager.subscribe();
         tokio::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;

@@ -18,7 +18,7 @@
 //! [`rules`] (nftables text), [`cmd`] (running `ip`/`nft`), [`slot`] (one slot's setup and
 //! teardown), [`host`] (host-wide forwarding and NAT), [`pool`] (the pool), [`netns`]
 //! (sockets inside a namespace), [`range`] (choosing a free host range, probing the host), [`dns`] (the per-sandbox DNS forwarder), [`egress`] (the
-//! per-sandbox proxy that applies domain rules, naming connections with [`sni`]).
+//! per-sandbox proxy that applies domain rules, naming connections with [`sni`]), [`sweep`] (what killed servers left behind).
 
 pub mod addr;
 pub mod cmd;
@@ -32,6 +32,7 @@ pub mod range;
 pub mod rules;
 pub mod slot;
 pub mod sni;
+pub mod sweep;
 
 use std::net::Ipv4Addr;
 

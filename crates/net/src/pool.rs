@@ -76,9 +76,19 @@ impl SlotPool {
         let lock = host::lock_prefix(&cfg.prefix)?;
         // Claim the range for this pool's life (see [`crate::range`]).
         let claim = format!("{}/{}.range", host::LOCK_DIR, cfg.prefix);
-        std::fs::write(&claim, format!("{}\n", cfg.range))
+        std::fs::write(&claim, crate::range::claim_text(&cfg.range))
             .map_err(crate::io_err(format!("writing {claim}")))?;
         host::reclaim_stale(&cfg.range, &cfg.prefix).await?;
+        match crate::sweep::sweep_dead(&cfg.prefix).await {
+            Ok(r) if !r.dead.is_empty() => tracing::info!(
+                servers = ?r.dead,
+                removed = r.slots_removed,
+                kept = r.slots_kept,
+                "removed network slots that killed kiln servers left behind"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "removing what killed kiln servers left behind"),
+        }
         host::check_range(&cfg.range, &format!("{}h", cfg.prefix)).await?;
         for i in host::leftover_indices(&cfg.prefix) {
             if !keep.contains(&i) {

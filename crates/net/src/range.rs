@@ -60,6 +60,23 @@ fn flock_on_inode(locks: &str, ino: u64) -> bool {
     })
 }
 
+/// A claim file's text: `<range> <pid>` (older servers wrote the range alone).
+pub fn claim_text(range: &Cidr) -> String {
+    format!("{range} {}\n", std::process::id())
+}
+
+/// The range and the writer's pid of a claim file's text.
+pub fn parse_claim(text: &str) -> (Option<Cidr>, Option<u32>) {
+    let mut w = text.split_whitespace();
+    let range = w.next().and_then(|r| r.parse().ok());
+    (range, w.next().and_then(|p| p.parse().ok()))
+}
+
+/// Whether process `pid` exists.
+pub fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Ranges other live kiln servers have claimed.
 fn claims_of_others(own_prefix: &str) -> Vec<Cidr> {
     let mut out = Vec::new();
@@ -80,14 +97,12 @@ fn claims_of_others(own_prefix: &str) -> Vec<Cidr> {
             .ok()
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age < CLAIM_GRACE);
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let (range, pid) = parse_claim(&text);
+        // A claim whose writer is dead counts no more, young or not.
+        let young = young && pid.is_none_or(pid_alive);
         let live = young || lock_held(&std::path::Path::new(LOCK_DIR).join(format!("{p}.lock")));
-        if !live {
-            continue;
-        }
-        if let Some(c) = std::fs::read_to_string(e.path())
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-        {
+        if let Some(c) = range.filter(|_| live) {
             out.push(c);
         }
     }
@@ -154,7 +169,7 @@ pub async fn pick_range(prefix: &str, preferred: Option<Cidr>) -> Result<Cidr> {
             ))
         })?;
     let claim = format!("{LOCK_DIR}/{prefix}.range");
-    std::fs::write(&claim, format!("{pick}\n")).map_err(io_err(format!("writing {claim}")))?;
+    std::fs::write(&claim, claim_text(&pick)).map_err(io_err(format!("writing {claim}")))?;
     drop(guard);
     Ok(pick)
 }
@@ -200,6 +215,16 @@ pub async fn probe() -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claims_carry_their_writer() {
+        let c: Cidr = "10.201.0.0/16".parse().unwrap();
+        let (r, pid) = parse_claim(&claim_text(&c));
+        assert_eq!((r, pid), (Some(c), Some(std::process::id())));
+        assert!(pid_alive(std::process::id()));
+        assert_eq!(parse_claim("10.201.0.0/16\n"), (Some(c), None));
+        assert_eq!(parse_claim(""), (None, None));
+    }
 
     #[test]
     fn flocks_are_found_by_inode() {

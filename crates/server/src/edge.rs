@@ -6,6 +6,10 @@
 //! Sandbox traffic through the proxy is not buffered beyond small bodies (see
 //! [`crate::proxy`]): uploads stream into the sandbox, whose disk quota bounds them.
 //!
+//! With [`EdgeConfig::tls`] set, a connection that opens with a TLS handshake is served over
+//! TLS (ALPN `h2`/`http/1.1`, see [`crate::tls`]) and any other as plain HTTP; requests that
+//! came over TLS carry the [`Https`] extension.
+//!
 //! Answers: 413 (body too large), 408 (body too slow), 431 (headers too large, from hyper),
 //! 503 + `Retry-After` (too many connections) — all JSON in E2B's error shape except 431,
 //! which hyper writes before any request exists.
@@ -24,6 +28,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 
 use crate::api::ApiError;
 
@@ -42,7 +47,13 @@ pub struct EdgeConfig {
     pub header_timeout: Duration,
     /// Largest request head (request line and headers), bytes: beyond, 431.
     pub max_header_bytes: usize,
+    /// TLS for clients that start a handshake (`--tls-cert`/`--tls-key`); None: plain only.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
+
+/// Request extension: the request came over TLS.
+#[derive(Debug, Clone, Copy)]
+pub struct Https;
 
 impl Default for EdgeConfig {
     fn default() -> Self {
@@ -50,6 +61,7 @@ impl Default for EdgeConfig {
             max_connections: 4096,
             header_timeout: Duration::from_secs(30),
             max_header_bytes: 64 * 1024,
+            tls: None,
         }
     }
 }
@@ -147,14 +159,49 @@ pub async fn serve(listener: TcpListener, app: axum::Router, cfg: EdgeConfig) {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (builder, svc) = (builder.clone(), TowerToHyperService::new(app.clone()));
+        let (builder, app) = (builder.clone(), app.clone());
+        let (tls, handshake_timeout) = (cfg.tls.clone(), cfg.header_timeout);
         tokio::spawn(async move {
             let _slot = slot;
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            let Some(tls) = tls else {
+                return serve_conn(&builder, stream, app).await;
+            };
+            // A client that connects and says nothing is dropped like one whose headers are
+            // late.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(handshake_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(1)) if first[0] == crate::tls::TLS_HANDSHAKE => {}
+                Ok(Ok(1)) => return serve_conn(&builder, stream, app).await,
+                _ => return,
+            }
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => {
+                    let app = app.map_request(|mut r: Request<hyper::body::Incoming>| {
+                        r.extensions_mut().insert(Https);
+                        r
+                    });
+                    serve_conn(&builder, s, app).await
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake timed out"),
             }
         });
+    }
+}
+
+/// Serves one connection (HTTP/1.1 with upgrades, or HTTP/2) until it ends.
+async fn serve_conn<I, S>(builder: &auto::Builder<TokioExecutor>, io: I, svc: S)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: tower::Service<Request<hyper::body::Incoming>, Response = Response> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: std::error::Error + Send + Sync + 'static,
+{
+    let conn =
+        builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(svc));
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 

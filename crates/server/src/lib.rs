@@ -22,6 +22,7 @@ pub mod routing;
 pub mod store;
 pub mod templates;
 pub mod tenancy;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,8 +33,10 @@ pub use driver::{DriverConfig, DriverKind};
 pub use error::Error;
 pub use manager::{LifecycleConfig, LifecycleEvent, Manager};
 
-/// Default domain of sandbox host names.
-pub const DEFAULT_DOMAIN: &str = "kiln.local";
+/// Default domain of sandbox host names: `{port}-{id}.localhost` resolves to the loopback
+/// address on the kiln host itself without any DNS set-up (RFC 6761; browsers, curl and
+/// systemd's nss-myhostname answer `*.localhost` so) — see docs/tls-and-domains.md.
+pub const DEFAULT_DOMAIN: &str = "localhost";
 
 /// Everything `kiln serve` configures.
 #[derive(Debug, Clone)]

@@ -167,18 +167,23 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
     let client = manager.port_client(id, target.port);
+    let scheme = match req.extensions().get::<crate::edge::Https>() {
+        Some(_) => "https",
+        None => "http",
+    };
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     // The host the client addressed, for services that name themselves in their answers (the
     // DevTools front of the browser templates rewrites its WebSocket URLs to it). Always ours:
     // a client's own X-Forwarded-* never reaches the sandbox.
-    let original_host = headers.get(header::HOST).cloned();
+    let original_host = crate::routing::request_host(&headers, &parts.uri)
+        .and_then(|h| HeaderValue::from_str(h).ok());
     headers.remove("x-forwarded-host");
     headers.remove("x-forwarded-proto");
     if let Some(h) = original_host {
         headers.insert("x-forwarded-host", h);
-        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
     }
     headers.remove(TRAFFIC_TOKEN_HEADER);
     headers.remove(SANDBOX_ID_HEADER);

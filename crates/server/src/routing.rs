@@ -69,6 +69,30 @@ pub fn parse_host(host: &str, domain: &str) -> Option<Target> {
     })
 }
 
+/// The host a request addressed: its Host header, else (HTTP/2, whose `:authority` hyper puts
+/// in the URI) the URI's authority.
+pub fn request_host<'a>(headers: &'a HeaderMap, uri: &'a http::Uri) -> Option<&'a str> {
+    headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| uri.authority().map(|a| a.as_str()))
+}
+
+/// The sandbox target of a request, from its headers first, then the host it addressed (see
+/// [`request_host`]). `Ok(None)`: an ordinary API request.
+pub fn target_of_request(
+    headers: &HeaderMap,
+    uri: &http::Uri,
+    domain: &str,
+) -> Result<Option<Target>, RouteError> {
+    match target_of(headers, domain)? {
+        None if !headers.contains_key(http::header::HOST) => {
+            Ok(uri.authority().and_then(|a| parse_host(a.as_str(), domain)))
+        }
+        t => Ok(t),
+    }
+}
+
 /// The sandbox target of a request, from its headers first, then its Host.
 /// `Ok(None)`: an ordinary API request.
 pub fn target_of(headers: &HeaderMap, domain: &str) -> Result<Option<Target>, RouteError> {
@@ -152,6 +176,21 @@ mod tests {
         assert_eq!(target_of(&h, "kiln.local").unwrap(), t("abc", 49983));
         h.remove("E2b-Sandbox-Port");
         assert_eq!(target_of(&h, "kiln.local").unwrap(), t("abc", 49983));
+    }
+
+    #[test]
+    fn http2_authority_counts_when_there_is_no_host_header() {
+        let uri: http::Uri = "https://8080-abc.kiln.local/x".parse().unwrap();
+        let h = HeaderMap::new();
+        assert_eq!(
+            target_of_request(&h, &uri, "kiln.local").unwrap(),
+            t("abc", 8080)
+        );
+        assert_eq!(request_host(&h, &uri), Some("8080-abc.kiln.local"));
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("api.kiln.local"));
+        assert_eq!(target_of_request(&h, &uri, "kiln.local").unwrap(), None);
+        assert_eq!(request_host(&h, &uri), Some("api.kiln.local"));
     }
 
     #[test]

@@ -87,7 +87,7 @@ def test_unknown_and_killed_sandbox(server):
     assert status in (200, 204)
     # Host-based routing reaches the same agent.
     status, _, _ = server.request("GET", "/health", api_key=None,
-                                  headers={"Host": f"49983-{sid}.kiln.local", "X-Access-Token": token})
+                                  headers={"Host": f"49983-{sid}.localhost", "X-Access-Token": token})
     assert status in (200, 204)
     # The agent's /kiln/ control paths (detach before a checkpoint, forwarding) are the
     # server's alone: a client gets 404 even with the token, and the agent stays attached.

@@ -298,7 +298,7 @@ def test_host_and_other_sandboxes_stay_unreachable_even_when_all_is_allowed(net_
 
 
 def proxied(srv, sandbox_id: str, port: int, host_form: bool = False, extra=None):
-    headers = ({"Host": f"{port}-{sandbox_id}.kiln.local"} if host_form
+    headers = ({"Host": f"{port}-{sandbox_id}.localhost"} if host_form
                else {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)})
     headers.update(extra or {})
     req = urllib.request.Request(srv.url + "/", headers=headers)
@@ -408,7 +408,7 @@ def test_websocket_to_a_sandbox_port_through_the_proxy(net_server):
         deadline = time.time() + 30
         while True:
             c = pysocket.create_connection((host, int(port)), timeout=10)
-            c.sendall((f"GET /ws HTTP/1.1\r\nHost: 8765-{sbx.sandbox_id}.kiln.local\r\n"
+            c.sendall((f"GET /ws HTTP/1.1\r\nHost: 8765-{sbx.sandbox_id}.localhost\r\n"
                        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
                        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
                        ).encode())

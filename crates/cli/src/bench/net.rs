@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long, default_value = "ptrace")]
     platform: String,
     /// Host-side range of the bench's network slots.
-    #[arg(long, default_value = "10.239.0.0/24")]
+    #[arg(long, default_value = "10.149.0.0/24")]
     range: String,
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]

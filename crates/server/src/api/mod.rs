@@ -208,7 +208,7 @@ fn count_body(
 }
 
 async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Response {
-    match routing::target_of(req.headers(), &st.cfg.domain) {
+    match routing::target_of_request(req.headers(), req.uri(), &st.cfg.domain) {
         Ok(Some(target)) => {
             let t = st.manager.telemetry().clone();
             let req = req.map(|b| count_body(b, &t, |t| &t.proxy_request_bytes));

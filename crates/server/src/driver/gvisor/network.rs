@@ -167,6 +167,11 @@ impl Network {
                     let (Some(slot), Some(policy)) = (pool.adopt(f.slot), f.policy()) else {
                         continue;
                     };
+                    // (Again: /run may have been emptied since.)
+                    let dir = self.sandboxes_dir.join(&id);
+                    if let Err(e) = kiln_net::sweep::record_lease(&self.cfg.prefix, f.slot, &dir) {
+                        tracing::warn!(sandbox = %id, error = %e, "recording a slot's lease");
+                    }
                     match self.services(&pool, &slot, &policy).await {
                         Ok((dns, egress)) => {
                             self.leases().insert(
@@ -198,22 +203,31 @@ impl Network {
         policy: &EgressPolicy,
     ) -> Result<(DnsForwarder, EgressProxy)> {
         let ns = slot.router_ns_path();
-        let dns = DnsForwarder::start(&ns, self.upstreams(policy))
-            .await
-            .map_err(net_err)?;
-        let egress = EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone())
-            .await
-            .map_err(net_err)?;
-        Ok((dns, egress))
+        // Each binds its sockets from a thread of its own in the router namespace: together.
+        tokio::try_join!(
+            DnsForwarder::start(&ns, self.upstreams(policy)),
+            EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone()),
+        )
+        .map_err(net_err)
     }
 
     /// Gives sandbox `id` a slot (default policy), its DNS forwarder and egress proxy; writes its
     /// resolv.conf into `rootfs`. Returns the namespace path for the OCI spec.
     pub async fn attach(&self, id: &str, rootfs: &Path) -> Result<PathBuf> {
+        let t0 = std::time::Instant::now();
         let pool = self.pool().await?;
         let policy = EgressPolicy::default();
         let slot = pool.acquire(&policy).await.map_err(net_err)?;
-        let (dns, egress) = match self.services(pool, &slot, &policy).await {
+        let t_slot = t0.elapsed();
+        let services = self.services(pool, &slot, &policy).await;
+        tracing::debug!(
+            sandbox = id,
+            slot = slot.index,
+            slot_us = t_slot.as_micros() as u64,
+            services_us = (t0.elapsed() - t_slot).as_micros() as u64,
+            "network slot taken, DNS forwarder and egress proxy started"
+        );
+        let (dns, egress) = match services {
             Ok(s) => s,
             Err(e) => {
                 pool.release(slot).await;
@@ -221,7 +235,17 @@ impl Network {
             }
         };
         let path = slot.sandbox_ns_path();
-        if let Err(e) = self.write_file(id, &NetFile::new(slot.index, &policy)) {
+        let recorded = self
+            .write_file(id, &NetFile::new(slot.index, &policy))
+            .and_then(|()| {
+                kiln_net::sweep::record_lease(
+                    &self.cfg.prefix,
+                    slot.index,
+                    &self.sandboxes_dir.join(id),
+                )
+                .map_err(net_err)
+            });
+        if let Err(e) = recorded {
             pool.release(slot).await;
             return Err(e);
         }
@@ -298,6 +322,8 @@ impl Network {
             .or_else(|| lock(&self.orphans).remove(id));
         drop(lease);
         if let (Some(pool), Some(index)) = (pool, index) {
+            // Forgotten first: once released, the index may be leased (and recorded) again.
+            kiln_net::sweep::forget_lease(&self.cfg.prefix, index);
             pool.release_index(index).await;
         }
         let _ = std::fs::remove_file(self.sandboxes_dir.join(id).join(NET_FILE));
