@@ -337,6 +337,21 @@ def test_open_url_starts_the_browser(net_server, desk):
         desk.commands.run("pkill -f '[k]iln-open-test' || true")
 
 
+def test_launch_google_chrome_starts_chromium(net_server, desk):
+    """E2B's docs launch the browser as `launch('google-chrome')`: the same name starts the
+    template's Chromium (google-chrome.desktop) on the URL given."""
+    url = "http://127.0.0.1:9/kiln-launch-test"
+    try:
+        desk.launch("google-chrome", url)
+        try:
+            wait_for(lambda: desk.commands.run(f"pgrep -f '[c]hromium.*{url}' || true").stdout.strip(),
+                     "Chromium with the URL", timeout=60, interval=1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{diagnose(net_server, desk)}") from None
+    finally:
+        desk.commands.run("pkill -f '[k]iln-launch-test' || true")
+
+
 def notepad_window(desk, path):
     """The id of the (visible) kiln-notepad window showing `path`, through the SDK's queries."""
     try:

@@ -237,8 +237,10 @@ impl GvisorDriver {
             return Err(DriverError::NotFound(id.to_string()));
         };
         let dir = self.sandbox_dir(id);
+        let t = std::time::Instant::now();
         // The pause's container must be gone before one with the same id starts.
         self.settling.settle(id).await;
+        let t_settle = t.elapsed();
         if self.halting_marker(id).exists() {
             self.halt(id).await?;
             let _ = std::fs::remove_file(self.halting_marker(id));
@@ -260,6 +262,7 @@ impl GvisorDriver {
         // inside the sandbox does not remove the host's).
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.prepare_restore(id).await?;
+        let t_prepare = t.elapsed();
         if restore {
             self.runsc
                 .restore_detached(
@@ -270,10 +273,19 @@ impl GvisorDriver {
                     workaround,
                 )
                 .await?;
+            let t_restore = t.elapsed();
             if let Err(e) = self.attach_agent(id).await {
                 let _ = self.halt(id).await;
                 return Err(e);
             }
+            tracing::debug!(
+                sandbox = id,
+                "resume: settle {:?}, prepare {:?}, restore {:?}, attach {:?}",
+                t_settle,
+                t_prepare - t_settle,
+                t_restore - t_prepare,
+                t.elapsed() - t_restore
+            );
         } else {
             self.runsc
                 .run_detached(
