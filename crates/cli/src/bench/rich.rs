@@ -30,8 +30,8 @@ pub struct Args {
     /// gVisor platform (default: KILN_PLATFORM, else systrap).
     #[arg(long)]
     platform: Option<String>,
-    /// Host-side range of the bench's network slots.
-    #[arg(long, default_value = "10.240.0.0/24")]
+    /// Host-side range of the bench's network slots (outside the 10.200-10.254 a server picks from).
+    #[arg(long, default_value = "10.150.0.0/24")]
     range: String,
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
