@@ -126,6 +126,7 @@ fn cfg(seed: &str, range: &str, pool_size: usize) -> NetConfig {
         dns_upstreams: vec![],
         max_connections: 0,
         egress_mib_per_sec: 0,
+        proxy_all_tcp: false,
     }
 }
 

@@ -103,6 +103,11 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
 }
 
 /// An isolation technology.
+/// Receives the network events of every sandbox: its id and the event.
+pub type NetObserver = std::sync::Arc<
+    dyn Fn(&str, kiln_net::observe::NetEvent) -> kiln_net::observe::BoxFuture + Send + Sync,
+>;
+
 #[async_trait::async_trait]
 pub trait Driver: Send + Sync + 'static {
     /// Short name recorded with each sandbox (`gvisor`, `microvm`).
@@ -156,6 +161,9 @@ pub trait Driver: Send + Sync + 'static {
     async fn network(&self, _id: &str) -> Option<kiln_net::EgressPolicy> {
         None
     }
+    /// Tells `o` of every connection and DNS query of every sandbox's network (the audit
+    /// log); set once, before or after sandboxes start.
+    fn set_net_observer(&self, _o: NetObserver) {}
 
     /// Freezes the sandbox and saves its disk, and with `memory` its memory and processes
     /// too; it no longer runs on the host. Its saved state survives a server restart.

@@ -267,7 +267,12 @@ impl Manager {
     }
 
     /// Gives the manager its audit log (once; later calls are ignored).
+    /// An enabled log also hears of every connection and DNS query of the sandboxes.
     pub fn set_audit(&self, log: crate::audit::AuditLog) {
+        if log.enabled() {
+            self.driver
+                .set_net_observer(crate::audit::net::observer(log.clone()));
+        }
         let _ = self.audit.set(log);
     }
 

@@ -576,6 +576,12 @@ impl Driver for GvisorDriver {
     async fn network(&self, id: &str) -> Option<kiln_net::EgressPolicy> {
         self.net.as_ref()?.policy(id).await
     }
+
+    fn set_net_observer(&self, o: crate::driver::NetObserver) {
+        if let Some(net) = &self.net {
+            net.set_observer(o);
+        }
+    }
 }
 
 #[cfg(test)]

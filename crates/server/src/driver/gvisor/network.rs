@@ -95,6 +95,8 @@ pub struct Network {
     /// still leased (the sandbox may run), released when the sandbox stops.
     orphans: Mutex<HashMap<String, u32>>,
     workaround: OnceCell<bool>,
+    /// Told of each connection and DNS query (set once by the server: the audit log).
+    observer: Arc<std::sync::OnceLock<crate::driver::NetObserver>>,
 }
 
 fn net_err(e: kiln_net::NetError) -> DriverError {
@@ -110,6 +112,7 @@ impl Network {
             leases: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashMap::new()),
             workaround: OnceCell::new(),
+            observer: Arc::default(),
         });
         // Start the pool now when there is a runtime (cleanup and pre-creation happen at start
         // rather than on the first create).
@@ -122,6 +125,21 @@ impl Network {
             });
         }
         n
+    }
+
+    /// Sets the observer of every sandbox's connections and DNS queries (the first call wins).
+    pub fn set_observer(&self, o: crate::driver::NetObserver) {
+        let _ = self.observer.set(o);
+    }
+
+    /// Sandbox `id`'s view of the observer (which may be set later: a restarted server adopts
+    /// slots before it has its audit log).
+    fn observer_of(&self, id: &str) -> kiln_net::observe::Observer {
+        let (cell, id) = (self.observer.clone(), id.to_string());
+        Arc::new(move |e| match cell.get() {
+            Some(o) => o(&id, e),
+            None => Box::pin(async {}),
+        })
     }
 
     fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lease>> {
@@ -167,7 +185,7 @@ impl Network {
                     let (Some(slot), Some(policy)) = (pool.adopt(f.slot), f.policy()) else {
                         continue;
                     };
-                    match self.services(&pool, &slot, &policy).await {
+                    match self.services(&id, &pool, &slot, &policy).await {
                         Ok((dns, egress)) => {
                             self.leases().insert(
                                 id,
@@ -193,6 +211,7 @@ impl Network {
     /// The slot's DNS forwarder and egress proxy.
     async fn services(
         &self,
+        id: &str,
         pool: &SlotPool,
         slot: &Slot,
         policy: &EgressPolicy,
@@ -204,6 +223,9 @@ impl Network {
         let egress = EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone())
             .await
             .map_err(net_err)?;
+        let o = self.observer_of(id);
+        dns.set_observer(Some(o.clone()));
+        egress.set_observer(Some(o));
         Ok((dns, egress))
     }
 
@@ -213,7 +235,7 @@ impl Network {
         let pool = self.pool().await?;
         let policy = EgressPolicy::default();
         let slot = pool.acquire(&policy).await.map_err(net_err)?;
-        let (dns, egress) = match self.services(pool, &slot, &policy).await {
+        let (dns, egress) = match self.services(id, pool, &slot, &policy).await {
             Ok(s) => s,
             Err(e) => {
                 pool.release(slot).await;
