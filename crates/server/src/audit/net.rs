@@ -1,5 +1,6 @@
 //! Network records: what kiln-net's egress proxy and DNS forwarder tell the audit log (see
-//! [`kiln_net::observe`]), as `net` and `dns` records of the sandbox's chain.
+//! [`kiln_net::observe`]), as `net` and `dns` records of the sandbox's chain; and the
+//! observer of the driver's syscall tracing (`syscall` records).
 
 use std::sync::Arc;
 
@@ -18,6 +19,14 @@ pub fn observer(log: AuditLog) -> NetObserver {
             let (kind, body) = body(e);
             log.record(&id, kind, body).await;
         })
+    })
+}
+
+/// The observer of audited system calls: `syscall` records.
+pub fn syscall_observer(log: AuditLog) -> crate::driver::SyscallObserver {
+    Arc::new(move |id: &str, body: Value| {
+        let (log, id) = (log.clone(), id.to_string());
+        Box::pin(async move { log.record(&id, Kind::Syscall, body).await })
     })
 }
 

@@ -220,6 +220,7 @@ impl GvisorDriver {
                     id,
                     &dir.join("console.log"),
                     workaround,
+                    None,
                 )
                 .await?;
         }

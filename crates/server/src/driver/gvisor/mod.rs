@@ -33,10 +33,12 @@ mod mounts;
 pub mod net_config;
 pub mod network;
 mod oci;
+mod proto;
 mod reap;
 mod runsc;
 mod settle;
 mod snapshot;
+pub mod trace;
 
 use std::path::{Path, PathBuf};
 
@@ -125,6 +127,7 @@ pub struct GvisorDriver {
     net: Option<std::sync::Arc<network::Network>>,
     /// Cleanup still running after a call returned (the container of a paused sandbox).
     settling: settle::Settling,
+    syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -192,6 +195,7 @@ impl GvisorDriver {
             runsc,
             net,
             settling: Default::default(),
+            syscalls: Default::default(),
         })
     }
 
@@ -276,6 +280,9 @@ impl GvisorDriver {
             &self.cfg.agent_args,
             !self.cfg.ignore_cgroups,
         );
+        if spec.syscall_audit {
+            trace::write_config(&dir)?;
+        }
         if let Some(net) = &self.net {
             let ns = net.attach(&spec.id, &dir.join("rootfs")).await?;
             network::set_netns_path(&mut config, &ns);
@@ -351,13 +358,14 @@ impl Driver for GvisorDriver {
             return Err(DriverError::NotFound(id.to_string()));
         }
         let workaround = self.sysctl_workaround(id).await;
+        let pod = trace::config_of(&dir).zip(self.syscalls.get());
+        if let Some((_, o)) = &pod {
+            trace::listen(&dir, id, (*o).clone())?;
+        }
+        let (bundle, log) = (dir.join("bundle"), dir.join("console.log"));
+        let pod = pod.map(|(p, _)| p);
         self.runsc
-            .run_detached(
-                &dir.join("bundle"),
-                id,
-                &dir.join("console.log"),
-                workaround,
-            )
+            .run_detached(&bundle, id, &log, workaround, pod.as_deref())
             .await
     }
 
@@ -581,6 +589,10 @@ impl Driver for GvisorDriver {
         if let Some(net) = &self.net {
             net.set_observer(o);
         }
+    }
+
+    fn set_syscall_observer(&self, o: crate::driver::SyscallObserver) {
+        let _ = self.syscalls.set(o);
     }
 }
 

@@ -252,6 +252,7 @@ impl GvisorDriver {
                         &spec.id,
                         &dir.join("console.log"),
                         workaround,
+                        None,
                     )
                     .await;
             }
