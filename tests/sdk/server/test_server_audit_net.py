@@ -10,12 +10,13 @@ Nothing here sends traffic outside this machine. Needs root (namespaces, nftable
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 
 import pytest
 
-from .conftest import cleanup_state
+from .conftest import cleanup_state, kiln_bin
 from .test_server_network import internet, remove_slots_in_range, run, start_net_server  # noqa: F401
 
 RANGE = "10.143.0.0/24"
@@ -132,6 +133,16 @@ def test_connections_and_dns_queries_are_recorded_exactly_in_order(audit_net_ser
     assert status == 200 and v["ok"], v
     # `kind` filters: only dns.
     assert [r["kind"] for r in records(srv, sid, "dns")] == ["dns", "dns"]
+    # `kiln audit ID --kind net,dns` prints one line per record.
+    env = {**os.environ, "KILN_URL": srv.url, "KILN_API_KEY": srv.api_key}
+    out = subprocess.run([kiln_bin(), "audit", sid, "--kind", "net,dns"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 8, out.stdout
+    assert "A host-a.test → NOERROR 198.51.100.10" in lines[0]
+    assert "deny tcp" in lines[5] and 'rule="denyOut 198.51.100.0/24"' in lines[5]
+    assert "close tcp" in lines[2] and f"out={req_bytes} in={head_bytes + body_bytes}" in lines[2]
 
 
 def test_a_refused_upstream_is_recorded_with_its_error(audit_net_server):
