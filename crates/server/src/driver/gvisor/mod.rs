@@ -53,6 +53,7 @@ use super::{
     io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
 };
 pub use console::tail;
+pub use container::cgroup_memory_limit;
 use container::{connect_no_follow, halt_container};
 use mounts::{mount_overlay_stack, unmount};
 
@@ -322,20 +323,6 @@ impl GvisorDriver {
     }
 }
 
-/// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
-/// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
-pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
-    let candidates = [
-        format!("/sys/fs/cgroup/memory/kiln/{id}/memory.limit_in_bytes"),
-        format!("/sys/fs/cgroup/kiln/{id}/memory.max"),
-        format!("/sys/fs/cgroup/unified/kiln/{id}/memory.max"),
-    ];
-    candidates
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .find_map(|v| v.trim().parse::<u64>().ok())
-}
-
 #[async_trait::async_trait]
 impl Driver for GvisorDriver {
     fn name(&self) -> &'static str {
@@ -358,12 +345,8 @@ impl Driver for GvisorDriver {
             return Err(DriverError::NotFound(id.to_string()));
         }
         let workaround = self.sysctl_workaround(id).await;
-        let pod = trace::config_of(&dir).zip(self.syscalls.get());
-        if let Some((_, o)) = &pod {
-            trace::listen(&dir, id, (*o).clone())?;
-        }
+        let pod = trace::start(&dir, id, self.syscalls.get())?;
         let (bundle, log) = (dir.join("bundle"), dir.join("console.log"));
-        let pod = pod.map(|(p, _)| p);
         self.runsc
             .run_detached(&bundle, id, &log, workaround, pod.as_deref())
             .await

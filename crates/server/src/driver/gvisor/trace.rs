@@ -58,6 +58,18 @@ pub fn config_of(dir: &Path) -> Option<PathBuf> {
     Some(dir.join(POD_CONFIG)).filter(|p| p.exists())
 }
 
+/// Before runsc starts sandbox directory `dir`: when its syscalls are audited and there is an
+/// observer, starts listening and returns the pod init config to pass.
+pub fn start(dir: &Path, id: &str, obs: Option<&SyscallObserver>) -> Result<Option<PathBuf>> {
+    match (config_of(dir), obs) {
+        (Some(pod), Some(o)) => {
+            listen(dir, id, o.clone())?;
+            Ok(Some(pod))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Listens on the sandbox's sink socket and records what comes (in a thread of its own, until
 /// the sandbox closes the connection).
 pub fn listen(dir: &Path, id: &str, obs: SyscallObserver) -> Result<()> {
