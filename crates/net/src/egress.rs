@@ -9,7 +9,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::egress_sock::SocketMaker;
 use crate::observe::{Conn, NetEvent, Observer, Slot};
 use crate::policy::EgressPolicy;
 use crate::rules::HostFacts;
@@ -53,10 +54,11 @@ impl EgressProxy {
         l.set_nonblocking(true)
             .map_err(io_err("setting the proxy socket non-blocking"))?;
         let l = TcpListener::from_std(l).map_err(io_err("proxy socket"))?;
+        let sockets = SocketMaker::start(router_ns).await?;
         let policy = Arc::new(RwLock::new(policy));
         let observer = Slot::default();
         let ctx = Arc::new(Ctx {
-            ns: router_ns.to_path_buf(),
+            sockets,
             policy: policy.clone(),
             facts,
             observer: observer.clone(),
@@ -93,7 +95,7 @@ impl EgressProxy {
 }
 
 struct Ctx {
-    ns: PathBuf,
+    sockets: SocketMaker,
     policy: Arc<RwLock<EgressPolicy>>,
     facts: HostFacts,
     observer: Slot,
@@ -180,15 +182,10 @@ impl Ctx {
         orig: SocketAddrV4,
         peeked: &[u8],
     ) -> Result<(u64, u64), (u64, u64, std::io::Error)> {
-        let up = crate::netns::connect_tcp(&self.ns, SocketAddr::V4(orig), CONNECT_TIMEOUT)
+        let mut up = self
+            .sockets
+            .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
             .await
-            .map_err(|e| match e {
-                crate::NetError::Io { source, .. } => (0, 0, source),
-                e => (0, 0, std::io::Error::other(e)),
-            })?;
-        let mut up = up
-            .set_nonblocking(true)
-            .and_then(|_| TcpStream::from_std(up))
             .map_err(|e| (0, 0, e))?;
         let sent = peeked.len() as u64;
         up.write_all(peeked).await.map_err(|e| (0, 0, e))?;

@@ -26,6 +26,7 @@ pub mod cmd;
 pub mod dns;
 pub mod dns_msg;
 pub mod egress;
+mod egress_sock;
 pub mod host;
 pub mod netns;
 pub mod observe;

@@ -445,6 +445,9 @@ impl Driver for GvisorDriver {
         // A sandbox process that died is our zombie (we are its subreaper) until reaped, and
         // runsc counts a zombie as alive.
         reap_adopted_zombies();
+        if let Some(net) = &self.net {
+            net.ready().await; // a restarted server's slots (egress proxies) are adopted
+        }
         Ok(self.runsc.status(id).await.as_deref() == Some("running"))
     }
 

@@ -296,6 +296,13 @@ impl Network {
         self.leases().get(id).map(f)
     }
 
+    /// Waits for the pool's start, where a restarted server adopts its sandboxes' slots and
+    /// starts their DNS forwarders and egress proxies again (with connections audited, all of
+    /// a sandbox's TCP egress needs its proxy).
+    pub async fn ready(&self) {
+        let _ = self.pool().await;
+    }
+
     /// The sandbox namespace of sandbox `id`'s slot.
     pub async fn sandbox_ns(&self, id: &str) -> Option<PathBuf> {
         self.leased(id, |l| l.slot.sandbox_ns_path()).await
