@@ -189,10 +189,51 @@ impl Ctx {
             .map_err(|e| (0, 0, e))?;
         let sent = peeked.len() as u64;
         up.write_all(peeked).await.map_err(|e| (0, 0, e))?;
-        match tokio::io::copy_bidirectional_with_sizes(s, &mut up, SPLICE_BUF, SPLICE_BUF).await {
-            Ok((o, i)) => Ok((o + sent, i)),
-            Err(e) => Err((sent, 0, e)),
+        let (out, inn) = (AtomicU64::new(sent), AtomicU64::new(0));
+        let r = splice_counted(s, &mut up, &out, &inn).await;
+        let (o, i) = (out.into_inner(), inn.into_inner());
+        r.map(|_| (o, i)).map_err(|e| (o, i, e))
+    }
+}
+
+/// Copies both ways until both sides are done (each end's EOF is passed on as a shutdown), or
+/// until either way fails; counts the bytes each way, also when one fails.
+async fn splice_counted(
+    a: &mut TcpStream,
+    b: &mut TcpStream,
+    a_to_b: &AtomicU64,
+    b_to_a: &AtomicU64,
+) -> std::io::Result<()> {
+    let (mut ar, mut aw) = a.split();
+    let (mut br, mut bw) = b.split();
+    let one = copy_counted(&mut ar, &mut bw, a_to_b);
+    let other = copy_counted(&mut br, &mut aw, b_to_a);
+    tokio::pin!(one, other);
+    let (mut one_done, mut other_done) = (false, false);
+    while !(one_done && other_done) {
+        tokio::select! {
+            r = &mut one, if !one_done => { one_done = true; r?; }
+            r = &mut other, if !other_done => { other_done = true; r?; }
         }
+    }
+    Ok(())
+}
+
+async fn copy_counted<R, W>(r: &mut R, w: &mut W, n: &AtomicU64) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; SPLICE_BUF];
+    loop {
+        let got = r.read(&mut buf).await?;
+        if got == 0 {
+            // (The other end may be gone already: nothing left to tell it.)
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        w.write_all(&buf[..got]).await?;
+        n.fetch_add(got as u64, Ordering::Relaxed);
     }
 }
 
