@@ -17,7 +17,8 @@ pub struct Args {
     /// `ID` (one sandbox; none: every sandbox), or `verify [ID]`.
     #[arg(value_name = "ID | verify [ID]", num_args = 0..=2)]
     target: Vec<String>,
-    /// Only these kinds: process, file, net, dns, lifecycle, api (comma-separated or repeated).
+    /// Only these kinds: process, file, net, dns, lifecycle, api, syscall (comma-separated or
+    /// repeated).
     #[arg(long, value_delimiter = ',')]
     kind: Vec<String>,
     /// From this time on (RFC 3339 or Unix ms).
@@ -170,6 +171,63 @@ fn summary(r: &Value) -> String {
             s(&b["key"])
         ),
         "lifecycle" => format!("{} {}", s(&b["event"]), s(&b["detail"])),
+        "net" => {
+            let bytes = match b["event"].as_str() {
+                Some("close") => format!(
+                    " out={} in={} {} ms{}",
+                    s(&b["bytesOut"]),
+                    s(&b["bytesIn"]),
+                    s(&b["durationMs"]),
+                    b["error"]
+                        .as_str()
+                        .map(|e| format!(" error={e}"))
+                        .unwrap_or_default()
+                ),
+                _ => String::new(),
+            };
+            format!(
+                "{} {} {} → {} name={} rule={:?}{bytes}",
+                s(&b["event"]),
+                s(&b["proto"]),
+                s(&b["src"]),
+                s(&b["dst"]),
+                s(&b["name"]),
+                s(&b["rule"])
+            )
+        }
+        "dns" => format!(
+            "{} {} → {} {}",
+            s(&b["type"]),
+            s(&b["name"]),
+            s(&b["rcode"]),
+            b["answers"]
+                .as_array()
+                .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
+                .unwrap_or_default()
+        ),
+        "syscall" => {
+            let what = match b["call"].as_str() {
+                Some("connect") => s(&b["address"]),
+                Some("execve" | "execveat") => b["argv"]
+                    .as_array()
+                    .map(|a| a.iter().map(s).collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default(),
+                _ => s(&b["path"]),
+            };
+            let res = match b["errno"].as_i64() {
+                Some(e) => format!(" errno={e}"),
+                None => b["result"]
+                    .as_i64()
+                    .map(|r| format!(" = {r}"))
+                    .unwrap_or_default(),
+            };
+            format!(
+                "{} pid={} {} {what}{res}",
+                s(&b["call"]),
+                s(&b["pid"]),
+                s(&b["process"])
+            )
+        }
         _ => b.to_string(),
     }
 }

@@ -1,7 +1,8 @@
 //! The per-sandbox DNS forwarder: UDP and TCP sockets on the slot's gateway address (inside
 //! the router namespace), forwarding each query to an upstream resolver from the host and the
 //! answer back (TCP for the answers too large for UDP). The sandbox's `resolv.conf` points at it. It remembers the names asked for
-//! (the last [`LOG_LEN`]) for auditing.
+//! (the last [`LOG_LEN`]), and tells its observer ([`crate::observe`]) each query with its
+//! outcome before the answer goes back.
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -12,7 +13,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UdpSocket;
 
-use crate::{io_err, Result, GATEWAY_ADDR};
+use crate::observe::{DnsQuery, NetEvent, Observer, Slot};
+use crate::{dns_msg, io_err, Result, GATEWAY_ADDR};
 
 /// How many queries the forwarder remembers.
 pub const LOG_LEN: usize = 256;
@@ -24,6 +26,7 @@ pub struct DnsForwarder {
     tcp_task: tokio::task::JoinHandle<()>,
     log: Arc<Mutex<VecDeque<String>>>,
     upstreams: Arc<Mutex<Vec<Ipv4Addr>>>,
+    observer: Slot,
 }
 
 impl Drop for DnsForwarder {
@@ -49,14 +52,26 @@ impl DnsForwarder {
         l.set_nonblocking(true)
             .map_err(io_err("setting the DNS socket non-blocking"))?;
         let l = tokio::net::TcpListener::from_std(l).map_err(io_err("DNS TCP socket"))?;
-        let task = tokio::spawn(serve(sock, log.clone(), upstreams.clone()));
-        let tcp_task = tokio::spawn(serve_tcp(l, log.clone(), upstreams.clone()));
+        let observer = Slot::default();
+        let shared = Shared {
+            log: log.clone(),
+            upstreams: upstreams.clone(),
+            observer: observer.clone(),
+        };
+        let task = tokio::spawn(serve(sock, shared.clone()));
+        let tcp_task = tokio::spawn(serve_tcp(l, shared));
         Ok(Self {
             task,
             tcp_task,
             log,
             upstreams,
+            observer,
         })
+    }
+
+    /// Sets (or with `None` clears) the observer told of every query.
+    pub fn set_observer(&self, o: Option<Observer>) {
+        self.observer.set(o);
     }
 
     /// Replaces the upstream resolvers (new queries use them).
@@ -75,27 +90,57 @@ impl DnsForwarder {
     }
 }
 
-async fn serve(
-    sock: Arc<UdpSocket>,
+#[derive(Clone)]
+struct Shared {
     log: Arc<Mutex<VecDeque<String>>>,
     upstreams: Arc<Mutex<Vec<Ipv4Addr>>>,
-) {
+    observer: Slot,
+}
+
+impl Shared {
+    fn upstreams(&self) -> Vec<Ipv4Addr> {
+        self.upstreams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Tells the observer about `query` and its `answer` (`None`: no upstream answered).
+    async fn tell(&self, transport: &'static str, query: &[u8], answer: Option<&[u8]>) {
+        if !self.observer.is_set() {
+            return;
+        }
+        let (name, t) = dns_msg::question(query).unwrap_or_default();
+        let q = DnsQuery {
+            name,
+            qtype: dns_msg::type_name(t),
+            transport,
+            rcode: answer.and_then(dns_msg::rcode),
+            answers: answer.map(dns_msg::answers).unwrap_or_default(),
+        };
+        self.observer.tell(NetEvent::Dns(q)).await;
+    }
+}
+
+async fn serve(sock: Arc<UdpSocket>, sh: Shared) {
     let mut buf = vec![0u8; 4096];
     loop {
         let Ok((n, from)) = sock.recv_from(&mut buf).await else {
             continue;
         };
         let query = buf[..n].to_vec();
-        remember(&log, &query);
-        let ups = upstreams.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let sock = sock.clone();
+        remember(&sh.log, &query);
+        let ups = sh.upstreams();
+        let (sock, sh) = (sock.clone(), sh.clone());
         tokio::spawn(async move {
             for up in ups {
                 if let Some(answer) = ask(up, &query).await {
+                    sh.tell("udp", &query, Some(&answer)).await;
                     let _ = sock.send_to(&answer, from).await;
                     return;
                 }
             }
+            sh.tell("udp", &query, None).await;
         });
     }
 }
@@ -110,31 +155,28 @@ fn remember(log: &Mutex<VecDeque<String>>, query: &[u8]) {
     }
 }
 
-async fn serve_tcp(
-    l: tokio::net::TcpListener,
-    log: Arc<Mutex<VecDeque<String>>>,
-    upstreams: Arc<Mutex<Vec<Ipv4Addr>>>,
-) {
+async fn serve_tcp(l: tokio::net::TcpListener, sh: Shared) {
     loop {
         let Ok((mut c, _)) = l.accept().await else {
             continue;
         };
-        let (log, upstreams) = (log.clone(), upstreams.clone());
+        let sh = sh.clone();
         tokio::spawn(async move {
             // Length-prefixed messages, several per connection.
             while let Ok(Some(query)) = read_framed(&mut c).await {
-                remember(&log, &query);
-                let ups = upstreams.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let mut answered = false;
-                for up in ups {
-                    if let Some(answer) = ask_tcp(up, &query).await {
-                        let mut out = (answer.len() as u16).to_be_bytes().to_vec();
-                        out.extend(answer);
-                        answered = c.write_all(&out).await.is_ok();
+                remember(&sh.log, &query);
+                let mut answer = None;
+                for up in sh.upstreams() {
+                    answer = ask_tcp(up, &query).await;
+                    if answer.is_some() {
                         break;
                     }
                 }
-                if !answered {
+                sh.tell("tcp", &query, answer.as_deref()).await;
+                let Some(answer) = answer else { return };
+                let mut out = (answer.len() as u16).to_be_bytes().to_vec();
+                out.extend(answer);
+                if c.write_all(&out).await.is_err() {
                     return;
                 }
             }

@@ -1,13 +1,15 @@
-//! The per-sandbox egress proxy for name-based rules. When a policy names domains, the slot's
-//! ruleset redirects the sandbox's TCP connections to ports 80, 443 and `httpsPorts` to this
-//! listener (in the router namespace). It names each connection from its first bytes (TLS SNI,
-//! or the HTTP `Host`), never from DNS answers, decides with the policy, checks the original
-//! address against the always-denied ranges (so a name cannot smuggle a private address in),
-//! and splices it to its original destination.
+//! The per-sandbox egress proxy. When a policy names domains, the slot's ruleset redirects the
+//! sandbox's TCP connections to ports 80, 443 and `httpsPorts` to this listener (in the router
+//! namespace); when connections are audited ([`HostFacts::proxy_all_tcp`]), every TCP
+//! connection leaving the sandbox comes here. It names each connection to a web port from its
+//! first bytes (TLS SNI, or the HTTP `Host`), never from DNS answers, decides with the policy,
+//! checks the original address against the always-denied ranges (so a name cannot smuggle a
+//! private address in), and splices it to its original destination. A refused connection is
+//! reset. Its observer ([`crate::observe`]) hears of each decision and each end, with bytes.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -15,6 +17,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::egress_sock::SocketMaker;
+use crate::observe::{Conn, NetEvent, Observer, Slot};
 use crate::policy::EgressPolicy;
 use crate::rules::HostFacts;
 use crate::sni::{http_host, tls_server_name, Peek};
@@ -25,11 +29,15 @@ pub const PROXY_PORT: u16 = 15001;
 const PEEK_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const PEEK_MAX: usize = 16 * 1024;
+/// Buffer of each direction of a spliced connection (larger than tokio's default 8 KiB: fewer
+/// reads and writes per byte of a bulk transfer).
+const SPLICE_BUF: usize = 64 * 1024;
 
 /// A running proxy; stops when dropped.
 pub struct EgressProxy {
     task: tokio::task::JoinHandle<()>,
     policy: Arc<RwLock<EgressPolicy>>,
+    observer: Slot,
 }
 
 impl Drop for EgressProxy {
@@ -46,11 +54,14 @@ impl EgressProxy {
         l.set_nonblocking(true)
             .map_err(io_err("setting the proxy socket non-blocking"))?;
         let l = TcpListener::from_std(l).map_err(io_err("proxy socket"))?;
+        let sockets = SocketMaker::start(router_ns).await?;
         let policy = Arc::new(RwLock::new(policy));
+        let observer = Slot::default();
         let ctx = Arc::new(Ctx {
-            ns: router_ns.to_path_buf(),
+            sockets,
             policy: policy.clone(),
             facts,
+            observer: observer.clone(),
         });
         let task = tokio::spawn(async move {
             loop {
@@ -65,7 +76,16 @@ impl EgressProxy {
                 });
             }
         });
-        Ok(Self { task, policy })
+        Ok(Self {
+            task,
+            policy,
+            observer,
+        })
+    }
+
+    /// Sets (or with `None` clears) the observer told of every connection.
+    pub fn set_observer(&self, o: Option<Observer>) {
+        self.observer.set(o);
     }
 
     /// Replaces the policy (new connections see it).
@@ -75,22 +95,33 @@ impl EgressProxy {
 }
 
 struct Ctx {
-    ns: PathBuf,
+    sockets: SocketMaker,
     policy: Arc<RwLock<EgressPolicy>>,
     facts: HostFacts,
+    observer: Slot,
 }
 
 impl Ctx {
-    fn always_denied(&self, ip: Ipv4Addr) -> bool {
+    /// The rule denying `ip` whatever the policy (`host`, `always denied <range>`), if any.
+    fn always_denied(&self, ip: Ipv4Addr) -> Option<String> {
         if self.facts.host_deny.iter().any(|c| c.contains(ip)) {
-            return true;
+            return Some("host".into());
         }
-        !self.facts.operator_allow.iter().any(|c| c.contains(ip))
-            && crate::addr::always_denied().iter().any(|c| c.contains(ip))
+        if self.facts.operator_allow.iter().any(|c| c.contains(ip)) {
+            return None;
+        }
+        crate::addr::always_denied()
+            .iter()
+            .find(|c| c.contains(ip))
+            .map(|c| format!("always denied {c}"))
     }
 
     async fn handle(&self, mut s: TcpStream) -> std::io::Result<()> {
         let orig = original_dst(&s)?;
+        let src = match s.peer_addr()? {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(_) => return Ok(()),
+        };
         let policy = self
             .policy
             .read()
@@ -98,44 +129,147 @@ impl Ctx {
             .clone();
         let tls = orig.port() == 443 || policy.https_ports.contains(&orig.port());
         let mut buf = Vec::with_capacity(4096);
-        let name = tokio::time::timeout(PEEK_TIMEOUT, async {
-            loop {
-                let peek = if tls {
-                    tls_server_name(&buf)
-                } else {
-                    http_host(&buf)
-                };
-                match peek {
-                    Peek::Name(n) => return Some(n),
-                    Peek::NoName => return None,
-                    Peek::Incomplete if buf.len() >= PEEK_MAX => return None,
-                    Peek::Incomplete => {}
-                }
-                let mut chunk = [0u8; 4096];
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-        })
-        .await
-        .unwrap_or(None);
+        let name = if tls || orig.port() == 80 {
+            peek_name(&mut s, &mut buf, tls).await
+        } else {
+            None
+        };
         let ip = *orig.ip();
-        if self.always_denied(ip) || !policy.allows(name.as_deref(), ip) {
-            tracing::debug!(?name, %orig, "egress denied");
+        let (allowed, rule) = match self.always_denied(ip) {
+            Some(rule) => (false, rule),
+            None => policy.decide(name.as_deref(), ip),
+        };
+        let conn = Conn {
+            src,
+            dst: orig,
+            name,
+            rule,
+        };
+        if !allowed {
+            tracing::debug!(?conn, "egress denied");
             DENIED.fetch_add(1, Ordering::Relaxed);
+            self.observer.tell(NetEvent::Deny(conn)).await;
+            reset(&s);
             return Ok(());
         }
         ALLOWED.fetch_add(1, Ordering::Relaxed);
-        let up = crate::netns::connect_tcp(&self.ns, SocketAddr::V4(orig), CONNECT_TIMEOUT)
-            .await
-            .map_err(std::io::Error::other)?;
-        up.set_nonblocking(true)?;
-        let mut up = TcpStream::from_std(up)?;
-        up.write_all(&buf).await?;
-        tokio::io::copy_bidirectional(&mut s, &mut up).await?;
+        self.observer.tell(NetEvent::Connect(conn.clone())).await;
+        let started = std::time::Instant::now();
+        let r = self.splice(&mut s, orig, &buf).await;
+        let (bytes_out, bytes_in, error) = match &r {
+            Ok((o, i)) => (*o, *i, None),
+            Err((o, i, e)) => (*o, *i, Some(e.to_string())),
+        };
+        self.observer
+            .tell(NetEvent::Close {
+                conn,
+                bytes_out,
+                bytes_in,
+                duration_ms: started.elapsed().as_millis() as u64,
+                error,
+            })
+            .await;
+        if r.is_err() {
+            reset(&s);
+        }
         Ok(())
     }
+
+    /// Connects to `orig`, sends what was peeked and splices both ways: bytes out and in.
+    async fn splice(
+        &self,
+        s: &mut TcpStream,
+        orig: SocketAddrV4,
+        peeked: &[u8],
+    ) -> Result<(u64, u64), (u64, u64, std::io::Error)> {
+        let mut up = self
+            .sockets
+            .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| (0, 0, e))?;
+        let sent = peeked.len() as u64;
+        up.write_all(peeked).await.map_err(|e| (0, 0, e))?;
+        let (out, inn) = (AtomicU64::new(sent), AtomicU64::new(0));
+        let r = splice_counted(s, &mut up, &out, &inn).await;
+        let (o, i) = (out.into_inner(), inn.into_inner());
+        r.map(|_| (o, i)).map_err(|e| (o, i, e))
+    }
+}
+
+/// Copies both ways until both sides are done (each end's EOF is passed on as a shutdown), or
+/// until either way fails; counts the bytes each way, also when one fails.
+async fn splice_counted(
+    a: &mut TcpStream,
+    b: &mut TcpStream,
+    a_to_b: &AtomicU64,
+    b_to_a: &AtomicU64,
+) -> std::io::Result<()> {
+    let (mut ar, mut aw) = a.split();
+    let (mut br, mut bw) = b.split();
+    let one = copy_counted(&mut ar, &mut bw, a_to_b);
+    let other = copy_counted(&mut br, &mut aw, b_to_a);
+    tokio::pin!(one, other);
+    let (mut one_done, mut other_done) = (false, false);
+    while !(one_done && other_done) {
+        tokio::select! {
+            r = &mut one, if !one_done => { one_done = true; r?; }
+            r = &mut other, if !other_done => { other_done = true; r?; }
+        }
+    }
+    Ok(())
+}
+
+async fn copy_counted<R, W>(r: &mut R, w: &mut W, n: &AtomicU64) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; SPLICE_BUF];
+    loop {
+        let got = r.read(&mut buf).await?;
+        if got == 0 {
+            // (The other end may be gone already: nothing left to tell it.)
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        w.write_all(&buf[..got]).await?;
+        n.fetch_add(got as u64, Ordering::Relaxed);
+    }
+}
+
+/// Reads the connection's first bytes into `buf` until they name it (TLS SNI or HTTP Host).
+async fn peek_name(s: &mut TcpStream, buf: &mut Vec<u8>, tls: bool) -> Option<String> {
+    tokio::time::timeout(PEEK_TIMEOUT, async {
+        loop {
+            let peek = if tls {
+                tls_server_name(buf)
+            } else {
+                http_host(buf)
+            };
+            match peek {
+                Peek::Name(n) => return Some(n),
+                Peek::NoName => return None,
+                Peek::Incomplete if buf.len() >= PEEK_MAX => return None,
+                Peek::Incomplete => {}
+            }
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .unwrap_or(None)
+}
+
+/// Makes the close of `s` a reset (as a refused or failed connection looks without a proxy).
+fn reset(s: &TcpStream) {
+    let l = nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let _ = nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::Linger, &l);
 }
 
 static ALLOWED: AtomicU64 = AtomicU64::new(0);

@@ -17,15 +17,19 @@
 //! Modules: [`addr`] (IPv4 CIDRs, the host range), [`policy`] (E2B's egress policy),
 //! [`rules`] (nftables text), [`cmd`] (running `ip`/`nft`), [`slot`] (one slot's setup and
 //! teardown), [`host`] (host-wide forwarding and NAT), [`pool`] (the pool), [`netns`]
-//! (sockets inside a namespace), [`range`] (choosing a free host range, probing the host), [`dns`] (the per-sandbox DNS forwarder), [`egress`] (the
-//! per-sandbox proxy that applies domain rules, naming connections with [`sni`]), [`sweep`] (what killed servers left behind).
+//! (sockets inside a namespace), [`range`] (choosing a free host range, probing the host), [`dns`] (the per-sandbox DNS forwarder, reading messages with [`dns_msg`]), [`egress`] (the
+//! per-sandbox proxy that applies domain rules, naming connections with [`sni`]), [`observe`]
+//! (what the proxy and the forwarder tell the audit log), [`sweep`] (what killed servers left behind).
 
 pub mod addr;
 pub mod cmd;
 pub mod dns;
+pub mod dns_msg;
 pub mod egress;
+mod egress_sock;
 pub mod host;
 pub mod netns;
+pub mod observe;
 pub mod policy;
 pub mod pool;
 pub mod range;

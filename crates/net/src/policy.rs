@@ -141,6 +141,29 @@ impl EgressPolicy {
         self.allow_internet_access && !Self::list_matches(&self.deny_out, name, ip)
     }
 
+    /// [`Self::allows`] with the rule that decided: `allowOut <entry>`, `denyOut <entry>`,
+    /// `internet off` or `default`.
+    pub fn decide(&self, name: Option<&str>, ip: Ipv4Addr) -> (bool, String) {
+        let hit = |list: &[Target]| {
+            list.iter()
+                .find(|t| match t {
+                    Target::Net(c) => c.contains(ip),
+                    Target::Domain(d) => name.is_some_and(|n| domain_matches(d, n)),
+                })
+                .map(|t| Self::list_strings(std::slice::from_ref(t)).remove(0))
+        };
+        if let Some(t) = hit(&self.allow_out) {
+            return (true, format!("allowOut {t}"));
+        }
+        if !self.allow_internet_access {
+            return (false, "internet off".into());
+        }
+        match hit(&self.deny_out) {
+            Some(t) => (false, format!("denyOut {t}")),
+            None => (true, "default".into()),
+        }
+    }
+
     /// The CIDR entries of a list.
     pub fn nets(list: &[Target]) -> Vec<Cidr> {
         list.iter()
@@ -227,8 +250,24 @@ mod tests {
         assert!(p.allows(Some("a.test"), ip));
         assert!(!p.allows(Some("b.test"), ip));
         assert!(!p.allows(None, ip));
+        assert_eq!(
+            p.decide(Some("a.test"), ip),
+            (true, "allowOut a.test".into())
+        );
+        assert_eq!(p.decide(None, ip), (false, "denyOut 0.0.0.0/0".into()));
         let p = EgressPolicy::from_lists(true, &[], &["*.b.test".into()], &[]).unwrap();
         assert!(!p.allows(Some("x.b.test"), ip));
+        assert_eq!(
+            p.decide(Some("x.b.test"), ip),
+            (false, "denyOut *.b.test".into())
+        );
+        assert_eq!(p.decide(Some("a.test"), ip), (true, "default".into()));
+        let off = EgressPolicy::from_lists(false, &["203.0.113.10".into()], &[], &[]).unwrap();
+        assert_eq!(off.decide(None, ip), (true, "allowOut 203.0.113.10".into()));
+        assert_eq!(
+            off.decide(None, Ipv4Addr::new(198, 51, 100, 1)),
+            (false, "internet off".into())
+        );
         assert!(p.allows(Some("a.test"), ip));
     }
 

@@ -30,6 +30,9 @@ pub struct NetConfig {
     pub max_connections: u32,
     /// Egress bandwidth cap of a sandbox, MiB/s (0: none).
     pub egress_mib_per_sec: u32,
+    /// Send every TCP connection leaving a sandbox through its egress proxy, which tells its
+    /// observer (kiln's audit log) about it; else only what domain rules need goes there.
+    pub proxy_all_tcp: bool,
 }
 
 impl NetConfig {
@@ -107,6 +110,7 @@ impl SlotPool {
             operator_allow: cfg.operator_allow.clone(),
             max_connections: cfg.max_connections,
             egress_mib_per_sec: cfg.egress_mib_per_sec,
+            proxy_all_tcp: cfg.proxy_all_tcp,
         };
         let pool = Arc::new(Self {
             cfg,

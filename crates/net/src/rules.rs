@@ -27,6 +27,9 @@ pub struct HostFacts {
     pub max_connections: u32,
     /// Egress bandwidth cap of a sandbox, MiB/s (0: none).
     pub egress_mib_per_sec: u32,
+    /// Every TCP connection leaving a sandbox goes through its egress proxy (which records
+    /// it), not only those to the web ports under domain rules.
+    pub proxy_all_tcp: bool,
 }
 
 fn set(out: &mut String, name: &str, elems: &[Cidr]) {
@@ -48,8 +51,16 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
     let proxy = crate::egress::PROXY_PORT;
     // With domain rules, TCP to the web ports goes through the egress proxy (which names
     // connections by SNI/Host), and QUIC (UDP) to the TLS ports is dropped: it cannot be named.
+    let all = format!(
+        "    iifname \"{GUEST_LINK}\" ip daddr != {GATEWAY_ADDR} meta l4proto tcp redirect to :{proxy}\n"
+    );
     let (redirect, quic) = if policy.domains().is_empty() {
-        (String::new(), String::new())
+        let r = if host.proxy_all_tcp {
+            all
+        } else {
+            String::new()
+        };
+        (r, String::new())
     } else {
         let mut tls: Vec<u16> = vec![443];
         tls.extend(policy.https_ports.iter().copied().filter(|p| *p != 80));
@@ -60,10 +71,14 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
         web.push(80);
         web.sort_unstable();
         (
-            format!(
-                "    iifname \"{GUEST_LINK}\" tcp dport {{ {} }} redirect to :{proxy}\n",
-                list(&web)
-            ),
+            if host.proxy_all_tcp {
+                all
+            } else {
+                format!(
+                    "    iifname \"{GUEST_LINK}\" tcp dport {{ {} }} redirect to :{proxy}\n",
+                    list(&web)
+                )
+            },
             format!(
                 "    iifname \"{GUEST_LINK}\" udp dport {{ {} }} drop\n",
                 list(&tls)
@@ -176,6 +191,7 @@ mod tests {
             operator_allow: vec![],
             max_connections: 0,
             egress_mib_per_sec: 0,
+            proxy_all_tcp: false,
         };
         let r = slot_ruleset("10.231.0.1".parse().unwrap(), &host, &p);
         assert!(r.starts_with("table ip kiln\ndelete table ip kiln\n"));
@@ -210,6 +226,17 @@ mod tests {
         );
         assert!(r.contains("iifname \"gw0\" ct state new ct count over 100 drop"));
         assert!(r.contains("iifname \"gw0\" limit rate over 5 mbytes/second drop"));
+        let audited = HostFacts {
+            proxy_all_tcp: true,
+            ..capped
+        };
+        for p in [EgressPolicy::default(), p] {
+            let r = slot_ruleset("10.231.0.1".parse().unwrap(), &audited, &p);
+            assert!(r.contains(
+                "iifname \"gw0\" ip daddr != 169.254.0.22 meta l4proto tcp redirect to :15001"
+            ));
+            assert!(!r.contains("tcp dport { 80, 443 } redirect"));
+        }
     }
 
     #[test]

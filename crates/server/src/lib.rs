@@ -134,7 +134,11 @@ impl Server {
         let store: Arc<dyn store::StateStore> =
             Arc::new(store::SqliteStore::open(&cfg.state_dir.join("kiln.db"))?);
         let first_key = auth::ensure_first_key(store.as_ref()).await?;
-        let (dcfg, dir) = (cfg.driver.clone(), cfg.state_dir.clone());
+        let (mut dcfg, dir) = (cfg.driver.clone(), cfg.state_dir.clone());
+        // Audited connections all pass the egress proxy, which records them.
+        if let Some(n) = dcfg.gvisor.network.as_mut() {
+            n.proxy_all_tcp = cfg.audit.enabled;
+        }
         let driver = tokio::task::spawn_blocking(move || driver::build(&dcfg, &dir))
             .await
             .map_err(|e| {

@@ -90,6 +90,7 @@ async fn concurrent_create_kill_never_takes_a_live_sandbox_slot() {
         dns_upstreams: Vec::new(),
         max_connections: 0,
         egress_mib_per_sec: 0,
+        proxy_all_tcp: false,
     });
     let gvisor =
         Arc::new(GvisorDriver::new(GvisorConfig::from_settings(&settings, state.path())).unwrap());

@@ -44,6 +44,7 @@ async fn a_server_bound_to_localhost_is_reachable_through_port_routing() {
         dns_upstreams: Vec::new(),
         max_connections: 0,
         egress_mib_per_sec: 0,
+        proxy_all_tcp: false,
     });
     let gvisor =
         Arc::new(GvisorDriver::new(GvisorConfig::from_settings(&settings, state.path())).unwrap());

@@ -2,6 +2,8 @@
 //! way but `--audit on` / `--audit off`, each with one sandbox of the same template; exec round
 //! trips (`/bin/true` started through the server's proxy, until its end event) and large
 //! uploads through the proxy, interleaved between the two so machine noise hits both alike.
+//! Then syscall-level auditing: on the audit-on server, a `python3 -c` workload in a sandbox
+//! created with `kiln.audit.syscalls=true` vs the plain one, interleaved too.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,6 +32,12 @@ pub struct Args {
     /// Uploads per server.
     #[arg(long, default_value_t = 5)]
     uploads: usize,
+    /// Runs of the `python3 -c` workload per sandbox (syscall auditing on vs off; 0: skip).
+    #[arg(long, default_value_t = 30)]
+    py_runs: usize,
+    /// The `python3 -c` workload.
+    #[arg(long, default_value = "import json, os; open('/etc/hostname').read()")]
+    py: String,
     /// gVisor platform (default: the fastest that works, as `kiln serve`).
     #[arg(long, env = "KILN_PLATFORM")]
     platform: Option<String>,
@@ -46,6 +54,15 @@ struct Side {
     manager: Arc<Manager>,
     sandbox: SandboxRecord,
     envd: EnvdClient,
+    addr: std::net::SocketAddr,
+}
+
+fn envd_of(addr: std::net::SocketAddr, sandbox: &SandboxRecord) -> EnvdClient {
+    EnvdClient::tcp(addr)
+        .with_header("host", addr.to_string())
+        .with_header("e2b-sandbox-id", sandbox.id.clone())
+        .with_header("e2b-sandbox-port", kiln_proto::envd::ENVD_PORT.to_string())
+        .with_access_token(sandbox.envd_token.clone())
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -117,19 +134,19 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     ..Default::default()
                 })
                 .await?;
-            let envd = EnvdClient::tcp(addr)
-                .with_header("host", addr.to_string())
-                .with_header("e2b-sandbox-id", sandbox.id.clone())
-                .with_header("e2b-sandbox-port", kiln_proto::envd::ENVD_PORT.to_string())
-                .with_access_token(sandbox.envd_token.clone());
+            let envd = envd_of(addr, &sandbox);
             sides.push(Side {
                 name,
                 manager,
                 sandbox,
                 envd,
+                addr,
             });
         }
-        let r = measure(&a, &sides).await;
+        let mut r = measure(&a, &sides).await;
+        if r.is_ok() && a.py_runs > 0 {
+            r = syscalls(&a, &sides[0]).await;
+        }
         for s in &sides {
             s.manager.kill_all("bench audit done").await;
         }
@@ -139,9 +156,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 async fn exec_true(envd: &EnvdClient) -> anyhow::Result<Duration> {
+    exec(envd, "/bin/true", &[]).await
+}
+
+async fn exec(envd: &EnvdClient, cmd: &str, args: &[&str]) -> anyhow::Result<Duration> {
     let req = pb::StartRequest {
         process: Some(pb::ProcessConfig {
-            cmd: "/bin/true".into(),
+            cmd: cmd.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
             ..Default::default()
         }),
         stdin: Some(false),
@@ -232,6 +254,57 @@ async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
         "  (overhead: how much slower with audit on; target ≤ 5%. The audit-on sandbox has {} \
          records; the audit-off one none)",
         recs.len()
+    );
+    Ok(())
+}
+
+/// The `python3 -c` workload in a sandbox with syscall auditing vs the plain audit-on one.
+async fn syscalls(a: &Args, on: &Side) -> anyhow::Result<()> {
+    let traced = on
+        .manager
+        .create(CreateParams {
+            template_id: a.template.clone(),
+            timeout_secs: Some(3600),
+            secure: true,
+            metadata: [("kiln.audit.syscalls".to_string(), "true".to_string())].into(),
+            ..Default::default()
+        })
+        .await?;
+    let envds = [envd_of(on.addr, &traced), on.envd.clone()];
+    let args = ["-c", a.py.as_str()];
+    for e in &envds {
+        exec(e, "python3", &args).await?;
+    }
+    let mut t: Vec<Vec<Duration>> = vec![Vec::new(); 2];
+    for i in 0..a.py_runs {
+        for k in 0..2 {
+            let k = (k + i) % 2;
+            t[k].push(exec(&envds[k], "python3", &args).await?);
+        }
+    }
+    let p: Vec<_> = t.iter().map(|e| percentiles(e)).collect();
+    let recs = on
+        .manager
+        .audit()
+        .query(kiln_server::audit::Filter {
+            sandbox_id: Some(traced.id.clone()),
+            kinds: vec![kiln_server::audit::Kind::Syscall],
+            limit: 1_000_000,
+            ..Default::default()
+        })
+        .await?;
+    println!(
+        "  {:<22} {:>7.2} ms {:>7.2} ms {:>15.1}%   (syscalls on vs off, audit on)",
+        "python3 -c p50",
+        p[0].p50_ms,
+        p[1].p50_ms,
+        (p[0].p50_ms / p[1].p50_ms - 1.0) * 100.0
+    );
+    println!(
+        "  ({} syscall records for {} runs: {:.0} per run)",
+        recs.len(),
+        a.py_runs + 1,
+        recs.len() as f64 / (a.py_runs + 1) as f64
     );
     Ok(())
 }

@@ -92,6 +92,7 @@ fn side(
         dns_upstreams: kiln_net::dns::system_resolvers(),
         max_connections: 0,
         egress_mib_per_sec: 0,
+        proxy_all_tcp: false,
     });
     let gvisor = Arc::new(GvisorDriver::new(cfg)?);
     let driver: Arc<dyn Driver> = gvisor.clone();

@@ -5,6 +5,7 @@
 //! - [`store`]: the tables (migration 4), queries, verification and retention;
 //! - `writer`: the single writer thread behind a bounded channel;
 //! - [`tap`]: what the sandbox proxy records of the envd traffic it forwards;
+//! - [`net`]: what kiln-net's egress proxy and DNS forwarder report;
 //! - [`api`]: the HTTP routes (`/sandboxes/{id}/audit`, `/audit`, `/audit/verify`).
 //!
 //! Records come from what the server itself routes or decides (the proxy, the API, the
@@ -13,6 +14,7 @@
 
 pub mod api;
 pub mod chain;
+pub mod net;
 pub mod record;
 pub mod store;
 pub mod tap;

@@ -20,16 +20,19 @@ pub enum Kind {
     Lifecycle,
     /// A REST API call naming the sandbox.
     Api,
+    /// A system call inside the sandbox (opt-in: metadata `kiln.audit.syscalls=true`).
+    Syscall,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Process,
         Kind::File,
         Kind::Net,
         Kind::Dns,
         Kind::Lifecycle,
         Kind::Api,
+        Kind::Syscall,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -40,6 +43,7 @@ impl Kind {
             Kind::Dns => "dns",
             Kind::Lifecycle => "lifecycle",
             Kind::Api => "api",
+            Kind::Syscall => "syscall",
         }
     }
 

@@ -38,6 +38,8 @@ pub struct SandboxSpec {
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub pids_limit: u32,
+    /// Audit the sandbox's system calls (see the gVisor driver's `trace` module).
+    pub syscall_audit: bool,
 }
 
 /// Resource usage of a running sandbox.
@@ -103,6 +105,15 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
 }
 
 /// An isolation technology.
+/// Receives the network events of every sandbox: its id and the event.
+pub type NetObserver = std::sync::Arc<
+    dyn Fn(&str, kiln_net::observe::NetEvent) -> kiln_net::observe::BoxFuture + Send + Sync,
+>;
+
+/// Receives the audited system calls of sandboxes: its id and the record's body.
+pub type SyscallObserver =
+    std::sync::Arc<dyn Fn(&str, serde_json::Value) -> kiln_net::observe::BoxFuture + Send + Sync>;
+
 #[async_trait::async_trait]
 pub trait Driver: Send + Sync + 'static {
     /// Short name recorded with each sandbox (`gvisor`, `microvm`).
@@ -156,6 +167,12 @@ pub trait Driver: Send + Sync + 'static {
     async fn network(&self, _id: &str) -> Option<kiln_net::EgressPolicy> {
         None
     }
+    /// Tells `o` of every connection and DNS query of every sandbox's network (the audit
+    /// log); set once, before or after sandboxes start.
+    fn set_net_observer(&self, _o: NetObserver) {}
+    /// Tells `o` of the audited system calls of sandboxes created with `syscall_audit`
+    /// (without it, such sandboxes are not traced).
+    fn set_syscall_observer(&self, _o: SyscallObserver) {}
 
     /// Freezes the sandbox and saves its disk, and with `memory` its memory and processes
     /// too; it no longer runs on the host. Its saved state survives a server restart.

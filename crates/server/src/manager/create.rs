@@ -9,6 +9,9 @@ use crate::error::{Error, Result};
 use crate::store::{now_ms, SandboxRecord, SandboxState, TemplateRecord};
 use crate::templates::{self, TemplateInfo};
 
+/// The metadata key that turns on syscall-level auditing for a sandbox (`"true"`).
+pub const SYSCALL_AUDIT_KEY: &str = "kiln.audit.syscalls";
+
 /// The `/init` that gives a freshly booted agent the sandbox's identity: environment (the
 /// template's, then the request's), access token, default user and working directory, clock.
 pub(super) fn init_request(
@@ -79,8 +82,15 @@ impl Manager {
             })
             .await;
 
+        // Syscall auditing starts with the sandbox: never from a warm pool.
+        let syscalls = self.audit().enabled()
+            && p.metadata.get(SYSCALL_AUDIT_KEY).map(String::as_str) == Some("true");
         // A warm pool's sandbox of this template, booted ahead of time, when there is one.
-        let pooled = self.pools.take(&tpl.name);
+        let pooled = if syscalls {
+            None
+        } else {
+            self.pools.take(&tpl.name)
+        };
         let id = pooled.clone().unwrap_or_else(super::new_sandbox_id);
         let now = now_ms();
         let mut record = SandboxRecord {
@@ -107,7 +117,8 @@ impl Manager {
             team,
         };
         self.store.insert_sandbox(&record).await?;
-        let spec = self.spec_for(&id, &tpl);
+        let mut spec = self.spec_for(&id, &tpl);
+        spec.syscall_audit = syscalls;
         let booted = match self.boots.acquire().await {
             Ok(_permit) => {
                 self.boot(&spec, &record, &tpl, pooled.is_some(), p.network.as_ref())

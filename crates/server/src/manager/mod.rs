@@ -267,7 +267,15 @@ impl Manager {
     }
 
     /// Gives the manager its audit log (once; later calls are ignored).
+    /// An enabled log also hears of every connection and DNS query of the sandboxes, and of
+    /// the system calls of those created with `kiln.audit.syscalls=true`.
     pub fn set_audit(&self, log: crate::audit::AuditLog) {
+        if log.enabled() {
+            self.driver
+                .set_net_observer(crate::audit::net::observer(log.clone()));
+            self.driver
+                .set_syscall_observer(crate::audit::net::syscall_observer(log.clone()));
+        }
         let _ = self.audit.set(log);
     }
 

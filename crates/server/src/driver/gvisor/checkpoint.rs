@@ -293,6 +293,7 @@ impl GvisorDriver {
                     id,
                     &dir.join("console.log"),
                     workaround,
+                    None,
                 )
                 .await?;
         }

@@ -33,10 +33,12 @@ mod mounts;
 pub mod net_config;
 pub mod network;
 mod oci;
+mod proto;
 mod reap;
 mod runsc;
 mod settle;
 mod snapshot;
+pub mod trace;
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +53,7 @@ use super::{
     io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
 };
 pub use console::tail;
+pub use container::cgroup_memory_limit;
 use container::{connect_no_follow, halt_container};
 use mounts::{mount_overlay_stack, unmount};
 
@@ -125,6 +128,7 @@ pub struct GvisorDriver {
     net: Option<std::sync::Arc<network::Network>>,
     /// Cleanup still running after a call returned (the container of a paused sandbox).
     settling: settle::Settling,
+    syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -192,6 +196,7 @@ impl GvisorDriver {
             runsc,
             net,
             settling: Default::default(),
+            syscalls: Default::default(),
         })
     }
 
@@ -276,6 +281,9 @@ impl GvisorDriver {
             &self.cfg.agent_args,
             !self.cfg.ignore_cgroups,
         );
+        if spec.syscall_audit {
+            trace::write_config(&dir)?;
+        }
         if let Some(net) = &self.net {
             let ns = net.attach(&spec.id, &dir.join("rootfs")).await?;
             network::set_netns_path(&mut config, &ns);
@@ -315,20 +323,6 @@ impl GvisorDriver {
     }
 }
 
-/// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
-/// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
-pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
-    let candidates = [
-        format!("/sys/fs/cgroup/memory/kiln/{id}/memory.limit_in_bytes"),
-        format!("/sys/fs/cgroup/kiln/{id}/memory.max"),
-        format!("/sys/fs/cgroup/unified/kiln/{id}/memory.max"),
-    ];
-    candidates
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .find_map(|v| v.trim().parse::<u64>().ok())
-}
-
 #[async_trait::async_trait]
 impl Driver for GvisorDriver {
     fn name(&self) -> &'static str {
@@ -351,13 +345,10 @@ impl Driver for GvisorDriver {
             return Err(DriverError::NotFound(id.to_string()));
         }
         let workaround = self.sysctl_workaround(id).await;
+        let pod = trace::start(&dir, id, self.syscalls.get())?;
+        let (bundle, log) = (dir.join("bundle"), dir.join("console.log"));
         self.runsc
-            .run_detached(
-                &dir.join("bundle"),
-                id,
-                &dir.join("console.log"),
-                workaround,
-            )
+            .run_detached(&bundle, id, &log, workaround, pod.as_deref())
             .await
     }
 
@@ -454,6 +445,9 @@ impl Driver for GvisorDriver {
         // A sandbox process that died is our zombie (we are its subreaper) until reaped, and
         // runsc counts a zombie as alive.
         reap_adopted_zombies();
+        if let Some(net) = &self.net {
+            net.ready().await; // a restarted server's slots (egress proxies) are adopted
+        }
         Ok(self.runsc.status(id).await.as_deref() == Some("running"))
     }
 
@@ -575,6 +569,16 @@ impl Driver for GvisorDriver {
 
     async fn network(&self, id: &str) -> Option<kiln_net::EgressPolicy> {
         self.net.as_ref()?.policy(id).await
+    }
+
+    fn set_net_observer(&self, o: crate::driver::NetObserver) {
+        if let Some(net) = &self.net {
+            net.set_observer(o);
+        }
+    }
+
+    fn set_syscall_observer(&self, o: crate::driver::SyscallObserver) {
+        let _ = self.syscalls.set(o);
     }
 }
 

@@ -123,6 +123,7 @@ pub async fn resolve(opts: &NetOptions, state_dir: &Path) -> Result<NetSetup, St
             dns_upstreams,
             max_connections: opts.max_connections,
             egress_mib_per_sec: opts.egress_mib_per_sec,
+            proxy_all_tcp: false,
         },
         range_note,
     })

@@ -95,6 +95,8 @@ pub struct Network {
     /// still leased (the sandbox may run), released when the sandbox stops.
     orphans: Mutex<HashMap<String, u32>>,
     workaround: OnceCell<bool>,
+    /// Told of each connection and DNS query (set once by the server: the audit log).
+    observer: Arc<std::sync::OnceLock<crate::driver::NetObserver>>,
 }
 
 fn net_err(e: kiln_net::NetError) -> DriverError {
@@ -110,6 +112,7 @@ impl Network {
             leases: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashMap::new()),
             workaround: OnceCell::new(),
+            observer: Arc::default(),
         });
         // Start the pool now when there is a runtime (cleanup and pre-creation happen at start
         // rather than on the first create).
@@ -122,6 +125,21 @@ impl Network {
             });
         }
         n
+    }
+
+    /// Sets the observer of every sandbox's connections and DNS queries (the first call wins).
+    pub fn set_observer(&self, o: crate::driver::NetObserver) {
+        let _ = self.observer.set(o);
+    }
+
+    /// Sandbox `id`'s view of the observer (which may be set later: a restarted server adopts
+    /// slots before it has its audit log).
+    fn observer_of(&self, id: &str) -> kiln_net::observe::Observer {
+        let (cell, id) = (self.observer.clone(), id.to_string());
+        Arc::new(move |e| match cell.get() {
+            Some(o) => o(&id, e),
+            None => Box::pin(async {}),
+        })
     }
 
     fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lease>> {
@@ -172,7 +190,7 @@ impl Network {
                     if let Err(e) = kiln_net::sweep::record_lease(&self.cfg.prefix, f.slot, &dir) {
                         tracing::warn!(sandbox = %id, error = %e, "recording a slot's lease");
                     }
-                    match self.services(&pool, &slot, &policy).await {
+                    match self.services(&id, &pool, &slot, &policy).await {
                         Ok((dns, egress)) => {
                             self.leases().insert(
                                 id,
@@ -198,17 +216,22 @@ impl Network {
     /// The slot's DNS forwarder and egress proxy.
     async fn services(
         &self,
+        id: &str,
         pool: &SlotPool,
         slot: &Slot,
         policy: &EgressPolicy,
     ) -> Result<(DnsForwarder, EgressProxy)> {
         let ns = slot.router_ns_path();
         // Each binds its sockets from a thread of its own in the router namespace: together.
-        tokio::try_join!(
+        let (dns, egress) = tokio::try_join!(
             DnsForwarder::start(&ns, self.upstreams(policy)),
             EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone()),
         )
-        .map_err(net_err)
+        .map_err(net_err)?;
+        let o = self.observer_of(id);
+        dns.set_observer(Some(o.clone()));
+        egress.set_observer(Some(o));
+        Ok((dns, egress))
     }
 
     /// Gives sandbox `id` a slot (default policy), its DNS forwarder and egress proxy; writes its
@@ -219,7 +242,7 @@ impl Network {
         let policy = EgressPolicy::default();
         let slot = pool.acquire(&policy).await.map_err(net_err)?;
         let t_slot = t0.elapsed();
-        let services = self.services(pool, &slot, &policy).await;
+        let services = self.services(id, pool, &slot, &policy).await;
         tracing::debug!(
             sandbox = id,
             slot = slot.index,
@@ -296,6 +319,13 @@ impl Network {
     async fn leased<T>(&self, id: &str, f: impl FnOnce(&Lease) -> T) -> Option<T> {
         let _ = self.pool().await;
         self.leases().get(id).map(f)
+    }
+
+    /// Waits for the pool's start, where a restarted server adopts its sandboxes' slots and
+    /// starts their DNS forwarders and egress proxies again (with connections audited, all of
+    /// a sandbox's TCP egress needs its proxy).
+    pub async fn ready(&self) {
+        let _ = self.pool().await;
     }
 
     /// The sandbox namespace of sandbox `id`'s slot.

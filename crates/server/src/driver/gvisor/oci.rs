@@ -159,6 +159,7 @@ mod tests {
             cpu_count: 2,
             memory_mb: 256,
             pids_limit: 300,
+            syscall_audit: false,
         };
         let v = oci_spec(
             &spec,

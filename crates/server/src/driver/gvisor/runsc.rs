@@ -102,14 +102,18 @@ impl Runsc {
     ///
     /// `sysctl_workaround`: run it in a private mount namespace with an empty tmpfs over
     /// `/proc/sys/net` (see [`super::network`]).
+    /// `pod_config`: `--pod-init-config` (syscall auditing, see [`super::trace`]).
     pub async fn run_detached(
         &self,
         bundle: &Path,
         id: &str,
         log: &Path,
         sysctl_workaround: bool,
+        pod_config: Option<&Path>,
     ) -> Result<()> {
-        self.detached(&["run"], bundle, id, log, sysctl_workaround)
+        let pod = pod_config.map(|p| format!("--pod-init-config={}", p.display()));
+        let sub: Vec<&str> = pod.iter().map(String::as_str).chain(["run"]).collect();
+        self.detached(&sub, bundle, id, log, sysctl_workaround)
             .await
     }
 
@@ -169,13 +173,13 @@ impl Runsc {
         let status = tokio::time::timeout(RUNSC_TIMEOUT, c.status())
             .await
             .map_err(|_| DriverError::Command {
-                command: format!("runsc {} --detach", sub[0]),
+                command: format!("runsc {} --detach", sub.last().unwrap_or(&"")),
                 output: format!("timed out after {}s", RUNSC_TIMEOUT.as_secs()),
             })?
             .map_err(io_err(format!("running {}", self.bin.display())))?;
         if !status.success() {
             return Err(DriverError::Command {
-                command: format!("runsc {} --detach {id}", sub[0]),
+                command: format!("runsc {} --detach {id}", sub.last().unwrap_or(&"")),
                 output: super::tail(log, 4000),
             });
         }

@@ -277,6 +277,7 @@ impl GvisorDriver {
                         &spec.id,
                         &dir.join("console.log"),
                         workaround,
+                        None,
                     )
                     .await;
             }
