@@ -13,6 +13,7 @@ mod files;
 pub mod forward;
 mod fs;
 mod fsrpc;
+pub mod fuzz;
 pub mod interp;
 pub mod limits;
 pub mod listen;
