@@ -20,6 +20,7 @@ fn spec(id: &str, rootfs: &std::path::Path) -> SandboxSpec {
         cpu_count: 1,
         memory_mb: 256,
         pids_limit: 512,
+        disk_mb: 0,
     }
 }
 

@@ -38,6 +38,8 @@ pub struct SandboxSpec {
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub pids_limit: u32,
+    /// Size of the sandbox's writable disk in MiB (writes beyond it get ENOSPC); 0: unbounded.
+    pub disk_mb: u32,
 }
 
 /// Resource usage of a running sandbox.

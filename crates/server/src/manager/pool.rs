@@ -80,6 +80,7 @@ impl Manager {
             cpu_count: self.cfg.default_cpu_count,
             memory_mb: tpl.memory_mb.unwrap_or(self.cfg.default_memory_mb),
             pids_limit: self.cfg.pids_limit,
+            disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
         }
     }
 

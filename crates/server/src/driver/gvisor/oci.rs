@@ -53,6 +53,20 @@ pub fn sandbox_memory(host: u64) -> u64 {
     }
 }
 
+/// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
+/// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
+pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
+    let candidates = [
+        format!("/sys/fs/cgroup/memory/kiln/{id}/memory.limit_in_bytes"),
+        format!("/sys/fs/cgroup/kiln/{id}/memory.max"),
+        format!("/sys/fs/cgroup/unified/kiln/{id}/memory.max"),
+    ];
+    candidates
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|v| v.trim().parse::<u64>().ok())
+}
+
 /// The OCI runtime spec of one sandbox.
 pub fn oci_spec(
     spec: &SandboxSpec,
@@ -99,7 +113,7 @@ pub fn oci_spec(
     if with_cgroups {
         linux["cgroupsPath"] = json!(format!("/kiln/{}", spec.id));
     }
-    json!({
+    let mut v = json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
@@ -133,7 +147,30 @@ pub fn oci_spec(
              "options": ["rbind", "rw"]}
         ],
         "linux": linux
-    })
+    });
+    if tmp_is_empty(&spec.rootfs) {
+        // runsc would mount an unbounded tmpfs (sandbox memory) over an empty /tmp: bound it.
+        let tmp = json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", tmp_size_mb(spec.memory_mb))]});
+        if let Some(m) = v["mounts"].as_array_mut() {
+            m.push(tmp);
+        }
+    }
+    v
+}
+
+/// Size of a sandbox's `/tmp` (a tmpfs, so sandbox memory): half the sandbox's memory.
+pub fn tmp_size_mb(memory_mb: u32) -> u32 {
+    (memory_mb / 2).max(16)
+}
+
+/// Whether the template has nothing in `/tmp` (then /tmp is a tmpfs; otherwise it stays on the
+/// sandbox's disk, with the template's files, bounded by the disk quota).
+fn tmp_is_empty(rootfs: &Path) -> bool {
+    match std::fs::read_dir(rootfs.join("tmp")) {
+        Ok(mut d) => d.next().is_none(),
+        Err(_) => true,
+    }
 }
 
 #[cfg(test)]
@@ -159,6 +196,7 @@ mod tests {
             cpu_count: 2,
             memory_mb: 256,
             pids_limit: 300,
+            disk_mb: 0,
         };
         let v = oci_spec(
             &spec,
@@ -187,6 +225,12 @@ mod tests {
         assert!(env.contains(&"KILN_SANDBOX_MEMORY_MB=256"));
         assert!(env.contains(&"KILN_SANDBOX_PIDS=300"));
         let mounts = v["mounts"].as_array().unwrap();
+        let tmp = mounts.iter().find(|m| m["destination"] == "/tmp").unwrap();
+        assert_eq!(tmp["type"], "tmpfs");
+        assert!(tmp["options"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("size=128m")));
         assert!(mounts
             .iter()
             .any(|m| m["destination"] == "/run/kiln" && m["source"] == "/s/run"));
