@@ -270,8 +270,7 @@ pub fn files_query(data: &[u8]) {
     let last_path = q
         .split('&')
         .filter_map(|p| p.split_once('=').or(Some((p, ""))))
-        .filter(|(k, _)| reference_percent_decode(k) == "path")
-        .last()
+        .rfind(|(k, _)| reference_percent_decode(k) == "path")
         .map(|(_, v)| reference_percent_decode(v));
     assert_eq!(parsed.path, last_path);
     let _ = crate::files::signature(

@@ -547,6 +547,13 @@ impl Driver for GvisorDriver {
     async fn housekeep(&self, ids: &[String]) {
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
+            if let Some(near) = oci::host_pressure(id) {
+                // The agent kills its biggest command (kiln_agent::limits).
+                tracing::warn!(sandbox = %id, "host limits near ({near}): relieving");
+                if let Err(e) = self.runsc.output(&["kill", id, "WINCH"]).await {
+                    tracing::warn!(sandbox = %id, error = %e, "sending the host-pressure signal");
+                }
+            }
         }
     }
 

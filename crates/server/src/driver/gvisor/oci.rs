@@ -67,6 +67,42 @@ pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
         .find_map(|v| v.trim().parse::<u64>().ok())
 }
 
+/// Whether sandbox `id`'s host cgroup nears its limits: tasks at 75 % of `pids.max`, or
+/// memory at 85 % of its limit. A fork bomb gets there although its processes are capped
+/// inside: each fork and exit costs the sentry host tasks and memory (systrap stubs) that the
+/// sandbox's accounting does not see, and its churn makes them pile up until the sentry dies at
+/// the host limit. Returns what is near, for the log.
+pub fn host_pressure(id: &str) -> Option<String> {
+    let read = |paths: &[String]| {
+        paths
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .find_map(|v| v.trim().parse::<u64>().ok())
+    };
+    let cg = |ctrl: &str, v1: &str, v2: &str| {
+        [
+            format!("/sys/fs/cgroup/{ctrl}/kiln/{id}/{v1}"),
+            format!("/sys/fs/cgroup/kiln/{id}/{v2}"),
+            format!("/sys/fs/cgroup/unified/kiln/{id}/{v2}"),
+        ]
+    };
+    let pids = read(&cg("pids", "pids.current", "pids.current"));
+    let pids_max = read(&cg("pids", "pids.max", "pids.max"));
+    if let (Some(n), Some(max)) = (pids, pids_max) {
+        if max > 0 && n * 4 >= max * 3 {
+            return Some(format!("{n} of {max} host tasks"));
+        }
+    }
+    let mem = read(&cg("memory", "memory.usage_in_bytes", "memory.current"));
+    let mem_max = cgroup_memory_limit(id);
+    if let (Some(m), Some(max)) = (mem, mem_max) {
+        if max > 0 && m / 20 * 20 >= max / 20 * 17 {
+            return Some(format!("{} of {} MiB host memory", m >> 20, max >> 20));
+        }
+    }
+    None
+}
+
 /// The OCI runtime spec of one sandbox.
 pub fn oci_spec(
     spec: &SandboxSpec,
