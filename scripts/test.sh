@@ -71,6 +71,12 @@ say "abuse tests (hostile workloads against kiln serve)"
 "$KILN_PYTHON" -m pytest tests/abuse -q -rs
 rc_abuse=$?
 [ $rc -eq 0 ] && rc=$rc_abuse
+say "fuzzing (each cargo-fuzz target briefly; longer by hand: scripts/fuzz.sh 600)"
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install --locked cargo-fuzz
+scripts/fuzz.sh 15
+rc_fuzz=$?
+[ $rc -eq 0 ] && rc=$rc_fuzz
 set -e
 if [ $rc -eq 5 ]; then
   die "pytest collected no SDK tests"

@@ -19,6 +19,8 @@ _spec.loader.exec_module(sdk)
 # Small on purpose: a fork bomb reaches the pids limit and a memory hog the memory size fast.
 PIDS_LIMIT = 200
 MEMORY_MB = 320
+# A disk fill reaches the quota in seconds; /tmp is a tmpfs of half the memory.
+DISK_MB = 256
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +28,8 @@ def server():
     base = tempfile.mkdtemp(prefix="kiln-abuse-")
     srv = sdk.KilnServer(
         os.path.join(base, "state"),
-        ["--pids-limit", str(PIDS_LIMIT), "--memory-mb", str(MEMORY_MB)],
+        ["--pids-limit", str(PIDS_LIMIT), "--memory-mb", str(MEMORY_MB),
+         "--disk-mb", str(DISK_MB)],
     )
     try:
         srv.start()

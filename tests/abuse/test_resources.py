@@ -1,6 +1,7 @@
 """Runaway workloads: each is stopped inside its sandbox, the way a VM would stop it, while the
 agent, other commands and other sandboxes carry on."""
 
+import os
 import time
 
 import pytest
@@ -49,15 +50,50 @@ def test_process_flood_hits_the_command_limit_and_is_killable(sandbox, bystander
     assert_unharmed(bystander)
 
 
+def _host_pids(server, sandbox):
+    base = f"/sys/fs/cgroup/pids/kiln/{sandbox.sandbox_id}"
+    if not os.path.isdir(base):
+        base = f"/sys/fs/cgroup/kiln/{sandbox.sandbox_id}"
+    with open(f"{base}/pids.current") as c, open(f"{base}/pids.max") as m:
+        return int(c.read()), int(m.read())
+
+
+def _running(sandbox, pid):
+    try:
+        return any(p.pid == pid for p in sandbox.commands.list(request_timeout=5))
+    except Exception:
+        return True  # the agent is busy: still running as far as we know
+
+
 @pytest.mark.xfail(
-    strict=True,
-    reason="known broken: a busy-retrying bash fork bomb still takes the sentry down even with "
-    "its processes capped (host tasks and memory climb, see docs/hardening.md)",
+    strict=False,
+    reason="contained only sometimes on a loaded host: the agent's fork-bomb killer or the "
+    "server's host-pressure signal must act before the sentry's host tasks reach the host "
+    "limit (≈15 s), and a starved sentry can be too slow (see docs/hardening.md)",
 )
-def test_fork_bomb_is_contained(sandbox, bystander):
-    sandbox.commands.run("bomb() { bomb | bomb & }; bomb; sleep 1000", background=True)
-    time.sleep(5)
-    assert sandbox.commands.run("echo still-here", timeout=10).stdout == "still-here\n"
+def test_fork_bomb_is_contained(server, sandbox, bystander):
+    # Its processes are capped inside, but each fork and exit costs the sentry host tasks and
+    # memory its churn piles up: the agent sees a command churning at its limit (or, as a
+    # backstop, the server sees the host cgroup near its limits) and kills all of it before the
+    # sentry would die at the host limit.
+    bomb = sandbox.commands.run("bomb() { bomb | bomb & }; bomb; sleep 1000", background=True)
+    deadline = time.time() + 150
+    while time.time() < deadline and _running(sandbox, bomb.pid):
+        time.sleep(1)
+    assert not _running(sandbox, bomb.pid), "the fork bomb still runs"
+    assert sandbox.commands.run("echo still-here", timeout=30).stdout == "still-here\n"
+    # The host side comes back down, and the sandbox can start processes again.
+    deadline = time.time() + 30
+    n, top = _host_pids(server, sandbox)
+    while time.time() < deadline and n * 2 > top:
+        time.sleep(1)
+        n, top = _host_pids(server, sandbox)
+    assert n * 2 <= top, f"{n} of {top} host tasks after the kill"
+    assert sandbox.commands.run("for i in 1 2 3; do sh -c 'echo $$' & done; wait").exit_code == 0
+    log = open(
+        os.path.join(server.state_dir, "gvisor", "sandboxes", sandbox.sandbox_id, "console.log")
+    ).read()
+    assert "Fork bomb: killed command" in log or "Host limit near: killed command" in log, log[-2000:]
     assert_unharmed(bystander)
 
 

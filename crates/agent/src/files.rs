@@ -17,6 +17,7 @@ use crate::rpc::Body;
 use crate::state::Agent;
 use download::download;
 use upload::upload;
+pub(crate) use upload::FileParts;
 
 pub(crate) const READ_CHUNK: usize = 256 * 1024;
 /// Upload data is handed to the writer thread in buffers of this size.
@@ -25,27 +26,26 @@ pub(crate) const WRITE_BATCH: usize = 1 << 20;
 pub(crate) struct Query {
     pub(crate) path: Option<String>,
     pub(crate) username: Option<String>,
-    signature: Option<String>,
-    signature_expiration: Option<String>,
+    pub(crate) signature: Option<String>,
+    pub(crate) signature_expiration: Option<String>,
 }
 
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
+    // Two hex digits exactly (`u8::from_str_radix` alone would also take a sign: "%+1").
+    let hex = |c: Option<&u8>| c.and_then(|&c| char::from(c).to_digit(16));
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
-                {
-                    Ok(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
+            b'%' => match (hex(b.get(i + 1)), hex(b.get(i + 2))) {
+                (Some(h), Some(l)) => {
+                    out.push((h << 4 | l) as u8);
+                    i += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             c => out.push(c),
         }
         i += 1;
@@ -53,7 +53,7 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn parse_query(q: Option<&str>) -> Query {
+pub(crate) fn parse_query(q: Option<&str>) -> Query {
     let mut out = Query {
         path: None,
         username: None,

@@ -14,6 +14,7 @@ mod files;
 pub mod forward;
 mod fs;
 mod fsrpc;
+pub mod fuzz;
 pub mod interp;
 pub mod launch;
 pub mod limits;

@@ -186,6 +186,7 @@ fn main() {
     if pid1 {
         kiln_agent::limits::init();
         std::thread::spawn(kiln_agent::limits::oom_watch);
+        std::thread::spawn(kiln_agent::limits::fork_bomb_watch);
         kiln_agent::pid1::mount_basics();
         kiln_agent::pid1::ensure_etc_hosts();
         if let Err(e) = kiln_agent::sudo::broker::start() {
@@ -206,6 +207,9 @@ fn main() {
     };
     let code = rt.block_on(async move {
         tokio::spawn(kiln_agent::reaper::run());
+        if pid1 {
+            tokio::spawn(kiln_agent::limits::host_pressure_watch());
+        }
         let agent = Agent::new();
         let cfg = ListenConfig {
             tcp: if args.no_tcp {

@@ -275,6 +275,29 @@ impl<T> Stream for ReceiverStream<T> {
     }
 }
 
+/// The next message buffered in `decoder`: `None` when more input is needed, `Some(None)` at
+/// the end-of-stream envelope, `Some(Some(m))` for a message.
+pub fn next_message<M: Msg>(
+    decoder: &mut EnvelopeDecoder,
+    codec: Codec,
+) -> Result<Option<Option<M>>, RpcError> {
+    let frame = decoder.next_frame().map_err(|e| match e {
+        FramingError::TooLarge { .. } => RpcError::new(Code::ResourceExhausted, e.to_string()),
+        _ => RpcError::invalid(e.to_string()),
+    })?;
+    let Some(f) = frame else { return Ok(None) };
+    if f.is_compressed() {
+        return Err(RpcError::new(
+            Code::Unimplemented,
+            "compressed messages are not supported (send identity encoding)",
+        ));
+    }
+    if f.is_end_stream() {
+        return Ok(Some(None));
+    }
+    decode(codec, &f.payload).map(|m| Some(Some(m)))
+}
+
 /// Reader of enveloped request messages (server and client streaming requests).
 pub struct EnvelopeReader {
     body: Incoming,
@@ -302,23 +325,8 @@ impl EnvelopeReader {
     /// Next message; `Ok(None)` at end of the request stream.
     pub async fn next<M: Msg>(&mut self) -> Result<Option<M>, RpcError> {
         loop {
-            let frame = self.decoder.next_frame().map_err(|e| match e {
-                FramingError::TooLarge { .. } => {
-                    RpcError::new(Code::ResourceExhausted, e.to_string())
-                }
-                _ => RpcError::invalid(e.to_string()),
-            })?;
-            if let Some(f) = frame {
-                if f.is_compressed() {
-                    return Err(RpcError::new(
-                        Code::Unimplemented,
-                        "compressed messages are not supported (send identity encoding)",
-                    ));
-                }
-                if f.is_end_stream() {
-                    return Ok(None);
-                }
-                return decode(self.codec, &f.payload).map(Some);
+            if let Some(m) = next_message(&mut self.decoder, self.codec)? {
+                return Ok(m);
             }
             match self.body.frame().await {
                 Some(Ok(f)) => {

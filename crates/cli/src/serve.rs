@@ -61,6 +61,10 @@ pub struct Args {
     /// bomb gets EAGAIN while the agent and other commands go on).
     #[arg(long, default_value_t = 4096)]
     pids_limit: u32,
+    /// Writable disk of each sandbox, MiB (a template's `disk_mb` overrides it): writes beyond
+    /// it get ENOSPC inside the sandbox. 0: unbounded.
+    #[arg(long, default_value_t = 2048)]
+    disk_mb: u32,
     /// At most this many sandboxes at once; further creates get 429 with Retry-After
     /// (default: as many as the host's capacity allows — those get 503).
     #[arg(long, env = "KILN_MAX_SANDBOXES")]
@@ -295,6 +299,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             default_cpu_count: a.cpus,
             default_memory_mb: a.memory_mb,
             pids_limit: a.pids_limit,
+            default_disk_mb: a.disk_mb,
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
                 state_dir: Some(state_dir),

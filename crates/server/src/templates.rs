@@ -46,6 +46,8 @@ pub struct TemplateInfo {
     pub start_cmd: Option<String>,
     /// Memory of the template's sandboxes in MiB (None: the server's default).
     pub memory_mb: Option<u32>,
+    /// Writable disk of the template's sandboxes in MiB (None: the server's default).
+    pub disk_mb: Option<u32>,
     pub built_at_unix: u64,
     pub size_bytes: u64,
 }
@@ -68,6 +70,7 @@ fn info(t: kiln_template::Template) -> TemplateInfo {
         env: t.env,
         start_cmd: t.start_cmd.filter(|c| !c.trim().is_empty()),
         memory_mb: t.memory_mb,
+        disk_mb: t.disk_mb,
         built_at_unix: t.built_at_unix,
         size_bytes: t.size_bytes,
     }
@@ -133,6 +136,7 @@ pub fn from_dir(name: &str, dir: &std::path::Path) -> TemplateInfo {
         env: BTreeMap::new(),
         start_cmd: None,
         memory_mb: None,
+        disk_mb: None,
         built_at_unix: 0,
         size_bytes: 0,
     }

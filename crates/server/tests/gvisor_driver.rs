@@ -21,6 +21,7 @@ fn spec(id: &str, rootfs: &std::path::Path) -> SandboxSpec {
         memory_mb: 256,
         pids_limit: 512,
         syscall_audit: false,
+        disk_mb: 0,
     }
 }
 

@@ -4,6 +4,7 @@
 //! name = "base"
 //! start_cmd = ""                        # optional: started in the sandbox after the agent
 //! memory_mb = 2048                      # optional: its sandboxes' memory (server default if absent)
+//! disk_mb = 4096                        # optional: its sandboxes' writable disk (server default if absent)
 //!
 //! [from]                                # like a Dockerfile's FROM, but built from packages
 //! debian = "bookworm"
@@ -47,6 +48,10 @@ pub struct Recipe {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u32>,
+    /// Writable disk of the template's sandboxes in MiB (E2B's `diskSizeMB`); the server's
+    /// default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -384,6 +389,13 @@ workdir = "/home/user"
         // Without the field, a recipe hashes as before the field existed.
         let json = serde_json::to_string(&plain).unwrap();
         assert!(!json.contains("memory_mb"), "{json}");
+        assert!(!json.contains("disk_mb"), "{json}");
+        let disk = Recipe::parse(
+            &GOOD.replacen("name = \"t1\"", "name = \"t1\"\ndisk_mb = 4096", 1),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(disk.disk_mb, Some(4096));
     }
 
     #[test]

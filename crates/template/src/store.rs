@@ -44,6 +44,9 @@ pub struct Template {
     /// Memory of the template's sandboxes in MiB (None: the server's default).
     #[serde(default)]
     pub memory_mb: Option<u32>,
+    /// Writable disk of the template's sandboxes in MiB (None: the server's default).
+    #[serde(default)]
+    pub disk_mb: Option<u32>,
     pub built_at_unix: u64,
     /// Bytes used by the root filesystem.
     pub size_bytes: u64,
@@ -270,6 +273,7 @@ mod tests {
             env: BTreeMap::new(),
             start_cmd: None,
             memory_mb: None,
+            disk_mb: None,
             built_at_unix: 1,
             size_bytes: 2,
             build_secs: 0.5,

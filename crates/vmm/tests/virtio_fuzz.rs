@@ -1,5 +1,5 @@
 //! The virtio queue fuzz harness (`kiln_vmm::devices::virtio::fuzz`, also behind the `cargo fuzz`
-//! target in `crates/vmm/fuzz`) on stable Rust: a fixed corpus of valid requests that must be
+//! target `virtio_queue` in `fuzz/`) on stable Rust: a fixed corpus of valid requests that must be
 //! served correctly, then bounded runs of mutated and random inputs that must keep every
 //! invariant.
 

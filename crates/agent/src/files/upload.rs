@@ -178,6 +178,91 @@ fn write_info(path: &Path) -> serde_json::Value {
     })
 }
 
+/// The `file` parts of a multipart upload, each with the path it goes to (before resolution
+/// against the user's home). The first part goes to the `path` query parameter when given, later
+/// ones to their own file names (or `path` again when they have none).
+pub(crate) struct FileParts {
+    mp: multer::Multipart<'static>,
+    path: Option<String>,
+    signed: bool,
+    seen: usize,
+}
+
+impl FileParts {
+    /// `content_type`: the request's `Content-Type` (with its boundary). `signed`: the request
+    /// is authorized by a URL signature covering only `path`, so every part must go there.
+    pub(crate) fn new<S, E>(
+        content_type: &str,
+        body: S,
+        path: Option<&str>,
+        signed: bool,
+    ) -> Result<Self, (StatusCode, String)>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+    {
+        let boundary = multer::parse_boundary(content_type).map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("bad multipart content type: {e}"),
+            )
+        })?;
+        Ok(FileParts {
+            mp: multer::Multipart::new(body, boundary),
+            path: path.map(str::to_string),
+            signed,
+            seen: 0,
+        })
+    }
+
+    /// The next `file` part and its target path; parts with other names are skipped.
+    pub(crate) async fn next(
+        &mut self,
+    ) -> Result<Option<(String, multer::Field<'static>)>, (StatusCode, String)> {
+        loop {
+            let field = match self.mp.next_field().await {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    return Err((
+                        StatusCode::BAD_REQUEST,
+                        format!("malformed multipart body: {e}"),
+                    ))
+                }
+            };
+            if field.name() != Some("file") {
+                continue;
+            }
+            let target = part_target(self.path.as_deref(), field.file_name(), self.seen == 0)?;
+            if self.signed && Some(target.as_str()) != self.path.as_deref() {
+                return Err((
+                    StatusCode::UNAUTHORIZED,
+                    "the file URL signature does not cover this multipart file name".into(),
+                ));
+            }
+            self.seen += 1;
+            return Ok(Some((target, field)));
+        }
+    }
+}
+
+/// Where a `file` part goes: `path` for the first part, else its file name, else `path`.
+fn part_target(
+    path: Option<&str>,
+    file_name: Option<&str>,
+    first: bool,
+) -> Result<String, (StatusCode, String)> {
+    match (path, file_name) {
+        (Some(p), _) if first => Ok(p.to_string()),
+        (_, Some(f)) if !f.is_empty() => Ok(f.to_string()),
+        (Some(p), _) => Ok(p.to_string()),
+        _ => Err((
+            StatusCode::BAD_REQUEST,
+            "multipart file part has no file name and no `path` parameter was given".into(),
+        )),
+    }
+}
+
 /// `signed`: the request is authorized by a URL signature, which covers only `q.path`; every
 /// multipart part must then go to exactly that path.
 pub(super) async fn upload(
@@ -209,48 +294,18 @@ pub(super) async fn upload(
         .trim()
         .to_ascii_lowercase();
     if mime == "multipart/form-data" {
-        let boundary = match multer::parse_boundary(&ct) {
-            Ok(b) => b,
-            Err(e) => {
-                return api_error(
-                    StatusCode::BAD_REQUEST,
-                    format!("bad multipart content type: {e}"),
-                )
-            }
-        };
         let body = req.into_body().into_data_stream();
-        let mut mp = multer::Multipart::new(body, boundary);
+        let mut parts = match FileParts::new(&ct, body, q.path.as_deref(), signed) {
+            Ok(p) => p,
+            Err((st, m)) => return api_error(st, m),
+        };
         let mut written = Vec::new();
         loop {
-            let field = match mp.next_field().await {
-                Ok(Some(f)) => f,
+            let (target, field) = match parts.next().await {
+                Ok(Some(p)) => p,
                 Ok(None) => break,
-                Err(e) => {
-                    return api_error(
-                        StatusCode::BAD_REQUEST,
-                        format!("malformed multipart body: {e}"),
-                    )
-                }
+                Err((st, m)) => return api_error(st, m),
             };
-            if field.name() != Some("file") {
-                continue;
-            }
-            let target =
-                match (&q.path, field.file_name()) {
-                    (Some(p), _) if written.is_empty() => p.clone(),
-                    (_, Some(f)) if !f.is_empty() => f.to_string(),
-                    (Some(p), _) => p.clone(),
-                    _ => return api_error(
-                        StatusCode::BAD_REQUEST,
-                        "multipart file part has no file name and no `path` parameter was given",
-                    ),
-                };
-            if signed && target != q.path.as_deref().unwrap_or("") {
-                return api_error(
-                    StatusCode::UNAUTHORIZED,
-                    "the file URL signature does not cover this multipart file name",
-                );
-            }
             let path = match crate::fs::resolve(&target, &user) {
                 Ok(p) => p,
                 Err(e) => return api_error(StatusCode::BAD_REQUEST, e.message),

@@ -40,6 +40,8 @@ pub struct SandboxSpec {
     pub pids_limit: u32,
     /// Audit the sandbox's system calls (see the gVisor driver's `trace` module).
     pub syscall_audit: bool,
+    /// Size of the sandbox's writable disk in MiB (writes beyond it get ENOSPC); 0: unbounded.
+    pub disk_mb: u32,
 }
 
 /// Resource usage of a running sandbox.

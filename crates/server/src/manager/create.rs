@@ -103,7 +103,7 @@ impl Manager {
             env_vars: p.env_vars.clone(),
             cpu_count: self.cfg.default_cpu_count,
             memory_mb: tpl.memory_mb.unwrap_or(self.cfg.default_memory_mb),
-            disk_size_mb: self.cfg.default_disk_mb,
+            disk_size_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
             envd_token: p.secure.then(|| crate::auth::random_hex(16)),
             started_at_ms: now,
             end_at_ms: now + (timeout as i64) * 1000,

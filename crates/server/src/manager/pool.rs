@@ -81,6 +81,7 @@ impl Manager {
             memory_mb: tpl.memory_mb.unwrap_or(self.cfg.default_memory_mb),
             pids_limit: self.cfg.pids_limit,
             syscall_audit: false,
+            disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
         }
     }
 

@@ -143,6 +143,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
     // The filesystem stage does not depend on the sandbox size the recipe asks for.
     let stage_hash = Recipe {
         memory_mb: None,
+        disk_mb: None,
         ..recipe.clone()
     }
     .content_hash();
@@ -193,6 +194,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             env: defaults.env,
             start_cmd: recipe.start_cmd.clone().filter(|s| !s.trim().is_empty()),
             memory_mb: recipe.memory_mb,
+            disk_mb: recipe.disk_mb,
             built_at_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

@@ -248,12 +248,14 @@ impl GvisorDriver {
         let rootfs = dir.join("rootfs");
         if !is_mounted(&rootfs) {
             // The host rebooted while the sandbox was paused.
-            mount_overlay_stack(
-                &paused.lower,
-                &dir.join("upper"),
-                &dir.join("work"),
-                &rootfs,
-            )?;
+            if dir.join(super::disk::IMAGE).exists() {
+                super::disk::mount(&dir).await?;
+            }
+            for l in &paused.lower {
+                super::disk::ensure_layer(l).await?;
+            }
+            let (upper, work) = super::disk::layer_dirs(&dir);
+            mount_overlay_stack(&paused.lower, &upper, &work, &rootfs)?;
         }
         // (The pause deleted the container before writing paused.json.)
         let image = self.image_dir(id);

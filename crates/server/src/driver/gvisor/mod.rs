@@ -28,6 +28,7 @@ pub mod bench_lifecycle;
 mod checkpoint;
 mod console;
 mod container;
+mod disk;
 mod forward;
 mod mounts;
 pub mod net_config;
@@ -263,17 +264,24 @@ impl GvisorDriver {
                 spec.rootfs.display()
             )));
         }
+        let quota = spec.disk_mb > 0;
         for sub in ["upper", "work", "rootfs", "run", "bundle"] {
+            if quota && (sub == "upper" || sub == "work") {
+                continue;
+            }
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
         }
+        if quota {
+            disk::create(&dir, spec.disk_mb).await?;
+        }
         let template = [spec.rootfs.clone()];
-        mount_overlay_stack(
-            lowers.unwrap_or(&template),
-            &dir.join("upper"),
-            &dir.join("work"),
-            &dir.join("rootfs"),
-        )?;
+        let lowers = lowers.unwrap_or(&template);
+        for l in lowers {
+            disk::ensure_layer(l).await?;
+        }
+        let (upper, work) = disk::layer_dirs(&dir);
+        mount_overlay_stack(lowers, &upper, &work, &dir.join("rootfs"))?;
         let mut config = oci_spec(
             spec,
             &dir.join("rootfs"),
@@ -312,6 +320,7 @@ impl GvisorDriver {
     fn remove_files(&self, id: &str) -> Result<()> {
         let dir = self.sandbox_dir(id);
         unmount(&dir.join("rootfs"))?;
+        disk::unmount_disk(&dir)?;
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -491,7 +500,7 @@ impl Driver for GvisorDriver {
             mem_used_bytes: num(&d["memory"]["usage"]["usage"]),
             // The host cgroup has headroom above the sandbox's size (oci::host_memory_limit).
             mem_limit_bytes: match num(&d["memory"]["usage"]["limit"]) {
-                0 => cgroup_memory_limit(id)
+                0 => oci::cgroup_memory_limit(id)
                     .map(oci::sandbox_memory)
                     .unwrap_or(0),
                 n => oci::sandbox_memory(n),
@@ -546,6 +555,13 @@ impl Driver for GvisorDriver {
     async fn housekeep(&self, ids: &[String]) {
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
+            if let Some(near) = oci::host_pressure(id) {
+                // The agent kills its biggest command (kiln_agent::limits).
+                tracing::warn!(sandbox = %id, "host limits near ({near}): relieving");
+                if let Err(e) = self.runsc.output(&["kill", id, "WINCH"]).await {
+                    tracing::warn!(sandbox = %id, error = %e, "sending the host-pressure signal");
+                }
+            }
         }
     }
 

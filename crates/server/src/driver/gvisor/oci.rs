@@ -53,6 +53,56 @@ pub fn sandbox_memory(host: u64) -> u64 {
     }
 }
 
+/// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
+/// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
+pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
+    let candidates = [
+        format!("/sys/fs/cgroup/memory/kiln/{id}/memory.limit_in_bytes"),
+        format!("/sys/fs/cgroup/kiln/{id}/memory.max"),
+        format!("/sys/fs/cgroup/unified/kiln/{id}/memory.max"),
+    ];
+    candidates
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|v| v.trim().parse::<u64>().ok())
+}
+
+/// Whether sandbox `id`'s host cgroup nears its limits: tasks at 75 % of `pids.max`, or
+/// memory at 85 % of its limit. A fork bomb gets there although its processes are capped
+/// inside: each fork and exit costs the sentry host tasks and memory (systrap stubs) that the
+/// sandbox's accounting does not see, and its churn makes them pile up until the sentry dies at
+/// the host limit. Returns what is near, for the log.
+pub fn host_pressure(id: &str) -> Option<String> {
+    let read = |paths: &[String]| {
+        paths
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .find_map(|v| v.trim().parse::<u64>().ok())
+    };
+    let cg = |ctrl: &str, v1: &str, v2: &str| {
+        [
+            format!("/sys/fs/cgroup/{ctrl}/kiln/{id}/{v1}"),
+            format!("/sys/fs/cgroup/kiln/{id}/{v2}"),
+            format!("/sys/fs/cgroup/unified/kiln/{id}/{v2}"),
+        ]
+    };
+    let pids = read(&cg("pids", "pids.current", "pids.current"));
+    let pids_max = read(&cg("pids", "pids.max", "pids.max"));
+    if let (Some(n), Some(max)) = (pids, pids_max) {
+        if max > 0 && n * 4 >= max * 3 {
+            return Some(format!("{n} of {max} host tasks"));
+        }
+    }
+    let mem = read(&cg("memory", "memory.usage_in_bytes", "memory.current"));
+    let mem_max = cgroup_memory_limit(id);
+    if let (Some(m), Some(max)) = (mem, mem_max) {
+        if max > 0 && m / 20 * 20 >= max / 20 * 17 {
+            return Some(format!("{} of {} MiB host memory", m >> 20, max >> 20));
+        }
+    }
+    None
+}
+
 /// The OCI runtime spec of one sandbox.
 pub fn oci_spec(
     spec: &SandboxSpec,
@@ -99,7 +149,7 @@ pub fn oci_spec(
     if with_cgroups {
         linux["cgroupsPath"] = json!(format!("/kiln/{}", spec.id));
     }
-    json!({
+    let mut v = json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
@@ -133,7 +183,30 @@ pub fn oci_spec(
              "options": ["rbind", "rw"]}
         ],
         "linux": linux
-    })
+    });
+    if tmp_is_empty(&spec.rootfs) {
+        // runsc would mount an unbounded tmpfs (sandbox memory) over an empty /tmp: bound it.
+        let tmp = json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", tmp_size_mb(spec.memory_mb))]});
+        if let Some(m) = v["mounts"].as_array_mut() {
+            m.push(tmp);
+        }
+    }
+    v
+}
+
+/// Size of a sandbox's `/tmp` (a tmpfs, so sandbox memory): half the sandbox's memory.
+pub fn tmp_size_mb(memory_mb: u32) -> u32 {
+    (memory_mb / 2).max(16)
+}
+
+/// Whether the template has nothing in `/tmp` (then /tmp is a tmpfs; otherwise it stays on the
+/// sandbox's disk, with the template's files, bounded by the disk quota).
+fn tmp_is_empty(rootfs: &Path) -> bool {
+    match std::fs::read_dir(rootfs.join("tmp")) {
+        Ok(mut d) => d.next().is_none(),
+        Err(_) => true,
+    }
 }
 
 #[cfg(test)]
@@ -160,6 +233,7 @@ mod tests {
             memory_mb: 256,
             pids_limit: 300,
             syscall_audit: false,
+            disk_mb: 0,
         };
         let v = oci_spec(
             &spec,
@@ -188,6 +262,12 @@ mod tests {
         assert!(env.contains(&"KILN_SANDBOX_MEMORY_MB=256"));
         assert!(env.contains(&"KILN_SANDBOX_PIDS=300"));
         let mounts = v["mounts"].as_array().unwrap();
+        let tmp = mounts.iter().find(|m| m["destination"] == "/tmp").unwrap();
+        assert_eq!(tmp["type"], "tmpfs");
+        assert!(tmp["options"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("size=128m")));
         assert!(mounts
             .iter()
             .any(|m| m["destination"] == "/run/kiln" && m["source"] == "/s/run"));

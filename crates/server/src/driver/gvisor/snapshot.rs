@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::mounts::{is_mounted, mount_overlay_stack, unmount};
 use super::reap;
-use super::{check_id, GvisorDriver, SOCKET_NAME};
+use super::{check_id, disk, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result, SandboxSpec, SnapshotRef};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -85,21 +85,29 @@ impl GvisorDriver {
 
     /// Freezes the stopped sandbox's writable layer as the snapshot's layer and mounts its
     /// overlay again on a fresh one above it; returns the new stack.
-    fn freeze_layer(
+    async fn freeze_layer(
         &self,
         id: &str,
         snap: &SnapshotRef,
         lowers: &[PathBuf],
     ) -> Result<Vec<PathBuf>> {
         let dir = self.sandbox_dir(id);
-        let (upper, work, rootfs) = (dir.join("upper"), dir.join("work"), dir.join("rootfs"));
+        let rootfs = dir.join("rootfs");
         let layer = self.layer_dir(snap);
         unmount(&rootfs)?;
-        std::fs::rename(&upper, &layer).map_err(io_err(format!("freezing {}", upper.display())))?;
-        let _ = std::fs::remove_dir_all(&work);
-        for d in [&upper, &work] {
-            std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
+        if dir.join(disk::IMAGE).exists() {
+            // On its own filesystem: frozen in place, the sandbox goes on on a fresh disk.
+            disk::freeze(&dir, &layer).await?;
+        } else {
+            let (upper, work) = (dir.join("upper"), dir.join("work"));
+            std::fs::rename(&upper, &layer)
+                .map_err(io_err(format!("freezing {}", upper.display())))?;
+            let _ = std::fs::remove_dir_all(&work);
+            for d in [&upper, &work] {
+                std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
+            }
         }
+        let (upper, work) = disk::layer_dirs(&dir);
         let mut stack = vec![layer];
         stack.extend(lowers.iter().cloned());
         mount_overlay_stack(&stack, &upper, &work, &rootfs)?;
@@ -130,22 +138,22 @@ impl GvisorDriver {
         // layer is still busy, then it comes first.
         reap::kill_and_reap(&reap::sandbox_processes(id, &dir)).await;
         let mut halted = false;
-        let mut frozen = self.freeze_layer(id, snap, &lowers);
+        let mut frozen = self.freeze_layer(id, snap, &lowers).await;
         if frozen.is_err() && is_mounted(&dir.join("rootfs")) {
             self.halt(id).await?;
             halted = true;
-            frozen = self.freeze_layer(id, snap, &lowers);
+            frozen = self.freeze_layer(id, snap, &lowers).await;
         }
         let t_freeze = t.elapsed();
         if frozen.is_err() && !is_mounted(&dir.join("rootfs")) {
             // Put the sandbox back on its own layer before continuing it.
-            let _ = std::fs::rename(self.layer_dir(snap), dir.join("upper"));
-            mount_overlay_stack(
-                &lowers,
-                &dir.join("upper"),
-                &dir.join("work"),
-                &dir.join("rootfs"),
-            )?;
+            if dir.join(disk::IMAGE).exists() {
+                disk::mount(&dir).await?;
+            } else {
+                let _ = std::fs::rename(self.layer_dir(snap), dir.join("upper"));
+            }
+            let (upper, work) = disk::layer_dirs(&dir);
+            mount_overlay_stack(&lowers, &upper, &work, &dir.join("rootfs"))?;
         }
         // The sandbox continues from the image whatever happened to its layer.
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
@@ -304,7 +312,17 @@ impl GvisorDriver {
         let Ok(rd) = std::fs::read_dir(self.cfg.dir.join("layers")) else {
             return;
         };
-        let mut used = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        // Overlay mounts name the layers they stack on (a frozen layer with its own disk is a
+        // mount itself, which does not count).
+        let mut used: String = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.split(" - ")
+                    .nth(1)
+                    .is_some_and(|t| t.starts_with("overlay "))
+            })
+            .collect();
         for sub in ["snapshots", "sandboxes"] {
             for e in std::fs::read_dir(self.cfg.dir.join(sub))
                 .into_iter()
@@ -317,9 +335,13 @@ impl GvisorDriver {
             }
         }
         for e in rd.flatten() {
-            let p = e.path();
+            let mut p = e.path();
+            if matches!(p.extension().and_then(|x| x.to_str()), Some("img" | "mnt")) {
+                // A frozen layer's image goes with its layer.
+                p.set_extension("");
+            }
             if !used.contains(p.to_string_lossy().as_ref()) {
-                if let Err(err) = std::fs::remove_dir_all(&p) {
+                if let Err(err) = disk::remove_layer(&p) {
                     tracing::warn!(layer = %p.display(), error = %err, "removing an unused layer");
                 }
             }

@@ -3,7 +3,7 @@
 //! guest memory image from the input, and a sequence of guest actions (ring and memory writes,
 //! register writes and reads, queue notifications, host socket events).
 //!
-//! Used by the `cargo fuzz` target in `crates/vmm/fuzz` and by `tests/virtio_fuzz.rs` (a fixed
+//! Used by the `cargo fuzz` target `virtio_queue` in `fuzz/` and by `tests/virtio_fuzz.rs` (a fixed
 //! corpus plus bounded random inputs on stable Rust). Checked on every input: no panic, no access
 //! outside guest memory (vm-memory bounds every access), the block device's base image never
 //! changes, and a driver reset afterwards returns the transport to its initial state.

@@ -1,0 +1,101 @@
+"""Disk quota: a sandbox's writable disk is an ext4 image of `--disk-mb` (here DISK_MB) on the
+host, so a disk fill gets ENOSPC inside at about the quota, the sandbox goes on, and the host
+and other sandboxes are unaffected; /tmp is a tmpfs bounded to half the sandbox's memory.
+Pauses, snapshots and forks keep the quota (each sandbox has its own)."""
+
+import os
+import shutil
+
+from e2b import Sandbox
+
+from conftest import DISK_MB, MEMORY_MB, assert_unharmed
+
+MB = 1 << 20
+
+
+def _fill(sandbox, path, mb):
+    """Writes up to `mb` MiB to `path`; returns (exit code, stderr, MiB written)."""
+    r = sandbox.commands.run(
+        f"dd if=/dev/zero of={path} bs=1M count={mb} conv=fsync; echo rc=$? >&2; "
+        f"stat -c %s {path}",
+        timeout=180,
+        user="root",
+    )
+    size = int(r.stdout.strip().splitlines()[-1])
+    return r.stderr, size / MB
+
+
+def _sandbox_dir(server, sbx):
+    return os.path.join(server.state_dir, "gvisor", "sandboxes", sbx.sandbox_id)
+
+
+def test_disk_fill_gets_enospc_at_the_quota(server, sandbox, bystander):
+    host_free = shutil.disk_usage(server.state_dir).free
+    err, written = _fill(sandbox, "/home/user/fill", DISK_MB * 2)
+    assert "No space left on device" in err, err
+    # ext4's own metadata and the journal take some of the image.
+    assert DISK_MB * 0.75 <= written <= DISK_MB, f"{written:.0f} MiB written of {DISK_MB}"
+    # The sandbox still works: commands, a file write through the API once space is freed.
+    assert sandbox.commands.run("echo still-here").stdout == "still-here\n"
+    sandbox.commands.run("rm /home/user/fill")
+    sandbox.files.write("/home/user/after.txt", "x" * (4 * MB))
+    assert len(sandbox.files.read("/home/user/after.txt")) == 4 * MB
+    # The host gave at most the quota (the sparse image holds what was written).
+    img = os.path.join(_sandbox_dir(server, sandbox), "disk.img")
+    assert os.stat(img).st_blocks * 512 <= (DISK_MB + 1) * MB
+    assert host_free - shutil.disk_usage(server.state_dir).free < (DISK_MB + 64) * MB
+    # What the sandbox sees as its disk is the quota.
+    df = sandbox.commands.run("df -m / | tail -1").stdout.split()
+    assert int(df[1]) <= DISK_MB, df
+    assert_unharmed(bystander)
+    _, w = _fill(bystander, "/home/user/ten", 10)
+    assert w == 10
+
+
+def test_tmp_is_bounded(sandbox, bystander):
+    err, written = _fill(sandbox, "/tmp/fill", MEMORY_MB)
+    assert "No space left on device" in err, err
+    assert written <= MEMORY_MB // 2, f"{written:.0f} MiB in /tmp"
+    assert sandbox.commands.run("echo still-here").stdout == "still-here\n"
+    sandbox.commands.run("rm -f /tmp/fill", user="root")
+    assert_unharmed(bystander)
+
+
+def test_pause_snapshot_and_fork_keep_a_quota_each(server, sandbox):
+    sandbox.files.write("/home/user/kept.txt", "kept")
+    _, w = _fill(sandbox, "/home/user/half", DISK_MB // 2)
+    assert w == DISK_MB // 2
+    # A full pause and resume: the disk and its quota come back.
+    assert sandbox.pause() is True
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    assert again.files.read("/home/user/kept.txt") == "kept"
+    snap = again.create_snapshot()
+    child = None
+    try:
+        child = Sandbox.create(template=snap.snapshot_id, timeout=120)
+        for sbx in (again, child):
+            assert sbx.files.read("/home/user/kept.txt") == "kept"
+            # Each continues on its own fresh disk above the frozen layer: a full quota again.
+            err, w = _fill(sbx, "/home/user/more", DISK_MB * 2)
+            assert "No space left on device" in err, err
+            assert DISK_MB * 0.75 <= w <= DISK_MB, f"{w:.0f} MiB"
+            sbx.commands.run("rm /home/user/more")
+            assert sbx.commands.run("echo ok").stdout == "ok\n"
+        # The frozen layer is a read-only mount of the source's disk; the source's writes
+        # after the snapshot do not reach the child.
+        again.files.write("/home/user/kept.txt", "changed")
+        assert child.files.read("/home/user/kept.txt") == "kept"
+    finally:
+        if child is not None:
+            child.kill()
+        Sandbox.delete_snapshot(snap.snapshot_id)
+    # Killing leaves no image or mount behind.
+    d = _sandbox_dir(server, again)
+    again.kill()
+    assert not os.path.exists(d)
+    with open("/proc/self/mountinfo") as f:
+        assert again.sandbox_id not in f.read()
+    # The snapshot is deleted and its source gone: its frozen layer and image too.
+    layers = os.path.join(server.state_dir, "gvisor", "layers")
+    left = os.listdir(layers) if os.path.isdir(layers) else []
+    assert not left, left
