@@ -51,3 +51,41 @@ def test_an_audited_sandbox_records_its_open_execve_and_connect_calls(server):
     assert all(b["process"] != "kiln-agent" for b in bodies)
     status, v, _ = server.request("GET", f"/audit/verify?sandboxID={sbx.sandbox_id}")
     assert status == 200 and v["ok"], v
+
+
+def opened(server, sbx_id, path):
+    return [r["body"] for r in syscalls(server, sbx_id)
+            if r["body"]["call"] in ("open", "openat") and r["body"].get("path") == path]
+
+
+def test_auditing_goes_on_after_resume_and_into_fork_children(server):
+    """The trace session is not part of a checkpoint: a resumed sandbox and each fork child
+    start theirs again, so their calls after the restore are recorded too."""
+    sbx = Sandbox.create(timeout=120, metadata=FLAG, **server.opts())
+    children = []
+    try:
+        sbx.files.write("/tmp/after-resume", "x")
+        assert sbx.pause() is True
+        sbx = Sandbox.connect(sbx.sandbox_id, **server.opts())
+        r = sbx.commands.run("python3 -c 'open(\"/tmp/after-resume\").read()'")
+        assert r.exit_code == 0, r.stderr
+        got = opened(server, sbx.sandbox_id, "/tmp/after-resume")
+        assert len(got) == 1 and got[0]["process"] == "python3", got
+
+        forked = sbx.fork(count=1, timeout=120)
+        assert len(forked) == 1 and not isinstance(forked[0], Exception), forked
+        child = forked[0]
+        child_id = child.sandbox_id
+        children.append(child)
+        r = child.commands.run("python3 -c 'open(\"/tmp/after-resume\").read()'")
+        assert r.exit_code == 0, r.stderr
+        got = opened(server, child_id, "/tmp/after-resume")
+        assert len(got) == 1 and got[0]["process"] == "python3", got
+        # The parent, restored beside its child, is still audited.
+        r = sbx.commands.run("python3 -c 'open(\"/etc/hostname\").read()'")
+        assert r.exit_code == 0, r.stderr
+        assert len(opened(server, sbx.sandbox_id, "/etc/hostname")) >= 1
+    finally:
+        for c in children:
+            c.kill()
+        sbx.kill()

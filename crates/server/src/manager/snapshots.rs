@@ -235,7 +235,13 @@ impl Manager {
             team: p.team().to_string(),
         };
         self.store.insert_sandbox(&record).await?;
-        let spec = self.spec_for(&id, &tpl);
+        let mut spec = self.spec_for(&id, &tpl);
+        // Audited system calls, as for a create (a fork child has its parent's metadata).
+        spec.syscall_audit = self.audit().enabled()
+            && p.metadata
+                .get(super::create::SYSCALL_AUDIT_KEY)
+                .map(String::as_str)
+                == Some("true");
         let restored = match self.boots.acquire().await {
             Ok(_permit) => self.restore_and_init(&snap, &spec, &record).await,
             Err(_) => Err(Error::Unavailable(

@@ -96,6 +96,7 @@ async fn raw_round(
             id,
             &dir.join("console.log"),
             false,
+            None,
         )
         .await
         .map_err(|e| e.to_string())?;

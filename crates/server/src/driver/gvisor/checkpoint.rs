@@ -264,6 +264,8 @@ impl GvisorDriver {
         // inside the sandbox does not remove the host's).
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.prepare_restore(id).await?;
+        // An audited sandbox's trace session starts again with it (it is not in the image).
+        let pod = super::trace::start(&dir, id, self.syscalls.get())?;
         let t_prepare = t.elapsed();
         if restore {
             self.runsc
@@ -273,6 +275,7 @@ impl GvisorDriver {
                     id,
                     &dir.join("console.log"),
                     workaround,
+                    pod.as_deref(),
                 )
                 .await?;
             let t_restore = t.elapsed();
@@ -295,7 +298,7 @@ impl GvisorDriver {
                     id,
                     &dir.join("console.log"),
                     workaround,
-                    None,
+                    pod.as_deref(),
                 )
                 .await?;
         }

@@ -118,7 +118,7 @@ impl Runsc {
     }
 
     /// `runsc restore --detach`: a new container `id` continuing from the checkpoint in
-    /// `image` (stdio and `sysctl_workaround` as for [`Self::run_detached`]).
+    /// `image` (stdio, `sysctl_workaround` and `pod_config` as for [`Self::run_detached`]).
     pub async fn restore_detached(
         &self,
         image: &Path,
@@ -126,9 +126,16 @@ impl Runsc {
         id: &str,
         log: &Path,
         sysctl_workaround: bool,
+        pod_config: Option<&Path>,
     ) -> Result<()> {
         let image = format!("--image-path={}", image.display());
-        self.detached(&["restore", &image], bundle, id, log, sysctl_workaround)
+        let pod = pod_config.map(|p| format!("--pod-init-config={}", p.display()));
+        let sub: Vec<&str> = pod
+            .iter()
+            .map(String::as_str)
+            .chain(["restore", image.as_str()])
+            .collect();
+        self.detached(&sub, bundle, id, log, sysctl_workaround)
             .await
     }
 

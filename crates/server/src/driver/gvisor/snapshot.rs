@@ -195,6 +195,7 @@ impl GvisorDriver {
         // The snapshot is complete: the source continues in the background (restores of the
         // snapshot can start meanwhile; connecting to the source waits for it).
         let (runsc, sid) = (self.runsc.clone(), id.to_string());
+        let syscalls = self.syscalls.get().cloned();
         self.settling.spawn(id, async move {
             let t = std::time::Instant::now();
             let deleted = if halted {
@@ -202,8 +203,9 @@ impl GvisorDriver {
             } else {
                 super::halt_container(&runsc, &sid, &dir).await
             };
-            let restored = match deleted {
-                Ok(()) => {
+            let pod = deleted.and_then(|()| super::trace::start(&dir, &sid, syscalls.as_ref()));
+            let restored = match pod {
+                Ok(pod) => {
                     runsc
                         .restore_detached(
                             &image,
@@ -211,6 +213,7 @@ impl GvisorDriver {
                             &sid,
                             &dir.join("console.log"),
                             workaround,
+                            pod.as_deref(),
                         )
                         .await
                 }
@@ -245,6 +248,7 @@ impl GvisorDriver {
     /// continuing, in the foreground).
     async fn continue_from(&self, id: &str, image: &Path, workaround: bool) -> Result<()> {
         let dir = self.sandbox_dir(id);
+        let pod = super::trace::start(&dir, id, self.syscalls.get())?;
         self.runsc
             .restore_detached(
                 image,
@@ -252,6 +256,7 @@ impl GvisorDriver {
                 id,
                 &dir.join("console.log"),
                 workaround,
+                pod.as_deref(),
             )
             .await?;
         self.attach_agent(id).await
@@ -276,6 +281,8 @@ impl GvisorDriver {
         let image = sdir.join("checkpoint");
         let restored = async {
             let workaround = self.sysctl_workaround(&spec.id).await;
+            // An audited child's trace session (its config written with its layer).
+            let pod = super::trace::start(&dir, &spec.id, self.syscalls.get())?;
             if !image.join("checkpoint.img").exists() {
                 // A filesystem-only snapshot: boot on its disk.
                 return self
@@ -285,7 +292,7 @@ impl GvisorDriver {
                         &spec.id,
                         &dir.join("console.log"),
                         workaround,
-                        None,
+                        pod.as_deref(),
                     )
                     .await;
             }
@@ -296,6 +303,7 @@ impl GvisorDriver {
                     &spec.id,
                     &dir.join("console.log"),
                     workaround,
+                    pod.as_deref(),
                 )
                 .await?;
             self.attach_agent(&spec.id).await

@@ -8,7 +8,7 @@
 //! header (`u16` header size, `u16` message type, `u32` dropped count, little-endian) and a
 //! protobuf of the point's type. Only the fields kiln records are decoded here.
 //!
-//! Events of the agent itself (`kiln-agent`, whose file operations the proxy records) are
+//! Events of the agent itself (PID 1, whose file operations the proxy records) are
 //! skipped. A thread per traced sandbox reads its socket and hands each event to the observer
 //! (waiting for it: a slow audit writer slows the sandbox's traced calls, nothing is dropped
 //! by kiln; gVisor counts what its own queue dropped, recorded as `dropped`).
@@ -138,10 +138,12 @@ pub fn decode(msg: &[u8]) -> Option<Value> {
     let f = fields(msg.get(size..)?)?;
     let ctx = f.iter().find_map(|x| x.msg(1)).unwrap_or_default();
     let process = ctx.iter().find_map(|x| x.str(9)).unwrap_or_default();
-    if process == AGENT_COMM {
+    let pid = ctx.iter().find_map(|x| x.int(4));
+    // The agent is PID 1; the name is its thread's (`tokio-rt-worker` for most of its calls),
+    // so the pid is what tells.
+    if process == AGENT_COMM || pid == Some(1) {
         return None;
     }
-    let pid = ctx.iter().find_map(|x| x.int(4));
     let exit = f.iter().find_map(|x| x.msg(2));
     let result = exit.as_ref().and_then(|e| e.iter().find_map(|x| x.int(1)));
     let errno = exit
