@@ -140,6 +140,40 @@ impl EnvdClient {
         Ok(sender.send_request(req).await?)
     }
 
+    /// Sends one request over a fresh HTTP/2 connection with prior knowledge (h2c), as
+    /// [`Self::send`] does over HTTP/1.1: for servers that speak only HTTP/2 (gRPC). The
+    /// request's URI must be absolute (its scheme and authority become the pseudo-headers).
+    pub async fn send_h2<B>(
+        &self,
+        mut req: Request<B>,
+    ) -> Result<http::Response<Incoming>, EnvdError>
+    where
+        B: http_body::Body + Send + Unpin + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        for (n, v) in &self.inner.headers {
+            req.headers_mut().insert(n.clone(), v.clone());
+        }
+        let io = self
+            .inner
+            .connector
+            .connect()
+            .await
+            .map_err(|source| EnvdError::Connect { source })?;
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(io),
+        )
+        .await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "h2 connection ended with an error");
+            }
+        });
+        Ok(sender.send_request(req).await?)
+    }
+
     /// A request builder with `Host`, Basic auth for `user` and the access token.
     pub(crate) fn builder(
         &self,

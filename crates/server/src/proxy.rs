@@ -172,6 +172,15 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
         None => "http",
     };
     let (parts, body) = req.into_parts();
+    // gRPC (HTTP/2 only, trailers) reaches the sandbox's server over HTTP/2 as well (h2c with
+    // prior knowledge); everything else goes as HTTP/1.1, whatever the client spoke.
+    let grpc = parts.version == http::Version::HTTP_2
+        && upgrade.is_none()
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("application/grpc"));
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     // The host the client addressed, for services that name themselves in their answers (the
@@ -229,7 +238,27 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
             // of any size streams (it was buffered without limit before).
             None => http_body::Body::is_end_stream(&body),
         };
-    let sent = if small {
+    let sent = if grpc {
+        let body = match tap.as_mut() {
+            Some(t) => t.wrap_request(body),
+            None => body,
+        };
+        let mut h2_headers = headers.clone();
+        h2_headers.remove(header::HOST);
+        h2_headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        let req = Request::builder()
+            .method(method.clone())
+            .uri(format!("http://localhost{path}"))
+            .version(http::Version::HTTP_2)
+            .body(body);
+        match req {
+            Ok(mut r) => {
+                *r.headers_mut() = h2_headers;
+                client.send_h2(r).await
+            }
+            Err(e) => return proxy_error(StatusCode::BAD_REQUEST, id, format!("bad request: {e}")),
+        }
+    } else if small {
         let bytes = match http_body_util::BodyExt::collect(body).await {
             Ok(c) => c.to_bytes(),
             Err(e) => {

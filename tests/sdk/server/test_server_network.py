@@ -309,6 +309,81 @@ def proxied(srv, sandbox_id: str, port: int, host_form: bool = False, extra=None
         return e.code, e.read().decode()
 
 
+# An HTTP/2-only server (as a gRPC server is), by hand: it refuses anything that does not open
+# with HTTP/2's preface, and answers every request with a gRPC-style reply (headers, one
+# length-prefixed message, trailers with grpc-status).
+H2_ONLY_SERVER = r"""
+import socket, struct
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+def frame(t, f, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([t, f]) + struct.pack(">I", sid) + payload
+def exact(c, n):
+    b = b""
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d:
+            raise EOFError
+        b += d
+    return b
+def literal(name, value):
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7000))
+s.listen()
+while True:
+    c, _ = s.accept()
+    try:
+        if exact(c, 24) != PREFACE:
+            continue
+        c.sendall(frame(4, 0, 0))
+        while True:
+            h = exact(c, 9)
+            n, t, f = int.from_bytes(h[:3], "big"), h[3], h[4]
+            sid = int.from_bytes(h[5:9], "big") & 0x7FFFFFFF
+            exact(c, n)
+            if t == 4 and not f & 1:
+                c.sendall(frame(4, 1, 0))
+            if t in (0, 1) and f & 1 and sid:
+                c.sendall(frame(1, 4, sid, b"\x88" + literal(b"content-type", b"application/grpc")))
+                c.sendall(frame(0, 0, sid, b"\x00\x00\x00\x00\x05h2-ok"))
+                c.sendall(frame(1, 5, sid, literal(b"grpc-status", b"0")))
+    except EOFError:
+        pass
+    finally:
+        c.close()
+"""
+
+
+def test_grpc_reaches_an_http2_only_server_in_the_sandbox(net_server):
+    """A gRPC call (HTTP/2 with content-type application/grpc) goes to the sandbox over HTTP/2
+    (h2c), trailers included; the same server refuses the HTTP/1.1 other requests use."""
+    import subprocess
+    sbx = create(net_server)
+    try:
+        sbx.files.write("/tmp/h2only.py", H2_ONLY_SERVER)
+        sbx.commands.run("python3 /tmp/h2only.py", background=True)
+        cmd = ["curl", "-sS", "--http2-prior-knowledge", "-D", "-", "-o", "/tmp/kiln-grpc-body",
+               "-H", f"E2b-Sandbox-Id: {sbx.sandbox_id}", "-H", "E2b-Sandbox-Port: 7000",
+               "-H", "content-type: application/grpc", "-H", "te: trailers",
+               "--data-binary", "ping", net_server.url + "/kiln.Test/Call"]
+        deadline = time.time() + 30
+        while True:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            if out.stdout.startswith("HTTP/2 200") or time.time() > deadline:
+                break
+            time.sleep(0.3)
+        assert out.stdout.startswith("HTTP/2 200"), (out.stdout, out.stderr)
+        assert "grpc-status: 0" in out.stdout, out.stdout  # the trailer came through
+        with open("/tmp/kiln-grpc-body", "rb") as f:
+            assert f.read() == b"\x00\x00\x00\x00\x05h2-ok"
+        # Not gRPC: HTTP/1.1 to the sandbox, which this server refuses: a 502, not a hang.
+        status, body = proxied(net_server, sbx.sandbox_id, 7000)
+        assert status == 502 and "7000" in body, body
+    finally:
+        sbx.kill()
+
+
 def test_a_server_in_the_sandbox_is_reachable_on_any_port(net_server):
     sbx = create(net_server)
     try:

@@ -39,9 +39,12 @@ pub struct Args {
     /// does between real requests; 0 measures creates racing the refill).
     #[arg(long, default_value_t = 500)]
     gap_ms: u64,
-    /// gVisor platform.
-    #[arg(long, default_value = "ptrace")]
-    platform: String,
+    /// gVisor platform (default: the one `kiln serve` would pick here).
+    #[arg(long, env = "KILN_PLATFORM")]
+    platform: Option<String>,
+    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
+    runsc: Option<PathBuf>,
     /// Host-side range of the bench's network slots.
     #[arg(long, default_value = "10.149.0.0/24")]
     range: String,
@@ -73,6 +76,7 @@ struct Side {
 
 fn side(
     work_root: &std::path::Path,
+    runsc: &std::path::Path,
     platform: &str,
     networked: bool,
     range: &str,
@@ -85,6 +89,7 @@ fn side(
     let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
     let mut cfg = GvisorConfig::new(dir.path());
     cfg.platform = platform.to_string();
+    cfg.runsc = runsc.to_path_buf();
     if networked {
         cfg.network = Some(kiln_net::NetConfig {
             range: range.parse()?,
@@ -182,8 +187,31 @@ fn row(name: &str, p: &Percentiles, base: &Percentiles) {
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
-    let plain = side(&work_root, &a.platform, false, &a.range, &templates)?;
-    let net = side(&work_root, &a.platform, true, &a.range, &templates)?;
+    let runsc = kiln_host::runsc::resolve(a.runsc.as_deref())?;
+    let platform = match a.platform.clone() {
+        Some(p) => p,
+        None => kiln_host::runsc::platform::pick(
+            &runsc.path,
+            kiln_host::runsc::platform::kvm_at_hardware_speed(),
+        )
+        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
+    };
+    let plain = side(
+        &work_root,
+        &runsc.path,
+        &platform,
+        false,
+        &a.range,
+        &templates,
+    )?;
+    let net = side(
+        &work_root,
+        &runsc.path,
+        &platform,
+        true,
+        &a.range,
+        &templates,
+    )?;
     // Warm-up (and let the pool fill).
     timed_create(&plain, &a.template).await?;
     timed_create(&net, &a.template).await?;
@@ -284,7 +312,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     let (w, wo) = (percentiles(&with), percentiles(&without));
     println!(
         "kiln bench net (gVisor, platform {}, template {}):",
-        a.platform, a.template
+        platform, a.template
     );
     row("create, no network (baseline)", &wo, &wo);
     row("create, with network", &w, &wo);
