@@ -68,15 +68,7 @@ fn envd_of(addr: std::net::SocketAddr, sandbox: &SandboxRecord) -> EnvdClient {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let store = kiln_template::Store::open_default().context("opening the template store")?;
     let templates: Arc<dyn kiln_server::templates::Templates> = Arc::new(store);
-    let runsc = kiln_host::runsc::resolve(a.runsc.as_deref())?;
-    let platform = match a.platform.clone() {
-        Some(p) => p,
-        None => kiln_host::runsc::platform::pick(
-            &runsc.path,
-            kiln_host::runsc::platform::kvm_at_hardware_speed(),
-        )
-        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
-    };
+    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
     let base = a
         .work_dir
         .clone()
@@ -91,7 +83,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         kind: DriverKind::Gvisor,
         ..DriverConfig::default()
     };
-    driver.gvisor.runsc = Some(runsc.path.clone());
+    driver.gvisor.runsc = Some(runsc.clone());
     driver.gvisor.platform = Some(platform.clone());
     println!(
         "kiln bench audit (gVisor, platform {platform}, template {}): {} exec round trips and \

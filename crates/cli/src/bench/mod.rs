@@ -44,3 +44,21 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Vmm(a) => vmm::run(a),
     }
 }
+
+/// The runsc binary and gVisor platform a bench uses: the given ones, else what `kiln serve`
+/// would use on this host (its runsc; the fastest platform that works).
+pub(crate) fn runtime(
+    runsc: Option<&std::path::Path>,
+    platform: Option<String>,
+) -> anyhow::Result<(std::path::PathBuf, String)> {
+    let runsc = kiln_host::runsc::resolve(runsc)?;
+    let platform = match platform {
+        Some(p) => p,
+        None => kiln_host::runsc::platform::pick(
+            &runsc.path,
+            kiln_host::runsc::platform::kvm_at_hardware_speed(),
+        )
+        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
+    };
+    Ok((runsc.path, platform))
+}

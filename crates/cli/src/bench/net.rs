@@ -187,18 +187,10 @@ fn row(name: &str, p: &Percentiles, base: &Percentiles) {
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
-    let runsc = kiln_host::runsc::resolve(a.runsc.as_deref())?;
-    let platform = match a.platform.clone() {
-        Some(p) => p,
-        None => kiln_host::runsc::platform::pick(
-            &runsc.path,
-            kiln_host::runsc::platform::kvm_at_hardware_speed(),
-        )
-        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
-    };
+    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
     let plain = side(
         &work_root,
-        &runsc.path,
+        &runsc,
         &platform,
         false,
         &a.range,
@@ -206,7 +198,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     )?;
     let net = side(
         &work_root,
-        &runsc.path,
+        &runsc,
         &platform,
         true,
         &a.range,
