@@ -8,6 +8,7 @@ mod density;
 mod lifecycle;
 mod net;
 mod rich;
+mod side;
 mod vmm;
 
 #[derive(clap::Subcommand)]

@@ -13,12 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
-use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
-use kiln_server::driver::Driver;
-use kiln_server::manager::CreateParams;
-use kiln_server::store::SqliteStore;
 use kiln_server::templates::Templates;
-use kiln_server::{LifecycleConfig, Manager};
+
+use super::side::{params, side, Net, Side};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(clap::Args)]
@@ -65,69 +62,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&work_root)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(bench(a, templates, work_root))
-}
-
-struct Side {
-    manager: Arc<Manager>,
-    driver: Arc<dyn Driver>,
-    gvisor: Arc<GvisorDriver>,
-    _dir: tempfile::TempDir,
-}
-
-fn side(
-    work_root: &std::path::Path,
-    runsc: &std::path::Path,
-    platform: &str,
-    networked: bool,
-    range: &str,
-    templates: &Arc<dyn Templates>,
-) -> anyhow::Result<Side> {
-    let dir = tempfile::Builder::new()
-        .prefix("n")
-        .rand_bytes(4)
-        .tempdir_in(work_root)?;
-    let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
-    let mut cfg = GvisorConfig::new(dir.path());
-    cfg.platform = platform.to_string();
-    cfg.runsc = runsc.to_path_buf();
-    if networked {
-        cfg.network = Some(kiln_net::NetConfig {
-            range: range.parse()?,
-            pool_size: 4,
-            prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(dir.path()),
-            operator_allow: Vec::new(),
-            dns_upstreams: kiln_net::dns::system_resolvers(),
-            max_connections: 0,
-            egress_mib_per_sec: 0,
-            proxy_all_tcp: false,
-        });
-    }
-    let gvisor = Arc::new(GvisorDriver::new(cfg)?);
-    let driver: Arc<dyn Driver> = gvisor.clone();
-    if driver.has_network() != networked {
-        bail!("the bench's drivers are not configured as expected");
-    }
-    let manager = Manager::new(
-        LifecycleConfig::default(),
-        store,
-        driver.clone(),
-        templates.clone(),
-    );
-    Ok(Side {
-        manager,
-        driver,
-        gvisor,
-        _dir: dir,
-    })
-}
-
-fn params(template: &str) -> CreateParams {
-    CreateParams {
-        template_id: template.to_string(),
-        timeout_secs: Some(600),
-        secure: false,
-        ..Default::default()
-    }
 }
 
 async fn timed_create(s: &Side, template: &str) -> anyhow::Result<Duration> {
@@ -188,22 +122,12 @@ fn row(name: &str, p: &Percentiles, base: &Percentiles) {
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
     let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
-    let plain = side(
-        &work_root,
-        &runsc,
-        &platform,
-        false,
-        &a.range,
-        &templates,
-    )?;
-    let net = side(
-        &work_root,
-        &runsc,
-        &platform,
-        true,
-        &a.range,
-        &templates,
-    )?;
+    let plain = side(&work_root, "n", &runsc, &platform, None, &templates)?;
+    let net = Net {
+        range: &a.range,
+        pool_size: 4,
+    };
+    let net = side(&work_root, "n", &runsc, &platform, Some(net), &templates)?;
     // Warm-up (and let the pool fill).
     timed_create(&plain, &a.template).await?;
     timed_create(&net, &a.template).await?;

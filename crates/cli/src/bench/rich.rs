@@ -14,12 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
-use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
-use kiln_server::driver::Driver;
-use kiln_server::manager::CreateParams;
-use kiln_server::store::SqliteStore;
 use kiln_server::templates::Templates;
-use kiln_server::{LifecycleConfig, Manager};
+
+use super::side::{params, side, Net, Side};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 #[derive(clap::Args)]
@@ -27,9 +24,12 @@ pub struct Args {
     /// Samples of each measurement (creates are the slow ones: about 1-3 s each).
     #[arg(long, default_value_t = 5)]
     n: usize,
-    /// gVisor platform (default: KILN_PLATFORM, else systrap).
-    #[arg(long)]
+    /// gVisor platform (default: the one `kiln serve` would pick here).
+    #[arg(long, env = "KILN_PLATFORM")]
     platform: Option<String>,
+    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
+    runsc: Option<PathBuf>,
     /// Host-side range of the bench's network slots (outside the 10.200-10.254 a server picks from).
     #[arg(long, default_value = "10.150.0.0/24")]
     range: String,
@@ -62,59 +62,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&work_root)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(bench(a, templates, work_root))
-}
-
-struct Side {
-    manager: Arc<Manager>,
-    driver: Arc<dyn Driver>,
-    gvisor: Arc<GvisorDriver>,
-    _dir: tempfile::TempDir,
-}
-
-fn side(
-    work_root: &std::path::Path,
-    platform: &str,
-    range: &str,
-    t: &Arc<dyn Templates>,
-) -> anyhow::Result<Side> {
-    let dir = tempfile::Builder::new()
-        .prefix("r")
-        .rand_bytes(4)
-        .tempdir_in(work_root)?;
-    let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
-    let mut cfg = GvisorConfig::new(dir.path());
-    cfg.platform = platform.to_string();
-    cfg.network = Some(kiln_net::NetConfig {
-        range: range.parse()?,
-        pool_size: 2,
-        prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(dir.path()),
-        operator_allow: Vec::new(),
-        dns_upstreams: kiln_net::dns::system_resolvers(),
-        max_connections: 0,
-        egress_mib_per_sec: 0,
-        proxy_all_tcp: false,
-    });
-    let gvisor = Arc::new(GvisorDriver::new(cfg)?);
-    let driver: Arc<dyn Driver> = gvisor.clone();
-    if !driver.has_network() {
-        bail!("the bench needs sandbox networking (KILN_NETWORK=on could not be honoured)");
-    }
-    let manager = Manager::new(LifecycleConfig::default(), store, driver.clone(), t.clone());
-    Ok(Side {
-        manager,
-        driver,
-        gvisor,
-        _dir: dir,
-    })
-}
-
-fn params(template: &str) -> CreateParams {
-    CreateParams {
-        template_id: template.to_string(),
-        timeout_secs: Some(600),
-        secure: false,
-        ..Default::default()
-    }
 }
 
 /// One HTTP/1.0 exchange on `io`; returns (status line, body).
@@ -293,12 +240,12 @@ async fn cdp_call<IO: AsyncRead + AsyncWrite + Unpin>(
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
-    let platform = a
-        .platform
-        .clone()
-        .or_else(|| std::env::var("KILN_PLATFORM").ok())
-        .unwrap_or_else(|| "systrap".into());
-    let s = side(&work_root, &platform, &a.range, &templates)?;
+    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
+    let net = Net {
+        range: &a.range,
+        pool_size: 2,
+    };
+    let s = side(&work_root, "r", &runsc, &platform, Some(net), &templates)?;
 
     // Create → first result.
     let (mut echo, mut code) = (Vec::new(), Vec::new());
