@@ -36,7 +36,7 @@ const REQUEST_GRACE: Duration = Duration::from_millis(500);
 /// to an agent that knows the request (a 202, or the connection closing as the agent
 /// detaches before its answer went out), false for an agent that does not (404) or when
 /// the socket cannot be reached.
-async fn request_detach(socket: &std::path::Path) -> bool {
+async fn request_detach(socket: &Path) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut s) = super::connect_no_follow(socket).await else {
         return false;
@@ -55,6 +55,11 @@ async fn request_detach(socket: &std::path::Path) -> bool {
     }
 }
 
+/// The agent's acknowledgement of a detach, in sandbox directory `dir`.
+fn detached_marker_in(dir: &Path) -> PathBuf {
+    dir.join("run").join(format!("{SOCKET_NAME}.detached"))
+}
+
 /// Has the agent of sandbox `id` (directory `dir`) listen on its sockets again: removing its
 /// `.detached` marker is the request (a detached agent watches it). An agent that does not
 /// attach within [`REQUEST_GRACE`] (built before this) gets `SIGUSR2` through `runsc kill`.
@@ -63,9 +68,8 @@ pub(super) async fn attach_agent_at(
     dir: &Path,
     id: &str,
 ) -> Result<()> {
-    let run = dir.join("run");
-    let _ = std::fs::remove_file(run.join(format!("{SOCKET_NAME}.detached")));
-    let socket = run.join(SOCKET_NAME);
+    let _ = std::fs::remove_file(detached_marker_in(dir));
+    let socket = dir.join("run").join(SOCKET_NAME);
     let start = tokio::time::Instant::now();
     while start.elapsed() < REQUEST_GRACE {
         // Connectable, not merely present: a socket file left from before the pause accepts
@@ -98,9 +102,7 @@ impl GvisorDriver {
     }
 
     fn detached_marker(&self, id: &str) -> PathBuf {
-        self.sandbox_dir(id)
-            .join("run")
-            .join(format!("{SOCKET_NAME}.detached"))
+        detached_marker_in(&self.sandbox_dir(id))
     }
 
     fn read_paused(&self, id: &str) -> Option<Paused> {
