@@ -30,6 +30,7 @@ mod console;
 mod container;
 mod disk;
 mod forward;
+mod layout;
 mod mounts;
 pub mod net_config;
 pub mod network;
@@ -56,7 +57,6 @@ use super::{
 pub use console::tail;
 pub use container::cgroup_memory_limit;
 use container::{connect_no_follow, halt_container};
-use mounts::{mount_overlay_stack, unmount};
 
 /// Path of the agent binary inside every template.
 pub const AGENT_PATH: &str = "/usr/bin/kiln-agent";
@@ -243,67 +243,6 @@ impl GvisorDriver {
         self.cfg.dir.join("sandboxes").join(id)
     }
 
-    /// Prepares the sandbox's layer and bundle. The fresh writable layer stacks on `lowers`
-    /// (topmost first; frozen layers of a snapshot), or on the template rootfs when None.
-    async fn prepare_with(&self, spec: &SandboxSpec, lowers: Option<&[PathBuf]>) -> Result<()> {
-        let dir = self.sandbox_dir(&spec.id);
-        if dir.exists() {
-            return Err(DriverError::Other(format!(
-                "sandbox directory {} already exists",
-                dir.display()
-            )));
-        }
-        if !spec
-            .rootfs
-            .join(AGENT_PATH.trim_start_matches('/'))
-            .exists()
-        {
-            return Err(DriverError::Other(format!(
-                "template {} has no {AGENT_PATH} in {}; rebuild the template",
-                spec.template_name,
-                spec.rootfs.display()
-            )));
-        }
-        let quota = spec.disk_mb > 0;
-        for sub in ["upper", "work", "rootfs", "run", "bundle"] {
-            if quota && (sub == "upper" || sub == "work") {
-                continue;
-            }
-            std::fs::create_dir_all(dir.join(sub))
-                .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
-        }
-        if quota {
-            disk::create(&dir, spec.disk_mb).await?;
-        }
-        let template = [spec.rootfs.clone()];
-        let lowers = lowers.unwrap_or(&template);
-        for l in lowers {
-            disk::ensure_layer(l).await?;
-        }
-        let (upper, work) = disk::layer_dirs(&dir);
-        mount_overlay_stack(lowers, &upper, &work, &dir.join("rootfs"))?;
-        let mut config = oci_spec(
-            spec,
-            &dir.join("rootfs"),
-            &dir.join("run"),
-            &self.cfg.agent_args,
-            !self.cfg.ignore_cgroups,
-        );
-        if spec.syscall_audit {
-            trace::write_config(&dir)?;
-        }
-        if let Some(net) = &self.net {
-            let ns = net.attach(&spec.id, &dir.join("rootfs")).await?;
-            network::set_netns_path(&mut config, &ns);
-        }
-        let text = serde_json::to_vec_pretty(&config)
-            .map_err(|e| DriverError::Other(format!("encoding config.json: {e}")))?;
-        std::fs::write(dir.join("bundle/config.json"), text)
-            .map_err(io_err("writing config.json"))?;
-
-        Ok(())
-    }
-
     /// Host path of the agent socket.
     fn socket_path(&self, id: &str) -> PathBuf {
         self.sandbox_dir(id).join("run").join(SOCKET_NAME)
@@ -314,21 +253,6 @@ impl GvisorDriver {
     async fn halt(&self, id: &str) -> Result<()> {
         self.settling.settle(id).await;
         halt_container(&self.runsc, id, &self.sandbox_dir(id)).await
-    }
-
-    /// Removes every host trace of a sandbox (after runsc is gone).
-    fn remove_files(&self, id: &str) -> Result<()> {
-        let dir = self.sandbox_dir(id);
-        unmount(&dir.join("rootfs"))?;
-        disk::unmount_disk(&dir)?;
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(DriverError::Io {
-                what: format!("removing {}", dir.display()),
-                source: e,
-            }),
-        }
     }
 }
 
