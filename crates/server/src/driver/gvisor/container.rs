@@ -68,17 +68,3 @@ pub(super) async fn connect_no_follow(path: &Path) -> std::io::Result<tokio::net
     drop(f);
     s
 }
-
-/// The memory limit of the sandbox's cgroup: v1 memory controller, v2 unified hierarchy
-/// (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified on hybrid hosts).
-pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
-    let candidates = [
-        format!("/sys/fs/cgroup/memory/kiln/{id}/memory.limit_in_bytes"),
-        format!("/sys/fs/cgroup/kiln/{id}/memory.max"),
-        format!("/sys/fs/cgroup/unified/kiln/{id}/memory.max"),
-    ];
-    candidates
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .find_map(|v| v.trim().parse::<u64>().ok())
-}

@@ -55,8 +55,8 @@ use super::{
     io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
 };
 pub use console::tail;
-pub use container::cgroup_memory_limit;
 use container::{connect_no_follow, halt_container};
+pub use oci::cgroup_memory_limit;
 
 /// Path of the agent binary inside every template.
 pub const AGENT_PATH: &str = "/usr/bin/kiln-agent";
@@ -424,7 +424,7 @@ impl Driver for GvisorDriver {
             mem_used_bytes: num(&d["memory"]["usage"]["usage"]),
             // The host cgroup has headroom above the sandbox's size (oci::host_memory_limit).
             mem_limit_bytes: match num(&d["memory"]["usage"]["limit"]) {
-                0 => oci::cgroup_memory_limit(id)
+                0 => cgroup_memory_limit(id)
                     .map(oci::sandbox_memory)
                     .unwrap_or(0),
                 n => oci::sandbox_memory(n),
