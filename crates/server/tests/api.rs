@@ -3,12 +3,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use http::StatusCode;
 use kiln_server::api;
-use kiln_server::templates::FixedTemplates;
-use kiln_server::LifecycleConfig;
 use serde_json::Value;
 
 use common::assert_error;
@@ -21,13 +17,7 @@ struct Fixture {
 
 async fn fixture() -> Fixture {
     let dir = common::state_dir();
-    let manager = common::manager(
-        dir.path(),
-        common::driver(dir.path()),
-        Arc::new(FixedTemplates::default()),
-        LifecycleConfig::default(),
-    );
-    let (app, key) = common::app(manager, dir.path()).await;
+    let (app, key) = common::empty_app(dir.path()).await;
     Fixture {
         app,
         key,

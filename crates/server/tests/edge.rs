@@ -30,13 +30,7 @@ impl Drop for Fixture {
 
 async fn start(cfg: EdgeConfig) -> Fixture {
     let dir = common::state_dir();
-    let manager = common::manager(
-        dir.path(),
-        common::driver(dir.path()),
-        Arc::new(FixedTemplates::default()),
-        LifecycleConfig::default(),
-    );
-    let (app, key) = common::app(manager, dir.path()).await;
+    let (app, key) = common::empty_app(dir.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(kiln_server::edge::serve(listener, app, cfg));

@@ -8,12 +8,9 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_server::edge::EdgeConfig;
-use kiln_server::templates::FixedTemplates;
-use kiln_server::LifecycleConfig;
 use tokio::io::AsyncReadExt;
 
 /// The domain of `common::app`.
@@ -137,13 +134,7 @@ async fn start() -> Fixture {
     )
     .unwrap();
     let dir = common::state_dir();
-    let manager = common::manager(
-        dir.path(),
-        common::driver(dir.path()),
-        Arc::new(FixedTemplates::default()),
-        LifecycleConfig::default(),
-    );
-    let (app, key) = common::app(manager, dir.path()).await;
+    let (app, key) = common::empty_app(dir.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let cfg = EdgeConfig {

@@ -251,6 +251,18 @@ pub fn template_manager(state: &Path, tpl: &Path, driver: Arc<dyn Driver>) -> Ar
     )
 }
 
+/// The API router over a default manager with no templates, in state dir `state`, with a
+/// fresh API key (the API, edge and TLS tests that need no sandbox).
+pub async fn empty_app(state: &Path) -> (axum::Router, String) {
+    let manager = manager(
+        state,
+        driver(state),
+        Arc::new(kiln_server::templates::FixedTemplates::default()),
+        kiln_server::LifecycleConfig::default(),
+    );
+    app(manager, state).await
+}
+
 /// The API router over `manager`, with a fresh API key.
 pub async fn app(manager: Arc<Manager>, state: &Path) -> (axum::Router, String) {
     let key = kiln_server::auth::create_key(store(state).as_ref(), "test")
