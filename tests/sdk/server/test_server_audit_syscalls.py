@@ -5,19 +5,13 @@ key gets none."""
 
 from e2b import Sandbox
 
+from .test_server_audit import audit
+
 FLAG = {"kiln.audit.syscalls": "true"}
 
 
 def syscalls(server, sbx_id):
-    out, cursor = [], ""
-    while True:
-        q = "kind=syscall&limit=1000" + (f"&cursor={cursor}" if cursor else "")
-        status, page, _ = server.request("GET", f"/sandboxes/{sbx_id}/audit?{q}")
-        assert status == 200, page
-        out += page["records"]
-        cursor = page["nextCursor"]
-        if len(page["records"]) < 1000:
-            return out
+    return audit(server, sbx_id, "syscall")
 
 
 def test_an_audited_sandbox_records_its_open_execve_and_connect_calls(server):
