@@ -1,5 +1,5 @@
 """Network and DNS audit records through the real e2b SDK against a real `kiln serve` and the
-test "internet" of test_server_network (namespace `ktsdk`, 198.51.100.0/24, its own DNS
+test "internet" of internet.py (namespace `ktsdk`, 198.51.100.0/24, its own DNS
 server): a DNS lookup, an allowed HTTP fetch (by address, named by its Host header), an allowed
 HTTPS fetch (named by SNI), a fetch refused by a denyOut range, a refused connection to a
 non-web port and an NXDOMAIN lookup each produce exactly the expected `net`/`dns` records, in
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from .conftest import cleanup_state, kiln_bin
-from .test_server_network import internet, remove_slots_in_range, run, start_net_server  # noqa: F401
+from .internet import internet, remove_slots_in_range, run, start_net_server  # noqa: F401
 
 RANGE = "10.143.0.0/24"
 PY_RESOLVE = "python3 -c \"import socket,sys; print(socket.gethostbyname(sys.argv[1]))\" "

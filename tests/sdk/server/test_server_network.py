@@ -7,7 +7,6 @@ ranges, and ingress to any port of a sandbox through kiln's proxy.
 Nothing here sends traffic outside this machine: the test hosts live in a network namespace.
 Needs root (namespaces, nftables)."""
 
-import json
 import os
 import re
 import shutil
@@ -23,172 +22,11 @@ import pytest
 from e2b import Sandbox
 
 from .conftest import KilnServer, cleanup_state
+from .internet import (HOST_SIDE, fetch, internet, namespaces_of, remove_slots_in_range, run,  # noqa: F401
+                       slot_prefixes_in, start_net_server, wait_http)
+from .testnet import sh
 
-NS = "ktsdk"
-HOST_SIDE = "198.51.100.254"
 RANGE = "10.135.0.0/24"
-HTTP_HOSTS = {"198.51.100.10": "ten", "198.51.100.11": "eleven"}
-DNS_ADDR = "198.51.100.53"
-NAMES = {"host-a.test": "198.51.100.10", "alias-a.test": "198.51.100.10",
-         "www.site.test": "198.51.100.10", "host-b.test": "198.51.100.11"}
-
-# An HTTPS server answering with the SNI name the client sent.
-TLS_SERVER = textwrap.dedent("""
-    import http.server, ssl, sys
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = ("tls:" + self.request.server_hostname_seen).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        def log_message(self, *a):
-            pass
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
-    def sni(sock, name, _ctx):
-        sock.server_hostname_seen = name or ""
-    ctx.sni_callback = sni
-    srv = http.server.ThreadingHTTPServer((sys.argv[1], 443), H)
-    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-    srv.serve_forever()
-""")
-
-# A tiny authoritative DNS server: A records from NAMES, NXDOMAIN otherwise.
-DNS_SERVER = textwrap.dedent("""
-    import json, socket, struct, sys
-    names = json.loads(sys.argv[2])
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((sys.argv[1], 53))
-    while True:
-        q, peer = s.recvfrom(512)
-        i, labels = 12, []
-        while q[i]:
-            labels.append(q[i + 1:i + 1 + q[i]].decode().lower())
-            i += 1 + q[i]
-        question = q[12:i + 5]
-        qtype = struct.unpack("!H", q[i + 1:i + 3])[0]
-        ip = names.get(".".join(labels))
-        if ip and qtype == 1:
-            answer = b"\\xc0\\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + socket.inet_aton(ip)
-            head = q[:2] + b"\\x81\\x80" + struct.pack("!HHHH", 1, 1, 0, 0)
-        else:
-            answer = b""
-            rcode = b"\\x81\\x80" if ip else b"\\x81\\x83"
-            head = q[:2] + rcode + struct.pack("!HHHH", 1, 0, 0, 0)
-        s.sendto(head + question + answer, peer)
-""")
-
-
-def sh(*args, check=True):
-    return subprocess.run(list(args), capture_output=True, text=True, check=check)
-
-
-def require_root():
-    if os.geteuid() != 0:
-        if os.environ.get("KILN_ALLOW_SKIPS") == "1":
-            pytest.skip("needs root (network namespaces, nftables)")
-        pytest.fail("the network tests need root; KILN_ALLOW_SKIPS=1 to skip")
-
-
-def internet_down():
-    sh("ip", "netns", "del", NS, check=False)
-    sh("ip", "link", "del", "ktsdk0", check=False)
-
-
-def wait_http(url: str, timeout: float = 30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            return urllib.request.urlopen(url, timeout=2).read().decode()
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail(f"test host {url} did not come up")
-
-
-@pytest.fixture(scope="module")
-def internet():
-    require_root()
-    internet_down()
-    procs = []
-    www = tempfile.mkdtemp(prefix="kiln-inet-")
-    try:
-        sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", "ktsdk0", "type", "veth", "peer", "name", "eth0", "netns", NS)
-        sh("ip", "addr", "add", f"{HOST_SIDE}/24", "dev", "ktsdk0")
-        sh("ip", "link", "set", "ktsdk0", "up")
-        for a in [*HTTP_HOSTS, DNS_ADDR]:
-            sh("ip", "-n", NS, "addr", "add", f"{a}/24", "dev", "eth0")
-        sh("ip", "-n", NS, "link", "set", "eth0", "up")
-        sh("ip", "-n", NS, "link", "set", "lo", "up")
-        sh("ip", "-n", NS, "route", "add", "default", "via", HOST_SIDE)
-        for ip, body in HTTP_HOSTS.items():
-            d = os.path.join(www, ip)
-            os.makedirs(d)
-            with open(os.path.join(d, "index.html"), "w") as f:
-                f.write(body)
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", NS, sys.executable, "-m", "http.server", "--bind", ip, "80"],
-                cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", NS, sys.executable, "-c", DNS_SERVER, DNS_ADDR, json.dumps(NAMES)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        cert, key = os.path.join(www, "c.pem"), os.path.join(www, "k.pem")
-        sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-           "-days", "1", "-subj", "/CN=host-a.test",
-           "-addext", "subjectAltName=DNS:host-a.test,DNS:alias-a.test,DNS:www.site.test")
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", NS, sys.executable, "-c", TLS_SERVER, "198.51.100.10", cert, key],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for ip, body in HTTP_HOSTS.items():
-            assert wait_http(f"http://{ip}/") == body
-        deadline = time.time() + 30
-        while sh("curl", "-sk", "-m", "2", "--resolve", "host-a.test:443:198.51.100.10",
-                 "https://host-a.test/", check=False).stdout != "tls:host-a.test":
-            assert time.time() < deadline, "the TLS test host did not come up"
-            time.sleep(0.2)
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        internet_down()
-        shutil.rmtree(www, ignore_errors=True)
-
-
-def slot_prefixes_in(net: str) -> set:
-    """Name prefixes of kiln slots whose host veths route into `net` (e.g. "10.135.0.")."""
-    routes = json.loads(sh("ip", "-j", "route").stdout or "[]")
-    return {r["dev"][:5] for r in routes
-            if re.fullmatch(r"k[0-9a-f]{4}h\d+", r.get("dev", "")) and r["dst"].startswith(net)}
-
-
-def namespaces_of(prefix: str) -> list:
-    return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix + "-"))
-
-
-def remove_slots_in_range(net: str = "10.135.0."):
-    """Removes the namespaces, veths and host table a stopped kiln left in `net`."""
-    prefixes = slot_prefixes_in(net)
-    for p in prefixes:
-        for ns in os.listdir("/run/netns"):
-            if ns.startswith(p + "-"):
-                sh("ip", "netns", "del", ns, check=False)
-        for dev in os.listdir("/sys/class/net"):
-            if dev.startswith(p + "h"):
-                sh("ip", "link", "del", dev, check=False)
-        sh("nft", "delete", "table", "ip", f"kiln_{p}", check=False)
-    return prefixes
-
-
-def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None) -> KilnServer:
-    # Networking is on by default; the flags pick this test's range, pool and resolver.
-    flags = ["--net-range", net_range, "--net-pool", "2", "--dns-upstream", DNS_ADDR]
-    srv = KilnServer(state_dir, flags + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
-    if previous:
-        # Same state: the key persists (none is printed), and the log file is shared.
-        srv.api_key, srv.url = previous.api_key, previous.url
-    return srv.start()
 
 
 @pytest.fixture(scope="module")
@@ -211,20 +49,6 @@ def net_server(internet):
         remove_slots_in_range()
         shutil.rmtree(base, ignore_errors=True)
         assert "panicked" not in log, f"the server panicked:\n{log}"
-
-
-def run(sbx, cmd: str, timeout: float = 30):
-    """(exit code, stdout) of a shell command in the sandbox."""
-    try:
-        r = sbx.commands.run(cmd, timeout=timeout)
-        return r.exit_code, r.stdout
-    except Exception as e:  # CommandExitException carries the result
-        return getattr(e, "exit_code", -1), getattr(e, "stdout", "")
-
-
-def fetch(sbx, url: str):
-    code, out = run(sbx, f"curl -s -m 3 {url}")
-    return out.strip() if code == 0 else None
 
 
 def create(srv, **kw):

@@ -23,37 +23,13 @@ import time
 import pytest
 
 from .conftest import cleanup_state, kiln_bin
+from .testnet import NetNs, require, sh
 
 NS = "ktls"
 HOST_SIDE = "198.51.100.201"
 NS_SIDE = "198.51.100.202"
 DOMAIN = "kiln-tls.test"
 RANGE = "10.161.0.0/24"
-
-# A DNS server answering A for DOMAIN and *.DOMAIN, NXDOMAIN for the rest.
-DNS_SERVER = textwrap.dedent("""
-    import socket, struct, sys
-    domain, ip = sys.argv[1], sys.argv[2]
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 53))
-    while True:
-        q, peer = s.recvfrom(512)
-        i, labels = 12, []
-        while q[i]:
-            labels.append(q[i + 1:i + 1 + q[i]].decode().lower())
-            i += 1 + q[i]
-        question = q[12:i + 5]
-        qtype = struct.unpack("!H", q[i + 1:i + 3])[0]
-        name = ".".join(labels)
-        ours = name == domain or name.endswith("." + domain)
-        if ours and qtype == 1:
-            answer = b"\\xc0\\x0c" + struct.pack("!HHIH", 1, 1, 5, 4) + socket.inet_aton(ip)
-            head = q[:2] + b"\\x81\\x80" + struct.pack("!HHHH", 1, 1, 0, 0)
-        else:
-            answer = b""
-            head = q[:2] + (b"\\x81\\x80" if ours else b"\\x81\\x83") + struct.pack("!HHHH", 1, 0, 0, 0)
-        s.sendto(head + question + answer, peer)
-""")
 
 # Serves, in the sandbox, what the proxy told it: the scheme the client used.
 ECHO_SERVER = textwrap.dedent("""
@@ -110,17 +86,6 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def sh(*args, check=True):
-    return subprocess.run(list(args), capture_output=True, text=True, check=check)
-
-
-def require(cond: bool, why: str):
-    if not cond:
-        if os.environ.get("KILN_ALLOW_SKIPS") == "1":
-            pytest.skip(why)
-        pytest.fail(f"{why}; KILN_ALLOW_SKIPS=1 to skip")
-
-
 def make_certs(d: str):
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
     sh("openssl", "req", "-x509", "-days", "2", *ec, "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.pem",
@@ -133,34 +98,14 @@ def make_certs(d: str):
        "-CAcreateserial", "-days", "2", "-out", f"{d}/cert.pem", "-extfile", f"{d}/ext.cnf")
 
 
-def netns_down():
-    sh("ip", "netns", "del", NS, check=False)
-    sh("ip", "link", "del", "ktls0", check=False)
-    shutil.rmtree(f"/etc/netns/{NS}", ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def client_ns():
     require(os.geteuid() == 0, "needs root (network namespaces)")
     require(bool(shutil.which("openssl") and shutil.which("curl")), "needs openssl and curl")
-    netns_down()
-    dns = None
+    ns = NetNs(NS, "ktls0", f"{HOST_SIDE}/30", [f"{NS_SIDE}/30"])
     try:
-        sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", "ktls0", "type", "veth", "peer", "name", "eth0", "netns", NS)
-        sh("ip", "addr", "add", f"{HOST_SIDE}/30", "dev", "ktls0")
-        sh("ip", "link", "set", "ktls0", "up")
-        sh("ip", "-n", NS, "addr", "add", f"{NS_SIDE}/30", "dev", "eth0")
-        sh("ip", "-n", NS, "link", "set", "eth0", "up")
-        sh("ip", "-n", NS, "link", "set", "lo", "up")
-        # `ip netns exec` binds these over /etc/resolv.conf and /etc/hosts for its command.
-        os.makedirs(f"/etc/netns/{NS}", exist_ok=True)
-        with open(f"/etc/netns/{NS}/resolv.conf", "w") as f:
-            f.write("nameserver 127.0.0.1\n")
-        with open(f"/etc/netns/{NS}/hosts", "w") as f:
-            f.write("127.0.0.1 localhost\n")
-        dns = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-c", DNS_SERVER, DOMAIN, HOST_SIDE],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ns.up().resolver("127.0.0.1")
+        ns.dns("127.0.0.1", {DOMAIN: HOST_SIDE, f"*.{DOMAIN}": HOST_SIDE}, ttl=5)
         deadline = time.time() + 20
         while sh("ip", "netns", "exec", NS, "getent", "hosts", f"api.{DOMAIN}", check=False).stdout.split()[:1] \
                 != [HOST_SIDE]:
@@ -168,10 +113,7 @@ def client_ns():
             time.sleep(0.2)
         yield
     finally:
-        if dns:
-            dns.kill()
-            dns.wait()
-        netns_down()
+        ns.down()
 
 
 @pytest.fixture(scope="module")
