@@ -5,37 +5,23 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use kiln_host::capacity::SandboxCost;
 use kiln_server::manager::AdmissionConfig;
-use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::LifecycleConfig;
 
 const CREATE: &str = r#"{"templateID":"t","timeout":120}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_host_refuses_up_front_and_recovers_after_a_kill() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let manager = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            default_memory_mb: 256,
-            admission: AdmissionConfig {
-                max_sandboxes: Some(2),
-                state_dir: Some(state.path().to_path_buf()),
-                ..AdmissionConfig::default()
-            },
-            ..LifecycleConfig::default()
+    let rig = common::Rig::new(LifecycleConfig {
+        default_memory_mb: 256,
+        admission: AdmissionConfig {
+            max_sandboxes: Some(2),
+            ..AdmissionConfig::default()
         },
-    );
+        ..LifecycleConfig::default()
+    });
+    let (state, driver, cleanup, manager) = (&rig.state, &rig.driver, &rig.cleanup, &rig.manager);
     let (app, key) = common::app(manager.clone(), state.path()).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -101,29 +87,19 @@ async fn a_full_host_refuses_up_front_and_recovers_after_a_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_the_host_cannot_hold_gets_503_and_starts_nothing() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let manager = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            admission: AdmissionConfig {
-                // More memory per sandbox than any host has available.
-                cost: SandboxCost {
-                    mem_bytes: u64::MAX / 4,
-                    ..SandboxCost::default()
-                },
-                state_dir: Some(state.path().to_path_buf()),
-                ..AdmissionConfig::default()
+    let rig = common::Rig::new(LifecycleConfig {
+        admission: AdmissionConfig {
+            // More memory per sandbox than any host has available.
+            cost: SandboxCost {
+                mem_bytes: u64::MAX / 4,
+                ..SandboxCost::default()
             },
-            ..LifecycleConfig::default()
+            ..AdmissionConfig::default()
         },
-    );
-    let (app, key) = common::app(manager, state.path()).await;
+        ..LifecycleConfig::default()
+    });
+    let (state, driver) = (&rig.state, &rig.driver);
+    let (app, key) = rig.app().await;
     let (s, v) = common::call(&app, Some(&key), "POST", "/sandboxes", Some(CREATE), &[]).await;
     common::assert_error(s, &v, 503);
     let msg = v["message"].as_str().unwrap();

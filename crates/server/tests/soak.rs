@@ -11,11 +11,9 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_server::manager::AdmissionConfig;
-use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::LifecycleConfig;
 
 const CREATE: &str = r#"{"templateID":"t","timeout":120}"#;
@@ -75,28 +73,18 @@ fn cgroups_of(ids: &[String]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_exec_kill_cycles_and_a_create_burst_leave_nothing_behind() {
-    common::require_runsc_root();
     let cycles = env_num("KILN_SOAK_CYCLES", 150);
     let burst = env_num("KILN_SOAK_CONCURRENT", 20);
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let manager = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            default_memory_mb: 256,
-            admission: AdmissionConfig {
-                max_sandboxes: Some(CAP),
-                skip_host_check: true,
-                ..Default::default()
-            },
+    let rig = common::Rig::new(LifecycleConfig {
+        default_memory_mb: 256,
+        admission: AdmissionConfig {
+            max_sandboxes: Some(CAP),
+            skip_host_check: true,
             ..Default::default()
         },
-    );
+        ..Default::default()
+    });
+    let (state, driver, cleanup, manager) = (&rig.state, &rig.driver, &rig.cleanup, &rig.manager);
     let (app, key) = common::app(manager.clone(), state.path()).await;
     // Warm up once (first-use costs: the blocking pool, SQLite pages), then take the baseline.
     let (s, v) = common::call(&app, Some(&key), "POST", "/sandboxes", Some(CREATE), &[]).await;

@@ -7,18 +7,15 @@ mod common;
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{HeaderMap, StatusCode};
 use kiln_server::manager::AdmissionConfig;
 use kiln_server::store::{now_ms, TeamRecord};
-use kiln_server::templates::{from_dir, FixedTemplates};
+use kiln_server::templates::FixedTemplates;
 use kiln_server::tenancy::TeamQuota;
 use kiln_server::LifecycleConfig;
 use serde_json::Value;
-use tower::ServiceExt;
 
-/// One request: status, headers, JSON body (null when empty).
+/// One request with `key`: status, headers, JSON body.
 async fn req(
     app: &axum::Router,
     key: &str,
@@ -27,22 +24,7 @@ async fn req(
     body: Option<&str>,
     headers: &[(&str, &str)],
 ) -> (StatusCode, HeaderMap, Value) {
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("X-API-Key", key);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    if body.is_some() {
-        b = b.header("content-type", "application/json");
-    }
-    let r = b.body(Body::from(body.unwrap_or("").to_string())).unwrap();
-    let resp = app.clone().oneshot(r).await.unwrap();
-    let (status, headers) = (resp.status(), resp.headers().clone());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, headers, v)
+    common::request(app, Some(key), method, path, body, headers).await
 }
 
 async fn team_key(state: &std::path::Path, team: &str) -> String {
@@ -56,25 +38,15 @@ const CREATE: &str = r#"{"templateID":"t","timeout":120,"metadata":{"who":"red"}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_team_sees_nothing_on_any_route() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let manager = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            default_memory_mb: 256,
-            admission: AdmissionConfig {
-                skip_host_check: true,
-                ..Default::default()
-            },
+    let rig = common::Rig::new(LifecycleConfig {
+        default_memory_mb: 256,
+        admission: AdmissionConfig {
+            skip_host_check: true,
             ..Default::default()
         },
-    );
+        ..Default::default()
+    });
+    let (state, driver, cleanup, manager) = (&rig.state, &rig.driver, &rig.cleanup, &rig.manager);
     let (app, _) = common::app(manager.clone(), state.path()).await;
     let red = team_key(state.path(), "red").await;
     let blue = team_key(state.path(), "blue").await;
@@ -201,30 +173,20 @@ async fn another_team_sees_nothing_on_any_route() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quotas_and_idempotent_creates() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let manager = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            default_memory_mb: 256,
-            admission: AdmissionConfig {
-                skip_host_check: true,
-                team_defaults: TeamQuota {
-                    max_sandboxes: Some(2),
-                    max_timeout_secs: Some(600),
-                    creates_per_minute: None,
-                },
-                ..Default::default()
+    let rig = common::Rig::new(LifecycleConfig {
+        default_memory_mb: 256,
+        admission: AdmissionConfig {
+            skip_host_check: true,
+            team_defaults: TeamQuota {
+                max_sandboxes: Some(2),
+                max_timeout_secs: Some(600),
+                creates_per_minute: None,
             },
             ..Default::default()
         },
-    );
+        ..Default::default()
+    });
+    let (state, driver, cleanup, manager) = (&rig.state, &rig.driver, &rig.cleanup, &rig.manager);
     let (app, _) = common::app(manager.clone(), state.path()).await;
     let red = team_key(state.path(), "red").await;
     let blue = team_key(state.path(), "blue").await;

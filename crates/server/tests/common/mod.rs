@@ -141,7 +141,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
-use http::{Request, StatusCode};
+use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use kiln_server::api::{self, ApiConfig, AppState};
 use kiln_server::driver::{self, Driver, DriverConfig, DriverKind};
@@ -279,16 +279,16 @@ pub async fn app(manager: Arc<Manager>, state: &Path) -> (axum::Router, String) 
     (app, key)
 }
 
-/// One request through the router: its status and JSON body (a string when not JSON, null
-/// when empty).
-pub async fn call(
+/// One request through the router: its status, headers and JSON body (a string when not JSON,
+/// null when empty).
+pub async fn request(
     app: &axum::Router,
     key: Option<&str>,
     method: &str,
     path: &str,
     body: Option<&str>,
     headers: &[(&str, &str)],
-) -> (StatusCode, Value) {
+) -> (StatusCode, HeaderMap, Value) {
     let mut b = Request::builder().method(method).uri(path);
     if let Some(k) = key {
         b = b.header("X-API-Key", k);
@@ -301,7 +301,7 @@ pub async fn call(
     }
     let req = b.body(Body::from(body.unwrap_or("").to_string())).unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
+    let (status, headers) = (resp.status(), resp.headers().clone());
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let v = if bytes.is_empty() {
         Value::Null
@@ -309,7 +309,70 @@ pub async fn call(
         serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
     };
+    (status, headers, v)
+}
+
+/// [`request`] without the headers.
+pub async fn call(
+    app: &axum::Router,
+    key: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let (status, _, v) = request(app, key, method, path, body, headers).await;
     (status, v)
+}
+
+/// A gVisor test server without the HTTP listener: template `t` (the minimal rootfs of
+/// [`build_rootfs`]), a fresh state dir, the real driver, a manager with the given
+/// configuration (admission measures the disk of the rig's state dir unless told otherwise),
+/// and a [`Cleanup`]. Fields drop in order: sandboxes stop before their
+/// directories go.
+pub struct Rig {
+    pub cleanup: Cleanup,
+    pub manager: Arc<Manager>,
+    pub driver: Arc<dyn Driver>,
+    pub state: tempfile::TempDir,
+    pub tpl: tempfile::TempDir,
+}
+
+impl Rig {
+    pub fn new(mut cfg: LifecycleConfig) -> Self {
+        require_runsc_root();
+        let tpl = tempfile::tempdir().unwrap();
+        build_rootfs(tpl.path());
+        let state = state_dir();
+        if cfg.admission.state_dir.is_none() {
+            cfg.admission.state_dir = Some(state.path().to_path_buf());
+        }
+        let driver = driver(state.path());
+        let manager = manager(
+            state.path(),
+            driver.clone(),
+            Arc::new(kiln_server::templates::FixedTemplates(vec![
+                kiln_server::templates::from_dir("t", tpl.path()),
+            ])),
+            cfg,
+        );
+        Self {
+            cleanup: Cleanup::new(driver.clone()),
+            manager,
+            driver,
+            state,
+            tpl,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.state.path()
+    }
+
+    /// The API router over this rig's manager, with a fresh API key.
+    pub async fn app(&self) -> (axum::Router, String) {
+        app(self.manager.clone(), self.state.path()).await
+    }
 }
 
 /// Asserts an error answer: the status, and E2B's JSON error shape with a message.
