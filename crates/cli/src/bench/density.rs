@@ -1,8 +1,10 @@
 //! `kiln bench density`: how many idle sandboxes one host holds, and what each costs. Creates
 //! idle sandboxes in steps (through the same Server/Manager `kiln serve` runs, admission control
 //! included) and prints per step the runsc processes' RSS and host threads per sandbox (from
-//! /proc), create p50/p99, exec round-trip p50 (against the first step's) and host CPU idle;
-//! then the restart time with every sandbox alive and the kill throughput.
+//! /proc), create p50/p99, exec round-trip p50 (against the first step's), host CPU idle, and
+//! the idle CPU each sandbox costs (its host cgroup's CPU time, and the server's, per
+//! sandbox-second: load-independent, see [`super::idle_cpu`]); then the restart time with every
+//! sandbox alive and the kill throughput.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +36,9 @@ pub struct Args {
     /// Exec round trips measured per step (spread over the sandboxes).
     #[arg(long, default_value_t = 20)]
     exec_samples: usize,
+    /// Seconds over which each step measures idle CPU (host idle and per-sandbox CPU time).
+    #[arg(long, default_value_t = 5.0)]
+    idle_window: f64,
     /// gVisor platform (default: the fastest that works, as `kiln serve`).
     #[arg(long, env = "KILN_PLATFORM")]
     platform: Option<String>,
@@ -91,6 +96,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
          threads of every runsc process of this bench, summed, / sandboxes; exec = `/bin/echo` through the agent ({} sandboxes per step)",
         a.exec_samples
     );
+    println!(
+        "  idle CPU over {:.0} s, in % of one host core per sandbox: sbx% = its host cgroup \
+         (sentry, gofer, stubs), srv% = this process (the server) / sandboxes",
+        a.idle_window
+    );
     let rt = tokio::runtime::Runtime::new()?;
     let root = work.path().to_path_buf();
     let code = rt.block_on(async move {
@@ -113,7 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 /// Creates the sandboxes step by step, printing a row per step.
 async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
     println!(
-        "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6}",
+        "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6} {:>6} {:>6}",
         "count",
         "failed",
         "refused",
@@ -124,7 +134,9 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
         "create p99",
         "exec p50",
         "vs first",
-        "idle%"
+        "idle%",
+        "sbx%",
+        "srv%"
     );
     let mut first_exec: Option<f64> = None;
     let (mut failed_total, mut refused_total) = (0, 0);
@@ -141,12 +153,15 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
         let live = m.list().len();
         let usage = runsc_usage(root);
         let exec = exec_round_trips(m, a.exec_samples).await?;
-        let idle = cpu_idle_pct(Duration::from_secs(2)).await;
+        let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
+        let window = Duration::from_secs_f64(a.idle_window.max(0.5));
+        let (idle, cost) =
+            tokio::join!(cpu_idle_pct(window), super::idle_cpu::measure(&ids, window));
         let c = percentiles(&times);
         let first = *first_exec.get_or_insert(exec.p50_ms);
         println!(
             "  {:>6} {:>6} {:>7} {:>4.1} MiB {:>4.1} MiB {:>8.1} {:>8.0} ms {:>8.0} ms {:>7.1} ms \
-             {:>8.2}x {:>6.1}",
+             {:>8.2}x {:>6.1} {:>6.3} {:>6.3}",
             live,
             failures.iter().filter(|f| !f.refused).count(),
             failures.iter().filter(|f| f.refused).count(),
@@ -157,8 +172,17 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
             c.p99_ms,
             exec.p50_ms,
             exec.p50_ms / first,
-            idle
+            idle,
+            cost.per_sandbox * 100.0,
+            cost.server_per_sandbox * 100.0
         );
+        if cost.measured < ids.len() {
+            println!(
+                "  (sbx%: the host cgroups of {} of {} sandboxes could not be read)",
+                ids.len() - cost.measured,
+                ids.len()
+            );
+        }
         if failures.len() == want {
             println!("  stopping: no create of this step succeeded");
             break;
