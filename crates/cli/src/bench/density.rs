@@ -45,6 +45,9 @@ pub struct Args {
     /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
     #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
     runsc: Option<PathBuf>,
+    /// Timer slack (ms) of the sandboxes' host tasks, as `kiln serve --sentry-timer-slack-ms`.
+    #[arg(long)]
+    timer_slack_ms: Option<f64>,
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -70,6 +73,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     driver.gvisor.runsc = Some(runsc.clone());
     driver.gvisor.platform = Some(platform.clone());
+    driver.gvisor.timer_slack = a
+        .timer_slack_ms
+        .filter(|ms| ms.is_finite() && *ms > 0.0)
+        .map(|ms| Duration::from_secs_f64(ms / 1000.0));
     let cfg = ServerConfig {
         listen: "127.0.0.1:0".parse()?,
         domain: kiln_server::DEFAULT_DOMAIN.into(),
@@ -88,8 +95,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     println!(
         "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \
-         in steps of {}, {} creates at once):",
-        a.template, a.count, a.step, a.concurrency
+         in steps of {}, {} creates at once, sentry timer slack {}):",
+        a.template,
+        a.count,
+        a.step,
+        a.concurrency,
+        a.timer_slack_ms
+            .map_or("the kernel's".to_string(), |ms| format!("{ms} ms"))
     );
     println!(
         "  per sandbox: RSS (shared pages counted in each process), PSS (shared pages split) and \
