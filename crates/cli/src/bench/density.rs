@@ -118,7 +118,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let code = rt.block_on(async move {
         let server = Server::prepare(cfg.clone(), templates.clone()).await?;
         let m = server.manager.clone();
+        // What `kiln serve` runs beside the API: the metrics sampler and the dead-runtime
+        // watcher (whose upkeep also applies --timer-slack-ms), so their cost is measured.
+        let upkeep = [m.spawn_sampler(), m.spawn_watcher()];
         let r = steps(&a, &m, &root).await;
+        upkeep.iter().for_each(|h| h.abort());
         drop(server);
         let r = match r {
             Ok(()) => restart_and_kill(&a, m, cfg, templates, &root).await,
