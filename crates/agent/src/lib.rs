@@ -30,6 +30,7 @@ pub mod state;
 pub mod sudo;
 mod users;
 mod watch;
+pub mod watchdog;
 
 pub use files::signature as file_url_signature;
 pub use kiln_proto::envd::ENVD_VERSION;

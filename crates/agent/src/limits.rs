@@ -8,7 +8,7 @@
 //!   keeps working. Killing a command (SIGKILL) kills its whole cgroup.
 //! - **memory**: gVisor does not enforce memory cgroups inside, and the host cgroup's OOM kill
 //!   takes the whole sandbox. The host limit has headroom above the sandbox's memory size and
-//!   the agent's [`oom_watch`] acts as a VM's OOM killer: when used memory (MemTotal −
+//!   the agent's [`oom_pass`] (on [`crate::watchdog`]'s thread) acts as a VM's OOM killer: when used memory (MemTotal −
 //!   MemAvailable of the sentry's /proc/meminfo) passes the sandbox's size, the process with
 //!   the largest RSS (never PID 1) gets SIGKILL.
 //!
@@ -24,9 +24,6 @@ use std::time::Duration;
 /// Processes kept free for the agent and other commands below the sandbox's pids limit.
 const PIDS_RESERVE: u64 = 32;
 const PIDS_ROOT: &str = "/sys/fs/cgroup/pids";
-/// Memory kept free above the OOM threshold is the host cgroup's headroom (see the server's
-/// OCI spec); the watcher polls this often.
-const OOM_POLL: Duration = Duration::from_millis(50);
 
 /// Environment variable (PID 1 only) with the sandbox's pids limit.
 pub const ENV_PIDS: &str = "KILN_SANDBOX_PIDS";
@@ -71,6 +68,16 @@ fn config() -> Config {
     CONFIG.get().copied().unwrap_or_default()
 }
 
+/// `pids.max` of each command's cgroup, when the agent limits commands.
+pub fn command_pids_max() -> Option<u64> {
+    config().cmd_pids
+}
+
+/// Used memory (bytes) at which the OOM killer acts, when the sandbox has a memory size.
+pub fn memory_limit() -> Option<u64> {
+    config().memory
+}
+
 /// One command's pids cgroup.
 pub struct CmdCgroup {
     dir: PathBuf,
@@ -90,6 +97,7 @@ impl CmdCgroup {
                     .write(true)
                     .open(dir.join("cgroup.procs"))
             });
+        crate::watchdog::command_started();
         match made {
             Ok(f) => Some(Self {
                 dir,
@@ -208,7 +216,7 @@ fn largest_command() -> Option<(PathBuf, usize)> {
 /// The server's host-pressure signal: the sandbox's host side (the sentry's tasks and the
 /// platform's per-process stubs, which the sandbox's own accounting does not see) nears its
 /// host limits, as a fork bomb's churn drives it. Kills the command with the most processes,
-/// all of it, and says so on the console, as [`oom_watch`] does for memory. SIGWINCH: ignored
+/// all of it, and says so on the console, as [`oom_pass`] does for memory. SIGWINCH: ignored
 /// by default, so an agent without the handler (an older template) is not killed by it
 /// (SIGPWR, tried first, ended the whole sandbox).
 pub const HOST_PRESSURE_SIGNAL: i32 = libc::SIGWINCH;
@@ -238,12 +246,10 @@ pub fn relieve_host_pressure() {
     );
 }
 
-/// How often [`fork_bomb_watch`] samples the command cgroups.
-const CHURN_POLL: Duration = Duration::from_millis(100);
 /// The window over which a command's process turnover is judged.
 const CHURN_WINDOW: Duration = Duration::from_secs(2);
 
-/// Process turnover of one command cgroup (see [`fork_bomb_watch`]).
+/// Process turnover of one command cgroup (see [`fork_bomb_pass`]).
 #[derive(Default)]
 pub struct Churn {
     seen: std::collections::HashSet<i32>,
@@ -272,51 +278,48 @@ impl Churn {
     }
 }
 
-/// The fork-bomb killer (a thread of PID 1). gVisor caps a command's processes at its
-/// cgroup's `pids.max`, but a fork bomb's churn at the cap (processes forking and exiting as
-/// fast as slots free up) piles up host tasks and memory of the sentry that the sandbox's
-/// accounting does not see, until the sentry dies at its host limits within seconds. A plain
-/// flood at the cap does not churn and is left alone. A command caught churning at its limit is
-/// killed, all of it, with a console line like the OOM killer's.
-pub fn fork_bomb_watch() {
-    let Some(max) = config().cmd_pids else {
-        return;
+/// One pass of the fork-bomb killer (run by [`crate::watchdog`]). gVisor caps a command's
+/// processes at its cgroup's `pids.max` (`max`), but a fork bomb's churn at the cap (processes
+/// forking and exiting as fast as slots free up) piles up host tasks and memory of the sentry
+/// that the sandbox's accounting does not see, until the sentry dies at its host limits within
+/// seconds. A plain flood at the cap does not churn and is left alone. A command caught churning
+/// at its limit is killed, all of it, with a console line like the OOM killer's. Returns the
+/// largest number of processes a live command has (0: no command runs).
+pub fn fork_bomb_pass(max: u64, churn: &mut std::collections::HashMap<PathBuf, Churn>) -> usize {
+    let Ok(rd) = std::fs::read_dir(PIDS_ROOT) else {
+        return 0;
     };
-    let mut churn: std::collections::HashMap<PathBuf, Churn> = Default::default();
-    loop {
-        std::thread::sleep(CHURN_POLL);
-        let Ok(rd) = std::fs::read_dir(PIDS_ROOT) else {
+    let now = std::time::Instant::now();
+    let mut live = std::collections::HashSet::new();
+    let mut largest = 0;
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("kiln-cmd-") {
             continue;
-        };
-        let now = std::time::Instant::now();
-        let mut live = std::collections::HashSet::new();
-        for e in rd.flatten() {
-            if !e.file_name().to_string_lossy().starts_with("kiln-cmd-") {
-                continue;
-            }
-            let dir = e.path();
-            let pids = members(&dir);
-            if pids.is_empty() {
-                continue;
-            }
-            live.insert(dir.clone());
-            if churn
-                .entry(dir.clone())
-                .or_default()
-                .sample(now, &pids, max)
-            {
-                kill_cgroup(&dir);
-                eprintln!(
-                    "kiln-agent: Fork bomb: killed command {} ({} processes at its limit of \
-                     {max}, replacing themselves)",
-                    dir.file_name().unwrap_or_default().to_string_lossy(),
-                    pids.len()
-                );
-                churn.remove(&dir);
-            }
         }
-        churn.retain(|d, _| live.contains(d));
+        let dir = e.path();
+        let pids = members(&dir);
+        if pids.is_empty() {
+            continue;
+        }
+        largest = largest.max(pids.len());
+        live.insert(dir.clone());
+        if churn
+            .entry(dir.clone())
+            .or_default()
+            .sample(now, &pids, max)
+        {
+            kill_cgroup(&dir);
+            eprintln!(
+                "kiln-agent: Fork bomb: killed command {} ({} processes at its limit of \
+                 {max}, replacing themselves)",
+                dir.file_name().unwrap_or_default().to_string_lossy(),
+                pids.len()
+            );
+            churn.remove(&dir);
+        }
     }
+    churn.retain(|d, _| live.contains(d));
+    largest
 }
 
 /// Used memory (MemTotal − MemAvailable) from a meminfo text, in bytes.
@@ -358,44 +361,37 @@ fn biggest_process() -> Option<(i32, u64, String)> {
     best
 }
 
-/// The in-sandbox OOM killer (run on a thread of its own in PID 1). Kills one process at a
-/// time, then waits for the memory to come back before judging again.
-pub fn oom_watch() {
-    let Some(limit) = config().memory else {
-        return;
+/// One pass of the in-sandbox OOM killer (run by [`crate::watchdog`]): when used memory is
+/// above `limit`, kills the process with the largest RSS, then waits (up to 400 ms) for it to
+/// go, so one hog costs one kill. Returns the used memory it saw (bytes).
+pub fn oom_pass(limit: u64) -> Option<u64> {
+    let used = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| used_memory(&m))?;
+    if used <= limit {
+        return Some(used);
+    }
+    let Some((pid, rss, name)) = biggest_process() else {
+        return Some(used);
     };
-    loop {
-        std::thread::sleep(OOM_POLL);
-        let Some(used) = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| used_memory(&m))
-        else {
-            continue;
-        };
-        if used <= limit {
-            continue;
-        }
-        let Some((pid, rss, name)) = biggest_process() else {
-            continue;
-        };
-        // SAFETY: kill has no memory-safety preconditions; pid is not 1.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        // The kernel's wording, so people recognise it.
-        eprintln!(
-            "kiln-agent: Out of memory: Killed process {pid} ({name}) total-rss:{}kB \
-             (sandbox memory {} MiB, used {} MiB)",
-            rss / 1024,
-            limit >> 20,
-            used >> 20
-        );
-        for _ in 0..40 {
-            std::thread::sleep(Duration::from_millis(10));
-            // SAFETY: probing with signal 0.
-            if unsafe { libc::kill(pid, 0) } != 0 {
-                break;
-            }
+    // SAFETY: kill has no memory-safety preconditions; pid is not 1.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // The kernel's wording, so people recognise it.
+    eprintln!(
+        "kiln-agent: Out of memory: Killed process {pid} ({name}) total-rss:{}kB \
+         (sandbox memory {} MiB, used {} MiB)",
+        rss / 1024,
+        limit >> 20,
+        used >> 20
+    );
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(10));
+        // SAFETY: probing with signal 0.
+        if unsafe { libc::kill(pid, 0) } != 0 {
+            break;
         }
     }
+    Some(used)
 }
 
 #[cfg(test)]

@@ -185,8 +185,7 @@ fn main() {
     let pid1 = std::process::id() == 1;
     if pid1 {
         kiln_agent::limits::init();
-        std::thread::spawn(kiln_agent::limits::oom_watch);
-        std::thread::spawn(kiln_agent::limits::fork_bomb_watch);
+        std::thread::spawn(kiln_agent::watchdog::run);
         kiln_agent::pid1::mount_basics();
         kiln_agent::pid1::ensure_etc_hosts();
         if let Err(e) = kiln_agent::sudo::broker::start() {

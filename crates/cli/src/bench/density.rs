@@ -1,8 +1,10 @@
 //! `kiln bench density`: how many idle sandboxes one host holds, and what each costs. Creates
 //! idle sandboxes in steps (through the same Server/Manager `kiln serve` runs, admission control
 //! included) and prints per step the runsc processes' RSS and host threads per sandbox (from
-//! /proc), create p50/p99, exec round-trip p50 (against the first step's) and host CPU idle;
-//! then the restart time with every sandbox alive and the kill throughput.
+//! /proc), create p50/p99, exec round-trip p50 (against the first step's), host CPU idle, and
+//! the idle CPU each sandbox costs (its host cgroup's CPU time, and the server's, per
+//! sandbox-second: load-independent, see [`super::idle_cpu`]); then the restart time with every
+//! sandbox alive and the kill throughput.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,12 +36,18 @@ pub struct Args {
     /// Exec round trips measured per step (spread over the sandboxes).
     #[arg(long, default_value_t = 20)]
     exec_samples: usize,
+    /// Seconds over which each step measures idle CPU (host idle and per-sandbox CPU time).
+    #[arg(long, default_value_t = 5.0)]
+    idle_window: f64,
     /// gVisor platform (default: the fastest that works, as `kiln serve`).
     #[arg(long, env = "KILN_PLATFORM")]
     platform: Option<String>,
     /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
     #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
     runsc: Option<PathBuf>,
+    /// Timer slack (ms) of the sandboxes' host tasks, as `kiln serve --sentry-timer-slack-ms`.
+    #[arg(long)]
+    timer_slack_ms: Option<f64>,
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -65,6 +73,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     driver.gvisor.runsc = Some(runsc.clone());
     driver.gvisor.platform = Some(platform.clone());
+    driver.gvisor.timer_slack = a
+        .timer_slack_ms
+        .filter(|ms| ms.is_finite() && *ms > 0.0)
+        .map(|ms| Duration::from_secs_f64(ms / 1000.0));
     let cfg = ServerConfig {
         listen: "127.0.0.1:0".parse()?,
         domain: kiln_server::DEFAULT_DOMAIN.into(),
@@ -83,20 +95,34 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     println!(
         "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \
-         in steps of {}, {} creates at once):",
-        a.template, a.count, a.step, a.concurrency
+         in steps of {}, {} creates at once, sentry timer slack {}):",
+        a.template,
+        a.count,
+        a.step,
+        a.concurrency,
+        a.timer_slack_ms
+            .map_or("the kernel's".to_string(), |ms| format!("{ms} ms"))
     );
     println!(
         "  per sandbox: RSS (shared pages counted in each process), PSS (shared pages split) and \
          threads of every runsc process of this bench, summed, / sandboxes; exec = `/bin/echo` through the agent ({} sandboxes per step)",
         a.exec_samples
     );
+    println!(
+        "  idle CPU over {:.0} s, in % of one host core per sandbox: sbx% = its host cgroup \
+         (sentry, gofer, stubs), srv% = this process (the server) / sandboxes",
+        a.idle_window
+    );
     let rt = tokio::runtime::Runtime::new()?;
     let root = work.path().to_path_buf();
     let code = rt.block_on(async move {
         let server = Server::prepare(cfg.clone(), templates.clone()).await?;
         let m = server.manager.clone();
+        // What `kiln serve` runs beside the API: the metrics sampler and the dead-runtime
+        // watcher (whose upkeep also applies --timer-slack-ms), so their cost is measured.
+        let upkeep = [m.spawn_sampler(), m.spawn_watcher()];
         let r = steps(&a, &m, &root).await;
+        upkeep.iter().for_each(|h| h.abort());
         drop(server);
         let r = match r {
             Ok(()) => restart_and_kill(&a, m, cfg, templates, &root).await,
@@ -113,7 +139,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 /// Creates the sandboxes step by step, printing a row per step.
 async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
     println!(
-        "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6}",
+        "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6} {:>6} {:>6}",
         "count",
         "failed",
         "refused",
@@ -124,7 +150,9 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
         "create p99",
         "exec p50",
         "vs first",
-        "idle%"
+        "idle%",
+        "sbx%",
+        "srv%"
     );
     let mut first_exec: Option<f64> = None;
     let (mut failed_total, mut refused_total) = (0, 0);
@@ -141,12 +169,15 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
         let live = m.list().len();
         let usage = runsc_usage(root);
         let exec = exec_round_trips(m, a.exec_samples).await?;
-        let idle = cpu_idle_pct(Duration::from_secs(2)).await;
+        let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
+        let window = Duration::from_secs_f64(a.idle_window.max(0.5));
+        let (idle, cost) =
+            tokio::join!(cpu_idle_pct(window), super::idle_cpu::measure(&ids, window));
         let c = percentiles(&times);
         let first = *first_exec.get_or_insert(exec.p50_ms);
         println!(
             "  {:>6} {:>6} {:>7} {:>4.1} MiB {:>4.1} MiB {:>8.1} {:>8.0} ms {:>8.0} ms {:>7.1} ms \
-             {:>8.2}x {:>6.1}",
+             {:>8.2}x {:>6.1} {:>6.3} {:>6.3}",
             live,
             failures.iter().filter(|f| !f.refused).count(),
             failures.iter().filter(|f| f.refused).count(),
@@ -157,8 +188,17 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
             c.p99_ms,
             exec.p50_ms,
             exec.p50_ms / first,
-            idle
+            idle,
+            cost.per_sandbox * 100.0,
+            cost.server_per_sandbox * 100.0
         );
+        if cost.measured < ids.len() {
+            println!(
+                "  (sbx%: the host cgroups of {} of {} sandboxes could not be read)",
+                ids.len() - cost.measured,
+                ids.len()
+            );
+        }
         if failures.len() == want {
             println!("  stopping: no create of this step succeeded");
             break;

@@ -5,6 +5,7 @@ mod agent;
 mod audit;
 mod create;
 mod density;
+mod idle_cpu;
 mod lifecycle;
 mod net;
 mod rich;

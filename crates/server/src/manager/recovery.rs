@@ -137,6 +137,21 @@ impl Manager {
         self.registry.pending_len()
     }
 
+    /// Whether `id`'s runtime runs and its agent answers. A host busy adopting hundreds of
+    /// sandboxes at once answers slowly: each check is retried (after 0.5, 1 and 2 s) before a
+    /// sandbox is judged gone and cleaned up — a live one must never be.
+    async fn still_alive(&self, id: &str) -> bool {
+        for delay_ms in [0u64, 500, 1000, 2000] {
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+            if self.driver.is_running(id).await.unwrap_or(false)
+                && self.agent(id, None).health().await.is_ok()
+            {
+                return true;
+            }
+        }
+        false
+    }
+
     async fn recover_one(&self, mut rec: SandboxRecord) -> Result<Outcome> {
         // Paused on the host (also when the server died between the driver's pause and the
         // store's update): it stays paused.
@@ -152,9 +167,7 @@ impl Manager {
             self.registry.insert(rec);
             return Ok(Outcome::Paused);
         }
-        let alive = rec.state != SandboxState::Starting
-            && self.driver.is_running(&rec.id).await.unwrap_or(false)
-            && self.agent(&rec.id, None).health().await.is_ok();
+        let alive = rec.state != SandboxState::Starting && self.still_alive(&rec.id).await;
         if alive {
             if rec.state != SandboxState::Running {
                 // The server died mid-resume, after the sandbox was running again.

@@ -39,6 +39,7 @@ mod proto;
 mod reap;
 mod runsc;
 mod settle;
+pub mod slack;
 mod snapshot;
 pub mod trace;
 
@@ -77,6 +78,8 @@ pub struct GvisorSettings {
     pub ignore_cgroups: bool,
     /// Sandbox networking (`None`: `--network=none`, the agent socket only).
     pub network: Option<kiln_net::NetConfig>,
+    /// Timer slack of the sandboxes' host tasks (`None`: the kernel's; see [`slack`]).
+    pub timer_slack: Option<std::time::Duration>,
 }
 
 /// Resolved settings of one gVisor driver instance.
@@ -94,6 +97,8 @@ pub struct GvisorConfig {
     pub agent_args: Vec<String>,
     /// Sandbox networking (`None`: `--network=none`).
     pub network: Option<kiln_net::NetConfig>,
+    /// Timer slack of the sandboxes' host tasks (see [`slack`]).
+    pub timer_slack: Option<std::time::Duration>,
 }
 
 impl GvisorConfig {
@@ -112,6 +117,7 @@ impl GvisorConfig {
             ignore_cgroups: s.ignore_cgroups,
             agent_args: Vec::new(),
             network: s.network.clone(),
+            timer_slack: s.timer_slack,
         }
     }
 }
@@ -130,6 +136,7 @@ pub struct GvisorDriver {
     /// Cleanup still running after a call returned (the container of a paused sandbox).
     settling: settle::Settling,
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
+    slack: Option<slack::SentrySlack>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -192,12 +199,14 @@ impl GvisorDriver {
             .network
             .clone()
             .map(|n| network::Network::new(n, cfg.dir.join("sandboxes")));
+        let slack = cfg.timer_slack.map(slack::SentrySlack::new);
         Ok(Self {
             cfg,
             runsc,
             net,
             settling: Default::default(),
             syscalls: Default::default(),
+            slack,
         })
     }
 
@@ -477,6 +486,9 @@ impl Driver for GvisorDriver {
     }
 
     async fn housekeep(&self, ids: &[String]) {
+        if let Some(s) = &self.slack {
+            s.housekeep(ids);
+        }
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
             if let Some(near) = oci::host_pressure(id) {
