@@ -187,4 +187,21 @@ mod tests {
         }
         assert_eq!(r.latest().unwrap().timestamp_ms, 4);
     }
+
+    #[test]
+    fn push_tells_what_it_kept_and_a_restored_ring_has_the_kept_samples() {
+        let mut r = MetricRing::new(4);
+        let got: Vec<Pushed> = (0..8).map(|t| r.push(sample(t))).collect();
+        use Pushed::*;
+        // Full at 4: the 5th thins (0, 2 kept), then every other sample is kept.
+        assert_eq!(
+            got,
+            vec![Kept, Kept, Kept, Kept, Thinned, Skipped, Kept, Skipped]
+        );
+        let kept: Vec<i64> = r.kept().iter().map(|s| s.timestamp_ms).collect();
+        assert_eq!(kept, vec![0, 2, 4, 6]);
+        let back = MetricRing::restore(4, r.kept());
+        assert_eq!(back.kept(), r.kept());
+        assert_eq!(back.latest().unwrap().timestamp_ms, 6);
+    }
 }
