@@ -103,7 +103,10 @@ impl Manager {
             cpu_used_pct: pct,
             mem_used: stats.mem_used_bytes,
             mem_total,
-            mem_cache,
+            // The guest's own page cache (gVisor keeps tmpfs and the file data it caches in
+            // its memory) and the host's cache of the sandbox's files (written through to the
+            // host by the runtime): disjoint, as the first is in the runtime's memfd.
+            mem_cache: mem_cache.saturating_add(stats.mem_cache_bytes),
             disk_used,
             disk_total,
         })
