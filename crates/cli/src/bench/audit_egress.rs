@@ -153,7 +153,9 @@ async fn bulk(s: tokio::net::TcpStream) -> std::io::Result<()> {
 
 /// One run of the client in `side`'s sandbox: (connect p50 ms, MB/s).
 async fn client(side: &Side, n: usize, size: u64) -> anyhow::Result<(f64, f64)> {
-    let agent = side.manager.agent(&side.sandbox.id, None);
+    let agent = side
+        .manager
+        .agent(&side.sandbox.id, side.sandbox.envd_token.clone());
     let cmd = format!("python3 -c '{CLIENT}' {TEST_HOST} {n} {size}");
     let out = agent
         .run(
