@@ -13,9 +13,9 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// Most bytes one splice (or one read of the copy loop) moves.
-const CHUNK: usize = 256 * 1024;
+const CHUNK: usize = 1024 * 1024;
 /// Pipe size asked for (the kernel's default is 64 KiB; larger means fewer calls per byte).
-const PIPE_SIZE: libc::c_int = 256 * 1024;
+const PIPE_SIZE: libc::c_int = 1024 * 1024;
 
 static SPLICE: AtomicBool = AtomicBool::new(true);
 
