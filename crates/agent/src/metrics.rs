@@ -30,6 +30,7 @@ pub async fn sample() -> Metrics {
     };
     let mut mem_total = 0;
     let mut mem_avail = 0;
+    let mut mem_cache = 0;
     if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {
         for l in m.lines() {
             let kb = |l: &str| {
@@ -43,6 +44,8 @@ pub async fn sample() -> Metrics {
                 mem_total = kb(l);
             } else if l.starts_with("MemAvailable:") {
                 mem_avail = kb(l);
+            } else if l.starts_with("Cached:") {
+                mem_cache = kb(l);
             }
         }
     }
@@ -70,6 +73,7 @@ pub async fn sample() -> Metrics {
         mem_used_mib: mem_used >> 20,
         disk_used,
         disk_total,
+        mem_cache,
     }
 }
 

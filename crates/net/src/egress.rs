@@ -29,9 +29,6 @@ pub const PROXY_PORT: u16 = 15001;
 const PEEK_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const PEEK_MAX: usize = 16 * 1024;
-/// Buffer of each direction of a spliced connection (larger than tokio's default 8 KiB: fewer
-/// reads and writes per byte of a bulk transfer).
-const SPLICE_BUF: usize = 64 * 1024;
 
 /// A running proxy; stops when dropped.
 pub struct EgressProxy {
@@ -190,50 +187,9 @@ impl Ctx {
         let sent = peeked.len() as u64;
         up.write_all(peeked).await.map_err(|e| (0, 0, e))?;
         let (out, inn) = (AtomicU64::new(sent), AtomicU64::new(0));
-        let r = splice_counted(s, &mut up, &out, &inn).await;
+        let r = crate::relay::relay(s, &up, &out, &inn).await;
         let (o, i) = (out.into_inner(), inn.into_inner());
         r.map(|_| (o, i)).map_err(|e| (o, i, e))
-    }
-}
-
-/// Copies both ways until both sides are done (each end's EOF is passed on as a shutdown), or
-/// until either way fails; counts the bytes each way, also when one fails.
-async fn splice_counted(
-    a: &mut TcpStream,
-    b: &mut TcpStream,
-    a_to_b: &AtomicU64,
-    b_to_a: &AtomicU64,
-) -> std::io::Result<()> {
-    let (mut ar, mut aw) = a.split();
-    let (mut br, mut bw) = b.split();
-    let one = copy_counted(&mut ar, &mut bw, a_to_b);
-    let other = copy_counted(&mut br, &mut aw, b_to_a);
-    tokio::pin!(one, other);
-    let (mut one_done, mut other_done) = (false, false);
-    while !(one_done && other_done) {
-        tokio::select! {
-            r = &mut one, if !one_done => { one_done = true; r?; }
-            r = &mut other, if !other_done => { other_done = true; r?; }
-        }
-    }
-    Ok(())
-}
-
-async fn copy_counted<R, W>(r: &mut R, w: &mut W, n: &AtomicU64) -> std::io::Result<()>
-where
-    R: tokio::io::AsyncRead + Unpin,
-    W: tokio::io::AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; SPLICE_BUF];
-    loop {
-        let got = r.read(&mut buf).await?;
-        if got == 0 {
-            // (The other end may be gone already: nothing left to tell it.)
-            let _ = w.shutdown().await;
-            return Ok(());
-        }
-        w.write_all(&buf[..got]).await?;
-        n.fetch_add(got as u64, Ordering::Relaxed);
     }
 }
 

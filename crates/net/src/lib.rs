@@ -18,7 +18,8 @@
 //! [`rules`] (nftables text), [`cmd`] (running `ip`/`nft`), [`slot`] (one slot's setup and
 //! teardown), [`host`] (host-wide forwarding and NAT), [`pool`] (the pool), [`netns`]
 //! (sockets inside a namespace), [`range`] (choosing a free host range, probing the host), [`dns`] (the per-sandbox DNS forwarder, reading messages with [`dns_msg`]), [`egress`] (the
-//! per-sandbox proxy that applies domain rules, naming connections with [`sni`]), [`observe`]
+//! per-sandbox proxy that applies domain rules, naming connections with [`sni`]), [`relay`] (the proxy's
+//! byte-counting splice), [`observe`]
 //! (what the proxy and the forwarder tell the audit log), [`sweep`] (what killed servers left behind).
 
 pub mod addr;
@@ -33,6 +34,7 @@ pub mod observe;
 pub mod policy;
 pub mod pool;
 pub mod range;
+pub mod relay;
 pub mod rules;
 pub mod slot;
 pub mod sni;

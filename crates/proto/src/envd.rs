@@ -57,6 +57,10 @@ pub struct Metrics {
     pub mem_used_mib: u64,
     pub disk_used: u64,
     pub disk_total: u64,
+    /// Bytes of the sandbox's page cache (`Cached` of its `/proc/meminfo`); 0 from an agent
+    /// that does not report it.
+    #[serde(default)]
+    pub mem_cache: u64,
 }
 
 /// One entry of the `POST /files` answer.

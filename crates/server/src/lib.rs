@@ -149,6 +149,10 @@ impl Server {
             &cfg.state_dir.join("kiln.db"),
             &cfg.audit,
         )?);
+        manager.set_metrics_db(
+            obs::persist::MetricsDb::open(&cfg.state_dir.join("kiln.db"))
+                .map_err(store::StoreError::from)?,
+        );
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {
@@ -169,6 +173,9 @@ impl Server {
         let m = manager.clone();
         tokio::spawn(async move {
             let r = m.finish_recovery(pending).await.map_err(|e| e.to_string());
+            if r.is_ok() {
+                m.sweep_metrics_history().await;
+            }
             if let Err(e) = &r {
                 tracing::error!(error = %e, "recovering sandboxes from the previous run");
             }

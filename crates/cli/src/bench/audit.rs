@@ -1,9 +1,15 @@
 //! `kiln bench audit`: what the audit log costs. Two servers in this process, the same in every
-//! way but `--audit on` / `--audit off`, each with one sandbox of the same template; exec round
-//! trips (`/bin/true` started through the server's proxy, until its end event) and large
-//! uploads through the proxy, interleaved between the two so machine noise hits both alike.
-//! Then syscall-level auditing: on the audit-on server, a `python3 -c` workload in a sandbox
-//! created with `kiln.audit.syscalls=true` vs the plain one, interleaved too.
+//! way but `--audit on` / `--audit off`, each with one networked sandbox of the same template,
+//! both alive at once; exec round trips (`/bin/true` started through the server's proxy, until
+//! its end event) and large uploads through the proxy, in rounds that alternate the two sides
+//! (ABAB …, the first side swapping each round) so machine noise hits both alike. Each round
+//! gives an on/off ratio; the bench prints the median of those ratios and the overall p50s,
+//! and, as a second measure that noise from other processes barely moves, the CPU time each
+//! side spent: this process's (both servers and the client live here, and only one side is
+//! busy at a time) plus the sandbox's host cgroup. Then audited egress
+//! ([`super::audit_egress`]) and syscall-level auditing: on the audit-on server, a `python3 -c`
+//! workload in a sandbox created with `kiln.audit.syscalls=true` vs the plain one, interleaved
+//! too.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,15 +29,28 @@ pub struct Args {
     /// Template of the two sandboxes.
     #[arg(long, default_value = "base")]
     template: String,
-    /// Exec round trips per server.
-    #[arg(long, default_value_t = 200)]
-    execs: usize,
+    /// Rounds of exec round trips (each: `--execs-per-round` on one side, then on the other).
+    #[arg(long, default_value_t = 20)]
+    exec_rounds: usize,
+    /// Exec round trips per side in each round.
+    #[arg(long, default_value_t = 10)]
+    execs_per_round: usize,
     /// Size of each upload, MiB (the issue asks for 1 GiB; 256 MiB keeps a run short here).
     #[arg(long, default_value_t = 256)]
     upload_mib: usize,
-    /// Uploads per server.
-    #[arg(long, default_value_t = 5)]
+    /// Upload rounds (each: one upload on one side, then one on the other).
+    #[arg(long, default_value_t = 10)]
     uploads: usize,
+    /// Egress rounds (0: skip): each runs the in-sandbox client once per mode (audit on with
+    /// splice, on with the copy loop, off).
+    #[arg(long, default_value_t = 5)]
+    egress_rounds: usize,
+    /// Connects per egress round and mode.
+    #[arg(long, default_value_t = 50)]
+    egress_connects: usize,
+    /// Size of the download per egress round and mode, MiB.
+    #[arg(long, default_value_t = 256)]
+    egress_mib: usize,
     /// Runs of the `python3 -c` workload per sandbox (syscall auditing on vs off; 0: skip).
     #[arg(long, default_value_t = 30)]
     py_runs: usize,
@@ -49,10 +68,10 @@ pub struct Args {
     work_dir: Option<PathBuf>,
 }
 
-struct Side {
-    name: &'static str,
-    manager: Arc<Manager>,
-    sandbox: SandboxRecord,
+pub(crate) struct Side {
+    pub name: &'static str,
+    pub manager: Arc<Manager>,
+    pub sandbox: SandboxRecord,
     envd: EnvdClient,
     addr: std::net::SocketAddr,
 }
@@ -86,20 +105,35 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     driver.gvisor.runsc = Some(runsc.clone());
     driver.gvisor.platform = Some(platform.clone());
     println!(
-        "kiln bench audit (gVisor, platform {platform}, template {}): {} exec round trips and \
-         {} uploads of {} MiB per server, audit on vs off, interleaved",
-        a.template, a.execs, a.uploads, a.upload_mib
+        "kiln bench audit (gVisor, platform {platform}, template {}): {}×{} exec round trips \
+         and {} uploads of {} MiB per server, audit on vs off, interleaved",
+        a.template, a.exec_rounds, a.execs_per_round, a.uploads, a.upload_mib
     );
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let mut sides = Vec::new();
-        for (name, on) in [("on", true), ("off", false)] {
+        for (name, on, range) in [
+            ("on", true, "10.152.0.0/24"),
+            ("off", false, "10.153.0.0/24"),
+        ] {
             let dir = work.path().join(name);
+            let mut driver = driver.clone();
+            driver.gvisor.network = Some(kiln_net::NetConfig {
+                range: range.parse()?,
+                pool_size: 1,
+                prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(&dir),
+                operator_allow: Vec::new(),
+                dns_upstreams: Vec::new(),
+                max_connections: 0,
+                egress_mib_per_sec: 0,
+                // (Set by the server from its audit setting.)
+                proxy_all_tcp: false,
+            });
             let cfg = ServerConfig {
                 listen: "127.0.0.1:0".parse()?,
                 domain: kiln_server::DEFAULT_DOMAIN.into(),
                 state_dir: dir.clone(),
-                driver: driver.clone(),
+                driver,
                 lifecycle: LifecycleConfig {
                     admission: AdmissionConfig {
                         state_dir: Some(dir),
@@ -136,6 +170,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             });
         }
         let mut r = measure(&a, &sides).await;
+        if r.is_ok() && a.egress_rounds > 0 {
+            r = super::audit_egress::measure(
+                &sides,
+                a.egress_rounds,
+                a.egress_connects,
+                a.egress_mib,
+            )
+            .await;
+        }
         if r.is_ok() && a.py_runs > 0 {
             r = syscalls(&a, &sides[0]).await;
         }
@@ -171,6 +214,92 @@ async fn exec(envd: &EnvdClient, cmd: &str, args: &[&str]) -> anyhow::Result<Dur
     anyhow::bail!("the process stream ended without an end event")
 }
 
+/// The median of `v` (NaN when empty); sorts `v`.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|x, y| x.total_cmp(y));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// CPU time so far, ns: this process's (user + system) and the sandbox's host cgroup's.
+fn cpu_ns(sandbox_id: &str) -> (u64, u64) {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `t`, which lives for the call.
+    let me = if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } == 0 {
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    } else {
+        0
+    };
+    let v1 = format!("/sys/fs/cgroup/cpuacct/kiln/{sandbox_id}/cpuacct.usage");
+    let cgroup = std::fs::read_to_string(v1)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .or_else(|| {
+            ["/sys/fs/cgroup/kiln", "/sys/fs/cgroup/unified/kiln"]
+                .iter()
+                .filter_map(|d| std::fs::read_to_string(format!("{d}/{sandbox_id}/cpu.stat")).ok())
+                .find_map(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("usage_usec "))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(|us| us * 1000)
+                })
+        })
+        .unwrap_or(0);
+    (me, cgroup)
+}
+
+/// What one side's turn in a round cost: wall time, CPU of this process and of the sandbox.
+#[derive(Default, Clone, Copy)]
+struct Cost {
+    wall: Duration,
+    cpu_self_ns: u64,
+    cpu_sandbox_ns: u64,
+}
+
+impl Cost {
+    fn cpu_ms(&self) -> f64 {
+        (self.cpu_self_ns + self.cpu_sandbox_ns) as f64 / 1e6
+    }
+}
+
+/// Runs `f` on `side`, measuring its [`Cost`].
+async fn costed<F, Fut, T>(side: &Side, f: F) -> anyhow::Result<(Cost, T)>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let (s0, c0) = cpu_ns(&side.sandbox.id);
+    let t = Instant::now();
+    let v = f().await?;
+    let wall = t.elapsed();
+    let (s1, c1) = cpu_ns(&side.sandbox.id);
+    Ok((
+        Cost {
+            wall,
+            cpu_self_ns: s1.saturating_sub(s0),
+            cpu_sandbox_ns: c1.saturating_sub(c0),
+        },
+        v,
+    ))
+}
+
+/// The on/off ratios of each round (`per[0]` on, `per[1]` off) of `f`'s value: their median.
+fn median_ratio(per: &[Vec<Cost>], f: impl Fn(&Cost) -> f64) -> f64 {
+    let mut r: Vec<f64> = per[0]
+        .iter()
+        .zip(&per[1])
+        .map(|(on, off)| f(on) / f(off))
+        .collect();
+    median(&mut r)
+}
+
+fn pct(ratio: f64) -> String {
+    format!("{:+.1}%", (ratio - 1.0) * 100.0)
+}
+
 async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
     // Warm-up: connections, page cache, the agent.
     for s in sides {
@@ -178,60 +307,118 @@ async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
             exec_true(&s.envd).await?;
         }
     }
+    // Exec rounds: each side's turn is `execs_per_round` round trips.
     let mut exec: Vec<Vec<Duration>> = vec![Vec::new(); sides.len()];
-    for i in 0..a.execs {
+    let mut exec_rounds: Vec<Vec<Cost>> = vec![Vec::new(); sides.len()];
+    let mut exec_p50: Vec<Vec<Cost>> = vec![Vec::new(); sides.len()];
+    for i in 0..a.exec_rounds {
         for k in 0..sides.len() {
             // Alternate which side goes first.
             let k = (k + i) % sides.len();
-            exec[k].push(exec_true(&sides[k].envd).await?);
+            let (cost, times) = costed(&sides[k], || async {
+                let mut v = Vec::with_capacity(a.execs_per_round);
+                for _ in 0..a.execs_per_round {
+                    v.push(exec_true(&sides[k].envd).await?);
+                }
+                Ok(v)
+            })
+            .await?;
+            let p50 = percentiles(&times).p50_ms;
+            exec_p50[k].push(Cost {
+                wall: Duration::from_secs_f64(p50 / 1e3),
+                ..cost
+            });
+            exec_rounds[k].push(cost);
+            exec[k].extend(times);
         }
     }
-    let data = vec![0x5au8; a.upload_mib << 20];
-    let mut up: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+    // Upload rounds: one upload per side and round.
+    let data = bytes_of(a.upload_mib << 20);
+    let mut up: Vec<Vec<Cost>> = vec![Vec::new(); sides.len()];
     for i in 0..a.uploads {
         for k in 0..sides.len() {
             let k = (k + i) % sides.len();
             let body = data.clone();
-            let t = Instant::now();
-            sides[k]
-                .envd
-                .write_file("/tmp/bench-upload", body, None)
-                .await
-                .with_context(|| format!("upload to the audit-{} server", sides[k].name))?;
-            let secs = t.elapsed().as_secs_f64();
-            up[k].push(data.len() as f64 / secs / 1e6);
+            let (cost, ()) = costed(&sides[k], || async {
+                sides[k]
+                    .envd
+                    .write_file("/tmp/bench-upload", body, None)
+                    .await
+                    .with_context(|| format!("upload to the audit-{} server", sides[k].name))
+            })
+            .await?;
+            up[k].push(cost);
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|x, y| x.total_cmp(y));
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
     let p: Vec<_> = exec.iter().map(|e| percentiles(e)).collect();
-    let mb: Vec<f64> = up.iter_mut().map(median).collect();
+    let mbs = |c: &Cost| data.len() as f64 / c.wall.as_secs_f64() / 1e6;
+    let mb: Vec<f64> = up
+        .iter()
+        .map(|v| median(&mut v.iter().map(mbs).collect::<Vec<_>>()))
+        .collect();
+    let cpu_per = |v: &[Cost], n: usize| {
+        median(&mut v.iter().map(|c| c.cpu_ms() / n as f64).collect::<Vec<_>>())
+    };
     println!(
-        "  {:<22} {:>10} {:>10} {:>16}",
-        "", "audit on", "audit off", "on vs off"
+        "  {:<26} {:>10} {:>10} {:>11} {:>15}",
+        "", "audit on", "audit off", "on vs off", "rounds' median"
     );
     println!(
-        "  {:<22} {:>7.2} ms {:>7.2} ms {:>15.1}%",
+        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11} {:>15}",
         "exec round trip p50",
         p[0].p50_ms,
         p[1].p50_ms,
-        (p[0].p50_ms / p[1].p50_ms - 1.0) * 100.0
+        pct(p[0].p50_ms / p[1].p50_ms),
+        pct(median_ratio(&exec_p50, |c| c.wall.as_secs_f64()))
     );
     println!(
-        "  {:<22} {:>7.2} ms {:>7.2} ms {:>15.1}%",
+        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11}",
         "exec round trip p99",
         p[0].p99_ms,
         p[1].p99_ms,
-        (p[0].p99_ms / p[1].p99_ms - 1.0) * 100.0
+        pct(p[0].p99_ms / p[1].p99_ms),
     );
     println!(
-        "  {:<22} {:>5.0} MB/s {:>5.0} MB/s {:>15.1}%",
+        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11} {:>15}",
+        "exec CPU (kiln + sandbox)",
+        cpu_per(&exec_rounds[0], a.execs_per_round),
+        cpu_per(&exec_rounds[1], a.execs_per_round),
+        "",
+        pct(median_ratio(&exec_rounds, Cost::cpu_ms))
+    );
+    println!(
+        "  {:<26} {:>5.0} MB/s {:>5.0} MB/s {:>11} {:>15}",
         format!("{} MiB upload median", a.upload_mib),
         mb[0],
         mb[1],
-        (mb[1] / mb[0] - 1.0) * 100.0
+        pct(mb[1] / mb[0]),
+        pct(median_ratio(&up, |c| c.wall.as_secs_f64()))
+    );
+    println!(
+        "  {:<26} {:>7.0} ms {:>7.0} ms {:>11} {:>15}",
+        "upload CPU (kiln + sandbox)",
+        cpu_per(&up[0], 1),
+        cpu_per(&up[1], 1),
+        "",
+        pct(median_ratio(&up, Cost::cpu_ms))
+    );
+    println!(
+        "  {:<26} {:>7.0} ms {:>7.0} ms {:>11} {:>15}",
+        "  of which kiln's process",
+        median(
+            &mut up[0]
+                .iter()
+                .map(|c| c.cpu_self_ns as f64 / 1e6)
+                .collect::<Vec<_>>()
+        ),
+        median(
+            &mut up[1]
+                .iter()
+                .map(|c| c.cpu_self_ns as f64 / 1e6)
+                .collect::<Vec<_>>()
+        ),
+        "",
+        pct(median_ratio(&up, |c| c.cpu_self_ns as f64))
     );
     let recs = sides[0]
         .manager
@@ -243,11 +430,17 @@ async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
         })
         .await?;
     println!(
-        "  (overhead: how much slower with audit on; target ≤ 5%. The audit-on sandbox has {} \
-         records; the audit-off one none)",
+        "  (overhead: how much slower, or how much more CPU, with audit on; target ≤ 5%. \
+         \"rounds' median\": the median of the rounds' on/off ratios. CPU: this process (both \
+         servers and the client) + the sandbox's host cgroup, per exec or upload. The \
+         audit-on sandbox has {} records; the audit-off one none)",
         recs.len()
     );
     Ok(())
+}
+
+fn bytes_of(n: usize) -> Vec<u8> {
+    vec![0x5au8; n]
 }
 
 /// The `python3 -c` workload in a sandbox with syscall auditing vs the plain audit-on one.

@@ -3,6 +3,7 @@
 
 mod agent;
 mod audit;
+mod audit_egress;
 mod create;
 mod density;
 mod idle_cpu;

@@ -8,8 +8,7 @@
 //! on, waiting for room in the writer's queue (backpressure, never a drop), so a client that
 //! has seen a process end finds its record stored.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,7 +21,7 @@ use kiln_proto::process::{self as pb, process_event};
 use serde_json::{json, Map, Value};
 
 use super::record::{Kind, NewRecord};
-use super::tap_body::{CountIn, CountOut, StreamTap};
+use super::tap_body::{CountIn, CountOut, StreamTap, Upload, Watched};
 use super::tap_parse::{event_name, fs_op, fs_request};
 use super::writer::Msg;
 use super::AuditLog;
@@ -64,13 +63,6 @@ pub struct Tap {
     multipart_boundary: Option<String>,
     /// The request was read (buffered, or from the start of a streamed body).
     parsed: bool,
-}
-
-/// What passed of an upload's body.
-#[derive(Default)]
-pub(super) struct Upload {
-    pub(super) bytes: AtomicU64,
-    pub(super) edges: std::sync::Mutex<(Vec<u8>, Vec<u8>)>,
 }
 
 fn query_param(uri: &Uri, name: &str) -> Option<String> {
@@ -309,13 +301,7 @@ impl Tap {
             merge(&mut self.fields, v);
         }
         if self.op == Op::Upload {
-            let u = Upload::default();
-            u.bytes.store(body.len() as u64, Ordering::Relaxed);
-            if let Ok(mut e) = u.edges.lock() {
-                e.0 = body[..body.len().min(EDGE)].to_vec();
-                e.1 = body[body.len().saturating_sub(EDGE)..].to_vec();
-            }
-            self.uploaded = Some(Arc::new(u));
+            self.uploaded = Some(Arc::new(Upload::whole(body)));
         }
     }
 
@@ -333,7 +319,7 @@ impl Tap {
         // its message before answering, so it is in the body's first bytes.
         if !self.parsed && self.op != Op::Upload {
             if let Some(u) = self.uploaded.clone() {
-                let head = u.edges.lock().map(|e| e.0.clone()).unwrap_or_default();
+                let head = u.head();
                 self.request(&head);
             }
         }
@@ -347,17 +333,11 @@ impl Tap {
                 };
                 let (parts, body) = resp.into_parts();
                 let tap = StreamTap {
-                    inner: body,
                     dec: EnvelopeDecoder::new(64 << 20),
                     tap: Some(self),
-                    tx,
-                    pending: VecDeque::new(),
-                    sender: None,
-                    held: None,
-                    done: false,
                     pid: None,
                 };
-                Response::from_parts(parts, Body::new(tap))
+                Response::from_parts(parts, Body::new(Watched::new(body, tap, tx)))
             }
             Op::ProcStream { connect } => {
                 let ev = if connect { "connect" } else { "start" };
@@ -392,17 +372,11 @@ impl Tap {
                     .get(header::CONTENT_ENCODING)
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
                 let tap = CountOut {
-                    inner: body,
                     bytes: 0,
                     gunzip: gzip.then(|| flate2::write::GzDecoder::new(Counter(0))),
                     tap: Some(self),
-                    tx,
-                    sender: None,
-                    pending: VecDeque::new(),
-                    held: None,
-                    done: false,
                 };
-                Response::from_parts(parts, Body::new(tap))
+                Response::from_parts(parts, Body::new(Watched::new(body, tap, tx)))
             }
             Op::Download => {
                 self.fields.insert("op".into(), "read".into());
@@ -511,8 +485,7 @@ impl std::io::Write for Counter {
 /// Bytes of the one part of a single-part multipart body: the total less the part's header
 /// and the closing delimiter.
 fn multipart_payload(boundary: &str, u: &Upload, total: u64) -> Option<u64> {
-    let e = u.edges.lock().ok()?;
-    let (head, tail) = (&e.0, &e.1);
+    let (head, tail) = (&u.head(), &u.tail());
     let head_len = find(head, b"\r\n\r\n")? + 4;
     let delim = format!("\r\n--{boundary}--");
     let at = rfind(tail, delim.as_bytes())?;

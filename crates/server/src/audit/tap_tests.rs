@@ -6,8 +6,7 @@ use super::*;
 fn multipart_payload_is_the_part_without_framing() {
     let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\
 Content-Type: application/octet-stream\r\n\r\nhello world\r\n--XyZ--\r\n";
-    let u = Upload::default();
-    *u.edges.lock().unwrap() = (body.to_vec(), body.to_vec());
+    let u = Upload::whole(body);
     assert_eq!(multipart_payload("XyZ", &u, body.len() as u64), Some(11));
     assert_eq!(multipart_payload("nope", &u, body.len() as u64), None);
 }
@@ -69,4 +68,32 @@ fn start_requests_are_read_from_json_and_proto_envelopes() {
         assert!(!t.fields.values().any(|v| v == "value"));
         assert_eq!(t.fields["cwd"], "/tmp");
     }
+}
+
+#[test]
+fn a_streamed_upload_keeps_its_first_and_last_bytes() {
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    for frame in [1usize, 100, 4096, EDGE, EDGE + 1, 30_000, 100_000] {
+        let u = Upload::default();
+        for c in body.chunks(frame) {
+            u.push(&bytes::Bytes::copy_from_slice(c));
+        }
+        assert_eq!(u.bytes.load(Ordering::Relaxed), body.len() as u64);
+        assert_eq!(u.head(), body[..EDGE].to_vec(), "frames of {frame}");
+        assert_eq!(
+            u.tail(),
+            body[body.len() - EDGE..].to_vec(),
+            "frames of {frame}"
+        );
+    }
+    let small = Upload::default();
+    small.push(&bytes::Bytes::from_static(b"abc"));
+    small.push(&bytes::Bytes::from_static(b"de"));
+    assert_eq!(
+        (small.head(), small.tail()),
+        (b"abcde".to_vec(), b"abcde".to_vec())
+    );
+    let whole = Upload::whole(&body);
+    assert_eq!(whole.head(), body[..EDGE].to_vec());
+    assert_eq!(whole.tail(), body[body.len() - EDGE..].to_vec());
 }

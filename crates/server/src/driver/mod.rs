@@ -51,6 +51,9 @@ pub struct SandboxStats {
     pub cpu_ns: u64,
     pub mem_used_bytes: u64,
     pub mem_limit_bytes: u64,
+    /// Host page cache of the sandbox's files (its rootfs and disk, written or read through
+    /// the runtime), charged to its host cgroup; not its guest memory.
+    pub mem_cache_bytes: u64,
     pub pids: u64,
 }
 

@@ -4,24 +4,26 @@
 //! their own and ends them with a `died` (or `oom`) event.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
 
 use super::{Manager, MetricSample};
 use crate::error::Result;
-use crate::obs::ring::MetricRing;
+use crate::obs::persist::MetricsDb;
+use crate::obs::ring::{MetricRing, Pushed};
 use crate::obs::Telemetry;
 use crate::store::{now_ms, SandboxRecord, SandboxState};
 
 /// How many sandboxes are sampled at once.
 const SAMPLE_CONCURRENCY: usize = 4;
 
-/// Every sandbox's metrics history.
+/// Every sandbox's metrics history, and where it is kept on disk (if anywhere).
 #[derive(Default)]
 pub(super) struct History {
     rings: Mutex<HashMap<String, MetricRing>>,
+    db: OnceLock<MetricsDb>,
 }
 
 impl History {
@@ -31,6 +33,37 @@ impl History {
 }
 
 impl Manager {
+    /// Keeps the metrics history in `db` from now on (once; later calls are ignored).
+    pub fn set_metrics_db(&self, db: MetricsDb) {
+        let _ = self.history.db.set(db);
+    }
+
+    /// Makes sure the ring of `id` is in memory: read back from disk the first time it is
+    /// needed in this process (a sandbox from before a restart).
+    async fn load_history(&self, id: &str) {
+        let Some(db) = self.history.db.get() else {
+            return;
+        };
+        if self.history.lock().contains_key(id) {
+            return;
+        }
+        let samples = db.load(id).await;
+        let cap = self.cfg.metrics_capacity;
+        self.history
+            .lock()
+            .entry(id.to_string())
+            .or_insert_with(|| MetricRing::restore(cap, samples));
+    }
+
+    /// Deletes the stored histories of sandboxes that are gone (after recovery: those that
+    /// ended while no server ran).
+    pub async fn sweep_metrics_history(&self) {
+        if let Some(db) = self.history.db.get() {
+            let live = self.registry.list().into_iter().map(|r| r.id).collect();
+            db.keep_only(live).await;
+        }
+    }
+
     /// The server's counters (Prometheus `/metrics`).
     pub fn telemetry(&self) -> &Arc<Telemetry> {
         &self.telemetry
@@ -52,11 +85,11 @@ impl Manager {
             self.agent(&r.id, r.envd_token.clone()).metrics().await
         };
         let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
-        let (disk_used, disk_total) = match agent {
-            Ok(m) => (m.disk_used, m.disk_total),
+        let (disk_used, disk_total, mem_cache) = match agent {
+            Ok(m) => (m.disk_used, m.disk_total, m.mem_cache),
             Err(_) => {
                 Telemetry::add(&self.telemetry.agent_errors, 1);
-                (0, u64::from(r.disk_size_mb) << 20)
+                (0, u64::from(r.disk_size_mb) << 20, 0)
             }
         };
         let mem_total = if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
@@ -70,7 +103,10 @@ impl Manager {
             cpu_used_pct: pct,
             mem_used: stats.mem_used_bytes,
             mem_total,
-            mem_cache: 0,
+            // The guest's own page cache (gVisor keeps tmpfs and the file data it caches in
+            // its memory) and the host's cache of the sandbox's files (written through to the
+            // host by the runtime): disjoint, as the first is in the runtime's memfd.
+            mem_cache: mem_cache.saturating_add(stats.mem_cache_bytes),
             disk_used,
             disk_total,
         })
@@ -79,12 +115,23 @@ impl Manager {
     /// Samples `r` and records the sample in its history.
     async fn sample_into_history(&self, r: &SandboxRecord) -> Result<MetricSample> {
         let s = self.take_sample(r).await?;
+        self.load_history(&r.id).await;
         let cap = self.cfg.metrics_capacity;
-        self.history
-            .lock()
-            .entry(r.id.clone())
-            .or_insert_with(|| MetricRing::new(cap))
-            .push(s.clone());
+        let (pushed, kept) = {
+            let mut h = self.history.lock();
+            let ring = h
+                .entry(r.id.clone())
+                .or_insert_with(|| MetricRing::new(cap));
+            let pushed = ring.push(s.clone());
+            (pushed, (pushed == Pushed::Thinned).then(|| ring.kept()))
+        };
+        if let Some(db) = self.history.db.get() {
+            match (pushed, kept) {
+                (Pushed::Thinned, Some(all)) => db.replace(&r.id, all).await,
+                (Pushed::Kept, _) => db.add(&r.id, s.clone()).await,
+                _ => {}
+            }
+        }
         Ok(s)
     }
 
@@ -92,11 +139,19 @@ impl Manager {
     /// dropped, sandboxes found stopped ended.
     pub async fn sample_all(&self) {
         let live = self.registry.list();
-        {
+        let gone: Vec<String> = {
             let ids: std::collections::HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
-            self.history
-                .lock()
-                .retain(|id, _| ids.contains(id.as_str()));
+            let mut h = self.history.lock();
+            let gone = h
+                .keys()
+                .filter(|id| !ids.contains(id.as_str()))
+                .cloned()
+                .collect();
+            h.retain(|id, _| ids.contains(id.as_str()));
+            gone
+        };
+        if let Some(db) = self.history.db.get() {
+            db.delete(gone).await;
         }
         let running: Vec<SandboxRecord> = live
             .into_iter()
@@ -188,6 +243,7 @@ impl Manager {
         end_ms: Option<i64>,
     ) -> Result<Vec<MetricSample>> {
         let r = self.get(id)?;
+        self.load_history(id).await;
         if end_ms.is_none() && r.state == SandboxState::Running {
             let stale = self
                 .history
@@ -216,6 +272,7 @@ impl Manager {
         let mut out = BTreeMap::new();
         for id in ids {
             let Ok(r) = self.get(id) else { continue };
+            self.load_history(id).await;
             let latest = self
                 .history
                 .lock()

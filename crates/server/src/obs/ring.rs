@@ -10,6 +10,17 @@ use crate::manager::MetricSample;
 /// Default bound of one sandbox's history (at 5 s a sample: about 11 h at full resolution).
 pub const DEFAULT_CAPACITY: usize = 8192;
 
+/// What [`MetricRing::push`] did with a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Not kept (only the newest sample shows it).
+    Skipped,
+    /// Added to the kept samples.
+    Kept,
+    /// Added after every other kept sample was dropped.
+    Thinned,
+}
+
 #[derive(Debug, Clone)]
 pub struct MetricRing {
     samples: VecDeque<MetricSample>,
@@ -32,17 +43,38 @@ impl MetricRing {
         }
     }
 
-    /// Records a sample (samples are offered in time order).
-    pub fn push(&mut self, s: MetricSample) {
+    /// A ring holding `samples` (a history read back from disk, oldest first).
+    pub fn restore(cap: usize, samples: Vec<MetricSample>) -> Self {
+        let mut r = Self::new(cap);
+        for s in samples {
+            r.push(s);
+        }
+        r
+    }
+
+    /// Records a sample (samples are offered in time order); what became of it.
+    pub fn push(&mut self, s: MetricSample) -> Pushed {
         let keep = self.offered.is_multiple_of(self.stride);
         self.offered += 1;
+        let mut thinned = false;
         if keep {
             if self.samples.len() >= self.cap {
                 self.decimate();
+                thinned = true;
             }
             self.samples.push_back(s.clone());
         }
         self.latest = Some(s);
+        match (keep, thinned) {
+            (false, _) => Pushed::Skipped,
+            (true, false) => Pushed::Kept,
+            (true, true) => Pushed::Thinned,
+        }
+    }
+
+    /// The kept samples, oldest first.
+    pub fn kept(&self) -> Vec<MetricSample> {
+        self.samples.iter().cloned().collect()
     }
 
     fn decimate(&mut self) {
@@ -154,5 +186,22 @@ mod tests {
             r.push(sample(t));
         }
         assert_eq!(r.latest().unwrap().timestamp_ms, 4);
+    }
+
+    #[test]
+    fn push_tells_what_it_kept_and_a_restored_ring_has_the_kept_samples() {
+        let mut r = MetricRing::new(4);
+        let got: Vec<Pushed> = (0..8).map(|t| r.push(sample(t))).collect();
+        use Pushed::*;
+        // Full at 4: the 5th thins (0, 2 kept), then every other sample is kept.
+        assert_eq!(
+            got,
+            vec![Kept, Kept, Kept, Kept, Thinned, Skipped, Kept, Skipped]
+        );
+        let kept: Vec<i64> = r.kept().iter().map(|s| s.timestamp_ms).collect();
+        assert_eq!(kept, vec![0, 2, 4, 6]);
+        let back = MetricRing::restore(4, r.kept());
+        assert_eq!(back.kept(), r.kept());
+        assert_eq!(back.latest().unwrap().timestamp_ms, 6);
     }
 }

@@ -160,6 +160,23 @@ pub const MIGRATIONS: &[&str] = &[
         pruned_at INTEGER NOT NULL
     );
     ",
+    // 7: metrics history (crates/server/src/obs/persist.rs): the samples each live or paused
+    // sandbox's ring keeps, so a restarted server still answers `get_metrics(start, end)` for
+    // the time before; bounded like the ring, deleted with the sandbox.
+    "
+    CREATE TABLE metric_samples (
+        sandbox_id TEXT NOT NULL,
+        ts INTEGER NOT NULL,
+        cpu_count INTEGER NOT NULL,
+        cpu_used_pct REAL NOT NULL,
+        mem_used INTEGER NOT NULL,
+        mem_total INTEGER NOT NULL,
+        mem_cache INTEGER NOT NULL,
+        disk_used INTEGER NOT NULL,
+        disk_total INTEGER NOT NULL,
+        PRIMARY KEY (sandbox_id, ts)
+    ) WITHOUT ROWID;
+    ",
 ];
 
 /// Schema version this kiln writes.

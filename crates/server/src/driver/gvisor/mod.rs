@@ -438,6 +438,7 @@ impl Driver for GvisorDriver {
                     .unwrap_or(0),
                 n => oci::sandbox_memory(n),
             },
+            mem_cache_bytes: oci::cgroup_file_cache(id).unwrap_or(0),
             pids: num(&d["pids"]["current"]),
         })
     }

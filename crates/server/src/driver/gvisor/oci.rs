@@ -67,6 +67,41 @@ pub fn cgroup_memory_limit(id: &str) -> Option<u64> {
         .find_map(|v| v.trim().parse::<u64>().ok())
 }
 
+/// Host page cache of sandbox `id`'s files charged to its cgroup: file pages that are not
+/// shared memory (the runtime's guest memory is a memfd, which counts as shmem). v1:
+/// `total_cache - total_shmem`; v2: `file - shmem`.
+pub fn cgroup_file_cache(id: &str) -> Option<u64> {
+    let stat = |path: String, cache: &str, shmem: &str| {
+        let t = std::fs::read_to_string(path).ok()?;
+        let get = |k: &str| {
+            t.lines().find_map(|l| {
+                let (name, v) = l.split_once(' ')?;
+                (name == k).then(|| v.trim().parse::<u64>().ok()).flatten()
+            })
+        };
+        Some(get(cache)?.saturating_sub(get(shmem).unwrap_or(0)))
+    };
+    stat(
+        format!("/sys/fs/cgroup/memory/kiln/{id}/memory.stat"),
+        "total_cache",
+        "total_shmem",
+    )
+    .or_else(|| {
+        stat(
+            format!("/sys/fs/cgroup/kiln/{id}/memory.stat"),
+            "file",
+            "shmem",
+        )
+    })
+    .or_else(|| {
+        stat(
+            format!("/sys/fs/cgroup/unified/kiln/{id}/memory.stat"),
+            "file",
+            "shmem",
+        )
+    })
+}
+
 /// Whether sandbox `id`'s host cgroup nears its limits: tasks at 75 % of `pids.max`, or
 /// memory at 85 % of its limit. A fork bomb gets there although its processes are capped
 /// inside: each fork and exit costs the sentry host tasks and memory (systrap stubs) that the
