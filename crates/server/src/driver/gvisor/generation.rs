@@ -21,6 +21,8 @@ use crate::driver::{io_err, DriverError, Result};
 
 const FILE: &str = "generation";
 const RETIRING: &str = "retiring";
+/// A retirement slower than this is logged with its steps' durations.
+const SLOW_RETIRE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The runsc container id of generation `gen` of sandbox `id`.
 pub fn container_id(id: &str, gen: u64) -> String {
@@ -93,13 +95,25 @@ pub fn retiring(dir: &Path) -> Vec<String> {
 /// they are still the same processes, and the `runsc-sandbox` naming `cid`, then `runsc
 /// delete`; removes its marker.
 pub async fn retire(runsc: &Runsc, dir: &Path, cid: &str, pids: &[reap::Process]) -> Result<()> {
+    let t = std::time::Instant::now();
     let mut mine = reap::still_running(pids);
     mine.extend(reap::sandbox_processes(cid, None));
     mine.sort_unstable();
     mine.dedup();
     reap::kill_and_reap(&mine).await;
+    let killed = t.elapsed();
     super::container::delete(runsc, cid).await?;
     let _ = std::fs::remove_file(marker(dir, cid));
+    if t.elapsed() > SLOW_RETIRE {
+        // (A paused sandbox's `runsc delete` was once seen running for over 10 s.)
+        tracing::warn!(
+            container = cid,
+            "retiring took {:?}: {} processes killed and reaped in {killed:?}, runsc delete {:?}",
+            t.elapsed(),
+            mine.len(),
+            t.elapsed() - killed
+        );
+    }
     Ok(())
 }
 

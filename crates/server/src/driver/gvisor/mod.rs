@@ -21,7 +21,8 @@
 //!
 //! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
 //! (the overlay), [`reap`] (host processes), [`checkpoint`] (pause and resume), [`snapshot`]
-//! (snapshots and sandboxes restored from them).
+//! (snapshots and sandboxes restored from them), [`generation`] (the runsc container id of a
+//! sandbox, which changes with each restore, and retiring the previous one).
 
 pub mod bench;
 pub mod bench_lifecycle;
