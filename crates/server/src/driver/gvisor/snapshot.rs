@@ -153,9 +153,18 @@ impl GvisorDriver {
         let cid = self.cid(id);
         self.detach_agent(id).await?;
         let t_detach = t.elapsed();
-        if let Err(e) = self.runsc.checkpoint(&cid, image, false).await {
+        // The fresh disk the source continues on is made while it is checkpointed.
+        let (checkpointed, next) = tokio::join!(
+            self.runsc.checkpoint(&cid, image, false),
+            disk::make_next_image(&dir)
+        );
+        if let Err(e) = checkpointed {
+            disk::drop_next_image(&dir);
             let _ = self.attach_agent(id).await;
             return Err(e);
+        }
+        if let Err(e) = next {
+            tracing::debug!(sandbox = id, error = %e, "making the next disk ahead");
         }
         let t_checkpoint = t.elapsed();
         // The checkpointed sandbox's processes are exiting on their own: killing and reaping
