@@ -24,7 +24,7 @@ async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
         .agent(id, token)
         .run(cmd, opts)
         .await
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+        .unwrap_or_else(|e| panic!("running {cmd:?} in {id}: {e}"));
     assert_eq!(out.exit_code, 0, "{cmd:?}: {out:?}");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
@@ -49,6 +49,7 @@ async fn watcher_and_sampler_never_judge_a_sandbox_mid_lifecycle_dead() {
         .expect("create");
     cleanup.add(&sbx.id);
     sh(&m, &sbx.id, "echo kept > /home/user/f").await;
+    eprintln!("parent {}", sbx.id);
 
     let stop = Arc::new(AtomicBool::new(false));
     let watch = |sampler: bool| {

@@ -131,8 +131,16 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
     assert!(String::from_utf8_lossy(&now.stdout).contains("\"running\""));
     let mut old_gone = false;
     for _ in 0..2000 {
-        old_gone =
-            !runsc_state(&sb.id).status.success() && !dir.join("retiring").join(&sb.id).exists();
+        // (Exactly that id: runsc's `state` also takes a prefix, and matches the new one.)
+        let list = std::process::Command::new(&runsc)
+            .arg(format!("--root={}", root.display()))
+            .args(["list", "--quiet"])
+            .output()
+            .unwrap();
+        old_gone = !String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .any(|l| l == sb.id)
+            && !dir.join("retiring").join(&sb.id).exists();
         if old_gone {
             break;
         }
@@ -141,7 +149,7 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
     assert!(
         old_gone,
         "the paused container was not deleted: {:?}, retiring: {:?}",
-        runsc_state(&sb.id),
+        runsc_state(&cid),
         std::fs::read_dir(dir.join("retiring")).map(|d| d.count())
     );
 

@@ -64,7 +64,9 @@ fn detached_marker_in(dir: &Path) -> PathBuf {
 
 /// Has the agent of sandbox `id` (directory `dir`) listen on its sockets again: removing its
 /// `.detached` marker is the request (a detached agent watches it). An agent that does not
-/// attach within [`REQUEST_GRACE`] (built before this) gets `SIGUSR2` through `runsc kill`.
+/// attach within [`REQUEST_GRACE`] (built before this) gets `SIGUSR2` through `runsc kill`;
+/// either way it has until [`DETACH_TIMEOUT`] (a restore on a busy host may still be settling
+/// when the grace ends, and then refuses the signal).
 pub(super) async fn attach_agent_at(
     runsc: &super::runsc::Runsc,
     dir: &Path,
@@ -73,16 +75,34 @@ pub(super) async fn attach_agent_at(
     let _ = std::fs::remove_file(detached_marker_in(dir));
     let socket = dir.join("run").join(SOCKET_NAME);
     let start = tokio::time::Instant::now();
-    while start.elapsed() < REQUEST_GRACE {
+    let mut signalled = None;
+    loop {
         // Connectable, not merely present: a socket file left from before the pause accepts
         // nothing.
         if super::connect_no_follow(&socket).await.is_ok() {
             return Ok(());
         }
+        let waited = start.elapsed();
+        if waited >= DETACH_TIMEOUT {
+            return Err(signalled.unwrap_or_else(|| {
+                DriverError::Other(format!(
+                    "the agent of sandbox {id} did not listen again within {}s",
+                    DETACH_TIMEOUT.as_secs()
+                ))
+            }));
+        }
+        if signalled.is_none() && waited >= REQUEST_GRACE {
+            let cid = super::generation::container_id(id, super::generation::current(dir));
+            signalled = Some(match runsc.output(&["kill", &cid, "USR2"]).await {
+                Ok(_) => DriverError::Other(format!(
+                    "the agent of sandbox {id} did not listen again within {}s",
+                    DETACH_TIMEOUT.as_secs()
+                )),
+                Err(e) => e,
+            });
+        }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let cid = super::generation::container_id(id, super::generation::current(dir));
-    runsc.output(&["kill", &cid, "USR2"]).await.map(drop)
 }
 
 /// Restores (or, without `image`, boots) sandbox `id` (directory `dir`) under its next

@@ -18,8 +18,14 @@ pub(super) async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Resul
 }
 
 /// `runsc delete --force` of container `id`, reaping its processes as they exit; done when
-/// the container is gone (deleted now or before).
+/// the container is gone (deleted now or before). runsc takes a unique prefix for an id it
+/// does not know, and a sandbox id is a prefix of its later generations' ids: a container
+/// that is already gone is not asked for again.
 pub(super) async fn delete(runsc: &Runsc, id: &str) -> Result<()> {
+    if runsc.status(id).await.is_none() {
+        reap_adopted_zombies();
+        return Ok(());
+    }
     // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
     // an unknown container (never created, or a concurrent stop won): only fail if the
     // container is still there. Processes that exit meanwhile (a checkpointed sandbox's do
