@@ -22,7 +22,7 @@ pub(super) async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Resul
 /// does not know, and a sandbox id is a prefix of its later generations' ids: a container
 /// that is already gone is not asked for again.
 pub(super) async fn delete(runsc: &Runsc, id: &str) -> Result<()> {
-    if runsc.status(id).await.is_none() {
+    if !runsc.exists(id).await {
         reap_adopted_zombies();
         return Ok(());
     }
@@ -42,7 +42,7 @@ pub(super) async fn delete(runsc: &Runsc, id: &str) -> Result<()> {
         never = reaping => never,
     };
     if let Err(e) = deleted {
-        if runsc.status(id).await.is_some() {
+        if runsc.exists(id).await {
             return Err(e);
         }
     }

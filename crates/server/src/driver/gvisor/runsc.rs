@@ -89,6 +89,15 @@ impl Runsc {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Whether runsc knows a container of exactly id `id` (in whatever state). True when the
+    /// list cannot be read (a caller then acts on the container as if it were there).
+    pub async fn exists(&self, id: &str) -> bool {
+        match self.output(&["list", "--quiet"]).await {
+            Ok(out) => out.lines().any(|l| l.trim() == id),
+            Err(_) => true,
+        }
+    }
+
     /// runsc's view of container `id`: `Some(status)` ("created", "running", "stopped", …);
     /// None when there is no container of exactly that id (runsc also accepts a unique
     /// prefix, and `<sandbox>` is a prefix of its later generations `<sandbox>-g<N>`).
