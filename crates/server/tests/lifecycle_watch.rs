@@ -106,7 +106,7 @@ async fn watcher_and_sampler_never_judge_a_sandbox_mid_lifecycle_dead() {
         left = String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(str::to_string)
-            .filter(|l| l.starts_with(&sbx.id))
+            .filter(|l| *l == sbx.id || l.ends_with(&format!("-{}", sbx.id)))
             .collect();
         if left.len() == 1 {
             break;

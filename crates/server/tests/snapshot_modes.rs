@@ -118,7 +118,7 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
     assert_eq!(sh(&m, &sb.id, "echo back").await.1, "back");
     // The resumed sandbox runs under its next container id; the paused container was
     // deleted in the background (not before the resume).
-    let cid = format!("{}-g1", sb.id);
+    let cid = format!("g1-{}", sb.id);
     let runsc_state = |c: &str| {
         std::process::Command::new(&runsc)
             .arg(format!("--root={}", root.display()))

@@ -18,9 +18,8 @@ pub(super) async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Resul
 }
 
 /// `runsc delete --force` of container `id`, reaping its processes as they exit; done when
-/// the container is gone (deleted now or before). runsc takes a unique prefix for an id it
-/// does not know, and a sandbox id is a prefix of its later generations' ids: a container
-/// that is already gone is not asked for again.
+/// the container is gone (deleted now or before). runsc takes a unique prefix of an id: a
+/// container that is already gone is not asked for again.
 pub(super) async fn delete(runsc: &Runsc, id: &str) -> Result<()> {
     if !runsc.exists(id).await {
         reap_adopted_zombies();

@@ -1,7 +1,7 @@
 //! A sandbox's runsc container id, and retiring the containers it no longer uses.
 //!
 //! A sandbox restored after a pause (or after a snapshot or fork of it) runs under a fresh runsc
-//! container id, `<sandbox id>-g<N>`, so the restore does not wait for the previous
+//! container id, `g<N>-<sandbox id>`, so the restore does not wait for the previous
 //! container's `runsc delete`: that one retires in the background meanwhile. Generation 0 is
 //! the sandbox id itself. The current generation is the file `generation` in the sandbox's
 //! directory (written before the restore that uses it, so it survives a server restart), and
@@ -28,8 +28,15 @@ const SLOW_RETIRE: std::time::Duration = std::time::Duration::from_secs(2);
 pub fn container_id(id: &str, gen: u64) -> String {
     match gen {
         0 => id.to_string(),
-        n => format!("{id}-g{n}"),
+        n => format!("g{n}-{id}"),
     }
+}
+
+/// The sandbox id of container `cid` when it is a later generation (`g<N>-<id>`).
+fn sandbox_of(cid: &str) -> Option<&str> {
+    let rest = cid.strip_prefix('g')?;
+    let (n, id) = rest.split_once('-')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !id.is_empty()).then_some(id)
 }
 
 /// The current generation of the sandbox in `dir` (0 when it never changed).
@@ -174,13 +181,9 @@ impl GvisorDriver {
             // left by a server that died before deleting it.
             let owner = match ids.contains(&cid) {
                 true => Some(cid.clone()),
-                false => ids
-                    .iter()
-                    .find(|id| {
-                        cid.strip_prefix(id.as_str())
-                            .is_some_and(|g| g.starts_with("-g"))
-                    })
-                    .cloned(),
+                false => sandbox_of(&cid)
+                    .filter(|id| ids.contains(*id))
+                    .map(str::to_string),
             };
             match owner {
                 Some(id) if self.cid(&id) == cid => {
@@ -217,16 +220,28 @@ mod tests {
         std::fs::write(dir.join("bundle/config.json"), spec.to_string()).unwrap();
         assert_eq!(current(&dir), 0);
         assert_eq!(container_id("sbx", 0), "sbx");
-        assert_eq!(advance(&dir, "sbx").unwrap(), "sbx-g1");
-        assert_eq!(advance(&dir, "sbx").unwrap(), "sbx-g2");
+        assert_eq!(advance(&dir, "sbx").unwrap(), "g1-sbx");
+        assert_eq!(advance(&dir, "sbx").unwrap(), "g2-sbx");
+        // No container id is a prefix of another (runsc takes unique prefixes as ids, and
+        // calls an id that prefixes two containers ambiguous).
+        for (a, b) in [
+            ("sbx", "g1-sbx"),
+            ("g1-sbx", "g10-sbx"),
+            ("g1-sbx", "g12-sbx"),
+        ] {
+            assert!(!b.starts_with(a) && !a.starts_with(b), "{a} {b}");
+        }
+        assert_eq!(sandbox_of("g12-sbx"), Some("sbx"));
+        assert_eq!(sandbox_of("sbx"), None);
+        assert_eq!(sandbox_of("g-sbx"), None);
         assert_eq!(current(&dir), 2);
         let v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("bundle/config.json")).unwrap())
                 .unwrap();
-        assert_eq!(v["linux"]["cgroupsPath"], "/kiln/sbx-g2");
+        assert_eq!(v["linux"]["cgroupsPath"], "/kiln/g2-sbx");
         assert!(retiring(&dir).is_empty());
-        mark_retiring(&dir, "sbx-g1").unwrap();
-        assert_eq!(retiring(&dir), vec!["sbx-g1".to_string()]);
+        mark_retiring(&dir, "g1-sbx").unwrap();
+        assert_eq!(retiring(&dir), vec!["g1-sbx".to_string()]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

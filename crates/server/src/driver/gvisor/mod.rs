@@ -405,6 +405,10 @@ impl Driver for GvisorDriver {
         check_id(id)?;
         // (A capture's source may still be continuing in the background.)
         self.settling.settle(id).await;
+        if self.paused_on_host(id) {
+            // Its checkpointed container may still be retiring.
+            return Ok(false);
+        }
         // A sandbox process that died is our zombie (we are its subreaper) until reaped, and
         // runsc counts a zombie as alive.
         reap_adopted_zombies();

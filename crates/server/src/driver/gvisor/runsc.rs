@@ -100,7 +100,7 @@ impl Runsc {
 
     /// runsc's view of container `id`: `Some(status)` ("created", "running", "stopped", …);
     /// None when there is no container of exactly that id (runsc also accepts a unique
-    /// prefix, and `<sandbox>` is a prefix of its later generations `<sandbox>-g<N>`).
+    /// prefix of an id).
     pub async fn status(&self, id: &str) -> Option<String> {
         let out = self.output(&["state", id]).await.ok()?;
         let v: serde_json::Value = serde_json::from_str(&out).ok()?;
