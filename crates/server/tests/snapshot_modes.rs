@@ -115,16 +115,48 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
     assert_eq!(m.get(&sb.id).unwrap().state, SandboxState::Paused);
     assert!(m.resume(&sb.id, true, 600).await.expect("resume"));
     let dir = state.path().join("gvisor/sandboxes").join(&sb.id);
-    assert!(
-        !dir.join("halting").exists(),
-        "the paused container was deleted before the resume"
-    );
     assert_eq!(sh(&m, &sb.id, "echo back").await.1, "back");
+    // The resumed sandbox runs under its next container id; the paused container was
+    // deleted in the background (not before the resume).
+    let cid = format!("g1-{}", sb.id);
+    let runsc_state = |c: &str| {
+        std::process::Command::new(&runsc)
+            .arg(format!("--root={}", root.display()))
+            .args(["state", c])
+            .output()
+            .unwrap()
+    };
+    let now = runsc_state(&cid);
+    assert!(now.status.success(), "{now:?}");
+    assert!(String::from_utf8_lossy(&now.stdout).contains("\"running\""));
+    let mut old_gone = false;
+    for _ in 0..2000 {
+        // (Exactly that id: runsc's `state` also takes a prefix, and matches the new one.)
+        let list = std::process::Command::new(&runsc)
+            .arg(format!("--root={}", root.display()))
+            .args(["list", "--quiet"])
+            .output()
+            .unwrap();
+        old_gone = !String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .any(|l| l == sb.id)
+            && !dir.join("retiring").join(&sb.id).exists();
+        if old_gone {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        old_gone,
+        "the paused container was not deleted: {:?}, retiring: {:?}",
+        runsc_state(&cid),
+        std::fs::read_dir(dir.join("retiring")).map(|d| d.count())
+    );
 
     // The agent stops answering (it lets go of its sockets, as before a checkpoint).
     let status = std::process::Command::new(&runsc)
         .arg(format!("--root={}", root.display()))
-        .args(["kill", &sb.id, "USR1"])
+        .args(["kill", &cid, "USR1"])
         .status()
         .unwrap();
     assert!(status.success());

@@ -100,10 +100,43 @@ def runsc_processes_for(state_dir: str) -> list:
     return procs
 
 
+# Every KilnServer of the session, so that a failed test's server logs can be kept.
+_SERVERS = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.kiln_servers_before = len(_SERVERS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's server logs (the servers it used, and those started while it ran) are
+    copied to $KILN_TEST_LOGS/<test name>.log (default /tmp/kiln-test-logs)."""
+    rep = (yield).get_result()
+    if not rep.failed:
+        return
+    used = [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, KilnServer)]
+    servers = used + [s for s in _SERVERS[getattr(item, "kiln_servers_before", 0):] if s not in used]
+    logs = [(s.log_path, s.log()) for s in servers]
+    logs = [(p, text) for p, text in logs if text]
+    if not logs:
+        return
+    out_dir = os.environ.get("KILN_TEST_LOGS") or "/tmp/kiln-test-logs"
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9_.-]+", "_", item.name) + ".log")
+    with open(out, "a") as f:
+        for p, text in logs:
+            f.write(f"==== {p} ({rep.when}) ====\n{text}\n")
+    print(f"kiln server log of the failed test: {out}")
+    rep.sections.append(("kiln server log", f"copied to {out}"))
+
+
 class KilnServer:
     """One `kiln serve` process."""
 
     def __init__(self, state_dir: str, extra_args=()):
+        _SERVERS.append(self)
         self.state_dir = state_dir
         self.log_path = os.path.join(os.path.dirname(state_dir), os.path.basename(state_dir) + ".log")
         self.extra_args = list(extra_args)

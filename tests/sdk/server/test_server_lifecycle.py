@@ -78,7 +78,8 @@ def test_pause_connect_across_a_restart(state_dir, server):
         deadline = time.time() + 10
         while [p for p in runsc_processes_for(state_dir) if sid in p] and time.time() < deadline:
             time.sleep(0.1)
-        assert not [p for p in runsc_processes_for(state_dir) if sid in p]
+        left = [p for p in runsc_processes_for(state_dir) if sid in p]
+        assert not left, f"still on the host 10 s after the pause: {left}"
 
         first.stop()
         second = KilnServer(state_dir, extra)

@@ -201,6 +201,14 @@ pub trait Driver: Send + Sync + 'static {
     async fn snapshot(&self, _id: &str, _snapshot: &SnapshotRef, _memory: bool) -> Result<u64> {
         Err(DriverError::NotImplemented("sandbox snapshots"))
     }
+    /// [`Driver::snapshot`] with memory for a fork: the source continues only after
+    /// [`Driver::release_source`] (so the children restore first on a busy host); requests to
+    /// the source wait for it meanwhile.
+    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        self.snapshot(id, snapshot, true).await
+    }
+    /// Lets the source of [`Driver::capture_for_fork`] continue.
+    fn release_source(&self, _id: &str) {}
     /// Creates and starts a new sandbox `spec.id` continuing from a snapshot (its agent
     /// keeps the identity it had in the snapshot until it is initialised again), or booting
     /// on the snapshot's disk when it was taken without memory.

@@ -14,6 +14,15 @@ use crate::store::{now_ms, SandboxRecord, SandboxState, SnapshotRecord};
 /// Most children one fork may ask for.
 pub const MAX_FORK: u32 = 20;
 
+/// Lets a fork's parent continue when dropped.
+struct Release<'a>(&'a dyn crate::driver::Driver, &'a str);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.release_source(self.1);
+    }
+}
+
 impl Manager {
     /// `POST /sandboxes/{id}/fork`: one result per child, in order.
     pub async fn fork(
@@ -40,7 +49,7 @@ impl Manager {
             }
             let snap_id = super::new_sandbox_id();
             self.driver
-                .snapshot(id, &SnapshotRef(snap_id.clone()), true)
+                .capture_for_fork(id, &SnapshotRef(snap_id.clone()))
                 .await?;
             let snap = SnapshotRecord {
                 id: snap_id,
@@ -55,14 +64,10 @@ impl Manager {
             };
             (snap, parent)
         };
-        // The parent continues (the driver may restore it in the background) while the
-        // children are restored.
-        let token = parent.envd_token.clone();
-        let ready = async move {
-            self.agent(id, token)
-                .wait_ready(self.cfg.agent_ready_timeout)
-                .await
-        };
+        // The children are restored first; the parent continues once they answer (the
+        // driver restores it in the background, and requests to it wait for that), or when
+        // this call ends in any other way.
+        let release = Release(self.driver.as_ref(), id);
         let children = (0..count).map(|_| {
             let p = CreateParams {
                 template_id: parent.template_id.clone(),
@@ -85,7 +90,8 @@ impl Manager {
             }
         });
         // Restored side by side (the boot semaphore bounds how many at once).
-        let (ready, out) = futures::future::join(ready, futures::future::join_all(children)).await;
+        let out = futures::future::join_all(children).await;
+        drop(release);
         if let Err(e) = self
             .driver
             .delete_snapshot(&SnapshotRef(snap.id.clone()))
@@ -100,7 +106,6 @@ impl Manager {
             format!("{ok} of {count} children in {} ms", t.elapsed().as_millis()),
         )
         .await;
-        ready?;
         Ok(out)
     }
 }

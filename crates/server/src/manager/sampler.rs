@@ -176,9 +176,11 @@ impl Manager {
     /// After a failed sample: ends `id` with `died` (or `oom`) when it is no longer running
     /// although nothing paused or killed it.
     async fn check_alive(&self, id: &str) {
+        // Pause, snapshot and fork hold this lock while the sandbox is briefly not running;
+        // held until the sandbox is ended, so no resume or capture comes between the verdict
+        // and the end.
+        let _guard = self.lifecycle_lock.lock().await;
         let stopped = {
-            // Pause, snapshot and fork hold this lock while the sandbox is briefly not running.
-            let _guard = self.lifecycle_lock.lock().await;
             let running_here = self
                 .registry
                 .get(id)

@@ -5,7 +5,8 @@
 //!   answered and is initialised;
 //! - raw checkpoint / restore = the runsc commands alone, on the same sandbox, after its agent
 //!   let go of its host socket (which gVisor cannot save);
-//! - fork = `Manager::fork` with count 1 and 5, until every child's agent has answered;
+//! - fork = `Manager::fork` with count 1 and 5, until every child's agent has answered (the
+//!   parent continues after them: its downtime is measured too, until its agent answers);
 //! - pool = `Manager::create` with a warm pool of the template, sequential and 10 at once.
 
 use std::sync::Arc;
@@ -39,6 +40,9 @@ pub struct LifecycleBenchReport {
     pub raw_restore: Percentiles,
     pub fork1: Percentiles,
     pub fork5: Percentiles,
+    /// From the start of a fork of 1 until the parent answers again (it continues after its
+    /// child answered).
+    pub fork1_parent: Percentiles,
     pub pool_sequential: Percentiles,
     pub pool_concurrent: Percentiles,
 }
@@ -62,9 +66,13 @@ async fn raw_round(
 ) -> Result<(Duration, Duration), String> {
     let dir = driver.config().dir.join("sandboxes").join(id);
     let runsc = driver.runsc();
+    // The sandbox's current container (a resume made a new one); it is restored under the
+    // same id after its delete.
+    let cid = driver.cid(id);
+    let cid = cid.as_str();
     let marker = dir.join("run/agent.sock.detached");
     runsc
-        .output(&["kill", id, "USR1"])
+        .output(&["kill", cid, "USR1"])
         .await
         .map_err(|e| e.to_string())?;
     let t = Instant::now();
@@ -78,13 +86,13 @@ async fn raw_round(
     std::fs::create_dir_all(image).map_err(|e| e.to_string())?;
     let t = Instant::now();
     runsc
-        .checkpoint(id, image, false)
+        .checkpoint(cid, image, false)
         .await
         .map_err(|e| e.to_string())?;
     let checkpoint = t.elapsed();
     // The checkpointed sandbox's processes exit; delete the container while reaping them
     // (this process adopted them), as the driver does (not timed).
-    super::halt_container(runsc, id, &dir)
+    super::halt_container(runsc, cid, &dir)
         .await
         .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(dir.join("run/agent.sock"));
@@ -93,7 +101,7 @@ async fn raw_round(
         .restore_detached(
             image,
             &dir.join("bundle"),
-            id,
+            cid,
             &dir.join("console.log"),
             false,
             None,
@@ -102,7 +110,7 @@ async fn raw_round(
         .map_err(|e| e.to_string())?;
     let restore = t.elapsed();
     runsc
-        .output(&["kill", id, "USR2"])
+        .output(&["kill", cid, "USR2"])
         .await
         .map_err(|e| e.to_string())?;
     let token = m.get(id).map_err(|e| e.to_string())?.envd_token;
@@ -169,12 +177,20 @@ async fn run(
         ckpt.push(c);
         restore.push(r);
     }
-    let (mut fork1, mut fork5) = (vec![], vec![]);
+    let (mut fork1, mut fork5, mut parent) = (vec![], vec![], vec![]);
+    let token = m.get(&sbx.id).map_err(e)?.envd_token;
     for _ in 0..opts.fork_rounds {
         for (count, out) in [(1, &mut fork1), (5, &mut fork5)] {
             let t = Instant::now();
             let children = m.fork(&sbx.id, count, Some(600)).await.map_err(e)?;
             out.push(t.elapsed());
+            m.agent(&sbx.id, token.clone())
+                .wait_ready(Duration::from_secs(30))
+                .await
+                .map_err(|e| e.to_string())?;
+            if count == 1 {
+                parent.push(t.elapsed());
+            }
             for c in children {
                 let c = c.map_err(e)?;
                 m.kill(&c.id, "bench").await.map_err(e)?;
@@ -228,6 +244,7 @@ async fn run(
         raw_restore: percentiles(&restore),
         fork1: percentiles(&fork1),
         fork5: percentiles(&fork5),
+        fork1_parent: percentiles(&parent),
         pool_sequential: percentiles(&pool_seq),
         pool_concurrent: percentiles(&pool_conc),
     })

@@ -8,8 +8,9 @@
 //!
 //! Per sandbox, next to the layer and bundle (see the module docs of [`super`]):
 //! - `checkpoint/`: runsc's image of memory and processes (full pauses only);
-//! - `halting`: present until the paused sandbox's container is deleted (in the background,
-//!   after the pause returned);
+//! - `retiring/<container id>`: present until the paused sandbox's container is deleted (in
+//!   the background, after the pause returned; see [`super::generation`]). A resume does not
+//!   wait for it: the sandbox continues under its next container id;
 //! - `paused.json`: written last, atomically, once the pause is complete; it says whether the
 //!   memory was kept and which template rootfs the layer stacks on (to mount it again after a
 //!   host reboot). A sandbox without it is not paused, whatever else is on disk.
@@ -23,7 +24,8 @@ use super::mounts::{is_mounted, mount_overlay_stack};
 use super::{check_id, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result};
 
-/// Present while the container of a paused sandbox is still being deleted.
+/// Present while the container of a sandbox paused by an earlier kiln (before container
+/// generations) is still being deleted.
 const HALTING: &str = "halting";
 
 /// How long the agent may take to let go of its sockets.
@@ -62,7 +64,9 @@ fn detached_marker_in(dir: &Path) -> PathBuf {
 
 /// Has the agent of sandbox `id` (directory `dir`) listen on its sockets again: removing its
 /// `.detached` marker is the request (a detached agent watches it). An agent that does not
-/// attach within [`REQUEST_GRACE`] (built before this) gets `SIGUSR2` through `runsc kill`.
+/// attach within [`REQUEST_GRACE`] (built before this) gets `SIGUSR2` through `runsc kill`;
+/// either way it has until [`DETACH_TIMEOUT`] (a restore on a busy host may still be settling
+/// when the grace ends, and then refuses the signal).
 pub(super) async fn attach_agent_at(
     runsc: &super::runsc::Runsc,
     dir: &Path,
@@ -71,15 +75,67 @@ pub(super) async fn attach_agent_at(
     let _ = std::fs::remove_file(detached_marker_in(dir));
     let socket = dir.join("run").join(SOCKET_NAME);
     let start = tokio::time::Instant::now();
-    while start.elapsed() < REQUEST_GRACE {
+    let mut signalled = None;
+    loop {
         // Connectable, not merely present: a socket file left from before the pause accepts
         // nothing.
         if super::connect_no_follow(&socket).await.is_ok() {
             return Ok(());
         }
+        let waited = start.elapsed();
+        if waited >= DETACH_TIMEOUT {
+            return Err(signalled.unwrap_or_else(|| {
+                DriverError::Other(format!(
+                    "the agent of sandbox {id} did not listen again within {}s",
+                    DETACH_TIMEOUT.as_secs()
+                ))
+            }));
+        }
+        if signalled.is_none() && waited >= REQUEST_GRACE {
+            let cid = super::generation::container_id(id, super::generation::current(dir));
+            signalled = Some(match runsc.output(&["kill", &cid, "USR2"]).await {
+                Ok(_) => DriverError::Other(format!(
+                    "the agent of sandbox {id} did not listen again within {}s",
+                    DETACH_TIMEOUT.as_secs()
+                )),
+                Err(e) => e,
+            });
+        }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    runsc.output(&["kill", id, "USR2"]).await.map(drop)
+}
+
+/// Restores (or, without `image`, boots) sandbox `id` (directory `dir`) under its next
+/// container id, while its previous container may still be retiring.
+pub(super) async fn continue_as_next(
+    runsc: &super::runsc::Runsc,
+    syscalls: Option<&crate::driver::SyscallObserver>,
+    dir: &Path,
+    id: &str,
+    image: Option<&Path>,
+    workaround: bool,
+) -> Result<()> {
+    let cid = super::generation::advance(dir, id)?;
+    // An audited sandbox's trace session starts again with it (it is not in the image).
+    let pod = super::trace::start(dir, id, syscalls)?;
+    let (bundle, log) = (dir.join("bundle"), dir.join("console.log"));
+    let started = match image {
+        Some(image) => {
+            runsc
+                .restore_detached(image, &bundle, &cid, &log, workaround, pod.as_deref())
+                .await
+        }
+        None => {
+            runsc
+                .run_detached(&bundle, &cid, &log, workaround, pod.as_deref())
+                .await
+        }
+    };
+    if started.is_err() {
+        // What the failed start left behind (the sandbox stays as it was).
+        let _ = super::generation::retire(runsc, dir, &cid, &[]).await;
+    }
+    started
 }
 
 /// The record of a completed pause.
@@ -121,7 +177,7 @@ impl GvisorDriver {
         let deadline = start + DETACH_TIMEOUT;
         let mut signalled = !asked;
         if signalled {
-            self.runsc.output(&["kill", id, "USR1"]).await?;
+            self.runsc.output(&["kill", &self.cid(id), "USR1"]).await?;
         }
         while !marker.exists() {
             let now = tokio::time::Instant::now();
@@ -135,7 +191,7 @@ impl GvisorDriver {
             }
             if !signalled && now - start >= REQUEST_GRACE {
                 signalled = true;
-                self.runsc.output(&["kill", id, "USR1"]).await?;
+                self.runsc.output(&["kill", &self.cid(id), "USR1"]).await?;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -182,11 +238,12 @@ impl GvisorDriver {
         let _ = std::fs::remove_dir_all(&image);
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
         let t = std::time::Instant::now();
+        let cid = self.cid(id);
         self.detach_agent(id).await?;
         let t_detach = t.elapsed();
         // A checkpoint also makes gVisor write back what it caches of the sandbox's files, so
         // a filesystem-only pause takes one too and then drops the memory image.
-        if let Err(e) = self.runsc.checkpoint(id, &image, false).await {
+        if let Err(e) = self.runsc.checkpoint(&cid, &image, false).await {
             if memory {
                 // Newer runsc leaves the sandbox running after a failed checkpoint.
                 let _ = self.attach_agent(id).await;
@@ -200,25 +257,18 @@ impl GvisorDriver {
             let _ = std::fs::remove_dir_all(&image);
         }
         // The container is deleted in the background (its processes are exiting on their own
-        // after the checkpoint); `halting` says so until it is done, so that a resume after a
-        // server crash in between deletes it first.
-        let halting = self.halting_marker(id);
-        std::fs::write(&halting, b"").map_err(io_err(format!("writing {}", halting.display())))?;
+        // after the checkpoint); its marker says so until it is done, so that a server that
+        // died in between deletes it later.
+        let dir = self.sandbox_dir(id);
+        let pids = super::reap::identify(&super::reap::sandbox_processes(&cid, Some(&dir)));
+        super::generation::mark_retiring(&dir, &cid)?;
         let record = serde_json::to_vec(&Paused { memory, lower })
             .map_err(|e| DriverError::Other(format!("encoding paused.json: {e}")))?;
         let tmp = self.sandbox_dir(id).join("paused.json.tmp");
         std::fs::write(&tmp, record).map_err(io_err(format!("writing {}", tmp.display())))?;
         std::fs::rename(&tmp, self.paused_file(id))
             .map_err(io_err(format!("renaming {}", tmp.display())))?;
-        let (runsc, dir, sid) = (self.runsc.clone(), self.sandbox_dir(id), id.to_string());
-        self.settling.spawn(id, async move {
-            match super::halt_container(&runsc, &sid, &dir).await {
-                Ok(()) => {
-                    let _ = std::fs::remove_file(dir.join(HALTING));
-                }
-                Err(e) => tracing::warn!(sandbox = sid, error = %e, "deleting a paused container"),
-            }
-        });
+        self.retire_later(id, &cid, pids);
         tracing::debug!(
             sandbox = id,
             "pause: detach {:?}, checkpoint {:?}, recorded {:?}",
@@ -233,6 +283,19 @@ impl GvisorDriver {
         self.sandbox_dir(id).join(HALTING)
     }
 
+    /// Restores (or, without `image`, boots) sandbox `id` under its next container id (see
+    /// [`continue_as_next`]).
+    pub(super) async fn continue_as_next(
+        &self,
+        id: &str,
+        image: Option<&Path>,
+        workaround: bool,
+    ) -> Result<()> {
+        let dir = self.sandbox_dir(id);
+        let obs = self.syscalls.get();
+        continue_as_next(&self.runsc, obs, &dir, id, image, workaround).await
+    }
+
     pub(super) async fn resume_sandbox(&self, id: &str, memory: bool) -> Result<bool> {
         check_id(id)?;
         let Some(paused) = self.read_paused(id) else {
@@ -240,10 +303,13 @@ impl GvisorDriver {
         };
         let dir = self.sandbox_dir(id);
         let t = std::time::Instant::now();
-        // The pause's container must be gone before one with the same id starts.
+        // (The pause's container retires in the background: the sandbox continues under its
+        // next container id meanwhile.)
         self.settling.settle(id).await;
+        self.retire_leftovers(id);
         let t_settle = t.elapsed();
         if self.halting_marker(id).exists() {
+            // Paused by a kiln before container generations.
             self.halt(id).await?;
             let _ = std::fs::remove_file(self.halting_marker(id));
         }
@@ -266,20 +332,9 @@ impl GvisorDriver {
         // inside the sandbox does not remove the host's).
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.prepare_restore(id).await?;
-        // An audited sandbox's trace session starts again with it (it is not in the image).
-        let pod = super::trace::start(&dir, id, self.syscalls.get())?;
         let t_prepare = t.elapsed();
         if restore {
-            self.runsc
-                .restore_detached(
-                    &image,
-                    &dir.join("bundle"),
-                    id,
-                    &dir.join("console.log"),
-                    workaround,
-                    pod.as_deref(),
-                )
-                .await?;
+            self.continue_as_next(id, Some(&image), workaround).await?;
             let t_restore = t.elapsed();
             if let Err(e) = self.attach_agent(id).await {
                 let _ = self.halt(id).await;
@@ -294,15 +349,7 @@ impl GvisorDriver {
                 t.elapsed() - t_restore
             );
         } else {
-            self.runsc
-                .run_detached(
-                    &dir.join("bundle"),
-                    id,
-                    &dir.join("console.log"),
-                    workaround,
-                    pod.as_deref(),
-                )
-                .await?;
+            self.continue_as_next(id, None, workaround).await?;
         }
         // Running again: the saved memory no longer matches the disk.
         let _ = std::fs::remove_file(self.paused_file(id));

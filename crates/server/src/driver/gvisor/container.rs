@@ -13,7 +13,18 @@ use crate::driver::Result;
 pub(super) async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
     // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
     // gone instead of polling for seconds until the host's init reaps the zombies.
-    reap::kill_and_reap(&reap::sandbox_processes(id, dir)).await;
+    reap::kill_and_reap(&reap::sandbox_processes(id, Some(dir))).await;
+    delete(runsc, id).await
+}
+
+/// `runsc delete --force` of container `id`, reaping its processes as they exit; done when
+/// the container is gone (deleted now or before). runsc takes a unique prefix of an id: a
+/// container that is already gone is not asked for again.
+pub(super) async fn delete(runsc: &Runsc, id: &str) -> Result<()> {
+    if !runsc.exists(id).await {
+        reap_adopted_zombies();
+        return Ok(());
+    }
     // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
     // an unknown container (never created, or a concurrent stop won): only fail if the
     // container is still there. Processes that exit meanwhile (a checkpointed sandbox's do
@@ -30,7 +41,7 @@ pub(super) async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Resul
         never = reaping => never,
     };
     if let Err(e) = deleted {
-        if runsc.status(id).await.is_some() {
+        if runsc.exists(id).await {
             return Err(e);
         }
     }

@@ -81,6 +81,30 @@ pub async fn make_image(image: &Path, mb: u32) -> Result<()> {
     .await
 }
 
+/// The fresh image a sandbox continues on after its layer is frozen (made ahead of time by
+/// [`make_next_image`], e.g. while the sandbox is being checkpointed).
+const NEXT_IMAGE: &str = "disk.next.img";
+
+/// Makes the fresh image of the sandbox in `dir`, of its disk's size, for [`freeze`] (nothing
+/// for a sandbox without its own disk). On error nothing is left.
+pub async fn make_next_image(dir: &Path) -> Result<()> {
+    let image = dir.join(IMAGE);
+    let Ok(meta) = std::fs::metadata(&image) else {
+        return Ok(());
+    };
+    let fresh = dir.join(NEXT_IMAGE);
+    let made = make_image(&fresh, (meta.len() >> 20) as u32).await;
+    if made.is_err() {
+        let _ = std::fs::remove_file(&fresh);
+    }
+    made
+}
+
+/// Removes an image [`make_next_image`] made that [`freeze`] did not use.
+pub fn drop_next_image(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(NEXT_IMAGE));
+}
+
 /// Loop-mounts `image` at `target` (the loop device goes away with the last unmount).
 pub async fn mount_image(image: &Path, target: &Path) -> Result<()> {
     std::fs::create_dir_all(target).map_err(io_err(format!("creating {}", target.display())))?;
@@ -176,12 +200,10 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
 /// before the fresh disk is mounted, the sandbox's own disk is left as it was.
 pub async fn freeze(dir: &Path, layer: &Path) -> Result<()> {
     let image = dir.join(IMAGE);
-    let mb = std::fs::metadata(&image)
-        .map_err(io_err(format!("reading {}", image.display())))?
-        .len()
-        >> 20;
-    let fresh = dir.join("disk.next.img");
-    make_image(&fresh, mb as u32).await?;
+    let fresh = dir.join(NEXT_IMAGE);
+    if !fresh.exists() {
+        make_next_image(dir).await?;
+    }
     let (upper, _) = layer_dirs(dir);
     if let Err(e) = bind_read_only(&upper, layer) {
         let _ = std::fs::remove_file(&fresh);

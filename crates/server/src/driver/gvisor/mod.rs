@@ -21,7 +21,8 @@
 //!
 //! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
 //! (the overlay), [`reap`] (host processes), [`checkpoint`] (pause and resume), [`snapshot`]
-//! (snapshots and sandboxes restored from them).
+//! (snapshots and sandboxes restored from them), [`generation`] (the runsc container id of a
+//! sandbox, which changes with each restore, and retiring the previous one).
 
 pub mod bench;
 pub mod bench_lifecycle;
@@ -30,6 +31,7 @@ mod console;
 mod container;
 mod disk;
 mod forward;
+mod generation;
 mod layout;
 mod mounts;
 pub mod net_config;
@@ -133,8 +135,15 @@ pub struct GvisorDriver {
     cfg: GvisorConfig,
     runsc: Runsc,
     net: Option<std::sync::Arc<network::Network>>,
-    /// Cleanup still running after a call returned (the container of a paused sandbox).
+    /// Work on a sandbox still running after a call returned (a capture's source continuing),
+    /// by sandbox id.
     settling: settle::Settling,
+    /// Containers no longer running their sandbox being deleted in the background, by
+    /// container id (see [`generation`]).
+    retiring: settle::Settling,
+    /// Fork parents whose continuation waits for their children (see
+    /// [`Driver::capture_for_fork`]): dropping the sender lets it go on.
+    holds: generation::Holds,
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
     slack: Option<slack::SentrySlack>,
 }
@@ -205,6 +214,8 @@ impl GvisorDriver {
             runsc,
             net,
             settling: Default::default(),
+            retiring: Default::default(),
+            holds: Default::default(),
             syscalls: Default::default(),
             slack,
         })
@@ -261,7 +272,12 @@ impl GvisorDriver {
     /// state). Idempotent.
     async fn halt(&self, id: &str) -> Result<()> {
         self.settling.settle(id).await;
-        halt_container(&self.runsc, id, &self.sandbox_dir(id)).await
+        let dir = self.sandbox_dir(id);
+        self.retire_leftovers(id);
+        for cid in generation::retiring(&dir) {
+            self.retiring.settle(&cid).await;
+        }
+        halt_container(&self.runsc, &self.cid(id), &dir).await
     }
 }
 
@@ -290,7 +306,7 @@ impl Driver for GvisorDriver {
         let pod = trace::start(&dir, id, self.syscalls.get())?;
         let (bundle, log) = (dir.join("bundle"), dir.join("console.log"));
         self.runsc
-            .run_detached(&bundle, id, &log, workaround, pod.as_deref())
+            .run_detached(&bundle, &self.cid(id), &log, workaround, pod.as_deref())
             .await
     }
 
@@ -318,7 +334,21 @@ impl Driver for GvisorDriver {
     }
 
     async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
-        self.take_snapshot(id, snapshot, memory).await
+        self.take_snapshot(id, snapshot, memory, None).await
+    }
+
+    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.holds_map().insert(id.to_string(), tx);
+        let r = self.take_snapshot(id, snapshot, true, Some(rx)).await;
+        if r.is_err() {
+            self.holds_map().remove(id);
+        }
+        r
+    }
+
+    fn release_source(&self, id: &str) {
+        self.holds_map().remove(id);
     }
 
     async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
@@ -384,13 +414,17 @@ impl Driver for GvisorDriver {
         check_id(id)?;
         // (A capture's source may still be continuing in the background.)
         self.settling.settle(id).await;
+        if self.paused_on_host(id) {
+            // Its checkpointed container may still be retiring.
+            return Ok(false);
+        }
         // A sandbox process that died is our zombie (we are its subreaper) until reaped, and
         // runsc counts a zombie as alive.
         reap_adopted_zombies();
         if let Some(net) = &self.net {
             net.ready().await; // a restarted server's slots (egress proxies) are adopted
         }
-        Ok(self.runsc.status(id).await.as_deref() == Some("running"))
+        Ok(self.runsc.status(&self.cid(id)).await.as_deref() == Some("running"))
     }
 
     async fn dead(&self, ids: &[String]) -> Vec<String> {
@@ -399,13 +433,18 @@ impl Driver for GvisorDriver {
         // asked about with `runsc state`.
         let alive = reap::live_sandbox_ids();
         let mut out = Vec::new();
-        for id in ids.iter().filter(|id| !alive.contains(id.as_str())) {
-            if check_id(id).is_err() {
+        for id in ids.iter().filter(|id| check_id(id).is_ok()) {
+            if alive.contains(&self.cid(id)) {
                 continue;
             }
-            // A capture's source restoring in the background has no process for a moment.
+            // A capture's source restoring in the background has no process for a moment
+            // (and its generation changes).
             self.settling.settle(id).await;
-            if self.runsc.status(id).await.as_deref() != Some("running") {
+            let cid = self.cid(id);
+            if reap::live_sandbox_ids().contains(&cid) {
+                continue;
+            }
+            if self.runsc.status(&cid).await.as_deref() != Some("running") {
                 out.push(id.clone());
             }
         }
@@ -416,9 +455,10 @@ impl Driver for GvisorDriver {
         check_id(id)?;
         // (A capture's source may still be continuing in the background.)
         self.settling.settle(id).await;
+        let cid = self.cid(id);
         let out = self
             .runsc
-            .output(&["events", "--stats", id])
+            .output(&["events", "--stats", &cid])
             .await
             .map_err(|e| match self.sandbox_dir(id).exists() {
                 true => e,
@@ -433,7 +473,7 @@ impl Driver for GvisorDriver {
             mem_used_bytes: num(&d["memory"]["usage"]["usage"]),
             // The host cgroup has headroom above the sandbox's size (oci::host_memory_limit).
             mem_limit_bytes: match num(&d["memory"]["usage"]["limit"]) {
-                0 => cgroup_memory_limit(id)
+                0 => cgroup_memory_limit(&cid)
                     .map(oci::sandbox_memory)
                     .unwrap_or(0),
                 n => oci::sandbox_memory(n),
@@ -445,18 +485,6 @@ impl Driver for GvisorDriver {
 
     async fn list_on_host(&self) -> Result<Vec<HostSandbox>> {
         let mut ids = std::collections::BTreeSet::new();
-        let out = self.runsc.output(&["list", "--format=json"]).await?;
-        let mut running = std::collections::BTreeSet::new();
-        if let Ok(serde_json::Value::Array(list)) = serde_json::from_str(out.trim()) {
-            for c in list {
-                if let Some(id) = c["id"].as_str() {
-                    ids.insert(id.to_string());
-                    if c["status"].as_str() == Some("running") {
-                        running.insert(id.to_string());
-                    }
-                }
-            }
-        }
         let sdir = self.cfg.dir.join("sandboxes");
         if let Ok(rd) = std::fs::read_dir(&sdir) {
             for e in rd.flatten() {
@@ -465,6 +493,7 @@ impl Driver for GvisorDriver {
                 }
             }
         }
+        let running = self.containers_on_host(&mut ids).await?;
         Ok(ids
             .into_iter()
             .map(|id| HostSandbox {
@@ -492,10 +521,11 @@ impl Driver for GvisorDriver {
         }
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
-            if let Some(near) = oci::host_pressure(id) {
+            let cid = self.cid(id);
+            if let Some(near) = oci::host_pressure(&cid) {
                 // The agent kills its biggest command (kiln_agent::limits).
                 tracing::warn!(sandbox = %id, "host limits near ({near}): relieving");
-                if let Err(e) = self.runsc.output(&["kill", id, "WINCH"]).await {
+                if let Err(e) = self.runsc.output(&["kill", &cid, "WINCH"]).await {
                     tracing::warn!(sandbox = %id, error = %e, "sending the host-pressure signal");
                 }
             }

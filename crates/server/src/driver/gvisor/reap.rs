@@ -67,10 +67,51 @@ pub fn reap_adopted_zombies() {
     }
 }
 
+/// A process as it was seen: its id and start time (a later process reusing the id has
+/// another start time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Process {
+    pid: libc::pid_t,
+    started: u64,
+}
+
+/// Start time of process `pid` (clock ticks after boot), None when it is gone.
+fn start_time(pid: libc::pid_t) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22; the fields after the command name start at field 3.
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// `pids` as processes (those still there).
+pub fn identify(pids: &[libc::pid_t]) -> Vec<Process> {
+    pids.iter()
+        .filter_map(|&pid| {
+            Some(Process {
+                pid,
+                started: start_time(pid)?,
+            })
+        })
+        .collect()
+}
+
+/// The ids of `procs` that are still the same processes.
+pub fn still_running(procs: &[Process]) -> Vec<libc::pid_t> {
+    procs
+        .iter()
+        .filter(|p| start_time(p.pid) == Some(p.started))
+        .map(|p| p.pid)
+        .collect()
+}
+
 /// The sandbox's own host processes (`runsc-sandbox`, `runsc-gofer`): the sandbox's command
-/// line names the container id, the gofer's names the bundle under `sandbox_dir`.
-pub fn sandbox_processes(id: &str, sandbox_dir: &Path) -> Vec<libc::pid_t> {
-    let dir = sandbox_dir.to_string_lossy();
+/// line names the container id, the gofer's names the bundle under `sandbox_dir` (the gofers
+/// of every generation of the sandbox: None matches by container id only).
+pub fn sandbox_processes(id: &str, sandbox_dir: Option<&Path>) -> Vec<libc::pid_t> {
+    let dir = sandbox_dir.map(|d| d.to_string_lossy().into_owned());
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
@@ -91,7 +132,7 @@ pub fn sandbox_processes(id: &str, sandbox_dir: &Path) -> Vec<libc::pid_t> {
         if argv0 != "runsc-sandbox" && argv0 != "runsc-gofer" {
             continue;
         }
-        if args.any(|a| a == id || a.contains(dir.as_ref())) {
+        if args.any(|a| a == id || dir.as_deref().is_some_and(|d| a.contains(d))) {
             out.push(pid);
         }
     }

@@ -89,10 +89,24 @@ impl Runsc {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// runsc's view of the container: `Some(status)` ("created", "running", "stopped", …).
+    /// Whether runsc knows a container of exactly id `id` (in whatever state). True when the
+    /// list cannot be read (a caller then acts on the container as if it were there).
+    pub async fn exists(&self, id: &str) -> bool {
+        match self.output(&["list", "--quiet"]).await {
+            Ok(out) => out.lines().any(|l| l.trim() == id),
+            Err(_) => true,
+        }
+    }
+
+    /// runsc's view of container `id`: `Some(status)` ("created", "running", "stopped", …);
+    /// None when there is no container of exactly that id (runsc also accepts a unique
+    /// prefix of an id).
     pub async fn status(&self, id: &str) -> Option<String> {
         let out = self.output(&["state", id]).await.ok()?;
         let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        if v.get("id").and_then(|i| i.as_str()) != Some(id) {
+            return None;
+        }
         v.get("status").and_then(|s| s.as_str()).map(str::to_string)
     }
 

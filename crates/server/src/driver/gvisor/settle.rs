@@ -1,4 +1,5 @@
-//! Work on a sandbox's host side that finishes after the call that started it returned.
+//! Work on a sandbox's host side that finishes after the call that started it returned (keyed
+//! by sandbox id, or by container id for retiring containers).
 //!
 //! After a pause's checkpoint the sandbox's state is on disk and its processes are exiting on
 //! their own; deleting the container (`runsc delete`, reaping, cgroups) only cleans up. The
@@ -42,6 +43,11 @@ impl Settling {
                 map.remove(&id);
             }
         });
+    }
+
+    /// Whether background work for `id` is running.
+    pub fn pending(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
     }
 
     /// Waits until no background work for sandbox `id` is running.

@@ -10,7 +10,9 @@
 //!
 //! Capture: the agent is detached, the sandbox checkpointed (it stops), its layer frozen and
 //! its overlay mounted again on the new stack, and the sandbox restored from that same image
-//! under its own id, so it keeps running with its processes (its open connections are cut).
+//! under its next container id (see [`super::generation`]), so it keeps running with its
+//! processes (its open connections are cut). A fork's parent is restored only after its
+//! children answered (see [`crate::driver::Driver::capture_for_fork`]).
 //! A frozen layer is removed once no snapshot, mount or paused sandbox uses it.
 
 use std::path::{Path, PathBuf};
@@ -21,6 +23,24 @@ use super::mounts::{is_mounted, mount_overlay_stack, unmount};
 use super::reap;
 use super::{check_id, disk, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result, SandboxSpec, SnapshotRef};
+
+/// Longest a fork's parent waits for its children before it continues anyway.
+const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Hard links of the files under `from` at `to` (a copy that costs no disk).
+fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let dest = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            link_tree(&e.path(), &dest)?;
+        } else {
+            std::fs::hard_link(e.path(), dest)?;
+        }
+    }
+    Ok(())
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct SnapshotMeta {
@@ -59,6 +79,7 @@ impl GvisorDriver {
         id: &str,
         snap: &SnapshotRef,
         memory: bool,
+        hold: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> Result<u64> {
         check_id(id)?;
         self.settling.settle(id).await;
@@ -75,7 +96,9 @@ impl GvisorDriver {
         let image = sdir.join("checkpoint");
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
         std::fs::create_dir_all(self.cfg.dir.join("layers")).map_err(io_err("creating layers"))?;
-        let r = self.capture(id, snap, &sdir, &image, lowers, memory).await;
+        let r = self
+            .capture(id, snap, &sdir, &image, lowers, memory, hold)
+            .await;
         if r.is_err() {
             let _ = std::fs::remove_dir_all(&sdir);
             self.gc_layers();
@@ -114,6 +137,7 @@ impl GvisorDriver {
         Ok(stack)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn capture(
         &self,
         id: &str,
@@ -122,21 +146,32 @@ impl GvisorDriver {
         image: &Path,
         lowers: Vec<PathBuf>,
         memory: bool,
+        hold: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> Result<u64> {
         let dir = self.sandbox_dir(id);
         let t = std::time::Instant::now();
+        let cid = self.cid(id);
         self.detach_agent(id).await?;
         let t_detach = t.elapsed();
-        if let Err(e) = self.runsc.checkpoint(id, image, false).await {
+        // The fresh disk the source continues on is made while it is checkpointed.
+        let (checkpointed, next) = tokio::join!(
+            self.runsc.checkpoint(&cid, image, false),
+            disk::make_next_image(&dir)
+        );
+        if let Err(e) = checkpointed {
+            disk::drop_next_image(&dir);
             let _ = self.attach_agent(id).await;
             return Err(e);
         }
+        if let Err(e) = next {
+            tracing::debug!(sandbox = id, error = %e, "making the next disk ahead");
+        }
         let t_checkpoint = t.elapsed();
         // The checkpointed sandbox's processes are exiting on their own: killing and reaping
-        // them frees its layer. runsc's own delete of the container waits for the background
-        // (before the source continues), off the path of the children's restores; unless the
-        // layer is still busy, then it comes first.
-        reap::kill_and_reap(&reap::sandbox_processes(id, &dir)).await;
+        // them frees its layer. runsc's own delete of the container happens in the background
+        // beside the source's restore under its next container id; unless the layer is still
+        // busy, then it comes first.
+        reap::kill_and_reap(&reap::sandbox_processes(&cid, Some(&dir))).await;
         let mut halted = false;
         let mut frozen = self.freeze_layer(id, snap, &lowers).await;
         if frozen.is_err() && is_mounted(&dir.join("rootfs")) {
@@ -158,20 +193,11 @@ impl GvisorDriver {
         // The sandbox continues from the image whatever happened to its layer.
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.prepare_restore(id).await?;
-        let stack = match frozen {
-            Ok(stack) => stack,
-            Err(e) => {
-                if !halted {
-                    self.halt(id).await?;
-                }
-                self.continue_from(id, image, workaround).await?;
-                return Err(e);
-            }
-        };
-        let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
-            .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")));
-        let written = meta.and_then(|m| {
-            std::fs::write(sdir.join("snapshot.json"), m).map_err(io_err("writing snapshot.json"))
+        let written = frozen.and_then(|stack| {
+            let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
+                .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
+            std::fs::write(sdir.join("snapshot.json"), meta)
+                .map_err(io_err("writing snapshot.json"))
         });
         if let Err(e) = written {
             if !halted {
@@ -180,52 +206,53 @@ impl GvisorDriver {
             self.continue_from(id, image, workaround).await?;
             return Err(e);
         }
-        // A filesystem-only snapshot keeps no memory image: the source's own restore (below)
-        // still reads it, so it moves aside and goes once the source continues.
-        let image = if memory {
-            image.to_path_buf()
-        } else {
-            let aside = self.sandbox_dir(id).join("capture");
-            let _ = std::fs::remove_dir_all(&aside);
-            std::fs::rename(image, &aside)
-                .map_err(io_err(format!("moving {} aside", image.display())))?;
-            aside
+        // The source continues from an image of its own: links to the snapshot's (which
+        // may be deleted before the source restored), or the image itself for a
+        // filesystem-only snapshot, which keeps none.
+        let aside = dir.join("capture");
+        let _ = std::fs::remove_dir_all(&aside);
+        let own = match memory {
+            true => link_tree(image, &aside),
+            false => std::fs::rename(image, &aside),
+        };
+        let source_image = match own {
+            Ok(()) => aside.clone(),
+            Err(e) if memory => {
+                tracing::debug!(sandbox = id, error = %e, "linking a capture's image");
+                image.to_path_buf()
+            }
+            Err(e) => return Err(io_err(format!("moving {} aside", image.display()))(e)),
         };
         let size = disk_usage(sdir) + disk_usage(&self.layer_dir(snap));
+        if !halted {
+            super::generation::mark_retiring(&dir, &cid)?;
+        }
         // The snapshot is complete: the source continues in the background (restores of the
-        // snapshot can start meanwhile; connecting to the source waits for it).
+        // snapshot can start meanwhile, and a fork's children restore before it; requests to
+        // the source wait for it).
         let (runsc, sid) = (self.runsc.clone(), id.to_string());
         let syscalls = self.syscalls.get().cloned();
         self.settling.spawn(id, async move {
-            let t = std::time::Instant::now();
-            let deleted = if halted {
-                Ok(())
-            } else {
-                super::halt_container(&runsc, &sid, &dir).await
-            };
-            let pod = deleted.and_then(|()| super::trace::start(&dir, &sid, syscalls.as_ref()));
-            let restored = match pod {
-                Ok(pod) => {
-                    runsc
-                        .restore_detached(
-                            &image,
-                            &dir.join("bundle"),
-                            &sid,
-                            &dir.join("console.log"),
-                            workaround,
-                            pod.as_deref(),
-                        )
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            let attached = match restored {
-                Ok(()) => super::checkpoint::attach_agent_at(&runsc, &dir, &sid).await,
-                Err(e) => Err(e),
-            };
-            if !memory {
-                let _ = std::fs::remove_dir_all(&image);
+            if let Some(hold) = hold {
+                let _ = tokio::time::timeout(HOLD_LIMIT, hold).await;
             }
+            let t = std::time::Instant::now();
+            let retired = async {
+                if !halted {
+                    if let Err(e) = super::generation::retire(&runsc, &dir, &cid, &[]).await {
+                        tracing::warn!(container = cid, error = %e, "deleting a captured container");
+                    }
+                }
+            };
+            let continued = async {
+                let obs = syscalls.as_ref();
+                let img = Some(source_image.as_path());
+                super::checkpoint::continue_as_next(&runsc, obs, &dir, &sid, img, workaround)
+                    .await?;
+                super::checkpoint::attach_agent_at(&runsc, &dir, &sid).await
+            };
+            let ((), attached) = tokio::join!(retired, continued);
+            let _ = std::fs::remove_dir_all(&aside);
             match attached {
                 Ok(()) => tracing::debug!(sandbox = sid, "source restored in {:?}", t.elapsed()),
                 Err(e) => {
@@ -247,18 +274,7 @@ impl GvisorDriver {
     /// Restores sandbox `id` from `image` and attaches its agent (the source of a capture
     /// continuing, in the foreground).
     async fn continue_from(&self, id: &str, image: &Path, workaround: bool) -> Result<()> {
-        let dir = self.sandbox_dir(id);
-        let pod = super::trace::start(&dir, id, self.syscalls.get())?;
-        self.runsc
-            .restore_detached(
-                image,
-                &dir.join("bundle"),
-                id,
-                &dir.join("console.log"),
-                workaround,
-                pod.as_deref(),
-            )
-            .await?;
+        self.continue_as_next(id, Some(image), workaround).await?;
         self.attach_agent(id).await
     }
 

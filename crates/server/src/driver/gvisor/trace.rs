@@ -91,16 +91,29 @@ pub fn listen(dir: &Path, id: &str, obs: SyscallObserver) -> Result<()> {
     ns::setsockopt(&fd, ns::sockopt::ReceiveTimeout, &tv).map_err(sys("trace socket timeout"))?;
     let rt = tokio::runtime::Handle::current();
     let id = id.to_string();
+    // The socket file this listener bound: a later session of the same sandbox (its next
+    // container, restored while this one's ends) binds a new one at the same path.
+    let mine = inode(&path);
     std::thread::Builder::new()
         .name("kiln-trace".into())
         .spawn(move || {
             if let Err(e) = serve(&fd, &id, &obs, &rt) {
                 tracing::warn!(sandbox = %id, error = %e, "syscall audit stream");
             }
-            let _ = std::fs::remove_file(&path);
+            if mine.is_some() && inode(&path) == mine {
+                let _ = std::fs::remove_file(&path);
+            }
         })
         .map_err(|e| DriverError::Other(format!("starting the trace reader: {e}")))?;
     Ok(())
+}
+
+/// The (device, inode) of the file at `path`.
+fn inode(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 fn serve(
