@@ -478,7 +478,7 @@ impl Driver for GvisorDriver {
                     .unwrap_or(0),
                 n => oci::sandbox_memory(n),
             },
-            mem_cache_bytes: oci::cgroup_file_cache(id).unwrap_or(0),
+            mem_cache_bytes: oci::cgroup_file_cache(&cid).unwrap_or(0),
             pids: num(&d["pids"]["current"]),
         })
     }
@@ -517,7 +517,9 @@ impl Driver for GvisorDriver {
 
     async fn housekeep(&self, ids: &[String]) {
         if let Some(s) = &self.slack {
-            s.housekeep(ids);
+            // Keyed by container: a resumed sandbox runs new host tasks under its next id.
+            let cids: Vec<String> = ids.iter().map(|id| self.cid(id)).collect();
+            s.housekeep(&cids);
         }
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));

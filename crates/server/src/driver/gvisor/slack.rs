@@ -33,7 +33,7 @@ impl SentrySlack {
         }
     }
 
-    /// Tunes those of `running` (every running sandbox) not tuned yet.
+    /// Tunes those of `running` (the current container of every running sandbox) not tuned yet.
     pub fn housekeep(&self, running: &[String]) {
         let mut tuned = self.tuned.lock().unwrap_or_else(|p| p.into_inner());
         let live: HashSet<&str> = running.iter().map(String::as_str).collect();
@@ -46,7 +46,7 @@ impl SentrySlack {
     }
 }
 
-/// The host task ids in sandbox `id`'s cgroup (v1 pids `tasks`, or v2 `cgroup.threads`).
+/// The host task ids in container `id`'s cgroup (a sandbox's current runsc container) (v1 pids `tasks`, or v2 `cgroup.threads`).
 pub fn host_tasks(id: &str) -> Vec<i32> {
     let candidates = [
         format!("/sys/fs/cgroup/pids/kiln/{id}/tasks"),
