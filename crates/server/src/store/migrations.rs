@@ -160,6 +160,21 @@ pub const MIGRATIONS: &[&str] = &[
         pruned_at INTEGER NOT NULL
     );
     ",
+    // 7: answers of creates made with an Idempotency-Key (crates/server/src/api/idempotency.rs),
+    // so a create retried after a restart returns the same sandbox.
+    "
+    CREATE TABLE idempotency (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        status INTEGER NOT NULL,
+        content_type TEXT,
+        body BLOB NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX idempotency_created ON idempotency(created_at);
+    ",
 ];
 
 /// Schema version this kiln writes.
