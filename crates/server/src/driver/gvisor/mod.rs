@@ -29,12 +29,14 @@ mod checkpoint;
 mod console;
 mod container;
 mod disk;
+mod disk_pool;
 mod forward;
 mod layout;
 mod mounts;
 pub mod net_config;
 pub mod network;
 mod oci;
+mod pressure;
 mod proto;
 mod reap;
 mod runsc;
@@ -130,6 +132,10 @@ pub struct GvisorDriver {
     /// Cleanup still running after a call returned (the container of a paused sandbox).
     settling: settle::Settling,
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
+    /// Host-side pressure of each sandbox (the fork-bomb backstop).
+    pressure: pressure::HostPressure,
+    /// Formatted disk images ready for creates.
+    disks: std::sync::Arc<disk_pool::DiskPool>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -192,12 +198,15 @@ impl GvisorDriver {
             .network
             .clone()
             .map(|n| network::Network::new(n, cfg.dir.join("sandboxes")));
+        let cfg_dir = cfg.dir.clone();
         Ok(Self {
             cfg,
             runsc,
             net,
             settling: Default::default(),
             syscalls: Default::default(),
+            pressure: Default::default(),
+            disks: std::sync::Arc::new(disk_pool::DiskPool::new(cfg_dir.join("disk-pool"))),
         })
     }
 
@@ -477,12 +486,13 @@ impl Driver for GvisorDriver {
     }
 
     async fn housekeep(&self, ids: &[String]) {
+        self.pressure.retain(ids);
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
-            if let Some(near) = oci::host_pressure(id) {
-                // The agent kills its biggest command (kiln_agent::limits).
+            if let Some(near) = self.pressure.check(id) {
+                // The agent kills its biggest command, by process group (kiln_agent::relief).
                 tracing::warn!(sandbox = %id, "host limits near ({near}): relieving");
-                if let Err(e) = self.runsc.output(&["kill", id, "WINCH"]).await {
+                if let Err(e) = self.runsc.output(&["kill", id, "URG"]).await {
                     tracing::warn!(sandbox = %id, error = %e, "sending the host-pressure signal");
                 }
             }
@@ -494,6 +504,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn shutdown(&self) {
+        self.disks.clear();
         self.shutdown_network().await;
     }
 
