@@ -67,9 +67,11 @@ def _running(sandbox, pid):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="contained only sometimes on a loaded host: the agent's fork-bomb killer or the "
-    "server's host-pressure signal must act before the sentry's host tasks reach the host "
-    "limit (≈15 s), and a starved sentry can be too slow (see docs/hardening.md)",
+    reason="contained only sometimes on a loaded host: gVisor's systrap pools a host stub per "
+    "address space and never shrinks the pool, so the bomb's churn adds ~100 host tasks/s; the "
+    "agent (fork-bomb detector, or the server's SIGURG relief killing the command's process "
+    "group) must act before the host memory/pids limit kills the sentry (~15-30 s), and a "
+    "starved agent can be slower (see docs/hardening.md)",
 )
 def test_fork_bomb_is_contained(server, sandbox, bystander):
     # Its processes are capped inside, but each fork and exit costs the sentry host tasks and
@@ -80,15 +82,16 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
     deadline = time.time() + 150
     while time.time() < deadline and _running(sandbox, bomb.pid):
         time.sleep(1)
+    assert sandbox.is_running(request_timeout=30), "the sandbox died"
     assert not _running(sandbox, bomb.pid), "the fork bomb still runs"
     assert sandbox.commands.run("echo still-here", timeout=30).stdout == "still-here\n"
-    # The host side comes back down, and the sandbox can start processes again.
-    deadline = time.time() + 30
+    # The host side stops climbing and stays below its limit. It does not come back down:
+    # gVisor's systrap keeps the bomb's stub processes pooled while the sandbox lives
+    # (measured, see docs/hardening.md).
     n, top = _host_pids(server, sandbox)
-    while time.time() < deadline and n * 2 > top:
-        time.sleep(1)
-        n, top = _host_pids(server, sandbox)
-    assert n * 2 <= top, f"{n} of {top} host tasks after the kill"
+    time.sleep(3)
+    later, _ = _host_pids(server, sandbox)
+    assert later <= n + 32 and later < top, f"host tasks {n} -> {later} of {top} after the kill"
     assert sandbox.commands.run("for i in 1 2 3; do sh -c 'echo $$' & done; wait").exit_code == 0
     log = open(
         os.path.join(server.state_dir, "gvisor", "sandboxes", sandbox.sandbox_id, "console.log")

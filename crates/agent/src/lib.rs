@@ -24,6 +24,7 @@ pub mod pid1;
 mod process;
 mod process_rpc;
 pub mod reaper;
+pub mod relief;
 pub mod router;
 pub mod rpc;
 pub mod state;

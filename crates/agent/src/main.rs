@@ -208,6 +208,7 @@ fn main() {
         tokio::spawn(kiln_agent::reaper::run());
         if pid1 {
             tokio::spawn(kiln_agent::limits::host_pressure_watch());
+            tokio::spawn(kiln_agent::relief::watch());
         }
         let agent = Agent::new();
         let cfg = ListenConfig {

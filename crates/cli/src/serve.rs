@@ -103,6 +103,10 @@ pub struct Args {
     /// Seconds before a failed webhook delivery is retried (doubling on each retry).
     #[arg(long, env = "KILN_WEBHOOK_RETRY_BASE", default_value_t = 2.0)]
     webhook_retry_base: f64,
+    /// Allow webhooks to loopback, link-local, private and sandbox addresses (refused by
+    /// default: a webhook must not be a way into the host's or the sandboxes' networks).
+    #[arg(long, env = "KILN_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
     /// Warm pool: keep N booted sandboxes of TEMPLATE ready (repeatable).
     #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = kiln_server::manager::parse_pool)]
     pools: Vec<(String, u32)>,
@@ -247,6 +251,12 @@ fn raise_host_limits() {
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     raise_host_limits();
+    if a.no_prepare && a.disk_mb > 0 {
+        // Without preparation nothing is installed, but a missing mkfs.ext4 or losetup would
+        // only show at the first create: name them now.
+        kiln_host::prereq::check(kiln_host::prereq::DISK_TOOLS)
+            .context("the per-sandbox disk quota (--disk-mb 0 turns it off)")?;
+    }
     if !a.no_prepare {
         kiln_host::prereq::ensure(kiln_host::prereq::SERVE_TOOLS)?;
         let store = kiln_template::Store::open_default()?;
@@ -283,6 +293,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .unwrap_or_else(kiln_host::paths::state_dir);
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let network = rt.block_on(network_config(&a.net, &state_dir))?;
+    let sandbox_ranges: Vec<kiln_net::Cidr> = network.iter().map(|n| n.range).collect();
     let cfg = ServerConfig {
         listen: a.listen,
         domain: a.domain.clone(),
@@ -323,6 +334,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             metrics_interval: secs(a.metrics_interval, "--metrics-interval")?,
             webhooks: kiln_server::obs::webhooks::WebhookConfig {
                 retry_base: secs(a.webhook_retry_base, "--webhook-retry-base")?,
+                allow_private: a.webhook_allow_private,
+                sandbox_ranges: sandbox_ranges.clone(),
                 ..Default::default()
             },
             ..LifecycleConfig::default()

@@ -12,6 +12,26 @@ pub struct Tool {
     pub why: &'static str,
 }
 
+const MKFS_EXT4: Tool = Tool {
+    program: "mkfs.ext4",
+    package: "e2fsprogs",
+    why: "per-sandbox disk quota images (--disk-mb), microVM template images",
+};
+const LOSETUP: Tool = Tool {
+    program: "losetup",
+    package: "mount",
+    why: "loop-mounting the per-sandbox disk quota images",
+};
+const MOUNT: Tool = Tool {
+    program: "mount",
+    package: "mount",
+    why: "loop-mounting the per-sandbox disk quota images",
+};
+
+/// Programs the per-sandbox disk quota (`kiln serve --disk-mb`, on by default) runs; part of
+/// [`SERVE_TOOLS`], checked on their own by `kiln serve --no-prepare`.
+pub const DISK_TOOLS: &[Tool] = &[MKFS_EXT4, LOSETUP, MOUNT];
+
 /// Programs `kiln serve` (and the test suite) need on the host. runsc is not among them: Debian
 /// bookworm's own is too old, kiln obtains a recent one itself (see [`crate::runsc`]).
 pub const SERVE_TOOLS: &[Tool] = &[
@@ -20,11 +40,9 @@ pub const SERVE_TOOLS: &[Tool] = &[
         package: "mmdebstrap",
         why: "building template root filesystems",
     },
-    Tool {
-        program: "mkfs.ext4",
-        package: "e2fsprogs",
-        why: "template ext4 images for the microVM driver",
-    },
+    MKFS_EXT4,
+    LOSETUP,
+    MOUNT,
     Tool {
         program: "nft",
         package: "nftables",
@@ -104,6 +122,29 @@ fn run_apt(args: &[&str]) -> Result<(), PrereqError> {
     }
 }
 
+/// Fails naming the missing tools of `tools` and how to install them (nothing is installed).
+pub fn check(tools: &[Tool]) -> Result<(), PrereqError> {
+    let missing = missing(tools);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut pkgs: Vec<&str> = missing.iter().map(|t| t.package).collect();
+    pkgs.sort_unstable();
+    pkgs.dedup();
+    Err(PrereqError::Missing {
+        missing: describe(&missing),
+        command: install_command(&pkgs),
+    })
+}
+
+fn describe(missing: &[Tool]) -> String {
+    missing
+        .iter()
+        .map(|t| format!("{} ({}, package {})", t.program, t.why, t.package))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Makes sure every tool in `tools` is installed: installs the missing packages with apt when
 /// running as root on a Debian-like system, otherwise fails naming the exact command to run.
 pub fn ensure(tools: &[Tool]) -> Result<(), PrereqError> {
@@ -114,11 +155,7 @@ pub fn ensure(tools: &[Tool]) -> Result<(), PrereqError> {
     let mut pkgs: Vec<&str> = missing.iter().map(|t| t.package).collect();
     pkgs.sort_unstable();
     pkgs.dedup();
-    let names = missing
-        .iter()
-        .map(|t| format!("{} ({}, package {})", t.program, t.why, t.package))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let names = describe(&missing);
     if !(is_root() && which("apt-get").is_some()) {
         return Err(PrereqError::Missing {
             missing: names,
@@ -176,6 +213,33 @@ mod tests {
         let m = missing(&tools);
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].package, "kiln-nope");
+    }
+
+    #[test]
+    fn serve_tools_name_the_disk_quota_programs() {
+        for (program, package) in [
+            ("mkfs.ext4", "e2fsprogs"),
+            ("losetup", "mount"),
+            ("mount", "mount"),
+        ] {
+            assert!(DISK_TOOLS.iter().any(|t| t.program == program));
+            let t = SERVE_TOOLS.iter().find(|t| t.program == program);
+            assert_eq!(t.map(|t| t.package), Some(package), "{program}");
+            assert!(t.unwrap().why.contains("disk quota"), "{program}");
+        }
+    }
+
+    #[test]
+    fn check_names_the_missing_program_and_its_package() {
+        let tools = [Tool {
+            program: "kiln-no-such-program-xyz",
+            package: "kiln-nope",
+            why: "per-sandbox disk quota images",
+        }];
+        let e = check(&tools).unwrap_err().to_string();
+        assert!(e.contains("kiln-no-such-program-xyz"), "{e}");
+        assert!(e.contains("apt-get install -y kiln-nope"), "{e}");
+        assert!(check(&tools[..0]).is_ok());
     }
 
     #[test]

@@ -23,12 +23,19 @@ struct Fixture {
     dir: tempfile::TempDir,
 }
 
+/// A fixture whose webhooks may reach the test's receivers on 127.0.0.1.
 async fn fixture(metrics_token: Option<&str>) -> Fixture {
+    fixture_with(metrics_token, true).await
+}
+
+async fn fixture_with(metrics_token: Option<&str>, allow_private: bool) -> Fixture {
     let dir = common::state_dir();
     let cfg = LifecycleConfig {
         webhooks: WebhookConfig {
             retry_base: Duration::from_millis(300),
             poll: Duration::from_millis(100),
+            allow_private,
+            sandbox_ranges: vec!["198.51.100.0/24".parse().unwrap()],
             ..WebhookConfig::default()
         },
         ..LifecycleConfig::default()
@@ -261,5 +268,85 @@ async fn webhooks_are_signed_retried_logged_and_testable() {
     assert_eq!(
         call(&f, "GET", &format!("/webhooks/{id}"), None).await.0,
         StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn webhooks_to_private_addresses_are_refused_by_default() {
+    let f = fixture_with(None, false).await;
+    let rx = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(rx.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    // Loopback (literal and by name), link-local (cloud metadata), private, the sandbox slot
+    // range, IPv6 loopback and an IPv4-mapped loopback: 400, naming the operator's flag.
+    for url in [
+        format!("http://127.0.0.1:{port}/hook"),
+        format!("http://localhost:{port}/hook"),
+        "http://169.254.169.254/latest/meta-data".to_string(),
+        "http://10.200.0.3:49983/".to_string(),
+        "http://192.168.1.1/".to_string(),
+        "http://198.51.100.9/".to_string(),
+        "http://[::1]/".to_string(),
+        "http://[::ffff:127.0.0.1]/".to_string(),
+        "http://0.0.0.0/".to_string(),
+    ] {
+        let body = serde_json::json!({"url": url, "secret": SECRET});
+        let (st, err) = call(&f, "POST", "/webhooks", Some(&body.to_string())).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{url}: {err}");
+        let msg = err["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("--webhook-allow-private"), "{url}: {err}");
+    }
+    // A public address registers (nothing is sent: no worker runs and no event is queued).
+    let body = serde_json::json!({"url": "http://203.0.113.10/hook", "secret": SECRET});
+    let (st, hook) = call(&f, "POST", "/webhooks", Some(&body.to_string())).await;
+    assert_eq!(st, StatusCode::CREATED, "{hook}");
+    let public = hook["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        call(&f, "DELETE", &format!("/webhooks/{public}"), None)
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+
+    // A webhook stored before the filter (or whose name now points inside) is not delivered:
+    // the delivery client's resolver drops private addresses, literal ones are refused.
+    let (_, me) = call(&f, "GET", "/webhooks", None).await;
+    assert_eq!(me.as_array().unwrap().len(), 0);
+    let team = kiln_server::tenancy::DEFAULT_TEAM.to_string();
+    let store = common::store(f.dir.path());
+    let _worker = f.manager.webhooks().spawn(f.manager.subscribe());
+    for (i, url) in [
+        format!("http://localhost:{port}/hook"),
+        format!("http://127.0.0.1:{port}/hook"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("wh_planted{i}");
+        store
+            .insert_webhook(&kiln_server::store::WebhookRecord {
+                id: id.clone(),
+                team: team.clone(),
+                url: url.clone(),
+                secret: SECRET.into(),
+                events: vec![],
+                created_at_ms: 0,
+            })
+            .await
+            .unwrap();
+        let (st, t) = call(&f, "POST", &format!("/webhooks/{id}/test"), None).await;
+        assert_eq!(st, StatusCode::OK, "{url}: {t}");
+        assert_ne!(t["status"], "delivered", "{url}: {t}");
+        let err = t["lastError"].as_str().unwrap_or_default();
+        assert!(err.contains("private"), "{url}: {t}");
+    }
+    assert!(
+        rx.got.lock().unwrap().is_empty(),
+        "a private receiver got a delivery"
     );
 }

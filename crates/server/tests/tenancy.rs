@@ -223,6 +223,19 @@ async fn quotas_and_idempotent_creates() {
     let other = r#"{"templateID":"t","timeout":60}"#;
     let (s, _, v) = req(&app, &red, "POST", "/sandboxes", Some(other), &idem).await;
     common::assert_error(s, &v, 422);
+    // After a restart of the API (a new router and key memory; the same state database) the
+    // retry still gets the first sandbox, and another body is still refused.
+    let (restarted, _) = common::app(manager.clone(), state.path()).await;
+    let (s, h, v) = req(&restarted, &red, "POST", "/sandboxes", Some(CREATE), &idem).await;
+    assert_eq!(
+        (s, v["sandboxID"].as_str()),
+        (StatusCode::CREATED, Some(first.as_str())),
+        "{v}"
+    );
+    assert!(h.contains_key("idempotent-replayed"), "{h:?}");
+    let (s, _, v) = req(&restarted, &red, "POST", "/sandboxes", Some(other), &idem).await;
+    common::assert_error(s, &v, 422);
+    assert_eq!(driver.list_on_host().await.unwrap().len(), 1);
 
     // Red's own quota is 1 sandbox: the next create gets 429 naming it, with Retry-After.
     let (s, h, v) = req(&app, &red, "POST", "/sandboxes", Some(CREATE), &[]).await;

@@ -33,7 +33,9 @@ def srv():
     base = tempfile.mkdtemp(prefix="kiln-obs-")
     state = os.path.join(base, "state")
     extra = os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split() + [
-        "--metrics-token", TOKEN, "--metrics-interval", "0.5", "--webhook-retry-base", "0.5"]
+        "--metrics-token", TOKEN, "--metrics-interval", "0.5", "--webhook-retry-base", "0.5",
+        # The test's receivers listen on 127.0.0.1 (refused by default: SSRF filter).
+        "--webhook-allow-private"]
     s = KilnServer(state, extra)
     try:
         s.start()

@@ -37,6 +37,10 @@ pub struct Args {
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Disk quota of each sandbox, MiB, as `kiln serve --disk-mb` (0: none; compare the two to
+    /// see what the quota costs a create).
+    #[arg(long, default_value_t = 2048)]
+    disk_mb: u32,
     /// Extra template made of a bare rootfs directory, NAME=DIR.
     #[arg(long = "template-dir", value_name = "NAME=DIR")]
     template_dirs: Vec<String>,
@@ -69,6 +73,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         runsc: Some(runsc.path.clone()),
         old_runsc,
         workload_rounds: a.workload_rounds,
+        disk_mb: a.disk_mb,
         template: a.template,
         sequential: a.n,
         concurrency: a.concurrency,

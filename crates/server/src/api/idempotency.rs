@@ -8,7 +8,9 @@
 //!   a retry really retries. Requests that waited on a failed attempt get its answer.
 //! - The same key with a different body is a client bug: 422.
 //! - The work runs in a task of its own, so a client that disconnects does not cut it short.
-//! - Kept in memory (a restart forgets the keys), at most [`MAX_KEYS`] at once.
+//! - Kept in memory, at most [`MAX_KEYS`] at once, and (with a store) in the state database,
+//!   so a create retried after a server restart still gets the first answer (the same
+//!   sandbox) within [`WINDOW`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +25,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use super::{ApiError, ApiResult};
+use crate::store::{now_ms, IdempotentAnswer, StateStore};
 
 /// Header naming a request's idempotency key.
 pub const HEADER: &str = "idempotency-key";
@@ -73,6 +76,7 @@ struct Entry {
 #[derive(Clone, Default)]
 pub struct Idempotency {
     inner: Arc<Mutex<State>>,
+    store: Option<Arc<dyn StateStore>>,
 }
 
 #[derive(Default)]
@@ -97,6 +101,48 @@ pub fn key_of(headers: &HeaderMap) -> ApiResult<Option<String>> {
 }
 
 impl Idempotency {
+    /// Keys kept in memory and in `store` (answers survive a restart).
+    pub fn with_store(store: Arc<dyn StateStore>) -> Self {
+        Self {
+            inner: Default::default(),
+            store: Some(store),
+        }
+    }
+
+    /// The answer persisted for `scope` and `key` within the window, if any.
+    async fn persisted(&self, scope: &str, key: &str) -> Option<IdempotentAnswer> {
+        let since = now_ms() - WINDOW.as_millis() as i64;
+        match self.store.as_ref()?.get_idempotent(scope, key, since).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading an idempotency key");
+                None
+            }
+        }
+    }
+
+    async fn persist(&self, scope: &str, key: &str, fingerprint: &[u8; 32], a: &Answer) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let rec = IdempotentAnswer {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            fingerprint: hex::encode(fingerprint),
+            status: a.status.as_u16(),
+            content_type: a
+                .content_type
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            body: a.body.to_vec(),
+            created_at_ms: now_ms(),
+        };
+        if let Err(e) = store.put_idempotent(&rec).await {
+            tracing::warn!(error = %e, "recording an idempotency key");
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -120,18 +166,24 @@ impl Idempotency {
         work: BoxFuture<'static, ApiResult<Response>>,
     ) -> Response {
         let fingerprint: [u8; 32] = Sha256::digest(body).into();
+        if let Some(p) = self.persisted(&scope, &key).await {
+            if p.fingerprint != hex::encode(fingerprint) {
+                return different_body();
+            }
+            let answer = Answer {
+                status: StatusCode::from_u16(p.status).unwrap_or(StatusCode::OK),
+                content_type: p.content_type.and_then(|v| HeaderValue::from_str(&v).ok()),
+                retry_after: None,
+                body: Bytes::from(p.body),
+            };
+            return answer.response(true);
+        }
         let (mut rx, leader) = {
             let mut st = self.lock();
             let now = Instant::now();
             st.entries.retain(|_, e| now.duration_since(e.at) < WINDOW);
             match st.entries.get(&(scope.clone(), key.clone())) {
-                Some(e) if e.fingerprint != fingerprint => {
-                    return ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "this Idempotency-Key was already used with a different request body",
-                    )
-                    .into_response();
-                }
+                Some(e) if e.fingerprint != fingerprint => return different_body(),
                 Some(e) => (e.answer.clone(), false),
                 None => {
                     if st.entries.len() >= MAX_KEYS {
@@ -152,7 +204,9 @@ impl Idempotency {
                     let me = self.clone();
                     tokio::spawn(async move {
                         let answer = capture(work.await).await;
-                        if !answer.status.is_success() {
+                        if answer.status.is_success() {
+                            me.persist(&scope, &key, &fingerprint, &answer).await;
+                        } else {
                             // Not kept: a later retry runs again.
                             let mut st = me.lock();
                             let k = (scope, key);
@@ -176,6 +230,14 @@ impl Idempotency {
         };
         answer.map(|a| a.response(!leader)).unwrap_or_else(lost)
     }
+}
+
+fn different_body() -> Response {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "this Idempotency-Key was already used with a different request body",
+    )
+    .into_response()
 }
 
 fn lost() -> Response {
@@ -323,6 +385,66 @@ mod tests {
             )
             .await;
         assert_eq!(body(second).await.2, "{\"n\":1}");
+    }
+
+    #[tokio::test]
+    async fn answers_survive_a_restart_through_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("kiln.db");
+        let n = Arc::new(AtomicUsize::new(0));
+        {
+            let store: Arc<dyn StateStore> =
+                Arc::new(crate::store::SqliteStore::open(&db).unwrap());
+            let idem = Idempotency::with_store(store);
+            let first = idem
+                .run(
+                    "t/c".into(),
+                    "k".into(),
+                    b"{}",
+                    ok_work(n.clone(), StatusCode::CREATED),
+                )
+                .await;
+            assert_eq!(
+                body(first).await,
+                (StatusCode::CREATED, false, "{\"n\":0}".into())
+            );
+        }
+        // A new server process: nothing in memory, the same database.
+        let store: Arc<dyn StateStore> = Arc::new(crate::store::SqliteStore::open(&db).unwrap());
+        let idem = Idempotency::with_store(store);
+        let again = idem
+            .run(
+                "t/c".into(),
+                "k".into(),
+                b"{}",
+                ok_work(n.clone(), StatusCode::CREATED),
+            )
+            .await;
+        assert_eq!(
+            body(again).await,
+            (StatusCode::CREATED, true, "{\"n\":0}".into())
+        );
+        assert_eq!(n.load(Ordering::SeqCst), 1, "the work ran once");
+        let other_body = idem
+            .run(
+                "t/c".into(),
+                "k".into(),
+                b"{\"x\":1}",
+                ok_work(n.clone(), StatusCode::CREATED),
+            )
+            .await;
+        assert_eq!(other_body.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        // Failures are not persisted.
+        let fail = idem
+            .run(
+                "t/c".into(),
+                "f".into(),
+                b"",
+                ok_work(n.clone(), StatusCode::TOO_MANY_REQUESTS),
+            )
+            .await;
+        assert_eq!(fail.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(idem.persisted("t/c", "f").await.is_none());
     }
 
     #[test]

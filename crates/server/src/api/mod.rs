@@ -99,9 +99,9 @@ pub struct AppState {
 impl AppState {
     pub fn new(manager: Arc<Manager>, cfg: ApiConfig) -> Self {
         Self {
+            idempotency: idempotency::Idempotency::with_store(manager.store().clone()),
             manager,
             cfg,
-            idempotency: Default::default(),
         }
     }
 }

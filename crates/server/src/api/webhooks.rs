@@ -69,7 +69,7 @@ fn delivery_json(d: &DeliveryRecord) -> Value {
     })
 }
 
-fn check_url(url: &str) -> ApiResult<()> {
+async fn check_url(st: &super::AppState, url: &str) -> ApiResult<()> {
     let u = reqwest::Url::parse(url)
         .map_err(|e| ApiError::bad_request(format!("invalid webhook url: {e}")))?;
     if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
@@ -77,7 +77,11 @@ fn check_url(url: &str) -> ApiResult<()> {
             "the webhook url must be an http:// or https:// URL with a host",
         ));
     }
-    Ok(())
+    st.manager
+        .webhooks()
+        .check_destination(&u)
+        .await
+        .map_err(ApiError::bad_request)
 }
 
 fn random_secret() -> String {
@@ -100,7 +104,7 @@ async fn find(st: &super::AppState, team: &str, id: &str) -> ApiResult<WebhookRe
 pub async fn create(State(st): St, Extension(c): Who, body: Bytes) -> ApiResult<Response> {
     let b: NewWebhook =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
-    check_url(&b.url)?;
+    check_url(&st, &b.url).await?;
     let events = b.events.unwrap_or_default();
     if let Some(bad) = events
         .iter()

@@ -177,6 +177,21 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (sandbox_id, ts)
     ) WITHOUT ROWID;
     ",
+    // 8: answers of creates made with an Idempotency-Key (crates/server/src/api/idempotency.rs),
+    // so a create retried after a restart returns the same sandbox.
+    "
+    CREATE TABLE idempotency (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        status INTEGER NOT NULL,
+        content_type TEXT,
+        body BLOB NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX idempotency_created ON idempotency(created_at);
+    ",
 ];
 
 /// Schema version this kiln writes.

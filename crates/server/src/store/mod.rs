@@ -7,6 +7,7 @@
 //! manager's in-memory registry is a cache of it that [`crate::manager::Manager::recover`]
 //! rebuilds.
 
+mod idempotency_sql;
 mod migrations;
 mod obs_sql;
 mod records;
@@ -131,4 +132,15 @@ pub trait StateStore: Send + Sync + 'static {
     async fn get_team(&self, name: &str) -> Result<Option<TeamRecord>>;
     /// Teams with quotas of their own, by name.
     async fn list_teams(&self) -> Result<Vec<TeamRecord>>;
+
+    // ---- idempotency keys ----
+    /// Records the answer of a create made with an idempotency key.
+    async fn put_idempotent(&self, a: &IdempotentAnswer) -> Result<()>;
+    /// The answer recorded for `scope` and `key` at or after `since_ms` (older ones go).
+    async fn get_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        since_ms: i64,
+    ) -> Result<Option<IdempotentAnswer>>;
 }

@@ -278,3 +278,17 @@ pub const LIFECYCLE_KINDS: &[&str] = &[
     "died",
     "network-policy-changed",
 ];
+
+/// The answer of a create made with an `Idempotency-Key` (see `api::idempotency`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotentAnswer {
+    /// The team and route the key belongs to.
+    pub scope: String,
+    pub key: String,
+    /// SHA-256 of the request body (hex).
+    pub fingerprint: String,
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+    pub created_at_ms: i64,
+}

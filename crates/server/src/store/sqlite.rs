@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{migrations, obs_sql};
+use super::{idempotency_sql, migrations, obs_sql, IdempotentAnswer};
 use super::{
     now_ms, teams, Attempt, DeliveryRecord, Event, EventQuery, KeyRecord, PauseMode, Result,
     SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoreError, StoredEvent, TeamRecord,
@@ -583,6 +583,22 @@ impl StateStore for SqliteStore {
 
     async fn list_teams(&self) -> Result<Vec<TeamRecord>> {
         self.with(teams::list).await
+    }
+
+    async fn put_idempotent(&self, a: &IdempotentAnswer) -> Result<()> {
+        let a = a.clone();
+        self.with(move |c| idempotency_sql::put(c, &a)).await
+    }
+
+    async fn get_idempotent(
+        &self,
+        s: &str,
+        k: &str,
+        since: i64,
+    ) -> Result<Option<IdempotentAnswer>> {
+        let (s, k) = (s.to_string(), k.to_string());
+        self.with(move |c| idempotency_sql::get(c, &s, &k, since))
+            .await
     }
 }
 

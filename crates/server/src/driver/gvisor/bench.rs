@@ -29,6 +29,9 @@ pub struct CreateBenchOptions {
     pub old_runsc: Option<std::path::PathBuf>,
     /// Rounds of the in-sandbox workload per variant (0: skip the workload part).
     pub workload_rounds: usize,
+    /// Disk quota of the bench's sandboxes, MiB (0: no quota, the writable layer on the host's
+    /// filesystem), as `kiln serve --disk-mb`.
+    pub disk_mb: u32,
 }
 
 /// p50/p99 of a sample set, milliseconds.
@@ -267,7 +270,11 @@ pub async fn create_bench(
     }
     let runsc = gcfg.runsc.clone();
     let driver = Arc::new(GvisorDriver::new(gcfg).map_err(|e| e.to_string())?);
-    let manager = Manager::new(LifecycleConfig::default(), store, driver, templates);
+    let lifecycle = LifecycleConfig {
+        default_disk_mb: opts.disk_mb,
+        ..LifecycleConfig::default()
+    };
+    let manager = Manager::new(lifecycle, store, driver, templates);
 
     let raw = |what: EchoCommand, i: usize| {
         let (r, w, t, p) = (

@@ -43,7 +43,7 @@ impl GvisorDriver {
                 .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
         }
         if quota {
-            disk::create(&dir, spec.disk_mb).await?;
+            self.disks.create(&dir, spec.disk_mb).await?;
         }
         let template = [spec.rootfs.clone()];
         let lowers = lowers.unwrap_or(&template);

@@ -30,6 +30,7 @@ mod checkpoint;
 mod console;
 mod container;
 mod disk;
+mod disk_pool;
 mod forward;
 mod generation;
 mod layout;
@@ -37,6 +38,7 @@ mod mounts;
 pub mod net_config;
 pub mod network;
 mod oci;
+mod pressure;
 mod proto;
 mod reap;
 mod runsc;
@@ -146,6 +148,10 @@ pub struct GvisorDriver {
     holds: generation::Holds,
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
     slack: Option<slack::SentrySlack>,
+    /// Host-side pressure of each sandbox (the fork-bomb backstop).
+    pressure: pressure::HostPressure,
+    /// Formatted disk images ready for creates.
+    disks: std::sync::Arc<disk_pool::DiskPool>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -209,6 +215,7 @@ impl GvisorDriver {
             .clone()
             .map(|n| network::Network::new(n, cfg.dir.join("sandboxes")));
         let slack = cfg.timer_slack.map(slack::SentrySlack::new);
+        let cfg_dir = cfg.dir.clone();
         Ok(Self {
             cfg,
             runsc,
@@ -218,6 +225,8 @@ impl GvisorDriver {
             holds: Default::default(),
             syscalls: Default::default(),
             slack,
+            pressure: Default::default(),
+            disks: std::sync::Arc::new(disk_pool::DiskPool::new(cfg_dir.join("disk-pool"))),
         })
     }
 
@@ -516,18 +525,19 @@ impl Driver for GvisorDriver {
     }
 
     async fn housekeep(&self, ids: &[String]) {
+        // Keyed by container: a resumed sandbox runs new host tasks under its next id.
+        let cids: Vec<String> = ids.iter().map(|id| self.cid(id)).collect();
         if let Some(s) = &self.slack {
-            // Keyed by container: a resumed sandbox runs new host tasks under its next id.
-            let cids: Vec<String> = ids.iter().map(|id| self.cid(id)).collect();
             s.housekeep(&cids);
         }
+        self.pressure.retain(&cids);
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
             let cid = self.cid(id);
-            if let Some(near) = oci::host_pressure(&cid) {
-                // The agent kills its biggest command (kiln_agent::limits).
+            if let Some(near) = self.pressure.check(&cid) {
+                // The agent kills its biggest command, by process group (kiln_agent::relief).
                 tracing::warn!(sandbox = %id, "host limits near ({near}): relieving");
-                if let Err(e) = self.runsc.output(&["kill", &cid, "WINCH"]).await {
+                if let Err(e) = self.runsc.output(&["kill", &cid, "URG"]).await {
                     tracing::warn!(sandbox = %id, error = %e, "sending the host-pressure signal");
                 }
             }
@@ -539,6 +549,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn shutdown(&self) {
+        self.disks.clear();
         self.shutdown_network().await;
     }
 

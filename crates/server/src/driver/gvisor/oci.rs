@@ -24,31 +24,34 @@ const CAPS: &[&str] = &[
     "CAP_AUDIT_WRITE",
 ];
 
-/// The host cgroup's memory limit for a sandbox of `memory_mb`: twice the sandbox's size plus
-/// 128 MiB for the sentry itself, so that the agent's in-sandbox OOM killer (which kills the
-/// biggest process once the sandbox uses `memory_mb`) acts before the host's OOM killer would
-/// take the whole sandbox. The second `memory_mb` covers what the sandbox's own accounting
-/// does not see: the platform's per-process host cost (measured ≈2 MiB per process with
-/// systrap), which the agent bounds by allowing a command at most `memory_mb / 2` processes.
+/// The host cgroup's memory limit for a sandbox of `memory_mb`: three times the sandbox's size
+/// plus 256 MiB for the sentry itself, so that the agent's in-sandbox OOM killer (which kills
+/// the biggest process once the sandbox uses `memory_mb`) acts before the host's OOM killer
+/// would take the whole sandbox. The sandbox's own accounting does not see two costs the
+/// extra sizes cover: the platform's per-process host cost (measured ≈2 MiB per live process
+/// with systrap, bounded by the agent allowing a command at most `memory_mb / 2` processes),
+/// and the platform's stub processes that process churn leaves pooled until the sandbox ends
+/// (≈128 KiB each; a fork bomb adds ≈100 a second until it is killed, see `pressure.rs`).
 pub fn host_memory_limit(memory_mb: u32) -> u64 {
     let mb = u64::from(memory_mb);
-    (2 * mb + 128) << 20
+    (3 * mb + 256) << 20
 }
 
 /// The host cgroup's pids limit for a sandbox of `pids` processes. Under gVisor the host
 /// cgroup counts the sentry's threads and the platform's stub processes, not the sandbox's
 /// processes (those the sentry limits itself, see the agent's per-command cgroups), and a
-/// sentry that reaches the host limit dies with everything in it: leave it room.
+/// sentry that reaches the host limit dies with everything in it: leave it room, also for the
+/// stubs a fork bomb's churn piles up before it is killed (see `pressure.rs`).
 pub fn host_pids_limit(pids: u32) -> i64 {
-    i64::from(pids.max(16)) * 8 + 512
+    i64::from(pids.max(16)) * 16 + 1024
 }
 
 /// The sandbox memory size (bytes) whose [`host_memory_limit`] is `host` (bytes), or `host`
 /// itself when it is not one of ours.
 pub fn sandbox_memory(host: u64) -> u64 {
-    let mb = (host >> 20).saturating_sub(128) / 2;
+    let mb = (host >> 20).saturating_sub(256) / 3;
     match u32::try_from(mb) {
-        Ok(m) if host_memory_limit(m) == host => mb << 20,
+        Ok(m) if m > 0 && host_memory_limit(m) == host => mb << 20,
         _ => host,
     }
 }
@@ -100,42 +103,6 @@ pub fn cgroup_file_cache(id: &str) -> Option<u64> {
             "shmem",
         )
     })
-}
-
-/// Whether sandbox `id`'s host cgroup nears its limits: tasks at 75 % of `pids.max`, or
-/// memory at 85 % of its limit. A fork bomb gets there although its processes are capped
-/// inside: each fork and exit costs the sentry host tasks and memory (systrap stubs) that the
-/// sandbox's accounting does not see, and its churn makes them pile up until the sentry dies at
-/// the host limit. Returns what is near, for the log.
-pub fn host_pressure(id: &str) -> Option<String> {
-    let read = |paths: &[String]| {
-        paths
-            .iter()
-            .filter_map(|p| std::fs::read_to_string(p).ok())
-            .find_map(|v| v.trim().parse::<u64>().ok())
-    };
-    let cg = |ctrl: &str, v1: &str, v2: &str| {
-        [
-            format!("/sys/fs/cgroup/{ctrl}/kiln/{id}/{v1}"),
-            format!("/sys/fs/cgroup/kiln/{id}/{v2}"),
-            format!("/sys/fs/cgroup/unified/kiln/{id}/{v2}"),
-        ]
-    };
-    let pids = read(&cg("pids", "pids.current", "pids.current"));
-    let pids_max = read(&cg("pids", "pids.max", "pids.max"));
-    if let (Some(n), Some(max)) = (pids, pids_max) {
-        if max > 0 && n * 4 >= max * 3 {
-            return Some(format!("{n} of {max} host tasks"));
-        }
-    }
-    let mem = read(&cg("memory", "memory.usage_in_bytes", "memory.current"));
-    let mem_max = cgroup_memory_limit(id);
-    if let (Some(m), Some(max)) = (mem, mem_max) {
-        if max > 0 && m / 20 * 20 >= max / 20 * 17 {
-            return Some(format!("{} of {} MiB host memory", m >> 20, max >> 20));
-        }
-    }
-    None
 }
 
 /// The OCI runtime spec of one sandbox.
@@ -281,10 +248,10 @@ mod tests {
         assert_eq!(v["process"]["args"][2], "/run/kiln/agent.sock");
         assert_eq!(
             v["linux"]["resources"]["memory"]["limit"],
-            (2 * 256u64 + 128) << 20
+            (3 * 256u64 + 256) << 20
         );
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
-        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300 * 8 + 512);
+        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300 * 16 + 1024);
         assert_eq!(v["linux"]["cgroupsPath"], "/kiln/sbx1");
         assert_eq!(v["root"]["path"], "/s/rootfs");
         let env: Vec<&str> = v["process"]["env"]

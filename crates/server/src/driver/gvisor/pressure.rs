@@ -1,0 +1,138 @@
+//! The server's backstop against a sandbox's runtime reaching its host cgroup limits.
+//!
+//! Measured (runsc 0.0~20240729, systrap): every address space a sandbox creates gets a host
+//! stub process, and released stubs go to a pool that is never shrunk while the sandbox runs.
+//! A fork bomb held at its in-sandbox process cap keeps replacing its processes, and the pool
+//! grows by ≈100 host tasks a second (≈128 KiB of host memory each once idle, ≈360 KiB while
+//! the churn goes on) until the host cgroup's pids or memory limit kills the sentry. The
+//! agent's fork-bomb detector kills such a command inside; this backstop tells the agent
+//! (`SIGWINCH`, see `kiln_agent::limits::HOST_PRESSURE_SIGNAL`) to kill its biggest command
+//! as soon as the host side passes a quarter of its task limit or 70 % of its memory limit,
+//! and again each time either climbs a further 5 % (a starved agent may miss the first). Only
+//! new highs count: the stub pool stays after the kill, and commands run after it must not be
+//! taken for the culprit.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+/// When a sandbox's host side first counts as under pressure: this fraction of `pids.max`.
+const PIDS_START: (u64, u64) = (1, 4);
+/// Signal again after a further climb of this fraction of the limit.
+const PIDS_STEP: (u64, u64) = (1, 20);
+/// Memory use (fraction of the host limit) from which a sandbox counts as under pressure.
+const MEMORY_HIGH: (u64, u64) = (7, 10);
+
+/// The highest host task count and memory use each sandbox was signalled at.
+#[derive(Default)]
+pub struct HostPressure {
+    highs: Mutex<HashMap<(String, &'static str), u64>>,
+}
+
+fn read_u64(paths: &[String]) -> Option<u64> {
+    paths
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|v| v.trim().parse::<u64>().ok())
+}
+
+fn cgroup_file(id: &str, ctrl: &str, v1: &str, v2: &str) -> [String; 3] {
+    [
+        format!("/sys/fs/cgroup/{ctrl}/kiln/{id}/{v1}"),
+        format!("/sys/fs/cgroup/kiln/{id}/{v2}"),
+        format!("/sys/fs/cgroup/unified/kiln/{id}/{v2}"),
+    ]
+}
+
+impl HostPressure {
+    /// Forgets sandboxes not in `running`.
+    pub fn retain(&self, running: &[String]) {
+        let keep: HashSet<&str> = running.iter().map(String::as_str).collect();
+        self.lock().retain(|(id, _), _| keep.contains(id.as_str()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, &'static str), u64>> {
+        self.highs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether sandbox `id` should be relieved now, and why (for the log).
+    pub fn check(&self, id: &str) -> Option<String> {
+        let pids = read_u64(&cgroup_file(id, "pids", "pids.current", "pids.current"));
+        let pids_max = read_u64(&cgroup_file(id, "pids", "pids.max", "pids.max"));
+        if let (Some(n), Some(max)) = (pids, pids_max) {
+            if self.climbed(id, "pids", n, max, PIDS_START) {
+                return Some(format!("{n} of {max} host tasks"));
+            }
+        }
+        let mem = read_u64(&cgroup_file(
+            id,
+            "memory",
+            "memory.usage_in_bytes",
+            "memory.current",
+        ));
+        let mem_max = super::oci::cgroup_memory_limit(id);
+        match (mem, mem_max) {
+            (Some(m), Some(max)) if self.climbed(id, "memory", m, max, MEMORY_HIGH) => {
+                Some(format!("{} of {} MiB host memory", m >> 20, max >> 20))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `n` of `max` is past `start` and a new high (by a step) of `what`.
+    fn climbed(&self, id: &str, what: &'static str, n: u64, max: u64, start: (u64, u64)) -> bool {
+        if max == 0 || !over(n, max, start) {
+            return false;
+        }
+        let mut highs = self.lock();
+        let step = max / PIDS_STEP.1 * PIDS_STEP.0;
+        let k = (id.to_string(), what);
+        match highs.get(&k) {
+            Some(&high) if n < high + step => false,
+            _ => {
+                highs.insert(k, n);
+                true
+            }
+        }
+    }
+}
+
+/// `v >= max * num / den`.
+fn over(v: u64, max: u64, (num, den): (u64, u64)) -> bool {
+    u128::from(v) * u128::from(den) >= u128::from(max) * u128::from(num)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_from_a_quarter_then_on_each_step_up() {
+        let p = HostPressure::default();
+        let pids = |p: &HostPressure, id: &str, n| p.climbed(id, "pids", n, 2112, PIDS_START);
+        assert!(!pids(&p, "a", 500), "under a quarter");
+        assert!(pids(&p, "a", 528), "a quarter");
+        assert!(!pids(&p, "a", 600), "less than a step higher");
+        assert!(pids(&p, "a", 634), "a step higher");
+        assert!(!pids(&p, "a", 634), "no climb");
+        // A pool that stays up after the kill does not signal again until it climbs.
+        assert!(!pids(&p, "a", 700));
+        assert!(pids(&p, "b", 1000), "per sandbox");
+        p.retain(&["b".to_string()]);
+        assert!(pids(&p, "a", 634), "forgotten once gone");
+        assert!(!p.climbed("z", "pids", 1, 0, PIDS_START));
+    }
+
+    #[test]
+    fn memory_signals_from_70_percent_on_new_highs_only() {
+        let p = HostPressure::default();
+        let mem = |p: &HostPressure, n| p.climbed("a", "memory", n, 1000, MEMORY_HIGH);
+        assert!(!mem(&p, 699));
+        assert!(mem(&p, 700));
+        // Memory that stays high (the stub pool after a kill) does not signal again.
+        assert!(!mem(&p, 720));
+        assert!(!mem(&p, 700));
+        assert!(mem(&p, 750));
+        // Pids and memory are tracked apart.
+        assert!(p.climbed("a", "pids", 600, 2112, PIDS_START));
+    }
+}
