@@ -11,6 +11,7 @@ mod idempotency_sql;
 mod migrations;
 mod obs_sql;
 mod records;
+mod rows;
 mod sqlite;
 mod teams;
 
