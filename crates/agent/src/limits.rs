@@ -199,53 +199,6 @@ pub fn cgroup_procs_of(pid: i32) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// The command cgroup with the most processes, and their number.
-fn largest_command() -> Option<(PathBuf, usize)> {
-    std::fs::read_dir(PIDS_ROOT)
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("kiln-cmd-"))
-        .map(|e| {
-            let n = members(&e.path()).len();
-            (e.path(), n)
-        })
-        .filter(|(_, n)| *n > 0)
-        .max_by_key(|(_, n)| *n)
-}
-
-/// The server's host-pressure signal: the sandbox's host side (the sentry's tasks and the
-/// platform's per-process stubs, which the sandbox's own accounting does not see) nears its
-/// host limits, as a fork bomb's churn drives it. Kills the command with the most processes,
-/// all of it, and says so on the console, as [`oom_pass`] does for memory. SIGWINCH: ignored
-/// by default, so an agent without the handler (an older template) is not killed by it
-/// (SIGPWR, tried first, ended the whole sandbox).
-pub const HOST_PRESSURE_SIGNAL: i32 = libc::SIGWINCH;
-
-/// Handles [`HOST_PRESSURE_SIGNAL`] (PID 1). Never returns.
-pub async fn host_pressure_watch() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut s) = signal(SignalKind::from_raw(HOST_PRESSURE_SIGNAL)) else {
-        tracing::warn!("no handler for the host-pressure signal");
-        return std::future::pending().await;
-    };
-    while s.recv().await.is_some() {
-        let _ = tokio::task::spawn_blocking(relieve_host_pressure).await;
-    }
-    std::future::pending().await
-}
-
-/// Kills the command with the most processes (see [`HOST_PRESSURE_SIGNAL`]).
-pub fn relieve_host_pressure() {
-    let Some((dir, n)) = largest_command() else {
-        return;
-    };
-    kill_cgroup(&dir);
-    eprintln!(
-        "kiln-agent: Host limit near: killed command {} ({n} processes)",
-        dir.file_name().unwrap_or_default().to_string_lossy()
-    );
-}
-
 /// The window over which a command's process turnover is judged.
 const CHURN_WINDOW: Duration = Duration::from_secs(2);
 

@@ -207,7 +207,6 @@ fn main() {
     let code = rt.block_on(async move {
         tokio::spawn(kiln_agent::reaper::run());
         if pid1 {
-            tokio::spawn(kiln_agent::limits::host_pressure_watch());
             tokio::spawn(kiln_agent::relief::watch());
         }
         let agent = Agent::new();

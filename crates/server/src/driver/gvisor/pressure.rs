@@ -6,7 +6,7 @@
 //! grows by ≈100 host tasks a second (≈128 KiB of host memory each once idle, ≈360 KiB while
 //! the churn goes on) until the host cgroup's pids or memory limit kills the sentry. The
 //! agent's fork-bomb detector kills such a command inside; this backstop tells the agent
-//! (`SIGWINCH`, see `kiln_agent::limits::HOST_PRESSURE_SIGNAL`) to kill its biggest command
+//! (`SIGURG`, see `kiln_agent::relief`) to kill its biggest command
 //! as soon as the host side passes a quarter of its task limit or 70 % of its memory limit,
 //! and again each time either climbs a further 5 % (a starved agent may miss the first). Only
 //! new highs count: the stub pool stays after the kill, and commands run after it must not be
