@@ -23,11 +23,11 @@ pub struct Args {
     /// Sequential creates from the warm pool.
     #[arg(long, default_value_t = 20)]
     pool_creates: usize,
-    /// gVisor platform.
-    #[arg(long, env = "KILN_PLATFORM", default_value = "ptrace")]
-    platform: String,
-    /// runsc binary (default: runsc on PATH).
-    #[arg(long, env = "KILN_RUNSC")]
+    /// gVisor platform (default: the fastest that works, as `kiln serve`).
+    #[arg(long, env = "KILN_PLATFORM")]
+    platform: Option<String>,
+    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
     runsc: Option<PathBuf>,
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
@@ -36,13 +36,14 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let store = kiln_template::Store::open_default().context("opening the template store")?;
+    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform)?;
     let opts = LifecycleBenchOptions {
         template: a.template,
         rounds: a.rounds.max(1),
         fork_rounds: a.fork_rounds.max(1),
         pool_creates: a.pool_creates.max(1),
-        platform: a.platform,
-        runsc: a.runsc,
+        platform,
+        runsc: Some(runsc),
         work_dir: a
             .work_dir
             .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench")),

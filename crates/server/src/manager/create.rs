@@ -69,18 +69,30 @@ impl Manager {
             .unwrap_or(&p.template_id)
             .to_string();
         let tpl = self.lookup_template(&name).await?;
-        let _ = self
-            .store
-            .upsert_template(&TemplateRecord {
-                name: tpl.name.clone(),
-                key: tpl.key.clone(),
-                built_at_ms: tpl.built_at_unix as i64 * 1000,
-                size_bytes: tpl.size_bytes,
-                spawn_count: 0,
-                last_spawned_ms: None,
-                image: tpl.image.as_ref().map(|p| p.display().to_string()),
-            })
-            .await;
+        // Recorded once per template version this server creates from (not on every create).
+        let version = (tpl.name.clone(), tpl.key.clone());
+        let recorded = || {
+            self.recorded_templates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        };
+        if !recorded().contains(&version) {
+            let upserted = self
+                .store
+                .upsert_template(&TemplateRecord {
+                    name: tpl.name.clone(),
+                    key: tpl.key.clone(),
+                    built_at_ms: tpl.built_at_unix as i64 * 1000,
+                    size_bytes: tpl.size_bytes,
+                    spawn_count: 0,
+                    last_spawned_ms: None,
+                    image: tpl.image.as_ref().map(|p| p.display().to_string()),
+                })
+                .await;
+            if upserted.is_ok() {
+                recorded().insert(version);
+            }
+        }
 
         // Syscall auditing starts with the sandbox: never from a warm pool.
         let syscalls = self.audit().enabled()
@@ -119,14 +131,18 @@ impl Manager {
         self.store.insert_sandbox(&record).await?;
         let mut spec = self.spec_for(&id, &tpl);
         spec.syscall_audit = syscalls;
-        let booted = match self.boots.acquire().await {
-            Ok(_permit) => {
-                self.boot(&spec, &record, &tpl, pooled.is_some(), p.network.as_ref())
-                    .await
+        // A pooled sandbox is already booted: giving it its identity is not CPU-bound work, and
+        // must not queue behind boots (the pool's own refills hold permits for a whole boot).
+        let network = p.network.as_ref();
+        let booted = if pooled.is_some() {
+            self.boot(&spec, &record, &tpl, true, network).await
+        } else {
+            match self.boots.acquire().await {
+                Ok(_permit) => self.boot(&spec, &record, &tpl, false, network).await,
+                Err(_) => Err(Error::Unavailable(
+                    "the sandbox manager is shutting down".into(),
+                )),
             }
-            Err(_) => Err(Error::Unavailable(
-                "the sandbox manager is shutting down".into(),
-            )),
         };
         let phases = match booted {
             Ok(p) => p,
@@ -144,11 +160,9 @@ impl Manager {
         record.state = SandboxState::Running;
         // The clock starts when the sandbox is usable.
         record.end_at_ms = now_ms() + (timeout as i64) * 1000;
-        self.store.set_end_at(&id, record.end_at_ms).await?;
         self.store
-            .set_state(&id, SandboxState::Running, None)
+            .set_running(&id, record.end_at_ms, &tpl.name)
             .await?;
-        let _ = self.store.template_spawned(&tpl.name).await;
         self.registry.insert(record.clone());
         self.event(
             &id,

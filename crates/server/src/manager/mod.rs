@@ -157,6 +157,8 @@ pub struct Manager {
     /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
     /// than CPUs only makes every one of them slower.
     boots: tokio::sync::Semaphore,
+    /// Template versions (name, key) already recorded in the store by this server.
+    recorded_templates: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
     lifecycle_lock: tokio::sync::Mutex<()>,
     pools: pool::Pools,
@@ -225,6 +227,7 @@ impl Manager {
                     .unwrap_or(2)
                     .max(2),
             ),
+            recorded_templates: Default::default(),
             lifecycle_lock: tokio::sync::Mutex::new(()),
             pools: pool::Pools::default(),
             telemetry,

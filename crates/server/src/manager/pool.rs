@@ -12,6 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::Manager;
+
+/// After a take, the refiller waits for this long without another take before booting
+/// replacements: a burst of creates finishes giving the pooled sandboxes their identity first,
+/// instead of sharing the CPU with boots beside it.
+const REFILL_QUIET: Duration = Duration::from_millis(50);
+/// ... but never longer than this after the first take.
+const REFILL_QUIET_MAX: Duration = Duration::from_millis(250);
 use crate::driver::SandboxSpec;
 use crate::error::{Error, Result};
 
@@ -139,7 +146,17 @@ impl Manager {
                 } else {
                     Duration::from_secs(1)
                 };
-                let _ = tokio::time::timeout(wait, me.pools.taken.notified()).await;
+                if tokio::time::timeout(wait, me.pools.taken.notified())
+                    .await
+                    .is_ok()
+                {
+                    let until = tokio::time::Instant::now() + REFILL_QUIET_MAX;
+                    while tokio::time::Instant::now() < until
+                        && tokio::time::timeout(REFILL_QUIET, me.pools.taken.notified())
+                            .await
+                            .is_ok()
+                    {}
+                }
             }
         }))
     }

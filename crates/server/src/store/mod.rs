@@ -66,6 +66,9 @@ pub trait StateStore: Send + Sync + 'static {
     /// Marks a sandbox paused, recording what its pause saved.
     async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()>;
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()>;
+    /// A created sandbox became usable: running until `end_at_ms`, and one more spawn of
+    /// `template` (one write, where a create used to make three).
+    async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()>;
     /// Ids of running sandboxes whose end time is at or before `now_ms`.
     async fn expired(&self, now_ms: i64) -> Result<Vec<String>>;
 

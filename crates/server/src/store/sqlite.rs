@@ -197,6 +197,25 @@ impl StateStore for SqliteStore {
         .await
     }
 
+    async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()> {
+        let (id, template) = (id.to_string(), template.to_string());
+        self.with_mut(move |c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE sandboxes SET state = 'running', end_at = ?2 WHERE id = ?1",
+                params![id, end_at_ms],
+            )?;
+            tx.execute(
+                "UPDATE templates SET spawn_count = spawn_count + 1, last_spawned = ?2
+                 WHERE name = ?1",
+                params![template, now_ms()],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn expired(&self, now: i64) -> Result<Vec<String>> {
         self.with(move |c| {
             let mut stmt = c.prepare(
