@@ -127,7 +127,6 @@ pub trait StateStore: Send + Sync + 'static {
     // ---- templates ----
     /// Records a template (keeps its spawn counters when it exists).
     async fn upsert_template(&self, t: &TemplateRecord) -> Result<()>;
-    async fn template_spawned(&self, name: &str) -> Result<()>;
     async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>>;
 
     // ---- teams ----

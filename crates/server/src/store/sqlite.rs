@@ -476,19 +476,6 @@ impl StateStore for SqliteStore {
         .await
     }
 
-    async fn template_spawned(&self, name: &str) -> Result<()> {
-        let name = name.to_string();
-        self.with(move |c| {
-            c.execute(
-                "UPDATE templates SET spawn_count = spawn_count + 1, last_spawned = ?2
-                 WHERE name = ?1",
-                params![name, now_ms()],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
     async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>> {
         let name = name.to_string();
         self.with(move |c| {

@@ -172,7 +172,12 @@ async fn keys_and_templates() {
         image: Some("/t/rootfs.ext4".into()),
     };
     s.upsert_template(&t).await.unwrap();
-    s.template_spawned("base").await.unwrap();
+    s.insert_sandbox(&sample("from-base", SandboxState::Starting))
+        .await
+        .unwrap();
+    s.set_running("from-base", 4242, "base").await.unwrap();
+    let sbx = s.get_sandbox("from-base").await.unwrap().unwrap();
+    assert_eq!((sbx.state, sbx.end_at_ms), (SandboxState::Running, 4242));
     s.upsert_template(&t).await.unwrap(); // re-upsert keeps the counters
     let got = s.get_template("base").await.unwrap().unwrap();
     assert_eq!(got.spawn_count, 1);
