@@ -262,6 +262,19 @@ def server():
 
 
 @pytest.fixture
+def state_dir():
+    """A fresh state dir for a test's own `kiln serve` (one that restarts it, say); whatever the
+    servers left in it is removed afterwards."""
+    base = tempfile.mkdtemp(prefix="kiln-own-")
+    state = os.path.join(base, "state")
+    try:
+        yield state
+    finally:
+        cleanup_state(state)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
 def sandbox(server):
     """A fresh sandbox from the base template, killed after the test."""
     from e2b import Sandbox

@@ -3,23 +3,9 @@ same state directory gets the first answer (the same sandbox, `Idempotent-Replay
 second sandbox starts, and the key with another body is still refused (422)."""
 
 import os
-import shutil
-import tempfile
-
-import pytest
-
-from .conftest import KilnServer, cleanup_state
 
 
-@pytest.fixture
-def state_dir():
-    base = tempfile.mkdtemp(prefix="kiln-idem-")
-    state = os.path.join(base, "state")
-    try:
-        yield state
-    finally:
-        cleanup_state(state)
-        shutil.rmtree(base, ignore_errors=True)
+from .conftest import KilnServer
 
 
 def test_a_create_retried_after_a_restart_returns_the_same_sandbox(state_dir):

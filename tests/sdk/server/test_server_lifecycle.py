@@ -4,14 +4,12 @@ paused; a filesystem-only pause keeps the files; autoPause pauses at timeout and
 sandbox resumes it."""
 
 import os
-import shutil
-import tempfile
 import time
 
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
-from .conftest import KilnServer, cleanup_state, mounts_under, runsc_processes_for
+from .conftest import KilnServer, mounts_under, runsc_processes_for
 
 COUNTER = "bash -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done'"
 
@@ -31,17 +29,6 @@ def paused_ids(opts) -> set:
     while pages.has_next:
         ids.update(s.sandbox_id for s in pages.next_items())
     return ids
-
-
-@pytest.fixture
-def state_dir():
-    base = tempfile.mkdtemp(prefix="kiln-life-")
-    state = os.path.join(base, "state")
-    try:
-        yield state
-    finally:
-        cleanup_state(state)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_pause_connect_across_a_restart(state_dir, server):

@@ -3,26 +3,12 @@ again and keep working; sandboxes that died meanwhile are reported gone and clea
 runsc process, overlay mount or sandbox directory is orphaned."""
 
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 
-import pytest
 from e2b import Sandbox
 
-from .conftest import KilnServer, cleanup_state, mounts_under, runsc_processes_for
-
-
-@pytest.fixture
-def state_dir():
-    base = tempfile.mkdtemp(prefix="kiln-restart-")
-    state = os.path.join(base, "state")
-    try:
-        yield state
-    finally:
-        cleanup_state(state)
-        shutil.rmtree(base, ignore_errors=True)
+from .conftest import KilnServer, mounts_under, runsc_processes_for
 
 
 def test_kill9_restart_adopts_running_and_cleans_dead(state_dir, server):
