@@ -31,13 +31,8 @@ async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_and_sampler_never_judge_a_sandbox_mid_lifecycle_dead() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = common::template_manager(state.path(), tpl.path(), driver.clone());
+    let rig = common::Rig::new(common::template_config());
+    let (state, cleanup, m) = (&rig.state, &rig.cleanup, &rig.manager);
     let sbx = m
         .create(CreateParams {
             template_id: "t".into(),
@@ -48,7 +43,7 @@ async fn watcher_and_sampler_never_judge_a_sandbox_mid_lifecycle_dead() {
         .await
         .expect("create");
     cleanup.add(&sbx.id);
-    sh(&m, &sbx.id, "echo kept > /home/user/f").await;
+    sh(m, &sbx.id, "echo kept > /home/user/f").await;
     eprintln!("parent {}", sbx.id);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -81,10 +76,10 @@ async fn watcher_and_sampler_never_judge_a_sandbox_mid_lifecycle_dead() {
         for c in children {
             let c = c.expect("child");
             cleanup.add(&c.id);
-            assert_eq!(sh(&m, &c.id, "cat /home/user/f").await, "kept");
+            assert_eq!(sh(m, &c.id, "cat /home/user/f").await, "kept");
             assert!(m.kill(&c.id, "test").await.unwrap());
         }
-        assert_eq!(sh(&m, &sbx.id, "cat /home/user/f").await, "kept");
+        assert_eq!(sh(m, &sbx.id, "cat /home/user/f").await, "kept");
     }
 
     stop.store(true, Ordering::SeqCst);

@@ -32,25 +32,15 @@ async fn sample_now(m: &Manager, id: &str) -> MetricSample {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mem_cache_rises_when_a_big_file_is_written() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            metrics_interval: Duration::from_millis(100),
-            default_memory_mb: 512,
-            ..LifecycleConfig::default()
-        },
-    );
+    let rig = common::Rig::new(LifecycleConfig {
+        metrics_interval: Duration::from_millis(100),
+        default_memory_mb: 512,
+        ..LifecycleConfig::default()
+    });
+    let (cleanup, m) = (&rig.cleanup, &rig.manager);
     let a = m.create(params()).await.expect("create");
     cleanup.add(&a.id);
-    let before = sample_now(&m, &a.id).await;
+    let before = sample_now(m, &a.id).await;
     let out = m
         .agent(&a.id, a.envd_token.clone())
         .run(
@@ -60,7 +50,7 @@ async fn mem_cache_rises_when_a_big_file_is_written() {
         .await
         .expect("write a big file");
     assert_eq!(out.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
-    let after = sample_now(&m, &a.id).await;
+    let after = sample_now(m, &a.id).await;
     eprintln!(
         "memCache before {} MiB, after {} MiB; meminfo:\n{}",
         before.mem_cache >> 20,
@@ -83,7 +73,7 @@ async fn mem_cache_rises_when_a_big_file_is_written() {
         .await
         .expect("rm");
     assert_eq!(out.exit_code, 0);
-    let freed = sample_now(&m, &a.id).await;
+    let freed = sample_now(m, &a.id).await;
     assert!(
         freed.mem_cache + (160 << 20) <= after.mem_cache,
         "memCache stayed at {} after the file was deleted",

@@ -236,11 +236,7 @@ pub fn manager(
 /// A manager with one template, `t`, made of the rootfs `tpl`: 256 MiB sandboxes, reaped every
 /// 50 ms (the lifecycle tests' setting).
 pub fn template_manager(state: &Path, tpl: &Path, driver: Arc<dyn Driver>) -> Arc<Manager> {
-    let cfg = LifecycleConfig {
-        reap_interval: std::time::Duration::from_millis(50),
-        default_memory_mb: 256,
-        ..LifecycleConfig::default()
-    };
+    let cfg = template_config();
     manager(
         state,
         driver,
@@ -249,6 +245,15 @@ pub fn template_manager(state: &Path, tpl: &Path, driver: Arc<dyn Driver>) -> Ar
         ])),
         cfg,
     )
+}
+
+/// The lifecycle tests' settings: 256 MiB sandboxes, reaped every 50 ms.
+pub fn template_config() -> LifecycleConfig {
+    LifecycleConfig {
+        reap_interval: std::time::Duration::from_millis(50),
+        default_memory_mb: 256,
+        ..LifecycleConfig::default()
+    }
 }
 
 /// The API router over a default manager with no templates, in state dir `state`, with a
