@@ -10,18 +10,11 @@ use std::time::Duration;
 use kiln_envd::RunOptions;
 use kiln_server::driver::{self, DriverError, SandboxSpec};
 
+/// [`common::driver_spec`] with an environment variable from the "template".
 fn spec(id: &str, rootfs: &std::path::Path) -> SandboxSpec {
     SandboxSpec {
-        id: id.into(),
-        template_name: "test".into(),
-        rootfs: rootfs.to_path_buf(),
-        image: None,
         env: BTreeMap::from([("KILN_TEST_ENV".into(), "from-template".into())]),
-        cpu_count: 1,
-        memory_mb: 256,
-        pids_limit: 512,
-        syscall_audit: false,
-        disk_mb: 0,
+        ..common::driver_spec(id, rootfs)
     }
 }
 

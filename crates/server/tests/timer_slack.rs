@@ -4,29 +4,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kiln_envd::RunOptions;
+use kiln_server::driver;
 use kiln_server::driver::gvisor::slack::{host_tasks, slack_of};
-use kiln_server::driver::{self, SandboxSpec};
 
 const SLACK: Duration = Duration::from_millis(7);
-
-fn spec(id: &str, rootfs: &std::path::Path) -> SandboxSpec {
-    SandboxSpec {
-        id: id.into(),
-        template_name: "test".into(),
-        rootfs: rootfs.to_path_buf(),
-        image: None,
-        env: BTreeMap::new(),
-        cpu_count: 1,
-        memory_mb: 256,
-        pids_limit: 512,
-        syscall_audit: false,
-        disk_mb: 0,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn housekeeping_sets_the_timer_slack_of_every_host_task() {
@@ -40,7 +24,10 @@ async fn housekeeping_sets_the_timer_slack_of_every_host_task() {
     let id = format!("slack{}", std::process::id());
     let guard = common::Cleanup::new(driver.clone());
     guard.add(&id);
-    driver.create(&spec(&id, tpl.path())).await.expect("create");
+    driver
+        .create(&common::driver_spec(&id, tpl.path()))
+        .await
+        .expect("create");
     driver.start(&id).await.expect("start");
     let agent = driver::agent_client(&driver, &id);
     agent

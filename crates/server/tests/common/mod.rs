@@ -247,6 +247,23 @@ pub fn template_manager(state: &Path, tpl: &Path, driver: Arc<dyn Driver>) -> Ar
     )
 }
 
+/// A driver-level spec of sandbox `id` on `rootfs`: 1 CPU, 256 MiB, 512 processes, no disk
+/// image, no environment.
+pub fn driver_spec(id: &str, rootfs: &Path) -> kiln_server::driver::SandboxSpec {
+    kiln_server::driver::SandboxSpec {
+        id: id.into(),
+        template_name: "test".into(),
+        rootfs: rootfs.to_path_buf(),
+        image: None,
+        env: std::collections::BTreeMap::new(),
+        cpu_count: 1,
+        memory_mb: 256,
+        pids_limit: 512,
+        syscall_audit: false,
+        disk_mb: 0,
+    }
+}
+
 /// The lifecycle tests' settings: 256 MiB sandboxes, reaped every 50 ms.
 pub fn template_config() -> LifecycleConfig {
     LifecycleConfig {
