@@ -11,28 +11,9 @@ use std::time::Duration;
 use kiln_envd::RunOptions;
 use kiln_server::manager::CreateParams;
 use kiln_server::store::{now_ms, PauseMode, SandboxState};
-use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::{Error, LifecycleConfig, Manager};
 
-use common::template_manager as manager;
-
-/// Runs `cmd` in the sandbox and returns its stdout.
-async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
-    let token = m.get(id).unwrap().envd_token;
-    let out = m
-        .agent(id, token)
-        .run(
-            cmd,
-            RunOptions {
-                timeout: Some(Duration::from_secs(30)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert_eq!(out.exit_code, 0, "{cmd:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use common::sh;
 
 /// The counter's value (read again when caught mid-write).
 async fn count(m: &Manager, id: &str) -> u64 {
@@ -50,15 +31,11 @@ const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_resume_keep_state_across_a_restart() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let store = common::store(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
+    let mut rig = common::Rig::new(common::template_config());
+    let driver = rig.driver.clone();
+    let store = rig.store();
 
-    let m1 = manager(state.path(), tpl.path(), driver.clone());
+    let m1 = rig.manager.clone();
     let mut params = CreateParams {
         template_id: "t".into(),
         timeout_secs: Some(600),
@@ -70,7 +47,7 @@ async fn pause_and_resume_keep_state_across_a_restart() {
         .insert("KEPT".into(), "across-pauses".into());
     let sbx = m1.create(params).await.expect("create");
     let id = sbx.id.clone();
-    cleanup.add(&id);
+    rig.cleanup.add(&id);
     sh(&m1, &id, &format!("bash -c '{COUNTER}' >/dev/null 2>&1 &")).await;
     sh(&m1, &id, "echo kept > /home/user/file").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -94,7 +71,7 @@ async fn pause_and_resume_keep_state_across_a_restart() {
 
     // The server goes away; a new one keeps the sandbox paused.
     drop(m1);
-    let m2 = manager(state.path(), tpl.path(), driver.clone());
+    let m2 = rig.restart();
     let report = m2.recover().await.expect("recover");
     assert_eq!(report.paused, vec![id.clone()]);
     assert!(report.cleaned.is_empty() && report.orphans_removed.is_empty());
@@ -150,20 +127,15 @@ async fn pause_and_resume_keep_state_across_a_restart() {
     // Killing a paused sandbox removes everything.
     m2.pause(&id, true).await.expect("pause again");
     assert!(m2.kill(&id, "test done").await.unwrap());
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
     assert!(driver.list_on_host().await.unwrap().is_empty());
     assert!(common::processes_mentioning(&id).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_pause_at_timeout_then_connect() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = manager(state.path(), tpl.path(), driver.clone());
+    let rig = common::Rig::new(common::template_config());
+    let m = rig.manager.clone();
     let reaper = m.spawn_reaper();
     let sbx = m
         .create(CreateParams {
@@ -176,7 +148,7 @@ async fn auto_pause_at_timeout_then_connect() {
         })
         .await
         .expect("create");
-    cleanup.add(&sbx.id);
+    rig.cleanup.add(&sbx.id);
     sh(&m, &sbx.id, "echo before > /tmp/mark").await;
     let t = std::time::Instant::now();
     while m.get(&sbx.id).unwrap().state != SandboxState::Paused {
@@ -197,13 +169,9 @@ async fn auto_pause_at_timeout_then_connect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_outlive_their_source_and_start_sandboxes() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = manager(state.path(), tpl.path(), driver.clone());
+    let rig = common::Rig::new(common::template_config());
+    let driver = rig.driver.clone();
+    let m = rig.manager.clone();
     let params = |template: &str| {
         let mut p = CreateParams {
             template_id: template.into(),
@@ -215,7 +183,7 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
         p
     };
     let src = m.create(params("t")).await.expect("create");
-    cleanup.add(&src.id);
+    rig.cleanup.add(&src.id);
     sh(
         &m,
         &src.id,
@@ -231,7 +199,7 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
         .expect("snapshot");
     assert!(kiln_server::manager::is_snapshot_id(&snap.id));
     assert!(snap.size_bytes > 0, "disk used is reported");
-    let snap_dir = state.path().join("gvisor/snapshots").join(&snap.id);
+    let snap_dir = rig.path().join("gvisor/snapshots").join(&snap.id);
     assert!(snap_dir.is_dir());
     // The source keeps running, its counter too.
     let c = count(&m, &src.id).await;
@@ -252,9 +220,9 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
         .create(params(&kiln_server::manager::tagged(&snap.id)))
         .await
         .expect("create from snapshot id");
-    cleanup.add(&by_id.id);
+    rig.cleanup.add(&by_id.id);
     let by_name = m.create(params("snap-a")).await.expect("create from name");
-    cleanup.add(&by_name.id);
+    rig.cleanup.add(&by_name.id);
     for s in [&by_id, &by_name] {
         assert_ne!(
             s.envd_token, src.envd_token,
@@ -302,25 +270,20 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
     ));
     // Sandboxes restored from it keep working: its frozen layer stays while they use it.
     assert_eq!(sh(&m, &by_name.id, "cat /home/user/file").await, "kept");
-    let layers = state.path().join("gvisor/layers");
+    let layers = rig.path().join("gvisor/layers");
     assert_eq!(layer_count(&layers), 1);
     for s in [&by_id, &by_name] {
         assert!(m.kill(&s.id, "test done").await.unwrap());
     }
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
     assert_eq!(layer_count(&layers), 0, "unused layers are removed");
     assert!(driver.list_on_host().await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_children_continue_from_the_parent_and_diverge() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = manager(state.path(), tpl.path(), driver.clone());
+    let rig = common::Rig::new(common::template_config());
+    let m = rig.manager.clone();
     let mut params = CreateParams {
         template_id: "t".into(),
         timeout_secs: Some(600),
@@ -329,7 +292,7 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
     };
     params.env_vars.insert("KEPT".into(), "forked".into());
     let parent = m.create(params).await.expect("create");
-    cleanup.add(&parent.id);
+    rig.cleanup.add(&parent.id);
     sh(
         &m,
         &parent.id,
@@ -358,7 +321,7 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
     assert_eq!(children.len(), 3);
     let children: Vec<_> = children.into_iter().map(|c| c.expect("child")).collect();
     for c in &children {
-        cleanup.add(&c.id);
+        rig.cleanup.add(&c.id);
     }
     let mut ids: Vec<&str> = children.iter().map(|c| c.id.as_str()).collect();
     ids.push(&parent.id);
@@ -396,7 +359,7 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
             .parse()
             .unwrap()
     };
-    let sandboxes = state.path().join("gvisor/sandboxes");
+    let sandboxes = rig.path().join("gvisor/sandboxes");
     for c in children.iter().map(|c| &c.id).chain([&parent.id]) {
         // The writable layer is on the sandbox's own disk (the quota) when it has one.
         let dir = sandboxes.join(c);
@@ -407,7 +370,7 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
         });
         assert!(own < 1_000_000, "{c}'s own layer is {own} bytes");
     }
-    let layers = du(state.path().join("gvisor/layers"));
+    let layers = du(rig.path().join("gvisor/layers"));
     assert!(
         (8_000_000..12_000_000).contains(&layers),
         "the frozen layers hold {layers} bytes"
@@ -422,14 +385,14 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
     assert_eq!(sh(&m, &parent.id, "cat /home/user/file").await, "parent");
     // The capture a fork makes is not left behind.
     assert!(m.snapshots("default", None, None).await.unwrap().is_empty());
-    let snaps = state.path().join("gvisor/snapshots");
+    let snaps = rig.path().join("gvisor/snapshots");
     assert_eq!(std::fs::read_dir(&snaps).map(|d| d.count()).unwrap_or(0), 0);
     for id in children.iter().map(|c| &c.id).chain([&parent.id]) {
         assert!(m.kill(id, "test done").await.unwrap());
     }
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
     // Once nothing stacks on the frozen layer, it is removed.
-    let layers = state.path().join("gvisor/layers");
+    let layers = rig.path().join("gvisor/layers");
     assert_eq!(
         std::fs::read_dir(&layers).map(|d| d.count()).unwrap_or(0),
         0
@@ -438,19 +401,13 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let cfg = LifecycleConfig {
+    let mut rig = common::Rig::new(LifecycleConfig {
         default_memory_mb: 256,
         pools: vec![("t".into(), 2)],
         ..LifecycleConfig::default()
-    };
-    let templates = || Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())]));
-    let m = common::manager(state.path(), driver.clone(), templates(), cfg.clone());
+    });
+    let driver = rig.driver.clone();
+    let m = rig.manager.clone();
     let filler = m.spawn_pools().expect("a pool is configured");
     let wait_full = |m: Arc<Manager>| async move {
         let t = std::time::Instant::now();
@@ -464,7 +421,7 @@ async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
     };
     wait_full(m.clone()).await;
     for h in driver.list_on_host().await.unwrap() {
-        cleanup.add(&h.id);
+        rig.cleanup.add(&h.id);
     }
 
     let mut params = CreateParams {
@@ -479,7 +436,7 @@ async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
     let t = std::time::Instant::now();
     let sbx = m.create(params).await.expect("create from the pool");
     let took = t.elapsed();
-    cleanup.add(&sbx.id);
+    rig.cleanup.add(&sbx.id);
     let logs = m.logs(&sbx.id, "default").await.unwrap();
     assert!(
         logs.events.iter().any(|e| e.detail.contains("warm pool")),
@@ -502,30 +459,26 @@ async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
     wait_full(m.clone()).await;
     filler.abort();
     for h in driver.list_on_host().await.unwrap() {
-        cleanup.add(&h.id);
+        rig.cleanup.add(&h.id);
     }
     assert!(m.kill(&sbx.id, "test done").await.unwrap());
     // After a restart the pooled sandboxes are leftovers, removed by recovery.
     drop(m);
-    let m2 = common::manager(state.path(), driver.clone(), templates(), cfg);
+    let m2 = rig.restart();
     let report = m2.recover().await.unwrap();
     assert_eq!(report.orphans_removed.len(), 2, "{report:?}");
     assert!(driver.list_on_host().await.unwrap().is_empty());
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
 }
 
 /// The server dies between the driver's pause and the store's update (`kill -9` mid-pause):
 /// the sandbox is found paused, not lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_cut_short_by_a_crash_is_recovered_as_paused() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let store = common::store(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m1 = manager(state.path(), tpl.path(), driver.clone());
+    let mut rig = common::Rig::new(common::template_config());
+    let driver = rig.driver.clone();
+    let store = rig.store();
+    let m1 = rig.manager.clone();
     let sbx = m1
         .create(CreateParams {
             template_id: "t".into(),
@@ -535,7 +488,7 @@ async fn a_pause_cut_short_by_a_crash_is_recovered_as_paused() {
         })
         .await
         .expect("create");
-    cleanup.add(&sbx.id);
+    rig.cleanup.add(&sbx.id);
     sh(&m1, &sbx.id, "echo before-crash > /home/user/f").await;
     driver.pause(&sbx.id, true).await.expect("driver pause");
     drop(m1);
@@ -544,7 +497,7 @@ async fn a_pause_cut_short_by_a_crash_is_recovered_as_paused() {
         SandboxState::Running,
         "the store never heard of the pause"
     );
-    let m2 = manager(state.path(), tpl.path(), driver.clone());
+    let m2 = rig.restart();
     let report = m2.recover().await.expect("recover");
     assert_eq!(report.paused, vec![sbx.id.clone()]);
     assert_eq!(

@@ -5,35 +5,21 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use kiln_server::manager::CreateParams;
 use kiln_server::store::SandboxState;
 
-use common::template_manager as manager;
-
-fn params(timeout: i64) -> CreateParams {
-    CreateParams {
-        template_id: "t".into(),
-        timeout_secs: Some(timeout),
-        secure: true,
-        ..Default::default()
-    }
-}
+use common::params;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_expiry_and_restart_recovery() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let store = common::store(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
+    let mut rig = common::Rig::new(common::template_config());
+    let driver = rig.driver.clone();
+    let store = rig.store();
 
     // Expiry: a 1 s sandbox is killed by the reaper and marked so.
-    let m1 = manager(state.path(), tpl.path(), driver.clone());
+    let m1 = rig.manager.clone();
     let reaper = m1.spawn_reaper();
     let short = m1.create(params(1)).await.expect("create");
-    cleanup.add(&short.id);
+    rig.cleanup.add(&short.id);
     assert!(m1.route(&short.id).is_some());
     let t = Instant::now();
     while m1.get(&short.id).is_ok() && t.elapsed() < Duration::from_secs(15) {
@@ -56,13 +42,13 @@ async fn timeout_expiry_and_restart_recovery() {
     // Two long-lived sandboxes; the "server" then disappears without cleaning up.
     let keep = m1.create(params(600)).await.expect("create keep");
     let lost = m1.create(params(600)).await.expect("create lost");
-    cleanup.add(&keep.id);
-    cleanup.add(&lost.id);
+    rig.cleanup.add(&keep.id);
+    rig.cleanup.add(&lost.id);
     drop(m1);
     // One dies while no server runs.
     driver.stop(&lost.id).await.unwrap();
 
-    let m2 = manager(state.path(), tpl.path(), driver.clone());
+    let m2 = rig.restart();
     let report = m2.recover().await.expect("recover");
     assert_eq!(report.adopted, vec![keep.id.clone()]);
     assert_eq!(report.cleaned, vec![lost.id.clone()]);
@@ -76,7 +62,7 @@ async fn timeout_expiry_and_restart_recovery() {
 
     assert!(m2.kill(&keep.id, "test done").await.unwrap());
     assert!(!m2.kill(&keep.id, "again").await.unwrap());
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
     assert!(driver.list_on_host().await.unwrap().is_empty());
     assert!(common::processes_mentioning(&keep.id).is_empty());
 }

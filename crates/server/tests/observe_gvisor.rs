@@ -4,23 +4,12 @@
 
 mod common;
 
-use std::sync::Arc;
+use common::params;
+
 use std::time::{Duration, Instant};
 
-use kiln_server::driver::Driver;
-use kiln_server::manager::CreateParams;
 use kiln_server::store::{EventQuery, SandboxState};
-use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::LifecycleConfig;
-
-fn params(timeout: i64) -> CreateParams {
-    CreateParams {
-        template_id: "t".into(),
-        timeout_secs: Some(timeout),
-        secure: true,
-        ..Default::default()
-    }
-}
 
 async fn wait(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
@@ -35,31 +24,22 @@ async fn wait(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_windows_and_died_timed_out_killed_events() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver: Arc<dyn Driver> = common::driver(state.path());
-    let store = common::store(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            reap_interval: Duration::from_millis(50),
-            metrics_interval: Duration::from_millis(200),
-            default_memory_mb: 256,
-            ..LifecycleConfig::default()
-        },
-    );
+    let rig = common::Rig::new(LifecycleConfig {
+        reap_interval: Duration::from_millis(50),
+        metrics_interval: Duration::from_millis(200),
+        default_memory_mb: 256,
+        ..LifecycleConfig::default()
+    });
+    let driver = rig.driver.clone();
+    let store = rig.store();
+    let m = rig.manager.clone();
     let _sampler = m.spawn_sampler();
     let _reaper = m.spawn_reaper();
 
     let a = m.create(params(600)).await.expect("create a");
-    cleanup.add(&a.id);
+    rig.cleanup.add(&a.id);
     let b = m.create(params(600)).await.expect("create b");
-    cleanup.add(&b.id);
+    rig.cleanup.add(&b.id);
 
     // History: samples accumulate; a window holds exactly the samples inside it.
     tokio::time::sleep(Duration::from_millis(2000)).await;
@@ -109,7 +89,7 @@ async fn history_windows_and_died_timed_out_killed_events() {
 
     // c is killed by request.
     let c = m.create(params(600)).await.expect("create c");
-    cleanup.add(&c.id);
+    rig.cleanup.add(&c.id);
     assert!(m.kill(&c.id, "killed by request").await.unwrap());
 
     let kinds = |id: String| {
@@ -135,5 +115,5 @@ async fn history_windows_and_died_timed_out_killed_events() {
     assert_eq!(kinds(b.id.clone()).await, ["created", "died"]);
     assert_eq!(kinds(a.id.clone()).await, ["created", "timed-out"]);
     assert_eq!(kinds(c.id.clone()).await, ["created", "killed"]);
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
 }

@@ -6,12 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use kiln_envd::RunOptions;
 use kiln_server::manager::CreateParams;
 use kiln_server::store::SandboxState;
-use kiln_server::{Error, Manager};
+use kiln_server::Error;
 
-use common::template_manager as manager;
+use common::run_in as sh;
 
 fn params(template: &str) -> CreateParams {
     CreateParams {
@@ -26,38 +25,13 @@ fn params(template: &str) -> CreateParams {
 const SLEEP_RUNS: &str = "bash -c 'for f in /proc/[0-9]*/comm; do read c < $f; \
                           [ \"$c\" = sleep ] && exit 0; done; exit 1'";
 
-/// Runs `cmd` in the sandbox: (exit code, stdout).
-async fn sh(m: &Manager, id: &str, cmd: &str) -> (i32, String) {
-    let token = m.get(id).unwrap().envd_token;
-    let out = m
-        .agent(id, token)
-        .run(
-            cmd,
-            RunOptions {
-                timeout: Some(Duration::from_secs(30)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    (
-        out.exit_code,
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = manager(state.path(), tpl.path(), driver.clone());
+    let rig = common::Rig::new(common::template_config());
+    let m = rig.manager.clone();
 
     let src = m.create(params("t")).await.expect("create");
-    cleanup.add(&src.id);
+    rig.cleanup.add(&src.id);
     assert_eq!(sh(&m, &src.id, "echo kept > /home/user/file").await.0, 0);
     // A process that only a memory snapshot would carry over.
     assert_eq!(sh(&m, &src.id, "sleep 1000 >/dev/null 2>&1 &").await.0, 0);
@@ -65,7 +39,7 @@ async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
         .snapshot_with(&src.id, "default", Some("disk-only".into()), false)
         .await
         .expect("filesystem snapshot");
-    let snap_dir = state.path().join("gvisor/snapshots").join(&snap.id);
+    let snap_dir = rig.path().join("gvisor/snapshots").join(&snap.id);
     assert!(
         !snap_dir.join("checkpoint/checkpoint.img").exists(),
         "a filesystem snapshot keeps no memory image"
@@ -74,7 +48,7 @@ async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
     assert_eq!(sh(&m, &src.id, SLEEP_RUNS).await.0, 0);
 
     let child = m.create(params("disk-only")).await.expect("create from it");
-    cleanup.add(&child.id);
+    rig.cleanup.add(&child.id);
     assert_eq!(sh(&m, &child.id, "cat /home/user/file").await.1, "kept");
     assert_ne!(
         sh(&m, &child.id, SLEEP_RUNS).await.0,
@@ -83,7 +57,7 @@ async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
     );
     // The capture moved aside for the source's own restore is gone once it continued.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let src_dir = state.path().join("gvisor/sandboxes").join(&src.id);
+    let src_dir = rig.path().join("gvisor/sandboxes").join(&src.id);
     assert!(!src_dir.join("capture").exists());
     for id in [&src.id, &child.id] {
         assert!(m.kill(id, "test done").await.unwrap());
@@ -91,30 +65,26 @@ async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
     m.delete_snapshot(&snap.id, "default")
         .await
         .expect("delete");
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = manager(state.path(), tpl.path(), driver.clone());
+    let rig = common::Rig::new(common::template_config());
+    let driver = rig.driver.clone();
+    let m = rig.manager.clone();
     let runsc = std::env::var("KILN_RUNSC").unwrap_or_else(|_| "runsc".into());
-    let root = state.path().join("gvisor/runsc");
+    let root = rig.path().join("gvisor/runsc");
 
     let sb = m.create(params("t")).await.expect("create");
-    cleanup.add(&sb.id);
+    rig.cleanup.add(&sb.id);
     // A healthy guest pauses with the check, and resumes.
     m.pause_checked(&sb.id, true, true)
         .await
         .expect("pause of a healthy guest");
     assert_eq!(m.get(&sb.id).unwrap().state, SandboxState::Paused);
     assert!(m.resume(&sb.id, true, 600).await.expect("resume"));
-    let dir = state.path().join("gvisor/sandboxes").join(&sb.id);
+    let dir = rig.path().join("gvisor/sandboxes").join(&sb.id);
     assert_eq!(sh(&m, &sb.id, "echo back").await.1, "back");
     // The resumed sandbox runs under its next container id; the paused container was
     // deleted in the background (not before the resume).
@@ -172,7 +142,7 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
     match refused {
         Err(Error::Conflict(msg)) => {
             assert!(msg.contains("requireHealthyGuest"), "{msg}");
-            assert!(!msg.contains(state.path().to_str().unwrap()), "{msg}");
+            assert!(!msg.contains(rig.path().to_str().unwrap()), "{msg}");
         }
         other => panic!("expected 409, got {other:?}"),
     }
@@ -183,5 +153,5 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
     );
     assert!(driver.is_running(&sb.id).await.unwrap());
     assert!(m.kill(&sb.id, "test done").await.unwrap());
-    assert!(common::mounts_under(state.path()).is_empty());
+    assert!(common::mounts_under(rig.path()).is_empty());
 }

@@ -358,6 +358,7 @@ pub struct Rig {
     pub driver: Arc<dyn Driver>,
     pub state: tempfile::TempDir,
     pub tpl: tempfile::TempDir,
+    cfg: LifecycleConfig,
 }
 
 impl Rig {
@@ -370,25 +371,42 @@ impl Rig {
             cfg.admission.state_dir = Some(state.path().to_path_buf());
         }
         let driver = driver(state.path());
-        let manager = manager(
-            state.path(),
-            driver.clone(),
-            Arc::new(kiln_server::templates::FixedTemplates(vec![
-                kiln_server::templates::from_dir("t", tpl.path()),
-            ])),
-            cfg,
-        );
+        let templates = rig_templates(tpl.path());
+        let manager = manager(state.path(), driver.clone(), templates, cfg.clone());
         Self {
             cleanup: Cleanup::new(driver.clone()),
             manager,
             driver,
             state,
             tpl,
+            cfg,
         }
     }
 
     pub fn path(&self) -> &Path {
         self.state.path()
+    }
+
+    /// The rig's store (another connection to its SQLite file).
+    pub fn store(&self) -> Arc<dyn StateStore> {
+        store(self.path())
+    }
+
+    /// The rig's templates: `t`, its rootfs.
+    pub fn templates(&self) -> Arc<dyn Templates> {
+        rig_templates(self.tpl.path())
+    }
+
+    /// The server restarts: the rig's manager is replaced by a new one over the same state,
+    /// templates, driver and configuration (drop every other handle on the old one first).
+    pub fn restart(&mut self) -> Arc<Manager> {
+        self.manager = manager(
+            self.state.path(),
+            self.driver.clone(),
+            self.templates(),
+            self.cfg.clone(),
+        );
+        self.manager.clone()
     }
 
     /// The API router over this rig's manager, with a fresh API key.
@@ -405,4 +423,49 @@ pub fn assert_error(status: StatusCode, v: &Value, want: u16) {
         v["message"].as_str().is_some_and(|m| !m.is_empty()),
         "body: {v}"
     );
+}
+
+fn rig_templates(tpl: &Path) -> Arc<dyn Templates> {
+    Arc::new(kiln_server::templates::FixedTemplates(vec![
+        kiln_server::templates::from_dir("t", tpl),
+    ]))
+}
+
+// ---------- sandboxes ----------
+
+/// Creating a sandbox of template `t` with a timeout of `timeout_secs`, secured by a token.
+pub fn params(timeout_secs: i64) -> kiln_server::manager::CreateParams {
+    kiln_server::manager::CreateParams {
+        template_id: "t".into(),
+        timeout_secs: Some(timeout_secs),
+        secure: true,
+        ..Default::default()
+    }
+}
+
+/// Runs `cmd` in sandbox `id` through its agent (30 s at most): exit code and trimmed stdout.
+pub async fn run_in(m: &Manager, id: &str, cmd: &str) -> (i32, String) {
+    let token = m.get(id).unwrap().envd_token;
+    let out = m
+        .agent(id, token)
+        .run(
+            cmd,
+            kiln_envd::RunOptions {
+                timeout: Some(std::time::Duration::from_secs(30)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("running {cmd:?} in {id}: {e}"));
+    (
+        out.exit_code,
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
+
+/// [`run_in`], which must exit 0: the trimmed stdout.
+pub async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
+    let (code, out) = run_in(m, id, cmd).await;
+    assert_eq!(code, 0, "{cmd:?} in {id} exited {code}: {out}");
+    out
 }
