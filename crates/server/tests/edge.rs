@@ -226,12 +226,8 @@ async fn chunked_uploads_stream_through_the_proxy() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
+    let g = common::Ground::new();
+    let (state, tpl, driver, cleanup) = (&g.state, &g.tpl, g.driver.clone(), &g.cleanup);
     let manager = common::manager(
         state.path(),
         driver.clone(),

@@ -20,14 +20,10 @@ fn spec(id: &str, rootfs: &std::path::Path) -> SandboxSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gvisor_sandbox_runs_agent_and_tears_down_completely() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
+    let g = common::Ground::new();
+    let (state, tpl, driver) = (&g.state, &g.tpl, g.driver.clone());
     let id = format!("drvtest{}", std::process::id());
-    let guard = common::Cleanup::new(driver.clone());
-    guard.add(&id);
+    g.cleanup.add(&id);
 
     driver.create(&spec(&id, tpl.path())).await.expect("create");
     driver.start(&id).await.expect("start");

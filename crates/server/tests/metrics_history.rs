@@ -6,11 +6,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_server::manager::{CreateParams, Manager, MetricSample};
-use kiln_server::templates::{from_dir, FixedTemplates, Templates};
 use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
 fn params() -> CreateParams {
@@ -118,13 +116,9 @@ fn same_history(before: &[MetricSample], after: &[MetricSample]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_survives_a_restart_bounded_and_goes_with_the_sandbox() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let templates: Arc<dyn Templates> = Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())]));
+    let g = common::Ground::new();
+    let (state, cleanup) = (&g.state, &g.cleanup);
+    let templates = g.templates();
     const CAP: usize = 6;
 
     // The first server: a live sandbox, one paused after some samples, one killed.

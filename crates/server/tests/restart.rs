@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use kiln_server::manager::CreateParams;
-use kiln_server::templates::{from_dir, FixedTemplates, Templates};
 use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
 /// Live sandboxes across the restart (what a 2-core CI machine holds comfortably).
@@ -24,13 +23,9 @@ fn lifecycle() -> LifecycleConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_listens_at_once_and_adopts_in_parallel() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let templates: Arc<dyn Templates> = Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())]));
+    let g = common::Ground::new();
+    let (state, driver, cleanup) = (&g.state, g.driver.clone(), &g.cleanup);
+    let templates = g.templates();
 
     // The first "server" starts COUNT sandboxes, then goes away without cleaning up.
     let m1 = common::manager(state.path(), driver.clone(), templates.clone(), lifecycle());

@@ -30,12 +30,8 @@ fn log_lines(v: &Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_cmd_runs_as_template_user_and_its_output_is_in_the_logs() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
+    let g = common::Ground::new();
+    let (state, tpl, driver, cleanup) = (&g.state, &g.tpl, g.driver.clone(), &g.cleanup);
     let template = TemplateInfo {
         env: BTreeMap::from([("KILN_TPL_ENV".into(), "from-template".into())]),
         start_cmd: Some(

@@ -347,39 +347,28 @@ pub async fn call(
     (status, v)
 }
 
-/// A gVisor test server without the HTTP listener: template `t` (the minimal rootfs of
-/// [`build_rootfs`]), a fresh state dir, the real driver, a manager with the given
-/// configuration (admission measures the disk of the rig's state dir unless told otherwise),
-/// and a [`Cleanup`]. Fields drop in order: sandboxes stop before their
-/// directories go.
-pub struct Rig {
+/// What every gVisor test stands on: template `t` (the minimal rootfs of [`build_rootfs`]),
+/// a fresh state dir, the real driver over it and a [`Cleanup`]. Fields drop in order:
+/// sandboxes stop before their directories go.
+pub struct Ground {
     pub cleanup: Cleanup,
-    pub manager: Arc<Manager>,
     pub driver: Arc<dyn Driver>,
     pub state: tempfile::TempDir,
     pub tpl: tempfile::TempDir,
-    cfg: LifecycleConfig,
 }
 
-impl Rig {
-    pub fn new(mut cfg: LifecycleConfig) -> Self {
+impl Ground {
+    pub fn new() -> Self {
         require_runsc_root();
         let tpl = tempfile::tempdir().unwrap();
         build_rootfs(tpl.path());
         let state = state_dir();
-        if cfg.admission.state_dir.is_none() {
-            cfg.admission.state_dir = Some(state.path().to_path_buf());
-        }
         let driver = driver(state.path());
-        let templates = rig_templates(tpl.path());
-        let manager = manager(state.path(), driver.clone(), templates, cfg.clone());
         Self {
             cleanup: Cleanup::new(driver.clone()),
-            manager,
             driver,
             state,
             tpl,
-            cfg,
         }
     }
 
@@ -387,31 +376,63 @@ impl Rig {
         self.state.path()
     }
 
-    /// The rig's store (another connection to its SQLite file).
+    /// The store in the state dir (another connection to its SQLite file).
     pub fn store(&self) -> Arc<dyn StateStore> {
         store(self.path())
     }
 
-    /// The rig's templates: `t`, its rootfs.
+    /// The templates: `t`, its rootfs.
     pub fn templates(&self) -> Arc<dyn Templates> {
-        rig_templates(self.tpl.path())
+        Arc::new(kiln_server::templates::FixedTemplates(vec![
+            kiln_server::templates::from_dir("t", self.tpl.path()),
+        ]))
+    }
+
+    /// A manager over this ground with `cfg`.
+    pub fn manager(&self, cfg: LifecycleConfig) -> Arc<Manager> {
+        manager(self.path(), self.driver.clone(), self.templates(), cfg)
+    }
+}
+
+/// A gVisor test server without the HTTP listener: a [`Ground`] and a manager with the given
+/// configuration (admission measures the disk of the state dir unless told otherwise). The
+/// ground's fields are the rig's (`rig.cleanup`, `rig.driver`, …).
+pub struct Rig {
+    pub manager: Arc<Manager>,
+    ground: Ground,
+    cfg: LifecycleConfig,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = Ground;
+    fn deref(&self) -> &Ground {
+        &self.ground
+    }
+}
+
+impl Rig {
+    pub fn new(mut cfg: LifecycleConfig) -> Self {
+        let ground = Ground::new();
+        if cfg.admission.state_dir.is_none() {
+            cfg.admission.state_dir = Some(ground.path().to_path_buf());
+        }
+        Self {
+            manager: ground.manager(cfg.clone()),
+            ground,
+            cfg,
+        }
     }
 
     /// The server restarts: the rig's manager is replaced by a new one over the same state,
     /// templates, driver and configuration (drop every other handle on the old one first).
     pub fn restart(&mut self) -> Arc<Manager> {
-        self.manager = manager(
-            self.state.path(),
-            self.driver.clone(),
-            self.templates(),
-            self.cfg.clone(),
-        );
+        self.manager = self.ground.manager(self.cfg.clone());
         self.manager.clone()
     }
 
     /// The API router over this rig's manager, with a fresh API key.
     pub async fn app(&self) -> (axum::Router, String) {
-        app(self.manager.clone(), self.state.path()).await
+        app(self.manager.clone(), self.path()).await
     }
 }
 
@@ -423,12 +444,6 @@ pub fn assert_error(status: StatusCode, v: &Value, want: u16) {
         v["message"].as_str().is_some_and(|m| !m.is_empty()),
         "body: {v}"
     );
-}
-
-fn rig_templates(tpl: &Path) -> Arc<dyn Templates> {
-    Arc::new(kiln_server::templates::FixedTemplates(vec![
-        kiln_server::templates::from_dir("t", tpl),
-    ]))
 }
 
 // ---------- sandboxes ----------
