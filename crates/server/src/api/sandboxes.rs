@@ -1,6 +1,8 @@
 //! Sandbox routes: create, get, kill, timeouts, connect, metrics, logs and the lifecycle
 //! operations (pause, resume, snapshots, fork, network) — each one call into the manager.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -11,9 +13,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::wire::{detail_json, parse_json, sandbox_json, ts, NewSandbox};
-use super::{ApiError, ApiResult, St};
+use super::{ApiError, ApiResult, AppState, St};
 use crate::manager::CreateParams;
 use crate::tenancy::Caller;
+use crate::Manager;
 
 /// The caller of a request (set by the auth layer).
 type Who = Extension<Caller>;
@@ -128,11 +131,41 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The body of `connect` and `resume`.
 #[derive(Deserialize, Default)]
-struct ConnectBody {
+struct ResumeBody {
     timeout: Option<i64>,
     /// false: resume a paused sandbox by booting it on its saved disk.
     memory: Option<bool>,
+}
+
+/// Runs `resume` (given the timeout and whether to restore memory) once the body is valid and
+/// the caller's team may see sandbox `id` with that timeout, and returns what it returned. It
+/// runs on its own task: a client that gives up mid-resume must not cut a resume in half.
+async fn resuming<F, Fut, T>(
+    st: &AppState,
+    c: &Caller,
+    id: &str,
+    body: &Bytes,
+    resume: F,
+) -> ApiResult<T>
+where
+    F: FnOnce(Arc<Manager>, i64, bool) -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::Error>> + Send + 'static,
+    T: Send + 'static,
+{
+    let b: ResumeBody = parse_json(body, true)?.unwrap_or_default();
+    // Validate before looking the sandbox up, so bad input is a 400 even for unknown ids.
+    let secs = b
+        .timeout
+        .unwrap_or(st.manager.config().default_timeout_secs as i64);
+    st.manager.check_timeout(secs)?;
+    st.manager.get_for(id, &c.team)?;
+    st.manager.check_team_timeout(&c.team, secs).await?;
+    let fut = resume(st.manager.clone(), secs, b.memory.unwrap_or(true));
+    Ok(tokio::spawn(fut)
+        .await
+        .map_err(|e| ApiError::internal(format!("resume task: {e}")))??)
 }
 
 /// `POST /v2/sandboxes/{id}/connect`: 201 when it resumed a paused sandbox, 200 when the
@@ -143,21 +176,12 @@ pub async fn connect(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let b: ConnectBody = parse_json(&body, true)?.unwrap_or_default();
-    // Validate before looking the sandbox up, so bad input is a 400 even for unknown ids.
-    let secs = b
-        .timeout
-        .unwrap_or(st.manager.config().default_timeout_secs as i64);
-    st.manager.check_timeout(secs)?;
-    st.manager.get_for(&id, &c.team)?;
-    st.manager.check_team_timeout(&c.team, secs).await?;
-    let manager = st.manager.clone();
-    let memory = b.memory.unwrap_or(true);
-    // Its own task: a client that gives up mid-resume must not cut a resume in half.
     let t = std::time::Instant::now();
-    let (r, resumed) = tokio::spawn(async move { manager.connect(&id, secs, memory).await })
-        .await
-        .map_err(|e| ApiError::internal(format!("connect task: {e}")))??;
+    let sid = id.clone();
+    let (r, resumed) = resuming(&st, &c, &id, &body, |m, secs, memory| async move {
+        m.connect(&sid, secs, memory).await
+    })
+    .await?;
     if resumed {
         st.manager.telemetry().observe("resume", t.elapsed());
     }
@@ -266,12 +290,6 @@ pub async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize, Default)]
-struct ResumeBody {
-    timeout: Option<i64>,
-    memory: Option<bool>,
-}
-
 /// `POST /sandboxes/{id}/resume` (deprecated; `connect` replaces it): 201, 409 when the
 /// sandbox is not paused.
 pub async fn resume(
@@ -280,20 +298,12 @@ pub async fn resume(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let b: ResumeBody = parse_json(&body, true)?.unwrap_or_default();
-    let secs = b
-        .timeout
-        .unwrap_or(st.manager.config().default_timeout_secs as i64);
-    st.manager.check_timeout(secs)?;
-    st.manager.get_for(&id, &c.team)?;
-    st.manager.check_team_timeout(&c.team, secs).await?;
-    let manager = st.manager.clone();
-    let sid = id.clone();
-    let memory = b.memory.unwrap_or(true);
     let t = std::time::Instant::now();
-    let resumed = tokio::spawn(async move { manager.resume(&sid, memory, secs).await })
-        .await
-        .map_err(|e| ApiError::internal(format!("resume task: {e}")))??;
+    let sid = id.clone();
+    let resumed = resuming(&st, &c, &id, &body, |m, secs, memory| async move {
+        m.resume(&sid, memory, secs).await
+    })
+    .await?;
     if resumed {
         st.manager.telemetry().observe("resume", t.elapsed());
     }
