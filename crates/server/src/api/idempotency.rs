@@ -298,6 +298,18 @@ mod tests {
         })
     }
 
+    /// A run of key `k` in `scope` with `req`, whose work answers `status` (counted in `n`).
+    async fn call(
+        idem: &Idempotency,
+        scope: &str,
+        req: &[u8],
+        n: &Arc<AtomicUsize>,
+        status: StatusCode,
+    ) -> Response {
+        idem.run(scope.into(), "k".into(), req, ok_work(n.clone(), status))
+            .await
+    }
+
     async fn body(r: Response) -> (StatusCode, bool, String) {
         let replayed = r.headers().contains_key(REPLAYED);
         let s = r.status();
@@ -330,34 +342,13 @@ mod tests {
             replays += usize::from(replayed);
         }
         assert_eq!(replays, 4);
-        let later = idem
-            .run(
-                "t/create".into(),
-                "k".into(),
-                b"{}",
-                ok_work(n.clone(), StatusCode::CREATED),
-            )
-            .await;
+        let later = call(&idem, "t/create", b"{}", &n, StatusCode::CREATED).await;
         assert_eq!(body(later).await.2, "{\"n\":0}");
         // Another team, or another key: runs.
-        let other = idem
-            .run(
-                "u/create".into(),
-                "k".into(),
-                b"{}",
-                ok_work(n.clone(), StatusCode::CREATED),
-            )
-            .await;
+        let other = call(&idem, "u/create", b"{}", &n, StatusCode::CREATED).await;
         assert_eq!(body(other).await.2, "{\"n\":1}");
         // Same key, other body: 422.
-        let bad = idem
-            .run(
-                "t/create".into(),
-                "k".into(),
-                b"{\"x\":1}",
-                ok_work(n.clone(), StatusCode::CREATED),
-            )
-            .await;
+        let bad = call(&idem, "t/create", b"{\"x\":1}", &n, StatusCode::CREATED).await;
         assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(n.load(Ordering::SeqCst), 2);
     }
@@ -366,24 +357,10 @@ mod tests {
     async fn failures_are_not_kept() {
         let idem = Idempotency::default();
         let n = Arc::new(AtomicUsize::new(0));
-        let first = idem
-            .run(
-                "t".into(),
-                "k".into(),
-                b"",
-                ok_work(n.clone(), StatusCode::TOO_MANY_REQUESTS),
-            )
-            .await;
+        let first = call(&idem, "t", b"", &n, StatusCode::TOO_MANY_REQUESTS).await;
         assert_eq!(first.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(idem.is_empty());
-        let second = idem
-            .run(
-                "t".into(),
-                "k".into(),
-                b"",
-                ok_work(n.clone(), StatusCode::CREATED),
-            )
-            .await;
+        let second = call(&idem, "t", b"", &n, StatusCode::CREATED).await;
         assert_eq!(body(second).await.2, "{\"n\":1}");
     }
 
@@ -396,14 +373,7 @@ mod tests {
             let store: Arc<dyn StateStore> =
                 Arc::new(crate::store::SqliteStore::open(&db).unwrap());
             let idem = Idempotency::with_store(store);
-            let first = idem
-                .run(
-                    "t/c".into(),
-                    "k".into(),
-                    b"{}",
-                    ok_work(n.clone(), StatusCode::CREATED),
-                )
-                .await;
+            let first = call(&idem, "t/c", b"{}", &n, StatusCode::CREATED).await;
             assert_eq!(
                 body(first).await,
                 (StatusCode::CREATED, false, "{\"n\":0}".into())
@@ -412,27 +382,13 @@ mod tests {
         // A new server process: nothing in memory, the same database.
         let store: Arc<dyn StateStore> = Arc::new(crate::store::SqliteStore::open(&db).unwrap());
         let idem = Idempotency::with_store(store);
-        let again = idem
-            .run(
-                "t/c".into(),
-                "k".into(),
-                b"{}",
-                ok_work(n.clone(), StatusCode::CREATED),
-            )
-            .await;
+        let again = call(&idem, "t/c", b"{}", &n, StatusCode::CREATED).await;
         assert_eq!(
             body(again).await,
             (StatusCode::CREATED, true, "{\"n\":0}".into())
         );
         assert_eq!(n.load(Ordering::SeqCst), 1, "the work ran once");
-        let other_body = idem
-            .run(
-                "t/c".into(),
-                "k".into(),
-                b"{\"x\":1}",
-                ok_work(n.clone(), StatusCode::CREATED),
-            )
-            .await;
+        let other_body = call(&idem, "t/c", b"{\"x\":1}", &n, StatusCode::CREATED).await;
         assert_eq!(other_body.status(), StatusCode::UNPROCESSABLE_ENTITY);
         // Failures are not persisted.
         let fail = idem
