@@ -20,8 +20,9 @@ pub enum Cmd {
         #[arg(long)]
         mirror: Option<String>,
     },
-    /// Remove old template versions (keeps each current one and the N newest others).
-    /// Sandboxes running on a removed version break: run it when none are.
+    /// Remove old template versions. Keeps each current one, the N newest others, and every
+    /// version a sandbox stacks on (running on this host, or paused in the state dir) or a
+    /// snapshot of the state dir does.
     Gc {
         #[arg(long, default_value_t = 1)]
         keep: usize,
@@ -89,7 +90,17 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Gc { keep } => {
-            let removed = store.gc(keep)?;
+            // Versions the server's sandboxes (running, paused) and snapshots stack on stay.
+            let gvisor = kiln_host::paths::state_dir().join("gvisor");
+            let refs = kiln_server::driver::gvisor::in_use::references(&gvisor);
+            let in_use = |d: &std::path::Path| {
+                let used = kiln_server::driver::gvisor::in_use::is_referenced(&refs, d);
+                if used {
+                    println!("kept {} (sandboxes or snapshots use it)", d.display());
+                }
+                used
+            };
+            let removed = store.gc(keep, in_use)?;
             for p in &removed {
                 println!("removed {}", p.display());
             }

@@ -176,11 +176,10 @@ impl Store {
         read_meta(&dest)
     }
 
-    /// Removes old versions: for each name keeps the current one and the `keep` newest others;
-    /// then removes base stages no kept template uses. Returns the directories removed.
-    /// Sandboxes still running on a removed version lose their root filesystem: run it when
-    /// none are (the server does not call this by itself).
-    pub fn gc(&self, keep: usize) -> Result<Vec<PathBuf>> {
+    /// Removes old versions: for each name keeps the current one, the `keep` newest others
+    /// and every version `in_use` says sandboxes or snapshots stack on; then removes base
+    /// stages no kept template uses. Returns the directories removed.
+    pub fn gc(&self, keep: usize, in_use: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>> {
         let mut removed = Vec::new();
         let mut live_bases = std::collections::HashSet::new();
         let names = std::fs::read_dir(&self.root)
@@ -201,10 +200,11 @@ impl Store {
             let mut kept_others = 0;
             for v in versions {
                 let is_current = current.as_deref() == Some(v.key.as_str());
-                if is_current || kept_others < keep {
-                    if !is_current {
-                        kept_others += 1;
-                    }
+                let kept = is_current || in_use(&v.dir) || {
+                    kept_others += 1;
+                    kept_others <= keep
+                };
+                if kept {
                     live_bases.insert(v.recipe_hash.clone());
                     continue;
                 }
@@ -344,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn gc_keeps_current_and_newest_and_their_bases() {
+    fn gc_keeps_current_newest_and_in_use_versions_and_their_bases() {
         let t = tempfile::tempdir().unwrap();
         let s = Store::open(t.path()).unwrap();
         for (i, key) in ["k1", "k2", "k3", "k4"].iter().enumerate() {
@@ -356,13 +356,24 @@ mod tests {
         }
         // Make an old one current again: it must survive even though it is old.
         s.set_current("x", "k1").unwrap();
-        let removed = s.gc(1).unwrap();
+        // k2 is what a paused sandbox stacks on: kept, without counting as one of `keep`.
+        let in_use = |d: &Path| d.ends_with("x/k2");
+        let removed = s.gc(1, in_use).unwrap();
         assert!(s.get("x", "k1").unwrap().is_some(), "current removed");
         assert!(s.get("x", "k4").unwrap().is_some(), "newest removed");
-        assert!(s.get("x", "k2").unwrap().is_none() && s.get("x", "k3").unwrap().is_none());
-        assert!(s.base_dir("r0").exists() && s.base_dir("r3").exists());
-        assert!(!s.base_dir("r1").exists() && !s.base_dir("r2").exists());
-        assert_eq!(removed.len(), 4, "{removed:?}");
+        assert!(
+            s.get("x", "k2").unwrap().is_some(),
+            "a version in use removed"
+        );
+        assert!(s.get("x", "k3").unwrap().is_none());
+        for kept in ["r0", "r1", "r3"] {
+            assert!(s.base_dir(kept).exists(), "{kept} removed");
+        }
+        assert!(!s.base_dir("r2").exists());
+        assert_eq!(removed.len(), 2, "{removed:?}");
+        // Once nothing uses it, it goes.
+        assert_eq!(s.gc(1, |_| false).unwrap().len(), 2);
+        assert!(s.get("x", "k2").unwrap().is_none());
         assert_eq!(s.lookup("x").unwrap().key, "k1");
     }
 

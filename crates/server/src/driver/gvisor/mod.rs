@@ -33,6 +33,7 @@ mod disk;
 mod disk_pool;
 mod forward;
 mod generation;
+pub mod in_use;
 mod layout;
 mod mounts;
 pub mod net_config;

@@ -336,35 +336,14 @@ impl GvisorDriver {
         let Ok(rd) = std::fs::read_dir(self.cfg.dir.join("layers")) else {
             return;
         };
-        // Overlay mounts name the layers they stack on (a frozen layer with its own disk is a
-        // mount itself, which does not count).
-        let mut used: String = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| {
-                l.split(" - ")
-                    .nth(1)
-                    .is_some_and(|t| t.starts_with("overlay "))
-            })
-            .collect();
-        for sub in ["snapshots", "sandboxes"] {
-            for e in std::fs::read_dir(self.cfg.dir.join(sub))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                for f in ["snapshot.json", "paused.json"] {
-                    used.push_str(&std::fs::read_to_string(e.path().join(f)).unwrap_or_default());
-                }
-            }
-        }
+        let used = super::in_use::references(&self.cfg.dir);
         for e in rd.flatten() {
             let mut p = e.path();
             if matches!(p.extension().and_then(|x| x.to_str()), Some("img" | "mnt")) {
                 // A frozen layer's image goes with its layer.
                 p.set_extension("");
             }
-            if !used.contains(p.to_string_lossy().as_ref()) {
+            if !super::in_use::is_referenced(&used, &p) {
                 if let Err(err) = disk::remove_layer(&p) {
                     tracing::warn!(layer = %p.display(), error = %err, "removing an unused layer");
                 }
