@@ -53,7 +53,7 @@ def test_mount_ptrace_kexec_and_modules_fail(sandbox, bystander):
         "mknod a disk": "mknod /tmp/sda b 8 0 && head -c 512 /tmp/sda",
     }
     for what, cmd in attempts.items():
-        with pytest.raises(CommandExitException, match=""):
+        with pytest.raises(CommandExitException):
             run_root(sandbox, cmd)
             pytest.fail(f"{what} succeeded")
     # As the user, ptrace of PID 1 (the agent, root) is refused.
@@ -110,3 +110,24 @@ def test_planted_link_for_the_agent_socket_is_not_followed(server, sandbox):
         lst.close()
         shutil.rmtree(d, ignore_errors=True)
     assert not hits, "the server connected through a link planted by the sandbox"
+
+
+def test_the_shared_run_dir_cannot_fill_the_host(server, sandbox, bystander):
+    # /run/kiln is the host's <sandbox>/run: a tiny tmpfs, not the host disk.
+    host_run = os.path.join(server.state_dir, "gvisor", "sandboxes", sandbox.sandbox_id, "run")
+    with open("/proc/self/mountinfo") as f:
+        fstypes = [ln.split(" - ")[1].split()[0] for ln in f if ln.split()[4] == host_run]
+    assert fstypes == ["tmpfs"], fstypes
+    with pytest.raises(CommandExitException) as ei:
+        run_root(sandbox, "head -c 8388608 /dev/zero > /run/kiln/fill")
+    assert "No space left" in ei.value.stderr, ei.value.stderr
+    r = run_root(
+        sandbox, "for i in $(seq 200); do touch /run/kiln/f$i 2>/dev/null || break; done; "
+        "ls /run/kiln | wc -l",
+    )
+    assert int(r.stdout.strip()) <= 32, r.stdout
+    used = sum(os.lstat(os.path.join(host_run, n)).st_size for n in os.listdir(host_run))
+    assert used <= 64 << 10, used
+    # The agent still answers, and the bystander never noticed.
+    assert sandbox.commands.run("echo fine").stdout == "fine\n"
+    assert_unharmed(bystander)

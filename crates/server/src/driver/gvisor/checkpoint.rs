@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::mounts::{is_mounted, mount_overlay_stack};
+use super::mounts::{is_mounted, mount_overlay_stack, mount_run_dir};
 use super::{check_id, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result};
 
@@ -313,6 +313,7 @@ impl GvisorDriver {
             self.halt(id).await?;
             let _ = std::fs::remove_file(self.halting_marker(id));
         }
+        mount_run_dir(&dir.join("run"))?;
         let rootfs = dir.join("rootfs");
         if !is_mounted(&rootfs) {
             // The host rebooted while the sandbox was paused.

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::mounts::{mount_overlay_stack, unmount};
+use super::mounts::{mount_overlay_stack, mount_run_dir, unmount};
 use super::oci::oci_spec;
 use super::{disk, network, trace, GvisorDriver, AGENT_PATH};
 use crate::driver::{io_err, DriverError, Result, SandboxSpec};
@@ -42,6 +42,7 @@ impl GvisorDriver {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(io_err(format!("creating {}", dir.join(sub).display())))?;
         }
+        mount_run_dir(&dir.join("run"))?;
         if quota {
             self.disks.create(&dir, spec.disk_mb).await?;
         }
@@ -78,6 +79,7 @@ impl GvisorDriver {
     pub(super) fn remove_files(&self, id: &str) -> Result<()> {
         let dir = self.sandbox_dir(id);
         unmount(&dir.join("rootfs"))?;
+        unmount(&dir.join("run"))?;
         disk::unmount_disk(&dir)?;
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),

@@ -5,7 +5,8 @@
 //!   layer is the template's rootfs directory (never written to);
 //! - `bundle/config.json`: the OCI spec (kiln-agent as init, `linux.resources` limits,
 //!   `cgroupsPath` `/kiln/<id>`);
-//! - `run/`: bind-mounted at `/run/kiln` inside; the agent binds `agent.sock` there and
+//! - `run/`: a 64 KiB tmpfs (so a root process inside cannot fill the host disk through it),
+//!   bind-mounted at `/run/kiln` inside; the agent binds `agent.sock` there and
 //!   `runsc --host-uds=create` makes it reachable from the host, so the server↔agent channel
 //!   never depends on the sandbox network (which is `--network=none`);
 //! - `console.log`: the agent's stdout/stderr (runsc's own errors too).

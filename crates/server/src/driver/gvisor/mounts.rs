@@ -1,4 +1,5 @@
-//! Host mounts of a gVisor sandbox: the overlayfs writable layer over the template rootfs.
+//! Host mounts of a gVisor sandbox: the overlayfs writable layer over the template rootfs, and
+//! the bounded tmpfs of its `run/` directory.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -91,6 +92,43 @@ pub fn mount_overlay_stack(
                 target.display(),
                 lower
             ),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Bytes and files the sandbox's `run/` tmpfs holds: the agent's socket, its detach marker and
+/// a syscall-trace socket need a few inodes and no data.
+const RUN_DIR_BYTES: u32 = 64 << 10;
+const RUN_DIR_INODES: u32 = 32;
+
+/// Mounts a tiny tmpfs at `target` (the sandbox's `run/`, shared with the sandbox at
+/// `/run/kiln`): whatever a root process inside writes there is bounded in size and count,
+/// costs no host disk, and goes with the unmount. Nothing when it is mounted already.
+pub fn mount_run_dir(target: &Path) -> Result<()> {
+    if is_mounted(target) {
+        return Ok(());
+    }
+    let fstype = CString::new("tmpfs").expect("static");
+    let target_c = cstr(target)?;
+    let data = CString::new(format!(
+        "size={RUN_DIR_BYTES},nr_inodes={RUN_DIR_INODES},mode=0755"
+    ))
+    .expect("no NUL");
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target_c.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(DriverError::Io {
+            what: format!("mounting a tmpfs at {}", target.display()),
             source: std::io::Error::last_os_error(),
         });
     }
