@@ -11,6 +11,7 @@ mod lifecycle;
 mod net;
 mod rich;
 mod side;
+mod stale;
 mod vmm;
 
 #[derive(clap::Subcommand)]
@@ -36,6 +37,10 @@ pub enum Cmd {
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
+    let removed = stale::sweep(&kiln_host::paths::state_dir().join("bench"));
+    if removed > 0 {
+        println!("removed {removed} leftover(s) of interrupted benches");
+    }
     match cmd {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Audit(a) => audit::run(a),
