@@ -66,3 +66,72 @@ async fn timeout_expiry_and_restart_recovery() {
     assert!(driver.list_on_host().await.unwrap().is_empty());
     assert!(common::processes_mentioning(&keep.id).is_empty());
 }
+
+/// A sandbox whose boot fails (its template has no agent) is stopped, marked failed with the
+/// reason and reported by a `failed` event; nothing of it stays on the host, the client's
+/// error names no host path, and the next create works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_boot_is_marked_reported_and_leaves_nothing() {
+    use kiln_server::store::EventQuery;
+    use kiln_server::templates::{from_dir, FixedTemplates};
+
+    let g = common::Ground::new();
+    let empty = tempfile::tempdir().unwrap();
+    let m = common::manager(
+        g.path(),
+        g.driver.clone(),
+        std::sync::Arc::new(FixedTemplates(vec![
+            from_dir("t", g.tpl.path()),
+            from_dir("broken", empty.path()),
+        ])),
+        common::template_config(),
+    );
+    let (app, key) = common::app(m.clone(), g.path()).await;
+    let (status, v) = common::call(
+        &app,
+        Some(&key),
+        "POST",
+        "/sandboxes",
+        Some(r#"{"templateID":"broken","timeout":60}"#),
+        &[],
+    )
+    .await;
+    assert!(status.is_server_error(), "{status}: {v}");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("rebuild the template"), "{v}");
+    assert!(!msg.contains(&*empty.path().to_string_lossy()), "{v}");
+    assert!(!msg.contains(&*g.path().to_string_lossy()), "{v}");
+
+    let store = g.store();
+    let failed = store.list_sandboxes(&[SandboxState::Failed]).await.unwrap();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let id = failed[0].id.clone();
+    assert!(failed[0]
+        .end_reason
+        .as_deref()
+        .is_some_and(|r| r.contains("rebuild the template")));
+    let events: Vec<String> = store
+        .events_page(&EventQuery {
+            sandbox_id: Some(id.clone()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event.kind)
+        .collect();
+    assert!(events.iter().any(|k| k == "failed"), "{events:?}");
+    assert!(
+        m.get(&id).is_err(),
+        "a failed sandbox is not listed as live"
+    );
+    assert!(g.driver.list_on_host().await.unwrap().is_empty());
+    assert!(common::mounts_under(g.path()).is_empty());
+    assert!(!g.path().join("gvisor/sandboxes").join(&id).exists());
+
+    let ok = m.create(params(60)).await.expect("the next create");
+    g.cleanup.add(&ok.id);
+    assert_eq!(common::sh(&m, &ok.id, "echo up").await, "up");
+    assert!(m.kill(&ok.id, "test done").await.unwrap());
+}

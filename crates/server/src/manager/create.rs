@@ -137,25 +137,14 @@ impl Manager {
         let booted = if pooled.is_some() {
             self.boot(&spec, &record, &tpl, true, network).await
         } else {
-            match self.boots.acquire().await {
+            match self.boot_permit().await {
                 Ok(_permit) => self.boot(&spec, &record, &tpl, false, network).await,
-                Err(_) => Err(Error::Unavailable(
-                    "the sandbox manager is shutting down".into(),
-                )),
+                Err(e) => Err(e),
             }
         };
         let phases = match booted {
             Ok(p) => p,
-            Err(e) => {
-                let _ = self.driver.stop(&id).await;
-                let msg = e.to_string();
-                let _ = self
-                    .store
-                    .set_state(&id, SandboxState::Failed, Some(&msg))
-                    .await;
-                self.event(&id, "failed", msg).await;
-                return Err(e);
-            }
+            Err(e) => return Err(self.boot_failed(&id, e).await),
         };
         record.state = SandboxState::Running;
         // The clock starts when the sandbox is usable.

@@ -257,6 +257,27 @@ impl Manager {
         self.events.subscribe()
     }
 
+    /// One of the boot permits (see `boots`), or 503 once the manager shuts down.
+    async fn boot_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.boots
+            .acquire()
+            .await
+            .map_err(|_| Error::Unavailable("the sandbox manager is shutting down".into()))
+    }
+
+    /// A sandbox that failed to boot (or restore): its runtime is stopped, its record marked
+    /// failed and a `failed` event says why. Returns the error.
+    async fn boot_failed(&self, id: &str, e: Error) -> Error {
+        let _ = self.driver.stop(id).await;
+        let msg = e.to_string();
+        let _ = self
+            .store
+            .set_state(id, SandboxState::Failed, Some(&msg))
+            .await;
+        self.event(id, "failed", msg).await;
+        e
+    }
+
     async fn event(&self, id: &str, kind: &str, detail: impl Into<String>) {
         let detail = detail.into();
         self.audit()

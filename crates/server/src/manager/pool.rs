@@ -98,11 +98,7 @@ impl Manager {
         let id = super::new_sandbox_id();
         let spec = self.spec_for(&id, &tpl);
         let booted = async {
-            let _permit = self
-                .boots
-                .acquire()
-                .await
-                .map_err(|_| Error::Unavailable("shutting down".into()))?;
+            let _permit = self.boot_permit().await?;
             self.driver.create(&spec).await?;
             self.driver.start(&id).await?;
             self.agent(&id, None)

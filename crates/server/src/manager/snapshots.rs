@@ -242,21 +242,12 @@ impl Manager {
                 .get(super::create::SYSCALL_AUDIT_KEY)
                 .map(String::as_str)
                 == Some("true");
-        let restored = match self.boots.acquire().await {
+        let restored = match self.boot_permit().await {
             Ok(_permit) => self.restore_and_init(&snap, &spec, &record).await,
-            Err(_) => Err(Error::Unavailable(
-                "the sandbox manager is shutting down".into(),
-            )),
+            Err(e) => Err(e),
         };
         if let Err(e) = restored {
-            let _ = self.driver.stop(&id).await;
-            let msg = e.to_string();
-            let _ = self
-                .store
-                .set_state(&id, SandboxState::Failed, Some(&msg))
-                .await;
-            self.event(&id, "failed", msg).await;
-            return Err(e);
+            return Err(self.boot_failed(&id, e).await);
         }
         record.state = SandboxState::Running;
         record.end_at_ms = now_ms() + timeout as i64 * 1000;
