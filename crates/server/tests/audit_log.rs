@@ -49,7 +49,7 @@ async fn chains_verify_and_an_edited_record_is_found_at_its_seq() {
     for w in recs.windows(2) {
         assert_eq!(w[1].prev_hash, w[0].hash);
     }
-    let reports = log.verify(None).await.unwrap();
+    let reports = log.verify(None, None).await.unwrap();
     assert_eq!(reports.len(), 2);
     assert!(
         reports.iter().all(|r| r.ok && r.records == 10),
@@ -66,11 +66,11 @@ async fn chains_verify_and_an_edited_record_is_found_at_its_seq() {
         )
         .unwrap();
     assert_eq!(n, 1);
-    let r = &log.verify(Some("sbxa".into())).await.unwrap()[0];
+    let r = &log.verify(Some("sbxa".into()), None).await.unwrap()[0];
     assert!(!r.ok);
     assert_eq!(r.first_bad_seq, Some(4), "{r:?}");
     // The other chain is untouched.
-    assert!(log.verify(Some("sbxb".into())).await.unwrap()[0].ok);
+    assert!(log.verify(Some("sbxb".into()), None).await.unwrap()[0].ok);
 
     // Deleting a record is found too, at the first missing seq.
     c.execute(
@@ -78,7 +78,7 @@ async fn chains_verify_and_an_edited_record_is_found_at_its_seq() {
         [],
     )
     .unwrap();
-    let r = &log.verify(Some("sbxb".into())).await.unwrap()[0];
+    let r = &log.verify(Some("sbxb".into()), None).await.unwrap()[0];
     assert_eq!((r.ok, r.first_bad_seq), (false, Some(7)), "{r:?}");
     // And deleting the newest one (the chain's head is remembered).
     c.execute(
@@ -92,7 +92,7 @@ async fn chains_verify_and_an_edited_record_is_found_at_its_seq() {
         [],
     )
     .unwrap();
-    let r = &log.verify(Some("sbxa".into())).await.unwrap()[0];
+    let r = &log.verify(Some("sbxa".into()), None).await.unwrap()[0];
     assert_eq!((r.ok, r.first_bad_seq), (false, Some(10)), "{r:?}");
 }
 
@@ -192,7 +192,7 @@ async fn many_concurrent_writers_lose_nothing_through_a_small_queue() {
         .await
         .unwrap();
     assert_eq!(recs.len() + more.len(), 2000);
-    let r = &log.verify(Some("busy".into())).await.unwrap()[0];
+    let r = &log.verify(Some("busy".into()), None).await.unwrap()[0];
     assert!(r.ok && r.records == 2000, "{r:?}");
 }
 
@@ -214,14 +214,14 @@ async fn retention_prunes_with_an_anchor_and_the_rest_still_verifies() {
     let left = log.query(all("keep")).await.unwrap();
     assert_eq!(left.len(), 4);
     assert_eq!(left[0].seq, 7);
-    let reports = log.verify(None).await.unwrap();
+    let reports = log.verify(None, None).await.unwrap();
     assert!(reports.iter().all(|r| r.ok), "{reports:?}");
     let k = reports.iter().find(|r| r.sandbox_id == "keep").unwrap();
     assert_eq!((k.records, k.pruned), (4, 6));
     // Appending after pruning continues the chain.
     log.record("keep", Kind::Lifecycle, json!({ "i": 10 }))
         .await;
-    assert!(log.verify(Some("keep".into())).await.unwrap()[0].ok);
+    assert!(log.verify(Some("keep".into()), None).await.unwrap()[0].ok);
 }
 
 #[tokio::test]
@@ -249,7 +249,7 @@ async fn a_fork_starts_its_own_chain_linked_to_its_parents_head() {
         (b["parent"].as_str(), b["parentSeq"].as_i64()),
         (Some("parent"), Some(3))
     );
-    let r = &log.verify(Some("child".into())).await.unwrap()[0];
+    let r = &log.verify(Some("child".into()), None).await.unwrap()[0];
     assert!(r.ok, "{r:?}");
     assert_eq!(r.parent.as_deref(), Some("parent"));
     // Forging the link (pointing the child at another parent record) is found.
@@ -260,7 +260,7 @@ async fn a_fork_starts_its_own_chain_linked_to_its_parents_head() {
         [],
     )
     .unwrap();
-    let r = &log.verify(Some("child".into())).await.unwrap()[0];
+    let r = &log.verify(Some("child".into()), None).await.unwrap()[0];
     assert_eq!((r.ok, r.first_bad_seq), (false, Some(1)));
 }
 
@@ -313,5 +313,5 @@ async fn a_restarted_server_continues_each_chain() {
     let recs = log.query(all("r")).await.unwrap();
     assert_eq!(recs.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
     assert_eq!(recs[3].prev_hash, recs[2].hash);
-    assert!(log.verify(Some("r".into())).await.unwrap()[0].ok);
+    assert!(log.verify(Some("r".into()), None).await.unwrap()[0].ok);
 }

@@ -26,12 +26,18 @@ fn audit_err(e: AuditError) -> ApiError {
     }
 }
 
-async fn query(st: St, sandbox: Option<&str>, q: AuditQuery) -> ApiResult<Response> {
+async fn query(
+    st: St,
+    sandbox: Option<&str>,
+    team: Option<String>,
+    q: AuditQuery,
+) -> ApiResult<Response> {
     let log = st.0.manager.audit().clone();
     if !log.enabled() {
         return Err(audit_err(AuditError::Off));
     }
-    let f = q.filter(sandbox).map_err(ApiError::bad_request)?;
+    let mut f = q.filter(sandbox).map_err(ApiError::bad_request)?;
+    f.team = team;
     if q.follow.unwrap_or(false) {
         return Ok(follow(log, f));
     }
@@ -46,17 +52,18 @@ pub async fn sandbox_audit(
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<Response> {
     super::scope::check_owner(&st.0, &id, &c.team).await?;
-    query(st, Some(&id), q).await
+    query(st, Some(&id), None, q).await
 }
 
-/// `GET /audit`: every sandbox's records (`sandboxID` narrows).
+/// `GET /audit`: the records of every sandbox of the caller's team (of every sandbox for the
+/// operator's team); `sandboxID` narrows.
 pub async fn search(
     st: St,
     Extension(c): Extension<Caller>,
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<Response> {
-    super::scope::check_wide(&st.0, &c, q.sandbox_id.as_deref()).await?;
-    query(st, None, q).await
+    let team = super::scope::team_scope(&st.0, &c, q.sandbox_id.as_deref()).await?;
+    query(st, None, team, q).await
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -65,17 +72,18 @@ pub struct VerifyQuery {
     sandbox_id: Option<String>,
 }
 
-/// `GET /audit/verify`: checks one chain or all; `ok` is false when any is broken.
+/// `GET /audit/verify`: checks one chain, or all of the caller's team (all for the operator's
+/// team); `ok` is false when any is broken.
 pub async fn verify(
     st: St,
     Extension(c): Extension<Caller>,
     Query(q): Query<VerifyQuery>,
 ) -> ApiResult<Response> {
-    super::scope::check_wide(&st.0, &c, q.sandbox_id.as_deref()).await?;
+    let team = super::scope::team_scope(&st.0, &c, q.sandbox_id.as_deref()).await?;
     let reports =
         st.0.manager
             .audit()
-            .verify(q.sandbox_id)
+            .verify(q.sandbox_id, team)
             .await
             .map_err(audit_err)?;
     let ok = reports.iter().all(|r| r.ok);

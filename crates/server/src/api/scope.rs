@@ -1,6 +1,7 @@
 //! What a caller's team may see of the logs that outlive sandboxes (metrics history, events,
 //! audit records): one sandbox's only when it belongs (or belonged) to the team; the whole
-//! server's only for keys of the operator's team (`default`).
+//! server's only for keys of the operator's team (`default`); audit searches cover the
+//! caller's team's sandboxes.
 
 use super::{ApiError, ApiResult, AppState};
 use crate::tenancy::{Caller, DEFAULT_TEAM};
@@ -33,4 +34,20 @@ pub(super) async fn check_wide(st: &AppState, c: &Caller, named: Option<&str>) -
             ),
         )),
     }
+}
+
+/// A search over the logs of a team's sandboxes: the operator's team reads everything (None);
+/// another team reads its own sandboxes (`Some(team)`), and a sandbox it names must be its own.
+pub(super) async fn team_scope(
+    st: &AppState,
+    c: &Caller,
+    named: Option<&str>,
+) -> ApiResult<Option<String>> {
+    if c.team == DEFAULT_TEAM {
+        return Ok(None);
+    }
+    if let Some(id) = named {
+        check_owner(st, id, &c.team).await?;
+    }
+    Ok(Some(c.team.clone()))
 }

@@ -69,6 +69,7 @@ impl AuditQuery {
             sandbox_id: sandbox
                 .map(str::to_string)
                 .or_else(|| self.sandbox_id.clone()),
+            team: None,
             kinds,
             since_ms: self.since.as_deref().map(parse_time).transpose()?,
             until_ms: self.until.as_deref().map(parse_time).transpose()?,
@@ -132,6 +133,8 @@ pub fn follow(log: AuditLog, mut f: Filter) -> Response {
                 break;
             }
         }
+        // Whether each sandbox seen live is the team's (when the follower is scoped to one).
+        let mut of_team: std::collections::HashMap<String, bool> = Default::default();
         loop {
             // Ends as soon as the client goes away, even while nothing matching is written.
             let next = tokio::select! {
@@ -142,6 +145,22 @@ pub fn follow(log: AuditLog, mut f: Filter) -> Response {
                 Ok(r) => {
                     if r.cursor <= last || !matches(&f, &r) {
                         continue;
+                    }
+                    if let Some(team) = &f.team {
+                        let known = of_team.get(&r.sandbox_id).copied();
+                        let ours = match known {
+                            Some(v) => v,
+                            // (Not cached while unknown: the sandbox's row may be on its way.)
+                            None => match log.team_of(&r.sandbox_id).await.ok().flatten() {
+                                Some(t) => {
+                                    *of_team.entry(r.sandbox_id.clone()).or_insert(&t == team)
+                                }
+                                None => false,
+                            },
+                        };
+                        if !ours {
+                            continue;
+                        }
                     }
                     last = r.cursor;
                     if tx.send(Ok(line(&r))).await.is_err() {

@@ -235,13 +235,23 @@ impl AuditLog {
         self.read(move |c| store::query(c, &f)).await
     }
 
-    /// Verifies one sandbox's chain, or every chain.
-    pub async fn verify(&self, sandbox_id: Option<String>) -> Result<Vec<Report>, AuditError> {
+    /// The team sandbox `id` belongs (or belonged) to, if known.
+    pub async fn team_of(&self, id: &str) -> Result<Option<String>, AuditError> {
+        let id = id.to_string();
+        self.read(move |c| store::team_of(c, &id)).await
+    }
+
+    /// Verifies one sandbox's chain, or every chain (of `team`'s sandboxes only, when given).
+    pub async fn verify(
+        &self,
+        sandbox_id: Option<String>,
+        team: Option<String>,
+    ) -> Result<Vec<Report>, AuditError> {
         self.flush().await;
         self.read(move |c| {
             let ids = match sandbox_id {
                 Some(s) => vec![s],
-                None => store::chains(c)?,
+                None => store::chains(c, team.as_deref())?,
             };
             ids.iter().map(|s| store::verify(c, s)).collect()
         })

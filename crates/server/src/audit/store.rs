@@ -90,6 +90,8 @@ pub fn append(
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub sandbox_id: Option<String>,
+    /// Only the sandboxes of this team (running, paused or ended).
+    pub team: Option<String>,
     /// Any of these kinds (all when empty).
     pub kinds: Vec<Kind>,
     /// Records at or after this time (ms).
@@ -108,6 +110,13 @@ pub fn query(c: &Connection, f: &Filter) -> Result<Vec<AuditRecord>> {
     if let Some(s) = &f.sandbox_id {
         args.push(s.clone().into());
         sql.push_str(&format!(" AND sandbox_id = ?{}", args.len()));
+    }
+    if let Some(t) = &f.team {
+        args.push(t.clone().into());
+        sql.push_str(&format!(
+            " AND sandbox_id IN (SELECT id FROM sandboxes WHERE team = ?{})",
+            args.len()
+        ));
     }
     if !f.kinds.is_empty() {
         let mut marks = Vec::new();
@@ -150,15 +159,27 @@ pub struct Report {
     pub parent: Option<String>,
 }
 
-/// Every sandbox with a chain, in the order chains were started.
-pub fn chains(c: &Connection) -> Result<Vec<String>> {
+/// Every sandbox with a chain (of `team`'s sandboxes only, when given), in the order chains
+/// were started.
+pub fn chains(c: &Connection, team: Option<&str>) -> Result<Vec<String>> {
     let mut st = c.prepare(
         "SELECT h.sandbox_id FROM audit_heads h
          LEFT JOIN (SELECT sandbox_id, MIN(id) AS first FROM audit GROUP BY sandbox_id) a
-         ON a.sandbox_id = h.sandbox_id ORDER BY a.first, h.sandbox_id",
+         ON a.sandbox_id = h.sandbox_id
+         WHERE ?1 IS NULL OR h.sandbox_id IN (SELECT id FROM sandboxes WHERE team = ?1)
+         ORDER BY a.first, h.sandbox_id",
     )?;
-    let rows = st.query_map([], |r| r.get(0))?;
+    let rows = st.query_map([team], |r| r.get(0))?;
     rows.collect()
+}
+
+/// The team sandbox `id` belongs (or belonged) to, if the store knows it.
+pub fn team_of(c: &Connection, id: &str) -> Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    c.query_row("SELECT team FROM sandboxes WHERE id = ?1", [id], |r| {
+        r.get(0)
+    })
+    .optional()
 }
 
 /// Verifies `sandbox_id`'s chain: every stored record against its hash and its predecessor,
