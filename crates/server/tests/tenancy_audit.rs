@@ -1,6 +1,7 @@
-//! Team-wide audit search through the real router, SQLite store and gVisor sandboxes: a team's
-//! key searches (`GET /audit`, also `follow=true`) and verifies (`GET /audit/verify`) the
-//! records of its own sandboxes and nothing of another team's; the operator's team sees all.
+//! Team-wide searches through the real router, SQLite store and gVisor sandboxes: a team's key
+//! searches the audit log (`GET /audit`, also `follow=true`), verifies its chains (`GET
+//! /audit/verify`) and reads the lifecycle events (`GET /events`) of its own sandboxes and
+//! nothing of another team's; the operator's team sees all.
 
 mod common;
 
@@ -71,6 +72,24 @@ async fn a_team_searches_and_verifies_its_own_sandboxes_records_only() {
     let mut both = vec![r.clone(), b.clone()];
     both.sort();
     assert_eq!(sandboxes_in(&app, &operator, "/audit").await, both);
+    // The lifecycle events, likewise.
+    for (key, want) in [
+        (&blue, vec![b.clone()]),
+        (&red, vec![r.clone()]),
+        (&operator, both.clone()),
+    ] {
+        let (s, v) = common::call(&app, Some(key), "GET", "/events", None, &[]).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let mut got: Vec<String> = v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["sandboxID"].as_str().unwrap().to_string())
+            .collect();
+        got.sort();
+        got.dedup();
+        assert_eq!(got, want, "{v}");
+    }
     // Naming another team's sandbox: as if it did not exist.
     let (s, v) = common::call(
         &app,

@@ -127,6 +127,7 @@ async fn events_page(
     st: &super::AppState,
     q: &HashMap<String, String>,
     sandbox_id: Option<String>,
+    team: Option<String>,
 ) -> ApiResult<Json<Value>> {
     let cursor = q
         .get("cursor")
@@ -169,6 +170,7 @@ async fn events_page(
             after_seq: cursor,
             since_ms: since,
             sandbox_id,
+            team,
             kinds,
             limit,
         })
@@ -184,7 +186,8 @@ async fn events_page(
     })))
 }
 
-/// `GET /events?since&cursor&limit&sandboxId&type`: the lifecycle event log, oldest first.
+/// `GET /events?since&cursor&limit&sandboxId&type`: the lifecycle event log of the caller's
+/// team's sandboxes (every sandbox's for the operator's team), oldest first.
 pub async fn events(
     State(st): St,
     Extension(c): Extension<Caller>,
@@ -194,8 +197,8 @@ pub async fn events(
         .get("sandboxId")
         .or(q.get("sandboxID"))
         .map(String::as_str);
-    super::scope::check_wide(&st, &c, named).await?;
-    events_page(&st, &q, None).await
+    let team = super::scope::team_scope(&st, &c, named).await?;
+    events_page(&st, &q, None, team).await
 }
 
 /// `GET /sandboxes/{id}/events`: the same, for one sandbox (also after it ended).
@@ -206,7 +209,7 @@ pub async fn sandbox_events(
     Query(q): Params,
 ) -> ApiResult<Json<Value>> {
     super::scope::check_owner(&st, &id, &c.team).await?;
-    events_page(&st, &q, Some(id)).await
+    events_page(&st, &q, Some(id), None).await
 }
 
 /// Constant-time comparison of two tokens.

@@ -34,6 +34,10 @@ pub fn events_page(c: &Connection, q: &EventQuery) -> Result<Vec<StoredEvent>> {
         sql.push_str(" AND sandbox_id = ?");
         args.push(id.clone().into());
     }
+    if let Some(team) = &q.team {
+        sql.push_str(" AND sandbox_id IN (SELECT id FROM sandboxes WHERE team = ?)");
+        args.push(team.clone().into());
+    }
     if !q.kinds.is_empty() {
         sql.push_str(" AND kind IN (");
         sql.push_str(&vec!["?"; q.kinds.len()].join(","));

@@ -190,6 +190,8 @@ pub struct EventQuery {
     /// Only events at or after this time.
     pub since_ms: Option<i64>,
     pub sandbox_id: Option<String>,
+    /// Only the sandboxes of this team (running, paused or ended).
+    pub team: Option<String>,
     /// Only these kinds (all when empty).
     pub kinds: Vec<String>,
     pub limit: u32,
