@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
-use kiln_server::manager::{AdmissionConfig, CreateParams};
-use kiln_server::{DriverConfig, DriverKind, LifecycleConfig, Manager, Server, ServerConfig};
+use kiln_server::manager::CreateParams;
+use kiln_server::{Manager, Server, ServerConfig};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -54,45 +54,22 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let store = kiln_template::Store::open_default().context("opening the template store")?;
-    let templates: Arc<dyn kiln_server::templates::Templates> = Arc::new(store);
-    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
-    let base = a
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    // Short names: agent socket paths under the work dir must fit in 108 bytes.
-    let work = tempfile::Builder::new()
-        .prefix("d")
-        .rand_bytes(4)
-        .tempdir_in(&base)?;
-    let mut driver = DriverConfig {
-        kind: DriverKind::Gvisor,
-        ..DriverConfig::default()
-    };
-    driver.gvisor.runsc = Some(runsc.clone());
-    driver.gvisor.platform = Some(platform.clone());
+    let super::ServerBench {
+        templates,
+        work,
+        mut driver,
+        platform,
+    } = super::server_bench(
+        a.work_dir.as_deref(),
+        "d",
+        a.runsc.as_deref(),
+        a.platform.clone(),
+    )?;
     driver.gvisor.timer_slack = a
         .timer_slack_ms
         .filter(|ms| ms.is_finite() && *ms > 0.0)
         .map(|ms| Duration::from_secs_f64(ms / 1000.0));
-    let cfg = ServerConfig {
-        listen: "127.0.0.1:0".parse()?,
-        domain: kiln_server::DEFAULT_DOMAIN.into(),
-        state_dir: work.path().to_path_buf(),
-        driver,
-        lifecycle: LifecycleConfig {
-            admission: AdmissionConfig {
-                state_dir: Some(work.path().to_path_buf()),
-                ..Default::default()
-            },
-            ..LifecycleConfig::default()
-        },
-        metrics_token: None,
-        edge: Default::default(),
-        audit: Default::default(),
-    };
+    let cfg = super::server_config(work.path(), driver, Default::default())?;
     println!(
         "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \
          in steps of {}, {} creates at once, sentry timer slack {}):",

@@ -70,3 +70,69 @@ pub(crate) fn runtime(
     };
     Ok((runsc.path, platform))
 }
+
+/// What a bench that runs kiln's own server needs: the template store, a fresh work dir named
+/// `<prefix>XXXX` under `work_dir` (default `<state>/bench`; short names: agent socket paths
+/// under it must fit in 108 bytes), and gVisor driver settings for the runtime the bench uses.
+pub(crate) struct ServerBench {
+    pub templates: std::sync::Arc<dyn kiln_server::templates::Templates>,
+    pub work: tempfile::TempDir,
+    pub driver: kiln_server::DriverConfig,
+    pub platform: String,
+}
+
+pub(crate) fn server_bench(
+    work_dir: Option<&std::path::Path>,
+    prefix: &str,
+    runsc: Option<&std::path::Path>,
+    platform: Option<String>,
+) -> anyhow::Result<ServerBench> {
+    use anyhow::Context;
+    let store = kiln_template::Store::open_default().context("opening the template store")?;
+    let (runsc, platform) = runtime(runsc, platform)?;
+    let base = work_dir
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix(prefix)
+        .rand_bytes(4)
+        .tempdir_in(&base)?;
+    let mut driver = kiln_server::DriverConfig {
+        kind: kiln_server::DriverKind::Gvisor,
+        ..Default::default()
+    };
+    driver.gvisor.runsc = Some(runsc);
+    driver.gvisor.platform = Some(platform.clone());
+    Ok(ServerBench {
+        templates: std::sync::Arc::new(store),
+        work,
+        driver,
+        platform,
+    })
+}
+
+/// The configuration of a bench's server with its state in `dir`: `driver`, `audit`, an
+/// ephemeral loopback port, admission measuring `dir`'s disk, defaults otherwise.
+pub(crate) fn server_config(
+    dir: &std::path::Path,
+    driver: kiln_server::DriverConfig,
+    audit: kiln_server::audit::AuditConfig,
+) -> anyhow::Result<kiln_server::ServerConfig> {
+    Ok(kiln_server::ServerConfig {
+        listen: "127.0.0.1:0".parse()?,
+        domain: kiln_server::DEFAULT_DOMAIN.into(),
+        state_dir: dir.to_path_buf(),
+        driver,
+        lifecycle: kiln_server::LifecycleConfig {
+            admission: kiln_server::manager::AdmissionConfig {
+                state_dir: Some(dir.to_path_buf()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        metrics_token: None,
+        edge: Default::default(),
+        audit,
+    })
+}
