@@ -185,8 +185,12 @@ fn summary(r: &Value) -> String {
                 ),
                 _ => String::new(),
             };
+            let icmp = match (b["icmpType"].as_u64(), b["icmpCode"].as_u64()) {
+                (Some(t), Some(c)) => format!(" icmp={t}/{c}"),
+                _ => String::new(),
+            };
             format!(
-                "{} {} {} → {} name={} rule={:?}{bytes}",
+                "{} {} {} → {}{icmp} name={} rule={:?}{bytes}",
                 s(&b["event"]),
                 s(&b["proto"]),
                 s(&b["src"]),
