@@ -123,7 +123,10 @@ fn open_socket() -> std::io::Result<OwnedFd> {
         SockFlag::SOCK_CLOEXEC,
         SockProtocol::NetlinkNetFilter,
     )?;
-    let _ = socket::setsockopt(&fd, socket::sockopt::RcvBuf, &(1 << 20));
+    // Room for bursts of new flows (past `rmem_max`: kiln runs as root), else what is allowed.
+    if socket::setsockopt(&fd, socket::sockopt::RcvBufForce, &(4 << 20)).is_err() {
+        let _ = socket::setsockopt(&fd, socket::sockopt::RcvBuf, &(4 << 20));
+    }
     socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, nfnl::GROUP_CT_DESTROY))?;
     let timeout = nix::sys::time::TimeVal::new(2, 0);
     socket::setsockopt(&fd, socket::sockopt::ReceiveTimeout, &timeout)?;
