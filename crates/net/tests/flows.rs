@@ -1,7 +1,9 @@
 //! Real namespaces and nftables (needs root): the flow log records UDP and ICMP leaving a
 //! slot's sandbox namespace — let out and refused, with the rule, and with payload bytes each
-//! way when a let-out flow ends — against a test host on 198.51.100.168/29 in a namespace of
-//! its own. The sandbox side is the kernel's stack (gVisor's is tested through the server).
+//! way when a let-out flow ends (by conntrack's timeout, or by [`FlowLog::finish`]), QUIC under
+//! domain rules refused as `quic` — against a test host on 198.51.100.168/29 in a namespace of
+//! its own; slots in 10.165.0.0/24. The sandbox side is the kernel's stack (gVisor's is tested
+//! through the server: tests/sdk/server/test_server_audit_flows.py).
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -302,6 +304,15 @@ async fn udp_and_icmp_flows_are_recorded() {
         closes,
         vec![(icmp_ok, 3 * 8, 3 * 8, 3, 3), (udp_ok, 2 * 5, 2 * 4, 2, 2)]
     );
+    // Under domain rules, UDP to the TLS ports (QUIC, which cannot be named) is dropped: "quic".
+    let p = EgressPolicy::from_lists(true, &["a.test".into()], &[], &[]).unwrap();
+    pool.set_policy(&slot, &p).await.unwrap();
+    log.set_policy(p);
+    u.send_to(b"quic", "198.51.100.169:443").unwrap();
+    assert_eq!(
+        wait_for(&events, 8, 5).await[7],
+        NetEvent::FlowDeny(flow("udp", OK_HOST, Some((40001, 443)), "quic"))
+    );
     // A flow still open when the sandbox goes: finishing the log ends it, with its bytes.
     let u2: UdpSocket = in_netns(&sa, || UdpSocket::bind("0.0.0.0:40002"))
         .await
@@ -311,20 +322,20 @@ async fn udp_and_icmp_flows_are_recorded() {
     assert_eq!(u2.recv(&mut buf).unwrap(), 4);
     let last = flow("udp", OK_HOST, Some((40002, 7000)), "default");
     assert_eq!(
-        wait_for(&events, 8, 5).await[7],
+        wait_for(&events, 9, 5).await[8],
         NetEvent::FlowOpen(last.clone())
     );
     let t = std::time::Instant::now();
     log.finish().await;
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     let got = events.lock().unwrap().clone();
-    assert_eq!(got.len(), 9, "{got:?}");
+    assert_eq!(got.len(), 10, "{got:?}");
     let NetEvent::FlowClose {
         flow,
         bytes_out,
         bytes_in,
         ..
-    } = &got[8]
+    } = &got[9]
     else {
         panic!("{got:?}")
     };
