@@ -11,6 +11,7 @@ Needs root (namespaces, nftables)."""
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-from .conftest import cleanup_state
+from .conftest import cleanup_state, kiln_bin
 from .internet import remove_slots_in_range, require_root, start_net_server
 from .testnet import NetNs
 
@@ -163,6 +164,14 @@ def test_udp_and_icmp_flows_are_recorded_with_rule_and_bytes(flows_server):
     ], recs
     status, v, _ = srv.request("GET", f"/audit/verify?sandboxID={sid}")
     assert status == 200 and v["ok"], v
+    # `kiln audit ID --kind net`: one line per record, ICMP with its type/code.
+    env = {**os.environ, "KILN_URL": srv.url, "KILN_API_KEY": srv.api_key}
+    out = subprocess.run([kiln_bin(), "audit", sid, "--kind", "net"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 7, out.stdout
+    assert f"deny icmp 169.254.0.21 → {DENIED_HOST} icmp=8/0" in lines[3], lines[3]
 
 
 def socket_fds(pid: int) -> int:
