@@ -185,8 +185,12 @@ fn summary(r: &Value) -> String {
                 ),
                 _ => String::new(),
             };
+            let icmp = match (b["icmpType"].as_u64(), b["icmpCode"].as_u64()) {
+                (Some(t), Some(c)) => format!(" icmp={t}/{c}"),
+                _ => String::new(),
+            };
             format!(
-                "{} {} {} → {} name={} rule={:?}{bytes}",
+                "{} {} {} → {}{icmp} name={} rule={:?}{bytes}",
                 s(&b["event"]),
                 s(&b["proto"]),
                 s(&b["src"]),
@@ -282,4 +286,28 @@ async fn verify(client: &Client, id: Option<&str>, json: bool) -> anyhow::Result
     } else {
         1
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_and_icmp_flows_read_as_tcp_connections_do() {
+        let rec = |body: Value| serde_json::json!({"kind": "net", "body": body});
+        let close = summary(&rec(serde_json::json!({"event": "close", "proto": "udp",
+            "src": "169.254.0.21:40001", "dst": "198.51.100.177:7000", "name": null,
+            "rule": "default", "bytesOut": 10, "bytesIn": 8, "durationMs": 3})));
+        assert!(
+            close.ends_with("close udp 169.254.0.21:40001 → 198.51.100.177:7000 name=- rule=\"default\" out=10 in=8 3 ms"),
+            "{close}"
+        );
+        let deny = summary(&rec(serde_json::json!({"event": "deny", "proto": "icmp",
+            "src": "169.254.0.21", "dst": "198.51.100.178", "name": null, "icmpType": 8,
+            "icmpCode": 0, "icmpId": 1201, "rule": "denyOut 198.51.100.178"})));
+        assert!(
+            deny.ends_with("deny icmp 169.254.0.21 → 198.51.100.178 icmp=8/0 name=- rule=\"denyOut 198.51.100.178\""),
+            "{deny}"
+        );
+    }
 }

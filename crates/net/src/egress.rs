@@ -99,20 +99,6 @@ struct Ctx {
 }
 
 impl Ctx {
-    /// The rule denying `ip` whatever the policy (`host`, `always denied <range>`), if any.
-    fn always_denied(&self, ip: Ipv4Addr) -> Option<String> {
-        if self.facts.host_deny.iter().any(|c| c.contains(ip)) {
-            return Some("host".into());
-        }
-        if self.facts.operator_allow.iter().any(|c| c.contains(ip)) {
-            return None;
-        }
-        crate::addr::always_denied()
-            .iter()
-            .find(|c| c.contains(ip))
-            .map(|c| format!("always denied {c}"))
-    }
-
     async fn handle(&self, mut s: TcpStream) -> std::io::Result<()> {
         let orig = original_dst(&s)?;
         let src = match s.peer_addr()? {
@@ -132,7 +118,7 @@ impl Ctx {
             None
         };
         let ip = *orig.ip();
-        let (allowed, rule) = match self.always_denied(ip) {
+        let (allowed, rule) = match always_denied(&self.facts, ip) {
             Some(rule) => (false, rule),
             None => policy.decide(name.as_deref(), ip),
         };
@@ -191,6 +177,20 @@ impl Ctx {
         let (o, i) = (out.into_inner(), inn.into_inner());
         r.map(|_| (o, i)).map_err(|e| (o, i, e))
     }
+}
+
+/// The rule denying `ip` whatever the policy (`host`, `always denied <range>`), if any.
+pub(crate) fn always_denied(facts: &HostFacts, ip: Ipv4Addr) -> Option<String> {
+    if facts.host_deny.iter().any(|c| c.contains(ip)) {
+        return Some("host".into());
+    }
+    if facts.operator_allow.iter().any(|c| c.contains(ip)) {
+        return None;
+    }
+    crate::addr::always_denied()
+        .iter()
+        .find(|c| c.contains(ip))
+        .map(|c| format!("always denied {c}"))
 }
 
 /// Reads the connection's first bytes into `buf` until they name it (TLS SNI or HTTP Host).

@@ -19,7 +19,8 @@
 //! teardown), [`host`] (host-wide forwarding and NAT), [`pool`] (the pool), [`netns`]
 //! (sockets inside a namespace), [`range`] (choosing a free host range, probing the host), [`dns`] (the per-sandbox DNS forwarder, reading messages with [`dns_msg`]), [`egress`] (the
 //! per-sandbox proxy that applies domain rules, naming connections with [`sni`]), [`relay`] (the proxy's
-//! byte-counting splice), [`observe`]
+//! byte-counting splice), [`flows`] (UDP and ICMP flows the ruleset decides, read as NFLOG
+//! packets and conntrack events with [`nfnl`]), [`observe`]
 //! (what the proxy and the forwarder tell the audit log), [`sweep`] (what killed servers left behind).
 
 pub mod addr;
@@ -28,8 +29,10 @@ pub mod dns;
 pub mod dns_msg;
 pub mod egress;
 mod egress_sock;
+pub mod flows;
 pub mod host;
 pub mod netns;
+pub mod nfnl;
 pub mod observe;
 pub mod policy;
 pub mod pool;

@@ -1,7 +1,9 @@
-//! What the egress proxy and the DNS forwarder tell an observer (kiln's audit log): each
-//! connection they let out or refuse and each DNS query they answer. The observer is awaited
+//! What the egress proxy, the DNS forwarder and the flow log tell an observer (kiln's audit
+//! log): each connection they let out or refuse, each DNS query they answer, each UDP or ICMP
+//! flow the slot's ruleset lets out or drops. The proxy and the forwarder await the observer
 //! before the traffic goes on (a connection's upstream connect, a DNS answer's delivery), so
-//! what it records precedes what the sandbox sees next.
+//! what it records precedes what the sandbox sees next; the flow log hears of a packet as the
+//! kernel passes it on.
 
 use std::future::Future;
 use std::net::SocketAddrV4;
@@ -38,6 +40,35 @@ pub enum NetEvent {
     },
     /// A DNS query the forwarder handled.
     Dns(DnsQuery),
+    /// A UDP or ICMP flow was let out (its first packet, seen by the flow log).
+    FlowOpen(Flow),
+    /// A UDP or ICMP packet was dropped by the ruleset (once per flow every few seconds).
+    FlowDeny(Flow),
+    /// A let-out UDP or ICMP flow ended (conntrack forgot it): payload bytes and packets each
+    /// way.
+    FlowClose {
+        flow: Flow,
+        bytes_out: u64,
+        bytes_in: u64,
+        packets_out: u64,
+        packets_in: u64,
+        duration_ms: u64,
+    },
+}
+
+/// A UDP or ICMP flow leaving a sandbox, as the slot's ruleset decided it ([`crate::flows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flow {
+    /// `udp` or `icmp`.
+    pub proto: &'static str,
+    pub src: std::net::Ipv4Addr,
+    pub dst: std::net::Ipv4Addr,
+    /// UDP ports (source, destination).
+    pub ports: Option<(u16, u16)>,
+    /// ICMP type, code and echo identifier.
+    pub icmp: Option<(u8, u8, u16)>,
+    /// The rule that decided, in the egress proxy's words (`default`, `denyOut <entry>` …).
+    pub rule: String,
 }
 
 /// A DNS query and its outcome.

@@ -27,8 +27,9 @@ pub struct HostFacts {
     pub max_connections: u32,
     /// Egress bandwidth cap of a sandbox, MiB/s (0: none).
     pub egress_mib_per_sec: u32,
-    /// Every TCP connection leaving a sandbox goes through its egress proxy (which records
-    /// it), not only those to the web ports under domain rules.
+    /// Egress is audited: every TCP connection leaving a sandbox goes through its egress
+    /// proxy (which records it), not only those to the web ports under domain rules; and the
+    /// ruleset logs each UDP/ICMP flow's decision for the flow log ([`crate::flows`]).
     pub proxy_all_tcp: bool,
 }
 
@@ -100,6 +101,23 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
             host.max_connections
         );
     }
+    // Audited: the decisions go through two chains that log UDP/ICMP flows first.
+    let (ok, no) = if host.proxy_all_tcp {
+        ("goto allowed", "goto denied")
+    } else {
+        ("accept", "drop")
+    };
+    let quic = if host.proxy_all_tcp {
+        quic.replace(
+            " drop\n",
+            &format!(
+                " log prefix \"{}\" group {LOG_GROUP} drop\n",
+                FlowVerdict::Quic.prefix()
+            ),
+        )
+    } else {
+        quic
+    };
     let mut s = format!("table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n");
     set(&mut s, "host_deny", &host.host_deny);
     set(&mut s, "always_deny", &crate::addr::always_denied());
@@ -131,20 +149,69 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
     iifname "{GUEST_LINK}" oifname "{UPLINK}" jump egress
   }}
   chain egress {{
-    ip daddr @host_deny drop
+    ip daddr @host_deny {no}
     ip daddr @operator_allow goto user_policy
-    ip daddr @always_deny drop
+    ip daddr @always_deny {no}
     goto user_policy
   }}
   chain user_policy {{
-    ip daddr @allow_out accept
-    ip daddr @deny_out drop
-    accept
+    ip daddr @allow_out {ok}
+    ip daddr @deny_out {no}
+    {ok}
   }}
-}}
 "#
     );
+    if host.proxy_all_tcp {
+        // A flow's first packet is logged once when let out (the conntrack mark says it was),
+        // every dropped packet when refused (the flow log folds repeats).
+        let flow = "meta l4proto { udp, icmp }";
+        let _ = write!(
+            s,
+            r#"  chain allowed {{
+    {flow} ct mark != {FLOW_MARK:#x} ct mark set {FLOW_MARK:#x} log prefix "{}" group {LOG_GROUP}
+    accept
+  }}
+  chain denied {{
+    {flow} log prefix "{}" group {LOG_GROUP}
+    drop
+  }}
+"#,
+            FlowVerdict::Allow.prefix(),
+            FlowVerdict::Deny.prefix()
+        );
+    }
+    s.push_str("}\n");
     s
+}
+
+/// NFLOG group of the flow log's rules (one listener per router namespace).
+pub const LOG_GROUP: u16 = 7075;
+/// Conntrack mark of a UDP/ICMP flow the flow log has been told of.
+pub const FLOW_MARK: u32 = 0x6b;
+
+/// What a logged packet's rule decided (its log prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowVerdict {
+    Allow,
+    Deny,
+    /// UDP to a TLS port under domain rules (QUIC cannot be named).
+    Quic,
+}
+
+impl FlowVerdict {
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Self::Allow => "kiln allow",
+            Self::Deny => "kiln deny",
+            Self::Quic => "kiln quic",
+        }
+    }
+
+    pub fn from_prefix(p: &str) -> Option<Self> {
+        [Self::Allow, Self::Deny, Self::Quic]
+            .into_iter()
+            .find(|v| v.prefix() == p)
+    }
 }
 
 /// The host's table: masquerade the host range out of the host, and keep sandboxes off the
@@ -230,13 +297,25 @@ mod tests {
             proxy_all_tcp: true,
             ..capped
         };
-        for p in [EgressPolicy::default(), p] {
+        for p in [EgressPolicy::default(), p.clone()] {
             let r = slot_ruleset("10.231.0.1".parse().unwrap(), &audited, &p);
             assert!(r.contains(
                 "iifname \"gw0\" ip daddr != 169.254.0.22 meta l4proto tcp redirect to :15001"
             ));
             assert!(!r.contains("tcp dport { 80, 443 } redirect"));
+            // UDP/ICMP decisions are logged for the flow log: a let-out flow once (marked),
+            // every refused packet.
+            assert!(r.contains("ip daddr @host_deny goto denied"));
+            assert!(r.contains("ip daddr @allow_out goto allowed"));
+            assert!(r.contains("ip daddr @deny_out goto denied\n    goto allowed\n"));
+            assert!(r.contains("meta l4proto { udp, icmp } ct mark != 0x6b ct mark set 0x6b log prefix \"kiln allow\" group 7075\n    accept"));
+            assert!(r.contains(
+                "meta l4proto { udp, icmp } log prefix \"kiln deny\" group 7075\n    drop"
+            ));
         }
+        let r = slot_ruleset("10.231.0.1".parse().unwrap(), &audited, &p);
+        assert!(r.contains("udp dport { 443 } log prefix \"kiln quic\" group 7075 drop"));
+        assert!(!plain.contains("goto denied") && !plain.contains("log "));
     }
 
     #[test]

@@ -110,15 +110,76 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         a.template, a.exec_rounds, a.execs_per_round, a.uploads, a.upload_mib
     );
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async move {
-        let mut sides = Vec::new();
-        for (name, on, range) in [
-            ("on", true, "10.152.0.0/24"),
-            ("off", false, "10.153.0.0/24"),
-        ] {
-            let dir = work.path().join(name);
-            let mut driver = driver.clone();
-            driver.gvisor.network = Some(kiln_net::NetConfig {
+    let code = rt.block_on(async move {
+        // Every manager started so far, for the cleanup whatever happens.
+        let managers: std::sync::Mutex<Vec<Arc<Manager>>> = Default::default();
+        let body = async {
+            let sides = start_sides(&a, &templates, &driver, work.path(), &managers).await?;
+            let mut r = measure(&a, &sides).await;
+            if r.is_ok() && a.egress_rounds > 0 {
+                r = super::audit_egress::measure(
+                    &sides,
+                    a.egress_rounds,
+                    a.egress_connects,
+                    a.egress_mib,
+                )
+                .await;
+            }
+            if r.is_ok() && a.py_runs > 0 {
+                r = syscalls(&a, &sides[0]).await;
+            }
+            r
+        };
+        // A signal ends the run where it is (dropping the egress test host with it) and still
+        // cleans up: the servers' own handlers only stop them, which would leave this waiting.
+        let (r, code) = tokio::select! {
+            r = body => (r, 0),
+            (number, name) = super::stop_signal() => {
+                eprintln!("kiln bench audit: {name}; cleaning up");
+                (Ok(()), 128 + number)
+            }
+        };
+        let list = managers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cleanup = async {
+            for m in &list {
+                m.kill_all("bench audit done").await;
+                // The slots kept ready, and the host table once no sandbox is left.
+                m.shutdown_driver().await;
+            }
+        };
+        if tokio::time::timeout(CLEANUP_TIMEOUT, cleanup)
+            .await
+            .is_err()
+        {
+            eprintln!("kiln bench audit: cleanup did not finish in {CLEANUP_TIMEOUT:?}");
+        }
+        r.map(|()| code)
+    })?;
+    Ok(code)
+}
+
+/// Longest the cleanup may take (sandbox kills, slot teardown).
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The two servers (audit on, audit off) and a sandbox on each. Networked only when the egress
+/// part runs (no namespaces otherwise).
+async fn start_sides(
+    a: &Args,
+    templates: &Arc<dyn kiln_server::templates::Templates>,
+    driver: &DriverConfig,
+    work: &std::path::Path,
+    managers: &std::sync::Mutex<Vec<Arc<Manager>>>,
+) -> anyhow::Result<Vec<Side>> {
+    let mut sides = Vec::new();
+    for (name, on, range) in [
+        ("on", true, "10.152.0.0/24"),
+        ("off", false, "10.153.0.0/24"),
+    ] {
+        let dir = work.join(name);
+        let mut driver = driver.clone();
+        driver.gvisor.network = match a.egress_rounds {
+            0 => None,
+            _ => Some(kiln_net::NetConfig {
                 range: range.parse()?,
                 pool_size: 1,
                 prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(&dir),
@@ -128,66 +189,53 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 egress_mib_per_sec: 0,
                 // (Set by the server from its audit setting.)
                 proxy_all_tcp: false,
-            });
-            let cfg = ServerConfig {
-                listen: "127.0.0.1:0".parse()?,
-                domain: kiln_server::DEFAULT_DOMAIN.into(),
-                state_dir: dir.clone(),
-                driver,
-                lifecycle: LifecycleConfig {
-                    admission: AdmissionConfig {
-                        state_dir: Some(dir),
-                        ..Default::default()
-                    },
-                    ..LifecycleConfig::default()
-                },
-                audit: AuditConfig {
-                    enabled: on,
+            }),
+        };
+        let cfg = ServerConfig {
+            listen: "127.0.0.1:0".parse()?,
+            domain: kiln_server::DEFAULT_DOMAIN.into(),
+            state_dir: dir.clone(),
+            driver,
+            lifecycle: LifecycleConfig {
+                admission: AdmissionConfig {
+                    state_dir: Some(dir),
                     ..Default::default()
                 },
-                metrics_token: None,
-                edge: Default::default(),
-            };
-            let server = Server::prepare(cfg, templates.clone()).await?;
-            let manager = server.manager.clone();
-            let addr = server.local_addr;
-            tokio::spawn(server.serve());
-            let sandbox = manager
-                .create(CreateParams {
-                    template_id: a.template.clone(),
-                    timeout_secs: Some(3600),
-                    secure: true,
-                    ..Default::default()
-                })
-                .await?;
-            let envd = envd_of(addr, &sandbox);
-            sides.push(Side {
-                name,
-                manager,
-                sandbox,
-                envd,
-                addr,
-            });
-        }
-        let mut r = measure(&a, &sides).await;
-        if r.is_ok() && a.egress_rounds > 0 {
-            r = super::audit_egress::measure(
-                &sides,
-                a.egress_rounds,
-                a.egress_connects,
-                a.egress_mib,
-            )
-            .await;
-        }
-        if r.is_ok() && a.py_runs > 0 {
-            r = syscalls(&a, &sides[0]).await;
-        }
-        for s in &sides {
-            s.manager.kill_all("bench audit done").await;
-        }
-        r
-    })?;
-    Ok(0)
+                ..LifecycleConfig::default()
+            },
+            audit: AuditConfig {
+                enabled: on,
+                ..Default::default()
+            },
+            metrics_token: None,
+            edge: Default::default(),
+        };
+        let server = Server::prepare(cfg, templates.clone()).await?;
+        let manager = server.manager.clone();
+        managers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(manager.clone());
+        let addr = server.local_addr;
+        tokio::spawn(server.serve());
+        let sandbox = manager
+            .create(CreateParams {
+                template_id: a.template.clone(),
+                timeout_secs: Some(3600),
+                secure: true,
+                ..Default::default()
+            })
+            .await?;
+        let envd = envd_of(addr, &sandbox);
+        sides.push(Side {
+            name,
+            manager,
+            sandbox,
+            envd,
+            addr,
+        });
+    }
+    Ok(sides)
 }
 
 async fn exec_true(envd: &EnvdClient) -> anyhow::Result<Duration> {

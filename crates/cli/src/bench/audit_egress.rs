@@ -3,8 +3,9 @@
 //! passes kiln's egress proxy, which splices it with `splice(2)`), and on with the proxy's copy
 //! loop instead of splice (what splice saves). The test host lives in its own namespace behind
 //! a host veth on 198.51.100.240/29 (nothing leaves this machine); a `python3` client in each
-//! sandbox measures connect + 1-byte exchange + close latency and one bulk download. Rounds
-//! interleave the three modes (ABC ABC …) so machine noise hits them alike.
+//! sandbox measures connect + 1-byte exchange + close latency, one bulk download, and a UDP
+//! round trip from a new socket each time (a new flow: with audit on, the flow log records
+//! each). Rounds interleave the three modes (ABC ABC …) so machine noise hits them alike.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,9 +22,11 @@ const HOST_SIDE: &str = "198.51.100.241/29";
 const TEST_HOST: &str = "198.51.100.242";
 const ECHO_PORT: u16 = 9000;
 const BULK_PORT: u16 = 9001;
+const UDP_PORT: u16 = 9002;
 
-/// The in-sandbox client: `n` connect + 1-byte exchange + close, then one download of `size`
-/// bytes; prints `p50_ms mb_per_s bytes`.
+/// The in-sandbox client: `n` connect + 1-byte exchange + close, one download of `size`
+/// bytes, then `n` UDP round trips each from a new socket; prints `p50_ms mb_per_s bytes
+/// udp_p50_ms`.
 const CLIENT: &str = r#"
 import socket, sys, time
 h, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -46,7 +49,17 @@ while True:
         break
     got += k
 d = time.perf_counter() - t
-print("%.4f %.1f %d" % (lat[n // 2] * 1e3, got / d / 1e6, got))
+udp = []
+for _ in range(n):
+    t = time.perf_counter()
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(5)
+    u.sendto(b"x", (h, 9002))
+    assert u.recv(1) == b"x"
+    u.close()
+    udp.append(time.perf_counter() - t)
+udp.sort()
+print("%.4f %.1f %d %.4f" % (lat[n // 2] * 1e3, got / d / 1e6, got, udp[n // 2] * 1e3))
 "#;
 
 /// The test host: a namespace with a TCP echo (one byte) and a bulk sender; removed on drop.
@@ -92,6 +105,20 @@ impl TestHost {
         let gw = HOST_SIDE.split('/').next().unwrap_or_default();
         ip(&["-n", NS, "route", "add", "default", "via", gw])?;
         let ns = PathBuf::from("/run/netns").join(NS);
+        let at: SocketAddr = format!("{TEST_HOST}:{UDP_PORT}").parse()?;
+        let u = kiln_net::netns::in_netns(&ns, move || {
+            let u = std::net::UdpSocket::bind(at)?;
+            u.set_nonblocking(true)?;
+            Ok(u)
+        })
+        .await?;
+        let u = tokio::net::UdpSocket::from_std(u)?;
+        tokio::spawn(async move {
+            let mut b = [0u8; 64];
+            while let Ok((n, from)) = u.recv_from(&mut b).await {
+                let _ = u.send_to(&b[..n], from).await;
+            }
+        });
         for port in [ECHO_PORT, BULK_PORT] {
             let at: SocketAddr = format!("{TEST_HOST}:{port}").parse()?;
             let l = kiln_net::netns::in_netns(&ns, move || {
@@ -151,8 +178,8 @@ async fn bulk(s: tokio::net::TcpStream) -> std::io::Result<()> {
     s.get_mut().shutdown().await
 }
 
-/// One run of the client in `side`'s sandbox: (connect p50 ms, MB/s).
-async fn client(side: &Side, n: usize, size: u64) -> anyhow::Result<(f64, f64)> {
+/// One run of the client in `side`'s sandbox: (connect p50 ms, MB/s, UDP new-flow p50 ms).
+async fn client(side: &Side, n: usize, size: u64) -> anyhow::Result<(f64, f64, f64)> {
     let agent = side
         .manager
         .agent(&side.sandbox.id, side.sandbox.envd_token.clone());
@@ -171,7 +198,7 @@ async fn client(side: &Side, n: usize, size: u64) -> anyhow::Result<(f64, f64)> 
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
         .collect();
-    if out.exit_code != 0 || v.len() != 3 || v[2] as u64 != size {
+    if out.exit_code != 0 || v.len() != 4 || v[2] as u64 != size {
         bail!(
             "egress client in the audit-{} sandbox: exit {}: {} {}",
             side.name,
@@ -180,7 +207,7 @@ async fn client(side: &Side, n: usize, size: u64) -> anyhow::Result<(f64, f64)> 
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok((v[0], v[1]))
+    Ok((v[0], v[1], v[3]))
 }
 
 /// Measures and prints the egress rows. `sides[0]` is the audit-on side, `sides[1]` off.
@@ -204,14 +231,16 @@ pub(crate) async fn measure(
     }
     let mut lat: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     let mut mbs: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    let mut udp: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     for i in 0..rounds {
         for j in 0..modes.len() {
             let m = (i + j) % modes.len();
             let (_, k, splice) = modes[m];
             kiln_net::relay::set_splice(splice);
-            let (l, t) = client(&sides[k], connects, size).await?;
+            let (l, t, u) = client(&sides[k], connects, size).await?;
             lat[m].push(l);
             mbs[m].push(t);
+            udp[m].push(u);
         }
     }
     kiln_net::relay::set_splice(true);
@@ -221,21 +250,24 @@ pub(crate) async fn measure(
         median(&mut r)
     };
     println!(
-        "  egress to a test host ({rounds} rounds of {connects} connects and one {mib} MiB \
-         download per mode, interleaved; medians of the rounds):"
+        "  egress to a test host ({rounds} rounds of {connects} connects, one {mib} MiB \
+         download and {connects} new UDP flows per mode, interleaved; medians of the rounds; \
+         the copy-loop mode differs from splice only in TCP):"
     );
     println!(
-        "  {:<22} {:>12} {:>14} {:>12} {:>14}",
-        "", "connect p50", "vs off", "MB/s", "vs off"
+        "  {:<22} {:>12} {:>10} {:>10} {:>10} {:>14} {:>10}",
+        "", "connect p50", "vs off", "MB/s", "vs off", "UDP flow p50", "vs off"
     );
     for (m, (name, _, _)) in modes.iter().enumerate() {
         println!(
-            "  {:<22} {:>9.2} ms {:>13.2}x {:>12.0} {:>13.2}x",
+            "  {:<22} {:>9.2} ms {:>9.2}x {:>10.0} {:>9.2}x {:>11.2} ms {:>9.2}x",
             name,
             median(&mut lat[m].clone()),
             ratio(&lat[m], &lat[2]),
             median(&mut mbs[m].clone()),
             ratio(&mbs[m], &mbs[2]),
+            median(&mut udp[m].clone()),
+            ratio(&udp[m], &udp[2]),
         );
     }
     Ok(())

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use kiln_net::dns::DnsForwarder;
 use kiln_net::egress::EgressProxy;
+use kiln_net::flows::FlowLog;
 use kiln_net::{EgressPolicy, NetConfig, Slot, SlotPool, GATEWAY_ADDR, GUEST_ADDR};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
@@ -83,7 +84,12 @@ struct Lease {
     policy: EgressPolicy,
     dns: DnsForwarder,
     egress: EgressProxy,
+    /// With egress audited: the UDP/ICMP flow log.
+    flows: Option<FlowLog>,
 }
+
+/// A slot's services, started together.
+type Services = (DnsForwarder, EgressProxy, Option<FlowLog>);
 
 /// The network side of the gVisor driver.
 pub struct Network {
@@ -191,7 +197,7 @@ impl Network {
                         tracing::warn!(sandbox = %id, error = %e, "recording a slot's lease");
                     }
                     match self.services(&id, &pool, &slot, &policy).await {
-                        Ok((dns, egress)) => {
+                        Ok((dns, egress, flows)) => {
                             self.leases().insert(
                                 id,
                                 Lease {
@@ -199,6 +205,7 @@ impl Network {
                                     policy,
                                     dns,
                                     egress,
+                                    flows,
                                 },
                             );
                         }
@@ -213,25 +220,36 @@ impl Network {
             .await
     }
 
-    /// The slot's DNS forwarder and egress proxy.
+    /// The slot's DNS forwarder, egress proxy and (egress audited) flow log.
     async fn services(
         &self,
         id: &str,
         pool: &SlotPool,
         slot: &Slot,
         policy: &EgressPolicy,
-    ) -> Result<(DnsForwarder, EgressProxy)> {
+    ) -> Result<Services> {
         let ns = slot.router_ns_path();
+        let facts = pool.host_facts().clone();
+        let audited = facts.proxy_all_tcp;
         // Each binds its sockets from a thread of its own in the router namespace: together.
-        let (dns, egress) = tokio::try_join!(
+        let (dns, egress, flows) = tokio::try_join!(
             DnsForwarder::start(&ns, self.upstreams(policy)),
-            EgressProxy::start(&ns, policy.clone(), pool.host_facts().clone()),
+            EgressProxy::start(&ns, policy.clone(), facts.clone()),
+            async {
+                match audited {
+                    true => FlowLog::start(&ns, policy.clone(), facts).await.map(Some),
+                    false => Ok(None),
+                }
+            },
         )
         .map_err(net_err)?;
         let o = self.observer_of(id);
         dns.set_observer(Some(o.clone()));
+        if let Some(f) = &flows {
+            f.set_observer(Some(o.clone()));
+        }
         egress.set_observer(Some(o));
-        Ok((dns, egress))
+        Ok((dns, egress, flows))
     }
 
     /// Gives sandbox `id` a slot (default policy), its DNS forwarder and egress proxy; writes its
@@ -250,7 +268,7 @@ impl Network {
             services_us = (t0.elapsed() - t_slot).as_micros() as u64,
             "network slot taken, DNS forwarder and egress proxy started"
         );
-        let (dns, egress) = match services {
+        let (dns, egress, flows) = match services {
             Ok(s) => s,
             Err(e) => {
                 pool.release(slot).await;
@@ -279,6 +297,7 @@ impl Network {
                 policy,
                 dns,
                 egress,
+                flows,
             },
         );
         write_resolv_conf(rootfs)?;
@@ -299,6 +318,9 @@ impl Network {
             l.policy = policy.clone();
             l.dns.set_upstreams(self.upstreams(policy));
             l.egress.set_policy(policy.clone());
+            if let Some(f) = &l.flows {
+                f.set_policy(policy.clone());
+            }
         }
         Ok(())
     }
@@ -350,7 +372,12 @@ impl Network {
             .as_ref()
             .map(|l| l.slot.index)
             .or_else(|| lock(&self.orphans).remove(id));
-        drop(lease);
+        // Flows still open end with the sandbox: recorded as closed, with their bytes.
+        if let Some(mut l) = lease {
+            if let Some(f) = l.flows.take() {
+                f.finish().await;
+            }
+        }
         if let (Some(pool), Some(index)) = (pool, index) {
             // Forgotten first: once released, the index may be leased (and recorded) again.
             kiln_net::sweep::forget_lease(&self.cfg.prefix, index);
