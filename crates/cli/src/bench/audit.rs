@@ -20,9 +20,9 @@ use kiln_envd::{EnvdClient, ProcessEvent};
 use kiln_proto::process as pb;
 use kiln_server::audit::AuditConfig;
 use kiln_server::driver::gvisor::bench::percentiles;
-use kiln_server::manager::{AdmissionConfig, CreateParams};
+use kiln_server::manager::CreateParams;
 use kiln_server::store::SandboxRecord;
-use kiln_server::{DriverConfig, DriverKind, LifecycleConfig, Manager, Server, ServerConfig};
+use kiln_server::{DriverConfig, Manager, Server};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -85,25 +85,17 @@ fn envd_of(addr: std::net::SocketAddr, sandbox: &SandboxRecord) -> EnvdClient {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let store = kiln_template::Store::open_default().context("opening the template store")?;
-    let templates: Arc<dyn kiln_server::templates::Templates> = Arc::new(store);
-    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
-    let base = a
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    // Short names: agent socket paths under the work dir must fit in 108 bytes.
-    let work = tempfile::Builder::new()
-        .prefix("a")
-        .rand_bytes(4)
-        .tempdir_in(&base)?;
-    let mut driver = DriverConfig {
-        kind: DriverKind::Gvisor,
-        ..DriverConfig::default()
-    };
-    driver.gvisor.runsc = Some(runsc.clone());
-    driver.gvisor.platform = Some(platform.clone());
+    let super::ServerBench {
+        templates,
+        work,
+        driver,
+        platform,
+    } = super::server_bench(
+        a.work_dir.as_deref(),
+        "a",
+        a.runsc.as_deref(),
+        a.platform.clone(),
+    )?;
     println!(
         "kiln bench audit (gVisor, platform {platform}, template {}): {}×{} exec round trips \
          and {} uploads of {} MiB per server, audit on vs off, interleaved",
@@ -191,25 +183,11 @@ async fn start_sides(
                 proxy_all_tcp: false,
             }),
         };
-        let cfg = ServerConfig {
-            listen: "127.0.0.1:0".parse()?,
-            domain: kiln_server::DEFAULT_DOMAIN.into(),
-            state_dir: dir.clone(),
-            driver,
-            lifecycle: LifecycleConfig {
-                admission: AdmissionConfig {
-                    state_dir: Some(dir),
-                    ..Default::default()
-                },
-                ..LifecycleConfig::default()
-            },
-            audit: AuditConfig {
-                enabled: on,
-                ..Default::default()
-            },
-            metrics_token: None,
-            edge: Default::default(),
+        let audit = AuditConfig {
+            enabled: on,
+            ..Default::default()
         };
+        let cfg = super::server_config(&dir, driver, audit)?;
         let server = Server::prepare(cfg, templates.clone()).await?;
         let manager = server.manager.clone();
         managers
