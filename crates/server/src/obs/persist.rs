@@ -84,7 +84,7 @@ impl MetricsDb {
     pub async fn replace(&self, id: &str, samples: Vec<MetricSample>) {
         let id = id.to_string();
         self.run("rewriting a history", move |c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             tx.execute("DELETE FROM metric_samples WHERE sandbox_id = ?1", [&id])?;
             for s in &samples {
                 insert(&tx, &id, s)?;
@@ -126,7 +126,7 @@ impl MetricsDb {
             return;
         }
         self.run("deleting histories", move |c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             for id in &ids {
                 tx.execute("DELETE FROM metric_samples WHERE sandbox_id = ?1", [id])?;
             }
@@ -138,7 +138,7 @@ impl MetricsDb {
     /// Deletes every history but those of `live` (sandboxes that ended while no server ran).
     pub async fn keep_only(&self, live: Vec<String>) {
         self.run("deleting ended sandboxes' histories", move |c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids: Vec<String> = {
                 let mut st = tx.prepare("SELECT DISTINCT sandbox_id FROM metric_samples")?;
                 let rows = st.query_map([], |r| r.get::<_, String>(0))?;

@@ -114,7 +114,7 @@ pub fn get_webhook(c: &Connection, team: &str, id: &str) -> Result<Option<Webhoo
 }
 
 pub fn delete_webhook(c: &mut Connection, team: &str, id: &str) -> Result<bool> {
-    let tx = c.transaction()?;
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let n = tx.execute(
         "DELETE FROM webhooks WHERE id = ?1 AND team = ?2",
         [id, team],
@@ -154,7 +154,7 @@ fn wants(w: &WebhookRecord, kind: &str) -> bool {
 }
 
 pub fn queue_deliveries(c: &mut Connection, now_ms: i64, max_events: u32) -> Result<usize> {
-    let tx = c.transaction()?;
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let cursor: i64 = tx.query_row("SELECT seq FROM webhook_cursor WHERE id = 1", [], |r| {
         r.get(0)
     })?;

@@ -163,3 +163,43 @@ async fn queue_survives_reopening_the_database() {
     assert_eq!(s.queue_deliveries(0, 100).await.unwrap(), 0, "queued twice");
     assert_eq!(s.due_deliveries(0, 10).await.unwrap().len(), 1);
 }
+
+/// Queueing deliveries reads (the cursor, the new events) and then writes; another connection
+/// writing in between (the audit writer, another store) must make it wait for the lock, not
+/// fail with "database is locked" as an upgraded read transaction would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queueing_beside_another_writer_never_fails_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let s = SqliteStore::open(&db).unwrap();
+    s.insert_webhook(&hook("w1", &[])).await.unwrap();
+    let other = SqliteStore::open(&db).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                other
+                    .add_event("sbx", "created", &format!("e{n}"))
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut queued = 0;
+    for _ in 0..300 {
+        queued += s
+            .queue_deliveries(crate::store::now_ms(), 50)
+            .await
+            .expect("queueing beside a writer");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    assert!(
+        written > 0 && queued > 0,
+        "{written} events, {queued} queued"
+    );
+}

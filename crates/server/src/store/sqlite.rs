@@ -200,7 +200,7 @@ impl StateStore for SqliteStore {
     async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()> {
         let (id, template) = (id.to_string(), template.to_string());
         self.with_mut(move |c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             tx.execute(
                 "UPDATE sandboxes SET state = 'running', end_at = ?2 WHERE id = ?1",
                 params![id, end_at_ms],
