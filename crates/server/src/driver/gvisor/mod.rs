@@ -33,6 +33,7 @@ mod disk;
 mod disk_pool;
 mod forward;
 mod generation;
+mod host_stats;
 mod layout;
 mod mounts;
 pub mod net_config;
@@ -465,6 +466,10 @@ impl Driver for GvisorDriver {
         // (A capture's source may still be continuing in the background.)
         self.settling.settle(id).await;
         let cid = self.cid(id);
+        if let Some(stats) = host_stats::read(&cid) {
+            return Ok(stats);
+        }
+        // No host cgroup (cgroups ignored): ask the sentry.
         let out = self
             .runsc
             .output(&["events", "--stats", &cid])
