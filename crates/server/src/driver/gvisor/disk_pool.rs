@@ -7,9 +7,9 @@
 //! burst of creates, is formatted and mounted on the spot as before.
 //!
 //! The pool lives in `<state>/gvisor/disk-pool/`: `<mb>-<n>.img` (a few hundred KiB of host
-//! disk each: sparse, inode tables initialised lazily) mounted at `<mb>-<n>/`. The pool
-//! directory is a private bind mount of itself, since a mount cannot be moved off a shared
-//! parent (the root of systemd hosts is shared). Everything mounted there is unmounted and the
+//! disk each: sparse, inode tables initialised lazily) mounted at `mnt/<mb>-<n>/`. `mnt/` is a
+//! private bind mount of itself, since a mount cannot be moved off a shared parent (the root
+//! of systemd hosts is shared); the images stay outside it, as a rename cannot cross a mount. Everything mounted there is unmounted and the
 //! directory emptied at start (what a crashed server left) and on shutdown. Where the private
 //! mount cannot be made, the pool keeps unmounted images and a create mounts its own.
 
@@ -24,6 +24,8 @@ use crate::driver::{io_err, Result};
 
 /// Images kept ready per disk size.
 pub const DEPTH: usize = 2;
+/// The pool's private mount, where its disks are mounted (in its directory).
+const MOUNTS: &str = "mnt";
 /// Most distinct sizes pooled at once (templates may each have their own).
 const MAX_SIZES: usize = 4;
 
@@ -39,8 +41,9 @@ pub struct DiskPool {
     ready: Mutex<HashMap<u32, Vec<Ready>>>,
     filling: Mutex<HashSet<u32>>,
     seq: AtomicU64,
-    /// Whether pooled images are kept mounted (the private pool mount could be made).
-    premount: AtomicBool,
+    /// Whether pooled images are kept mounted (the private pool mount could be made); set
+    /// with the first disk made.
+    premount: std::sync::OnceLock<bool>,
     closed: AtomicBool,
 }
 
@@ -55,23 +58,37 @@ fn tear_down(dir: &Path) {
 }
 
 impl DiskPool {
-    /// A pool in `dir`, emptied of what an earlier server left (mounts included).
+    /// A pool in `dir`, emptied of what an earlier server left (mounts included). The
+    /// directory and its mount are made with the first disk (a server without disk quotas
+    /// mounts nothing there).
     pub fn new(dir: PathBuf) -> Self {
         tear_down(&dir);
-        let premount = std::fs::create_dir_all(&dir)
-            .map_err(io_err(format!("creating {}", dir.display())))
-            .and_then(|()| make_private_mount(&dir));
-        if let Err(e) = &premount {
-            tracing::warn!("disk pool: images will be mounted at create: {e}");
-        }
         Self {
             dir,
             ready: Default::default(),
             filling: Default::default(),
             seq: AtomicU64::new(0),
-            premount: AtomicBool::new(premount.is_ok()),
+            premount: Default::default(),
             closed: AtomicBool::new(false),
         }
+    }
+
+    /// Makes the pool directory's private mount (once); whether pooled disks can be kept
+    /// mounted.
+    fn premount(&self) -> bool {
+        *self.premount.get_or_init(|| {
+            let mnt = self.dir.join(MOUNTS);
+            let made = std::fs::create_dir_all(&mnt)
+                .map_err(io_err(format!("creating {}", mnt.display())))
+                .and_then(|()| make_private_mount(&mnt));
+            match made {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("disk pool: images will be mounted at create: {e}");
+                    false
+                }
+            }
+        })
     }
 
     fn ready(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Vec<Ready>>> {
@@ -159,16 +176,18 @@ impl DiskPool {
     /// error nothing is left.
     async fn make(&self, mb: u32) -> Result<Ready> {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        std::fs::create_dir_all(&self.dir)
+            .map_err(io_err(format!("creating {}", self.dir.display())))?;
         let image = self.dir.join(format!("{mb}-{n}.img"));
         let mut r = Ready { image, mount: None };
         if let Err(e) = disk::make_image(&r.image, mb).await {
             discard(&r);
             return Err(e);
         }
-        if !self.premount.load(Ordering::Relaxed) {
+        if !self.premount() {
             return Ok(r);
         }
-        let m = self.dir.join(format!("{mb}-{n}"));
+        let m = self.dir.join(MOUNTS).join(format!("{mb}-{n}"));
         r.mount = Some(m.clone());
         let mounted = async {
             disk::mount_image(&r.image, &m).await?;
@@ -227,6 +246,16 @@ mod tests {
         false
     }
 
+    /// The mount ids of the mounts at or under `dir`.
+    fn mount_ids(dir: &Path) -> Vec<u64> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        info.lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .filter(|f| Path::new(f[4]).starts_with(dir))
+            .map(|f| f[0].parse().unwrap())
+            .collect()
+    }
+
     async fn filled(pool: &Arc<DiskPool>, mb: u32) {
         pool.refill(mb);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -246,9 +275,11 @@ mod tests {
         }
         let d = tempfile::tempdir().unwrap();
         let pool = Arc::new(DiskPool::new(d.path().join("pool")));
-        assert!(pool.premount.load(Ordering::Relaxed), "kiln runs as root");
         assert_eq!(pool.len(16), 0);
+        assert!(!d.path().join("pool").exists(), "nothing before a disk");
         filled(&pool, 16).await;
+        assert!(pool.premount(), "kiln runs as root");
+        let ready = mount_ids(&d.path().join("pool/mnt/"));
         let sandbox = d.path().join("sb");
         std::fs::create_dir(&sandbox).unwrap();
         pool.create(&sandbox, 16).await.unwrap();
@@ -258,6 +289,9 @@ mod tests {
             vec![disk.clone()],
             "the disk is mounted in the sandbox"
         );
+        // Moved: one of the pool's mounts, not a new one.
+        let id = mount_ids(&disk)[0];
+        assert!(ready.contains(&id), "mount {id} is not one of {ready:?}");
         let img = sandbox.join(disk::IMAGE);
         assert_eq!(std::fs::metadata(&img).unwrap().len(), 16 << 20);
         // A formatted ext4 image: the superblock magic 0xEF53 at byte 1024 + 56.
@@ -305,8 +339,8 @@ mod tests {
             "four pooled disks and the pool's own mount"
         );
         let again = Arc::new(DiskPool::new(dir.clone()));
-        assert_eq!(mounts_under(&dir), vec![dir.clone()], "only the pool mount");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        assert!(mounts_under(&dir).is_empty(), "{:?}", mounts_under(&dir));
+        assert!(!dir.exists());
         filled(&again, 16).await;
         again.clear();
         assert_eq!(mounts_under(d.path()), before, "nothing left mounted");
