@@ -221,6 +221,17 @@ impl DiskPool {
     }
 }
 
+/// A pool dropped without [`DiskPool::clear`] (a driver going away without a shutdown, as in
+/// tests and benches) takes its disks down too. One that never made a disk leaves the
+/// directory alone (another driver on the same state may be using it).
+impl Drop for DiskPool {
+    fn drop(&mut self) {
+        if self.seq.load(Ordering::SeqCst) > 0 && !self.closed.load(Ordering::SeqCst) {
+            tear_down(&self.dir);
+        }
+    }
+}
+
 /// Unmounts and removes a pooled disk.
 fn discard(r: &Ready) {
     if let Some(m) = &r.mount {
@@ -310,6 +321,12 @@ mod tests {
         disk::unmount_disk(&sandbox).unwrap();
         pool.clear();
         assert!(!d.path().join("pool").exists());
+        // Dropping a pool takes its disks down as clear() does.
+        let other = Arc::new(DiskPool::new(d.path().join("other")));
+        filled(&other, 16).await;
+        drop(other);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(mounts_under(&d.path().join("other")).is_empty());
         assert_eq!(pool.len(16), 0);
         assert!(mounts_under(d.path()).is_empty());
         // A closed pool makes nothing more.
@@ -331,7 +348,8 @@ mod tests {
             let crashed = Arc::new(DiskPool::new(dir.clone()));
             filled(&crashed, 16).await;
             filled(&crashed, 32).await;
-            // Dropped without clear(), as a killed server leaves it.
+            // Gone without clear() or drop, as a killed server leaves it.
+            std::mem::forget(crashed);
         }
         assert_eq!(
             mounts_under(&dir).len(),
