@@ -107,10 +107,15 @@ impl Manager {
                 (0, u64::from(r.disk_size_mb) << 20, 0, stats.mem_used_bytes)
             }
         };
-        let mem_total = if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
+        // The sandbox's size as recorded; the driver's limit only for a sandbox without one.
+        // (The host limit is the size plus headroom whose formula changed over time, so a
+        // sandbox started by an older server would report an old ceiling.)
+        let mem_total = if r.memory_mb > 0 {
+            u64::from(r.memory_mb) << 20
+        } else if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
             stats.mem_limit_bytes
         } else {
-            u64::from(r.memory_mb) << 20
+            0
         };
         let sample = MetricSample {
             timestamp_ms: now_ms(),
