@@ -74,12 +74,15 @@ def remove_net_slots(state_dir: str) -> None:
     subprocess.run(["nft", "delete", "table", "ip", f"kiln_{p}"], capture_output=True)
 
 
-def mounts_under(path: str) -> list:
+def mounts_under(path: str, pool: bool = False) -> list:
+    """What is mounted at or under path; the gVisor driver's pool of ready disks
+    (gvisor/disk-pool, mounted while the server runs) only with pool=True."""
+    skip = os.path.join(path, "gvisor", "disk-pool")
     out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             mp = line.split(" ")[4]
-            if mp.startswith(path):
+            if mp.startswith(path) and (pool or not mp.startswith(skip)):
                 out.append(mp)
     return out
 

@@ -69,10 +69,16 @@ impl Manager {
         &self.telemetry
     }
 
-    /// Takes one sample of the running sandbox `r` (not recorded). The agent is asked under
-    /// the lifecycle lock, so no agent call is in flight while a pause, snapshot or fork
-    /// detaches the agent's sockets; a sandbox no longer running is not asked (Conflict).
-    async fn take_sample(&self, r: &SandboxRecord) -> Result<MetricSample> {
+    /// Takes one sample of the running sandbox `r` (not recorded), and whether its agent
+    /// answered. The agent is asked under the lifecycle lock, so no agent call is in flight
+    /// while a pause, snapshot or fork detaches the agent's sockets; a sandbox no longer
+    /// running is not asked (Conflict).
+    ///
+    /// CPU and the memory size come from the driver (for gVisor: the host cgroup's files, no
+    /// process spawned); the memory in use is the guest's own view, which only the sentry
+    /// knows, through the agent (the sentry's `/proc/meminfo`), or the host's charge for the
+    /// sandbox when the agent does not answer.
+    async fn take_sample(&self, r: &SandboxRecord) -> Result<(MetricSample, bool)> {
         let stats = self.driver.stats(&r.id).await?;
         let agent = {
             let _guard = self.lifecycle_lock.lock().await;
@@ -85,23 +91,37 @@ impl Manager {
             self.agent(&r.id, r.envd_token.clone()).metrics().await
         };
         let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
-        let (disk_used, disk_total, mem_cache) = match agent {
-            Ok(m) => (m.disk_used, m.disk_total, m.mem_cache),
+        let answered = agent.is_ok();
+        let (disk_used, disk_total, mem_cache, mem_used) = match agent {
+            Ok(m) => (
+                m.disk_used,
+                m.disk_total,
+                m.mem_cache,
+                match m.mem_used {
+                    0 => stats.mem_used_bytes,
+                    n => n,
+                },
+            ),
             Err(_) => {
                 Telemetry::add(&self.telemetry.agent_errors, 1);
-                (0, u64::from(r.disk_size_mb) << 20, 0)
+                (0, u64::from(r.disk_size_mb) << 20, 0, stats.mem_used_bytes)
             }
         };
-        let mem_total = if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
+        // The sandbox's size as recorded; the driver's limit only for a sandbox without one.
+        // (The host limit is the size plus headroom whose formula changed over time, so a
+        // sandbox started by an older server would report an old ceiling.)
+        let mem_total = if r.memory_mb > 0 {
+            u64::from(r.memory_mb) << 20
+        } else if stats.mem_limit_bytes > 0 && stats.mem_limit_bytes < u64::MAX / 2 {
             stats.mem_limit_bytes
         } else {
-            u64::from(r.memory_mb) << 20
+            0
         };
-        Ok(MetricSample {
+        let sample = MetricSample {
             timestamp_ms: now_ms(),
             cpu_count: r.cpu_count,
             cpu_used_pct: pct,
-            mem_used: stats.mem_used_bytes,
+            mem_used,
             mem_total,
             // The guest's own page cache (gVisor keeps tmpfs and the file data it caches in
             // its memory) and the host's cache of the sandbox's files (written through to the
@@ -109,12 +129,14 @@ impl Manager {
             mem_cache: mem_cache.saturating_add(stats.mem_cache_bytes),
             disk_used,
             disk_total,
-        })
+        };
+        Ok((sample, answered))
     }
 
-    /// Samples `r` and records the sample in its history.
-    async fn sample_into_history(&self, r: &SandboxRecord) -> Result<MetricSample> {
-        let s = self.take_sample(r).await?;
+    /// Samples `r` and records the sample in its history; also says whether its agent
+    /// answered.
+    async fn sample_into_history(&self, r: &SandboxRecord) -> Result<(MetricSample, bool)> {
+        let (s, answered) = self.take_sample(r).await?;
         self.load_history(&r.id).await;
         let cap = self.cfg.metrics_capacity;
         let (pushed, kept) = {
@@ -132,7 +154,7 @@ impl Manager {
                 _ => {}
             }
         }
-        Ok(s)
+        Ok((s, answered))
     }
 
     /// One round of the sampler: every running sandbox sampled, histories of ended sandboxes
@@ -159,9 +181,11 @@ impl Manager {
             .collect();
         let failed: Vec<String> = futures::stream::iter(running)
             .map(|r| async move {
+                // A sandbox whose agent did not answer may have stopped: the driver's host
+                // numbers alone do not tell (its cgroup outlives its runtime until cleanup).
                 match self.sample_into_history(&r).await {
-                    Err(crate::error::Error::Conflict(_)) | Ok(_) => None,
-                    Err(_) => Some(r.id),
+                    Err(crate::error::Error::Conflict(_)) | Ok((_, true)) => None,
+                    Err(_) | Ok((_, false)) => Some(r.id),
                 }
             })
             .buffer_unordered(SAMPLE_CONCURRENCY)
@@ -282,7 +306,9 @@ impl Manager {
                 .and_then(|g| g.latest().cloned());
             let s = match latest {
                 Some(s) => Some(s),
-                None if r.state == SandboxState::Running => self.sample_into_history(&r).await.ok(),
+                None if r.state == SandboxState::Running => {
+                    self.sample_into_history(&r).await.ok().map(|(s, _)| s)
+                }
                 None => None,
             };
             if let Some(s) = s {

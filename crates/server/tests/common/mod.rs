@@ -109,13 +109,15 @@ pub fn build_rootfs(root: &Path) {
         .status();
 }
 
-/// Whether anything is mounted at or under `dir`.
+/// What is mounted at or under `dir`, except the gVisor driver's pool of ready disks
+/// (`gvisor/disk-pool`, mounted while the driver runs; emptied at its shutdown).
 pub fn mounts_under(dir: &Path) -> Vec<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let d = dir.to_string_lossy().to_string();
+    let pool = dir.join("gvisor/disk-pool").to_string_lossy().to_string();
     info.lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| mp.starts_with(&d))
+        .filter(|mp| mp.starts_with(&d) && !mp.starts_with(&pool))
         .map(str::to_string)
         .collect()
 }

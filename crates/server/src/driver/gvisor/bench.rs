@@ -370,6 +370,7 @@ pub async fn create_bench(
     }
     .await;
     manager.kill_all("bench done").await;
+    manager.shutdown_driver().await;
     result
 }
 

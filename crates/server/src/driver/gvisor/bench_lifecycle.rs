@@ -151,6 +151,7 @@ pub async fn lifecycle_bench(
             let _ = crate::driver::Driver::stop(driver.as_ref(), &h.id).await;
         }
     }
+    crate::driver::Driver::shutdown(driver.as_ref()).await;
     r
 }
 

@@ -34,6 +34,7 @@ mod disk;
 mod disk_pool;
 mod forward;
 mod generation;
+mod host_stats;
 pub mod in_use;
 mod layout;
 mod mounts;
@@ -467,6 +468,10 @@ impl Driver for GvisorDriver {
         // (A capture's source may still be continuing in the background.)
         self.settling.settle(id).await;
         let cid = self.cid(id);
+        if let Some(stats) = host_stats::read(&cid) {
+            return Ok(stats);
+        }
+        // No host cgroup (cgroups ignored): ask the sentry.
         let out = self
             .runsc
             .output(&["events", "--stats", &cid])

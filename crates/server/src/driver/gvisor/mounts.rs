@@ -44,6 +44,79 @@ fn unescape_mount(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Every mount point at or under `dir` (from /proc/self/mountinfo), deepest first, so they can
+/// be unmounted in the order given.
+pub fn mounts_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<std::path::PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|mp| std::path::PathBuf::from(unescape_mount(mp)))
+        .filter(|mp| mp.starts_with(dir))
+        .collect();
+    // Later mounts over the same point come later in mountinfo: keep them first after the
+    // stable sort by depth.
+    found.reverse();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+fn mount_call(
+    src: Option<&Path>,
+    target: &Path,
+    flags: libc::c_ulong,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    let src = src.map(cstr).transpose()?;
+    let dst = cstr(target)?;
+    // SAFETY: the paths are valid NUL-terminated strings (or null) that outlive the call; the
+    // file system type and data may be null for bind, move and propagation changes.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            dst.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(DriverError::Io {
+            what: what(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Moves the mount at `source` to `target` (an existing directory) with `MS_MOVE`. The mount
+/// `source` sits on must not be a shared mount (see [`make_private_mount`]).
+pub fn move_mount(source: &Path, target: &Path) -> Result<()> {
+    mount_call(Some(source), target, libc::MS_MOVE, || {
+        format!(
+            "moving the mount {} to {}",
+            source.display(),
+            target.display()
+        )
+    })
+}
+
+/// Makes `dir` a mount point of its own (a bind mount onto itself) with private propagation,
+/// so mounts under it can be moved elsewhere with [`move_mount`] even on hosts whose root is
+/// a shared mount (systemd), and nothing mounted under it propagates anywhere.
+pub fn make_private_mount(dir: &Path) -> Result<()> {
+    if !is_mounted(dir) {
+        mount_call(Some(dir), dir, libc::MS_BIND, || {
+            format!("bind-mounting {} onto itself", dir.display())
+        })?;
+    }
+    mount_call(None, dir, libc::MS_PRIVATE, || {
+        format!("making the mount {} private", dir.display())
+    })
+}
+
 /// Mounts an overlay of `lowers` (topmost first) under the writable `upper`.
 pub fn mount_overlay_stack(
     lowers: &[std::path::PathBuf],
@@ -160,6 +233,41 @@ pub fn unmount(target: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn private_mount_moves_and_lists_deepest_first() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = d.path().join("pool");
+        let (a, b) = (pool.join("a"), d.path().join("b"));
+        for p in [&a, &b] {
+            std::fs::create_dir_all(p).unwrap();
+        }
+        make_private_mount(&pool).unwrap();
+        // Idempotent: a second call does not stack a second bind mount.
+        make_private_mount(&pool).unwrap();
+        let tmpfs = CString::new("tmpfs").unwrap();
+        let a_c = cstr(&a).unwrap();
+        // SAFETY: valid NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                tmpfs.as_ptr(),
+                a_c.as_ptr(),
+                tmpfs.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        std::fs::write(a.join("f"), b"x").unwrap();
+        assert_eq!(mounts_under(d.path()), vec![a.clone(), pool.clone()]);
+        move_mount(&a, &b).unwrap();
+        assert!(b.join("f").exists() && !a.join("f").exists());
+        assert_eq!(mounts_under(&pool), vec![pool.clone()]);
+        for m in mounts_under(d.path()) {
+            unmount(&m).unwrap();
+        }
+        assert!(mounts_under(d.path()).is_empty());
+    }
 
     #[test]
     fn mountinfo_unescape() {
