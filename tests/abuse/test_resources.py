@@ -79,9 +79,11 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
     # backstop, the server sees the host cgroup near its limits) and kills all of it before the
     # sentry would die at the host limit.
     bomb = sandbox.commands.run("bomb() { bomb | bomb & }; bomb; sleep 1000", background=True)
-    deadline = time.time() + 150
+    start = time.time()
+    deadline = start + 150
     while time.time() < deadline and _running(sandbox, bomb.pid):
         time.sleep(1)
+    print(f"fork bomb: ended after {time.time() - start:.1f} s, host tasks {_host_pids(server, sandbox)}")
     assert sandbox.is_running(request_timeout=30), "the sandbox died"
     assert not _running(sandbox, bomb.pid), "the fork bomb still runs"
     assert sandbox.commands.run("echo still-here", timeout=30).stdout == "still-here\n"
@@ -97,6 +99,7 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
         os.path.join(server.state_dir, "gvisor", "sandboxes", sandbox.sandbox_id, "console.log")
     ).read()
     assert "Fork bomb: killed command" in log or "Host limit near: killed command" in log, log[-2000:]
+    print("\n".join(line for line in log.splitlines() if "killed command" in line))
     assert_unharmed(bystander)
 
 
