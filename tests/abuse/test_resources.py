@@ -83,7 +83,12 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
     deadline = start + 150
     while time.time() < deadline and _running(sandbox, bomb.pid):
         time.sleep(1)
-    print(f"fork bomb: ended after {time.time() - start:.1f} s, host tasks {_host_pids(server, sandbox)}")
+    mem = f"/sys/fs/cgroup/memory/kiln/{sandbox.sandbox_id}/memory.max_usage_in_bytes"
+    peak = int(open(mem).read()) >> 20 if os.path.exists(mem) else -1
+    print(
+        f"fork bomb: ended after {time.time() - start:.1f} s, host tasks "
+        f"{_host_pids(server, sandbox)}, host memory peak {peak} MiB"
+    )
     assert sandbox.is_running(request_timeout=30), "the sandbox died"
     assert not _running(sandbox, bomb.pid), "the fork bomb still runs"
     assert sandbox.commands.run("echo still-here", timeout=30).stdout == "still-here\n"

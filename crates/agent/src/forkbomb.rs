@@ -57,6 +57,13 @@ pub struct Churn {
 }
 
 impl Churn {
+    /// How long the command has been frozen (for the console line).
+    pub fn frozen_for(&self, now: Instant) -> Option<Duration> {
+        self.frozen_at.map(|t| now.duration_since(t))
+    }
+}
+
+impl Churn {
     /// Decides before the (costlier) member listing: freeze a command that reached its cap.
     pub fn on_count(&mut self, now: Instant, current: u64, max: u64) -> Action {
         if self.frozen_at.is_none() && at_cap(current, max) {
@@ -147,13 +154,15 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
             continue;
         };
         let pids = members(&dir);
+        let frozen = c.frozen_for(now).unwrap_or_default();
         match c.on_members(now, &pids, max) {
             Action::Kill => {
                 crate::relief::kill_tree(&dir);
                 eprintln!(
                     "kiln-agent: Fork bomb: killed command {} ({n} processes at its limit of \
-                     {max}, replacing themselves)",
+                     {max}, replacing themselves; held for {} ms)",
                     dir.file_name().unwrap_or_default().to_string_lossy(),
+                    frozen.as_millis()
                 );
                 churn.remove(&dir);
             }
