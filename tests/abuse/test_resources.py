@@ -65,19 +65,11 @@ def _running(sandbox, pid):
         return True  # the agent is busy: still running as far as we know
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="contained only sometimes on a loaded host: gVisor's systrap pools a host stub per "
-    "address space and never shrinks the pool, so the bomb's churn adds ~100 host tasks/s; the "
-    "agent (fork-bomb detector, or the server's SIGURG relief killing the command's process "
-    "group) must act before the host memory/pids limit kills the sentry (~15-30 s), and a "
-    "starved agent can be slower (see docs/hardening.md)",
-)
 def test_fork_bomb_is_contained(server, sandbox, bystander):
     # Its processes are capped inside, but each fork and exit costs the sentry host tasks and
-    # memory its churn piles up: the agent sees a command churning at its limit (or, as a
-    # backstop, the server sees the host cgroup near its limits) and kills all of it before the
-    # sentry would die at the host limit.
+    # memory its churn piles up: the agent freezes the command as it reaches its cap, sees it
+    # losing processes (or, as a backstop, the server sees the host cgroup near its limits) and
+    # kills all of it by process group before the sentry would die at the host limit.
     bomb = sandbox.commands.run("bomb() { bomb | bomb & }; bomb; sleep 1000", background=True)
     start = time.time()
     deadline = start + 150

@@ -126,6 +126,16 @@ pub fn commands(root: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// The command with the most processes among those at their cap `max`, and its count.
+pub fn largest_at_cap(max: u64) -> Option<(PathBuf, u64)> {
+    commands(Path::new(PIDS_ROOT))
+        .into_iter()
+        .filter_map(|d| Some((read_u64(&d.join("pids.current"))?, d)))
+        .filter(|(n, _)| at_cap(*n, max))
+        .max_by_key(|(n, _)| *n)
+        .map(|(n, d)| (d, n))
+}
+
 /// One pass over the command cgroups, `max` being each one's cap. Returns the largest number of
 /// processes a live command has (0: no command runs).
 pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {

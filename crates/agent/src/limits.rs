@@ -248,6 +248,19 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
     if used <= limit {
         return Some(used);
     }
+    // A fork bomb at its cap whose processes each hold memory (a Python `os.fork()` loop): one
+    // process killed is one slot refilled, so the whole command goes.
+    if let Some((dir, n)) = config().cmd_pids.and_then(crate::forkbomb::largest_at_cap) {
+        crate::relief::kill_tree(&dir);
+        eprintln!(
+            "kiln-agent: Out of memory: killed command {} ({n} processes at its limit; sandbox \
+             memory {} MiB, used {} MiB)",
+            dir.file_name().unwrap_or_default().to_string_lossy(),
+            limit >> 20,
+            used >> 20
+        );
+        return Some(used);
+    }
     let Some((pid, rss, name)) = biggest_process() else {
         return Some(used);
     };
