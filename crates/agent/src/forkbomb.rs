@@ -126,12 +126,12 @@ pub fn commands(root: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// The command with the most processes among those at their cap `max`, and its count.
-pub fn largest_at_cap(max: u64) -> Option<(PathBuf, u64)> {
+/// The command with the most processes among those with `min` or more, and its count.
+pub fn largest_from(min: u64) -> Option<(PathBuf, u64)> {
     commands(Path::new(PIDS_ROOT))
         .into_iter()
         .filter_map(|d| Some((read_u64(&d.join("pids.current"))?, d)))
-        .filter(|(n, _)| at_cap(*n, max))
+        .filter(|(n, _)| *n >= min)
         .max_by_key(|(n, _)| *n)
         .map(|(n, d)| (d, n))
 }

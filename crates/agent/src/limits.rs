@@ -248,12 +248,14 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
     if used <= limit {
         return Some(used);
     }
-    // A fork bomb at its cap whose processes each hold memory (a Python `os.fork()` loop): one
-    // process killed is one slot refilled, so the whole command goes.
-    if let Some((dir, n)) = config().cmd_pids.and_then(crate::forkbomb::largest_at_cap) {
+    // A fork loop whose processes each hold memory (a Python `os.fork()` loop): one process
+    // killed is one slot refilled, and a /proc scan of all of them is slow for a starved agent,
+    // so a command with a quarter of its cap or more goes whole.
+    let many = config().cmd_pids.map(|max| (max / 4).max(8));
+    if let Some((dir, n)) = many.and_then(crate::forkbomb::largest_from) {
         crate::relief::kill_tree(&dir);
         eprintln!(
-            "kiln-agent: Out of memory: killed command {} ({n} processes at its limit; sandbox \
+            "kiln-agent: Out of memory: killed command {} ({n} processes; sandbox \
              memory {} MiB, used {} MiB)",
             dir.file_name().unwrap_or_default().to_string_lossy(),
             limit >> 20,
