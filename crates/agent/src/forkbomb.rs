@@ -64,8 +64,13 @@ impl Churn {
 }
 
 impl Churn {
-    /// Decides before the (costlier) member listing: freeze a command that reached its cap.
+    /// Decides before the (costlier) member listing: kill a command at more than twice its
+    /// cap (gVisor's limit is not strict: many processes forking at once overrun it, a `perl
+    /// -e 'fork while 1'` reached 1,286 for a cap of 160), freeze one that reached its cap.
     pub fn on_count(&mut self, now: Instant, current: u64, max: u64) -> Action {
+        if current > max * 2 {
+            return Action::Kill;
+        }
         if self.frozen_at.is_none() && at_cap(current, max) {
             self.frozen_at = Some(now);
             return Action::Freeze;
@@ -150,8 +155,20 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
         if n == 0 {
             continue;
         }
-        if churn.entry(dir.clone()).or_default().on_count(now, n, max) == Action::Freeze {
-            set_max(&dir, 1);
+        match churn.entry(dir.clone()).or_default().on_count(now, n, max) {
+            Action::Freeze => set_max(&dir, 1),
+            Action::Kill => {
+                set_max(&dir, 1);
+                crate::relief::kill_tree(&dir);
+                eprintln!(
+                    "kiln-agent: Fork bomb: killed command {} ({n} processes, over twice its \
+                     limit of {max})",
+                    dir.file_name().unwrap_or_default().to_string_lossy(),
+                );
+                churn.remove(&dir);
+                continue;
+            }
+            Action::None | Action::Thaw => {}
         }
         counts.push((dir, n));
     }
@@ -227,6 +244,13 @@ mod tests {
         let pids: Vec<i32> = (1030..1098).collect();
         assert_eq!(c.on_count(ms(t0, 300), 68, 100), Action::None);
         assert_eq!(c.on_members(ms(t0, 300), &pids, 100), Action::Kill);
+    }
+
+    #[test]
+    fn a_command_far_over_its_cap_is_killed_at_once() {
+        let mut c = Churn::default();
+        assert_eq!(c.on_count(Instant::now(), 200, 100), Action::Freeze);
+        assert_eq!(c.on_count(Instant::now(), 201, 100), Action::Kill);
     }
 
     #[test]
