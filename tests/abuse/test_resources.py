@@ -58,6 +58,14 @@ def _host_pids(server, sandbox):
         return int(c.read()), int(m.read())
 
 
+def _host_pids_now(server, sandbox):
+    """Host tasks of the sandbox for a progress line; None once its runtime is gone."""
+    try:
+        return _host_pids(server, sandbox)
+    except OSError:
+        return None
+
+
 def _running(sandbox, pid):
     try:
         return any(p.pid == pid for p in sandbox.commands.list(request_timeout=5))
@@ -79,7 +87,7 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
     peak = int(open(mem).read()) >> 20 if os.path.exists(mem) else -1
     print(
         f"fork bomb: ended after {time.time() - start:.1f} s, host tasks "
-        f"{_host_pids(server, sandbox)}, host memory peak {peak} MiB"
+        f"{_host_pids_now(server, sandbox)}, host memory peak {peak} MiB"
     )
     assert sandbox.is_running(request_timeout=30), "the sandbox died"
     assert not _running(sandbox, bomb.pid), "the fork bomb still runs"
@@ -97,6 +105,46 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
     ).read()
     assert "Fork bomb: killed command" in log or "Host limit near: killed command" in log, log[-2000:]
     print("\n".join(line for line in log.splitlines() if "killed command" in line))
+    assert_unharmed(bystander)
+
+
+_LOOP_FLAKY = pytest.mark.xfail(
+    strict=False,
+    reason="killed in 2.6-12.7 s in most runs, but once the sentry reached its host memory "
+    "limit first on a loaded host (see docs/hardening.md, fork loops)",
+)
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        pytest.param(
+            "python3 -c 'import os\nwhile True:\n  try: os.fork()\n  except OSError: pass'",
+            id="python",
+            marks=_LOOP_FLAKY,
+        ),
+        pytest.param("perl -e 'fork while 1'; sleep 1000", id="perl", marks=_LOOP_FLAKY),
+    ],
+)
+def test_fork_loop_holding_memory_is_contained(server, sandbox, bystander, loop):
+    # Its processes never exit (no churn), but each holds memory of its own (≈3 MiB for a
+    # Python): the sandbox passes its memory size before the command reaches its cap, and the
+    # OOM pass takes the whole command (one process killed is one slot refilled).
+    cmd = sandbox.commands.run(loop, background=True)
+    start = time.time()
+    while time.time() < start + 150 and _running(sandbox, cmd.pid):
+        time.sleep(1)
+    took = time.time() - start
+    print(f"fork loop: ended after {took:.1f} s, host tasks {_host_pids_now(server, sandbox)}")
+    assert sandbox.is_running(request_timeout=30), "the sandbox died"
+    assert not _running(sandbox, cmd.pid), "the fork loop still runs"
+    assert sandbox.commands.run("echo still-here", timeout=30).stdout == "still-here\n"
+    log = open(
+        os.path.join(server.state_dir, "gvisor", "sandboxes", sandbox.sandbox_id, "console.log")
+    ).read()
+    kills = [line for line in log.splitlines() if "killed command" in line]
+    print("\n".join(kills))
+    assert kills, log[-2000:]
     assert_unharmed(bystander)
 
 
