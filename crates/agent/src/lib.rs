@@ -11,6 +11,7 @@ pub mod cdp;
 pub mod computer;
 pub mod control;
 mod files;
+pub mod forkbomb;
 pub mod forward;
 mod fs;
 mod fsrpc;

@@ -199,82 +199,6 @@ pub fn cgroup_procs_of(pid: i32) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// The window over which a command's process turnover is judged.
-const CHURN_WINDOW: Duration = Duration::from_secs(2);
-
-/// Process turnover of one command cgroup (see [`fork_bomb_pass`]).
-#[derive(Default)]
-pub struct Churn {
-    seen: std::collections::HashSet<i32>,
-    /// (when, processes gone since the sample before) within the window.
-    gone: std::collections::VecDeque<(std::time::Instant, usize)>,
-}
-
-impl Churn {
-    /// Records a sample of the cgroup's processes; returns whether the command is a fork bomb:
-    /// at its limit (90 % or more of `max`) while more than `max / 2` of its processes went
-    /// (and were replaced) within the window. A flood growing to its limit replaces nothing.
-    pub fn sample(&mut self, now: std::time::Instant, pids: &[i32], max: u64) -> bool {
-        let now_set: std::collections::HashSet<i32> = pids.iter().copied().collect();
-        let gone = self.seen.difference(&now_set).count();
-        self.seen = now_set;
-        self.gone.push_back((now, gone));
-        while self
-            .gone
-            .front()
-            .is_some_and(|(t, _)| now.duration_since(*t) > CHURN_WINDOW)
-        {
-            self.gone.pop_front();
-        }
-        let turnover: usize = self.gone.iter().map(|(_, n)| n).sum();
-        (pids.len() as u64) * 10 >= max * 9 && turnover as u64 > max / 2
-    }
-}
-
-/// One pass of the fork-bomb killer (run by [`crate::watchdog`]). gVisor caps a command's
-/// processes at its cgroup's `pids.max` (`max`), but a fork bomb's churn at the cap (processes
-/// forking and exiting as fast as slots free up) piles up host tasks and memory of the sentry
-/// that the sandbox's accounting does not see, until the sentry dies at its host limits within
-/// seconds. A plain flood at the cap does not churn and is left alone. A command caught churning
-/// at its limit is killed, all of it, with a console line like the OOM killer's. Returns the
-/// largest number of processes a live command has (0: no command runs).
-pub fn fork_bomb_pass(max: u64, churn: &mut std::collections::HashMap<PathBuf, Churn>) -> usize {
-    let Ok(rd) = std::fs::read_dir(PIDS_ROOT) else {
-        return 0;
-    };
-    let now = std::time::Instant::now();
-    let mut live = std::collections::HashSet::new();
-    let mut largest = 0;
-    for e in rd.flatten() {
-        if !e.file_name().to_string_lossy().starts_with("kiln-cmd-") {
-            continue;
-        }
-        let dir = e.path();
-        let pids = members(&dir);
-        if pids.is_empty() {
-            continue;
-        }
-        largest = largest.max(pids.len());
-        live.insert(dir.clone());
-        if churn
-            .entry(dir.clone())
-            .or_default()
-            .sample(now, &pids, max)
-        {
-            kill_cgroup(&dir);
-            eprintln!(
-                "kiln-agent: Fork bomb: killed command {} ({} processes at its limit of \
-                 {max}, replacing themselves)",
-                dir.file_name().unwrap_or_default().to_string_lossy(),
-                pids.len()
-            );
-            churn.remove(&dir);
-        }
-    }
-    churn.retain(|d, _| live.contains(d));
-    largest
-}
-
 /// Used memory (MemTotal − MemAvailable) from a meminfo text, in bytes.
 pub fn used_memory(meminfo: &str) -> Option<u64> {
     let field = |name: &str| {
@@ -324,6 +248,21 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
     if used <= limit {
         return Some(used);
     }
+    // A fork loop whose processes each hold memory (a Python `os.fork()` loop): one process
+    // killed is one slot refilled, and a /proc scan of all of them is slow for a starved agent,
+    // so a command with a quarter of its cap or more goes whole.
+    let many = config().cmd_pids.map(|max| (max / 4).max(8));
+    if let Some((dir, n)) = many.and_then(crate::forkbomb::largest_from) {
+        crate::relief::kill_tree(&dir);
+        eprintln!(
+            "kiln-agent: Out of memory: killed command {} ({n} processes; sandbox \
+             memory {} MiB, used {} MiB)",
+            dir.file_name().unwrap_or_default().to_string_lossy(),
+            limit >> 20,
+            used >> 20
+        );
+        return Some(used);
+    }
     let Some((pid, rss, name)) = biggest_process() else {
         return Some(used);
     };
@@ -350,37 +289,6 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn churn_at_the_limit_is_a_fork_bomb_and_a_flood_is_not() {
-        let t0 = std::time::Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        // A flood: growing to (and past) a limit of 100, then the same processes all along.
-        let mut c = Churn::default();
-        for i in 0..30 {
-            let flood: Vec<i32> = (1..=(i as i32 * 10).min(110)).collect();
-            assert!(!c.sample(at(i * 100), &flood, 100));
-        }
-        // A bomb: the population at the limit replaced every 500 ms.
-        let mut c = Churn::default();
-        let mut caught = None;
-        for i in 0..30u64 {
-            let base = (i / 5) as i32 * 1000;
-            let pids: Vec<i32> = (base..base + 95).collect();
-            if c.sample(at(i * 100), &pids, 100) {
-                caught = Some(i);
-                break;
-            }
-        }
-        assert!(caught.is_some_and(|i| i <= 12), "{caught:?}");
-        // Churn below the limit (a build starting and ending jobs) is not a bomb.
-        let mut c = Churn::default();
-        for i in 0..30u64 {
-            let base = i as i32 * 1000;
-            let pids: Vec<i32> = (base..base + 40).collect();
-            assert!(!c.sample(at(i * 100), &pids, 100));
-        }
-    }
 
     #[test]
     fn meminfo_used() {

@@ -184,7 +184,9 @@ fn main() {
     }
     let pid1 = std::process::id() == 1;
     if pid1 {
+        kiln_agent::relief::block_signal();
         kiln_agent::limits::init();
+        std::thread::spawn(kiln_agent::relief::run);
         std::thread::spawn(kiln_agent::watchdog::run);
         kiln_agent::pid1::mount_basics();
         kiln_agent::pid1::ensure_etc_hosts();
@@ -206,9 +208,6 @@ fn main() {
     };
     let code = rt.block_on(async move {
         tokio::spawn(kiln_agent::reaper::run());
-        if pid1 {
-            tokio::spawn(kiln_agent::relief::watch());
-        }
         let agent = Agent::new();
         let cfg = ListenConfig {
             tcp: if args.no_tcp {

@@ -10,11 +10,14 @@
 //! survivors refill the cgroup in between). Pids left over (processes that made their own group,
 //! or joined the cgroup through sudo) are then killed one by one, again by group first.
 //!
-//! `SIGURG` is ignored by default, so an agent without this handler (an older template) is not
-//! harmed by the signal.
+//! Before the kill every big command is frozen (`pids.max` 1): one write each, so the churn
+//! stops even if the kill itself is slow. The signal is taken by a thread of its own parked in
+//! `sigwaitinfo` (see [`run`]). `SIGURG` is ignored by default, so an agent without this handler
+//! (an older template) is not harmed by the signal.
 
 use std::path::{Path, PathBuf};
 
+use crate::forkbomb;
 use crate::limits::members;
 
 /// The signal the server sends.
@@ -26,41 +29,76 @@ const MIN_PROCESSES: u64 = 8;
 
 const PIDS_ROOT: &str = "/sys/fs/cgroup/pids";
 
-/// Handles [`SIGNAL`] (PID 1). Never returns.
-pub async fn watch() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut s) = signal(SignalKind::from_raw(SIGNAL)) else {
-        tracing::warn!("no handler for the host-pressure relief signal");
-        return std::future::pending().await;
-    };
-    while s.recv().await.is_some() {
-        let _ = tokio::task::spawn_blocking(relieve).await;
+/// Blocks [`SIGNAL`] in the calling thread and the threads it starts, so that only
+/// [`run`]'s `sigwaitinfo` takes it. Call from PID 1's main thread before any thread starts.
+pub fn block_signal() {
+    // SAFETY: a zeroed sigset_t is valid storage for sigemptyset; the pointers are to locals.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, SIGNAL);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
-    std::future::pending().await
 }
 
-/// Kills the command with the most processes; returns its cgroup's name and size.
+/// Takes [`SIGNAL`] (PID 1, a thread of its own; never returns). A thread parked in
+/// `sigwaitinfo` runs as soon as the signal comes, with nothing in between (no async runtime
+/// to wake, no blocking pool to queue on): under a fork bomb every step is a turn the starved
+/// agent waits for.
+pub fn run() {
+    // SAFETY: as in block_signal.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, SIGNAL);
+        set
+    };
+    loop {
+        // SAFETY: waits for a signal of a valid set; no siginfo wanted.
+        let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+        if sig == SIGNAL {
+            relieve();
+        }
+    }
+}
+
+/// Kills the command with the most processes; returns its cgroup's name and size. Every big
+/// command is frozen first (`pids.max` 1: one write each, and the churn stops), the others
+/// get their cap back after the kill.
 pub fn relieve() -> Option<(String, u64)> {
-    let (dir, n) = largest(Path::new(PIDS_ROOT))?;
+    let big = sizes(Path::new(PIDS_ROOT));
+    for (dir, _) in &big {
+        forkbomb::set_max(dir, 1);
+    }
+    let (dir, n) = big.iter().max_by_key(|(_, n)| *n)?.clone();
     kill_tree(&dir);
+    if let Some(max) = crate::limits::command_pids_max() {
+        for (other, _) in big.iter().filter(|(d, _)| *d != dir) {
+            forkbomb::set_max(other, max);
+        }
+    }
     let name = dir.file_name()?.to_string_lossy().into_owned();
     eprintln!("kiln-agent: Host limit near: killed command {name} ({n} processes)");
     Some((name, n))
 }
 
-/// The command cgroup under `root` with the most processes (by `pids.current`: one small read
-/// per command).
-fn largest(root: &Path) -> Option<(PathBuf, u64)> {
-    std::fs::read_dir(root)
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("kiln-cmd-"))
-        .filter_map(|e| {
-            let n = std::fs::read_to_string(e.path().join("pids.current")).ok()?;
-            Some((e.path(), n.trim().parse::<u64>().ok()?))
+/// The command cgroups under `root` with [`MIN_PROCESSES`] or more, and their sizes (by
+/// `pids.current`: one small read per command).
+fn sizes(root: &Path) -> Vec<(PathBuf, u64)> {
+    forkbomb::commands(root)
+        .into_iter()
+        .filter_map(|d| {
+            let n = std::fs::read_to_string(d.join("pids.current")).ok()?;
+            Some((d, n.trim().parse::<u64>().ok()?))
         })
         .filter(|(_, n)| *n >= MIN_PROCESSES)
-        .max_by_key(|(_, n)| *n)
+        .collect()
+}
+
+/// The command cgroup under `root` with the most processes.
+#[cfg(test)]
+fn largest(root: &Path) -> Option<(PathBuf, u64)> {
+    sizes(root).into_iter().max_by_key(|(_, n)| *n)
 }
 
 /// The process group of `pid`, if it is one that may be killed whole (not the agent's).

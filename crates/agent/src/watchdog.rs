@@ -1,5 +1,5 @@
 //! The agent's in-sandbox watchdog: one thread of PID 1 running the OOM killer
-//! ([`limits::oom_pass`]) and the fork-bomb killer ([`limits::fork_bomb_pass`]) on an adaptive
+//! ([`limits::oom_pass`]) and the fork-bomb killer ([`forkbomb::pass`]) on an adaptive
 //! schedule.
 //!
 //! Under gVisor every wake-up of a sandbox thread costs host CPU in the sentry and the
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::limits;
+use crate::{forkbomb, limits};
 
 /// Growth of used memory the OOM schedule assumes (bytes/s): a hog allocating this fast is
 /// seen before it passes the limit. A bytearray loop under gVisor (systrap) measured
@@ -108,7 +108,7 @@ pub fn run() {
         }
         if let (Some(max), Some(at)) = (pids_max, next_churn) {
             if at <= now {
-                let largest = limits::fork_bomb_pass(max, &mut churn);
+                let largest = forkbomb::pass(max, &mut churn);
                 next_churn = churn_interval(largest, max).map(|d| now + d);
             }
         }

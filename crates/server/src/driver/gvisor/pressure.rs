@@ -7,7 +7,7 @@
 //! the churn goes on) until the host cgroup's pids or memory limit kills the sentry. The
 //! agent's fork-bomb detector kills such a command inside; this backstop tells the agent
 //! (`SIGURG`, see `kiln_agent::relief`) to kill its biggest command
-//! as soon as the host side passes a quarter of its task limit or 70 % of its memory limit,
+//! as soon as the host side passes a quarter of its task limit or half its memory limit,
 //! and again each time either climbs a further 5 % (a starved agent may miss the first). Only
 //! new highs count: the stub pool stays after the kill, and commands run after it must not be
 //! taken for the culprit.
@@ -19,8 +19,12 @@ use std::sync::Mutex;
 const PIDS_START: (u64, u64) = (1, 4);
 /// Signal again after a further climb of this fraction of the limit.
 const PIDS_STEP: (u64, u64) = (1, 20);
-/// Memory use (fraction of the host limit) from which a sandbox counts as under pressure.
-const MEMORY_HIGH: (u64, u64) = (7, 10);
+/// Memory use (fraction of the host limit) from which a sandbox counts as under pressure. Half:
+/// the host limit is 3 × the sandbox's size + 256 MiB, so this is far beyond what the sandbox
+/// may use, and a fork loop whose processes hold memory (≈170 MiB/s of host memory) gets
+/// ≈3.5 s more before the limit than from 70 % (the agent's relief only kills a command of 8
+/// or more processes: a single memory hog is the OOM pass's).
+const MEMORY_HIGH: (u64, u64) = (1, 2);
 
 /// The highest host task count and memory use each sandbox was signalled at.
 #[derive(Default)]
@@ -123,15 +127,15 @@ mod tests {
     }
 
     #[test]
-    fn memory_signals_from_70_percent_on_new_highs_only() {
+    fn memory_signals_from_half_on_new_highs_only() {
         let p = HostPressure::default();
         let mem = |p: &HostPressure, n| p.climbed("a", "memory", n, 1000, MEMORY_HIGH);
-        assert!(!mem(&p, 699));
-        assert!(mem(&p, 700));
+        assert!(!mem(&p, 499));
+        assert!(mem(&p, 500));
         // Memory that stays high (the stub pool after a kill) does not signal again.
-        assert!(!mem(&p, 720));
-        assert!(!mem(&p, 700));
-        assert!(mem(&p, 750));
+        assert!(!mem(&p, 520));
+        assert!(!mem(&p, 500));
+        assert!(mem(&p, 550));
         // Pids and memory are tracked apart.
         assert!(p.climbed("a", "pids", 600, 2112, PIDS_START));
     }
