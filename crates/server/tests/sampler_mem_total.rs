@@ -5,40 +5,18 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use kiln_server::manager::CreateParams;
-use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::LifecycleConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mem_total_is_the_recorded_size_whatever_the_host_limit() {
-    common::require_runsc_root();
-    let tpl = tempfile::tempdir().unwrap();
-    common::build_rootfs(tpl.path());
-    let state = common::state_dir();
-    let driver = common::driver(state.path());
-    let cleanup = common::Cleanup::new(driver.clone());
-    let m = common::manager(
-        state.path(),
-        driver.clone(),
-        Arc::new(FixedTemplates(vec![from_dir("t", tpl.path())])),
-        LifecycleConfig {
-            default_memory_mb: 256,
-            default_disk_mb: 0,
-            ..LifecycleConfig::default()
-        },
-    );
-    let rec = m
-        .create(CreateParams {
-            template_id: "t".into(),
-            timeout_secs: Some(300),
-            secure: true,
-            ..Default::default()
-        })
-        .await
-        .expect("create");
-    cleanup.add(&rec.id);
+    let rig = common::Rig::new(LifecycleConfig {
+        default_memory_mb: 256,
+        default_disk_mb: 0,
+        ..LifecycleConfig::default()
+    });
+    let m = rig.manager.clone();
+    let rec = m.create(common::params(300)).await.expect("create");
+    rig.cleanup.add(&rec.id);
     // A first-generation sandbox's container id is its id.
     let limit = [
         format!(
@@ -54,7 +32,7 @@ async fn mem_total_is_the_recorded_size_whatever_the_host_limit() {
     // 2 GiB: above the current host limit of a 256 MiB sandbox, and no size's limit.
     std::fs::write(&limit, format!("{}", 2u64 << 30)).unwrap();
     assert_eq!(
-        driver.stats(&rec.id).await.unwrap().mem_limit_bytes,
+        rig.driver.stats(&rec.id).await.unwrap().mem_limit_bytes,
         2 << 30,
         "the driver reports the odd limit as is"
     );

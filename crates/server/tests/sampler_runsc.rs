@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kiln_server::driver;
-use kiln_server::manager::CreateParams;
 use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::LifecycleConfig;
 
@@ -49,15 +48,7 @@ async fn sampling_spawns_no_runsc() {
             ..LifecycleConfig::default()
         },
     );
-    let rec = m
-        .create(CreateParams {
-            template_id: "t".into(),
-            timeout_secs: Some(300),
-            secure: true,
-            ..Default::default()
-        })
-        .await
-        .expect("create");
+    let rec = m.create(common::params(300)).await.expect("create");
     cleanup.add(&rec.id);
     let calls = || std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
