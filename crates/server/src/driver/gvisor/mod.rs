@@ -5,10 +5,9 @@
 //!   layer is the template's rootfs directory (never written to);
 //! - `bundle/config.json`: the OCI spec (kiln-agent as init, `linux.resources` limits,
 //!   `cgroupsPath` `/kiln/<id>`);
-//! - `run/`: a 64 KiB tmpfs (so a root process inside cannot fill the host disk through it),
-//!   bind-mounted at `/run/kiln` inside; the agent binds `agent.sock` there and
-//!   `runsc --host-uds=create` makes it reachable from the host, so the server↔agent channel
-//!   never depends on the sandbox network (which is `--network=none`);
+//! - `run/`: a 64 KiB tmpfs (root inside cannot fill the host disk through it) at `/run/kiln`
+//!   inside; the agent binds `agent.sock` there, reachable from the host through `runsc
+//!   --host-uds=create`, so the server↔agent channel never needs the sandbox network;
 //! - `console.log`: the agent's stdout/stderr (runsc's own errors too).
 //!
 //! runsc's container state lives in `<state>/gvisor/runsc/` (`--root`), so every sandbox kiln
@@ -20,10 +19,9 @@
 //! stop SIGKILLs and reaps them itself before `runsc delete --force`, which otherwise polls for
 //! seconds until the host's init reaps the zombies.
 //!
-//! Modules: [`oci`] (the spec), [`runsc`] (the command line of every subcommand), [`mounts`]
-//! (the overlay), [`reap`] (host processes), [`checkpoint`] (pause and resume), [`snapshot`]
-//! (snapshots and sandboxes restored from them), [`generation`] (the runsc container id of a
-//! sandbox, which changes with each restore, and retiring the previous one).
+//! Modules: [`oci`] (the spec), [`runsc`] (every subcommand's command line), [`mounts`],
+//! [`reap`] (host processes), [`checkpoint`] (pause, resume), [`snapshot`], [`generation`] (the
+//! runsc container id, which changes with each restore); the rest: the README's crate map.
 
 pub mod bench;
 pub mod bench_lifecycle;
