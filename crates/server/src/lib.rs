@@ -232,18 +232,18 @@ impl Server {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn stop_signal() {
+/// Resolves on SIGTERM or SIGINT with the signal's number and name (never, when the handlers
+/// cannot be installed: the default action, exit, then applies).
+pub async fn stop_signal() -> (i32, &'static str) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        // Without handlers, the default action (exit) applies.
         return std::future::pending().await;
     };
     tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+        _ = term.recv() => (libc::SIGTERM, "SIGTERM"),
+        _ = int.recv() => (libc::SIGINT, "SIGINT"),
     }
 }

@@ -126,7 +126,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // cleans up: the servers' own handlers only stop them, which would leave this waiting.
         let (r, code) = tokio::select! {
             r = body => (r, 0),
-            (number, name) = super::stop_signal() => {
+            (number, name) = kiln_server::stop_signal() => {
                 eprintln!("kiln bench audit: {name}; cleaning up");
                 (Ok(()), 128 + number)
             }

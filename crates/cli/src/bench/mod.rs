@@ -55,22 +55,6 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
 
 /// The runsc binary and gVisor platform a bench uses: the given ones, else what `kiln serve`
 /// would use on this host (its runsc; the fastest platform that works).
-/// Resolves on SIGTERM or SIGINT with the signal's number and name (a bench cleans up, then
-/// exits with 128 + the number).
-pub(crate) async fn stop_signal() -> (i32, &'static str) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => (libc::SIGTERM, "SIGTERM"),
-        _ = int.recv() => (libc::SIGINT, "SIGINT"),
-    }
-}
-
 pub(crate) fn runtime(
     runsc: Option<&std::path::Path>,
     platform: Option<String>,
