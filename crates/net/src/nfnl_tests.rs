@@ -26,19 +26,24 @@ fn one(s: &str) -> Message {
 const GUEST: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 21);
 const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 169);
 
+/// A flow from the sandbox's address.
+fn from_guest(proto: u8, dst: Ipv4Addr, sport: u16, dport: u16) -> Tuple {
+    Tuple {
+        proto,
+        src: GUEST,
+        dst,
+        sport,
+        dport,
+    }
+}
+
 #[test]
 fn nflog_packets_are_read() {
     assert_eq!(
         one(UDP_ALLOWED),
         Message::Logged(Logged {
             prefix: "kiln allow".into(),
-            tuple: Tuple {
-                proto: IPPROTO_UDP,
-                src: GUEST,
-                dst: HOST,
-                sport: 40001,
-                dport: 7000
-            },
+            tuple: from_guest(IPPROTO_UDP, HOST, 40001, 7000),
             icmp: None,
         })
     );
@@ -46,13 +51,7 @@ fn nflog_packets_are_read() {
         one(ICMP_DENIED),
         Message::Logged(Logged {
             prefix: "kiln deny".into(),
-            tuple: Tuple {
-                proto: IPPROTO_ICMP,
-                src: GUEST,
-                dst: Ipv4Addr::new(198, 51, 100, 170),
-                sport: 0x4b1,
-                dport: 0
-            },
+            tuple: from_guest(IPPROTO_ICMP, Ipv4Addr::new(198, 51, 100, 170), 0x4b1, 0),
             icmp: Some((8, 0)),
         })
     );
@@ -63,13 +62,7 @@ fn conntrack_destroy_events_are_read() {
     assert_eq!(
         one(UDP_ENDED),
         Message::Ended(Ended {
-            tuple: Tuple {
-                proto: IPPROTO_UDP,
-                src: GUEST,
-                dst: HOST,
-                sport: 40001,
-                dport: 7000
-            },
+            tuple: from_guest(IPPROTO_UDP, HOST, 40001, 7000),
             icmp: None,
             mark: 0x6b,
             orig: (2, 66),
@@ -79,13 +72,7 @@ fn conntrack_destroy_events_are_read() {
     assert_eq!(
         one(ICMP_ENDED),
         Message::Ended(Ended {
-            tuple: Tuple {
-                proto: IPPROTO_ICMP,
-                src: GUEST,
-                dst: HOST,
-                sport: 0x4b1,
-                dport: 0
-            },
+            tuple: from_guest(IPPROTO_ICMP, HOST, 0x4b1, 0),
             icmp: Some((8, 0)),
             mark: 0x6b,
             orig: (3, 108),

@@ -7,8 +7,6 @@
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,74 +16,23 @@ use kiln_net::observe::{Flow, NetEvent, Observer};
 use kiln_net::{host, EgressPolicy, NetConfig, SlotPool, GUEST_ADDR};
 use nix::sys::socket::{self, MsgFlags, SockFlag, SockProtocol, SockType};
 
+mod common;
+
+use common::{root_or_skip, sh, TestHosts};
+
 const NS: &str = "ktflow";
 const HOST_VETH: &str = "ktflow0";
 const OK_HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 169);
 const DENIED_HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 170);
 
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1"),
-        "these tests need root (namespaces, nftables); KILN_ALLOW_SKIPS=1 to skip"
-    );
-    eprintln!("SKIP: not root");
-    false
-}
-
 /// The test hosts: namespace `ktflow` behind host veth `ktflow0` (198.51.100.174/29).
-struct Hosts;
-
-impl Hosts {
-    fn up() -> Hosts {
-        Self::down();
-        sh(&["ip", "netns", "add", NS]);
-        sh(&[
-            "ip", "link", "add", HOST_VETH, "type", "veth", "peer", "name", "eth0", "netns", NS,
-        ]);
-        sh(&["ip", "addr", "add", "198.51.100.174/29", "dev", HOST_VETH]);
-        sh(&["ip", "link", "set", HOST_VETH, "up"]);
-        for a in ["198.51.100.169/29", "198.51.100.170/29"] {
-            sh(&["ip", "-n", NS, "addr", "add", a, "dev", "eth0"]);
-        }
-        sh(&["ip", "-n", NS, "link", "set", "eth0", "up"]);
-        sh(&["ip", "-n", NS, "link", "set", "lo", "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            NS,
-            "route",
-            "add",
-            "default",
-            "via",
-            "198.51.100.174",
-        ]);
-        Hosts
-    }
-    fn down() {
-        let _ = Command::new("ip").args(["netns", "del", NS]).output();
-        let _ = Command::new("ip").args(["link", "del", HOST_VETH]).output();
-    }
-    fn path() -> PathBuf {
-        PathBuf::from("/run/netns").join(NS)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        Self::down();
-    }
+fn hosts() -> TestHosts {
+    TestHosts::up(
+        NS,
+        HOST_VETH,
+        "198.51.100.174/29",
+        &["198.51.100.169/29", "198.51.100.170/29"],
+    )
 }
 
 type Events = Arc<std::sync::Mutex<Vec<NetEvent>>>;
@@ -181,9 +128,9 @@ async fn udp_and_icmp_flows_are_recorded() {
     if !root_or_skip() {
         return;
     }
-    let _hosts = Hosts::up();
+    let hosts = hosts();
     // A UDP server answering every datagram with "pong".
-    let srv: UdpSocket = in_netns(&Hosts::path(), || UdpSocket::bind("198.51.100.169:7000"))
+    let srv: UdpSocket = in_netns(&hosts.path(), || UdpSocket::bind("198.51.100.169:7000"))
         .await
         .unwrap();
     std::thread::spawn(move || {

@@ -5,17 +5,9 @@
 use kiln_net::range::{pick_range, probe};
 use kiln_net::Cidr;
 
-fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1"),
-        "these tests need root; KILN_ALLOW_SKIPS=1 to skip"
-    );
-    eprintln!("SKIP: not root");
-    false
-}
+mod common;
+
+use common::root_or_skip;
 
 #[tokio::test]
 async fn ranges_are_free_distinct_and_sticky() {

@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,73 +15,20 @@ use kiln_net::observe::{DnsQuery, NetEvent, Observer};
 use kiln_net::sni::client_hello;
 use kiln_net::{host, EgressPolicy, NetConfig, Slot, SlotPool, GUEST_ADDR};
 
+mod common;
+
+use common::{root_or_skip, TestHosts};
+
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1"),
-        "these tests need root (namespaces, nftables); KILN_ALLOW_SKIPS=1 to skip"
-    );
-    eprintln!("SKIP: not root");
-    false
-}
-
 /// The test internet: namespace `ktnet` behind host veth `ktnet0` (198.51.100.254/24).
-struct Internet;
-
-const INET_NS: &str = "ktnet";
-
-impl Internet {
-    fn up() -> Internet {
-        Self::down();
-        sh(&["ip", "netns", "add", INET_NS]);
-        sh(&[
-            "ip", "link", "add", "ktnet0", "type", "veth", "peer", "name", "eth0", "netns", INET_NS,
-        ]);
-        sh(&["ip", "addr", "add", "198.51.100.254/24", "dev", "ktnet0"]);
-        sh(&["ip", "link", "set", "ktnet0", "up"]);
-        for a in ["198.51.100.10/24", "198.51.100.11/24", "198.51.100.53/24"] {
-            sh(&["ip", "-n", INET_NS, "addr", "add", a, "dev", "eth0"]);
-        }
-        sh(&["ip", "-n", INET_NS, "link", "set", "eth0", "up"]);
-        sh(&["ip", "-n", INET_NS, "link", "set", "lo", "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            INET_NS,
-            "route",
-            "add",
-            "default",
-            "via",
-            "198.51.100.254",
-        ]);
-        Internet
-    }
-    fn down() {
-        let _ = Command::new("ip").args(["netns", "del", INET_NS]).output();
-        let _ = Command::new("ip").args(["link", "del", "ktnet0"]).output();
-    }
-    fn path() -> PathBuf {
-        PathBuf::from("/run/netns").join(INET_NS)
-    }
-}
-
-impl Drop for Internet {
-    fn drop(&mut self) {
-        Self::down();
-    }
+fn internet() -> TestHosts {
+    TestHosts::up(
+        "ktnet",
+        "ktnet0",
+        "198.51.100.254/24",
+        &["198.51.100.10/24", "198.51.100.11/24", "198.51.100.53/24"],
+    )
 }
 
 /// A TCP server in `ns` answering every connection with `banner`.
@@ -186,8 +133,8 @@ async fn egress_policy_ingress_and_dns() {
         return;
     }
     let _g = SERIAL.lock().await;
-    let _inet = Internet::up();
-    let inet = Internet::path();
+    let test_net = internet();
+    let inet = test_net.path();
     serve_banner(&inet, "198.51.100.10:80".parse().unwrap(), "ten").await;
     serve_banner(&inet, "198.51.100.11:80".parse().unwrap(), "eleven").await;
 
@@ -490,7 +437,7 @@ async fn create_release_cycles_and_restart_leave_nothing_behind() {
     assert!(!host_table_exists(&prefix));
     // The range is checked against the host's routes.
     let overlapping = cfg("slots-overlap", "198.51.100.0/25", 1);
-    let _inet = Internet::up();
+    let _inet = internet();
     let err = SlotPool::start(overlapping, &[])
         .await
         .err()
@@ -507,10 +454,10 @@ async fn connection_cap_and_bandwidth_cap_rules_load_and_hold() {
         return;
     }
     let _g = SERIAL.lock().await;
-    let _inet = Internet::up();
+    let inet = internet();
     // A server that keeps every connection open.
     let at: SocketAddr = "198.51.100.10:9000".parse().unwrap();
-    let l: TcpListener = in_netns(&Internet::path(), move || TcpListener::bind(at))
+    let l: TcpListener = in_netns(&inet.path(), move || TcpListener::bind(at))
         .await
         .unwrap();
     std::thread::spawn(move || {

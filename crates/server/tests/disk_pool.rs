@@ -10,8 +10,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_envd::RunOptions;
-use kiln_server::manager::CreateParams;
 use kiln_server::templates::{from_dir, FixedTemplates, Templates};
 use kiln_server::{LifecycleConfig, Manager};
 
@@ -30,32 +28,8 @@ fn mounts(dir: &Path) -> Vec<(u64, String)> {
         .collect()
 }
 
-async fn sh(m: &Manager, id: &str, cmd: &str) -> (i32, String) {
-    let token = m.get(id).unwrap().envd_token;
-    let opts = RunOptions {
-        timeout: Some(Duration::from_secs(60)),
-        ..Default::default()
-    };
-    let out = m
-        .agent(id, token)
-        .run(cmd, opts)
-        .await
-        .unwrap_or_else(|e| panic!("running {cmd:?} in {id}: {e}"));
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.exit_code, text.trim().to_string())
-}
-
 async fn create(m: &Manager) -> String {
-    m.create(CreateParams {
-        template_id: "t".into(),
-        timeout_secs: Some(600),
-        secure: true,
-        ..Default::default()
-    })
-    .await
-    .expect("create")
-    .id
+    m.create(common::params(600)).await.expect("create").id
 }
 
 /// Waits until the pool holds `n` mounted disks (besides its own mount, `mnt`); their mount
@@ -116,23 +90,26 @@ async fn creates_take_mounted_disks_and_a_restart_leaves_no_stray_mount() {
         "{b}'s disk (mount {mount_b}) is not one of the pooled mounts {ready:?}"
     );
     // What the sandbox writes lands on that disk, and the disk bounds it.
-    assert_eq!(sh(&m1, &b, "echo moved > /home/user/x").await.0, 0);
+    common::sh(&m1, &b, "echo moved > /home/user/x").await;
     assert_eq!(
         std::fs::read_to_string(disk_b.join("upper/home/user/x")).unwrap(),
         "moved\n"
     );
-    let (code, out) = sh(
+    let (code, out) = common::run_in(
         &m1,
         &b,
         &format!(
-            "head -c {} /dev/zero > /home/user/big",
+            "head -c {} /dev/zero 2>&1 > /home/user/big",
             (DISK_MB + 16) << 20
         ),
     )
     .await;
     assert_ne!(code, 0, "wrote past the quota: {out}");
     assert!(out.contains("No space left"), "{out}");
-    assert_eq!(sh(&m1, &b, "rm /home/user/big && echo ok").await.1, "ok");
+    assert_eq!(
+        common::sh(&m1, &b, "rm /home/user/big && echo ok").await,
+        "ok"
+    );
     pooled(&pool, 2).await;
 
     // The server goes away without shutting down: its pooled disks stay mounted.
@@ -149,10 +126,10 @@ async fn creates_take_mounted_disks_and_a_restart_leaves_no_stray_mount() {
     let m2 = common::manager(state.path(), driver2.clone(), templates, cfg());
     let report = m2.recover().await.expect("recover");
     assert_eq!(report.adopted.len(), 2, "{report:?}");
-    assert_eq!(sh(&m2, &b, "cat /home/user/x").await.1, "moved");
+    assert_eq!(common::sh(&m2, &b, "cat /home/user/x").await, "moved");
     let c = create(&m2).await;
     cleanup.add(&c);
-    assert_eq!(sh(&m2, &c, "echo new > /home/user/y").await.0, 0);
+    common::sh(&m2, &c, "echo new > /home/user/y").await;
     let disk_c = state
         .path()
         .join(format!("gvisor/sandboxes/{c}/disk/upper/home/user/y"));

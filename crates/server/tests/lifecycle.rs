@@ -36,12 +36,7 @@ async fn pause_and_resume_keep_state_across_a_restart() {
     let store = rig.store();
 
     let m1 = rig.manager.clone();
-    let mut params = CreateParams {
-        template_id: "t".into(),
-        timeout_secs: Some(600),
-        secure: true,
-        ..Default::default()
-    };
+    let mut params = common::params(600);
     params
         .env_vars
         .insert("KEPT".into(), "across-pauses".into());
@@ -284,12 +279,7 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
 async fn fork_children_continue_from_the_parent_and_diverge() {
     let rig = common::Rig::new(common::template_config());
     let m = rig.manager.clone();
-    let mut params = CreateParams {
-        template_id: "t".into(),
-        timeout_secs: Some(600),
-        secure: true,
-        ..Default::default()
-    };
+    let mut params = common::params(600);
     params.env_vars.insert("KEPT".into(), "forked".into());
     let parent = m.create(params).await.expect("create");
     rig.cleanup.add(&parent.id);
@@ -424,12 +414,7 @@ async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
         rig.cleanup.add(&h.id);
     }
 
-    let mut params = CreateParams {
-        template_id: "t".into(),
-        timeout_secs: Some(600),
-        secure: true,
-        ..Default::default()
-    };
+    let mut params = common::params(600);
     params
         .env_vars
         .insert("FROM_REQUEST".into(), "pooled".into());
@@ -479,15 +464,7 @@ async fn a_pause_cut_short_by_a_crash_is_recovered_as_paused() {
     let driver = rig.driver.clone();
     let store = rig.store();
     let m1 = rig.manager.clone();
-    let sbx = m1
-        .create(CreateParams {
-            template_id: "t".into(),
-            timeout_secs: Some(600),
-            secure: true,
-            ..Default::default()
-        })
-        .await
-        .expect("create");
+    let sbx = m1.create(common::params(600)).await.expect("create");
     rig.cleanup.add(&sbx.id);
     sh(&m1, &sbx.id, "echo before-crash > /home/user/f").await;
     driver.pause(&sbx.id, true).await.expect("driver pause");

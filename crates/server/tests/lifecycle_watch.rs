@@ -9,41 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_envd::RunOptions;
-use kiln_server::manager::CreateParams;
 use kiln_server::store::SandboxState;
-use kiln_server::Manager;
-
-async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
-    let token = m.get(id).unwrap().envd_token;
-    let opts = RunOptions {
-        timeout: Some(Duration::from_secs(30)),
-        ..Default::default()
-    };
-    let out = m
-        .agent(id, token)
-        .run(cmd, opts)
-        .await
-        .unwrap_or_else(|e| panic!("running {cmd:?} in {id}: {e}"));
-    assert_eq!(out.exit_code, 0, "{cmd:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_and_sampler_never_judge_a_sandbox_mid_lifecycle_dead() {
     let rig = common::Rig::new(common::template_config());
     let (state, cleanup, m) = (&rig.state, &rig.cleanup, &rig.manager);
-    let sbx = m
-        .create(CreateParams {
-            template_id: "t".into(),
-            timeout_secs: Some(600),
-            secure: true,
-            ..Default::default()
-        })
-        .await
-        .expect("create");
+    let sbx = m.create(common::params(600)).await.expect("create");
     cleanup.add(&sbx.id);
-    sh(m, &sbx.id, "echo kept > /home/user/f").await;
+    common::sh(m, &sbx.id, "echo kept > /home/user/f").await;
     eprintln!("parent {}", sbx.id);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -76,10 +50,10 @@ async fn watcher_and_sampler_never_judge_a_sandbox_mid_lifecycle_dead() {
         for c in children {
             let c = c.expect("child");
             cleanup.add(&c.id);
-            assert_eq!(sh(m, &c.id, "cat /home/user/f").await, "kept");
+            assert_eq!(common::sh(m, &c.id, "cat /home/user/f").await, "kept");
             assert!(m.kill(&c.id, "test").await.unwrap());
         }
-        assert_eq!(sh(m, &sbx.id, "cat /home/user/f").await, "kept");
+        assert_eq!(common::sh(m, &sbx.id, "cat /home/user/f").await, "kept");
     }
 
     stop.store(true, Ordering::SeqCst);

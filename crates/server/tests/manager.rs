@@ -72,7 +72,6 @@ async fn timeout_expiry_and_restart_recovery() {
 /// error names no host path, and the next create works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_boot_is_marked_reported_and_leaves_nothing() {
-    use kiln_server::store::EventQuery;
     use kiln_server::templates::{from_dir, FixedTemplates};
 
     let g = common::Ground::new();
@@ -110,17 +109,7 @@ async fn a_failed_boot_is_marked_reported_and_leaves_nothing() {
         .end_reason
         .as_deref()
         .is_some_and(|r| r.contains("rebuild the template")));
-    let events: Vec<String> = store
-        .events_page(&EventQuery {
-            sandbox_id: Some(id.clone()),
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.event.kind)
-        .collect();
+    let events = common::event_kinds(store.as_ref(), &id, &[]).await;
     assert!(events.iter().any(|k| k == "failed"), "{events:?}");
     assert!(
         m.get(&id).is_err(),

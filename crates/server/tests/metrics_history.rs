@@ -12,12 +12,7 @@ use kiln_server::manager::{CreateParams, Manager, MetricSample};
 use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
 fn params() -> CreateParams {
-    CreateParams {
-        template_id: "t".into(),
-        timeout_secs: Some(600),
-        secure: true,
-        ..Default::default()
-    }
+    common::params(600)
 }
 
 /// A fresh sample of running sandbox `id` (a window without an end samples first when the

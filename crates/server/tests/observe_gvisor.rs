@@ -8,7 +8,7 @@ use common::params;
 
 use std::time::{Duration, Instant};
 
-use kiln_server::store::{EventQuery, SandboxState};
+use kiln_server::store::SandboxState;
 use kiln_server::LifecycleConfig;
 
 async fn wait(what: &str, mut f: impl FnMut() -> bool) {
@@ -95,21 +95,7 @@ async fn history_windows_and_died_timed_out_killed_events() {
     let kinds = |id: String| {
         let store = store.clone();
         async move {
-            store
-                .events_page(&EventQuery {
-                    sandbox_id: Some(id),
-                    kinds: kiln_server::store::LIFECYCLE_KINDS
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect(),
-                    limit: 100,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|e| e.event.kind)
-                .collect::<Vec<_>>()
+            common::event_kinds(store.as_ref(), &id, kiln_server::store::LIFECYCLE_KINDS).await
         }
     };
     assert_eq!(kinds(b.id.clone()).await, ["created", "died"]);

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use kiln_server::manager::CreateParams;
 use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
 /// Live sandboxes across the restart (what a 2-core CI machine holds comfortably).
@@ -31,15 +30,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
     let m1 = common::manager(state.path(), driver.clone(), templates.clone(), lifecycle());
     let creates = (0..COUNT).map(|_| {
         let m = m1.clone();
-        tokio::spawn(async move {
-            m.create(CreateParams {
-                template_id: "t".into(),
-                timeout_secs: Some(600),
-                secure: true,
-                ..Default::default()
-            })
-            .await
-        })
+        tokio::spawn(async move { m.create(common::params(600)).await })
     });
     let mut ids = Vec::new();
     for c in futures::future::join_all(creates).await {

@@ -12,7 +12,6 @@ use kiln_server::manager::AdmissionConfig;
 use kiln_server::store::{now_ms, TeamRecord};
 use kiln_server::templates::FixedTemplates;
 use kiln_server::tenancy::TeamQuota;
-use kiln_server::LifecycleConfig;
 use serde_json::Value;
 
 /// One request with `key`: status, headers, JSON body.
@@ -27,29 +26,15 @@ async fn req(
     common::request(app, Some(key), method, path, body, headers).await
 }
 
-async fn team_key(state: &std::path::Path, team: &str) -> String {
-    kiln_server::auth::create_team_key(common::store(state).as_ref(), team, team)
-        .await
-        .unwrap()
-        .secret
-}
-
 const CREATE: &str = r#"{"templateID":"t","timeout":120,"metadata":{"who":"red"}}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_team_sees_nothing_on_any_route() {
-    let rig = common::Rig::new(LifecycleConfig {
-        default_memory_mb: 256,
-        admission: AdmissionConfig {
-            skip_host_check: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    });
+    let rig = common::Rig::new(common::team_config(AdmissionConfig::default()));
     let (state, driver, cleanup, manager) = (&rig.state, &rig.driver, &rig.cleanup, &rig.manager);
     let (app, _) = common::app(manager.clone(), state.path()).await;
-    let red = team_key(state.path(), "red").await;
-    let blue = team_key(state.path(), "blue").await;
+    let red = common::team_key(state.path(), "red").await;
+    let blue = common::team_key(state.path(), "blue").await;
 
     let (s, _, v) = req(&app, &red, "POST", "/sandboxes", Some(CREATE), &[]).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
@@ -173,23 +158,18 @@ async fn another_team_sees_nothing_on_any_route() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quotas_and_idempotent_creates() {
-    let rig = common::Rig::new(LifecycleConfig {
-        default_memory_mb: 256,
-        admission: AdmissionConfig {
-            skip_host_check: true,
-            team_defaults: TeamQuota {
-                max_sandboxes: Some(2),
-                max_timeout_secs: Some(600),
-                creates_per_minute: None,
-            },
-            ..Default::default()
+    let rig = common::Rig::new(common::team_config(AdmissionConfig {
+        team_defaults: TeamQuota {
+            max_sandboxes: Some(2),
+            max_timeout_secs: Some(600),
+            creates_per_minute: None,
         },
         ..Default::default()
-    });
+    }));
     let (state, driver, cleanup, manager) = (&rig.state, &rig.driver, &rig.cleanup, &rig.manager);
     let (app, _) = common::app(manager.clone(), state.path()).await;
-    let red = team_key(state.path(), "red").await;
-    let blue = team_key(state.path(), "blue").await;
+    let red = common::team_key(state.path(), "red").await;
+    let blue = common::team_key(state.path(), "blue").await;
     common::store(state.path())
         .upsert_team(&TeamRecord {
             name: "red".into(),
@@ -312,21 +292,17 @@ async fn create_rate_quota_answers_429_with_retry_after() {
         state.path(),
         common::driver(state.path()),
         Arc::new(FixedTemplates::default()),
-        LifecycleConfig {
-            admission: AdmissionConfig {
-                skip_host_check: true,
-                team_defaults: TeamQuota {
-                    creates_per_minute: Some(2),
-                    ..Default::default()
-                },
+        common::team_config(AdmissionConfig {
+            team_defaults: TeamQuota {
+                creates_per_minute: Some(2),
                 ..Default::default()
             },
             ..Default::default()
-        },
+        }),
     );
     let (app, _) = common::app(manager, state.path()).await;
-    let red = team_key(state.path(), "red").await;
-    let blue = team_key(state.path(), "blue").await;
+    let red = common::team_key(state.path(), "red").await;
+    let blue = common::team_key(state.path(), "blue").await;
     let body = r#"{"templateID":"nosuch"}"#;
     for _ in 0..2 {
         let (s, _, v) = req(&app, &red, "POST", "/sandboxes", Some(body), &[]).await;

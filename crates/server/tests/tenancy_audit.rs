@@ -11,18 +11,10 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use kiln_server::audit::{AuditConfig, AuditLog};
 use kiln_server::manager::AdmissionConfig;
-use kiln_server::LifecycleConfig;
 use serde_json::Value;
 use tower::ServiceExt;
 
 const CREATE: &str = r#"{"templateID":"t","timeout":120}"#;
-
-async fn team_key(state: &std::path::Path, team: &str) -> String {
-    kiln_server::auth::create_team_key(common::store(state).as_ref(), team, team)
-        .await
-        .unwrap()
-        .secret
-}
 
 /// The sandboxes the records of `GET path` name.
 async fn sandboxes_in(app: &axum::Router, key: &str, path: &str) -> Vec<String> {
@@ -41,19 +33,12 @@ async fn sandboxes_in(app: &axum::Router, key: &str, path: &str) -> Vec<String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_searches_and_verifies_its_own_sandboxes_records_only() {
-    let rig = common::Rig::new(LifecycleConfig {
-        default_memory_mb: 256,
-        admission: AdmissionConfig {
-            skip_host_check: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    });
+    let rig = common::Rig::new(common::team_config(AdmissionConfig::default()));
     let audit = AuditLog::open(&rig.path().join("kiln.db"), &AuditConfig::default()).unwrap();
     rig.manager.set_audit(audit);
     let (app, operator) = rig.app().await;
-    let red = team_key(rig.path(), "red").await;
-    let blue = team_key(rig.path(), "blue").await;
+    let red = common::team_key(rig.path(), "red").await;
+    let blue = common::team_key(rig.path(), "blue").await;
     let mut ids = Vec::new();
     for key in [&red, &blue] {
         let (s, v) = common::call(&app, Some(key), "POST", "/sandboxes", Some(CREATE), &[]).await;

@@ -2,6 +2,7 @@
 hosts, an HTTPS host that echoes the SNI name, and a DNS server, plus helpers to start a networked
 `kiln serve` against it and to clean up its slots. Nothing here sends traffic off this machine."""
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import KilnServer
+from .conftest import KilnServer, cleanup_state
 from .testnet import NetNs, require, sh
 
 NS = "ktsdk"
@@ -125,6 +126,28 @@ def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None
         # Same state: the key persists (none is printed), and the log file is shared.
         srv.api_key, srv.url = previous.api_key, previous.url
     return srv.start()
+
+
+@contextlib.contextmanager
+def net_server_in(name: str, net_range: str):
+    """A networked `kiln serve` in a temporary state dir, for one test module; afterwards its
+    sandboxes, state, slots (in `net_range`, a /24) and dir are gone, its log's tail is printed,
+    and a panic in that log fails the module."""
+    base = tempfile.mkdtemp(prefix=f"kiln-{name.replace(' ', '-')}-")
+    srv, log = None, ""
+    try:
+        srv = start_net_server(os.path.join(base, "state"), net_range)
+        yield srv
+    finally:
+        if srv:
+            srv.kill_all_sandboxes()
+            srv.stop()
+            log = srv.log()
+            print(f"---- kiln serve ({name}) log (tail) ----\n" + log[-6000:])
+            cleanup_state(srv.state_dir)
+        remove_slots_in_range(net_range.split("/")[0].rsplit(".", 1)[0] + ".")
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, f"the server panicked:\n{log}"
 
 
 def run(sbx, cmd: str, timeout: float = 30):

@@ -10,17 +10,15 @@ The test hosts live in namespace `ktflows` on 198.51.100.176/29 (host side .182,
 Needs root (namespaces, nftables)."""
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
 import pytest
 
-from .conftest import cleanup_state, kiln_bin
-from .internet import remove_slots_in_range, require_root, start_net_server
+from .conftest import kiln_bin
+from .internet import net_server_in, require_root
 from .testnet import NetNs
 
 RANGE = "10.165.1.0/24"
@@ -84,25 +82,13 @@ def flows_server():
     require_root()
     hosts = NetNs("ktflows", "ktflows0", "198.51.100.182/29",
                   [f"{OK_HOST}/29", f"{DENIED_HOST}/29"], "198.51.100.182")
-    base = tempfile.mkdtemp(prefix="kiln-flows-")
-    srv = None
     try:
         hosts.up()
         hosts.spawn(sys.executable, "-c", UDP_SERVER, OK_HOST)
-        srv = start_net_server(os.path.join(base, "state"), RANGE)
-        yield srv
+        with net_server_in("audit flows", RANGE) as srv:
+            yield srv
     finally:
-        log = ""
-        if srv:
-            srv.kill_all_sandboxes()
-            srv.stop()
-            log = srv.log()
-            print("---- kiln serve (audit flows) log (tail) ----\n" + log[-6000:])
-            cleanup_state(srv.state_dir)
-        remove_slots_in_range("10.165.1.")
         hosts.down()
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, f"the server panicked:\n{log}"
 
 
 def net_records(srv, sid, n, timeout=15):

@@ -9,15 +9,13 @@ that the policy does not need, and the same traffic still works.
 Nothing here sends traffic outside this machine. Needs root (namespaces, nftables)."""
 
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 
 import pytest
 
-from .conftest import cleanup_state, kiln_bin
-from .internet import internet, remove_slots_in_range, run, start_net_server  # noqa: F401
+from .conftest import kiln_bin
+from .internet import internet, net_server_in, run  # noqa: F401
 
 RANGE = "10.143.0.0/24"
 PY_RESOLVE = "python3 -c \"import socket,sys; print(socket.gethostbyname(sys.argv[1]))\" "
@@ -26,23 +24,8 @@ CURL_COUNTS = "curl -s -m 5 -o /dev/null -w '%{http_code} %{size_request} %{size
 
 @pytest.fixture(scope="module")
 def audit_net_server(internet):  # noqa: F811
-    base = tempfile.mkdtemp(prefix="kiln-auditnet-")
-    srv = None
-    try:
-        srv = start_net_server(os.path.join(base, "state"), RANGE)
+    with net_server_in("audit net", RANGE) as srv:
         yield srv
-    finally:
-        if srv:
-            srv.kill_all_sandboxes()
-            srv.stop()
-            log = srv.log()
-            print("---- kiln serve (audit net) log (tail) ----\n" + log[-6000:])
-            cleanup_state(srv.state_dir)
-        remove_slots_in_range("10.143.0.")
-        shutil.rmtree(base, ignore_errors=True)
-        if srv:
-            assert "panicked" not in log, f"the server panicked:\n{log}"
-
 
 def records(srv, sbx_id, kinds="net,dns"):
     status, page, _ = srv.request("GET", f"/sandboxes/{sbx_id}/audit?kind={kinds}&limit=1000")

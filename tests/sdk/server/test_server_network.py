@@ -23,7 +23,7 @@ from e2b import Sandbox
 
 from .conftest import KilnServer, cleanup_state
 from .internet import (HOST_SIDE, fetch, internet, namespaces_of, remove_slots_in_range, run,  # noqa: F401
-                       slot_prefixes_in, start_net_server, wait_http)
+                       net_server_in, slot_prefixes_in, start_net_server, wait_http)
 from .testnet import sh
 
 RANGE = "10.135.0.0/24"
@@ -31,25 +31,8 @@ RANGE = "10.135.0.0/24"
 
 @pytest.fixture(scope="module")
 def net_server(internet):
-    base = tempfile.mkdtemp(prefix="kiln-net-")
-    try:
-        srv = start_net_server(os.path.join(base, "state"), RANGE)
-    except BaseException:
-        remove_slots_in_range()
-        shutil.rmtree(base, ignore_errors=True)
-        raise
-    try:
+    with net_server_in("network", RANGE) as srv:
         yield srv
-    finally:
-        srv.kill_all_sandboxes()
-        srv.stop()
-        log = srv.log()
-        print("---- kiln serve (network) log (tail) ----\n" + log[-6000:])
-        cleanup_state(srv.state_dir)
-        remove_slots_in_range()
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, f"the server panicked:\n{log}"
-
 
 def create(srv, **kw):
     return Sandbox.create(timeout=120, **srv.opts(), **kw)

@@ -35,9 +35,13 @@ pub struct Args {
     /// Exec round trips per side in each round.
     #[arg(long, default_value_t = 10)]
     execs_per_round: usize,
-    /// Size of each upload, MiB (the issue asks for 1 GiB; 256 MiB keeps a run short here).
-    #[arg(long, default_value_t = 256)]
+    /// Size of each upload, MiB.
+    #[arg(long, default_value_t = 1024)]
     upload_mib: usize,
+    /// Where in the sandbox the uploads go (the default is on the sandbox's disk: its `/tmp` is
+    /// a tmpfs smaller than 1 GiB).
+    #[arg(long, default_value = "/home/user/bench-upload")]
+    upload_path: String,
     /// Upload rounds (each: one upload on one side, then one on the other).
     #[arg(long, default_value_t = 10)]
     uploads: usize,
@@ -368,7 +372,7 @@ async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
             let (cost, ()) = costed(&sides[k], || async {
                 sides[k]
                     .envd
-                    .write_file("/tmp/bench-upload", body, None)
+                    .write_file(&a.upload_path, body, None)
                     .await
                     .with_context(|| format!("upload to the audit-{} server", sides[k].name))
             })

@@ -486,3 +486,39 @@ pub async fn sh(m: &Manager, id: &str, cmd: &str) -> String {
     assert_eq!(code, 0, "{cmd:?} in {id} exited {code}: {out}");
     out
 }
+
+/// The tenancy tests' lifecycle: small sandboxes, no host-capacity check, `admission`'s quotas.
+pub fn team_config(admission: kiln_server::manager::AdmissionConfig) -> LifecycleConfig {
+    LifecycleConfig {
+        default_memory_mb: 256,
+        admission: kiln_server::manager::AdmissionConfig {
+            skip_host_check: true,
+            ..admission
+        },
+        ..Default::default()
+    }
+}
+
+/// A new API key of team `team` (the team is created with it), in the state at `state`.
+pub async fn team_key(state: &Path, team: &str) -> String {
+    kiln_server::auth::create_team_key(store(state).as_ref(), team, team)
+        .await
+        .unwrap()
+        .secret
+}
+
+/// The kinds of sandbox `id`'s first 100 events, oldest first; only `kinds` when not empty.
+pub async fn event_kinds(store: &dyn StateStore, id: &str, kinds: &[&str]) -> Vec<String> {
+    store
+        .events_page(&kiln_server::store::EventQuery {
+            sandbox_id: Some(id.to_string()),
+            kinds: kinds.iter().map(|k| k.to_string()).collect(),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event.kind)
+        .collect()
+}
