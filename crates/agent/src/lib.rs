@@ -17,6 +17,7 @@ mod fs;
 mod fsrpc;
 pub mod fuzz;
 pub mod interp;
+pub mod kills;
 pub mod launch;
 pub mod limits;
 pub mod listen;

@@ -74,6 +74,7 @@ pub async fn sample() -> Metrics {
         disk_used,
         disk_total,
         mem_cache,
+        kiln_kills: crate::kills::recent(),
     }
 }
 

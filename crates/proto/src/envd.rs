@@ -61,6 +61,22 @@ pub struct Metrics {
     /// that does not report it.
     #[serde(default)]
     pub mem_cache: u64,
+    /// kiln's extension: the processes the agent killed lately to keep the sandbox alive
+    /// (newest last, a bounded log); absent from envd's answer and from an agent with none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kiln_kills: Vec<KillRecord>,
+}
+
+/// A process or command kiln-agent killed (out of memory, over its process cap, or on the
+/// server's word that the sandbox's host side nears its limits).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillRecord {
+    /// When it happened (Unix milliseconds, the sandbox's clock).
+    pub ts_ms: i64,
+    /// `oom`, `pids` or `host`.
+    pub kind: String,
+    /// What was killed and why, as the console line says it.
+    pub detail: String,
 }
 
 /// One entry of the `POST /files` answer.

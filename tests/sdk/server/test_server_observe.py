@@ -24,7 +24,8 @@ from .conftest import KilnServer, cleanup_state
 
 TOKEN = "obs-metrics-token-0123"
 SECRET = "obs-webhook-secret-0123456789"
-LIFECYCLE = {"created", "paused", "resumed", "killed", "timed-out", "oom", "died",
+LIFECYCLE = {"created", "paused", "resumed", "killed", "timed-out", "oom", "pids-limit",
+             "host-limit", "died",
              "network-policy-changed"}
 
 

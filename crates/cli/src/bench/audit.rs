@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, default_value = "base")]
     template: String,
     /// Rounds of exec round trips (each: `--execs-per-round` on one side, then on the other).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 100)]
     exec_rounds: usize,
     /// Exec round trips per side in each round.
     #[arg(long, default_value_t = 10)]
@@ -316,14 +316,56 @@ where
     ))
 }
 
-/// The on/off ratios of each round (`per[0]` on, `per[1]` off) of `f`'s value: their median.
-fn median_ratio(per: &[Vec<Cost>], f: impl Fn(&Cost) -> f64) -> f64 {
+/// The on/off ratios of each round (`per[0]` on, `per[1]` off) of `f`'s value: their median
+/// with its 95 % confidence interval.
+fn median_ratio(per: &[Vec<Cost>], f: impl Fn(&Cost) -> f64) -> Ratio {
     let mut r: Vec<f64> = per[0]
         .iter()
         .zip(&per[1])
         .map(|(on, off)| f(on) / f(off))
         .collect();
-    median(&mut r)
+    let mid = median(&mut r);
+    let (lo, hi) = median_ci(&r);
+    Ratio { mid, lo, hi }
+}
+
+/// A median of on/off ratios and its 95 % confidence interval.
+#[derive(Debug, Clone, Copy)]
+struct Ratio {
+    mid: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl std::fmt::Display for Ratio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = |r: f64| (r - 1.0) * 100.0;
+        let text = if self.lo.is_nan() {
+            format!("{:+.1}%", p(self.mid))
+        } else {
+            format!(
+                "{:+.1}% [{:+.1}, {:+.1}]",
+                p(self.mid),
+                p(self.lo),
+                p(self.hi)
+            )
+        };
+        f.pad(&text)
+    }
+}
+
+/// The distribution-free 95 % confidence interval of the median of `sorted` (ascending): the
+/// order statistics at n/2 ∓ 0.98·√n (the normal approximation of the binomial with p = ½),
+/// so no assumption about the shape of the noise. NaN bounds below 6 values.
+pub(crate) fn median_ci(sorted: &[f64]) -> (f64, f64) {
+    let n = sorted.len();
+    if n < 6 {
+        return (f64::NAN, f64::NAN);
+    }
+    let half = 0.98 * (n as f64).sqrt();
+    let lo = ((n as f64 / 2.0 - half).floor() as usize).min(n - 1);
+    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
+    (sorted[lo], sorted[hi])
 }
 
 fn pct(ratio: f64) -> String {
@@ -390,16 +432,16 @@ async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
         median(&mut v.iter().map(|c| c.cpu_ms() / n as f64).collect::<Vec<_>>())
     };
     println!(
-        "  {:<26} {:>10} {:>10} {:>11} {:>15}",
-        "", "audit on", "audit off", "on vs off", "rounds' median"
+        "  {:<26} {:>10} {:>10} {:>11} {:>24}",
+        "", "audit on", "audit off", "on vs off", "rounds' median [95% CI]"
     );
     println!(
-        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11} {:>15}",
+        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11} {:>24}",
         "exec round trip p50",
         p[0].p50_ms,
         p[1].p50_ms,
         pct(p[0].p50_ms / p[1].p50_ms),
-        pct(median_ratio(&exec_p50, |c| c.wall.as_secs_f64()))
+        median_ratio(&exec_p50, |c| c.wall.as_secs_f64())
     );
     println!(
         "  {:<26} {:>7.2} ms {:>7.2} ms {:>11}",
@@ -409,46 +451,52 @@ async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
         pct(p[0].p99_ms / p[1].p99_ms),
     );
     println!(
-        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11} {:>15}",
+        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11} {:>24}",
         "exec CPU (kiln + sandbox)",
         cpu_per(&exec_rounds[0], a.execs_per_round),
         cpu_per(&exec_rounds[1], a.execs_per_round),
         "",
-        pct(median_ratio(&exec_rounds, Cost::cpu_ms))
+        median_ratio(&exec_rounds, Cost::cpu_ms)
+    );
+    let self_ms = |v: &[Cost], n: usize| {
+        median(
+            &mut v
+                .iter()
+                .map(|c| c.cpu_self_ns as f64 / 1e6 / n as f64)
+                .collect::<Vec<_>>(),
+        )
+    };
+    println!(
+        "  {:<26} {:>7.2} ms {:>7.2} ms {:>11} {:>24}",
+        "  of which kiln's process",
+        self_ms(&exec_rounds[0], a.execs_per_round),
+        self_ms(&exec_rounds[1], a.execs_per_round),
+        "",
+        median_ratio(&exec_rounds, |c| c.cpu_self_ns as f64)
     );
     println!(
-        "  {:<26} {:>5.0} MB/s {:>5.0} MB/s {:>11} {:>15}",
+        "  {:<26} {:>5.0} MB/s {:>5.0} MB/s {:>11} {:>24}",
         format!("{} MiB upload median", a.upload_mib),
         mb[0],
         mb[1],
         pct(mb[1] / mb[0]),
-        pct(median_ratio(&up, |c| c.wall.as_secs_f64()))
+        median_ratio(&up, |c| c.wall.as_secs_f64())
     );
     println!(
-        "  {:<26} {:>7.0} ms {:>7.0} ms {:>11} {:>15}",
+        "  {:<26} {:>7.0} ms {:>7.0} ms {:>11} {:>24}",
         "upload CPU (kiln + sandbox)",
         cpu_per(&up[0], 1),
         cpu_per(&up[1], 1),
         "",
-        pct(median_ratio(&up, Cost::cpu_ms))
+        median_ratio(&up, Cost::cpu_ms)
     );
     println!(
-        "  {:<26} {:>7.0} ms {:>7.0} ms {:>11} {:>15}",
+        "  {:<26} {:>7.0} ms {:>7.0} ms {:>11} {:>24}",
         "  of which kiln's process",
-        median(
-            &mut up[0]
-                .iter()
-                .map(|c| c.cpu_self_ns as f64 / 1e6)
-                .collect::<Vec<_>>()
-        ),
-        median(
-            &mut up[1]
-                .iter()
-                .map(|c| c.cpu_self_ns as f64 / 1e6)
-                .collect::<Vec<_>>()
-        ),
+        self_ms(&up[0], 1),
+        self_ms(&up[1], 1),
         "",
-        pct(median_ratio(&up, |c| c.cpu_self_ns as f64))
+        median_ratio(&up, |c| c.cpu_self_ns as f64)
     );
     let recs = sides[0]
         .manager
@@ -461,7 +509,8 @@ async fn measure(a: &Args, sides: &[Side]) -> anyhow::Result<()> {
         .await?;
     println!(
         "  (overhead: how much slower, or how much more CPU, with audit on; target ≤ 5%. \
-         \"rounds' median\": the median of the rounds' on/off ratios. CPU: this process (both \
+         \"rounds' median\": the median of the rounds' on/off ratios, with its \
+         distribution-free 95% confidence interval. CPU: this process (both \
          servers and the client) + the sandbox's host cgroup, per exec or upload. The \
          audit-on sandbox has {} records; the audit-off one none)",
         recs.len()
@@ -522,4 +571,24 @@ async fn syscalls(a: &Args, on: &Side) -> anyhow::Result<()> {
         recs.len() as f64 / (a.py_runs + 1) as f64
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_interval_is_the_order_statistics_around_the_middle() {
+        let v: Vec<f64> = (0..100).map(f64::from).collect();
+        // 50 ∓ 0.98·10: the 41st and 60th smallest.
+        assert_eq!(median_ci(&v), (40.0, 60.0));
+        let (lo, hi) = median_ci(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert!(lo.is_nan() && hi.is_nan());
+        let r = Ratio {
+            mid: 1.02,
+            lo: 0.99,
+            hi: 1.05,
+        };
+        assert_eq!(format!("{r:>20}"), "  +2.0% [-1.0, +5.0]");
+    }
 }

@@ -15,6 +15,7 @@
 mod admission;
 mod create;
 mod fork;
+pub mod kills;
 mod lifecycle;
 mod network;
 mod observe;
@@ -167,6 +168,8 @@ pub struct Manager {
     webhooks: Arc<crate::obs::webhooks::Webhooks>,
     /// The audit log (set once by the server; unset: nothing is recorded).
     audit: std::sync::OnceLock<crate::audit::AuditLog>,
+    /// How far each sandbox's agent kills have been reported as events.
+    kill_marks: kills::KillMarks,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -234,6 +237,7 @@ impl Manager {
             history: sampler::History::default(),
             webhooks,
             audit: std::sync::OnceLock::new(),
+            kill_marks: kills::KillMarks::default(),
         })
     }
 

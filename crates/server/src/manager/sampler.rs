@@ -92,6 +92,9 @@ impl Manager {
         };
         let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
         let answered = agent.is_ok();
+        if let Ok(m) = &agent {
+            self.report_kills(r, &m.kiln_kills).await;
+        }
         let (disk_used, disk_total, mem_cache, mem_used) = match agent {
             Ok(m) => (
                 m.disk_used,
@@ -170,6 +173,7 @@ impl Manager {
                 .cloned()
                 .collect();
             h.retain(|id, _| ids.contains(id.as_str()));
+            self.kill_marks.retain(&ids);
             gone
         };
         if let Some(db) = self.history.db.get() {

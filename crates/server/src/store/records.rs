@@ -277,6 +277,8 @@ pub const LIFECYCLE_KINDS: &[&str] = &[
     "killed",
     "timed-out",
     "oom",
+    "pids-limit",
+    "host-limit",
     "died",
     "network-policy-changed",
 ];

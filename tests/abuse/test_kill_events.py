@@ -1,0 +1,66 @@
+"""The processes the agent kills to keep a sandbox alive are reported as events (`oom`,
+`pids-limit`, `host-limit`), once each, for the sandbox they happened in: the events API and
+the sandbox's audit log carry them, with what was killed."""
+
+import time
+
+import pytest
+from e2b import CommandExitException
+
+HOG = "python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'"
+
+
+def _events(server, sandbox_id, kind):
+    status, page, _ = server.request("GET", f"/sandboxes/{sandbox_id}/events?type={kind}")
+    assert status == 200, page
+    return page["events"]
+
+
+def _wait_events(server, sandbox_id, kind, n, timeout=30):
+    deadline = time.time() + timeout
+    events = []
+    while time.time() < deadline:
+        events = _events(server, sandbox_id, kind)
+        if len(events) >= n:
+            return events
+        time.sleep(0.5)
+    return events
+
+
+def test_an_oom_kill_is_one_oom_event_of_its_sandbox(server, sandbox, bystander):
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run(HOG, timeout=60)
+    events = _wait_events(server, sandbox.sandbox_id, "oom", 1)
+    assert len(events) == 1, events
+    assert "Out of memory" in events[0]["detail"] and "python3" in events[0]["detail"], events
+    assert events[0]["sandboxID"] == sandbox.sandbox_id
+    # The sandbox lives on; later samples (every few seconds) do not report the kill again.
+    assert sandbox.commands.run("echo ok").stdout == "ok\n"
+    time.sleep(12)
+    assert len(_events(server, sandbox.sandbox_id, "oom")) == 1
+    assert _events(server, bystander.sandbox_id, "oom") == []
+    # The audit log has it as a lifecycle record.
+    status, page, _ = server.request(
+        "GET", f"/sandboxes/{sandbox.sandbox_id}/audit?kind=lifecycle&limit=1000")
+    assert status == 200, page
+    text = page if isinstance(page, str) else str(page)
+    assert "Out of memory" in text, text[-2000:]
+
+
+def test_a_fork_does_not_report_its_parents_kills(server, sandbox):
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run(HOG, timeout=60)
+    assert len(_wait_events(server, sandbox.sandbox_id, "oom", 1)) == 1
+    (child,) = sandbox.fork(count=1, timeout=120)
+    try:
+        assert child.commands.run("echo child").stdout == "child\n"
+        time.sleep(12)
+        assert _events(server, child.sandbox_id, "oom") == []
+        # Its own kill is its own event.
+        with pytest.raises(CommandExitException):
+            child.commands.run(HOG, timeout=60)
+        events = _wait_events(server, child.sandbox_id, "oom", 1)
+        assert len(events) == 1 and "python3" in events[0]["detail"], events
+        assert len(_events(server, sandbox.sandbox_id, "oom")) == 1
+    finally:
+        child.kill()
