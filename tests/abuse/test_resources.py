@@ -182,3 +182,46 @@ def test_metrics_report_the_sandbox_size(sandbox):
         time.sleep(0.5)
     assert metrics, "no metrics"
     assert metrics[-1].mem_total == MEMORY_MB << 20
+
+
+def test_host_memory_limit_is_a_reserve_not_a_kill(server, sandbox, bystander):
+    # cgroup v1: the server turns the host's OOM kill off; a sandbox at its host limit waits
+    # there while the server raises the limit by a reserve and relieves it, and only one that
+    # uses the reserve up too is killed (reported died, oom). The host limit is lowered here
+    # so that memory below the sandbox's own size (which the agent's OOM pass leaves alone)
+    # reaches it.
+    d = f"/sys/fs/cgroup/memory/kiln/{sandbox.sandbox_id}"
+    if not os.path.isdir(d):
+        if os.environ.get("KILN_ALLOW_SKIPS") == "1":
+            pytest.skip("the host has no cgroup v1 memory controller")
+        raise AssertionError("this test needs a cgroup v1 memory controller on the host")
+
+    def read(name):
+        return open(f"{d}/{name}").read()
+
+    deadline = time.time() + 10
+    while "oom_kill_disable 1" not in read("memory.oom_control") and time.time() < deadline:
+        time.sleep(0.2)
+    assert "oom_kill_disable 1" in read("memory.oom_control"), read("memory.oom_control")
+    low = int(read("memory.usage_in_bytes")) + (96 << 20)
+    with open(f"{d}/memory.limit_in_bytes", "w") as f:
+        f.write(str(low))
+    # 100 MiB more than the sandbox had: over the lowered limit, within its reserve.
+    r = sandbox.commands.run(
+        "python3 -c 'a = b\"x\" * (100 << 20); print(len(a) >> 20)'", timeout=60
+    )
+    assert r.stdout.strip() == "100"
+    assert "host memory limit of" in server.log()
+    assert sandbox.commands.run("echo still-here").stdout == "still-here\n"
+    # 250 MiB (less than the sandbox's size of 320): past the reserve as well.
+    sandbox.commands.run(
+        "python3 -c 'a = b\"x\" * (250 << 20); import time; time.sleep(60)'", background=True
+    )
+    sid = sandbox.sandbox_id
+    deadline = time.time() + 30
+    while f"{sid} died" not in server.log() and time.time() < deadline:
+        time.sleep(0.2)
+    died = [line for line in server.log().splitlines() if f"{sid} died" in line]
+    assert died and "oom" in died[-1], server.log()[-3000:]
+    print(died[-1])
+    assert_unharmed(bystander)
