@@ -48,7 +48,10 @@ pub fn under_oom(text: &str) -> bool {
 pub fn decide(held: Option<u64>, under: bool, usage: u64, limit: u64) -> Option<Step> {
     match held {
         None if under => Some(Step::Raised(limit, limit + reserve_for(limit))),
-        Some(orig) if under => Some(Step::Exhausted(orig)),
+        // Only at the raised limit: right after the raise the waiting tasks may not have
+        // retried yet (`under_oom` still 1 while usage is still near the original limit).
+        Some(orig) if under && usage >= limit - limit / 20 => Some(Step::Exhausted(orig)),
+        Some(_) if under => None,
         // A margin of a twentieth, so the limit is not put back only to be hit again at once.
         Some(orig) if usage < orig - orig / 20 => Some(Step::Restored(orig)),
         _ => None,
@@ -151,6 +154,8 @@ mod tests {
             decide(Some(1000), false, 900, 1250),
             Some(Step::Restored(1000))
         );
+        // Just raised, the waiting tasks not yet retried: not exhausted.
+        assert_eq!(decide(Some(1000), true, 1000, 1250), None);
         // The reserve is used up as well.
         assert_eq!(
             decide(Some(1000), true, 1250, 1250),

@@ -66,6 +66,10 @@ impl HostPressure {
         self.lock().retain(|(id, _), _| keep.contains(id.as_str()));
         self.events.retain(running);
         self.reserve.retain(running);
+        self.exhausted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|cid| keep.contains(cid.as_str()));
     }
 
     /// One tick for sandbox `id` (container `cid`): makes sure its host memory events are
