@@ -6,7 +6,8 @@
 //! With `memory.oom_control` = 1 (`oom_kill_disable`) the kernel does not kill: the sentry's
 //! allocating threads wait at the limit, and the OOM notification (registered on the
 //! sandbox's memory-event eventfd, `pressure_events.rs`) wakes the server, which
-//! 1. raises the limit by a reserve ([`reserve_for`]: a quarter of the limit), so the sentry
+//! 1. raises the limit by a reserve ([`reserve_for`]: a quarter of the limit, at least
+//!    64 MiB), so the sentry
 //!    runs on, and tells the agent to kill its biggest command (`SIGURG`, `kiln_agent::relief`);
 //! 2. puts the limit back once usage is below it again (the command is gone, its memory freed);
 //! 3. if the sandbox reaches the raised limit too (the reserve is exhausted: nothing inside
@@ -32,9 +33,12 @@ pub enum Step {
     Exhausted(u64),
 }
 
-/// The reserve for a host limit of `limit` bytes.
+/// The smallest reserve: a small limit still gets one a process can start in.
+pub const MIN_RESERVE: u64 = 64 << 20;
+
+/// The reserve for a host limit of `limit` bytes: a quarter of it, at least [`MIN_RESERVE`].
 pub fn reserve_for(limit: u64) -> u64 {
-    limit / 4
+    (limit / 4).max(MIN_RESERVE)
 }
 
 /// Whether a `memory.oom_control` text says the cgroup is at its limit with reclaim failed.
@@ -144,22 +148,23 @@ mod tests {
 
     #[test]
     fn raise_then_restore_or_give_up() {
-        let l = 1000;
-        assert_eq!(decide(None, false, 900, l), None);
-        assert_eq!(decide(None, true, 1000, l), Some(Step::Raised(1000, 1250)));
+        let mib = 1u64 << 20;
+        let l = 1000 * mib;
+        assert_eq!(decide(None, false, 900 * mib, l), None);
+        assert_eq!(decide(None, true, l, l), Some(Step::Raised(l, 1250 * mib)));
+        let r = 1250 * mib;
         // Still in the reserve, not yet back under the limit's margin.
-        assert_eq!(decide(Some(1000), false, 1100, 1250), None);
-        assert_eq!(decide(Some(1000), false, 960, 1250), None);
+        assert_eq!(decide(Some(l), false, 1100 * mib, r), None);
+        assert_eq!(decide(Some(l), false, 960 * mib, r), None);
         assert_eq!(
-            decide(Some(1000), false, 900, 1250),
-            Some(Step::Restored(1000))
+            decide(Some(l), false, 900 * mib, r),
+            Some(Step::Restored(l))
         );
         // Just raised, the waiting tasks not yet retried: not exhausted.
-        assert_eq!(decide(Some(1000), true, 1000, 1250), None);
+        assert_eq!(decide(Some(l), true, l, r), None);
         // The reserve is used up as well.
-        assert_eq!(
-            decide(Some(1000), true, 1250, 1250),
-            Some(Step::Exhausted(1000))
-        );
+        assert_eq!(decide(Some(l), true, r, r), Some(Step::Exhausted(l)));
+        // A small limit gets the smallest reserve.
+        assert_eq!(reserve_for(100 * mib), MIN_RESERVE);
     }
 }
