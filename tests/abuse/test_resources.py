@@ -126,9 +126,12 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
     ],
 )
 def test_fork_loop_holding_memory_is_contained(server, sandbox, bystander, loop):
-    # Its processes never exit (no churn), but each holds memory of its own (≈3 MiB for a
-    # Python): the sandbox passes its memory size before the command reaches its cap, and the
-    # OOM pass takes the whole command (one process killed is one slot refilled).
+    # Its processes never exit (no churn). gVisor's pids cgroup is overrun by their concurrent
+    # forks, but the command's RLIMIT_NPROC holds (the host cost stays bounded). A Python's
+    # processes each hold memory of their own (≈3 MiB): the sandbox passes its memory size and
+    # the OOM pass takes the whole command; perl's are small, and the agent kills the command
+    # held at its cap with its processes busy forking. Either way the server's host memory
+    # events and reserve are the backstop; the sandbox must never die.
     cmd = sandbox.commands.run(loop, background=True)
     start = time.time()
     while time.time() < start + 150 and _running(sandbox, cmd.pid):
