@@ -15,9 +15,13 @@
 //!    none. A command that lost more than a quarter of its cap within [`WINDOW`] (before or
 //!    during the freeze) is killed, all of it, by process group first
 //!    ([`crate::relief::kill_tree`]); the console says `kiln-agent: Fork bomb: killed command …`.
-//! 3. **Thaw.** A command frozen for [`HOLD`] without losing processes is not churning: its
-//!    cap is restored (it stays held at the cap as before, and is frozen again if it is still
-//!    there at the next pass).
+//! 3. **Thaw, or kill a busy loop.** A command frozen for [`HOLD`] without losing processes is
+//!    not churning. If most of its processes are running rather than waiting ([`busy`], a
+//!    sample of their `/proc/<pid>/stat` states), it is a loop that keeps forking at its limit
+//!    (`perl -e 'fork while 1'`: its processes never exit, every fork fails and is tried again
+//!    at once) and is killed (`kiln-agent: Fork loop: killed command …`). Otherwise (a flood of
+//!    `sleep`s) its cap is restored: it stays held at the cap as before, and is frozen again if
+//!    it is still there at the next pass.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -108,6 +112,32 @@ impl Churn {
     }
 }
 
+/// Members sampled by [`busy`].
+const BUSY_SAMPLE: usize = 16;
+
+/// The scheduler state letter of a `/proc/<pid>/stat` text (after the command name, which may
+/// hold spaces and parentheses).
+pub fn stat_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Whether most of a sample of `pids` are running (state `R`) rather than waiting: a flood of
+/// `sleep`s held at its cap waits, a fork loop at its cap keeps trying and runs.
+pub fn busy(pids: &[i32]) -> bool {
+    let step = (pids.len() / BUSY_SAMPLE).max(1);
+    let (mut seen, mut running) = (0, 0);
+    for pid in pids.iter().step_by(step).take(BUSY_SAMPLE) {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        seen += 1;
+        if stat_state(&stat) == Some('R') {
+            running += 1;
+        }
+    }
+    seen > 0 && running * 2 >= seen
+}
+
 fn read_u64(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -193,6 +223,18 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
                 );
                 churn.remove(&dir);
             }
+            // Held at its cap with its processes running, not waiting: a loop forking at its
+            // limit (`perl -e 'fork while 1'`), each fork failing and tried again at once.
+            Action::Thaw if busy(&pids) => {
+                crate::relief::kill_tree(&dir);
+                eprintln!(
+                    "kiln-agent: Fork loop: killed command {} ({n} processes held at its limit \
+                     of {max} for {} ms, busy forking)",
+                    dir.file_name().unwrap_or_default().to_string_lossy(),
+                    frozen.as_millis()
+                );
+                churn.remove(&dir);
+            }
             Action::Thaw => set_max(&dir, max),
             Action::None | Action::Freeze => {}
         }
@@ -262,6 +304,45 @@ mod tests {
             let pids: Vec<i32> = (base..base + 40).collect();
             assert_eq!(c.on_count(ms(t0, i * 100), 40, 100), Action::None);
             assert_eq!(c.on_members(ms(t0, i * 100), &pids, 100), Action::None);
+        }
+    }
+
+    #[test]
+    fn stat_state_skips_odd_command_names() {
+        assert_eq!(stat_state("42 (perl) R 1 42 42 0"), Some('R'));
+        assert_eq!(stat_state("7 (a) b) S 1 7"), Some('S'));
+        assert_eq!(stat_state("garbage"), None);
+    }
+
+    #[test]
+    fn sleeping_processes_are_not_busy() {
+        let mut kids: Vec<_> = (0..3)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("5")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let pids: Vec<i32> = kids.iter().map(|k| k.id() as i32).collect();
+        assert!(!busy(&pids));
+        assert!(!busy(&[]));
+        // Spinning ones are (runnable counts as R).
+        let mut spin: Vec<_> = (0..3)
+            .map(|_| {
+                std::process::Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let pids: Vec<i32> = spin.iter().map(|k| k.id() as i32).collect();
+        assert!(busy(&pids));
+        for k in kids.iter_mut().chain(spin.iter_mut()) {
+            let _ = k.kill();
+            let _ = k.wait();
         }
     }
 

@@ -5,7 +5,10 @@
 //!   `/sys/fs/cgroup` by the OCI spec. Every command gets a cgroup `kiln-cmd-N` whose
 //!   `pids.max` leaves room for the agent and other commands (the sandbox's limit less 32, and
 //!   at most half the memory size in MiB); a fork bomb gets `EAGAIN` there while the agent
-//!   keeps working. Killing a command (SIGKILL) kills its whole cgroup.
+//!   keeps working. Killing a command (SIGKILL) kills its whole cgroup. gVisor does not hold
+//!   that cap strictly (processes forking at once overrun it many times over), so every
+//!   command also gets an `RLIMIT_NPROC` a quarter above it ([`nproc_for`]), which gVisor does
+//!   hold: it counts a uid's tasks and refuses a fork past the limit atomically.
 //! - **memory**: gVisor does not enforce memory cgroups inside, and the host cgroup's OOM kill
 //!   takes the whole sandbox. The host limit has headroom above the sandbox's memory size and
 //!   the agent's [`oom_pass`] (on [`crate::watchdog`]'s thread) acts as a VM's OOM killer: when used memory (MemTotal −
@@ -36,6 +39,8 @@ struct Config {
     cmd_pids: Option<u64>,
     /// Used memory at which the OOM watcher kills (bytes).
     memory: Option<u64>,
+    /// `RLIMIT_NPROC` of every command (None: left as inherited).
+    nproc: Option<u64>,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -61,7 +66,12 @@ pub fn init() {
     if pids.is_some() && cmd_pids.is_none() {
         tracing::warn!("no pids cgroup at {PIDS_ROOT}: commands are not limited individually");
     }
-    let _ = CONFIG.set(Config { cmd_pids, memory });
+    let nproc = cmd_pids.map(nproc_for);
+    let _ = CONFIG.set(Config {
+        cmd_pids,
+        memory,
+        nproc,
+    });
 }
 
 fn config() -> Config {
@@ -121,9 +131,37 @@ impl CmdCgroup {
     }
 }
 
-/// Moves the calling process into the cgroup whose `cgroup.procs` is open as `fd`.
+/// `RLIMIT_NPROC` of a command whose cgroup allows `cmd_pids`: gVisor holds this one strictly
+/// (counted per uid, checked at every fork and clone, see [`limit_nproc_raw`]) where its pids
+/// cgroup is overrun by concurrent forks. A quarter above the cgroup's cap, so that a command
+/// held at its cap (which gVisor's cgroup overshoots a little) leaves the user room for other
+/// commands, and the sentry's host cost stays bounded by it (docs/hardening.md).
+pub fn nproc_for(cmd_pids: u64) -> u64 {
+    cmd_pids + cmd_pids / 4
+}
+
+/// Lowers the calling process's `RLIMIT_NPROC` (soft and hard) to the commands' limit, when
+/// the agent limits commands. Async-signal-safe (no allocation): for `pre_exec`.
+pub fn limit_nproc_raw() -> std::io::Result<()> {
+    let Some(n) = CONFIG.get().and_then(|c| c.nproc) else {
+        return Ok(());
+    };
+    let lim = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: setrlimit reads a valid rlimit from the stack.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Moves the calling process into the cgroup whose `cgroup.procs` is open as `fd`, and gives
+/// it the commands' `RLIMIT_NPROC` ([`limit_nproc_raw`]).
 /// Async-signal-safe (no allocation): for `pre_exec`.
 pub fn join_raw(fd: RawFd) -> std::io::Result<()> {
+    limit_nproc_raw()?;
     let mut buf = [0u8; 20];
     // SAFETY: getpid has no preconditions.
     let mut n = unsafe { libc::getpid() } as u64;
@@ -295,6 +333,12 @@ mod tests {
         let m = "MemTotal:       1000 kB\nMemFree:        300 kB\nMemAvailable:   400 kB\n";
         assert_eq!(used_memory(m), Some(600 * 1024));
         assert_eq!(used_memory("MemTotal: 5 kB\n"), None);
+    }
+
+    #[test]
+    fn nproc_is_a_quarter_above_the_cap() {
+        assert_eq!(nproc_for(160), 200);
+        assert_eq!(nproc_for(16), 20);
     }
 
     #[test]

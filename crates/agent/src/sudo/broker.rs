@@ -316,9 +316,14 @@ fn run(
     let (uid, gid) = (target.uid, target.gid);
     // The command joins the caller's limits (its cgroup), so sudo is no way around them.
     let cgroup = crate::limits::cgroup_procs_of(caller_pid);
+    let limited = cgroup.is_some();
     // SAFETY: the closure makes only async-signal-safe syscalls with data prepared above.
     unsafe {
         cmd.pre_exec(move || {
+            // And its process limit (RLIMIT_NPROC, which gVisor holds strictly).
+            if limited {
+                crate::limits::limit_nproc_raw()?;
+            }
             if libc::setsid() < 0
                 || libc::setgroups(groups.len(), groups.as_ptr()) < 0
                 || libc::setgid(gid) < 0

@@ -155,6 +155,11 @@ pub trait Driver: Send + Sync + 'static {
     /// Periodic upkeep of running sandboxes' host files (e.g. rotating console logs); called
     /// by the watcher about once a second.
     async fn housekeep(&self, _ids: &[String]) {}
+    /// Why a sandbox [`Self::dead`] reported died, when the driver itself ended it (e.g. its
+    /// host memory reserve ran out); None for a runtime that exited on its own.
+    fn death_cause(&self, _id: &str) -> Option<&'static str> {
+        None
+    }
 
     /// The server is stopping: release what the driver keeps ready for future sandboxes (e.g.
     /// pre-created network slots). Running sandboxes are left alone.

@@ -234,15 +234,21 @@ impl Manager {
             .lock()
             .get(id)
             .and_then(|r| r.latest().cloned());
-        let (kind, why) = match last {
-            Some(s) if s.mem_total > 0 && s.mem_used.saturating_mul(10) >= s.mem_total * 9 => (
-                "oom",
-                format!(
-                    "the sandbox stopped while using {} of its {} MiB of memory",
-                    s.mem_used >> 20,
-                    s.mem_total >> 20
-                ),
-            ),
+        let (kind, why) = match (self.driver.death_cause(id), last) {
+            // The driver ended it (its host memory reserve ran out): as the watcher says.
+            (Some(cause), _) => ("died", format!("died: {cause}")),
+            (None, Some(s))
+                if s.mem_total > 0 && s.mem_used.saturating_mul(10) >= s.mem_total * 9 =>
+            {
+                (
+                    "oom",
+                    format!(
+                        "the sandbox stopped while using {} of its {} MiB of memory",
+                        s.mem_used >> 20,
+                        s.mem_total >> 20
+                    ),
+                )
+            }
             _ => ("died", "the sandbox stopped on its own".to_string()),
         };
         if let Err(e) = self.end(id, kind, &why).await {

@@ -44,17 +44,21 @@ impl Manager {
             {
                 continue;
             }
+            let reason = match self.driver.death_cause(&id) {
+                Some(cause) => format!("died: {cause}"),
+                None => DIED_REASON.to_string(),
+            };
             let cleanup = self.driver.stop(&id).await;
             if let Err(e) = self
                 .store
-                .set_state(&id, SandboxState::Killed, Some(DIED_REASON))
+                .set_state(&id, SandboxState::Killed, Some(&reason))
                 .await
             {
                 tracing::warn!(sandbox = %id, error = %e, "recording a dead sandbox");
             }
             let detail = match cleanup {
-                Ok(()) => DIED_REASON.to_string(),
-                Err(e) => format!("{DIED_REASON} (cleanup error: {e})"),
+                Ok(()) => reason,
+                Err(e) => format!("{reason} (cleanup error: {e})"),
             };
             self.event(&id, "died", detail).await;
             died.push(id);

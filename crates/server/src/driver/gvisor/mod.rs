@@ -39,7 +39,9 @@ mod mounts;
 pub mod net_config;
 pub mod network;
 mod oci;
+mod oom_reserve;
 mod pressure;
+mod pressure_events;
 mod proto;
 mod reap;
 mod runsc;
@@ -150,7 +152,7 @@ pub struct GvisorDriver {
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
     slack: Option<slack::SentrySlack>,
     /// Host-side pressure of each sandbox (the fork-bomb backstop).
-    pressure: pressure::HostPressure,
+    pressure: std::sync::Arc<pressure::HostPressure>,
     /// Formatted disk images ready for creates.
     disks: std::sync::Arc<disk_pool::DiskPool>,
 }
@@ -538,17 +540,14 @@ impl Driver for GvisorDriver {
         self.pressure.retain(&cids);
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
-            let cid = self.cid(id);
-            if let Some(near) = self.pressure.check(&cid) {
-                // The agent kills its biggest command, by process group (kiln_agent::relief).
-                tracing::warn!(sandbox = %id, "host limits near ({near}): relieving");
-                if let Err(e) = self.runsc.output(&["kill", &cid, "URG"]).await {
-                    tracing::warn!(sandbox = %id, error = %e, "sending the host-pressure signal");
-                }
-            }
+            // Host limits near: the agent kills its biggest command (kiln_agent::relief).
+            self.pressure.tick(&self.runsc, id, &self.cid(id)).await;
         }
     }
 
+    fn death_cause(&self, id: &str) -> Option<&'static str> {
+        (self.pressure.ran_out(&self.cid(id))).then_some(pressure::OOM_CAUSE)
+    }
     fn has_network(&self) -> bool {
         self.net.is_some()
     }

@@ -29,7 +29,8 @@ const CAPS: &[&str] = &[
 /// the biggest process once the sandbox uses `memory_mb`) acts before the host's OOM killer
 /// would take the whole sandbox. The sandbox's own accounting does not see two costs the
 /// extra sizes cover: the platform's per-process host cost (measured ≈2 MiB per live process
-/// with systrap, bounded by the agent allowing a command at most `memory_mb / 2` processes),
+/// with systrap, bounded by the agent allowing a command at most `memory_mb / 2` processes
+/// in its cgroup and a quarter more through `RLIMIT_NPROC`, which gVisor holds strictly),
 /// and the platform's stub processes that process churn leaves pooled until the sandbox ends
 /// (≈128 KiB each; a fork bomb adds ≈100 a second until it is killed, see `pressure.rs`).
 pub fn host_memory_limit(memory_mb: u32) -> u64 {

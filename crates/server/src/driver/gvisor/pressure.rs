@@ -13,7 +13,11 @@
 //! taken for the culprit.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use super::oom_reserve::{OomReserve, Step};
+use super::pressure_events::MemoryEvents;
+use super::runsc::Runsc;
 
 /// When a sandbox's host side first counts as under pressure: this fraction of `pids.max`.
 const PIDS_START: (u64, u64) = (1, 4);
@@ -26,10 +30,18 @@ const PIDS_STEP: (u64, u64) = (1, 20);
 /// or more processes: a single memory hog is the OOM pass's).
 const MEMORY_HIGH: (u64, u64) = (1, 2);
 
-/// The highest host task count and memory use each sandbox was signalled at.
+/// Why a sandbox the server killed when its host memory reserve ran out died.
+pub const OOM_CAUSE: &str = "oom: out of host memory, and its reserve above the limit too";
+
+/// The highest host task count and memory use each sandbox was signalled at, and the
+/// sandboxes' memory-event watches (the check runs on each event, not only on the tick).
 #[derive(Default)]
 pub struct HostPressure {
     highs: Mutex<HashMap<(String, &'static str), u64>>,
+    events: MemoryEvents,
+    reserve: OomReserve,
+    /// Containers killed because their memory reserve ran out.
+    exhausted: Mutex<HashSet<String>>,
 }
 
 fn read_u64(paths: &[String]) -> Option<u64> {
@@ -48,10 +60,78 @@ fn cgroup_file(id: &str, ctrl: &str, v1: &str, v2: &str) -> [String; 3] {
 }
 
 impl HostPressure {
-    /// Forgets sandboxes not in `running`.
+    /// Forgets sandboxes not in `running` (container ids).
     pub fn retain(&self, running: &[String]) {
         let keep: HashSet<&str> = running.iter().map(String::as_str).collect();
         self.lock().retain(|(id, _), _| keep.contains(id.as_str()));
+        self.events.retain(running);
+        self.reserve.retain(running);
+        self.exhausted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|cid| keep.contains(cid.as_str()));
+    }
+
+    /// One tick for sandbox `id` (container `cid`): makes sure its host memory events are
+    /// watched (each runs [`Self::respond`] at once) and responds.
+    pub async fn tick(self: &Arc<Self>, runsc: &Runsc, id: &str, cid: &str) {
+        let (me, rs, sid, c) = (
+            Arc::clone(self),
+            runsc.clone(),
+            id.to_string(),
+            cid.to_string(),
+        );
+        let new = self.events.ensure(cid, move || {
+            let (me, rs, sid, c) = (me.clone(), rs.clone(), sid.clone(), c.clone());
+            tokio::spawn(async move { me.respond(&rs, &sid, &c).await });
+        });
+        if new {
+            self.reserve.arm(cid);
+        }
+        self.respond(runsc, id, cid).await;
+    }
+
+    /// Whether container `cid` was killed because its memory reserve ran out.
+    pub fn ran_out(&self, cid: &str) -> bool {
+        self.exhausted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(cid)
+    }
+
+    /// The reserve first (a sandbox at its host memory limit), then the thresholds.
+    async fn respond(&self, runsc: &Runsc, id: &str, cid: &str) {
+        match self.reserve.step(cid) {
+            Some(Step::Raised(from, to)) => {
+                let why = format!(
+                    "host memory limit of {} MiB reached, reserve up to {} MiB",
+                    from >> 20,
+                    to >> 20
+                );
+                relieve(runsc, id, cid, &why).await;
+                return;
+            }
+            Some(Step::Exhausted(limit)) => {
+                tracing::error!(
+                    sandbox = %id,
+                    "host memory reserve above {} MiB used up: killing the sandbox",
+                    limit >> 20
+                );
+                self.exhausted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(cid.to_string());
+                super::oom_reserve::kill_all(cid);
+                return;
+            }
+            Some(Step::Restored(limit)) => {
+                tracing::info!(sandbox = %id, "host memory limit back at {} MiB", limit >> 20);
+            }
+            None => {}
+        }
+        if let Some(near) = self.check(cid) {
+            relieve(runsc, id, cid, &near).await;
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, &'static str), u64>> {
@@ -73,6 +153,9 @@ impl HostPressure {
             "memory.usage_in_bytes",
             "memory.current",
         ));
+        // Page cache of the sandbox's files is reclaimable: not pressure (a sandbox reading a
+        // lot must not get its biggest command killed).
+        let mem = mem.map(|m| m.saturating_sub(super::oci::cgroup_file_cache(id).unwrap_or(0)));
         let mem_max = super::oci::cgroup_memory_limit(id);
         match (mem, mem_max) {
             (Some(m), Some(max)) if self.climbed(id, "memory", m, max, MEMORY_HIGH) => {
@@ -97,6 +180,15 @@ impl HostPressure {
                 true
             }
         }
+    }
+}
+
+/// Tells sandbox `id`'s agent to kill its biggest command, by process group
+/// (`kiln_agent::relief`).
+async fn relieve(runsc: &Runsc, id: &str, cid: &str, near: &str) {
+    tracing::warn!(sandbox = %id, "host limits near ({near}): relieving");
+    if let Err(e) = runsc.output(&["kill", cid, "URG"]).await {
+        tracing::warn!(sandbox = %id, error = %e, "sending the host-pressure signal");
     }
 }
 
