@@ -1,0 +1,194 @@
+//! Who is at the other end of a connection to a sandbox's agent socket.
+//!
+//! `SO_PEERCRED` of a connected Unix socket names the host process that called `listen(2)` on
+//! the socket it reached. For an agent socket made by `--host-uds=create` that is the sandbox's
+//! own `runsc-gofer` (measured: the gofer binds and listens on the host, then hands the
+//! listening socket to the sentry), whose command line names the sandbox's bundle. Anything
+//! else — a host socket the sandbox got the server to reach, another sandbox's runsc — is
+//! refused.
+//!
+//! The check runs on every connection (the hot path of every envd request), so what was
+//! verified is kept per sandbox as (pid, start time): a connection to a known peer costs one
+//! `getsockopt` and one read of `/proc/<pid>/stat`.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::reap::{self, Process};
+
+/// The refusal a client may see (no host paths).
+pub const FOREIGN_PEER: &str =
+    "the agent socket is not served by this sandbox's runtime; the connection was refused";
+
+/// The host pid of the process that listens on the socket `s` is connected to.
+pub fn peer_pid(s: &impl AsFd) -> std::io::Result<libc::pid_t> {
+    let cred = nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(std::io::Error::from)?;
+    Ok(cred.pid())
+}
+
+/// Whether `cid` is a runsc container id of sandbox `id` (`<id>` or `g<N>-<id>`).
+fn is_container_of(cid: &str, id: &str) -> bool {
+    cid == id || super::generation::sandbox_of(cid) == Some(id)
+}
+
+/// Whether the command line `cmdline` (NUL-separated, as in `/proc/<pid>/cmdline`) is a runsc
+/// gofer or sandbox process of sandbox `id` whose directory is `dir`: a gofer names a bundle
+/// in `dir` (`--bundle <dir>/bundle`), a sandbox its container id.
+pub fn is_runsc_of(cmdline: &[u8], id: &str, dir: &Path) -> bool {
+    let mut args = cmdline
+        .split(|b| *b == 0)
+        .map(String::from_utf8_lossy);
+    let argv0 = args.next().unwrap_or_default();
+    let bundle = dir.join("bundle");
+    let bundle = bundle.to_string_lossy();
+    match argv0.as_ref() {
+        "runsc-gofer" => args.any(|a| {
+            let v = a.split_once('=').map_or(a.as_ref(), |(_, v)| v);
+            v == bundle.as_ref()
+        }),
+        "runsc-sandbox" => args.any(|a| {
+            let v = match a.split_once('=') {
+                Some((_, v)) if a.starts_with('-') => v,
+                _ => a.as_ref(),
+            };
+            is_container_of(v, id)
+        }),
+        _ => false,
+    }
+}
+
+/// The peers verified so far, per sandbox.
+#[derive(Default)]
+pub struct Peers {
+    known: Mutex<HashMap<String, Vec<Process>>>,
+}
+
+impl Peers {
+    /// Checks that the process listening at the other end of `s` is one of sandbox `id`'s
+    /// own runsc processes (directory `dir`); the error is [`FOREIGN_PEER`].
+    pub fn check(&self, id: &str, dir: &Path, s: &impl AsFd) -> std::io::Result<()> {
+        let refused =
+            || std::io::Error::new(std::io::ErrorKind::PermissionDenied, FOREIGN_PEER);
+        let pid = peer_pid(s)?;
+        // (A peer that is gone, or not in this pid namespace (pid 0), is refused.)
+        let Some(me) = reap::identify(&[pid]).pop() else {
+            return Err(refused());
+        };
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.get(id).is_some_and(|v| v.contains(&me)) {
+            return Ok(());
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        // The same process still (its start time read before its command line).
+        if !is_runsc_of(&cmdline, id, dir) || reap::still_running(&[me]).is_empty() {
+            tracing::warn!(sandbox = id, pid, "the agent socket's peer is not the sandbox's");
+            return Err(refused());
+        }
+        let v = known.entry(id.to_string()).or_default();
+        // A sandbox's gofers and sentries of its later generations replace earlier ones.
+        v.retain(|p| !reap::still_running(&[*p]).is_empty());
+        v.push(me);
+        Ok(())
+    }
+
+    /// Forgets sandbox `id`'s peers (it is gone).
+    pub fn forget(&self, id: &str) {
+        self.known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    fn cmd(args: &[&str]) -> Vec<u8> {
+        args.join("\0").into_bytes()
+    }
+
+    #[test]
+    fn runsc_processes_of_the_sandbox_only() {
+        let dir = Path::new("/s/gvisor/sandboxes/abc");
+        let gofer = |b: &str| cmd(&["runsc-gofer", "--root=/r", "gofer", "--bundle", b]);
+        assert!(is_runsc_of(&gofer("/s/gvisor/sandboxes/abc/bundle"), "abc", dir));
+        assert!(is_runsc_of(
+            &cmd(&["runsc-gofer", "gofer", "--bundle=/s/gvisor/sandboxes/abc/bundle"]),
+            "abc",
+            dir
+        ));
+        // Another sandbox whose id starts with this one's.
+        assert!(!is_runsc_of(&gofer("/s/gvisor/sandboxes/abcd/bundle"), "abc", dir));
+        let sandbox = |id: &str| cmd(&["runsc-sandbox", "--root=/r", "boot", "--bundle=/b", id]);
+        assert!(is_runsc_of(&sandbox("abc"), "abc", dir));
+        assert!(is_runsc_of(&sandbox("g3-abc"), "abc", dir));
+        assert!(!is_runsc_of(&sandbox("abcd"), "abc", dir));
+        assert!(!is_runsc_of(&sandbox("g3-abcd"), "abc", dir));
+        assert!(!is_runsc_of(&sandbox("gx-abc"), "abc", dir));
+        // Not runsc at all, whatever its arguments.
+        assert!(!is_runsc_of(&cmd(&["python3", "abc", "/s/gvisor/sandboxes/abc/bundle"]), "abc", dir));
+        assert!(!is_runsc_of(b"", "abc", dir));
+    }
+
+    #[test]
+    fn a_peer_outside_the_sandbox_is_refused() {
+        // This test process listens: not a runsc process of any sandbox.
+        let d = tempfile::tempdir().unwrap();
+        let l = std::os::unix::net::UnixListener::bind(d.path().join("s")).unwrap();
+        let c = std::os::unix::net::UnixStream::connect(d.path().join("s")).unwrap();
+        // SAFETY: getpid has no preconditions.
+        assert_eq!(peer_pid(&c).unwrap(), unsafe { libc::getpid() });
+        let peers = Peers::default();
+        let e = peers.check("abc", d.path(), &c).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        assert_eq!(e.to_string(), FOREIGN_PEER);
+        assert!(!e.to_string().contains(&d.path().to_string_lossy().to_string()));
+        drop(l);
+    }
+
+    #[test]
+    fn the_sandboxs_gofer_is_accepted_and_remembered() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("sandboxes").join("abc");
+        let sock = d.path().join("agent.sock");
+        let bundle = dir.join("bundle");
+        // A process that calls itself runsc-gofer of this sandbox listens on the socket.
+        let script = "import socket,sys,time\n\
+                      s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n\
+                      print('up', flush=True); time.sleep(30)";
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .arg0("runsc-gofer")
+            .args(["-c", script, sock.to_str().unwrap(), "--bundle"])
+            .arg(&bundle)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "up\n");
+        let peers = Peers::default();
+        for _ in 0..3 {
+            let c = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+            assert_eq!(peer_pid(&c).unwrap(), child.id() as libc::pid_t);
+            peers.check("abc", &dir, &c).unwrap();
+        }
+        assert_eq!(peers.known.lock().unwrap()["abc"].len(), 1);
+        // The same process is not another sandbox's.
+        let c = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        let other = d.path().join("sandboxes").join("abd");
+        assert!(peers.check("abd", &other, &c).is_err());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Gone: a connection that outlived its listener is refused.
+        assert!(peers.check("abc", &dir, &c).is_err());
+    }
+}
