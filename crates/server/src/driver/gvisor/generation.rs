@@ -33,7 +33,7 @@ pub fn container_id(id: &str, gen: u64) -> String {
 }
 
 /// The sandbox id of container `cid` when it is a later generation (`g<N>-<id>`).
-pub(super) fn sandbox_of(cid: &str) -> Option<&str> {
+fn sandbox_of(cid: &str) -> Option<&str> {
     let rest = cid.strip_prefix('g')?;
     let (n, id) = rest.split_once('-')?;
     (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !id.is_empty()).then_some(id)

@@ -2,10 +2,11 @@
 //!
 //! `SO_PEERCRED` of a connected Unix socket names the host process that called `listen(2)` on
 //! the socket it reached. For an agent socket made by `--host-uds=create` that is the sandbox's
-//! own `runsc-gofer` (measured: the gofer binds and listens on the host, then hands the
-//! listening socket to the sentry), whose command line names the sandbox's bundle. Anything
-//! else — a host socket the sandbox got the server to reach, another sandbox's runsc — is
-//! refused.
+//! own `runsc-gofer` (measured with runsc 0.0~20240729: the peer of the host's `agent.sock` is
+//! the gofer, `--bundle=<sandbox dir>/bundle` on its command line, in the sandbox's host
+//! cgroup; never the `runsc-sandbox` sentry), after a boot and after a restore alike. Anything
+//! else — a host socket the sandbox got the server to reach, another sandbox's gofer, the
+//! sentry — is refused.
 //!
 //! The check runs on every connection (the hot path of every envd request), so what was
 //! verified is kept per sandbox as (pid, start time): a connection to a known peer costs one
@@ -29,35 +30,25 @@ pub fn peer_pid(s: &impl AsFd) -> std::io::Result<libc::pid_t> {
     Ok(cred.pid())
 }
 
-/// Whether `cid` is a runsc container id of sandbox `id` (`<id>` or `g<N>-<id>`).
-fn is_container_of(cid: &str, id: &str) -> bool {
-    cid == id || super::generation::sandbox_of(cid) == Some(id)
-}
-
-/// Whether the command line `cmdline` (NUL-separated, as in `/proc/<pid>/cmdline`) is a runsc
-/// gofer or sandbox process of sandbox `id` whose directory is `dir`: a gofer names a bundle
-/// in `dir` (`--bundle <dir>/bundle`), a sandbox its container id.
-pub fn is_runsc_of(cmdline: &[u8], id: &str, dir: &Path) -> bool {
-    let mut args = cmdline
-        .split(|b| *b == 0)
-        .map(String::from_utf8_lossy);
-    let argv0 = args.next().unwrap_or_default();
+/// Whether the command line `cmdline` (NUL-separated, as in `/proc/<pid>/cmdline`) is the
+/// runsc gofer of the sandbox whose directory is `dir`: it names the bundle in `dir`
+/// (`--bundle=<dir>/bundle`, or `--bundle <dir>/bundle`).
+pub fn is_gofer_of(cmdline: &[u8], dir: &Path) -> bool {
+    let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
+    if args.next().as_deref() != Some("runsc-gofer") {
+        return false;
+    }
     let bundle = dir.join("bundle");
     let bundle = bundle.to_string_lossy();
-    match argv0.as_ref() {
-        "runsc-gofer" => args.any(|a| {
-            let v = a.split_once('=').map_or(a.as_ref(), |(_, v)| v);
-            v == bundle.as_ref()
-        }),
-        "runsc-sandbox" => args.any(|a| {
-            let v = match a.split_once('=') {
-                Some((_, v)) if a.starts_with('-') => v,
-                _ => a.as_ref(),
-            };
-            is_container_of(v, id)
-        }),
-        _ => false,
-    }
+    let mut prev_flag = false;
+    args.any(|a| {
+        let hit = match a.strip_prefix("--bundle=") {
+            Some(v) => v == bundle.as_ref(),
+            None => prev_flag && a == bundle,
+        };
+        prev_flag = a == "--bundle";
+        hit
+    })
 }
 
 /// The peers verified so far, per sandbox.
@@ -67,8 +58,8 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// Checks that the process listening at the other end of `s` is one of sandbox `id`'s
-    /// own runsc processes (directory `dir`); the error is [`FOREIGN_PEER`].
+    /// Checks that the process listening at the other end of `s` is sandbox `id`'s own runsc
+    /// gofer (directory `dir`); the error is [`FOREIGN_PEER`].
     pub fn check(&self, id: &str, dir: &Path, s: &impl AsFd) -> std::io::Result<()> {
         let refused =
             || std::io::Error::new(std::io::ErrorKind::PermissionDenied, FOREIGN_PEER);
@@ -83,12 +74,12 @@ impl Peers {
         }
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         // The same process still (its start time read before its command line).
-        if !is_runsc_of(&cmdline, id, dir) || reap::still_running(&[me]).is_empty() {
+        if !is_gofer_of(&cmdline, dir) || reap::still_running(&[me]).is_empty() {
             tracing::warn!(sandbox = id, pid, "the agent socket's peer is not the sandbox's");
             return Err(refused());
         }
         let v = known.entry(id.to_string()).or_default();
-        // A sandbox's gofers and sentries of its later generations replace earlier ones.
+        // The gofers of a sandbox's later generations (restores) replace earlier ones.
         v.retain(|p| !reap::still_running(&[*p]).is_empty());
         v.push(me);
         Ok(())
@@ -113,26 +104,26 @@ mod tests {
     }
 
     #[test]
-    fn runsc_processes_of_the_sandbox_only() {
+    fn the_sandboxs_gofer_only() {
         let dir = Path::new("/s/gvisor/sandboxes/abc");
+        // As measured (runsc 0.0~20240729), with a trailing NUL.
+        let measured = "runsc-gofer\0--root=/s/gvisor/runsc\0--overlay2=none\0--host-uds=create\0\
+                        gofer\0--bundle=/s/gvisor/sandboxes/abc/bundle\0--io-fds=5,6\0";
+        assert!(is_gofer_of(measured.as_bytes(), dir));
         let gofer = |b: &str| cmd(&["runsc-gofer", "--root=/r", "gofer", "--bundle", b]);
-        assert!(is_runsc_of(&gofer("/s/gvisor/sandboxes/abc/bundle"), "abc", dir));
-        assert!(is_runsc_of(
-            &cmd(&["runsc-gofer", "gofer", "--bundle=/s/gvisor/sandboxes/abc/bundle"]),
-            "abc",
+        assert!(is_gofer_of(&gofer("/s/gvisor/sandboxes/abc/bundle"), dir));
+        // Another sandbox whose id starts with this one's, or a path that only contains it.
+        assert!(!is_gofer_of(&gofer("/s/gvisor/sandboxes/abcd/bundle"), dir));
+        assert!(!is_gofer_of(&gofer("/x/s/gvisor/sandboxes/abc/bundle"), dir));
+        assert!(!is_gofer_of(
+            &cmd(&["runsc-gofer", "--log=/s/gvisor/sandboxes/abc/bundle"]),
             dir
         ));
-        // Another sandbox whose id starts with this one's.
-        assert!(!is_runsc_of(&gofer("/s/gvisor/sandboxes/abcd/bundle"), "abc", dir));
-        let sandbox = |id: &str| cmd(&["runsc-sandbox", "--root=/r", "boot", "--bundle=/b", id]);
-        assert!(is_runsc_of(&sandbox("abc"), "abc", dir));
-        assert!(is_runsc_of(&sandbox("g3-abc"), "abc", dir));
-        assert!(!is_runsc_of(&sandbox("abcd"), "abc", dir));
-        assert!(!is_runsc_of(&sandbox("g3-abcd"), "abc", dir));
-        assert!(!is_runsc_of(&sandbox("gx-abc"), "abc", dir));
-        // Not runsc at all, whatever its arguments.
-        assert!(!is_runsc_of(&cmd(&["python3", "abc", "/s/gvisor/sandboxes/abc/bundle"]), "abc", dir));
-        assert!(!is_runsc_of(b"", "abc", dir));
+        // The sentry, or not runsc at all, whatever the arguments.
+        let bundle = "--bundle=/s/gvisor/sandboxes/abc/bundle";
+        assert!(!is_gofer_of(&cmd(&["runsc-sandbox", "boot", bundle, "abc"]), dir));
+        assert!(!is_gofer_of(&cmd(&["python3", bundle]), dir));
+        assert!(!is_gofer_of(b"", dir));
     }
 
     #[test]
