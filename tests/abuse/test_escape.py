@@ -105,7 +105,9 @@ def set_host_immutable(path, on):
 
 def assert_sealed(server, sbx, what=""):
     """The host side holds only the agent's socket, immutable, and root inside cannot add to
-    it; the agent answers through it."""
+    it; the agent answers through it (first: a snapshot's or fork's source continues in the
+    background, and requests wait for it)."""
+    assert sbx.commands.run("echo first").stdout == "first\n"
     d = host_run(server, sbx)
     assert sorted(os.listdir(d)) == [AGENT_SOCK], (what, os.listdir(d))
     assert host_flags(d) & FS_IMMUTABLE_FL, f"{what}: /run/kiln is not immutable on the host"
@@ -126,7 +128,6 @@ ATTEMPTS = {
     "remove agent.sock": "rm -f /run/kiln/agent.sock",
     "rename agent.sock": "mv /run/kiln/agent.sock /run/kiln/moved",
     "replace agent.sock": "ln -sf /etc/passwd /run/kiln/agent.sock",
-    "chmod the directory": "chmod 0777 /run/kiln",
     # FS_IOC_SETFLAGS without the immutable flag, then a create.
     "lift the flag": "python3 -c 'import fcntl,os,struct; fd=os.open(\"/run/kiln\", os.O_RDONLY);"
     " fcntl.ioctl(fd, 0x40086602, struct.pack(\"l\", 0))' && touch /run/kiln/f",
@@ -134,8 +135,10 @@ ATTEMPTS = {
 
 
 # gVisor answers the host's EPERM for a fifo or a socket with a synthetic one that lives in the
-# sentry's memory only: these may "succeed" inside, but nothing reaches the host directory.
+# sentry's memory only, and keeps a chmod of the mount's root to itself: these may "succeed"
+# inside, but nothing reaches the host directory (its entries and mode are checked).
 SENTRY_ONLY = {
+    "chmod the directory": "chmod 0777 /run/kiln",
     "create a fifo": "mkfifo /run/kiln/p",
     "bind a socket": "python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"/run/kiln/s\")'",
 }

@@ -9,11 +9,14 @@
 //! sentry — is refused.
 //!
 //! The check runs on every connection (the hot path of every envd request), so what was
-//! verified is kept per sandbox as (pid, start time): a connection to a known peer costs one
-//! `getsockopt` and one read of `/proc/<pid>/stat`.
+//! verified is kept per sandbox as (pid, start time) with a pidfd of the process: a connection
+//! to a known peer costs one `getsockopt` and one `pidfd_send_signal(fd, 0)` (the process is
+//! still alive, so its pid is still its own), no `/proc` read (measured in
+//! `container::tests::connect_cost`). Where pidfds are missing (Linux before 5.3) the start
+//! time is read from `/proc/<pid>/stat` instead.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -51,10 +54,54 @@ pub fn is_gofer_of(cmdline: &[u8], dir: &Path) -> bool {
     })
 }
 
+/// A pidfd of process `pid` (None where the kernel has none).
+fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags; it returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process of `pidfd` is still alive (signal 0: no signal is sent).
+fn alive(pidfd: &OwnedFd) -> bool {
+    // SAFETY: pidfd_send_signal with signal 0 and no siginfo only checks the process; the
+    // descriptor is open.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    rc == 0
+}
+
+/// A verified peer: the process, and a pidfd of it to tell cheaply that it is still the same.
+struct Verified {
+    process: Process,
+    pidfd: Option<OwnedFd>,
+}
+
+impl Verified {
+    fn pid(&self) -> libc::pid_t {
+        self.process.pid()
+    }
+
+    /// Whether it is still the process verified (a live process keeps its pid).
+    fn still_running(&self) -> bool {
+        match &self.pidfd {
+            Some(fd) => alive(fd),
+            None => !reap::still_running(&[self.process]).is_empty(),
+        }
+    }
+}
+
 /// The peers verified so far, per sandbox.
 #[derive(Default)]
 pub struct Peers {
-    known: Mutex<HashMap<String, Vec<Process>>>,
+    known: Mutex<HashMap<String, Vec<Verified>>>,
 }
 
 impl Peers {
@@ -64,24 +111,27 @@ impl Peers {
         let refused =
             || std::io::Error::new(std::io::ErrorKind::PermissionDenied, FOREIGN_PEER);
         let pid = peer_pid(s)?;
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = known.get(id) {
+            if v.iter().any(|p| p.pid() == pid && p.still_running()) {
+                return Ok(());
+            }
+        }
         // (A peer that is gone, or not in this pid namespace (pid 0), is refused.)
         let Some(me) = reap::identify(&[pid]).pop() else {
             return Err(refused());
         };
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        if known.get(id).is_some_and(|v| v.contains(&me)) {
-            return Ok(());
-        }
+        let pidfd = pidfd_open(pid);
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        // The same process still (its start time read before its command line).
+        // The same process still (its start time read before its pidfd and command line).
         if !is_gofer_of(&cmdline, dir) || reap::still_running(&[me]).is_empty() {
             tracing::warn!(sandbox = id, pid, "the agent socket's peer is not the sandbox's");
             return Err(refused());
         }
         let v = known.entry(id.to_string()).or_default();
         // The gofers of a sandbox's later generations (restores) replace earlier ones.
-        v.retain(|p| !reap::still_running(&[*p]).is_empty());
-        v.push(me);
+        v.retain(Verified::still_running);
+        v.push(Verified { process: me, pidfd });
         Ok(())
     }
 
