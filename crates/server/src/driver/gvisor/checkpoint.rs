@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::mounts::{is_mounted, mount_overlay_stack, mount_run_dir};
 use super::container::AgentSocket;
+use super::mounts::{is_mounted, mount_overlay_stack, mount_run_dir};
 use super::{check_id, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result};
 

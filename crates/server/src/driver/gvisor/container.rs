@@ -75,7 +75,9 @@ impl<'a> AgentSocket<'a> {
     /// after a boot or a server restart).
     pub async fn connect_and_seal(&self) -> std::io::Result<tokio::net::UnixStream> {
         let s = self.connect().await?;
-        self.run_dirs.seals.after_connect(self.id, &self.run(), KEEP);
+        self.run_dirs
+            .seals
+            .after_connect(self.id, &self.run(), KEEP);
         Ok(s)
     }
 

@@ -386,8 +386,7 @@ impl Driver for GvisorDriver {
                         if reason.starts_with(network::REFUSED) =>
                     {
                         let agent = self.agent(id);
-                        match async { forward::via_agent(agent.connect().await?, port).await }
-                            .await
+                        match async { forward::via_agent(agent.connect().await?, port).await }.await
                         {
                             Ok(Some(s)) => Ok(Box::new(s)),
                             _ => Err(DriverError::Unreachable {

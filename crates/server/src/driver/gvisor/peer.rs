@@ -108,8 +108,7 @@ impl Peers {
     /// Checks that the process listening at the other end of `s` is sandbox `id`'s own runsc
     /// gofer (directory `dir`); the error is [`FOREIGN_PEER`].
     pub fn check(&self, id: &str, dir: &Path, s: &impl AsFd) -> std::io::Result<()> {
-        let refused =
-            || std::io::Error::new(std::io::ErrorKind::PermissionDenied, FOREIGN_PEER);
+        let refused = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, FOREIGN_PEER);
         let pid = peer_pid(s)?;
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(v) = known.get(id) {
@@ -125,7 +124,11 @@ impl Peers {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         // The same process still (its start time read before its pidfd and command line).
         if !is_gofer_of(&cmdline, dir) || reap::still_running(&[me]).is_empty() {
-            tracing::warn!(sandbox = id, pid, "the agent socket's peer is not the sandbox's");
+            tracing::warn!(
+                sandbox = id,
+                pid,
+                "the agent socket's peer is not the sandbox's"
+            );
             return Err(refused());
         }
         let v = known.entry(id.to_string()).or_default();
@@ -164,14 +167,20 @@ mod tests {
         assert!(is_gofer_of(&gofer("/s/gvisor/sandboxes/abc/bundle"), dir));
         // Another sandbox whose id starts with this one's, or a path that only contains it.
         assert!(!is_gofer_of(&gofer("/s/gvisor/sandboxes/abcd/bundle"), dir));
-        assert!(!is_gofer_of(&gofer("/x/s/gvisor/sandboxes/abc/bundle"), dir));
+        assert!(!is_gofer_of(
+            &gofer("/x/s/gvisor/sandboxes/abc/bundle"),
+            dir
+        ));
         assert!(!is_gofer_of(
             &cmd(&["runsc-gofer", "--log=/s/gvisor/sandboxes/abc/bundle"]),
             dir
         ));
         // The sentry, or not runsc at all, whatever the arguments.
         let bundle = "--bundle=/s/gvisor/sandboxes/abc/bundle";
-        assert!(!is_gofer_of(&cmd(&["runsc-sandbox", "boot", bundle, "abc"]), dir));
+        assert!(!is_gofer_of(
+            &cmd(&["runsc-sandbox", "boot", bundle, "abc"]),
+            dir
+        ));
         assert!(!is_gofer_of(&cmd(&["python3", bundle]), dir));
         assert!(!is_gofer_of(b"", dir));
     }
@@ -188,7 +197,9 @@ mod tests {
         let e = peers.check("abc", d.path(), &c).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
         assert_eq!(e.to_string(), FOREIGN_PEER);
-        assert!(!e.to_string().contains(&d.path().to_string_lossy().to_string()));
+        assert!(!e
+            .to_string()
+            .contains(&d.path().to_string_lossy().to_string()));
         drop(l);
     }
 

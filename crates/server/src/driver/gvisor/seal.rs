@@ -213,10 +213,7 @@ pub enum SealError {
     #[error("removing what the sandbox left in {dir}: {source}")]
     Clean { dir: String, source: nix::Error },
     #[error("setting the immutable flag of {dir}: {source}")]
-    Flag {
-        dir: String,
-        source: std::io::Error,
-    },
+    Flag { dir: String, source: std::io::Error },
     #[error("{dir} kept changing while it was being sealed")]
     Busy { dir: String },
 }
@@ -226,18 +223,30 @@ pub enum SealError {
 /// cannot, see [`fallback_reason`]) only cleans.
 pub fn seal(dir: &Path, keep: &[&str], immutable: bool) -> Result<Sealed, SealError> {
     let name = || dir.display().to_string();
-    let fd = open_dir_at(None, dir).map_err(|source| SealError::Open { dir: name(), source })?;
+    let fd = open_dir_at(None, dir).map_err(|source| SealError::Open {
+        dir: name(),
+        source,
+    })?;
     let cleaned = |fd: &OwnedFd| {
-        clean(fd, keep).map_err(|source| SealError::Clean { dir: name(), source })
+        clean(fd, keep).map_err(|source| SealError::Clean {
+            dir: name(),
+            source,
+        })
     };
     if !immutable {
         return Ok(Sealed::Bounded {
             removed: cleaned(&fd)?,
         });
     }
-    let flag = |source: std::io::Error| SealError::Flag { dir: name(), source };
+    let flag = |source: std::io::Error| SealError::Flag {
+        dir: name(),
+        source,
+    };
     let only = |fd: &OwnedFd| {
-        holds_only(fd, keep).map_err(|source| SealError::Clean { dir: name(), source })
+        holds_only(fd, keep).map_err(|source| SealError::Clean {
+            dir: name(),
+            source,
+        })
     };
     let mut removed = 0;
     for _ in 0..SEAL_ATTEMPTS {
@@ -262,11 +271,17 @@ pub fn seal(dir: &Path, keep: &[&str], immutable: bool) -> Result<Sealed, SealEr
 /// Lifts the immutable flag of `dir` (nothing when it has none, or cannot have one).
 pub fn unseal(dir: &Path) -> Result<(), SealError> {
     let name = || dir.display().to_string();
-    let fd = open_dir_at(None, dir).map_err(|source| SealError::Open { dir: name(), source })?;
+    let fd = open_dir_at(None, dir).map_err(|source| SealError::Open {
+        dir: name(),
+        source,
+    })?;
     match set_immutable(&fd, false) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error().and_then(fallback_reason).is_some() => Ok(()),
-        Err(source) => Err(SealError::Flag { dir: name(), source }),
+        Err(source) => Err(SealError::Flag {
+            dir: name(),
+            source,
+        }),
     }
 }
 
@@ -298,7 +313,11 @@ impl Seals {
         match seal(dir, keep, immutable) {
             Ok(Sealed::Immutable { removed }) | Ok(Sealed::Bounded { removed }) => {
                 if removed > 0 {
-                    tracing::info!(sandbox = id, removed, "removed what the sandbox put in /run/kiln");
+                    tracing::info!(
+                        sandbox = id,
+                        removed,
+                        "removed what the sandbox put in /run/kiln"
+                    );
                 }
             }
             Err(SealError::Flag { source, .. })

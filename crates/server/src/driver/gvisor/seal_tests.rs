@@ -84,7 +84,10 @@ fn seal_removes_all_but_the_socket_and_refuses_everything_after() {
     // Nothing new, nothing removed or renamed, even by root.
     let d = &t.dir;
     assert_eq!(errno(std::fs::write(d.join("new"), b"")), Some(libc::EPERM));
-    assert_eq!(errno(std::fs::create_dir(d.join("newdir"))), Some(libc::EPERM));
+    assert_eq!(
+        errno(std::fs::create_dir(d.join("newdir"))),
+        Some(libc::EPERM)
+    );
     assert_eq!(
         errno(std::os::unix::fs::symlink("/", d.join("l"))),
         Some(libc::EPERM)
@@ -127,7 +130,10 @@ fn a_link_or_file_in_place_of_the_socket_goes_too() {
         Sealed::Immutable { removed: 1 }
     );
     assert!(names(&t.dir).is_empty());
-    assert!(std::fs::symlink_metadata(&bait).unwrap().file_type().is_socket());
+    assert!(std::fs::symlink_metadata(&bait)
+        .unwrap()
+        .file_type()
+        .is_socket());
     unseal(&t.dir).unwrap();
     std::fs::create_dir(t.dir.join(SOCK)).unwrap();
     std::fs::write(t.dir.join(SOCK).join("x"), b"").unwrap();
@@ -170,7 +176,10 @@ fn fallback_decision() {
         assert!(fallback_reason(e).unwrap().contains("Linux 6.0"), "{e}");
     }
     for e in [libc::EPERM, libc::EACCES] {
-        assert!(fallback_reason(e).unwrap().contains("CAP_LINUX_IMMUTABLE"), "{e}");
+        assert!(
+            fallback_reason(e).unwrap().contains("CAP_LINUX_IMMUTABLE"),
+            "{e}"
+        );
     }
     // Anything else is a failure to report, not a reason to stop sealing.
     for e in [libc::EIO, libc::ENOENT, libc::EBADF, libc::ENOSPC] {
