@@ -5,9 +5,10 @@
 //!   layer is the template's rootfs directory (never written to);
 //! - `bundle/config.json`: the OCI spec (kiln-agent as init, `linux.resources` limits,
 //!   `cgroupsPath` `/kiln/<id>`);
-//! - `run/`: a 64 KiB tmpfs (root inside cannot fill the host disk through it) at `/run/kiln`
-//!   inside; the agent binds `agent.sock` there, reachable from the host through `runsc
-//!   --host-uds=create`, so the server↔agent channel never needs the sandbox network;
+//! - `run/`: a 64 KiB tmpfs at `/run/kiln` inside, sealed (only `agent.sock`, immutable) outside
+//!   the server's windows ([`seal`]); the agent binds `agent.sock` there, reachable from the host
+//!   through `runsc --host-uds=create`, so the server↔agent channel never needs the sandbox
+//!   network;
 //! - `console.log`: the agent's stdout/stderr (runsc's own errors too).
 //!
 //! runsc's container state lives in `<state>/gvisor/runsc/` (`--root`), so every sandbox kiln
