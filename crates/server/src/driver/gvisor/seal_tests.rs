@@ -213,3 +213,38 @@ fn seals_follow_the_servers_windows() {
     assert!(is_sealed(&t.dir).unwrap());
     assert!(!seals.bounded.load(Ordering::Relaxed));
 }
+
+#[test]
+fn a_filesystem_without_the_flag_falls_back_to_cleaning() {
+    // ramfs takes no FS_IOC_SETFLAGS (ENOTTY), as tmpfs before Linux 6.0.
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let c = |s: &str| std::ffi::CString::new(s).unwrap();
+    let (fstype, target) = (c("ramfs"), c(dir.to_str().unwrap()));
+    // SAFETY: valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let _agent = std::os::unix::net::UnixListener::bind(dir.join(SOCK)).unwrap();
+    std::fs::write(dir.join("planted"), b"").unwrap();
+    let fd = open_dir_at(None, &dir).unwrap();
+    let errno = get_flags(&fd).unwrap_err().raw_os_error().unwrap();
+    assert!(fallback_reason(errno).is_some(), "{errno}");
+    let seals = Seals::default();
+    seals.after_connect("s1", &dir, KEEP);
+    assert!(seals.bounded.load(Ordering::Relaxed));
+    assert_eq!(names(&dir), [SOCK]);
+    // Still writable (bounded, not sealed), and later seals only clean.
+    std::fs::write(dir.join("again"), b"").unwrap();
+    seals.close("s1", &dir, KEEP);
+    assert_eq!(names(&dir), [SOCK]);
+    super::super::mounts::unmount(&dir).unwrap();
+}
