@@ -263,6 +263,19 @@ mod tests {
         for l in rounds {
             println!("{l}");
         }
+        // A window and the seal after it, on a real run/ tmpfs holding the agent's socket.
+        let run = d.path().join("bench-run");
+        std::fs::create_dir(&run).unwrap();
+        super::super::mounts::mount_run_dir(&run).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(run.join(SOCKET_NAME)).unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..1000 {
+            run_dirs.seals.open("bench", &run);
+            run_dirs.seals.close("bench", &run, KEEP);
+        }
+        println!("open + seal: {:?}", t.elapsed() / 1000);
+        run_dirs.seals.forget("bench", &run);
+        super::super::mounts::unmount(&run).unwrap();
         println!("peer check alone: uncached {uncached:?}, cached {cached:?}");
     }
 }
