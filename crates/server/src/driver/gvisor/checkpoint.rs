@@ -4,7 +4,9 @@
 //! gVisor cannot checkpoint a sandbox that holds sockets backed by the host, and the agent's
 //! socket (`--host-uds=create`) is one. So the agent is detached first (`SIGUSR1`: it closes
 //! its listeners and connections, then writes `run/agent.sock.detached`), and attached again
-//! after a restore (`SIGUSR2`).
+//! after a restore (`SIGUSR2`). The directory shared at `/run/kiln` is open for both (the
+//! agent writes its marker, runsc's gofer makes the socket again) and sealed once the agent
+//! listens again (see [`super::seal`]).
 //!
 //! Per sandbox, next to the layer and bundle (see the module docs of [`super`]):
 //! - `checkpoint/`: runsc's image of memory and processes (full pauses only);
@@ -20,6 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::container::AgentSocket;
 use super::mounts::{is_mounted, mount_overlay_stack, mount_run_dir};
 use super::{check_id, GvisorDriver, SOCKET_NAME};
 use crate::driver::{io_err, DriverError, Result};
@@ -34,13 +37,13 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the agent gets to act on a detach or attach request before it is signalled.
 const REQUEST_GRACE: Duration = Duration::from_millis(500);
 
-/// Sends `POST /kiln/detach` to the agent listening on `socket`: true when it was delivered
+/// Sends `POST /kiln/detach` to the agent at `agent`: true when it was delivered
 /// to an agent that knows the request (a 202, or the connection closing as the agent
 /// detaches before its answer went out), false for an agent that does not (404) or when
 /// the socket cannot be reached.
-async fn request_detach(socket: &Path) -> bool {
+async fn request_detach(agent: &AgentSocket<'_>) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = super::connect_no_follow(socket).await else {
+    let Ok(mut s) = agent.connect().await else {
         return false;
     };
     let req = b"POST /kiln/detach HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
@@ -62,24 +65,28 @@ fn detached_marker_in(dir: &Path) -> PathBuf {
     dir.join("run").join(format!("{SOCKET_NAME}.detached"))
 }
 
-/// Has the agent of sandbox `id` (directory `dir`) listen on its sockets again: removing its
+/// Has the agent of sandbox `id` (at `agent`) listen on its sockets again: removing its
 /// `.detached` marker is the request (a detached agent watches it). An agent that does not
 /// attach within [`REQUEST_GRACE`] (built before this) gets `SIGUSR2` through `runsc kill`;
 /// either way it has until [`DETACH_TIMEOUT`] (a restore on a busy host may still be settling
-/// when the grace ends, and then refuses the signal).
+/// when the grace ends, and then refuses the signal). Once it listens, the shared directory
+/// is sealed again.
 pub(super) async fn attach_agent_at(
     runsc: &super::runsc::Runsc,
-    dir: &Path,
+    agent: &AgentSocket<'_>,
     id: &str,
 ) -> Result<()> {
+    let dir = agent.dir();
+    // (Open already since the detach; again in case a server restarted in between.)
+    agent.open();
     let _ = std::fs::remove_file(detached_marker_in(dir));
-    let socket = dir.join("run").join(SOCKET_NAME);
     let start = tokio::time::Instant::now();
     let mut signalled = None;
     loop {
         // Connectable, not merely present: a socket file left from before the pause accepts
         // nothing.
-        if super::connect_no_follow(&socket).await.is_ok() {
+        if agent.connect().await.is_ok() {
+            agent.close();
             return Ok(());
         }
         let waited = start.elapsed();
@@ -171,8 +178,12 @@ impl GvisorDriver {
     /// it (built before) or does not act on it gets `SIGUSR1` through `runsc kill`.
     pub(super) async fn detach_agent(&self, id: &str) -> Result<()> {
         let marker = self.detached_marker(id);
+        // The agent writes its marker and removes its socket, runsc makes the socket again
+        // after the restore: open until the attach.
+        let agent = self.agent(id);
+        agent.open();
         let _ = std::fs::remove_file(&marker);
-        let asked = request_detach(&self.socket_path(id)).await;
+        let asked = request_detach(&agent).await;
         let start = tokio::time::Instant::now();
         let deadline = start + DETACH_TIMEOUT;
         let mut signalled = !asked;
@@ -200,7 +211,7 @@ impl GvisorDriver {
 
     /// Has the agent listen on its sockets again (see [`attach_agent_at`]).
     pub(super) async fn attach_agent(&self, id: &str) -> Result<()> {
-        attach_agent_at(&self.runsc, &self.sandbox_dir(id), id).await
+        attach_agent_at(&self.runsc, &self.agent(id), id).await
     }
 
     /// The layers the sandbox's writable layer stacks on (the lower dirs of its mount, topmost
@@ -330,7 +341,9 @@ impl GvisorDriver {
         let image = self.image_dir(id);
         let restore = memory && paused.memory && image.join("checkpoint.img").exists();
         // The agent binds its socket again: the old socket file must be gone (removing it from
-        // inside the sandbox does not remove the host's).
+        // inside the sandbox does not remove the host's). (Open since the pause; again in case
+        // a server restarted in between.)
+        self.agent(id).open();
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.prepare_restore(id).await?;
         let t_prepare = t.elapsed();
@@ -350,6 +363,8 @@ impl GvisorDriver {
                 t.elapsed() - t_restore
             );
         } else {
+            // A fresh boot: its first connection seals the directory.
+            self.agent(id).forget();
             self.continue_as_next(id, None, workaround).await?;
         }
         // Running again: the saved memory no longer matches the disk.

@@ -3,18 +3,15 @@
 //! relays (`GET /kiln/forward`, see kiln-agent's `forward` module). An agent without the
 //! endpoint answers 404, which counts as "nothing is listening".
 
-use std::path::Path;
-
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 /// Longest response head accepted from the agent.
 const MAX_HEAD: usize = 8 << 10;
 
-/// A relayed connection to 127.0.0.1:`port` inside the sandbox whose agent listens on `sock`,
-/// or `None` when nothing listens there either (or the agent cannot forward).
-pub async fn via_agent(sock: &Path, port: u16) -> std::io::Result<Option<UnixStream>> {
-    let mut s = super::connect_no_follow(sock).await?;
+/// A relayed connection to 127.0.0.1:`port` inside the sandbox over `s`, a connection to its
+/// agent, or `None` when nothing listens there either (or the agent cannot forward).
+pub async fn via_agent(mut s: UnixStream, port: u16) -> std::io::Result<Option<UnixStream>> {
     s.write_all(
         format!(
             "GET /kiln/forward?port={port} HTTP/1.1\r\nHost: agent\r\nConnection: Upgrade\r\n\

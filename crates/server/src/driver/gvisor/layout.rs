@@ -78,6 +78,8 @@ impl GvisorDriver {
     /// Removes every host trace of a sandbox (after runsc is gone).
     pub(super) fn remove_files(&self, id: &str) -> Result<()> {
         let dir = self.sandbox_dir(id);
+        // (Unsealed, in case `run/` is no mount of its own and must be removed with the rest.)
+        self.agent(id).forget();
         unmount(&dir.join("rootfs"))?;
         unmount(&dir.join("run"))?;
         disk::unmount_disk(&dir)?;

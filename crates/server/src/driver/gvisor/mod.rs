@@ -5,9 +5,10 @@
 //!   layer is the template's rootfs directory (never written to);
 //! - `bundle/config.json`: the OCI spec (kiln-agent as init, `linux.resources` limits,
 //!   `cgroupsPath` `/kiln/<id>`);
-//! - `run/`: a 64 KiB tmpfs (root inside cannot fill the host disk through it) at `/run/kiln`
-//!   inside; the agent binds `agent.sock` there, reachable from the host through `runsc
-//!   --host-uds=create`, so the server↔agent channel never needs the sandbox network;
+//! - `run/`: a 64 KiB tmpfs at `/run/kiln` inside, sealed (only `agent.sock`, immutable) outside
+//!   the server's windows ([`seal`]); the agent binds `agent.sock` there, reachable from the host
+//!   through `runsc --host-uds=create`, so the server↔agent channel never needs the sandbox
+//!   network;
 //! - `console.log`: the agent's stdout/stderr (runsc's own errors too).
 //!
 //! runsc's container state lives in `<state>/gvisor/runsc/` (`--root`), so every sandbox kiln
@@ -40,11 +41,13 @@ pub mod net_config;
 pub mod network;
 mod oci;
 mod oom_reserve;
+mod peer;
 mod pressure;
 mod pressure_events;
 mod proto;
 mod reap;
 mod runsc;
+mod seal;
 mod settle;
 pub mod slack;
 mod snapshot;
@@ -63,7 +66,7 @@ use super::{
     io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
 };
 pub use console::tail;
-use container::{connect_no_follow, halt_container};
+use container::{halt_container, AgentSocket, RunDirs};
 pub use oci::cgroup_memory_limit;
 
 /// Path of the agent binary inside every template.
@@ -155,6 +158,8 @@ pub struct GvisorDriver {
     pressure: std::sync::Arc<pressure::HostPressure>,
     /// Formatted disk images ready for creates.
     disks: std::sync::Arc<disk_pool::DiskPool>,
+    /// The seal state of the directories shared at /run/kiln, and the agents' verified peers.
+    run_dirs: std::sync::Arc<RunDirs>,
 }
 
 /// Sandbox ids become directory and container names: keep them to a safe alphabet.
@@ -230,6 +235,7 @@ impl GvisorDriver {
             slack,
             pressure: Default::default(),
             disks: std::sync::Arc::new(disk_pool::DiskPool::new(cfg_dir.join("disk-pool"))),
+            run_dirs: Default::default(),
         })
     }
 
@@ -275,9 +281,9 @@ impl GvisorDriver {
         self.cfg.dir.join("sandboxes").join(id)
     }
 
-    /// Host path of the agent socket.
-    fn socket_path(&self, id: &str) -> PathBuf {
-        self.sandbox_dir(id).join("run").join(SOCKET_NAME)
+    /// Sandbox `id`'s agent socket (see [`container::AgentSocket`]).
+    fn agent<'a>(&'a self, id: &'a str) -> AgentSocket<'a> {
+        AgentSocket::new(id, self.sandbox_dir(id), &self.run_dirs)
     }
 
     /// Ends the sandbox's container and processes, keeping its files (layer, bundle, saved
@@ -382,7 +388,9 @@ impl Driver for GvisorDriver {
                     Err(DriverError::Unreachable { reason, .. })
                         if reason.starts_with(network::REFUSED) =>
                     {
-                        match forward::via_agent(&self.socket_path(id), port).await {
+                        let agent = self.agent(id);
+                        match async { forward::via_agent(agent.connect().await?, port).await }.await
+                        {
                             Ok(Some(s)) => Ok(Box::new(s)),
                             _ => Err(DriverError::Unreachable {
                                 id: id.to_string(),
@@ -405,20 +413,9 @@ impl Driver for GvisorDriver {
         }
         // The agent's socket, made reachable from the host by `--host-uds=create`: this path
         // needs no sandbox network.
-        match connect_no_follow(&self.socket_path(id)).await {
+        match self.agent(id).connect_and_seal().await {
             Ok(s) => Ok(Box::new(s)),
-            Err(e) => Err(DriverError::Unreachable {
-                id: id.to_string(),
-                port,
-                reason: match e.kind() {
-                    std::io::ErrorKind::NotFound => "the agent is not listening (yet)".into(),
-                    std::io::ErrorKind::ConnectionRefused => {
-                        "the agent is not accepting connections".into()
-                    }
-                    std::io::ErrorKind::PermissionDenied => e.to_string(),
-                    _ => format!("connecting to the agent: {}", e.kind()),
-                },
-            }),
+            Err(e) => Err(container::unreachable(id, port, e)),
         }
     }
 

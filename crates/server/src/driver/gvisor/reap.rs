@@ -75,6 +75,12 @@ pub struct Process {
     started: u64,
 }
 
+impl Process {
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+}
+
 /// Start time of process `pid` (clock ticks after boot), None when it is gone.
 fn start_time(pid: libc::pid_t) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

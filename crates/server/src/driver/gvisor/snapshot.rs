@@ -231,6 +231,7 @@ impl GvisorDriver {
         // snapshot can start meanwhile, and a fork's children restore before it; requests to
         // the source wait for it).
         let (runsc, sid) = (self.runsc.clone(), id.to_string());
+        let run_dirs = self.run_dirs.clone();
         let syscalls = self.syscalls.get().cloned();
         self.settling.spawn(id, async move {
             if let Some(hold) = hold {
@@ -249,7 +250,8 @@ impl GvisorDriver {
                 let img = Some(source_image.as_path());
                 super::checkpoint::continue_as_next(&runsc, obs, &dir, &sid, img, workaround)
                     .await?;
-                super::checkpoint::attach_agent_at(&runsc, &dir, &sid).await
+                let agent = super::container::AgentSocket::new(&sid, dir.clone(), &run_dirs);
+                super::checkpoint::attach_agent_at(&runsc, &agent, &sid).await
             };
             let ((), attached) = tokio::join!(retired, continued);
             let _ = std::fs::remove_dir_all(&aside);

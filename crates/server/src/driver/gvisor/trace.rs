@@ -25,7 +25,8 @@ use crate::driver::{io_err, DriverError, Result, SyscallObserver};
 
 /// The pod init config, in the sandbox's directory.
 pub const POD_CONFIG: &str = "trace.json";
-const SOCK: &str = "run/trace.sock";
+/// The sink socket the server listens on, in the sandbox's `run/` (see [`super::seal`]).
+pub const SINK: &str = "trace.sock";
 /// How long a started sandbox has to connect to its sink.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(60);
 const AGENT_COMM: &str = "kiln-agent";
@@ -47,7 +48,7 @@ pub fn write_config(dir: &Path) -> Result<()> {
     let cfg = json!({"trace_session": {
         "name": "Default",
         "points": points,
-        "sinks": [{"name": "remote", "config": {"endpoint": dir.join(SOCK)}}],
+        "sinks": [{"name": "remote", "config": {"endpoint": dir.join("run").join(SINK)}}],
     }});
     let path = dir.join(POD_CONFIG);
     std::fs::write(&path, cfg.to_string()).map_err(io_err(format!("writing {}", path.display())))
@@ -73,7 +74,7 @@ pub fn start(dir: &Path, id: &str, obs: Option<&SyscallObserver>) -> Result<Opti
 /// Listens on the sandbox's sink socket and records what comes (in a thread of its own, until
 /// the sandbox closes the connection).
 pub fn listen(dir: &Path, id: &str, obs: SyscallObserver) -> Result<()> {
-    let path = dir.join(SOCK);
+    let path = dir.join("run").join(SINK);
     let _ = std::fs::remove_file(&path);
     let sys = |what: &'static str| move |e: nix::Error| io_err(what)(std::io::Error::from(e));
     let fd = ns::socket(
