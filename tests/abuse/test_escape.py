@@ -316,3 +316,21 @@ def test_the_shared_run_dir_cannot_fill_the_host(server, sandbox, bystander):
     # The agent still answers, and the bystander never noticed.
     assert sandbox.commands.run("echo fine").stdout == "fine\n"
     assert_unharmed(bystander)
+
+
+def test_a_detach_asked_from_inside_is_refused(server, sandbox):
+    # Only the server detaches the agent (before a checkpoint, with the directory opened): a
+    # root process asking for it by signal or over the agent's own port would only leave the
+    # sandbox unreachable.
+    sandbox.commands.run("kill -USR1 1", user="root")
+    sandbox.commands.run(
+        "curl -s -m 5 -X POST http://127.0.0.1:49983/kiln/detach -o /dev/null || true",
+        user="root",
+    )
+    time.sleep(1)
+    for _ in range(5):
+        assert sandbox.commands.run("echo still", timeout=10).stdout == "still\n"
+    # And the server's own pause and resume still work afterwards.
+    assert sandbox.pause() is True
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.commands.run("echo back").stdout == "back\n"

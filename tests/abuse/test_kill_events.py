@@ -64,3 +64,22 @@ def test_a_fork_does_not_report_its_parents_kills(server, sandbox):
         assert len(_events(server, sandbox.sandbox_id, "oom")) == 1
     finally:
         child.kill()
+
+
+def test_a_fork_loop_killed_inside_is_an_event(server, sandbox):
+    cmd = sandbox.commands.run("perl -e 'fork while 1'; sleep 1000", background=True)
+    deadline = time.time() + 150
+    while time.time() < deadline:
+        try:
+            if not any(p.pid == cmd.pid for p in sandbox.commands.list(request_timeout=5)):
+                break
+        except Exception:
+            pass  # the agent is busy
+        time.sleep(1)
+    # Killed for its process cap, or as the host side neared its limits, or for memory:
+    # whichever of the agent's killers got it first, that kill is an event.
+    kinds = "pids-limit,host-limit,oom"
+    events = _wait_events(server, sandbox.sandbox_id, kinds, 1)
+    assert events, "no kill event for the fork loop"
+    assert all("killed command" in e["detail"] for e in events), events
+    assert sandbox.commands.run("echo ok").stdout == "ok\n"

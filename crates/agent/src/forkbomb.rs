@@ -190,10 +190,13 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
             Action::Kill => {
                 set_max(&dir, 1);
                 crate::relief::kill_tree(&dir);
-                eprintln!(
-                    "kiln-agent: Fork bomb: killed command {} ({n} processes, over twice its \
-                     limit of {max})",
-                    dir.file_name().unwrap_or_default().to_string_lossy(),
+                crate::kills::record(
+                    crate::kills::Reason::Pids,
+                    format!(
+                        "Fork bomb: killed command {} ({n} processes, over twice its limit \
+                         of {max})",
+                        dir.file_name().unwrap_or_default().to_string_lossy(),
+                    ),
                 );
                 churn.remove(&dir);
                 continue;
@@ -215,11 +218,14 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
         match c.on_members(now, &pids, max) {
             Action::Kill => {
                 crate::relief::kill_tree(&dir);
-                eprintln!(
-                    "kiln-agent: Fork bomb: killed command {} ({n} processes at its limit of \
-                     {max}, replacing themselves; held for {} ms)",
-                    dir.file_name().unwrap_or_default().to_string_lossy(),
-                    frozen.as_millis()
+                crate::kills::record(
+                    crate::kills::Reason::Pids,
+                    format!(
+                        "Fork bomb: killed command {} ({n} processes at its limit of {max}, \
+                         replacing themselves; held for {} ms)",
+                        dir.file_name().unwrap_or_default().to_string_lossy(),
+                        frozen.as_millis()
+                    ),
                 );
                 churn.remove(&dir);
             }
@@ -227,11 +233,14 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
             // limit (`perl -e 'fork while 1'`), each fork failing and tried again at once.
             Action::Thaw if busy(&pids) => {
                 crate::relief::kill_tree(&dir);
-                eprintln!(
-                    "kiln-agent: Fork loop: killed command {} ({n} processes held at its limit \
-                     of {max} for {} ms, busy forking)",
-                    dir.file_name().unwrap_or_default().to_string_lossy(),
-                    frozen.as_millis()
+                crate::kills::record(
+                    crate::kills::Reason::Pids,
+                    format!(
+                        "Fork loop: killed command {} ({n} processes held at its limit of \
+                         {max} for {} ms, busy forking)",
+                        dir.file_name().unwrap_or_default().to_string_lossy(),
+                        frozen.as_millis()
+                    ),
                 );
                 churn.remove(&dir);
             }

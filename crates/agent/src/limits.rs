@@ -292,12 +292,15 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
     let many = config().cmd_pids.map(|max| (max / 4).max(8));
     if let Some((dir, n)) = many.and_then(crate::forkbomb::largest_from) {
         crate::relief::kill_tree(&dir);
-        eprintln!(
-            "kiln-agent: Out of memory: killed command {} ({n} processes; sandbox \
-             memory {} MiB, used {} MiB)",
-            dir.file_name().unwrap_or_default().to_string_lossy(),
-            limit >> 20,
-            used >> 20
+        crate::kills::record(
+            crate::kills::Reason::Memory,
+            format!(
+                "Out of memory: killed command {} ({n} processes; sandbox memory {} MiB, \
+                 used {} MiB)",
+                dir.file_name().unwrap_or_default().to_string_lossy(),
+                limit >> 20,
+                used >> 20
+            ),
         );
         return Some(used);
     }
@@ -307,12 +310,15 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
     // SAFETY: kill has no memory-safety preconditions; pid is not 1.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     // The kernel's wording, so people recognise it.
-    eprintln!(
-        "kiln-agent: Out of memory: Killed process {pid} ({name}) total-rss:{}kB \
-         (sandbox memory {} MiB, used {} MiB)",
-        rss / 1024,
-        limit >> 20,
-        used >> 20
+    crate::kills::record(
+        crate::kills::Reason::Memory,
+        format!(
+            "Out of memory: Killed process {pid} ({name}) total-rss:{}kB (sandbox memory {} \
+             MiB, used {} MiB)",
+            rss / 1024,
+            limit >> 20,
+            used >> 20
+        ),
     );
     for _ in 0..40 {
         std::thread::sleep(Duration::from_millis(10));

@@ -137,6 +137,19 @@ const MARKER_POLL: std::time::Duration = std::time::Duration::from_millis(3);
 /// Closes the listeners and connections, removes the socket files and writes the markers
 /// (the acknowledgement the server waits for).
 async fn detach_sockets(served: &mut Option<tokio::task::JoinSet<()>>, cfg: &ListenConfig) {
+    if served.is_some() {
+        if let Some(p) = cfg.unix.iter().find(|p| !writable_dir_of(p)) {
+            // The server opens the directory before it asks (it is sealed otherwise, see the
+            // server's `driver/gvisor/seal.rs`): this request came from inside the sandbox, and
+            // a detach nobody can undo would only leave the agent unreachable.
+            tracing::warn!(
+                "detach refused: the directory of {} is sealed (only the server asks for a \
+                 detach, before a checkpoint)",
+                p.display()
+            );
+            return;
+        }
+    }
     if let Some(mut tasks) = served.take() {
         tasks.shutdown().await;
     }
@@ -163,6 +176,24 @@ async fn attach_sockets(
         let _ = std::fs::remove_file(detached_marker(p));
     }
     tracing::info!("attached to sockets");
+}
+
+/// Whether entries can be made beside `socket` (a probe file made and removed at once): a
+/// sealed directory refuses them.
+fn writable_dir_of(socket: &std::path::Path) -> bool {
+    let mut probe = socket.as_os_str().to_owned();
+    probe.push(".probe");
+    let probe = PathBuf::from(probe);
+    match std::fs::write(&probe, b"") {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&probe);
+            true
+        }
+        Err(e) => {
+            e.kind() != std::io::ErrorKind::PermissionDenied
+                && e.raw_os_error() != Some(libc::EROFS)
+        }
+    }
 }
 
 fn detached_marker(socket: &std::path::Path) -> PathBuf {

@@ -78,7 +78,10 @@ pub fn relieve() -> Option<(String, u64)> {
         }
     }
     let name = dir.file_name()?.to_string_lossy().into_owned();
-    eprintln!("kiln-agent: Host limit near: killed command {name} ({n} processes)");
+    crate::kills::record(
+        crate::kills::Reason::Host,
+        format!("Host limit near: killed command {name} ({n} processes)"),
+    );
     Some((name, n))
 }
 

@@ -140,16 +140,14 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
         std::fs::read_dir(dir.join("retiring")).map(|d| d.count())
     );
 
-    // The agent stops answering (it lets go of its sockets, as before a checkpoint).
+    // The agent stops answering: it is stopped (SIGSTOP from the host; a detach asked from
+    // inside is refused while the directory at /run/kiln is sealed).
     let status = std::process::Command::new(&runsc)
         .arg(format!("--root={}", root.display()))
-        .args(["kill", &cid, "USR1"])
+        .args(["kill", &cid, "STOP"])
         .status()
         .unwrap();
     assert!(status.success());
-    // (The directory at /run/kiln is sealed outside the server's windows, so the agent can
-    // neither remove its socket nor write its marker: it is silent once `/health` gets no
-    // answer.)
     let mut silent = false;
     for _ in 0..50 {
         if !answers_health(&driver, &sb.id).await {

@@ -12,9 +12,8 @@ use super::seal::Seals;
 use super::SOCKET_NAME;
 use crate::driver::{DriverError, Result};
 
-/// The sockets the server makes in a sandbox's `run/`, which sealing keeps: the agent's
-/// (through runsc) and the syscall-trace sink of an audited sandbox.
-const KEEP: &[&str] = &[SOCKET_NAME, super::trace::SINK];
+/// What sealing keeps in a sandbox's `run/`: the agent's socket (made through runsc).
+const KEEP: &[&str] = &[SOCKET_NAME];
 
 /// Why the agent of sandbox `id` cannot be reached on `port`, from the error of a connection
 /// to its socket (no host paths).

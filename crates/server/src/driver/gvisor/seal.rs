@@ -3,7 +3,7 @@
 //! The directory must be writable while runsc's gofer creates the agent's socket in it
 //! (`--host-uds=create`: at boot and again after every restore) and while the agent writes its
 //! detach marker before a checkpoint. Outside those windows it is *sealed*: everything but the
-//! sockets the server made there (`agent.sock`, and `trace.sock` of an audited sandbox) is
+//! socket the agent made there through runsc (`agent.sock`) is
 //! removed (without following anything, relative to a directory fd
 //! opened `O_NOFOLLOW | O_DIRECTORY`) and the directory gets the immutable flag
 //! (`FS_IOC_SETFLAGS` `FS_IMMUTABLE_FL`, which tmpfs takes since Linux 6.0). An immutable

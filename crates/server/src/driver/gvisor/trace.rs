@@ -1,7 +1,8 @@
 //! Syscall-level auditing (opt-in per sandbox) with gVisor's runtime monitoring: runsc starts
 //! the sandbox with `--pod-init-config` naming a trace session whose points are the `open`,
 //! `openat`, `execve`, `execveat` and `connect` system calls, and whose `remote` sink is a
-//! `SOCK_SEQPACKET` Unix socket kiln listens on (`run/trace.sock` in the sandbox's directory).
+//! `SOCK_SEQPACKET` Unix socket kiln listens on (`trace.sock` in the sandbox's directory, not in
+//! the `run/` it shares with the sandbox: nothing inside can reach it).
 //!
 //! The wire format (gVisor's `pkg/sentry/seccheck/sinks/remote`): the sandbox sends a
 //! `Handshake{version}` protobuf and waits for ours; then one message per event: an 8-byte
@@ -25,7 +26,8 @@ use crate::driver::{io_err, DriverError, Result, SyscallObserver};
 
 /// The pod init config, in the sandbox's directory.
 pub const POD_CONFIG: &str = "trace.json";
-/// The sink socket the server listens on, in the sandbox's `run/` (see [`super::seal`]).
+/// The sink socket the server listens on, in the sandbox's directory (runsc connects to it from
+/// the host; the sandbox cannot see it).
 pub const SINK: &str = "trace.sock";
 /// How long a started sandbox has to connect to its sink.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -48,7 +50,7 @@ pub fn write_config(dir: &Path) -> Result<()> {
     let cfg = json!({"trace_session": {
         "name": "Default",
         "points": points,
-        "sinks": [{"name": "remote", "config": {"endpoint": dir.join("run").join(SINK)}}],
+        "sinks": [{"name": "remote", "config": {"endpoint": dir.join(SINK)}}],
     }});
     let path = dir.join(POD_CONFIG);
     std::fs::write(&path, cfg.to_string()).map_err(io_err(format!("writing {}", path.display())))
@@ -74,7 +76,7 @@ pub fn start(dir: &Path, id: &str, obs: Option<&SyscallObserver>) -> Result<Opti
 /// Listens on the sandbox's sink socket and records what comes (in a thread of its own, until
 /// the sandbox closes the connection).
 pub fn listen(dir: &Path, id: &str, obs: SyscallObserver) -> Result<()> {
-    let path = dir.join("run").join(SINK);
+    let path = dir.join(SINK);
     let _ = std::fs::remove_file(&path);
     let sys = |what: &'static str| move |e: nix::Error| io_err(what)(std::io::Error::from(e));
     let fd = ns::socket(
