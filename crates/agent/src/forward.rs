@@ -53,7 +53,7 @@ pub async fn handle(req: Request<Incoming>) -> Response<Body> {
         }
     };
     let _ = target.set_nodelay(true);
-    tokio::spawn(async move {
+    crate::listen::spawn_upgraded(async move {
         match hyper::upgrade::on(req).await {
             Ok(up) => {
                 let mut up = TokioIo::new(up);

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod bench;
 pub mod cdp;
+mod cmdfd;
 pub mod computer;
 pub mod control;
 mod files;

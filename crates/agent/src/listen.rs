@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use tokio_util::sync::CancellationToken;
 
 use crate::router::serve_conn;
 use crate::state::Agent;
@@ -57,10 +58,16 @@ fn vsock_listener(port: u32) -> anyhow::Result<OwnedFd> {
 /// Suffix of the file written next to each Unix socket while the agent is detached.
 pub const DETACHED_SUFFIX: &str = ".detached";
 
-/// Accepts on `accept` forever; each connection is served in a task owned by this one, so
-/// aborting this task closes the listener and every connection it accepted.
-async fn accept_loop<S, F, Fut>(agent: Arc<Agent>, what: &'static str, mut accept: F)
-where
+/// Accepts on `accept` until `stop` is cancelled; each connection is served in a task owned
+/// by this one. Once stopped, every connection it accepted is closed *before* it returns (its
+/// task aborted and dropped), then the listener goes with the future: awaiting the end of this
+/// task is awaiting the end of every socket it made (`accept` owns the listener).
+async fn accept_loop<S, F, Fut>(
+    agent: Arc<Agent>,
+    what: &'static str,
+    stop: CancellationToken,
+    mut accept: F,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     F: FnMut() -> Fut,
     Fut: Future<Output = std::io::Result<S>>,
@@ -68,6 +75,7 @@ where
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
+            _ = stop.cancelled() => break,
             r = accept() => match r {
                 Ok(s) => {
                     conns.spawn(serve_conn(agent.clone(), s));
@@ -80,22 +88,70 @@ where
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
+    // The listener first (nothing new queues), then the connections.
+    drop(accept);
+    conns.shutdown().await;
 }
 
-/// Binds the TCP and Unix listeners and serves them. Dropping the returned set closes them
-/// and every connection they accepted.
-async fn bind_socket_listeners(
-    agent: &Arc<Agent>,
-    cfg: &ListenConfig,
-) -> anyhow::Result<tokio::task::JoinSet<()>> {
+/// The listeners being served: dropping it closes them and every connection they accepted
+/// (without waiting); [`Served::close`] waits until every one of those sockets is closed.
+struct Served {
+    tasks: tokio::task::JoinSet<()>,
+    stop: CancellationToken,
+}
+
+impl Served {
+    /// Stops accepting and closes every connection, then the listeners, and returns once all
+    /// are closed. gVisor must not checkpoint a sandbox while one of its host-backed sockets
+    /// is still open or still closing: a restore of such an image was seen to crash the agent
+    /// (a freed I/O registration woken after the restore).
+    async fn close(mut self) {
+        self.stop.cancel();
+        let all = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(CLOSE_TIMEOUT, all).await.is_err() {
+            tracing::warn!("connections did not close within {CLOSE_TIMEOUT:?}: aborted");
+            self.tasks.shutdown().await;
+        }
+        close_upgraded().await;
+    }
+}
+
+/// How long a detach waits for its accept loops to close their connections (they only abort
+/// tasks, so this is a backstop).
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Tasks that own a socket upgraded out of a connection (port forwarding): they outlive the
+/// connection's own task, so a detach closes them here.
+static UPGRADED: std::sync::Mutex<Option<tokio::task::JoinSet<()>>> = std::sync::Mutex::new(None);
+
+/// Runs `task`, which owns an upgraded connection's socket, where a detach closes it.
+pub fn spawn_upgraded(task: impl Future<Output = ()> + Send + 'static) {
+    let mut set = UPGRADED.lock().unwrap_or_else(|p| p.into_inner());
+    let set = set.get_or_insert_with(tokio::task::JoinSet::new);
+    // Finished ones are dropped as new ones come.
+    while set.try_join_next().is_some() {}
+    set.spawn(task);
+}
+
+/// Aborts every upgraded connection's task and waits until each is dropped.
+async fn close_upgraded() {
+    let set = UPGRADED.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(mut set) = set {
+        set.shutdown().await;
+    }
+}
+
+/// Binds the TCP and Unix listeners and serves them (see [`Served`]).
+async fn bind_socket_listeners(agent: &Arc<Agent>, cfg: &ListenConfig) -> anyhow::Result<Served> {
     let mut tasks = tokio::task::JoinSet::new();
+    let stop = CancellationToken::new();
     if let Some(addr) = cfg.tcp {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("bind TCP {addr}"))?;
         tracing::info!("listening on tcp {}", l.local_addr()?);
         let l = Arc::new(l);
-        tasks.spawn(accept_loop(agent.clone(), "TCP", move || {
+        tasks.spawn(accept_loop(agent.clone(), "TCP", stop.clone(), move || {
             let l = l.clone();
             async move {
                 let (s, _) = l.accept().await?;
@@ -123,12 +179,17 @@ async fn bind_socket_listeners(
             .with_context(|| format!("bind unix socket {}", path.display()))?;
         tracing::info!("listening on unix {}", path.display());
         let l = Arc::new(l);
-        tasks.spawn(accept_loop(agent.clone(), "unix", move || {
-            let l = l.clone();
-            async move { l.accept().await.map(|(s, _)| s) }
-        }));
+        tasks.spawn(accept_loop(
+            agent.clone(),
+            "unix",
+            stop.clone(),
+            move || {
+                let l = l.clone();
+                async move { l.accept().await.map(|(s, _)| s) }
+            },
+        ));
     }
-    Ok(tasks)
+    Ok(Served { tasks, stop })
 }
 
 /// How often a detached agent looks whether the server removed its markers.
@@ -136,7 +197,7 @@ const MARKER_POLL: std::time::Duration = std::time::Duration::from_millis(3);
 
 /// Closes the listeners and connections, removes the socket files and writes the markers
 /// (the acknowledgement the server waits for).
-async fn detach_sockets(served: &mut Option<tokio::task::JoinSet<()>>, cfg: &ListenConfig) {
+async fn detach_sockets(served: &mut Option<Served>, cfg: &ListenConfig) {
     if served.is_some() {
         if let Some(p) = cfg.unix.iter().find(|p| !writable_dir_of(p)) {
             // The server opens the directory before it asks (it is sealed otherwise, see the
@@ -150,8 +211,8 @@ async fn detach_sockets(served: &mut Option<tokio::task::JoinSet<()>>, cfg: &Lis
             return;
         }
     }
-    if let Some(mut tasks) = served.take() {
-        tasks.shutdown().await;
+    if let Some(s) = served.take() {
+        s.close().await;
     }
     for p in &cfg.unix {
         let _ = std::fs::remove_file(p);
@@ -161,11 +222,7 @@ async fn detach_sockets(served: &mut Option<tokio::task::JoinSet<()>>, cfg: &Lis
 }
 
 /// Binds the listeners again (when detached) and removes the markers.
-async fn attach_sockets(
-    agent: &Arc<Agent>,
-    served: &mut Option<tokio::task::JoinSet<()>>,
-    cfg: &ListenConfig,
-) {
+async fn attach_sockets(agent: &Arc<Agent>, served: &mut Option<Served>, cfg: &ListenConfig) {
     if served.is_none() {
         match bind_socket_listeners(agent, cfg).await {
             Ok(t) => *served = Some(t),

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kiln_proto::process::{process_event, ProcessConfig, ProcessInfo};
-use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, watch};
 
+use crate::cmdfd::CmdFd;
 use crate::reaper::{self, Exit};
 use crate::rpc::RpcError;
 use crate::users::User;
@@ -39,8 +39,8 @@ pub struct Proc {
     pub pid: u32,
     pub tag: Option<String>,
     pub config: ProcessConfig,
-    stdin: tokio::sync::Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
-    pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    stdin: tokio::sync::Mutex<Option<Arc<CmdFd>>>,
+    pty: Option<Arc<CmdFd>>,
     subscribers: Mutex<Vec<mpsc::Sender<Event>>>,
     end: watch::Sender<Option<process_event::EndEvent>>,
     /// The command's own pids cgroup (see `limits`), killed whole on SIGKILL.
@@ -88,7 +88,7 @@ impl Proc {
                 RpcError::new(Code::FailedPrecondition, format!("stdin of process {} is closed or was not enabled (start it with stdin=true)", self.pid))
             })?
         };
-        write_all(&fd, data)
+        fd.write_all(data)
             .await
             .map_err(|e| RpcError::io(&format!("write input to process {}", self.pid), &e))
     }
@@ -118,7 +118,7 @@ impl Proc {
             ws_ypixel: 0,
         };
         // SAFETY: TIOCSWINSZ on our own PTY master with a valid winsize pointer.
-        let r = unsafe { libc::ioctl(pty.get_ref().as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        let r = unsafe { libc::ioctl(pty.raw(), libc::TIOCSWINSZ, &ws) };
         if r < 0 {
             return Err(RpcError::io("resize PTY", &io::Error::last_os_error()));
         }
@@ -168,57 +168,6 @@ impl Proc {
     }
 }
 
-async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        let mut guard = fd.writable().await?;
-        match guard.try_io(|f| {
-            // SAFETY: write from a valid slice to an fd we own.
-            let n =
-                unsafe { libc::write(f.get_ref().as_raw_fd(), data.as_ptr().cast(), data.len()) };
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            }
-        }) {
-            Ok(Ok(n)) => data = &data[n..],
-            Ok(Err(e)) => return Err(e),
-            Err(_would_block) => continue,
-        }
-    }
-    Ok(())
-}
-
-async fn read_chunk(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        let mut guard = fd.readable().await?;
-        match guard.try_io(|f| {
-            // SAFETY: read into a valid mutable slice from an fd we own.
-            let n =
-                unsafe { libc::read(f.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            }
-        }) {
-            Ok(r) => return r,
-            Err(_would_block) => continue,
-        }
-    }
-}
-
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a valid fd.
-    unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl < 0 || libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two fds into the array.
@@ -229,11 +178,8 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn async_fd(fd: OwnedFd) -> io::Result<Arc<AsyncFd<OwnedFd>>> {
-    set_nonblocking(fd.as_raw_fd())?;
-    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open and the same for
-    // the AsyncFd's whole lifetime.
-    Ok(Arc::new(unsafe { AsyncFd::register(fd) }?))
+fn cmd_fd(fd: OwnedFd) -> io::Result<Arc<CmdFd>> {
+    Ok(Arc::new(CmdFd::new(fd)?))
 }
 
 /// What to start.
@@ -401,11 +347,11 @@ impl Table {
         drop(cmd);
         let cgroup = cgroup.map(|c| c.dir().to_path_buf());
 
-        let to_async = |fd: OwnedFd| async_fd(fd).map_err(|e| RpcError::io("register fd", &e));
-        let master = master.map(to_async).transpose()?;
-        let stdin_w = stdin_w.map(to_async).transpose()?;
-        let out_r = out_r.map(to_async).transpose()?;
-        let err_r = err_r.map(to_async).transpose()?;
+        let register = |fd: OwnedFd| cmd_fd(fd).map_err(|e| RpcError::io("register fd", &e));
+        let master = master.map(register).transpose()?;
+        let stdin_w = stdin_w.map(register).transpose()?;
+        let out_r = out_r.map(register).transpose()?;
+        let err_r = err_r.map(register).transpose()?;
 
         let (end, _) = watch::channel(None);
         let proc_ = Arc::new(Proc {
@@ -507,20 +453,20 @@ fn spawn_error(cmd: &str, cwd: &str, user: &str, e: &io::Error) -> RpcError {
 /// grandchild holding the pipe open does not keep the command running) and fan out chunks.
 async fn pump(
     p: Arc<Proc>,
-    fd: Arc<AsyncFd<OwnedFd>>,
+    fd: Arc<CmdFd>,
     make: fn(Bytes) -> Event,
     mut exited: watch::Receiver<bool>,
 ) {
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = if *exited.borrow() {
-            match tokio::time::timeout(Duration::from_millis(50), read_chunk(&fd, &mut buf)).await {
+            match tokio::time::timeout(Duration::from_millis(50), fd.read(&mut buf)).await {
                 Ok(r) => r,
                 Err(_) => break,
             }
         } else {
             tokio::select! {
-                r = read_chunk(&fd, &mut buf) => r,
+                r = fd.read(&mut buf) => r,
                 _ = exited.changed() => continue,
             }
         };

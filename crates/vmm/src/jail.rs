@@ -134,8 +134,6 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
             .map_err(io_err("/dev/kvm"))?
             .rdev()
     };
-    let supervisor_filter = crate::seccomp::supervisor_filter().map_err(JailError::Config)?;
-
     // SAFETY: closes fds this code does not own; the process is single-threaded and nothing in
     // it has opened fds yet besides stdio (0..=2, kept).
     let r = unsafe { libc::close_range(3, u32::MAX, 0) };
@@ -148,6 +146,16 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
         | libc::CLONE_NEWCGROUP;
     // SAFETY: unshare only changes this process's namespaces.
     check(unsafe { libc::unshare(flags) }, "unshare")?;
+    // The VMM waits on this pipe until the supervisor has filtered itself: by the time the VMM
+    // runs anything, no process of the jail is unfiltered.
+    let mut ready = [0 as libc::c_int; 2];
+    // SAFETY: `ready` is a valid array of two fds for pipe2 to fill.
+    check(
+        unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) },
+        "pipe2",
+    )?;
+    let supervisor_filter =
+        crate::seccomp::supervisor_filter(ready[1]).map_err(JailError::Config)?;
     // SAFETY: the process is single-threaded (documented precondition), so the child may run
     // arbitrary code.
     let child = unsafe { libc::fork() };
@@ -155,7 +163,26 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
         return Err(sys("fork"));
     }
     if child > 0 {
-        supervise(child, cfg.uid, cfg.gid, &supervisor_filter);
+        // SAFETY: closes the read end, which only the VMM uses.
+        unsafe { libc::close(ready[0]) };
+        supervise(child, cfg.uid, cfg.gid, &supervisor_filter, ready[1]);
+    }
+    // SAFETY: closes the write end, which only the supervisor uses.
+    unsafe { libc::close(ready[1]) };
+    let mut byte = 0u8;
+    let n = loop {
+        // SAFETY: reads at most one byte into `byte`, a valid buffer of one byte.
+        let n = unsafe { libc::read(ready[0], (&mut byte as *mut u8).cast(), 1) };
+        if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break n;
+        }
+    };
+    // SAFETY: closes an fd this function opened.
+    unsafe { libc::close(ready[0]) };
+    if n != 1 {
+        return Err(JailError::Config(
+            "the jail's supervisor could not drop privileges or filter itself".into(),
+        ));
     }
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets this process's parent-death signal.
     let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
@@ -167,7 +194,13 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
 }
 
 /// The parent: drops privileges, filters itself, waits for the VMM and mirrors how it ended.
-fn supervise(child: libc::pid_t, uid: u32, gid: u32, filter: &seccompiler::BpfProgram) -> ! {
+fn supervise(
+    child: libc::pid_t,
+    uid: u32,
+    gid: u32,
+    filter: &seccompiler::BpfProgram,
+    ready: libc::c_int,
+) -> ! {
     let ok = drop_privileges(uid, gid).is_ok() && seccompiler::apply_filter(filter).is_ok();
     if !ok {
         // SAFETY: kill/_exit have no memory-safety preconditions.
@@ -175,6 +208,11 @@ fn supervise(child: libc::pid_t, uid: u32, gid: u32, filter: &seccompiler::BpfPr
             libc::kill(child, libc::SIGKILL);
             libc::_exit(1)
         }
+    }
+    // SAFETY: writes one byte from a valid buffer to the pipe this process owns, then closes it.
+    unsafe {
+        libc::write(ready, [1u8].as_ptr().cast(), 1);
+        libc::close(ready);
     }
     let mut status = 0;
     loop {

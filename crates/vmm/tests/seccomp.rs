@@ -231,11 +231,40 @@ fn vmm_thread_filter() {
     }
 }
 
+/// The fd the supervisor filter of the test below allows to write and close (its ready pipe).
+const READY_FD: i32 = 77;
+fn write_ready_fd() {
+    // SAFETY: fd 77 is not open in the child: EBADF.
+    unsafe { libc::write(READY_FD, [1u8].as_ptr().cast(), 1) };
+}
+fn close_ready_fd() {
+    // SAFETY: as above.
+    unsafe { libc::close(READY_FD) };
+}
+fn write_stderr() {
+    // SAFETY: writes an empty buffer to stderr (the filter decides first).
+    unsafe { libc::write(2, [].as_ptr(), 0) };
+}
+fn close_stderr() {
+    // SAFETY: closes the forked child's stderr.
+    unsafe { libc::close(2) };
+}
+
 #[test]
 fn jail_supervisor_filter() {
-    let f = supervisor_filter().unwrap();
-    assert_eq!(run_filtered(&f, wait4), Returned);
-    for op in [socket_unix, openat_passwd, ioctl_fionbio, kill_init, execve] {
+    let f = supervisor_filter(READY_FD).unwrap();
+    for op in [wait4, write_ready_fd, close_ready_fd] {
+        assert_eq!(run_filtered(&f, op), Returned);
+    }
+    for op in [
+        socket_unix,
+        openat_passwd,
+        ioctl_fionbio,
+        kill_init,
+        execve,
+        write_stderr,
+        close_stderr,
+    ] {
         assert_eq!(run_filtered(&f, op), KilledBySigsys);
     }
 }

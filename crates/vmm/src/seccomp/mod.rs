@@ -213,7 +213,8 @@ pub fn vmm_filter() -> Result<BpfProgram, String> {
 
 /// The filter of the jail's supervising parent, which only waits for the VMM and then ends the
 /// way the VMM ended: `wait4`, `kill` of itself, `exit_group`.
-pub fn supervisor_filter() -> Result<BpfProgram, String> {
+/// `ready` is the pipe the supervisor writes its one byte to (and closes) once filtered.
+pub fn supervisor_filter(ready: i32) -> Result<BpfProgram, String> {
     let mut rules = Rules::new();
     unconditional(
         &mut rules,
@@ -228,6 +229,9 @@ pub fn supervisor_filter() -> Result<BpfProgram, String> {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u64;
     rules.insert(libc::SYS_kill, vec![rule(vec![cond32(0, Op::Eq, pid)?])?]);
+    for call in [libc::SYS_write, libc::SYS_close] {
+        rules.insert(call, vec![rule(vec![cond32(0, Op::Eq, ready as u64)?])?]);
+    }
     compile(rules)
 }
 

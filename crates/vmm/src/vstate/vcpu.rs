@@ -377,13 +377,26 @@ pub struct VcpuRunCtx {
 }
 
 impl VcpuHandle {
+    /// Starts the vCPU's thread and returns once the thread has installed its seccomp filter,
+    /// so no thread of a running VMM is ever unfiltered (the stats' `seccomp: true` holds for
+    /// every thread the moment the API answers).
     pub fn spawn(vcpu: Vcpu, ctx: VcpuRunCtx, paused: bool) -> std::io::Result<Self> {
         let (tx, crx) = std::sync::mpsc::channel();
         let (ctx_tx, rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let id = vcpu.id;
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
-            .spawn(move || vcpu_loop(vcpu, ctx, crx, ctx_tx, paused))?;
+            .spawn(move || vcpu_loop(vcpu, ctx, crx, ctx_tx, ready_tx, paused))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(msg)) => return Err(std::io::Error::other(msg)),
+            Err(_) => {
+                return Err(std::io::Error::other(format!(
+                    "vCPU {id}: the thread ended before it was ready"
+                )))
+            }
+        }
         Ok(VcpuHandle {
             id,
             tx,
@@ -442,17 +455,19 @@ fn vcpu_loop(
     ctx: VcpuRunCtx,
     rx: Receiver<VcpuCmd>,
     tx: Sender<VcpuReply>,
+    ready: std::sync::mpsc::SyncSender<Result<(), String>>,
     mut paused: bool,
 ) {
     if let Some(p) = &ctx.seccomp {
         if let Err(err) = seccompiler::apply_filter(p) {
-            ctx.exit.exit(ExitReason::Error(format!(
-                "vCPU {}: installing seccomp filter failed: {err}",
-                vcpu.id
-            )));
+            let msg = format!("vCPU {}: installing seccomp filter failed: {err}", vcpu.id);
+            let _ = ready.send(Err(msg));
             return;
         }
     }
+    // The spawner waits for this; it holds the only receiver, so the send cannot block.
+    let _ = ready.send(Ok(()));
+    drop(ready);
     let mut ran = false;
     loop {
         // Commands first; block while paused.
