@@ -150,10 +150,8 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
     // runs anything, no process of the jail is unfiltered.
     let mut ready = [0 as libc::c_int; 2];
     // SAFETY: `ready` is a valid array of two fds for pipe2 to fill.
-    check(
-        unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) },
-        "pipe2",
-    )?;
+    let r = unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) };
+    check(r, "pipe2")?;
     let supervisor_filter =
         crate::seccomp::supervisor_filter(ready[1]).map_err(JailError::Config)?;
     // SAFETY: the process is single-threaded (documented precondition), so the child may run
