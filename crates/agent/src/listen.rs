@@ -102,9 +102,8 @@ struct Served {
 
 impl Served {
     /// Stops accepting and closes every connection, then the listeners, and returns once all
-    /// are closed. gVisor must not checkpoint a sandbox while one of its host-backed sockets
-    /// is still open or still closing: a restore of such an image was seen to crash the agent
-    /// (a freed I/O registration woken after the restore).
+    /// are closed: the detach marker (after which the server checkpoints) goes out only when
+    /// no host-backed socket is open or still closing, which gVisor cannot checkpoint.
     async fn close(mut self) {
         self.stop.cancel();
         let all = async { while self.tasks.join_next().await.is_some() {} };
