@@ -189,14 +189,11 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
             Action::Freeze => set_max(&dir, 1),
             Action::Kill => {
                 set_max(&dir, 1);
-                crate::relief::kill_tree(&dir);
-                crate::kills::record(
+                crate::kills::kill_command(
                     crate::kills::Reason::Pids,
-                    format!(
-                        "Fork bomb: killed command {} ({n} processes, over twice its limit \
-                         of {max})",
-                        dir.file_name().unwrap_or_default().to_string_lossy(),
-                    ),
+                    &dir,
+                    "Fork bomb",
+                    format!("{n} processes, over twice its limit of {max}"),
                 );
                 churn.remove(&dir);
                 continue;
@@ -217,13 +214,13 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
         let frozen = c.frozen_for(now).unwrap_or_default();
         match c.on_members(now, &pids, max) {
             Action::Kill => {
-                crate::relief::kill_tree(&dir);
-                crate::kills::record(
+                crate::kills::kill_command(
                     crate::kills::Reason::Pids,
+                    &dir,
+                    "Fork bomb",
                     format!(
-                        "Fork bomb: killed command {} ({n} processes at its limit of {max}, \
-                         replacing themselves; held for {} ms)",
-                        dir.file_name().unwrap_or_default().to_string_lossy(),
+                        "{n} processes at its limit of {max}, replacing themselves; held for \
+                         {} ms",
                         frozen.as_millis()
                     ),
                 );
@@ -232,13 +229,12 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
             // Held at its cap with its processes running, not waiting: a loop forking at its
             // limit (`perl -e 'fork while 1'`), each fork failing and tried again at once.
             Action::Thaw if busy(&pids) => {
-                crate::relief::kill_tree(&dir);
-                crate::kills::record(
+                crate::kills::kill_command(
                     crate::kills::Reason::Pids,
+                    &dir,
+                    "Fork loop",
                     format!(
-                        "Fork loop: killed command {} ({n} processes held at its limit of \
-                         {max} for {} ms, busy forking)",
-                        dir.file_name().unwrap_or_default().to_string_lossy(),
+                        "{n} processes held at its limit of {max} for {} ms, busy forking",
                         frozen.as_millis()
                     ),
                 );

@@ -46,6 +46,14 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Kills the command whose cgroup is `dir`, all of it ([`crate::relief::kill_tree`]), and
+/// records it as "`title`: killed command <name> (`detail`)".
+pub fn kill_command(reason: Reason, dir: &std::path::Path, title: &str, detail: String) {
+    crate::relief::kill_tree(dir);
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    record(reason, format!("{title}: killed command {name} ({detail})"));
+}
+
 /// Records a kill: `what` says what was killed and why, in the kernel's style
 /// ("Out of memory: Killed process 12 (python3) …"). Also written to the console.
 pub fn record(reason: Reason, what: String) {
@@ -100,5 +108,16 @@ mod tests {
             format!("Fork bomb: killed command kiln-cmd-{}", KEEP + 2)
         );
         assert!(log.windows(2).all(|w| w[0].ts_ms <= w[1].ts_ms));
+        // A command killed whole (an empty cgroup here: nothing to signal) is named by its dir.
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("kiln-cmd-9");
+        std::fs::create_dir(&dir).unwrap();
+        kill_command(Reason::Pids, &dir, "Fork loop", "7 processes".into());
+        let last = recent().pop().unwrap();
+        assert_eq!(last.kind, "pids");
+        assert_eq!(
+            last.detail,
+            "Fork loop: killed command kiln-cmd-9 (7 processes)"
+        );
     }
 }

@@ -291,13 +291,12 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
     // so a command with a quarter of its cap or more goes whole.
     let many = config().cmd_pids.map(|max| (max / 4).max(8));
     if let Some((dir, n)) = many.and_then(crate::forkbomb::largest_from) {
-        crate::relief::kill_tree(&dir);
-        crate::kills::record(
+        crate::kills::kill_command(
             crate::kills::Reason::Memory,
+            &dir,
+            "Out of memory",
             format!(
-                "Out of memory: killed command {} ({n} processes; sandbox memory {} MiB, \
-                 used {} MiB)",
-                dir.file_name().unwrap_or_default().to_string_lossy(),
+                "{n} processes; sandbox memory {} MiB, used {} MiB",
                 limit >> 20,
                 used >> 20
             ),
