@@ -67,6 +67,21 @@ fn reactor() -> io::Result<Arc<Reactor>> {
 }
 
 impl Reactor {
+    /// `epoll_ctl(op, fd)`, watching `fd` edge-triggered for reads and writes under `token`
+    /// (ignored by `EPOLL_CTL_DEL`).
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: token,
+        };
+        // SAFETY: the epoll descriptor is open (the reactor is never dropped), `fd` is the
+        // caller's open descriptor and `ev` a valid epoll_event.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Entry>>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -135,23 +150,9 @@ impl CmdFd {
         let token = reactor.next.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(Entry::default());
         reactor.entries().insert(token, entry.clone());
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
-            u64: token,
-        };
-        // SAFETY: both descriptors are open; `ev` is a valid epoll_event.
-        let r = unsafe {
-            libc::epoll_ctl(
-                reactor.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                fd.as_raw_fd(),
-                &mut ev,
-            )
-        };
-        if r < 0 {
-            let err = io::Error::last_os_error();
+        if let Err(e) = reactor.ctl(libc::EPOLL_CTL_ADD, fd.as_raw_fd(), token) {
             reactor.entries().remove(&token);
-            return Err(err);
+            return Err(e);
         }
         Ok(CmdFd {
             fd,
@@ -232,15 +233,10 @@ impl Drop for CmdFd {
     fn drop(&mut self) {
         // Out of the table first: whatever the epoll instance reports for it later is dropped.
         self.reactor.entries().remove(&self.token);
-        // SAFETY: both descriptors are open (the fd closes after this, with `self.fd`).
-        unsafe {
-            libc::epoll_ctl(
-                self.reactor.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                self.fd.as_raw_fd(),
-                std::ptr::null_mut(),
-            )
-        };
+        // (The fd closes after this, with `self.fd`.)
+        let _ = self
+            .reactor
+            .ctl(libc::EPOLL_CTL_DEL, self.fd.as_raw_fd(), self.token);
     }
 }
 
@@ -302,20 +298,9 @@ mod tests {
         // What the restored epoll did: an event for the token of a registration that is gone,
         // here a live pipe registered again under it by hand.
         let (r2, w2) = pipe();
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
-            u64: token,
-        };
-        // SAFETY: both descriptors are open; `ev` is valid.
-        let rc = unsafe {
-            libc::epoll_ctl(
-                reactor.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                r2.as_raw_fd(),
-                &mut ev,
-            )
-        };
-        assert_eq!(rc, 0);
+        reactor
+            .ctl(libc::EPOLL_CTL_ADD, r2.as_raw_fd(), token)
+            .unwrap();
         // SAFETY: writes one byte from a valid buffer to an open pipe.
         let wrote = unsafe { libc::write(w2.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
         assert_eq!(wrote, 1);

@@ -178,10 +178,6 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn cmd_fd(fd: OwnedFd) -> io::Result<Arc<CmdFd>> {
-    Ok(Arc::new(CmdFd::new(fd)?))
-}
-
 /// What to start.
 pub struct Spawn {
     pub config: ProcessConfig,
@@ -347,7 +343,11 @@ impl Table {
         drop(cmd);
         let cgroup = cgroup.map(|c| c.dir().to_path_buf());
 
-        let register = |fd: OwnedFd| cmd_fd(fd).map_err(|e| RpcError::io("register fd", &e));
+        let register = |fd: OwnedFd| {
+            CmdFd::new(fd)
+                .map(Arc::new)
+                .map_err(|e| RpcError::io("register fd", &e))
+        };
         let master = master.map(register).transpose()?;
         let stdin_w = stdin_w.map(register).transpose()?;
         let out_r = out_r.map(register).transpose()?;
