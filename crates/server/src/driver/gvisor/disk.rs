@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::mounts::{is_mounted, unmount};
+use super::mounts::{is_mounted, mount_call, unmount};
 use crate::driver::{io_err, DriverError, Result};
 
 /// The image of a sandbox's writable filesystem (in the sandbox directory).
@@ -155,48 +155,16 @@ pub fn unmount_disk(dir: &Path) -> Result<()> {
 }
 
 fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| DriverError::Other(format!("path {} contains a NUL byte", p.display())))
-    };
-    let (src, dst) = (c(source)?, c(target)?);
     std::fs::create_dir_all(target).map_err(io_err(format!("creating {}", target.display())))?;
-    // SAFETY: both paths are valid NUL-terminated strings that outlive the calls; the other
-    // arguments may be null for a bind mount and its remount.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            dst.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(DriverError::Io {
-            what: format!("bind-mounting {} at {}", source.display(), target.display()),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: as above.
-    let rc = unsafe {
-        libc::mount(
-            std::ptr::null(),
-            dst.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
+    mount_call(Some(source), target, None, libc::MS_BIND, None, || {
+        format!("bind-mounting {} at {}", source.display(), target.display())
+    })?;
+    let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY;
+    if let Err(e) = mount_call(None, target, None, flags, None, || {
+        format!("making {} read-only", target.display())
+    }) {
         let _ = unmount(target);
-        return Err(DriverError::Io {
-            what: format!("making {} read-only", target.display()),
-            source: e,
-        });
+        return Err(e);
     }
     Ok(())
 }

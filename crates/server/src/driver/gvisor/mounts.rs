@@ -63,23 +63,34 @@ pub fn mounts_under(dir: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
-fn mount_call(
+/// `mount(2)` of `src` at `target`: `src` a path (bind, move) or a file system's name (a new
+/// mount of type `fstype`, with `data` as its options); None for a propagation change or a
+/// remount. `what` names the operation in the error.
+pub(super) fn mount_call(
     src: Option<&Path>,
     target: &Path,
+    fstype: Option<&str>,
     flags: libc::c_ulong,
+    data: Option<&str>,
     what: impl FnOnce() -> String,
 ) -> Result<()> {
     let src = src.map(cstr).transpose()?;
     let dst = cstr(target)?;
-    // SAFETY: the paths are valid NUL-terminated strings (or null) that outlive the call; the
-    // file system type and data may be null for bind, move and propagation changes.
+    let text = |s: &str| {
+        CString::new(s).map_err(|_| DriverError::Other(format!("{s:?} contains a NUL byte")))
+    };
+    let fstype = fstype.map(text).transpose()?;
+    let data = data.map(text).transpose()?;
+    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: every pointer is null or a valid NUL-terminated string that outlives the call;
+    // the file system type and data may be null for bind, move, propagation and remounts.
     let rc = unsafe {
         libc::mount(
-            src.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            ptr(&src),
             dst.as_ptr(),
-            std::ptr::null(),
+            ptr(&fstype),
             flags,
-            std::ptr::null(),
+            ptr(&data).cast(),
         )
     };
     if rc != 0 {
@@ -91,10 +102,27 @@ fn mount_call(
     Ok(())
 }
 
+/// A new mount of file system `fstype` (no device: tmpfs, ramfs) at `target`.
+pub(super) fn mount_fs(
+    fstype: &str,
+    target: &Path,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<()> {
+    mount_call(
+        Some(Path::new(fstype)),
+        target,
+        Some(fstype),
+        flags,
+        data,
+        || format!("mounting a {fstype} at {}", target.display()),
+    )
+}
+
 /// Moves the mount at `source` to `target` (an existing directory) with `MS_MOVE`. The mount
 /// `source` sits on must not be a shared mount (see [`make_private_mount`]).
 pub fn move_mount(source: &Path, target: &Path) -> Result<()> {
-    mount_call(Some(source), target, libc::MS_MOVE, || {
+    mount_call(Some(source), target, None, libc::MS_MOVE, None, || {
         format!(
             "moving the mount {} to {}",
             source.display(),
@@ -108,11 +136,11 @@ pub fn move_mount(source: &Path, target: &Path) -> Result<()> {
 /// a shared mount (systemd), and nothing mounted under it propagates anywhere.
 pub fn make_private_mount(dir: &Path) -> Result<()> {
     if !is_mounted(dir) {
-        mount_call(Some(dir), dir, libc::MS_BIND, || {
+        mount_call(Some(dir), dir, None, libc::MS_BIND, None, || {
             format!("bind-mounting {} onto itself", dir.display())
         })?;
     }
-    mount_call(None, dir, libc::MS_PRIVATE, || {
+    mount_call(None, dir, None, libc::MS_PRIVATE, None, || {
         format!("making the mount {} private", dir.display())
     })
 }
@@ -183,29 +211,9 @@ pub fn mount_run_dir(target: &Path) -> Result<()> {
     if is_mounted(target) {
         return Ok(());
     }
-    let fstype = CString::new("tmpfs").expect("static");
-    let target_c = cstr(target)?;
-    let data = CString::new(format!(
-        "size={RUN_DIR_BYTES},nr_inodes={RUN_DIR_INODES},mode=0755"
-    ))
-    .expect("no NUL");
-    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target_c.as_ptr(),
-            fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(DriverError::Io {
-            what: format!("mounting a tmpfs at {}", target.display()),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+    let data = format!("size={RUN_DIR_BYTES},nr_inodes={RUN_DIR_INODES},mode=0755");
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    mount_fs("tmpfs", target, flags, Some(&data))
 }
 
 pub fn unmount(target: &Path) -> Result<()> {
@@ -245,19 +253,7 @@ mod tests {
         make_private_mount(&pool).unwrap();
         // Idempotent: a second call does not stack a second bind mount.
         make_private_mount(&pool).unwrap();
-        let tmpfs = CString::new("tmpfs").unwrap();
-        let a_c = cstr(&a).unwrap();
-        // SAFETY: valid NUL-terminated strings that outlive the call.
-        let rc = unsafe {
-            libc::mount(
-                tmpfs.as_ptr(),
-                a_c.as_ptr(),
-                tmpfs.as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        mount_fs("tmpfs", &a, 0, None).unwrap();
         std::fs::write(a.join("f"), b"x").unwrap();
         assert_eq!(mounts_under(d.path()), vec![a.clone(), pool.clone()]);
         move_mount(&a, &b).unwrap();

@@ -220,19 +220,7 @@ fn a_filesystem_without_the_flag_falls_back_to_cleaning() {
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("run");
     std::fs::create_dir(&dir).unwrap();
-    let c = |s: &str| std::ffi::CString::new(s).unwrap();
-    let (fstype, target) = (c("ramfs"), c(dir.to_str().unwrap()));
-    // SAFETY: valid NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    super::super::mounts::mount_fs("ramfs", &dir, 0, None).unwrap();
     let _agent = std::os::unix::net::UnixListener::bind(dir.join(SOCK)).unwrap();
     std::fs::write(dir.join("planted"), b"").unwrap();
     let fd = open_dir_at(None, &dir).unwrap();
