@@ -44,6 +44,8 @@ pub struct TemplateInfo {
     pub env: BTreeMap<String, String>,
     /// Command started in the background (as `user`, in `workdir`) once the sandbox is up.
     pub start_cmd: Option<String>,
+    /// Exits 0 once the start command is ready (E2B's `readyCmd`); a create waits for it.
+    pub ready_cmd: Option<String>,
     /// Memory of the template's sandboxes in MiB (None: the server's default).
     pub memory_mb: Option<u32>,
     /// Writable disk of the template's sandboxes in MiB (None: the server's default).
@@ -69,6 +71,7 @@ fn info(t: kiln_template::Template) -> TemplateInfo {
         workdir: t.workdir,
         env: t.env,
         start_cmd: t.start_cmd.filter(|c| !c.trim().is_empty()),
+        ready_cmd: t.ready_cmd.filter(|c| !c.trim().is_empty()),
         memory_mb: t.memory_mb,
         disk_mb: t.disk_mb,
         built_at_unix: t.built_at_unix,
@@ -135,6 +138,7 @@ pub fn from_dir(name: &str, dir: &std::path::Path) -> TemplateInfo {
         workdir: "/home/user".into(),
         env: BTreeMap::new(),
         start_cmd: None,
+        ready_cmd: None,
         memory_mb: None,
         disk_mb: None,
         built_at_unix: 0,

@@ -97,3 +97,76 @@ async fn start_cmd_runs_as_template_user_and_its_output_is_in_the_logs() {
         .iter()
         .any(|l| l.contains("start_cmd: stdout: done")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_returns_once_the_ready_command_succeeds_and_fails_when_it_never_does() {
+    let g = common::Ground::new();
+    let (state, tpl, driver, cleanup) = (&g.state, &g.tpl, g.driver.clone(), &g.cleanup);
+    // The service comes up a second after the start command begins.
+    let slow = TemplateInfo {
+        start_cmd: Some("sleep 1; touch /tmp/service-up; exec sleep 600".into()),
+        ready_cmd: Some("[ -e /tmp/service-up ]".into()),
+        ..from_dir("slow", tpl.path())
+    };
+    let never = TemplateInfo {
+        start_cmd: Some("exec sleep 600".into()),
+        ready_cmd: Some("echo not yet; exit 7".into()),
+        ..from_dir("never", tpl.path())
+    };
+    let manager = common::manager(
+        state.path(),
+        driver.clone(),
+        Arc::new(FixedTemplates(vec![slow, never])),
+        LifecycleConfig {
+            default_memory_mb: 256,
+            start_ready_timeout: Duration::from_secs(2),
+            ..LifecycleConfig::default()
+        },
+    );
+    let (app, key) = common::app(manager.clone(), state.path()).await;
+
+    let t = Instant::now();
+    let (status, created) =
+        call(&app, &key, "POST", "/sandboxes", r#"{"templateID":"slow"}"#).await;
+    assert_eq!(status, 201, "create: {created}");
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    cleanup.add(&id);
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+    // The first call after the create finds the service up.
+    let (code, _) = common::run_in(&manager, &id, "[ -e /tmp/service-up ]").await;
+    assert_eq!(
+        code, 0,
+        "the create returned before the ready command succeeded"
+    );
+
+    // A template that never gets ready: the create fails within the bound, naming the
+    // command and its last answer, and leaves no sandbox behind.
+    let t = Instant::now();
+    let (status, err) = call(
+        &app,
+        &key,
+        "POST",
+        "/sandboxes",
+        r#"{"templateID":"never"}"#,
+    )
+    .await;
+    assert_eq!(status, 500, "{err}");
+    let msg = err["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("ready command `echo not yet; exit 7`")
+            && msg.contains("exit code 7")
+            && msg.contains("not yet"),
+        "{msg}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let (_, list) = call(&app, &key, "GET", "/sandboxes", "").await;
+    let running: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["templateID"].as_str())
+        .collect();
+    assert_eq!(running, vec!["slow"], "{list}");
+    let (status, _) = call(&app, &key, "DELETE", &format!("/sandboxes/{id}"), "").await;
+    assert_eq!(status, 204);
+}

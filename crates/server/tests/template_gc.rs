@@ -27,6 +27,7 @@ fn version(root: &Path, key: &str, at: u64) {
         workdir: "/home/user".into(),
         env: Default::default(),
         start_cmd: None,
+        ready_cmd: None,
         memory_mb: None,
         disk_mb: None,
         built_at_unix: at,

@@ -3,6 +3,7 @@
 //! ```toml
 //! name = "base"
 //! start_cmd = ""                        # optional: started in the sandbox after the agent
+//! ready_cmd = ""                        # optional: exits 0 once the start command is ready
 //! memory_mb = 2048                      # optional: its sandboxes' memory (server default if absent)
 //! disk_mb = 4096                        # optional: its sandboxes' writable disk (server default if absent)
 //!
@@ -44,6 +45,10 @@ pub struct Recipe {
     /// Command started inside the sandbox after the agent is up (E2B's start command).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_cmd: Option<String>,
+    /// Command that exits 0 once the start command is ready (E2B's `readyCmd`): a create
+    /// returns only after it succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
     /// Memory of the template's sandboxes in MiB (E2B's `memoryMB`); the server's default when
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

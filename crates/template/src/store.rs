@@ -41,6 +41,9 @@ pub struct Template {
     pub workdir: String,
     pub env: BTreeMap<String, String>,
     pub start_cmd: Option<String>,
+    /// Exits 0 once the start command is ready (E2B's `readyCmd`).
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
     /// Memory of the template's sandboxes in MiB (None: the server's default).
     #[serde(default)]
     pub memory_mb: Option<u32>,
@@ -272,6 +275,7 @@ mod tests {
             workdir: "/home/user".into(),
             env: BTreeMap::new(),
             start_cmd: None,
+            ready_cmd: None,
             memory_mb: None,
             disk_mb: None,
             built_at_unix: 1,

@@ -405,3 +405,18 @@ def test_open_file_shows_it_in_the_default_application(desk):
                  "the edited file")
     finally:
         desk.commands.run(f"pkill -f '[k]iln-notepad {path}' || true")
+
+
+def test_glib_spawns_programs(desk):
+    """GIO's launcher starts a program through GLib's g_spawn (fork, close_range, exec): under
+    this gVisor close_range(3, ~0U) fails with EINVAL, which the template's preload clamps
+    (templates/desktop.toml). Without it `gio launch` fails with "Failed to close file
+    descriptor for child process"."""
+    entry = "/home/user/.local/share/applications/kiln-probe.desktop"
+    marker = "/tmp/gio-launched"
+    desk.files.write(entry, "[Desktop Entry]\nType=Application\nName=kiln-probe\n"
+                            f"Exec=sh -c 'echo spawned by glib > {marker}'\n")
+    r = desk.commands.run(f"gio launch {entry}", timeout=30)
+    assert r.exit_code == 0, r.stderr
+    wait_for(lambda: desk.commands.run(f"cat {marker} 2>/dev/null || true").stdout
+             == "spawned by glib\n", "the program GLib started")

@@ -180,6 +180,11 @@ impl Manager {
             self.start_cmd(record, tpl, cmd)
                 .await
                 .map_err(Error::create("starting the template's start command"))?;
+            if let Some(ready) = &tpl.ready_cmd {
+                self.wait_start_ready(record, tpl, ready)
+                    .await
+                    .map_err(Error::create("waiting for the template's start command"))?;
+            }
         }
         Ok(())
     }

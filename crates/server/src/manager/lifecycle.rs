@@ -152,6 +152,9 @@ impl Manager {
             .await?;
         if let Some(cmd) = &tpl.start_cmd {
             self.start_cmd(rec, &tpl, cmd).await?;
+            if let Some(ready) = &tpl.ready_cmd {
+                self.wait_start_ready(rec, &tpl, ready).await?;
+            }
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Sandbox lifecycle: the one service the API talks to.
 //!
 //! - [`create`](Manager::create) in `create.rs` (template lookup, driver create/start, agent
-//!   init, the template's start command in `start_cmd.rs`);
+//!   init, the template's start command in `start_cmd.rs` and its ready command in `ready.rs`);
 //! - timeouts, kill and the reaper here and in `reaper.rs`; runtimes that die on their own in
 //!   `watcher.rs`;
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
@@ -20,6 +20,7 @@ mod lifecycle;
 mod network;
 mod observe;
 mod pool;
+mod ready;
 mod reaper;
 mod recovery;
 mod registry;
@@ -65,6 +66,8 @@ pub struct LifecycleConfig {
     pub pids_limit: u32,
     /// How long a new sandbox's agent may take to answer `/health`.
     pub agent_ready_timeout: Duration,
+    /// How long a template's ready command may take to succeed after its start command began.
+    pub start_ready_timeout: Duration,
     /// How often expiry is checked.
     pub reap_interval: Duration,
     /// Caps on concurrent sandboxes and the host-capacity check.
@@ -90,6 +93,7 @@ impl Default for LifecycleConfig {
             default_disk_mb: 2048,
             pids_limit: 4096,
             agent_ready_timeout: Duration::from_secs(30),
+            start_ready_timeout: Duration::from_secs(60),
             reap_interval: Duration::from_millis(200),
             admission: AdmissionConfig::default(),
             pools: Vec::new(),

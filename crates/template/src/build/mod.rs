@@ -140,10 +140,13 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
         log_path.display()
     ));
 
-    // The filesystem stage does not depend on the sandbox size the recipe asks for.
+    // The filesystem stage does not depend on the sandbox size or the commands the recipe's
+    // sandboxes run.
     let stage_hash = Recipe {
         memory_mb: None,
         disk_mb: None,
+        start_cmd: None,
+        ready_cmd: None,
         ..recipe.clone()
     }
     .content_hash();
@@ -193,6 +196,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             workdir: defaults.workdir,
             env: defaults.env,
             start_cmd: recipe.start_cmd.clone().filter(|s| !s.trim().is_empty()),
+            ready_cmd: recipe.ready_cmd.clone().filter(|s| !s.trim().is_empty()),
             memory_mb: recipe.memory_mb,
             disk_mb: recipe.disk_mb,
             built_at_unix: SystemTime::now()
