@@ -126,7 +126,7 @@ fn check_signature(agent: &Agent, q: &Query, op: &str) -> Result<(), String> {
             .map(|d| d.as_secs() as i64)
             .unwrap_or(0);
         if now > e {
-            return Err("file URL signature expired".into());
+            return Err("signature is already expired".into());
         }
     }
     Ok(())

@@ -125,6 +125,34 @@ def test_auto_pause_then_auto_resume_on_traffic(server):
         sbx.kill()
 
 
+def test_set_timeout_zero_applies_the_timeout_action_now(server):
+    plain = Sandbox.create(timeout=120)
+    pausing = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        with pytest.raises(Exception) as ei:
+            plain.set_timeout(-1)
+        assert "positive" in str(ei.value), ei.value
+        assert plain.is_running()
+        # Without autoPause the sandbox ends at once.
+        plain.set_timeout(0)
+        assert not plain.is_running()
+        with pytest.raises(Exception) as ei:
+            Sandbox.get_info(plain.sandbox_id)
+        assert "not found" in str(ei.value).lower()
+        # With autoPause it pauses at once, and connect resumes it.
+        pausing.files.write("/tmp/mark", "kept")
+        pausing.set_timeout(0)
+        assert Sandbox.get_info(pausing.sandbox_id).state == SandboxState.PAUSED
+        again = Sandbox.connect(pausing.sandbox_id, timeout=60)
+        assert again.files.read("/tmp/mark") == "kept"
+    finally:
+        for s in (plain, pausing):
+            try:
+                s.kill()
+            except Exception:
+                pass
+
+
 def listed_snapshots(**kw) -> list:
     pages = Sandbox.list_snapshots(**kw)
     out = []
@@ -245,13 +273,23 @@ def test_list_pagination_with_states_never_repeats_or_skips(server):
                 if not token:
                     break
             assert len(seen) == len(set(seen)), f"{state}: repeated {seen}"
+            # Newest first (by start time, then id), as E2B pages.
+            newest_first = [s.sandbox_id for s in reversed(made)]
             expect = {
-                "running,paused": want,
-                "paused": {made[1].sandbox_id},
-                "running": want - {made[1].sandbox_id},
+                "running,paused": newest_first,
+                "paused": [made[1].sandbox_id],
+                "running": [i for i in newest_first if i != made[1].sandbox_id],
             }[state]
-            assert set(seen) == expect, f"{state}: {seen}"
-        # The SDK's paginator agrees.
+            assert seen == expect, f"{state}: {seen}"
+        # The SDK's paginator agrees, newest first.
+        pager = Sandbox.list(query=SandboxQuery(metadata={"page": "life"}), limit=1)
+        first = pager.next_items()
+        assert [s.sandbox_id for s in first] == [made[2].sandbox_id]
+        # Malformed paging answers 400 naming the parameter.
+        for q, word in (("limit=-5", "limit"), ("nextToken=%ff%fe", "nextToken")):
+            for path in ("/sandboxes", "/v2/sandboxes"):
+                status, resp, _ = server.request("GET", f"{path}?{q}")
+                assert status == 400 and word in resp["message"], (path, q, resp)
         paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED], metadata={"page": "life"}), limit=1)
         ids = []
         while paused.has_next:

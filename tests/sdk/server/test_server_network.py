@@ -34,6 +34,18 @@ def net_server(internet):
     with net_server_in("network", RANGE) as srv:
         yield srv
 
+def slot_tables(srv) -> dict:
+    """The `kiln` nftables table of each network slot of `srv`, by namespace."""
+    from .conftest import net_prefix
+    out = {}
+    for ns in namespaces_of(net_prefix(srv.state_dir)):
+        r = subprocess.run(["ip", "netns", "exec", ns, "nft", "list", "table", "ip", "kiln"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            out[ns] = r.stdout
+    return out
+
+
 def create(srv, **kw):
     return Sandbox.create(timeout=120, **srv.opts(), **kw)
 
@@ -89,11 +101,20 @@ def test_host_and_other_sandboxes_stay_unreachable_even_when_all_is_allowed(net_
         wait_http(f"http://{HOST_SIDE}:18080/")
         assert fetch(sbx, "http://198.51.100.10/") == "ten"
         # The host's own address (a server is listening there), kiln's API port on it,
-        # link-local metadata, and every slot address of the range (the other sandbox).
+        # loopback, and every slot address of the range (the other sandbox): all on this
+        # machine, so a broken refusal is seen without traffic leaving it.
         port = net_server.url.rsplit(":", 1)[1]
         for url in [f"http://{HOST_SIDE}:18080/", f"http://{HOST_SIDE}:{port}/health",
-                    "http://169.254.169.254/", "http://127.0.0.53:53/"]:
+                    "http://127.0.0.53:53/"]:
             assert fetch(sbx, url) is None, url
+        # Link-local (cloud metadata) is checked in the rules the slots run, never by a
+        # request to it: every slot's table denies it before the sandbox's own policy.
+        tables = slot_tables(net_server)
+        assert tables, "no slot has a kiln table"
+        for ns, text in tables.items():
+            assert "169.254.0.0/16" in text, (ns, text)
+            egress = text[text.index("chain egress"):]
+            assert egress.index("@always_deny") < egress.rindex("goto user_policy"), (ns, egress)
         code, out = run(sbx, "for i in 1 3 5 7 9 11; do curl -s -m 1 http://10.135.0.$i:8000/ && echo reached; done; true",
                         timeout=60)
         assert "reached" not in out, out

@@ -9,7 +9,6 @@ use axum::Extension;
 use axum::Json;
 use base64::Engine;
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::wire::listed_json;
 use super::{ApiError, ApiResult, St};
@@ -79,22 +78,108 @@ pub async fn list_v1(
     State(st): St,
     Extension(c): Extension<Caller>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<Json<Vec<Value>>> {
+) -> ApiResult<Response> {
     let filter = q
         .metadata
         .as_deref()
         .map(parse_metadata_filter)
         .transpose()?
         .unwrap_or_default();
-    Ok(Json(
-        st.manager
-            .list_for(&c.team)
-            .iter()
-            .filter(|r| r.state == SandboxState::Running)
-            .filter(|r| matches_metadata(r, &filter))
-            .map(listed_json)
-            .collect(),
-    ))
+    // v1 lists every running sandbox unless the caller pages (the same `limit`/`nextToken`
+    // as v2, validated the same way).
+    let paging = Paging::parse(&q, None)?;
+    let all: Vec<SandboxRecord> = st
+        .manager
+        .list_for(&c.team)
+        .into_iter()
+        .filter(|r| r.state == SandboxState::Running)
+        .filter(|r| matches_metadata(r, &filter))
+        .collect();
+    Ok(paging.respond(all))
+}
+
+/// How a list is paged: newest first (by start time, then id) unless `order=asc`, at most
+/// `limit` items after the `nextToken` cursor.
+struct Paging {
+    limit: Option<usize>,
+    desc: bool,
+    cursor: Option<(i64, String)>,
+}
+
+impl Paging {
+    /// Parses `limit` (1-1000; `default` when absent), `order` and `nextToken`; 400 naming
+    /// the parameter when one is malformed.
+    fn parse(q: &ListQuery, default: Option<usize>) -> ApiResult<Self> {
+        let limit = match q.limit.as_deref() {
+            None => default,
+            Some(l) => Some(
+                l.trim()
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "limit must be a whole number from 1 to 1000, got {l:?}"
+                        ))
+                    })?,
+            ),
+        };
+        let desc = match q.order.as_deref() {
+            None | Some("desc") => true,
+            Some("asc") => false,
+            Some(o) => {
+                return Err(ApiError::bad_request(format!(
+                    "order must be asc or desc, got {o:?}"
+                )))
+            }
+        };
+        let cursor = q
+            .next_token
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .map(decode_cursor)
+            .transpose()?;
+        Ok(Paging {
+            limit,
+            desc,
+            cursor,
+        })
+    }
+
+    /// Sorts `all`, keeps the page after the cursor and answers it as JSON, with
+    /// `x-next-token` when more follow. The cursor is the (start time, id) key of the last
+    /// item, so sandboxes that start or end between pages never make a page repeat or skip
+    /// one that was listed before.
+    fn respond(&self, mut all: Vec<SandboxRecord>) -> Response {
+        all.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
+        if self.desc {
+            all.reverse();
+        }
+        if let Some((ms, id)) = &self.cursor {
+            let key = (*ms, id.as_str());
+            all.retain(|r| {
+                let k = (r.started_at_ms, r.id.as_str());
+                if self.desc {
+                    k < key
+                } else {
+                    k > key
+                }
+            });
+        }
+        let more = self.limit.is_some_and(|l| all.len() > l);
+        if let Some(l) = self.limit {
+            all.truncate(l);
+        }
+        let mut resp = Json(all.iter().map(listed_json).collect::<Vec<_>>()).into_response();
+        if more {
+            if let Some(last) = all.last() {
+                if let Ok(v) = encode_cursor(last).parse() {
+                    resp.headers_mut().insert("x-next-token", v);
+                }
+            }
+        }
+        resp
+    }
 }
 
 /// A `nextToken`: the (time, id) of the last item of a page, in the order pages are sorted.
@@ -126,7 +211,11 @@ pub(super) fn parse_started_after(s: &str) -> ApiResult<i64> {
 
 /// Parses a `nextToken` made by [`cursor`]; 400 when it is not one.
 pub(super) fn decode_cursor(s: &str) -> ApiResult<(i64, String)> {
-    let bad = || ApiError::bad_request(format!("invalid nextToken {s:?}"));
+    let bad = || {
+        ApiError::bad_request(format!(
+            "invalid nextToken {s:?}: pass the x-next-token header of the previous page as it was"
+        ))
+    };
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(s)
         .map_err(|_| bad())?;
@@ -160,36 +249,14 @@ pub async fn list_v2(
             }
         }
     }
-    let limit: usize = match q.limit.as_deref() {
-        None => 100,
-        Some(l) => l
-            .parse()
-            .ok()
-            .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| ApiError::bad_request(format!("limit must be 1-1000, got {l:?}")))?,
-    };
-    let desc = match q.order.as_deref() {
-        None | Some("asc") => false,
-        Some("desc") => true,
-        Some(o) => {
-            return Err(ApiError::bad_request(format!(
-                "order must be asc or desc, got {o:?}"
-            )))
-        }
-    };
+    let paging = Paging::parse(&q, Some(100))?;
     let started_after = q
         .started_after
         .as_deref()
         .filter(|s| !s.trim().is_empty())
         .map(parse_started_after)
         .transpose()?;
-    let cursor = q
-        .next_token
-        .as_deref()
-        .filter(|t| !t.is_empty())
-        .map(decode_cursor)
-        .transpose()?;
-    let mut all: Vec<SandboxRecord> = st
+    let all: Vec<SandboxRecord> = st
         .manager
         .list_for(&c.team)
         .into_iter()
@@ -198,31 +265,7 @@ pub async fn list_v2(
         .filter(|r| q.template.as_deref().is_none_or(|t| r.template_id == t))
         .filter(|r| started_after.is_none_or(|ms| r.started_at_ms >= ms))
         .collect();
-    if desc {
-        all.reverse();
-    }
-    if let Some((ms, id)) = cursor {
-        let key = (ms, id);
-        all.retain(|r| {
-            let k = (r.started_at_ms, r.id.clone());
-            if desc {
-                k < key
-            } else {
-                k > key
-            }
-        });
-    }
-    let more = all.len() > limit;
-    all.truncate(limit);
-    let mut resp = Json(all.iter().map(listed_json).collect::<Vec<_>>()).into_response();
-    if more {
-        if let Some(last) = all.last() {
-            if let Ok(v) = encode_cursor(last).parse() {
-                resp.headers_mut().insert("x-next-token", v);
-            }
-        }
-    }
-    Ok(resp)
+    Ok(paging.respond(all))
 }
 
 #[cfg(test)]

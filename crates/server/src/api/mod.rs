@@ -13,6 +13,7 @@ mod network;
 mod observe;
 mod sandboxes;
 mod scope;
+mod signed;
 mod snapshots;
 mod templates;
 mod webhooks;
@@ -208,7 +209,18 @@ fn count_body(
 }
 
 async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Response {
-    match routing::target_of_request(req.headers(), req.uri(), &st.cfg.domain) {
+    let routed = match routing::target_of_request(req.headers(), req.uri(), &st.cfg.domain) {
+        // A signed file URL names no sandbox: the signature's token finds it.
+        Ok(None) => match signed::signed_files_query(req.method(), req.uri()) {
+            Some((q, op)) => match signed::route_signed(&st.manager, &q, op) {
+                Ok(t) => Ok(Some(t)),
+                Err(resp) => return resp,
+            },
+            None => Ok(None),
+        },
+        r => r,
+    };
+    match routed {
         Ok(Some(target)) => {
             let t = st.manager.telemetry().clone();
             let req = req.map(|b| count_body(b, &t, |t| &t.proxy_request_bytes));

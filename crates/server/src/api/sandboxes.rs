@@ -124,6 +124,15 @@ pub async fn set_timeout(
 ) -> ApiResult<StatusCode> {
     let b: TimeoutBody =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
+    if b.timeout == 0 {
+        // E2B: a timeout of 0 applies the timeout action now (kill, or pause with autoPause).
+        st.manager.get_for(&id, &c.team)?;
+        let manager = st.manager.clone();
+        tokio::spawn(async move { manager.expire_now(&id).await })
+            .await
+            .map_err(|e| ApiError::internal(format!("timeout task: {e}")))??;
+        return Ok(StatusCode::NO_CONTENT);
+    }
     st.manager.check_timeout(b.timeout)?;
     st.manager.get_for(&id, &c.team)?;
     st.manager.check_team_timeout(&c.team, b.timeout).await?;
