@@ -5,6 +5,7 @@
 //! - [`cond`]: conditions compiled against lists and macros, and their evaluation;
 //! - [`glob`]: wildcard patterns for `glob`;
 //! - [`yaml`]: the rules file as a YAML tree with positions;
+//! - [`model`]: rules, priorities, actions, windows, overrides and load errors;
 //! - [`ruleset`]: rules files (`rule`, `macro`, `list`, `override`) → a [`RuleSet`], with
 //!   errors at line and column; the built-in pack ([`ruleset::DEFAULT_PACK`]);
 //! - [`procs`]: per-sandbox process tables (ancestry);
@@ -17,6 +18,7 @@ pub mod cond;
 pub mod engine;
 pub mod fields;
 pub mod glob;
+pub mod model;
 pub mod parse;
 pub mod procs;
 pub mod reload;
