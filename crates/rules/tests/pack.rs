@@ -437,6 +437,38 @@ fn repeated_resource_kills() {
 }
 
 #[test]
+fn escape_probe_files() {
+    let mut f = Feed::new();
+    only(
+        f.open(120, "sh", "/proc/sysrq-trigger", 0o1),
+        "escape_probe_files",
+    );
+    let denied = f.rec(
+        5,
+        "syscall",
+        json!({"call": "openat", "pid": 121, "process": "python3",
+        "path": "/dev/kvm", "flags": 0o2, "result": -1, "errno": 13}),
+    );
+    only(denied, "escape_probe_files");
+    only(
+        f.open(122, "python3", "/proc/1/mem", 0o2),
+        "escape_probe_files",
+    );
+    only(
+        f.file("write", "/sys/fs/cgroup/cgroup.procs"),
+        "escape_probe_files",
+    );
+    for p in [
+        "/proc/self/status",
+        "/proc/meminfo",
+        "/sys/fs/cgroup/memory.max",
+        "/proc/1/cmdline",
+    ] {
+        assert!(f.open(123, "python3", p, 0o2000000).is_empty(), "{p}");
+    }
+}
+
+#[test]
 fn persistence_file_write() {
     let mut f = Feed::new();
     only(
