@@ -11,11 +11,11 @@ use crate::sandbox::Conn;
 #[command(
     after_help = "Examples:\n  kiln audit SANDBOX_ID --kind process,file\n  \
     kiln audit SANDBOX_ID --follow\n  kiln audit --kind api --since 2026-11-30T00:00:00Z\n  \
-    kiln audit verify [SANDBOX_ID]"
+    kiln audit verify [SANDBOX_ID]\n  kiln audit scan --rules FILE [SANDBOX_ID] [--since T]"
 )]
 pub struct Args {
-    /// `ID` (one sandbox; none: every sandbox), or `verify [ID]`.
-    #[arg(value_name = "ID | verify [ID]", num_args = 0..=2)]
+    /// `ID` (one sandbox; none: every sandbox), `verify [ID]`, or `scan [ID]` (with --rules).
+    #[arg(value_name = "ID | verify [ID] | scan [ID]", num_args = 0..=2)]
     target: Vec<String>,
     /// Only these kinds: process, file, net, dns, lifecycle, api, syscall (comma-separated or
     /// repeated).
@@ -36,6 +36,10 @@ pub struct Args {
     /// One JSON object per line, as the API sends them.
     #[arg(long)]
     json: bool,
+    /// For `scan`: the rules file to replay the stored records through (`builtin`: the
+    /// built-in pack).
+    #[arg(long, value_name = "FILE")]
+    rules: Option<std::path::PathBuf>,
     #[command(flatten)]
     conn: Conn,
 }
@@ -53,6 +57,15 @@ async fn run_async(a: Args) -> anyhow::Result<i32> {
     let client = a.conn.client()?;
     if a.target.first().map(String::as_str) == Some("verify") {
         return verify(&client, a.target.get(1).map(String::as_str), a.json).await;
+    }
+    if a.target.first().map(String::as_str) == Some("scan") {
+        let rules = a
+            .rules
+            .as_ref()
+            .context("kiln audit scan needs --rules FILE (or --rules builtin)")?;
+        let id = a.target.get(1).map(String::as_str);
+        let (since, until) = (a.since.as_deref(), a.until.as_deref());
+        return crate::rules::scan(&client, rules, id, since, until, a.json).await;
     }
     anyhow::ensure!(
         a.target.len() <= 1,

@@ -11,6 +11,7 @@ mod client;
 mod doctor;
 mod keys;
 mod observe;
+mod rules;
 mod runtime;
 mod sandbox;
 mod serve;
@@ -63,6 +64,11 @@ enum Cmd {
     /// Benchmarks: percentiles and ratios against a raw baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::Cmd),
+    /// Alerts raised by a running kiln server's rules (`--follow` to keep watching).
+    Alerts(rules::AlertsArgs),
+    /// Anomaly-detection rules files: `check FILE` (errors at line:column), `default`.
+    #[command(subcommand)]
+    Rules(rules::Cmd),
 }
 
 fn init_tracing() {
@@ -89,6 +95,8 @@ fn main() {
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Audit(a) => audit::run(a),
+        Cmd::Alerts(a) => rules::alerts(a),
+        Cmd::Rules(c) => rules::run(c),
     };
     match result {
         Ok(code) => std::process::exit(code),

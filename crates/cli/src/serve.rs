@@ -120,6 +120,15 @@ pub struct Args {
     /// Audit retention: keep at most this many records, dropping the oldest (default: keep).
     #[arg(long, env = "KILN_AUDIT_MAX_RECORDS")]
     audit_max_records: Option<u64>,
+    /// Anomaly-detection rules evaluated on the audit stream: `builtin` (the built-in pack),
+    /// a rules file (reloaded when it changes or on SIGHUP), or `off` (docs/rules.md).
+    #[arg(
+        long,
+        env = "KILN_RULES",
+        default_value = "builtin",
+        value_name = "FILE|builtin|off"
+    )]
+    rules: String,
     /// Extra template made of a bare rootfs directory, NAME=DIR (repeatable; for tests).
     #[arg(long = "template-dir", value_name = "NAME=DIR")]
     template_dirs: Vec<String>,
@@ -358,8 +367,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ..Default::default()
         },
     };
+    let rules = a.rules.clone();
     rt.block_on(async move {
         let server = Server::prepare(cfg.clone(), templates).await?;
+        if let Some(src) = kiln_server::alerts::RulesSource::parse(&rules) {
+            if cfg.audit.enabled {
+                let db = cfg.state_dir.join("kiln.db");
+                let st = kiln_server::alerts::start(&server.manager, &db, src)?;
+                println!("kiln: anomaly detection: {} rules ({:?})", st.rules, st.source);
+            } else if rules != "builtin" {
+                anyhow::bail!("--rules {rules} needs the audit log (--audit on)");
+            }
+        }
         let recovery = server.recovery.clone();
         tokio::spawn(async move {
             match recovery.done().await {

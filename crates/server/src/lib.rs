@@ -9,6 +9,7 @@
 //! - [`store`]: state behind the [`store::StateStore`] trait (SQLite); [`auth`]: API keys;
 //! - [`error`]: the typed error that travels from driver to API.
 
+pub mod alerts;
 pub mod api;
 pub mod audit;
 pub mod auth;

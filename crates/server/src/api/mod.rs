@@ -5,6 +5,7 @@
 //! - [`sandboxes`], [`list`], [`templates`], [`snapshots`]: handlers (each a call into the
 //!   manager).
 
+mod alerts;
 mod audit;
 mod error;
 pub mod idempotency;
@@ -79,6 +80,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/webhooks/{webhookID}"),
     ("GET", "/webhooks/{webhookID}/deliveries"),
     ("POST", "/webhooks/{webhookID}/test"),
+    ("GET", "/alerts"),
 ];
 
 /// Server-wide settings the API needs.
@@ -289,6 +291,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(&format!("{sbx}/audit"), get(audit::sandbox_audit))
         .route("/audit", get(audit::search))
         .route("/audit/verify", get(audit::verify))
+        .route("/alerts", get(alerts::list))
         .route("/templates", get(templates::list_templates))
         .route("/snapshots", get(snapshots::list_snapshots))
         .route(

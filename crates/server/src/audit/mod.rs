@@ -32,7 +32,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use record::{AuditRecord, Kind, NewRecord};
 pub use store::{Filter, Report};
-pub use writer::Retention;
+pub use writer::{Retention, RulesTap};
 
 /// `kiln serve` settings of the audit log.
 #[derive(Debug, Clone)]
@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     /// The API key that created each sandbox (recorded on its process records); None: looked
     /// up and not known (e.g. created by a pool or a bench, not through the API).
     owners: Mutex<HashMap<String, Option<String>>>,
+    /// Stored records for the rule engine.
+    rules_tap: Arc<RulesTap>,
 }
 
 /// Handle to the audit log (cheap to clone). A disabled log records nothing.
@@ -97,11 +99,13 @@ impl AuditLog {
         }
         let (tx, rx) = mpsc::channel(cfg.queue.max(1));
         let (live, _) = broadcast::channel(4096);
+        let rules_tap = Arc::new(RulesTap::default());
         let w = writer::Writer {
             conn: open(db)?,
             rx,
             live: live.clone(),
             retention: cfg.retention,
+            rules_tap: rules_tap.clone(),
         };
         std::thread::Builder::new()
             .name("kiln-audit".into())
@@ -112,6 +116,7 @@ impl AuditLog {
             reader: Mutex::new(open(db)?),
             live,
             owners: Mutex::new(HashMap::new()),
+            rules_tap,
         }))))
     }
 
@@ -177,6 +182,11 @@ impl AuditLog {
         0
     }
 
+    /// The tap handing stored records to the rule engine (None: the log is off).
+    pub fn rules_tap(&self) -> Option<&Arc<RulesTap>> {
+        self.0.as_ref().map(|i| &i.rules_tap)
+    }
+
     /// Stored records as they are written.
     pub fn subscribe(&self) -> Option<broadcast::Receiver<Arc<AuditRecord>>> {
         self.0.as_ref().map(|i| i.live.subscribe())
@@ -235,6 +245,15 @@ impl AuditLog {
         self.read(move |c| store::query(c, &f)).await
     }
 
+    /// Stored alerts matching `f` (the rule engine's `alerts` table is in the same database).
+    pub async fn alerts(
+        &self,
+        f: crate::store::alerts_sql::AlertFilter,
+    ) -> Result<Vec<crate::store::alerts_sql::AlertRecord>, AuditError> {
+        self.read(move |c| crate::store::alerts_sql::query(c, &f))
+            .await
+    }
+
     /// The team sandbox `id` belongs (or belonged) to, if known.
     pub async fn team_of(&self, id: &str) -> Result<Option<String>, AuditError> {
         let id = id.to_string();
@@ -273,6 +292,7 @@ pub(crate) mod tests_support {
             reader: Mutex::new(Connection::open_in_memory().expect("in-memory SQLite")),
             live,
             owners: Mutex::new(HashMap::new()),
+            rules_tap: Arc::default(),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The one writer of the audit log: a thread that owns a connection to the state database,
 //! takes records from a bounded channel (a full channel makes senders wait: records are never
 //! dropped), appends them to their chains in batches of one transaction, then publishes them
-//! to followers and answers flushes.
+//! to followers, hands them to the rule engine's tap (without waiting: see [`RulesTap`]) and
+//! answers flushes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,11 +45,49 @@ pub struct Retention {
     pub max_records: Option<u64>,
 }
 
+/// Where stored records go for evaluation (the rule engine): a bounded channel the writer
+/// never waits on. A record that finds it full is counted in `dropped` and not evaluated (the
+/// write path is never slowed by the rules).
+#[derive(Default)]
+pub struct RulesTap {
+    tx: std::sync::OnceLock<mpsc::Sender<Arc<AuditRecord>>>,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl RulesTap {
+    /// Sets the channel (once; later calls are ignored).
+    pub fn set(&self, tx: mpsc::Sender<Arc<AuditRecord>>) {
+        let _ = self.tx.set(tx);
+    }
+
+    /// Records the tap could not take.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn offer(&self, r: &Arc<AuditRecord>) {
+        if let Some(tx) = self.tx.get() {
+            if tx.try_send(r.clone()).is_err() && !tx.is_closed() {
+                let n = self
+                    .dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        dropped = n + 1,
+                        "the rule engine is behind; audit records were not evaluated"
+                    );
+                }
+            }
+        }
+    }
+}
+
 pub(super) struct Writer {
     pub conn: Connection,
     pub rx: mpsc::Receiver<Msg>,
     pub live: broadcast::Sender<Arc<AuditRecord>>,
     pub retention: Retention,
+    pub rules_tap: Arc<RulesTap>,
 }
 
 impl Writer {
@@ -93,7 +132,9 @@ impl Writer {
                 }
             }
             for r in written {
-                let _ = self.live.send(Arc::new(r));
+                let r = Arc::new(r);
+                self.rules_tap.offer(&r);
+                let _ = self.live.send(r);
             }
             for f in flushes {
                 let _ = f.send(());

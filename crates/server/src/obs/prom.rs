@@ -45,6 +45,8 @@ pub struct Telemetry {
     pub agent_errors: AtomicU64,
     pub webhook_delivered: AtomicU64,
     pub webhook_failed_attempts: AtomicU64,
+    /// Alerts raised by the rule engine, by (rule, priority).
+    alerts: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 impl Telemetry {
@@ -56,6 +58,16 @@ impl Telemetry {
             .entry(op)
             .or_default()
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one alert of `rule` at `priority`.
+    pub fn count_alert(&self, rule: &str, priority: &str) {
+        *self
+            .alerts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((rule.to_string(), priority.to_string()))
+            .or_default() += 1;
     }
 
     pub fn add(counter: &AtomicU64, n: u64) {
@@ -139,6 +151,23 @@ impl Telemetry {
         for (name, help, c) in counters {
             w.family(name, help, "counter");
             w.sample(name, &[], get(c));
+        }
+        w.family(
+            "kiln_alerts_total",
+            "Alerts raised by the rule engine over the audit stream.",
+            "counter",
+        );
+        let alerts = self
+            .alerts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for ((rule, priority), n) in alerts {
+            w.sample(
+                "kiln_alerts_total",
+                &[("rule", &rule), ("priority", &priority)],
+                n as f64,
+            );
         }
     }
 }
@@ -238,5 +267,19 @@ mod tests {
         assert!(s.contains("kiln_lifecycle_duration_seconds_bucket{op=\"create\",le=\"+Inf\"} 3\n"));
         assert!(s.contains("kiln_lifecycle_duration_seconds_count{op=\"create\"} 3\n"));
         assert!(s.contains("kiln_lifecycle_duration_seconds_count{op=\"fork\"} 0\n"));
+    }
+
+    #[test]
+    fn alerts_are_counted_by_rule_and_priority() {
+        let t = Telemetry::default();
+        t.count_alert("read_shadow", "error");
+        t.count_alert("read_shadow", "error");
+        t.count_alert("miner_binary", "critical");
+        let mut w = Text::default();
+        t.write(&mut w);
+        let s = w.finish();
+        assert!(s.contains("# TYPE kiln_alerts_total counter\n"));
+        assert!(s.contains("kiln_alerts_total{rule=\"read_shadow\",priority=\"error\"} 2\n"));
+        assert!(s.contains("kiln_alerts_total{rule=\"miner_binary\",priority=\"critical\"} 1\n"));
     }
 }

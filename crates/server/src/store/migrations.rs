@@ -192,6 +192,25 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX idempotency_created ON idempotency(created_at);
     ",
+    // alerts raised by the rule engine over the audit stream (crates/server/src/alerts/,
+    // store/alerts_sql.rs): what fired, where, and the audit records that triggered it.
+    "
+    CREATE TABLE alerts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts INTEGER NOT NULL,
+        sandbox_id TEXT NOT NULL,
+        team TEXT,
+        rule TEXT NOT NULL,
+        priority TEXT NOT NULL,
+        output TEXT NOT NULL,
+        tags TEXT NOT NULL,
+        actions TEXT NOT NULL,
+        records TEXT NOT NULL
+    );
+    CREATE INDEX alerts_sandbox ON alerts(sandbox_id, id);
+    CREATE INDEX alerts_rule ON alerts(rule, id);
+    CREATE INDEX alerts_ts ON alerts(ts);
+    ",
 ];
 
 /// Schema version this kiln writes.

@@ -7,6 +7,7 @@
 //! manager's in-memory registry is a cache of it that [`crate::manager::Manager::recover`]
 //! rebuilds.
 
+pub mod alerts_sql;
 mod idempotency_sql;
 mod migrations;
 mod obs_sql;

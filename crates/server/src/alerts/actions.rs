@@ -1,0 +1,136 @@
+//! What one alert does: stored, an `alert` event (events API and webhooks), counted, appended
+//! to the sandbox's audit chain, and its rule's actions taken (each at most once per sandbox),
+//! every action appended to the chain as well.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use kiln_rules::{Action, Alert};
+use serde_json::json;
+
+use crate::audit::Kind;
+use crate::manager::Manager;
+use crate::store::alerts_sql::{self, AlertRecord, AlertsDb};
+
+pub struct Handler {
+    manager: Arc<Manager>,
+    db: AlertsDb,
+    /// (sandbox, action) already taken.
+    acted: Mutex<HashSet<(String, Action)>>,
+}
+
+impl Handler {
+    pub fn new(manager: Arc<Manager>, db: AlertsDb) -> Arc<Handler> {
+        Arc::new(Handler {
+            manager,
+            db,
+            acted: Mutex::new(HashSet::new()),
+        })
+    }
+
+    pub async fn handle(&self, a: Alert) {
+        let rec = AlertRecord {
+            id: 0,
+            ts_ms: a.ts_ms,
+            sandbox_id: a.sandbox.clone(),
+            team: a.team.clone(),
+            rule: a.rule.clone(),
+            priority: a.priority.as_str().to_string(),
+            output: a.output.clone(),
+            tags: a.tags.clone(),
+            actions: a.actions.iter().map(|x| x.as_str().to_string()).collect(),
+            records: a.records.clone(),
+        };
+        let stored = match self.db.run(move |c| alerts_sql::insert(c, &rec)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, rule = %a.rule, "storing an alert");
+                return;
+            }
+        };
+        tracing::warn!(sandbox = %a.sandbox, rule = %a.rule, priority = %a.priority, "alert: {}", a.output);
+        self.manager
+            .telemetry()
+            .count_alert(&a.rule, a.priority.as_str());
+        let log = self.manager.audit();
+        log.record(
+            &a.sandbox,
+            Kind::Lifecycle,
+            json!({
+                "event": "alert",
+                "alertID": stored.id.to_string(),
+                "rule": a.rule,
+                "priority": a.priority.as_str(),
+                "output": a.output,
+                "records": a.records.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+            }),
+        )
+        .await;
+        let detail = format!("rule {} ({}): {}", a.rule, a.priority, a.output);
+        if let Err(e) = self
+            .manager
+            .store()
+            .add_event(&a.sandbox, "alert", &detail)
+            .await
+        {
+            tracing::warn!(error = %e, "recording an alert event");
+        }
+        self.manager.webhooks().nudge();
+        for act in &a.actions {
+            if *act == Action::Alert {
+                continue;
+            }
+            let first = self
+                .acted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((a.sandbox.clone(), *act));
+            if !first {
+                continue;
+            }
+            let result = self.act(&a, *act).await;
+            log.record(
+                &a.sandbox,
+                Kind::Lifecycle,
+                json!({
+                    "event": "rule-action",
+                    "alertID": stored.id.to_string(),
+                    "rule": a.rule,
+                    "action": act.as_str(),
+                    "result": match &result { Ok(()) => "ok".to_string(), Err(e) => e.clone() },
+                    "records": a.records.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+                }),
+            )
+            .await;
+            if let Err(e) = result {
+                tracing::warn!(sandbox = %a.sandbox, rule = %a.rule, action = act.as_str(), "rule action failed: {e}");
+            }
+        }
+    }
+
+    async fn act(&self, a: &Alert, act: Action) -> Result<(), String> {
+        let m = &self.manager;
+        let why = format!("rule {}", a.rule);
+        match act {
+            Action::Alert => Ok(()),
+            Action::Kill => match m.kill(&a.sandbox, &why).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("the sandbox is not running".into()),
+                Err(e) => Err(e.to_string()),
+            },
+            Action::Pause => m.pause(&a.sandbox, true).await.map_err(|e| e.to_string()),
+            Action::DenyNetwork => {
+                let mut p = m
+                    .network(&a.sandbox)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or("the sandbox has no network")?;
+                p.allow_internet_access = false;
+                p.allow_out.clear();
+                m.set_network(&a.sandbox, p)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+}
