@@ -13,6 +13,7 @@ mod keys;
 mod observe;
 mod runtime;
 mod sandbox;
+mod secrets;
 mod serve;
 mod team;
 mod template;
@@ -63,6 +64,9 @@ enum Cmd {
     /// Benchmarks: percentiles and ratios against a raw baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::Cmd),
+    /// Secrets of the caller's team on a running kiln server (values are write-only).
+    #[command(subcommand)]
+    Secrets(secrets::Cmd),
 }
 
 fn init_tracing() {
@@ -89,6 +93,7 @@ fn main() {
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Audit(a) => audit::run(a),
+        Cmd::Secrets(c) => secrets::run(c),
     };
     match result {
         Ok(code) => std::process::exit(code),

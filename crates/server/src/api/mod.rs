@@ -11,8 +11,10 @@ pub mod idempotency;
 mod list;
 mod network;
 mod observe;
+mod rules;
 mod sandboxes;
 mod scope;
+mod secrets;
 mod snapshots;
 mod templates;
 mod webhooks;
@@ -78,6 +80,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/webhooks/{webhookID}"),
     ("GET", "/webhooks/{webhookID}/deliveries"),
     ("POST", "/webhooks/{webhookID}/test"),
+    ("POST", "/secrets"),
+    ("GET", "/secrets"),
+    ("GET", "/secrets/{secretID}"),
+    ("POST", "/secrets/{secretID}"),
+    ("DELETE", "/secrets/{secretID}"),
 ];
 
 /// Server-wide settings the API needs.
@@ -94,6 +101,10 @@ pub struct AppState {
     pub cfg: ApiConfig,
     /// Idempotency keys of recent creates.
     pub idempotency: idempotency::Idempotency,
+    /// Secrets (`/secrets`, network rules' placeholders); `None`: those answer 501.
+    pub vault: Option<Arc<crate::vault::Vault>>,
+    /// TLS interception for `network.rules`; `None`: rules answer 501.
+    pub interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
 }
 
 impl AppState {
@@ -102,7 +113,21 @@ impl AppState {
             idempotency: idempotency::Idempotency::with_store(manager.store().clone()),
             manager,
             cfg,
+            vault: None,
+            interceptor: None,
         }
+    }
+
+    /// With `network.rules` applied through `interceptor`.
+    pub fn with_interceptor(mut self, i: Arc<kiln_net::intercept::Interceptor>) -> Self {
+        self.interceptor = Some(i);
+        self
+    }
+
+    /// With secrets kept in `vault`.
+    pub fn with_vault(mut self, vault: Arc<crate::vault::Vault>) -> Self {
+        self.vault = Some(vault);
+        self
     }
 }
 
@@ -267,6 +292,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(webhooks::deliveries),
         )
         .route("/webhooks/{webhookID}/test", post(webhooks::test))
+        .merge(secrets::routes())
         .route(&format!("{sbx}/logs"), get(s::logs))
         .route("/v2/sandboxes/{sandboxID}/logs", get(s::logs_v2))
         .route(&format!("{sbx}/pause"), post(s::pause))
