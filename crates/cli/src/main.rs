@@ -14,6 +14,7 @@ mod observe;
 mod rules;
 mod runtime;
 mod sandbox;
+mod secrets;
 mod serve;
 mod team;
 mod template;
@@ -69,6 +70,9 @@ enum Cmd {
     /// Anomaly-detection rules files: `check FILE` (errors at line:column), `default`.
     #[command(subcommand)]
     Rules(rules::Cmd),
+    /// Secrets of the caller's team on a running kiln server (values are write-only).
+    #[command(subcommand)]
+    Secrets(secrets::Cmd),
 }
 
 fn init_tracing() {
@@ -97,6 +101,7 @@ fn main() {
         Cmd::Audit(a) => audit::run(a),
         Cmd::Alerts(a) => rules::alerts(a),
         Cmd::Rules(c) => rules::run(c),
+        Cmd::Secrets(c) => secrets::run(c),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -6,6 +6,8 @@
 //! checks the original address against the always-denied ranges (so a name cannot smuggle a
 //! private address in), and splices it to its original destination. A refused connection is
 //! reset. Its observer ([`crate::observe`]) hears of each decision and each end, with bytes.
+//! TLS connections to a host named by the policy's `network.rules` are handed to
+//! [`crate::intercept`] instead of being spliced (after the same decision).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -122,6 +124,24 @@ impl Ctx {
             Some(rule) => (false, rule),
             None => policy.decide(name.as_deref(), ip),
         };
+        // A rule's host, over TLS: intercepted (only then), and the audit says which rule.
+        let hit = policy
+            .transforms
+            .as_ref()
+            .filter(|_| allowed && tls)
+            .and_then(|t| {
+                let host = t.rules.matching(name.as_deref(), ip)?.clone();
+                Some((t.clone(), host))
+            });
+        let rule = match &hit {
+            Some((_, h)) => format!(
+                "{rule}; transform {} ({})",
+                h.key,
+                h.header_names().join(", ")
+            ),
+            None => rule,
+        };
+        let sni = name.clone();
         let conn = Conn {
             src,
             dst: orig,
@@ -138,6 +158,30 @@ impl Ctx {
         ALLOWED.fetch_add(1, Ordering::Relaxed);
         self.observer.tell(NetEvent::Connect(conn.clone())).await;
         let started = std::time::Instant::now();
+        if let Some((t, host)) = hit {
+            let name = sni.unwrap_or_else(|| ip.to_string());
+            let (out, inn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let up = self
+                .sockets
+                .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
+                .await;
+            let r =
+                crate::intercept::mitm::relay(t, host, &name, s, buf, up, out.clone(), inn.clone())
+                    .await;
+            if let Err(e) = &r {
+                tracing::info!(%name, error = %e, "intercepted egress connection failed");
+            }
+            self.observer
+                .tell(NetEvent::Close {
+                    conn,
+                    bytes_out: out.load(Ordering::Relaxed),
+                    bytes_in: inn.load(Ordering::Relaxed),
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    error: r.err().map(|e| e.to_string()),
+                })
+                .await;
+            return Ok(());
+        }
         let r = self.splice(&mut s, orig, &buf).await;
         let (bytes_out, bytes_in, error) = match &r {
             Ok((o, i)) => (*o, *i, None),

@@ -21,7 +21,8 @@
 //! per-sandbox proxy that applies domain rules, naming connections with [`sni`]), [`relay`] (the proxy's
 //! byte-counting splice), [`flows`] (UDP and ICMP flows the ruleset decides, read as NFLOG
 //! packets and conntrack events with [`nfnl`]), [`observe`]
-//! (what the proxy and the forwarder tell the audit log), [`sweep`] (what killed servers left behind).
+//! (what the proxy and the forwarder tell the audit log), [`sweep`] (what killed servers left behind),
+//! [`intercept`] (TLS interception for `network.rules` header transforms).
 
 pub mod addr;
 pub mod cmd;
@@ -31,6 +32,7 @@ pub mod egress;
 mod egress_sock;
 pub mod flows;
 pub mod host;
+pub mod intercept;
 pub mod netns;
 pub mod nfnl;
 pub mod observe;

@@ -74,6 +74,9 @@ pub struct EgressPolicy {
     /// port; E2B's `maskRequestHost`); `None`: kiln's default.
     #[serde(skip)]
     pub mask_request_host: Option<String>,
+    /// `network.rules` (header transforms) with what applying them needs; `None`: none.
+    #[serde(skip)]
+    pub transforms: Option<std::sync::Arc<crate::intercept::Transforms>>,
 }
 
 impl Default for EgressPolicy {
@@ -87,6 +90,7 @@ impl Default for EgressPolicy {
             https_ports: Vec::new(),
             traffic_token: None,
             mask_request_host: None,
+            transforms: None,
         }
     }
 }
@@ -120,6 +124,7 @@ impl EgressPolicy {
             https_ports: Vec::new(),
             traffic_token: None,
             mask_request_host: None,
+            transforms: None,
         })
     }
 

@@ -55,7 +55,11 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
     let all = format!(
         "    iifname \"{GUEST_LINK}\" ip daddr != {GATEWAY_ADDR} meta l4proto tcp redirect to :{proxy}\n"
     );
-    let (redirect, quic) = if policy.domains().is_empty() {
+    let rules = policy
+        .transforms
+        .as_ref()
+        .is_some_and(|t| t.rules.has_hosts());
+    let (redirect, quic) = if policy.domains().is_empty() && !rules {
         let r = if host.proxy_all_tcp {
             all
         } else {

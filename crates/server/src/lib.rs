@@ -24,6 +24,7 @@ pub mod store;
 pub mod templates;
 pub mod tenancy;
 pub mod tls;
+pub mod vault;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -70,6 +71,8 @@ pub enum ServerError {
     Driver(#[from] driver::DriverError),
     #[error(transparent)]
     Audit(#[from] audit::AuditError),
+    #[error(transparent)]
+    Vault(#[from] vault::VaultError),
     #[error("recovering sandboxes from the previous run: {0}")]
     Recover(Error),
     #[error("listening on {addr}: {source}")]
@@ -122,6 +125,8 @@ pub struct Server {
     domain: String,
     metrics_token: Option<String>,
     edge: edge::EdgeConfig,
+    vault: Arc<vault::Vault>,
+    interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
 }
 
 impl Server {
@@ -135,6 +140,20 @@ impl Server {
         let store: Arc<dyn store::StateStore> =
             Arc::new(store::SqliteStore::open(&cfg.state_dir.join("kiln.db"))?);
         let first_key = auth::ensure_first_key(store.as_ref()).await?;
+        let vault = Arc::new(vault::Vault::open(
+            &cfg.state_dir,
+            store::SecretsDb::open(&cfg.state_dir.join("kiln.db"))?,
+        )?);
+        let interceptor = match kiln_net::intercept::Interceptor::open(
+            &cfg.state_dir,
+            &kiln_net::intercept::Interceptor::extra_trust_from_env(),
+        ) {
+            Ok(i) => Some(Arc::new(i)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no TLS interception: network.rules will answer 501");
+                None
+            }
+        };
         let (mut dcfg, dir) = (cfg.driver.clone(), cfg.state_dir.clone());
         // Audited connections all pass the egress proxy, which records them.
         if let Some(n) = dcfg.gvisor.network.as_mut() {
@@ -191,6 +210,8 @@ impl Server {
             domain: cfg.domain,
             metrics_token: cfg.metrics_token,
             edge: cfg.edge,
+            vault,
+            interceptor,
         })
     }
 
@@ -210,13 +231,18 @@ impl Server {
                 let _ = h.await;
             }
         });
-        let state = Arc::new(api::AppState::new(
+        let state = api::AppState::new(
             self.manager.clone(),
             api::ApiConfig {
                 domain: self.domain.clone(),
                 metrics_token: self.metrics_token.clone(),
             },
-        ));
+        )
+        .with_vault(self.vault.clone());
+        let state = Arc::new(match &self.interceptor {
+            Some(i) => state.with_interceptor(i.clone()),
+            None => state,
+        });
         let app = api::router(state);
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));
         tokio::select! {

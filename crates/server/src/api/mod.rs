@@ -12,8 +12,10 @@ pub mod idempotency;
 mod list;
 mod network;
 mod observe;
+mod rules;
 mod sandboxes;
 mod scope;
+mod secrets;
 mod signed;
 mod snapshots;
 mod templates;
@@ -81,6 +83,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/webhooks/{webhookID}/deliveries"),
     ("POST", "/webhooks/{webhookID}/test"),
     ("GET", "/alerts"),
+    ("POST", "/secrets"),
+    ("GET", "/secrets"),
+    ("GET", "/secrets/{secretID}"),
+    ("POST", "/secrets/{secretID}"),
+    ("DELETE", "/secrets/{secretID}"),
 ];
 
 /// Server-wide settings the API needs.
@@ -97,6 +104,10 @@ pub struct AppState {
     pub cfg: ApiConfig,
     /// Idempotency keys of recent creates.
     pub idempotency: idempotency::Idempotency,
+    /// Secrets (`/secrets`, network rules' placeholders); `None`: those answer 501.
+    pub vault: Option<Arc<crate::vault::Vault>>,
+    /// TLS interception for `network.rules`; `None`: rules answer 501.
+    pub interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
 }
 
 impl AppState {
@@ -105,7 +116,21 @@ impl AppState {
             idempotency: idempotency::Idempotency::with_store(manager.store().clone()),
             manager,
             cfg,
+            vault: None,
+            interceptor: None,
         }
+    }
+
+    /// With `network.rules` applied through `interceptor`.
+    pub fn with_interceptor(mut self, i: Arc<kiln_net::intercept::Interceptor>) -> Self {
+        self.interceptor = Some(i);
+        self
+    }
+
+    /// With secrets kept in `vault`.
+    pub fn with_vault(mut self, vault: Arc<crate::vault::Vault>) -> Self {
+        self.vault = Some(vault);
+        self
     }
 }
 
@@ -216,7 +241,7 @@ async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Respo
         Ok(None) => match signed::signed_files_query(req.method(), req.uri()) {
             Some((q, op)) => match signed::route_signed(&st.manager, &q, op) {
                 Ok(t) => Ok(Some(t)),
-                Err(resp) => return resp,
+                Err(resp) => return *resp,
             },
             None => Ok(None),
         },
@@ -281,6 +306,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(webhooks::deliveries),
         )
         .route("/webhooks/{webhookID}/test", post(webhooks::test))
+        .merge(secrets::routes())
         .route(&format!("{sbx}/logs"), get(s::logs))
         .route("/v2/sandboxes/{sandboxID}/logs", get(s::logs_v2))
         .route(&format!("{sbx}/pause"), post(s::pause))

@@ -44,11 +44,6 @@ pub fn policy_of(
     }
     let empty = NetworkJson::default();
     let n = net.unwrap_or(&empty);
-    if present(&n.rules) {
-        return Err(ApiError::not_implemented(
-            "network rules (per-host transforms)",
-        ));
-    }
     if present(&n.egress_proxy) {
         return Err(ApiError::not_implemented(
             "an upstream egress proxy (egressProxy)",
@@ -84,22 +79,26 @@ pub fn policy_of(
 pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
     match policy {
         None => (false, Value::Null),
-        Some(p) => (
-            p.allow_internet_access,
-            json!({
+        Some(p) => (p.allow_internet_access, {
+            let mut v = json!({
                 "allowOut": EgressPolicy::list_strings(&p.allow_out),
                 "denyOut": EgressPolicy::list_strings(&p.deny_out),
                 "dnsServers": p.dns_servers.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
                 "allowPublicTraffic": p.traffic_token.is_none(),
                 "httpsPorts": p.https_ports,
                 "maskRequestHost": p.mask_request_host,
-            }),
-        ),
+            });
+            // Only when set: the SDK cannot parse a null `rules`.
+            if let Some(t) = &p.transforms {
+                v["rules"] = t.rules.to_json();
+            }
+            v
+        }),
     }
 }
 
-/// `PUT /sandboxes/{id}/network`: replaces `allowOut`, `denyOut` and `dnsServers` (omitted
-/// ones are cleared); internet access and `httpsPorts` stay as created.
+/// `PUT /sandboxes/{id}/network`: replaces `allowOut`, `denyOut`, `dnsServers` and `rules`
+/// (omitted ones are cleared); internet access and `httpsPorts` stay as created.
 pub async fn update(
     State(st): St,
     axum::Extension(c): axum::Extension<crate::tenancy::Caller>,
@@ -110,8 +109,10 @@ pub async fn update(
     st.manager.get_for(&id, &c.team)?;
     let current = st.manager.network(&id).await?;
     let internet = current.as_ref().map(|p| p.allow_internet_access);
-    let mut policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?
-        .expect("a policy when internet access is given");
+    let policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?;
+    let mut policy = super::rules::with_rules(&st, &c.team, Some(&n), policy)
+        .await?
+        .ok_or_else(|| ApiError::internal("no policy for a network update"))?;
     if n.https_ports.is_none() {
         policy.https_ports = current
             .as_ref()
@@ -123,7 +124,12 @@ pub async fn update(
         policy.traffic_token = c.traffic_token;
         policy.mask_request_host = c.mask_request_host;
     }
+    let rules = policy.transforms.is_some();
     st.manager.set_network(&id, policy).await?;
+    if rules {
+        let token = st.manager.get_for(&id, &c.team)?.envd_token;
+        super::rules::install_ca(&st, &id, token).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

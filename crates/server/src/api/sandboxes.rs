@@ -44,9 +44,18 @@ async fn create_inner(
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
     let network = super::network::policy_of(req.allow_internet_access, req.network.as_ref())?;
+    let network = super::rules::with_rules(&st, &c.team, req.network.as_ref(), network).await?;
+    let rules = network.as_ref().is_some_and(|p| p.transforms.is_some());
     let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
-    if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
-        return Err(ApiError::not_implemented("MCP gateway (mcp)"));
+    let mcp = req.mcp.clone().filter(|m| !m.is_null());
+    if mcp.as_ref().is_some_and(|m| !m.is_object()) {
+        return Err(ApiError::bad_request(
+            "mcp: expected an object of MCP servers",
+        ));
+    }
+    let mut env_vars = req.env_vars.unwrap_or_default();
+    if rules {
+        super::rules::trust_env(&mut env_vars);
     }
     if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::not_implemented("volume mounts (volumeMounts)"));
@@ -58,7 +67,7 @@ async fn create_inner(
         template_id: req.template_id,
         timeout_secs: req.timeout,
         metadata: req.metadata.unwrap_or_default(),
-        env_vars: req.env_vars.unwrap_or_default(),
+        env_vars,
         secure: req.secure.unwrap_or(true),
         auto_pause: req.auto_pause.unwrap_or(false),
         auto_resume: req.auto_resume.as_ref().is_some_and(|a| a.enabled),
@@ -72,6 +81,14 @@ async fn create_inner(
         .await
         .map_err(|e| ApiError::internal(format!("create task: {e}")))??;
     st.manager.telemetry().observe("create", t.elapsed());
+    if rules {
+        super::rules::install_ca(&st, &rec.id, rec.envd_token.clone()).await?;
+    }
+    if let (Some(m), Some(v)) = (&mcp, &st.vault) {
+        v.db().put_mcp(&rec.id, m).await.map_err(|e| {
+            ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))
+        })?;
+    }
     let mut created = sandbox_json(&rec, &st.cfg.domain);
     created.traffic_access_token = traffic_token;
     Ok((StatusCode::CREATED, Json(created)).into_response())
@@ -89,6 +106,13 @@ pub async fn get_sandbox(
     // No network: no `network` key (the e2b SDK cannot parse a null one).
     if !network.is_null() {
         v["network"] = network;
+    }
+    if let Some(vault) = &st.vault {
+        if let Some(m) = vault.db().get_mcp(&id).await.map_err(|e| {
+            ApiError::internal(format!("reading the sandbox's mcp configuration: {e}"))
+        })? {
+            v["mcp"] = m;
+        }
     }
     Ok(Json(v))
 }

@@ -103,12 +103,14 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn unauthorized(message: &str) -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        axum::Json(json!({ "code": 401, "message": message })),
+fn unauthorized(message: &str) -> Box<Response> {
+    Box::new(
+        (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({ "code": 401, "message": message })),
+        )
+            .into_response(),
     )
-        .into_response()
 }
 
 /// The sandbox a signed `/files` request is for, or the 401 to answer: a signature no
@@ -117,7 +119,7 @@ pub(crate) fn route_signed(
     manager: &Manager,
     q: &SignedQuery,
     op: &str,
-) -> Result<Target, Response> {
+) -> Result<Target, Box<Response>> {
     let hit = manager
         .list()
         .into_iter()

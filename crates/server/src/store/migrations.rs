@@ -192,7 +192,7 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX idempotency_created ON idempotency(created_at);
     ",
-    // alerts raised by the rule engine over the audit stream (crates/server/src/alerts/,
+    // 9: alerts raised by the rule engine over the audit stream (crates/server/src/alerts/,
     // store/alerts_sql.rs): what fired, where, and the audit records that triggered it.
     "
     CREATE TABLE alerts (
@@ -210,6 +210,27 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX alerts_sandbox ON alerts(sandbox_id, id);
     CREATE INDEX alerts_rule ON alerts(rule, id);
     CREATE INDEX alerts_ts ON alerts(ts);
+    ",
+    // 10: secrets (crates/server/src/store/secrets_sql.rs): per team, the current version's
+    // value encrypted with the server's key (AEAD; never stored or returned in clear); the
+    // `mcp` field sandboxes were created with (echoed by get_info).
+    "
+    CREATE TABLE secrets (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        name TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        metadata TEXT NOT NULL,
+        sealed BLOB NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        UNIQUE (team, name)
+    );
+    CREATE INDEX secrets_team_created ON secrets(team, created_at, id);
+    CREATE TABLE sandbox_mcp (
+        sandbox_id TEXT PRIMARY KEY,
+        mcp TEXT NOT NULL
+    );
     ",
 ];
 

@@ -13,11 +13,13 @@ mod migrations;
 mod obs_sql;
 mod records;
 mod rows;
+mod secrets_sql;
 mod sqlite;
 mod teams;
 
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use records::*;
+pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;
 
 #[derive(Debug, thiserror::Error)]

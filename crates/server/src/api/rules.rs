@@ -1,0 +1,130 @@
+//! `network.rules` at create and in `PUT /sandboxes/{id}/network`: parsed, every
+//! `${e2b.secrets.NAME}` checked against the caller's team (an unknown one is a 400 naming
+//! it), and attached to the egress policy with what the egress proxy needs to apply them
+//! ([`kiln_net::intercept`]). A sandbox with rules trusts the server's interception CA: the
+//! CA is added to its system bundle (`/etc/ssl/certs/ca-certificates.crt`, plus
+//! `/usr/local/share/ca-certificates/kiln-egress-ca.crt`), and a create with rules sets
+//! `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE` and `NODE_EXTRA_CA_CERTS` (unless the request
+//! sets them) so Python's requests and Node trust it too.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kiln_net::intercept::{RuleSet, SecretSource, Transforms};
+use kiln_net::EgressPolicy;
+
+use super::network::NetworkJson;
+use super::{ApiError, ApiResult, AppState};
+use crate::vault::Vault;
+
+/// Where the CA goes in a sandbox (Debian's layout, which `update-ca-certificates` keeps).
+pub const CA_FILE: &str = "/usr/local/share/ca-certificates/kiln-egress-ca.crt";
+/// The system bundle the CA is appended to.
+pub const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+impl SecretSource for Vault {
+    fn value<'a>(
+        &'a self,
+        team: &'a str,
+        name: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send + 'a>,
+    > {
+        Box::pin(async move {
+            Vault::value(self, team, name)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+fn rules_of(net: Option<&NetworkJson>) -> ApiResult<Option<RuleSet>> {
+    let Some(v) = net.and_then(|n| n.rules.as_ref()) else {
+        return Ok(None);
+    };
+    let rules = RuleSet::parse(v).map_err(ApiError::bad_request)?;
+    Ok((!rules.is_empty()).then_some(rules))
+}
+
+/// `policy` with the request's `network.rules` attached (checked for `team`).
+pub async fn with_rules(
+    st: &AppState,
+    team: &str,
+    net: Option<&NetworkJson>,
+    policy: Option<EgressPolicy>,
+) -> ApiResult<Option<EgressPolicy>> {
+    let Some(rules) = rules_of(net)? else {
+        return Ok(policy);
+    };
+    let (Some(vault), Some(interceptor)) = (&st.vault, &st.interceptor) else {
+        return Err(ApiError::not_implemented(
+            "network rules on a server without its interception CA (see the server log)",
+        ));
+    };
+    for name in rules.secret_names() {
+        let known = vault
+            .db()
+            .get(team, &name)
+            .await
+            .map_err(|e| ApiError::internal(format!("reading secrets: {e}")))?
+            .is_some_and(|s| s.name == name);
+        if !known {
+            return Err(ApiError::bad_request(format!(
+                "network.rules: secret {name:?} does not exist in this team; create it first \
+                 (Secret.create / POST /secrets)"
+            )));
+        }
+    }
+    let mut policy = policy.unwrap_or_default();
+    policy.transforms = Some(Arc::new(Transforms {
+        rules,
+        team: team.to_string(),
+        secrets: vault.clone(),
+        interceptor: interceptor.clone(),
+    }));
+    Ok(Some(policy))
+}
+
+/// Environment a create with rules adds (where the request does not set it).
+pub fn trust_env(env: &mut BTreeMap<String, String>) {
+    for (k, v) in [
+        ("SSL_CERT_FILE", BUNDLE),
+        ("REQUESTS_CA_BUNDLE", BUNDLE),
+        ("NODE_EXTRA_CA_CERTS", CA_FILE),
+    ] {
+        env.entry(k.to_string()).or_insert_with(|| v.to_string());
+    }
+}
+
+/// Adds the interception CA to sandbox `id`'s trust store (once).
+pub async fn install_ca(st: &AppState, id: &str, token: Option<String>) -> ApiResult<()> {
+    let Some(i) = &st.interceptor else {
+        return Ok(());
+    };
+    let pem = i.ca.cert_pem();
+    let agent = st.manager.agent(id, token);
+    let fail = |what: &str, e: kiln_envd::EnvdError| {
+        ApiError::bad_gateway(format!(
+            "adding kiln's interception CA to the sandbox's trust store ({what}): {e}"
+        ))
+    };
+    agent
+        .write_file(CA_FILE, pem.as_bytes().to_vec(), Some("root"))
+        .await
+        .map_err(|e| fail(CA_FILE, e))?;
+    let mut bundle = agent
+        .read_file(BUNDLE, Some("root"))
+        .await
+        .unwrap_or_default();
+    if !String::from_utf8_lossy(&bundle).contains(pem.trim()) {
+        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        bundle.extend_from_slice(pem.as_bytes());
+        agent
+            .write_file(BUNDLE, bundle, Some("root"))
+            .await
+            .map_err(|e| fail(BUNDLE, e))?;
+    }
+    Ok(())
+}

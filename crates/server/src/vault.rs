@@ -1,0 +1,177 @@
+//! Secrets' values at rest: sealed with ChaCha20-Poly1305 (ring's AEAD) under a server key
+//! kept in `<state>/secrets.key` (32 random bytes, mode 0600, made at first start), with the
+//! team and the secret's id as associated data, so a sealed value moved to another row or
+//! team does not open. The clear value exists only while the egress proxy injects it
+//! ([`Vault::value`]); nothing answers it to a client.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
+use ring::rand::{SecureRandom, SystemRandom};
+
+use crate::store::SecretsDb;
+
+/// File name of the server key in the state directory.
+pub const KEY_FILE: &str = "secrets.key";
+const KEY_LEN: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VaultError {
+    #[error("secrets key {path}: {source}")]
+    Key {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("secrets key {0} is not {KEY_LEN} bytes long: restore it from a backup or remove it (every stored secret then has to be set again)")]
+    KeyLength(String),
+    #[error("a stored secret does not open with this server's key (the key file was replaced?)")]
+    Open,
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// The server key and the secrets table.
+pub struct Vault {
+    key: LessSafeKey,
+    rng: SystemRandom,
+    db: SecretsDb,
+}
+
+/// Reads the key at `path`, making a new random one (mode 0600) when there is none.
+fn load_or_make_key(path: &Path) -> Result<Vec<u8>, VaultError> {
+    let err = |source| VaultError::Key {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::read(path) {
+        Ok(k) if k.len() == KEY_LEN => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+            Ok(k)
+        }
+        Ok(_) => Err(VaultError::KeyLength(path.display().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut k = vec![0u8; KEY_LEN];
+            SystemRandom::new()
+                .fill(&mut k)
+                .map_err(|_| err(std::io::Error::other("no system randomness")))?;
+            let tmp = path.with_extension("key.tmp");
+            let _ = std::fs::remove_file(&tmp);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(err)?;
+            f.write_all(&k).and_then(|()| f.sync_all()).map_err(err)?;
+            std::fs::rename(&tmp, path).map_err(err)?;
+            Ok(k)
+        }
+        Err(e) => Err(err(e)),
+    }
+}
+
+fn aad(team: &str, id: &str) -> Vec<u8> {
+    format!("kiln-secret\0{team}\0{id}").into_bytes()
+}
+
+impl Vault {
+    /// Opens the vault of the state directory `state_dir` (making its key on first use).
+    pub fn open(state_dir: &Path, db: SecretsDb) -> Result<Self, VaultError> {
+        let k = load_or_make_key(&state_dir.join(KEY_FILE))?;
+        Self::with_key(&k, db)
+    }
+
+    fn with_key(k: &[u8], db: SecretsDb) -> Result<Self, VaultError> {
+        let key = UnboundKey::new(&CHACHA20_POLY1305, k)
+            .map_err(|_| VaultError::KeyLength("(in memory)".into()))?;
+        Ok(Self {
+            key: LessSafeKey::new(key),
+            rng: SystemRandom::new(),
+            db,
+        })
+    }
+
+    /// The secrets table.
+    pub fn db(&self) -> &SecretsDb {
+        &self.db
+    }
+
+    /// `value` sealed for secret `id` of `team`: a random nonce, then ciphertext and tag.
+    pub fn seal(&self, team: &str, id: &str, value: &[u8]) -> Vec<u8> {
+        let mut nonce = [0u8; NONCE_LEN];
+        // The system RNG failing is not recoverable; ring's only failure mode here.
+        self.rng.fill(&mut nonce).expect("system randomness");
+        let mut out = value.to_vec();
+        self.key
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad(team, id)),
+                &mut out,
+            )
+            .expect("sealing a bounded value");
+        let mut sealed = nonce.to_vec();
+        sealed.extend(out);
+        sealed
+    }
+
+    /// The clear value of a sealed secret.
+    pub fn unseal(&self, team: &str, id: &str, sealed: &[u8]) -> Result<Vec<u8>, VaultError> {
+        if sealed.len() < NONCE_LEN {
+            return Err(VaultError::Open);
+        }
+        let (n, ct) = sealed.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(n).map_err(|_| VaultError::Open)?;
+        let mut buf = ct.to_vec();
+        let len = self
+            .key
+            .open_in_place(nonce, Aad::from(aad(team, id)), &mut buf)
+            .map_err(|_| VaultError::Open)?
+            .len();
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// The current value of `team`'s secret named `name`; `None` when it has none.
+    pub async fn value(&self, team: &str, name: &str) -> Result<Option<String>, VaultError> {
+        let Some(s) = self.db.get(team, &name.to_ascii_lowercase()).await? else {
+            return Ok(None);
+        };
+        if s.name != name.to_ascii_lowercase() {
+            return Ok(None);
+        }
+        let v = self.unseal(team, &s.id, &s.sealed)?;
+        Ok(Some(String::from_utf8_lossy(&v).into_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_file_is_made_once_with_mode_0600_and_seals_bind_team_and_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Vault::open(dir.path(), SecretsDb::open_in_memory().unwrap()).unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let key = std::fs::read(&path).unwrap();
+        let sealed = v.seal("red", "sec_1", b"hunter2");
+        assert!(!sealed.windows(7).any(|w| w == b"hunter2"));
+        assert_eq!(v.unseal("red", "sec_1", &sealed).unwrap(), b"hunter2");
+        assert!(v.unseal("blue", "sec_1", &sealed).is_err());
+        assert!(v.unseal("red", "sec_2", &sealed).is_err());
+        // Reopened: the same key, so old values still open.
+        let v2 = Vault::open(dir.path(), SecretsDb::open_in_memory().unwrap()).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), key);
+        assert_eq!(v2.unseal("red", "sec_1", &sealed).unwrap(), b"hunter2");
+        std::fs::write(&path, b"short").unwrap();
+        assert!(matches!(
+            Vault::open(dir.path(), SecretsDb::open_in_memory().unwrap()),
+            Err(VaultError::KeyLength(_))
+        ));
+    }
+}

@@ -1,0 +1,280 @@
+"""`network.rules` header transforms with secrets, through the pinned `e2b` SDK against a
+networked `kiln serve` and a test internet of our own (namespace `ktsec`, 198.51.100.0/24, its
+own DNS and its own upstream CA, which the server trusts through KILN_EGRESS_TRUST):
+
+- HTTPS to a rule's host is intercepted: the echo service sees the injected header (the
+  sandbox's own `Authorization` replaced), for curl and for Python, while a search of the
+  sandbox's environment, files and /proc for the secret's value finds nothing, and neither
+  the audit log, the server log nor any API answer holds it;
+- a host without a rule is not intercepted (a client pinned to the test CA succeeds);
+- an upstream with a bad certificate is refused with a clear 502, never bypassed;
+- an unknown secret in a placeholder fails the create with a 400 naming it;
+- `update_network` replaces the rules (without them the host is relayed plainly again);
+- `mcp` at create is stored and echoed by get_info.
+Nothing here sends traffic off this machine."""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import uuid
+
+import pytest
+from e2b import Sandbox, Secret
+
+from .conftest import KilnServer, cleanup_state
+from .internet import remove_slots_in_range, require_root, run
+from .testnet import NetNs, sh
+
+RANGE = "10.167.0.0/24"
+NS, HOST_SIDE, DNS_ADDR = "ktsec", "198.51.100.254", "198.51.100.53"
+HOSTS = {"api.sec.test": "198.51.100.20", "other.sec.test": "198.51.100.21",
+         "bad.sec.test": "198.51.100.22"}
+
+# An HTTPS server answering with the request's headers as JSON.
+ECHO = textwrap.dedent("""
+    import http.server, json, ssl, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def do_GET(self):
+            body = json.dumps({"path": self.path,
+                               "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+    srv = http.server.ThreadingHTTPServer((sys.argv[1], 443), H)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.serve_forever()
+""")
+
+# Looks for the value (given in two halves, so no process's environment or command line holds
+# it whole) in every file and in every other process's environ and cmdline.
+SEARCH = textwrap.dedent("""
+    import os, sys
+    needle = (os.environ["HALF_A"] + os.environ["HALF_B"]).encode()
+    me, hits = str(os.getpid()), []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid != me:
+            for f in ("environ", "cmdline"):
+                try:
+                    if needle in open(f"/proc/{pid}/{f}", "rb").read():
+                        hits.append(f"/proc/{pid}/{f}")
+                except OSError:
+                    pass
+    for top in ("/etc", "/home", "/root", "/tmp", "/usr/local", "/var", "/run", "/opt"):
+        for d, dirs, files in os.walk(top):
+            for f in files:
+                p = os.path.join(d, f)
+                try:
+                    if os.path.isfile(p) and os.path.getsize(p) < 8 << 20 and needle in open(p, "rb").read():
+                        hits.append(p)
+                except OSError:
+                    pass
+    print("\\n".join(hits) or "none")
+""")
+
+
+def openssl(*args):
+    sh("openssl", *args)
+
+
+@pytest.fixture(scope="module")
+def secnet():
+    """The test internet: the echo hosts (two with certificates of the test CA, one
+    self-signed) and a DNS server; yields the test CA's path."""
+    require_root()
+    ns = NetNs(NS, "ktsec0", f"{HOST_SIDE}/24", [f"{a}/24" for a in [*HOSTS.values(), DNS_ADDR]],
+               HOST_SIDE)
+    d = tempfile.mkdtemp(prefix="kiln-secnet-")
+    try:
+        ns.up()
+        ns.dns(DNS_ADDR, HOSTS)
+        ca_key, ca = os.path.join(d, "ca.key"), os.path.join(d, "ca.pem")
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=kiln test upstream CA",
+                "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        for name, ip in HOSTS.items():
+            key, cert = os.path.join(d, f"{name}.key"), os.path.join(d, f"{name}.pem")
+            ext = os.path.join(d, f"{name}.ext")
+            with open(ext, "w") as f:
+                f.write(f"subjectAltName=DNS:{name}\nbasicConstraints=CA:FALSE\n"
+                        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+                        "authorityKeyIdentifier=keyid\n")
+            if name == "bad.sec.test":
+                openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}",
+                        "-addext", f"subjectAltName=DNS:{name}")
+            else:
+                csr = os.path.join(d, f"{name}.csr")
+                openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
+                openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                        "-out", cert, "-days", "2", "-extfile", ext)
+            ns.spawn(sys.executable, "-c", ECHO, ip, cert, key)
+        for name, ip in HOSTS.items():
+            args = ["curl", "-s", "-m", "2", "--resolve", f"{name}:443:{ip}", f"https://{name}/up"]
+            args[1:1] = ["-k"] if name == "bad.sec.test" else ["--cacert", ca]
+            for _ in range(150):
+                if sh(*args, check=False).returncode == 0:
+                    break
+                import time
+                time.sleep(0.2)
+            else:
+                pytest.fail(f"the test host {name} did not come up")
+        yield ca
+    finally:
+        ns.down()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def srv(secnet):
+    base = tempfile.mkdtemp(prefix="kiln-rules-")
+    s, log = None, ""
+    os.environ["KILN_EGRESS_TRUST"] = secnet
+    try:
+        s = KilnServer(os.path.join(base, "state"),
+                       ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS_ADDR]
+                       + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+        s.start()
+        yield s
+    finally:
+        os.environ.pop("KILN_EGRESS_TRUST", None)
+        if s:
+            s.kill_all_sandboxes()
+            s.stop()
+            log = s.log()
+            print("---- kiln serve (rules) log (tail) ----\n" + log[-6000:])
+            cleanup_state(s.state_dir)
+        remove_slots_in_range(RANGE.rsplit(".", 1)[0] + ".")
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, log
+
+
+def curl(sbx, args):
+    """(exit code, HTTP status, body) of a curl in the sandbox."""
+    code, out = run(sbx, f"curl -s -m 10 -w '\\n%{{http_code}}' {args}")
+    body, _, status = out.rpartition("\n")
+    return code, status.strip(), body
+
+
+def test_rules_inject_secrets_that_never_enter_the_sandbox(srv, secnet):
+    opts = srv.opts()
+    tag = uuid.uuid4().hex[:8]
+    value = f"sk-{uuid.uuid4().hex}"
+    name = f"svc-{tag}"
+    Secret.create(name, value, **opts)
+    rules = {
+        "api.sec.test": [
+            {"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}},
+            {"transform": {"headers": {"X-Kiln-Rule": "one"}}},
+        ],
+        "bad.sec.test": [{"transform": {"headers": {"X-Kiln-Rule": "bad"}}}],
+    }
+    # An unknown secret fails the create, naming it.
+    with pytest.raises(Exception) as e:
+        Sandbox.create(timeout=120, **opts, network={"rules": {
+            "api.sec.test": [{"transform": {"headers": {"A": Secret.fill(f"nope-{tag}")}}}]}})
+    assert f"nope-{tag}" in str(e.value) and "400" in str(e.value), e.value
+
+    sbx = Sandbox.create(timeout=120, **opts, network={"rules": rules})
+    try:
+        sbx.files.write("/tmp/testca.pem", open(secnet).read())
+        # curl through the system bundle: kiln's CA signs the rule host's leaf.
+        code, status, body = curl(sbx, "-H 'Authorization: mine' https://api.sec.test/a?b=1")
+        assert (code, status) == (0, "200"), body
+        seen = json.loads(body)
+        assert seen["headers"]["authorization"] == f"Bearer {value}", seen
+        assert seen["headers"]["x-kiln-rule"] == "one" and seen["path"] == "/a?b=1", seen
+        # Keep-alive: both requests of one connection carry it.
+        code, out = run(sbx, "curl -s -m 10 https://api.sec.test/1 https://api.sec.test/2")
+        assert code == 0 and out.count(f"Bearer {value}") == 2, out
+        # Python's ssl (OpenSSL's default paths) trusts it too.
+        code, out = run(sbx, "python3 -c \"import urllib.request as u; "
+                             "print(u.urlopen('https://api.sec.test/py', timeout=10).read().decode())\"")
+        assert code == 0 and f"Bearer {value}" in out, out
+        env = run(sbx, "env")[1]
+        assert "REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt" in env, env
+        assert "NODE_EXTRA_CA_CERTS=/usr/local/share/ca-certificates/kiln-egress-ca.crt" in env
+
+        # The rule host is intercepted: pinned to the test CA, curl refuses kiln's leaf ...
+        code, status, _ = curl(sbx, "--cacert /tmp/testca.pem https://api.sec.test/")
+        assert code != 0, status
+        # ... while a host without a rule is the upstream's own TLS.
+        code, status, body = curl(sbx, "--cacert /tmp/testca.pem -H 'Authorization: mine' "
+                                       "https://other.sec.test/")
+        assert (code, status) == (0, "200"), body
+        assert json.loads(body)["headers"]["authorization"] == "mine"
+
+        # A bad upstream certificate is refused, clearly, never bypassed.
+        code, status, body = curl(sbx, "https://bad.sec.test/")
+        assert status == "502" and "kiln egress: upstream bad.sec.test" in body, (status, body)
+        assert "certificate" in body.lower(), body
+        assert "x-kiln-rule" not in body
+
+        # The value is nowhere in the sandbox.
+        half = len(value) // 2
+        sbx.files.write("/tmp/search.py", SEARCH)
+        code, out = run(sbx, f"HALF_A={value[:half]} HALF_B={value[half:]} python3 /tmp/search.py",
+                        timeout=120)
+        assert code == 0 and out.strip() == "none", out
+
+        # API answers echo the placeholders, never the value.
+        info = sbx.get_info()
+        assert info.network["rules"]["api.sec.test"][0]["transform"]["headers"]["authorization"] \
+            == "Bearer " + Secret.fill(name), info.network
+        status, detail, _ = srv.request("GET", f"/sandboxes/{sbx.sandbox_id}")
+        assert status == 200 and value not in json.dumps(detail)
+
+        # The audit log names the rule that fired, not the value.
+        status, page, _ = srv.request("GET", f"/sandboxes/{sbx.sandbox_id}/audit?kind=net&limit=1000")
+        assert status == 200, page
+        assert value not in json.dumps(page)
+        fired = [r["body"]["rule"] for r in page["records"] if r["body"].get("name") == "api.sec.test"]
+        assert fired and all("transform api.sec.test (authorization, x-kiln-rule)" in f
+                             for f in fired), fired
+        bad = [r["body"] for r in page["records"]
+               if r["body"].get("name") == "bad.sec.test" and r["body"]["event"] == "close"]
+        assert bad and "certificate" in bad[-1].get("error", "").lower(), bad
+
+        # Replace semantics: no rules any more, the host is the upstream's own TLS again.
+        sbx.update_network({})
+        code, status, body = curl(sbx, "--cacert /tmp/testca.pem https://api.sec.test/")
+        assert (code, status) == (0, "200"), body
+        assert "authorization" not in json.loads(body)["headers"]
+        assert "rules" not in (sbx.get_info().network or {})
+        # And back, by update: the CA is already trusted.
+        sbx.update_network({"rules": rules})
+        code, status, body = curl(sbx, "https://api.sec.test/")
+        assert (code, status) == (0, "200") and f"Bearer {value}" in body, body
+        # A new version applies to the next request.
+        Secret.update(name, value + "-v2", **opts)
+        code, status, body = curl(sbx, "https://api.sec.test/")
+        assert f"Bearer {value}-v2" in body, body
+    finally:
+        sbx.kill()
+    assert value not in srv.log()
+
+
+def test_mcp_is_stored_and_echoed(srv):
+    mcp = {"github/kiln-test/none": {"run_cmd": "true", "envs": {"A": "b"}}}
+    status, body, _ = srv.request("POST", "/sandboxes", {"templateID": "base", "timeout": 60,
+                                                         "mcp": mcp})
+    assert status == 201, body
+    sid = body["sandboxID"]
+    try:
+        status, info, _ = srv.request("GET", f"/sandboxes/{sid}")
+        assert status == 200 and info["mcp"] == mcp, info
+    finally:
+        srv.request("DELETE", f"/sandboxes/{sid}")
+    status, body, _ = srv.request("POST", "/sandboxes", {"templateID": "base", "mcp": "x"})
+    assert status == 400, body
