@@ -8,15 +8,19 @@
 mod audit;
 mod bench;
 mod client;
+mod completions;
 mod doctor;
 mod keys;
 mod observe;
 mod runtime;
 mod sandbox;
+mod sandbox_info;
 mod serve;
+mod shell;
 mod team;
 mod template;
 mod term;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -63,6 +67,12 @@ enum Cmd {
     /// Benchmarks: percentiles and ratios against a raw baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::Cmd),
+    /// A live table of the sandboxes of a running server: state, CPU, memory, disk, age.
+    Top(top::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionArgs),
+    /// Print kiln's man page (roff), or write one page per subcommand with `--dir`.
+    Man(completions::ManArgs),
 }
 
 fn init_tracing() {
@@ -89,6 +99,9 @@ fn main() {
         Cmd::Runtime(c) => runtime::run(c),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Audit(a) => audit::run(a),
+        Cmd::Top(a) => top::run(a),
+        Cmd::Completions(a) => completions::completions(a),
+        Cmd::Man(a) => completions::man(a),
     };
     match result {
         Ok(code) => std::process::exit(code),
