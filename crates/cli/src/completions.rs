@@ -100,7 +100,7 @@ mod tests {
         );
         let s = String::from_utf8(out).unwrap();
         assert!(s.contains("complete -F _kiln"), "{s}");
-        for word in ["sandbox", "completions", "top"] {
+        for word in ["sandbox", "completions", "top", "mcp"] {
             assert!(s.contains(word), "{word} missing");
         }
     }

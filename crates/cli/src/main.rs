@@ -11,6 +11,7 @@ mod client;
 mod completions;
 mod doctor;
 mod keys;
+mod mcp;
 mod observe;
 mod runtime;
 mod sandbox;
@@ -73,6 +74,8 @@ enum Cmd {
     Completions(completions::CompletionArgs),
     /// Print kiln's man page (roff), or write one page per subcommand with `--dir`.
     Man(completions::ManArgs),
+    /// MCP server (stdio, or streamable HTTP with `--http`) exposing sandboxes as tools.
+    Mcp(mcp::Args),
 }
 
 fn init_tracing() {
@@ -102,6 +105,7 @@ fn main() {
         Cmd::Top(a) => top::run(a),
         Cmd::Completions(a) => completions::completions(a),
         Cmd::Man(a) => completions::man(a),
+        Cmd::Mcp(a) => mcp::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),
