@@ -167,6 +167,8 @@ async def sandbox_round(server, transport, http, mode, version):
 
             r = await call_ok(c, "list_sandboxes", {})
             assert sid in [x["sandbox_id"] for x in r.structured_content["sandboxes"]]
+            if transport == "stdio":
+                await lifecycle_round(c, sid)
         finally:
             r = await c.call_tool("kill_sandbox", {"sandbox_id": sid})
         assert not r.is_error, text_of(r)
@@ -176,12 +178,34 @@ async def sandbox_round(server, transport, http, mode, version):
         assert r.is_error and "404" in text_of(r), text_of(r)
 
 
+async def lifecycle_round(c: Client, sid: str):
+    """Pause, resume and fork keep the sandbox's files (and the fork has its own copy)."""
+    await call_ok(c, "pause_sandbox", {"sandbox_id": sid})
+    r = await call_ok(c, "list_sandboxes", {"state": "paused"})
+    assert sid in [x["sandbox_id"] for x in r.structured_content["sandboxes"]]
+    await call_ok(c, "resume_sandbox", {"sandbox_id": sid, "timeout_secs": 120})
+    r = await call_ok(c, "read_file", {"sandbox_id": sid, "path": "/home/user/notes/a.txt"})
+    assert text_of(r) == "written over MCP\n"
+    r = await call_ok(c, "fork_sandbox", {"sandbox_id": sid, "timeout_secs": 120})
+    (child,) = r.structured_content["children"]
+    try:
+        await call_ok(c, "write_file", {"sandbox_id": child, "path": "/home/user/notes/a.txt",
+                                        "content": "the fork's own\n"})
+        r = await call_ok(c, "read_file", {"sandbox_id": sid, "path": "/home/user/notes/a.txt"})
+        assert text_of(r) == "written over MCP\n"
+    finally:
+        await c.call_tool("kill_sandbox", {"sandbox_id": child})
+    r = await c.call_tool("fork_sandbox", {"sandbox_id": sid, "count": 0})
+    assert r.is_error and "`count`" in text_of(r), text_of(r)
+
+
 def test_mcp_over_stdio(server):
     asyncio.run(sandbox_round(server, "stdio", None, "auto", "2026-07-28"))
 
 
-def test_mcp_over_streamable_http(server, mcp_http):
-    asyncio.run(sandbox_round(server, "http", mcp_http, "legacy", "2025-11-25"))
+@pytest.mark.parametrize("mode,version", [("auto", "2026-07-28"), ("legacy", "2025-11-25")])
+def test_mcp_over_streamable_http(server, mcp_http, mode, version):
+    asyncio.run(sandbox_round(server, "http", mcp_http, mode, version))
 
 
 def post(url: str, headers: dict):
