@@ -311,3 +311,29 @@ def test_mcp_desktop_screenshot_click_type_scroll(net_server):
                 await c.call_tool("kill_sandbox", {"sandbox_id": sid})
 
     asyncio.run(go())
+
+
+def test_mcp_create_sandbox_passes_the_network_policy(server):
+    async def go():
+        async with connect(server, "stdio") as c:
+            r = await c.call_tool("create_sandbox", {"deny_out": ["not a network!"]})
+            assert r.is_error and "not a network!" in text_of(r), text_of(r)
+            r = await call_ok(c, "create_sandbox", {
+                "timeout_secs": 60, "allow_out": ["198.51.100.0/24"], "deny_out": ["0.0.0.0/0"]})
+            sid = r.structured_content["sandbox_id"]
+            try:
+                status, info, _ = server.request("GET", f"/sandboxes/{sid}")
+                assert status == 200, info
+                assert info["network"]["allowOut"] == ["198.51.100.0/24"], info
+                assert info["network"]["denyOut"] == ["0.0.0.0/0"], info
+            finally:
+                await c.call_tool("kill_sandbox", {"sandbox_id": sid})
+            r = await call_ok(c, "create_sandbox", {"timeout_secs": 60, "allow_internet": False})
+            sid = r.structured_content["sandbox_id"]
+            try:
+                status, info, _ = server.request("GET", f"/sandboxes/{sid}")
+                assert status == 200 and info["allowInternetAccess"] is False, info
+            finally:
+                await c.call_tool("kill_sandbox", {"sandbox_id": sid})
+
+    asyncio.run(go())
