@@ -315,3 +315,31 @@ def test_completions_and_man_page(server, tmp_path):
     r = kiln(server, "man", "--dir", str(tmp_path / "man"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "man" / "kiln-sandbox-logs.1").read_bytes().count(b"follow") >= 1
+
+
+def test_top_refreshes_live_and_quits_on_ctrl_c(server, tmp_path):
+    env = {**os.environ, "KILN_URL": server.url, "KILN_API_KEY": server.api_key}
+    after = tmp_path / "top.after"
+    t = Tmux(tmp_path, env)
+    try:
+        t("new-session", "-d", "-x", "140", "-y", "30", "-s", "kt", "sh", "-c",
+          # The trap keeps sh (which gets the Ctrl-C too) alive to record kiln's status.
+          f'trap true INT; "{kiln_bin()}" top --interval 0.3; echo "EXIT=$?" > {after}; sleep 60')
+        wait_until(lambda: "STATE" in t.screen(), "the table header")
+
+        def alternate():
+            return t("display-message", "-p", "-t", "kt", "#{alternate_on}").strip()
+
+        assert alternate() == "1"
+        sid = create_sandbox(server)
+        try:
+            wait_until(lambda: sid in t.screen(), "the new sandbox in the live table")
+        finally:
+            kiln(server, "sandbox", "kill", sid)
+        wait_until(lambda: sid not in t.screen(), "the killed sandbox to leave the table")
+        t("send-keys", "-t", "kt", "C-c")
+        wait_until(after.exists, "kiln top to quit on Ctrl-C")
+        assert after.read_text() == "EXIT=0\n"
+        assert alternate() == "0", "kiln top left the terminal on its alternate screen"
+    finally:
+        t.kill()
