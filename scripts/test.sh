@@ -8,7 +8,7 @@ need_cargo
 
 say "host packages"
 install_packages cc:gcc mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs debugfs:e2fsprogs \
-  nft:nftables ip:iproute2 python3:python3 unshare:util-linux
+  nft:nftables ip:iproute2 python3:python3 unshare:util-linux tmux:tmux
 python3 -c 'import venv, ensurepip' 2>/dev/null || install_packages python3-venv-missing:python3-venv
 # The code interpreter's tests run Debian's IPython kernel and Node.js on the host.
 /usr/bin/python3 -c 'import ipykernel, matplotlib, pandas, PIL' 2>/dev/null ||

@@ -68,6 +68,38 @@ impl Client {
         })
     }
 
+    /// The same server with another API key (sharing the connection pool).
+    pub fn with_key(&self, api_key: Option<String>) -> Client {
+        Client {
+            http: self.http.clone(),
+            base: self.base.clone(),
+            api_key,
+        }
+    }
+
+    /// A request to `path` on port `port` of sandbox `id`, through the server's routing
+    /// (`E2b-Sandbox-Id`/`E2b-Sandbox-Port`).
+    pub fn port_request(
+        &self,
+        method: reqwest::Method,
+        id: &str,
+        port: u16,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, self.url(path))
+            .header("e2b-sandbox-id", id)
+            .header("e2b-sandbox-port", port.to_string())
+    }
+
+    /// `POST /sandboxes` with a body the caller built (network options and all).
+    pub async fn create_from(&self, body: Value) -> Result<SandboxRef> {
+        let v = self
+            .api(reqwest::Method::POST, "/sandboxes", Some(body))
+            .await?;
+        sandbox_ref(&v)
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -22,6 +22,9 @@ pub enum Cmd {
     List {
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Revoke a key by id (see `kiln keys list`).
     Revoke {
@@ -68,8 +71,24 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             );
             Ok(0)
         }
-        Cmd::List { state_dir } => {
+        Cmd::List { state_dir, json } => {
             let store = open(state_dir)?;
+            if json {
+                let keys: Vec<serde_json::Value> = store
+                    .list_keys()
+                    .await?
+                    .iter()
+                    .map(|k| {
+                        serde_json::json!({
+                            "id": k.id, "name": k.name, "team": k.team, "prefix": k.prefix,
+                            "createdAtMs": k.created_at_ms, "lastUsedMs": k.last_used_ms,
+                            "revokedAtMs": k.revoked_at_ms,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&keys)?);
+                return Ok(0);
+            }
             println!(
                 "{:<18} {:<16} {:<16} {:<12} {:<20} {:<20} STATUS",
                 "ID", "NAME", "TEAM", "PREFIX", "CREATED", "LAST USED"

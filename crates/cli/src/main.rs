@@ -8,17 +8,22 @@
 mod audit;
 mod bench;
 mod client;
+mod completions;
 mod doctor;
 mod keys;
+mod mcp;
 mod observe;
 mod rules;
 mod runtime;
 mod sandbox;
 mod secrets;
+mod sandbox_info;
 mod serve;
+mod shell;
 mod team;
 mod template;
 mod term;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -73,6 +78,14 @@ enum Cmd {
     /// Secrets of the caller's team on a running kiln server (values are write-only).
     #[command(subcommand)]
     Secrets(secrets::Cmd),
+    /// A live table of the sandboxes of a running server: state, CPU, memory, disk, age.
+    Top(top::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionArgs),
+    /// Print kiln's man page (roff), or write one page per subcommand with `--dir`.
+    Man(completions::ManArgs),
+    /// MCP server (stdio, or streamable HTTP with `--http`) exposing sandboxes as tools.
+    Mcp(mcp::Args),
 }
 
 fn init_tracing() {
@@ -102,6 +115,10 @@ fn main() {
         Cmd::Alerts(a) => rules::alerts(a),
         Cmd::Rules(c) => rules::run(c),
         Cmd::Secrets(c) => secrets::run(c),
+        Cmd::Top(a) => top::run(a),
+        Cmd::Completions(a) => completions::completions(a),
+        Cmd::Man(a) => completions::man(a),
+        Cmd::Mcp(a) => mcp::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -96,6 +96,9 @@ pub enum WebhookCmd {
     Ls {
         #[command(flatten)]
         conn: Conn,
+        /// Print JSON, as the API sends it.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete a webhook.
     Rm {
@@ -116,6 +119,9 @@ pub enum WebhookCmd {
         id: String,
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Print JSON, as the API sends it.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -157,8 +163,12 @@ pub fn webhooks(cmd: WebhookCmd) -> anyhow::Result<i32> {
                 println!("{}", w["id"].as_str().unwrap_or(""));
                 println!("secret: {}", w["secret"].as_str().unwrap_or(""));
             }
-            WebhookCmd::Ls { conn } => {
+            WebhookCmd::Ls { conn, json } => {
                 let list = conn.client()?.call(Method::GET, "/webhooks", None).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&list)?);
+                    return Ok(0);
+                }
                 for w in list.as_array().into_iter().flatten() {
                     let events: Vec<&str> = w["events"]
                         .as_array()
@@ -189,7 +199,12 @@ pub fn webhooks(cmd: WebhookCmd) -> anyhow::Result<i32> {
                     return Ok(1);
                 }
             }
-            WebhookCmd::Deliveries { conn, id, limit } => {
+            WebhookCmd::Deliveries {
+                conn,
+                id,
+                limit,
+                json,
+            } => {
                 let log = conn
                     .client()?
                     .call(
@@ -198,6 +213,10 @@ pub fn webhooks(cmd: WebhookCmd) -> anyhow::Result<i32> {
                         None,
                     )
                     .await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&log)?);
+                    return Ok(0);
+                }
                 for d in log["deliveries"].as_array().into_iter().flatten() {
                     println!("{}", delivery_line(d));
                 }

@@ -2,13 +2,12 @@
 //! behind its proxy).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 
 use anyhow::{bail, Context};
 use kiln_envd::ProcessEvent;
 
 use crate::client::{Client, ExecOptions};
-use crate::term;
 
 #[derive(clap::Args, Clone)]
 pub struct Conn {
@@ -99,6 +98,27 @@ pub enum Cmd {
         id: String,
         #[arg(long, short)]
         user: Option<String>,
+    },
+    /// A sandbox's details (template, state, resources, times, network).
+    Show {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A sandbox's log: lifecycle events and its agent's console (`--follow` to keep watching).
+    Logs {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// Keep printing new lines as they come.
+        #[arg(long, short)]
+        follow: bool,
+        /// One JSON object per line, as the API sends them.
+        #[arg(long)]
+        json: bool,
     },
     /// Copy a file to or from a sandbox: `cp LOCAL ID:PATH` or `cp ID:PATH LOCAL`.
     Cp {
@@ -213,7 +233,14 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
                 .await?;
             Ok(code)
         }
-        Cmd::Shell { conn, id, user } => shell(conn.client()?, &id, user).await,
+        Cmd::Shell { conn, id, user } => crate::shell::run(conn.client()?, &id, user).await,
+        Cmd::Show { conn, id, json } => crate::sandbox_info::show(&conn.client()?, &id, json).await,
+        Cmd::Logs {
+            conn,
+            id,
+            follow,
+            json,
+        } => crate::sandbox_info::logs(&conn.client()?, &id, follow, json).await,
         Cmd::Cp {
             conn,
             src,
@@ -255,53 +282,4 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             Ok(code)
         }
     }
-}
-
-async fn shell(client: Client, id: &str, user: Option<String>) -> anyhow::Result<i32> {
-    let sbx = client.sandbox(id).await?;
-    let size = term::size(0).unwrap_or((80, 24));
-    let _raw = term::RawMode::enable(0).ok();
-    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
-    let input = client.envd(&sbx).await?;
-    // stdin → PTY: a blocking reader thread feeding an async sender.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        let mut stdin = std::io::stdin();
-        while let Ok(n) = stdin.read(&mut buf) {
-            if n == 0 || tx.blocking_send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
-    tokio::spawn(async move {
-        let Ok(pid) = pid_rx.await else { return };
-        while let Some(data) = rx.recv().await {
-            if input.send_input(pid, data, true, None).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut pid_tx = Some(pid_tx);
-    let opts = ExecOptions {
-        user,
-        pty: Some(size),
-        ..Default::default()
-    };
-    let code = client
-        .exec(&sbx, "exec bash -l", &opts, |ev| match ev {
-            ProcessEvent::Started { pid } => {
-                if let Some(t) = pid_tx.take() {
-                    let _ = t.send(pid);
-                }
-            }
-            ProcessEvent::Pty(d) | ProcessEvent::Stdout(d) | ProcessEvent::Stderr(d) => {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(&d);
-                let _ = o.flush();
-            }
-            ProcessEvent::Exited { .. } => {}
-        })
-        .await?;
-    Ok(code)
 }

@@ -27,6 +27,9 @@ pub enum Cmd {
     List {
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Print JSON (`null` quotas use the server's defaults).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -97,7 +100,7 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             );
             Ok(0)
         }
-        Cmd::List { state_dir } => {
+        Cmd::List { state_dir, json } => {
             let store = crate::keys::open(state_dir)?;
             let teams = store.list_teams().await?;
             let keys = store.list_keys().await?;
@@ -105,6 +108,23 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             names.extend(keys.iter().map(|k| k.team.clone()));
             names.sort();
             names.dedup();
+            if json {
+                let list: Vec<serde_json::Value> = names
+                    .iter()
+                    .map(|n| {
+                        let t = teams.iter().find(|t| &t.name == n);
+                        serde_json::json!({
+                            "team": n,
+                            "activeKeys": keys.iter().filter(|k| &k.team == n && k.revoked_at_ms.is_none()).count(),
+                            "maxSandboxes": t.and_then(|t| t.max_sandboxes),
+                            "maxTimeoutSecs": t.and_then(|t| t.max_timeout_secs),
+                            "createsPerMinute": t.and_then(|t| t.creates_per_minute),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(0);
+            }
             println!(
                 "{:<24} {:>6} {:>13} {:>12} {:>14}",
                 "TEAM", "KEYS", "MAX SANDBOXES", "MAX TIMEOUT", "CREATES/MIN"

@@ -171,6 +171,17 @@ impl EnvdClient {
             .map(|_| ())
     }
 
+    /// Sends SIGKILL to a process.
+    pub async fn kill(&self, pid: u32, user: Option<&str>) -> Result<(), EnvdError> {
+        let req = pb::SendSignalRequest {
+            process: Some(by_pid(pid)),
+            signal: pb::Signal::Sigkill as i32,
+        };
+        self.unary::<_, pb::SendSignalResponse>("/process.Process/SendSignal", &req, user)
+            .await
+            .map(|_| ())
+    }
+
     /// Resizes a process's PTY.
     pub async fn resize_pty(
         &self,
