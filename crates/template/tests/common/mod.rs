@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod oci;
+pub mod registry;
+
 use std::path::{Path, PathBuf};
 
 /// A minimal static x86_64 ELF executable (exit(0)), so tests need no toolchain for an agent.
