@@ -30,6 +30,7 @@ fn base_layer() -> Layer {
         "usr/bin/bash",
         "usr/lib/x86_64-linux-gnu/libc.so.6",
         "usr/lib/x86_64-linux-gnu/libtinfo.so.6",
+        "usr/lib/x86_64-linux-gnu/libtinfo.so.6.4",
         "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
         "usr/lib64",
         "etc/skel",

@@ -36,6 +36,18 @@ fn inside(root: &Path, path: &str) -> Result<PathBuf, OciError> {
     )
 }
 
+/// Like [`inside`], but a symlink in the last component is the answer (to be replaced).
+fn entry_inside(root: &Path, path: &str) -> Result<PathBuf, OciError> {
+    resolve(
+        root,
+        Path::new(path),
+        Resolve {
+            follow_last: false,
+            create_parents: true,
+        },
+    )
+}
+
 fn read_lines(p: &Path) -> Vec<String> {
     std::fs::read_to_string(p)
         .map(|t| t.lines().map(str::to_string).collect())
@@ -204,7 +216,7 @@ pub fn install_sudo(root: &Path) -> Result<(), OciError> {
     }
     let rule = inside(root, "/etc/sudoers.d/kiln-user")?;
     replace_file(&rule, SUDOERS_RULE, 0o440)?;
-    let sudo = inside(root, "/usr/bin/sudo")?;
+    let sudo = entry_inside(root, "/usr/bin/sudo")?;
     if sudo.symlink_metadata().is_ok() {
         std::fs::remove_file(&sudo)
             .map_err(|e| OciError::io(format!("removing {}", sudo.display()), e))?;
@@ -215,7 +227,7 @@ pub fn install_sudo(root: &Path) -> Result<(), OciError> {
 
 /// Copies the agent to `/usr/bin/kiln-agent` inside the root (a new inode).
 pub fn install_agent(root: &Path, agent: &Path) -> Result<(), OciError> {
-    let dest = inside(root, "/usr/bin/kiln-agent")?;
+    let dest = entry_inside(root, "/usr/bin/kiln-agent")?;
     let _ = std::fs::remove_file(&dest);
     std::fs::copy(agent, &dest).map_err(|e| {
         OciError::io(
