@@ -201,6 +201,27 @@ fn image_through_mirror_becomes_a_template() {
         again.cached,
         "a second build of the same image must be a cache hit"
     );
+
+    // gc keeps the blobs of cached image stages and removes the rest.
+    let blobs = kiln_template::oci::template::blobs_of(&f.store).unwrap();
+    let stray_src = f._tmp.path().join("stray");
+    std::fs::write(&stray_src, b"unreferenced").unwrap();
+    let stray = blobs.import_file(&stray_src, None).unwrap();
+    let removed = kiln_template::oci::template::gc_blobs(&f.store).unwrap();
+    assert_eq!(removed, vec![blobs.path(&stray).unwrap()]);
+    let stage: kiln_template::oci::Image = serde_json::from_slice(
+        &std::fs::read(
+            f.store
+                .root()
+                .join(".base")
+                .join(&t.recipe_hash)
+                .join("image.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stage.layers.len(), 3);
+    assert!(stage.layers.iter().all(|l| blobs.has(&l.digest)));
 }
 
 #[test]
