@@ -503,3 +503,51 @@ fn docker_save_and_oci_layout_tarballs_import() {
     .to_string();
     assert!(e.contains("neither an OCI image layout"), "{e}");
 }
+
+#[test]
+fn bearer_tokens_anonymous_and_with_credentials() {
+    if let Some(why) = skip_reason() {
+        return eprintln!("skipped: {why}");
+    }
+    let f = fixture();
+    let tokens = common::token::TokenServer::start(f._tmp.path(), "kiln", "s3cret");
+    let reg = Registry::start_token(tokens.registry_auth(), ("kiln", "s3cret"));
+    let l = marker_layer("token\n");
+    let m = f
+        .layout
+        .image(&config("amd64", &[], "", "", &[&l]), &[&l], "amd64");
+    f.layout.tag(&m, "1");
+    reg.push(&f.layout.dir, "1", "library/tok", &[]);
+    // Anonymous: the registry's 401 names the realm; kiln asks it for an anonymous pull token.
+    let img = fetch(
+        &f.store,
+        &ImageSource::Registry("tok:1".into()),
+        &mirror(&reg),
+    )
+    .unwrap();
+    assert_eq!(img.layers[0].digest, sha(&l.blob));
+    let with = |password: &str| PullOptions {
+        credentials: Some(Credentials {
+            user: "kiln".into(),
+            password: password.into(),
+        }),
+        ..mirror(&reg)
+    };
+    fetch(
+        &f.store,
+        &ImageSource::Registry("tok:1".into()),
+        &with("s3cret"),
+    )
+    .unwrap();
+    let e = fetch(
+        &f.store,
+        &ImageSource::Registry("tok:1".into()),
+        &with("wrong"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("refused the credentials of user \"kiln\"") && e.contains("incorrect username"),
+        "{e}"
+    );
+}

@@ -4,6 +4,7 @@
 
 pub mod oci;
 pub mod registry;
+pub mod token;
 
 use std::path::{Path, PathBuf};
 

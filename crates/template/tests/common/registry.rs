@@ -1,6 +1,6 @@
 //! A real registry for tests: Debian's `docker-registry` (the CNCF distribution registry) on a
 //! loopback port with filesystem storage, optionally behind Basic auth (a bcrypt htpasswd entry
-//! made by `htpasswd -B`), and pushes with Debian's `skopeo` from an OCI layout directory.
+//! made by `htpasswd -B`) or a bearer-token issuer ([`super::token`]), and pushes with Debian's `skopeo` from an OCI layout directory.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -13,11 +13,17 @@ pub fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let why = if unsafe { libc::geteuid() } != 0 {
         "image tests keep file owners and need root".to_string()
-    } else if let Some(missing) = ["docker-registry", "skopeo", "htpasswd", "mkfs.ext4"]
-        .iter()
-        .find(|p| kiln_host::prereq::which(p).is_none())
+    } else if let Some(missing) = [
+        "docker-registry",
+        "skopeo",
+        "htpasswd",
+        "openssl",
+        "mkfs.ext4",
+    ]
+    .iter()
+    .find(|p| kiln_host::prereq::which(p).is_none())
     {
-        format!("{missing} is not installed (scripts/test.sh installs docker-registry, skopeo, apache2-utils)")
+        format!("{missing} is not installed (scripts/test.sh installs docker-registry, skopeo, apache2-utils, openssl)")
     } else {
         return None;
     };
@@ -54,6 +60,16 @@ fn free_port() -> u16 {
 impl Registry {
     /// Starts a registry; with `creds`, every request needs them (Basic auth).
     pub fn start(creds: Option<(&str, &str)>) -> Registry {
+        Registry::start_with(creds, None)
+    }
+
+    /// Starts a registry behind a bearer-token issuer (`auth` is its `auth:` section); `creds`
+    /// are what skopeo pushes with.
+    pub fn start_token(auth: String, creds: (&str, &str)) -> Registry {
+        Registry::start_with(Some(creds), Some(auth))
+    }
+
+    fn start_with(creds: Option<(&str, &str)>, token_auth: Option<String>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
@@ -61,7 +77,9 @@ impl Registry {
             "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
             dir.path().join("data").display()
         );
-        if let Some((u, p)) = creds {
+        if let Some(auth) = token_auth {
+            config.push_str(&auth);
+        } else if let Some((u, p)) = creds {
             let out = Command::new("htpasswd")
                 .args(["-Bbn", u, p])
                 .output()
