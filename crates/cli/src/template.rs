@@ -1,15 +1,57 @@
-//! `kiln template build|ls`: thin layer over kiln-template.
+//! `kiln template build|import|gc|ls`: thin layer over kiln-template (recipes and images).
 
 use std::path::PathBuf;
 
+use kiln_template::oci::{self, Credentials, ImageBuildOptions, ImageSource, Mirrors, PullOptions};
 use kiln_template::{recipe::BASE_RECIPE, BuildOptions, Recipe, Store};
+
+/// Where images are pulled from and with which credentials.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RegistryArgs {
+    /// Pull a registry's images from a mirror: `REGISTRY=URL` (e.g.
+    /// `docker.io=http://127.0.0.1:5000`); repeatable; adds to $KILN_REGISTRY_MIRRORS
+    /// (comma-separated).
+    #[arg(long = "registry-mirror", value_name = "REGISTRY=URL")]
+    pub mirrors: Vec<String>,
+    /// Registry user (Basic auth or token request); default $KILN_REGISTRY_USER.
+    #[arg(long, env = "KILN_REGISTRY_USER")]
+    pub registry_user: Option<String>,
+    /// Registry password; default $KILN_REGISTRY_PASSWORD.
+    #[arg(long, env = "KILN_REGISTRY_PASSWORD", hide_env_values = true)]
+    pub registry_password: Option<String>,
+}
+
+impl RegistryArgs {
+    fn pull_options(&self) -> anyhow::Result<PullOptions> {
+        Ok(PullOptions {
+            mirrors: Mirrors::from_env_and(&self.mirrors)?,
+            credentials: self.registry_user.clone().map(|user| Credentials {
+                user,
+                password: self.registry_password.clone().unwrap_or_default(),
+            }),
+            quiet: false,
+            parallel: 0,
+        })
+    }
+}
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
-    /// Build a template (cached by recipe + agent hash; a second build says "cached").
+    /// Build a template from a recipe or, with --from-image, from a container image (cached by
+    /// recipe or image digest + agent hash; a second build says "cached").
     Build {
         /// `base`, or the path of a recipe file (`*.toml`).
-        recipe: String,
+        #[arg(required_unless_present = "from_image", conflicts_with = "from_image")]
+        recipe: Option<String>,
+        /// Build from a registry image (`python:3.12`, `ghcr.io/org/img:tag`): its linux/amd64
+        /// image, its Env/WorkingDir/User kept, kiln-agent and the user `user` added.
+        #[arg(long, value_name = "IMAGE")]
+        from_image: Option<String>,
+        /// Template name for --from-image (default: from the image name, `python-3-12`).
+        #[arg(long, requires = "from_image")]
+        name: Option<String>,
+        #[command(flatten)]
+        registry: RegistryArgs,
         /// Rebuild even when cached.
         #[arg(long)]
         force: bool,
@@ -19,6 +61,18 @@ pub enum Cmd {
         /// apt sources for mmdebstrap (mirror URL or sources file); default: the host's.
         #[arg(long)]
         mirror: Option<String>,
+    },
+    /// Make a template from a `docker save` tarball or an OCI-layout tarball (optionally gzip-
+    /// or zstd-compressed).
+    Import {
+        file: PathBuf,
+        /// Template name (default: from the file name).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        agent: Option<PathBuf>,
     },
     /// Remove old template versions. Keeps each current one, the N newest others, and every
     /// version a sandbox stacks on (running on this host, or paused in the state dir) or a
@@ -60,16 +114,70 @@ fn load_recipe(arg: &str) -> anyhow::Result<Recipe> {
     .into())
 }
 
+fn print_outcome(out: &kiln_template::BuildOutcome) {
+    let t = &out.template;
+    println!(
+        "{} {} {} ({:.2}s)\n  rootfs: {}\n  ext4:   {}",
+        t.name,
+        &t.key[..12],
+        if out.cached { "cached" } else { "built" },
+        out.elapsed.as_secs_f64(),
+        t.rootfs.display(),
+        t.ext4.display()
+    );
+}
+
 pub fn run(c: Cmd) -> anyhow::Result<i32> {
     let store = Store::open_default()?;
     match c {
+        Cmd::Build {
+            from_image: Some(image),
+            name,
+            registry,
+            force,
+            agent,
+            ..
+        } => {
+            let opts = ImageBuildOptions {
+                agent,
+                force,
+                quiet: false,
+                pull: registry.pull_options()?,
+            };
+            let out = oci::build_from_image(
+                &store,
+                &ImageSource::Registry(image),
+                name.as_deref(),
+                &opts,
+            )?;
+            print_outcome(&out);
+            Ok(0)
+        }
+        Cmd::Import {
+            file,
+            name,
+            force,
+            agent,
+        } => {
+            let opts = ImageBuildOptions {
+                agent,
+                force,
+                quiet: false,
+                pull: PullOptions::default(),
+            };
+            let out =
+                oci::build_from_image(&store, &ImageSource::Archive(file), name.as_deref(), &opts)?;
+            print_outcome(&out);
+            Ok(0)
+        }
         Cmd::Build {
             recipe,
             force,
             agent,
             mirror,
+            ..
         } => {
-            let recipe = load_recipe(&recipe)?;
+            let recipe = load_recipe(recipe.as_deref().unwrap_or("base"))?;
             let opts = BuildOptions {
                 agent,
                 force,
@@ -77,16 +185,7 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
                 mirror,
             };
             let out = kiln_template::build(&store, &recipe, &opts)?;
-            let t = &out.template;
-            println!(
-                "{} {} {} ({:.2}s)\n  rootfs: {}\n  ext4:   {}",
-                t.name,
-                &t.key[..12],
-                if out.cached { "cached" } else { "built" },
-                out.elapsed.as_secs_f64(),
-                t.rootfs.display(),
-                t.ext4.display()
-            );
+            print_outcome(&out);
             Ok(0)
         }
         Cmd::Gc { keep } => {
@@ -100,7 +199,8 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
                 }
                 used
             };
-            let removed = store.gc(keep, in_use)?;
+            let mut removed = store.gc(keep, in_use)?;
+            removed.extend(oci::template::gc_blobs(&store)?);
             for p in &removed {
                 println!("removed {}", p.display());
             }

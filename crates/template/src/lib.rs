@@ -6,8 +6,11 @@
 //! - [`store`]: the content-addressed cache of built templates (`<cache>/templates/<name>/<key>`),
 //!   with atomic insertion.
 //! - [`build`]: the builder (mmdebstrap + steps → rootfs directory + ext4 image), with progress.
+//! - [`oci`]: container images as template sources (registry pulls, `docker save`/OCI-layout
+//!   imports, layer unpacking), through the same cache.
 
 pub mod build;
+pub mod oci;
 pub mod recipe;
 pub mod store;
 
@@ -38,6 +41,8 @@ pub enum Error {
         log: String,
         tail: String,
     },
+    #[error(transparent)]
+    Oci(#[from] oci::OciError),
     #[error(transparent)]
     Prereq(#[from] kiln_host::prereq::PrereqError),
 }

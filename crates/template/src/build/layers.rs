@@ -9,7 +9,7 @@ use super::progress::Log;
 use crate::{io_err, Result};
 
 /// Source of the preload library installed in every template (see the file's comment).
-pub(super) const COMPAT_SOURCE: &str = include_str!("../../compat/kiln-compat.c");
+pub(crate) const COMPAT_SOURCE: &str = include_str!("../../compat/kiln-compat.c");
 /// Where the compat library lives inside every template.
 pub const COMPAT_PATH_IN_ROOTFS: &str = "usr/lib/kiln/libkiln-compat.so";
 /// Where the agent lives inside every template.
@@ -49,7 +49,7 @@ fn install_sudo_shim(rootfs: &Path) -> Result<()> {
 
 /// Compiles the compat preload library with the host C compiler (freestanding: it links against
 /// nothing) and registers it in `/etc/ld.so.preload`.
-pub(super) fn install_compat(
+pub(crate) fn install_compat(
     staging: &Path,
     rootfs: &Path,
     log: &mut Log,
@@ -88,7 +88,7 @@ pub(super) fn install_compat(
 }
 
 /// Bytes used by a tree (hard links counted once).
-pub(super) fn tree_size(root: &Path) -> u64 {
+pub(crate) fn tree_size(root: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
@@ -112,7 +112,7 @@ pub(super) fn tree_size(root: &Path) -> u64 {
     total
 }
 
-pub(super) fn make_ext4(
+pub(crate) fn make_ext4(
     rootfs: &Path,
     image: &Path,
     used: u64,

@@ -15,9 +15,9 @@
 //! (finding a static kiln-agent), [`progress`] (log file and progress display).
 
 mod agent;
-mod layers;
+pub(crate) mod layers;
 mod mmdebstrap;
-mod progress;
+pub(crate) mod progress;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

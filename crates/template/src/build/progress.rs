@@ -10,14 +10,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::{io_err, Error, Result};
 
 /// The full build log.
-pub(super) struct Log {
+pub(crate) struct Log {
     file: File,
-    pub(super) path: PathBuf,
+    pub(crate) path: PathBuf,
     tail: std::collections::VecDeque<String>,
 }
 
 impl Log {
-    pub(super) fn create(path: &Path) -> Result<Log> {
+    pub(crate) fn create(path: &Path) -> Result<Log> {
         let file = File::create(path).map_err(io_err(format!("creating {}", path.display())))?;
         Ok(Log {
             file,
@@ -26,7 +26,7 @@ impl Log {
         })
     }
 
-    pub(super) fn line(&mut self, l: &str) {
+    pub(crate) fn line(&mut self, l: &str) {
         let _ = writeln!(self.file, "{l}");
         self.tail.push_back(l.to_string());
         if self.tail.len() > 25 {
@@ -34,13 +34,13 @@ impl Log {
         }
     }
 
-    pub(super) fn write(&mut self, bytes: &[u8]) {
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
         for l in String::from_utf8_lossy(bytes).lines() {
             self.line(l);
         }
     }
 
-    pub(super) fn failure(&self, step: &str, path: &Path) -> Error {
+    pub(crate) fn failure(&self, step: &str, path: &Path) -> Error {
         Error::BuildFailed {
             step: step.to_string(),
             log: path.display().to_string(),
@@ -55,11 +55,11 @@ impl Log {
 }
 
 /// Progress output: a spinner per phase with elapsed time on a terminal, plain lines elsewhere.
-pub(super) struct Ui {
-    pub(super) quiet: bool,
+pub(crate) struct Ui {
+    pub(crate) quiet: bool,
 }
 
-pub(super) struct Phase {
+pub(crate) struct Phase {
     bar: Option<ProgressBar>,
     name: String,
     started: Instant,
@@ -67,13 +67,13 @@ pub(super) struct Phase {
 }
 
 impl Ui {
-    pub(super) fn line(&self, s: &str) {
+    pub(crate) fn line(&self, s: &str) {
         if !self.quiet {
             eprintln!("{s}");
         }
     }
 
-    pub(super) fn phase(&self, name: &str) -> Phase {
+    pub(crate) fn phase(&self, name: &str) -> Phase {
         let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let bar = (!self.quiet && tty).then(|| {
             let b = ProgressBar::new_spinner();
@@ -98,7 +98,7 @@ impl Ui {
 }
 
 impl Phase {
-    pub(super) fn message(&self, m: &str) {
+    pub(crate) fn message(&self, m: &str) {
         if let Some(b) = &self.bar {
             b.set_message(m.chars().take(100).collect::<String>());
         }
@@ -118,11 +118,11 @@ impl Phase {
         }
     }
 
-    pub(super) fn done(mut self) {
+    pub(crate) fn done(mut self) {
         self.finish("✓");
     }
 
-    pub(super) fn fail(mut self) {
+    pub(crate) fn fail(mut self) {
         self.finish("✗");
     }
 }

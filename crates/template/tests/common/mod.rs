@@ -2,6 +2,10 @@
 
 #![allow(dead_code)]
 
+pub mod oci;
+pub mod registry;
+pub mod token;
+
 use std::path::{Path, PathBuf};
 
 /// A minimal static x86_64 ELF executable (exit(0)), so tests need no toolchain for an agent.
