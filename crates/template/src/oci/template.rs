@@ -275,6 +275,7 @@ pub fn build_from_image(
             workdir,
             env,
             start_cmd: None,
+            ready_cmd: None,
             memory_mb: None,
             disk_mb: None,
             built_at_unix: SystemTime::now()
