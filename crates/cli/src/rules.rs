@@ -2,7 +2,7 @@
 //! errors with line:column), `kiln alerts [--sandbox ID] [--follow]` (a server's alerts), and
 //! `kiln audit scan --rules FILE` (stored audit replayed through rules, here in the client).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,7 +184,7 @@ pub fn alerts(a: AlertsArgs) -> anyhow::Result<i32> {
 /// any fired.
 pub async fn scan(
     client: &Client,
-    rules: &PathBuf,
+    rules: &Path,
     sandbox: Option<&str>,
     since: Option<&str>,
     until: Option<&str>,

@@ -5,6 +5,7 @@ the sandbox's audit chain with the triggering record's id, counted in /metrics);
 rule kills its sandbox; ordinary work raises nothing; `kiln rules check` names the line,
 column and reason of a bad file."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -119,6 +120,14 @@ def test_attacks_raise_exactly_the_expected_alerts(rules_server):
         text = urllib.request.urlopen(req, timeout=30).read().decode()
         assert 'kiln_alerts_total{rule="reverse_shell_dev_tcp",priority="critical"}' in text
         assert sbx.is_running(), "an alert-only rule leaves the sandbox alone"
+
+        # The stored records replayed through the built-in pack find the same two.
+        env = {**os.environ, "KILN_URL": srv.url, "KILN_API_KEY": srv.api_key}
+        r = subprocess.run([kiln_bin(), "audit", "scan", sbx.sandbox_id, "--rules", "builtin", "--json"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 1, r
+        scanned = sorted(json.loads(line)["rule"] for line in r.stdout.splitlines())
+        assert scanned == ["read_shadow", "reverse_shell_dev_tcp"], r.stdout
     finally:
         sbx.kill()
 
