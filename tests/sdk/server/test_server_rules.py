@@ -1,8 +1,9 @@
 """Anomaly detection end to end, through the real e2b SDK and real gVisor sandboxes: one
-`kiln serve --rules FILE` (the built-in pack plus one rule whose action is `kill`); attack-like
+`kiln serve --rules FILE` (the built-in pack plus rules whose actions are `kill` and
+`deny-network`); attack-like
 command lines raise exactly the expected alerts within seconds (stored, in `GET /events`, on
-the sandbox's audit chain with the triggering record's id, counted in /metrics); the kill
-rule kills its sandbox; ordinary work raises nothing; `kiln rules check` names the line,
+the sandbox's audit chain with the triggering record's id, counted in /metrics, found again by
+`kiln audit scan`); the kill rule kills its sandbox, the deny-network rule cuts its egress; ordinary work raises nothing; `kiln rules check` names the line,
 column and reason of a bad file."""
 
 import json
@@ -25,6 +26,13 @@ KILL_RULE = """
   output: "kill marker in %sandbox"
   priority: critical
   action: kill
+
+- rule: test_cut_marker
+  desc: A command line carrying the test's other marker; the sandbox's egress is cut.
+  condition: kind = process and event = start and args contains "kiln-rules-cut-me"
+  output: "cut marker in %sandbox"
+  priority: error
+  action: [alert, deny-network]
 """
 
 TOKEN = "rules-metrics-token"
@@ -169,6 +177,30 @@ def test_a_kill_rule_kills_the_sandbox(rules_server):
             pass
 
 
+def test_a_deny_network_rule_cuts_egress_and_the_sandbox_lives_on(rules_server):
+    srv = rules_server
+    sbx = Sandbox.create(timeout=120, **srv.opts())
+    sid = sbx.sandbox_id
+    try:
+        status, info, _ = srv.request("GET", f"/sandboxes/{sid}")
+        assert info["allowInternetAccess"] is True, info
+        sbx.commands.run("echo kiln-rules-cut-me")
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            status, info, _ = srv.request("GET", f"/sandboxes/{sid}")
+            if info.get("allowInternetAccess") is False:
+                break
+            time.sleep(0.1)
+        assert info["allowInternetAccess"] is False, info
+        assert [a["rule"] for a in alerts(srv, sid)] == ["test_cut_marker"]
+        actions = [r["body"] for r in audit(srv, sid)
+                   if r["kind"] == "lifecycle" and r["body"].get("event") == "rule-action"]
+        assert [(b["action"], b["result"]) for b in actions] == [("deny-network", "ok")], actions
+        assert sbx.commands.run("echo alive").stdout.strip() == "alive"
+    finally:
+        sbx.kill()
+
+
 def test_ordinary_work_raises_no_alert(rules_server):
     srv = rules_server
     sbx = Sandbox.create(timeout=180, **srv.opts())
@@ -210,4 +242,4 @@ def test_rules_check_names_line_and_reason(tmp_path):
     good.write_text(KILL_RULE)
     r = subprocess.run([kiln_bin(), "rules", "check", str(good)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r
-    assert "1 rules" in r.stdout
+    assert "ok: 2 rules" in r.stdout
