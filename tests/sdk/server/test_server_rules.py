@@ -1,10 +1,10 @@
 """Anomaly detection end to end, through the real e2b SDK and real gVisor sandboxes: one
 `kiln serve --rules FILE` (the built-in pack plus rules whose actions are `kill` and
-`deny-network`); attack-like
-command lines raise exactly the expected alerts within seconds (stored, in `GET /events`, on
-the sandbox's audit chain with the triggering record's id, counted in /metrics, found again by
-`kiln audit scan`); the kill rule kills its sandbox, the deny-network rule cuts its egress; ordinary work raises nothing; `kiln rules check` names the line,
-column and reason of a bad file."""
+`deny-network`); attack-like command lines raise exactly the expected alerts within seconds
+(stored, in `GET /events`, on the sandbox's audit chain with the triggering record's id,
+counted in /metrics, found again by `kiln audit scan`); the kill rule kills its sandbox, the
+deny-network rule cuts its egress; ordinary work raises nothing; `kiln rules check` names
+the line, column and reason of a bad file."""
 
 import json
 import os
