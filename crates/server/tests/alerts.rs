@@ -2,7 +2,8 @@
 //! fire on records as they are written; `GET /alerts` is scoped to the caller's team (the
 //! operator's team sees all; naming another team's sandbox is a 404) and filters; a rule whose
 //! action causes records it matches does not loop (each action once per sandbox, the engine
-//! never reads its own alert records).
+//! never reads its own alert records); a changed rules file is reloaded, a bad one never
+//! replaces the rules in force.
 
 mod common;
 
@@ -71,7 +72,7 @@ async fn alerts_are_team_scoped_filtered_and_never_loop() {
         .set_audit(AuditLog::open(&db, &AuditConfig::default()).unwrap());
     let rules = rig.path().join("rules.yaml");
     std::fs::write(&rules, RULES).unwrap();
-    let st = start(&rig.manager, &db, RulesSource::File(rules)).unwrap();
+    let st = start(&rig.manager, &db, RulesSource::File(rules.clone())).unwrap();
     assert_eq!(st.rules, 2);
     let (app, operator) = rig.app().await;
     let red = common::team_key(rig.path(), "red").await;
@@ -170,4 +171,27 @@ async fn alerts_are_team_scoped_filtered_and_never_loop() {
     .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["state"], "paused", "{v}");
+
+    // Hot reload: a bad file is refused (the rules in force stay), a good one replaces them.
+    let create = |key: String| {
+        let app = app.clone();
+        async move {
+            let (s, v) =
+                common::call(&app, Some(&key), "POST", "/sandboxes", Some(CREATE), &[]).await;
+            assert_eq!(s, StatusCode::CREATED, "{v}");
+            v["sandboxID"].as_str().unwrap().to_string()
+        }
+    };
+    std::fs::write(&rules, "- rule: broken\n  condition: kind = = api\n").unwrap();
+    tokio::time::sleep(kiln_server::alerts::RELOAD_EVERY + Duration::from_millis(800)).await;
+    let c = create(blue.clone()).await;
+    rig.cleanup.add(&c);
+    let v = wait_for(&app, &blue, &format!("?sandboxID={c}"), 1).await;
+    assert_eq!(rules_of(&v), [format!("sandbox_created@{c}")], "{v}");
+    std::fs::write(&rules, RULES.replace("sandbox_created", "sandbox_made")).unwrap();
+    tokio::time::sleep(kiln_server::alerts::RELOAD_EVERY + Duration::from_millis(800)).await;
+    let d = create(blue.clone()).await;
+    rig.cleanup.add(&d);
+    let v = wait_for(&app, &blue, &format!("?sandboxID={d}"), 1).await;
+    assert_eq!(rules_of(&v), [format!("sandbox_made@{d}")], "{v}");
 }
