@@ -192,7 +192,7 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX idempotency_created ON idempotency(created_at);
     ",
-    // alerts raised by the rule engine over the audit stream (crates/server/src/alerts/,
+    // 9: alerts raised by the rule engine over the audit stream (crates/server/src/alerts/,
     // store/alerts_sql.rs): what fired, where, and the audit records that triggered it.
     "
     CREATE TABLE alerts (
