@@ -377,6 +377,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 println!("kiln: anomaly detection: {} rules ({:?})", st.rules, st.source);
             } else if rules != "builtin" {
                 anyhow::bail!("--rules {rules} needs the audit log (--audit on)");
+            } else {
+                println!("kiln: anomaly detection off (it reads the audit log, which is off)");
             }
         }
         let recovery = server.recovery.clone();

@@ -151,6 +151,17 @@ impl Scope<'_> {
     }
 }
 
+/// Whether `hay` contains `needle` (already lowercase), ignoring case; ASCII without
+/// allocating.
+fn icontains(hay: &str, needle: &str) -> bool {
+    if hay.is_ascii() && needle.is_ascii() {
+        let (h, n) = (hay.as_bytes(), needle.as_bytes());
+        n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
+    } else {
+        hay.to_lowercase().contains(needle)
+    }
+}
+
 fn test(t: &Test, v: &V<'_>) -> bool {
     match t {
         Test::Eq(s, n) => match (v, n) {
@@ -171,7 +182,7 @@ fn test(t: &Test, v: &V<'_>) -> bool {
             None => false,
         },
         Test::Contains(s) => v.text().contains(s.as_str()),
-        Test::IContains(s) => v.text().to_lowercase().contains(s.as_str()),
+        Test::IContains(s) => icontains(&v.text(), s),
         Test::StartsWith(s) => v.text().starts_with(s.as_str()),
         Test::EndsWith(s) => v.text().ends_with(s.as_str()),
         Test::Glob(g) => g.matches(&v.text()),

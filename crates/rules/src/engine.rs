@@ -44,12 +44,35 @@ pub struct Alert {
 struct WinState {
     /// (time, record id, distinct value).
     hits: VecDeque<(i64, i64, Option<String>)>,
+    /// How many hits in the window carry each distinct value.
+    distinct: HashMap<String, u32>,
+}
+
+impl WinState {
+    fn pop(&mut self) {
+        if let Some((_, _, Some(v))) = self.hits.pop_front() {
+            if let Some(n) = self.distinct.get_mut(&v) {
+                *n -= 1;
+                if *n == 0 {
+                    self.distinct.remove(&v);
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, hit: (i64, i64, Option<String>)) {
+        if let Some(v) = &hit.2 {
+            *self.distinct.entry(v.clone()).or_default() += 1;
+        }
+        self.hits.push_back(hit);
+    }
 }
 
 pub struct Engine {
     set: Arc<RuleSet>,
-    by_kind: HashMap<String, Vec<usize>>,
-    any_kind: Vec<usize>,
+    /// Rules per record kind (rules that can match any kind included in every list).
+    by_kind: Arc<HashMap<String, Vec<usize>>>,
+    any_kind: Arc<Vec<usize>>,
     procs: HashMap<String, Table>,
     windows: HashMap<(usize, String), WinState>,
     /// Sequences: the first step's newest match (time, record id).
@@ -61,8 +84,8 @@ impl Engine {
     pub fn new(set: Arc<RuleSet>) -> Engine {
         let mut e = Engine {
             set: Arc::new(RuleSet::default()),
-            by_kind: HashMap::new(),
-            any_kind: Vec::new(),
+            by_kind: Arc::default(),
+            any_kind: Arc::default(),
             procs: HashMap::new(),
             windows: HashMap::new(),
             firsts: HashMap::new(),
@@ -74,18 +97,24 @@ impl Engine {
 
     /// Replaces the rules (windows and sequences start over; process tables are kept).
     pub fn set_rules(&mut self, set: Arc<RuleSet>) {
-        self.by_kind.clear();
-        self.any_kind.clear();
+        let mut by_kind: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut any_kind = Vec::new();
         for (i, r) in set.rules.iter().enumerate() {
             match &r.kinds {
                 Some(ks) => {
                     for k in ks {
-                        self.by_kind.entry(k.clone()).or_default().push(i);
+                        by_kind.entry(k.clone()).or_default().push(i);
                     }
                 }
-                None => self.any_kind.push(i),
+                None => any_kind.push(i),
             }
         }
+        for v in by_kind.values_mut() {
+            v.extend(any_kind.iter().copied());
+            v.sort_unstable();
+        }
+        self.by_kind = Arc::new(by_kind);
+        self.any_kind = Arc::new(any_kind);
         self.windows.clear();
         self.firsts.clear();
         self.set = set;
@@ -117,16 +146,9 @@ impl Engine {
         }
         let proc = self.track(ev);
         let set = self.set.clone();
-        let candidates = self
-            .by_kind
-            .get(&ev.kind)
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
-            .iter()
-            .chain(self.any_kind.iter())
-            .copied()
-            .collect::<Vec<usize>>();
-        for i in candidates {
+        let (by_kind, any_kind) = (self.by_kind.clone(), self.any_kind.clone());
+        let candidates = by_kind.get(&ev.kind).unwrap_or(&any_kind);
+        for &i in candidates.iter() {
             let r = &set.rules[i];
             let o = self.effective(r, ev.team.as_deref()).cloned();
             if !o.as_ref().and_then(|o| o.enabled).unwrap_or(r.enabled) {
@@ -164,19 +186,16 @@ impl Engine {
                         .map(|f| first_text(f, ev, p).unwrap_or_default());
                     let st = self.windows.entry((i, key(w.per, ev))).or_default();
                     while st.hits.front().is_some_and(|h| ev.ts_ms - h.0 > within) {
-                        st.hits.pop_front();
+                        st.pop();
                     }
-                    st.hits.push_back((ev.ts_ms, ev.id, value));
+                    st.push((ev.ts_ms, ev.id, value));
                     let n = if w.distinct.is_some() {
-                        let mut vals: Vec<&str> =
-                            st.hits.iter().filter_map(|h| h.2.as_deref()).collect();
-                        vals.sort_unstable();
-                        vals.dedup();
-                        vals.len()
+                        st.distinct.len()
                     } else {
                         st.hits.len()
                     };
                     if n >= count {
+                        st.distinct.clear();
                         let ids: Vec<i64> = st.hits.drain(..).map(|h| h.1).collect();
                         let skip = ids.len().saturating_sub(MAX_RECORD_IDS);
                         Some(ids[skip..].to_vec())
@@ -229,19 +248,10 @@ impl Engine {
                 t.exec(pid, caller_of(ev), &exe, line)
             });
         }
+        // A syscall of a pid not seen exec'ing is known by its name only (`proc.name` reads
+        // the record's `process` then).
         let pid = ev.body.get("pid").and_then(|p| p.as_i64())?;
-        let t = self.procs.get(&ev.sandbox)?;
-        t.get(pid).or_else(|| {
-            // A syscall of a pid not seen exec'ing: known by its name only.
-            (ev.kind == "syscall").then(|| {
-                Arc::new(Proc {
-                    pid: Some(pid),
-                    name: caller_of(ev).to_string(),
-                    cmdline: caller_of(ev).to_string(),
-                    parent: None,
-                })
-            })
-        })
+        self.procs.get(&ev.sandbox)?.get(pid)
     }
 
     /// Drops window state with nothing left in its time.

@@ -256,8 +256,16 @@ pub fn with_values(
             }
             one(json_v(cur), each)
         }
-        Field::ProcName => one(proc.map(|p| V::Str(Cow::Borrowed(&p.name))), each),
-        Field::ProcCmdline => one(proc.map(|p| V::Str(Cow::Borrowed(&p.cmdline))), each),
+        Field::ProcName | Field::ProcCmdline => {
+            let v = match (proc, f) {
+                (Some(p), Field::ProcName) => Some(p.name.as_str()),
+                (Some(p), _) => Some(p.cmdline.as_str()),
+                // A syscall of a process not in the table: its name.
+                (None, _) if ev.kind == "syscall" => str_of(b, "process"),
+                (None, _) => None,
+            };
+            one(v.map(|s| V::Str(Cow::Borrowed(s))), each)
+        }
         Field::ProcExe => {
             let exe = match ev.kind.as_str() {
                 "process" => str_of(b, "cmd"),

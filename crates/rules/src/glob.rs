@@ -9,9 +9,10 @@ enum Tok {
     Class { neg: bool, items: Vec<(char, char)> },
 }
 
-/// A compiled pattern.
+/// A compiled pattern, with its longest literal run (text every match contains: checked
+/// first, so most non-matches cost one substring search).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Glob(Vec<Tok>);
+pub struct Glob(Vec<Tok>, String);
 
 impl Glob {
     pub fn new(pat: &str) -> Glob {
@@ -57,21 +58,49 @@ impl Glob {
                 c => out.push(Tok::Lit(c)),
             }
         }
-        Glob(out)
+        let mut best = String::new();
+        let mut run = String::new();
+        for t in &out {
+            match t {
+                Tok::Lit(c) => run.push(*c),
+                _ => {
+                    if run.len() > best.len() {
+                        best = std::mem::take(&mut run);
+                    }
+                    run.clear();
+                }
+            }
+        }
+        if run.len() > best.len() {
+            best = run;
+        }
+        Glob(out, best)
     }
 
     pub fn matches(&self, s: &str) -> bool {
-        let s: Vec<char> = s.chars().collect();
+        if !s.contains(self.1.as_str()) {
+            return false;
+        }
+        if s.is_ascii() {
+            self.matches_in(s.as_bytes(), |b| b as char)
+        } else {
+            let chars: Vec<char> = s.chars().collect();
+            self.matches_in(&chars, |c| c)
+        }
+    }
+
+    fn matches_in<T: Copy>(&self, s: &[T], ch: impl Fn(T) -> char) -> bool {
         let p = &self.0;
         // Iterative matching with one backtrack point for the last star.
         let (mut pi, mut si) = (0, 0);
         let mut star: Option<(usize, usize)> = None;
         while si < s.len() {
+            let c = ch(s[si]);
             let ok = match p.get(pi) {
-                Some(Tok::Lit(c)) => *c == s[si],
+                Some(Tok::Lit(l)) => *l == c,
                 Some(Tok::Any) => true,
                 Some(Tok::Class { neg, items }) => {
-                    items.iter().any(|(a, b)| (*a..=*b).contains(&s[si])) != *neg
+                    items.iter().any(|(a, b)| (*a..=*b).contains(&c)) != *neg
                 }
                 Some(Tok::Star) => {
                     star = Some((pi, si));
@@ -111,5 +140,10 @@ mod tests {
         assert!(m("*", "") && m("**x", "yyx"));
         assert!(m("[!a]b", "cb") && !m("[!a]b", "ab"));
         assert!(m("a\\*", "a*") && !m("a\\*", "ab"));
+        assert!(m("*/.ssh/id_*", "/home/ü/.ssh/id_rsa"), "non-ASCII input");
+        assert!(!m("*/.ssh/id_*", "/home/ü/.ssh/known"));
+        assert!(m("[à-ÿ]x", "üx"));
+        assert!(m("*/.ssh/id_*", "/home/ü/.ssh/id_rsa"), "non-ASCII input");
+        assert!(!m("*/.ssh/id_*", "/home/ü/.ssh/known"));
     }
 }

@@ -10,10 +10,12 @@
 //!   errors at line and column; the built-in pack ([`ruleset::DEFAULT_PACK`]);
 //! - [`procs`]: per-sandbox process tables (ancestry);
 //! - [`engine`]: evaluation in record order, windows and sequences → [`Alert`]s;
-//! - [`reload`]: a rules file watched for changes (a bad file never replaces a good set).
+//! - [`reload`]: a rules file watched for changes (a bad file never replaces a good set);
+//! - [`bench`]: throughput measurement (`kiln bench rules`).
 //!
 //! See docs/rules.md.
 
+pub mod bench;
 pub mod cond;
 pub mod engine;
 pub mod fields;

@@ -1,10 +1,12 @@
 """Anomaly detection end to end, through the real e2b SDK and real gVisor sandboxes: one
-`kiln serve --rules FILE` (the built-in pack plus one rule whose action is `kill`); attack-like
-command lines raise exactly the expected alerts within seconds (stored, in `GET /events`, on
-the sandbox's audit chain with the triggering record's id, counted in /metrics); the kill
-rule kills its sandbox; ordinary work raises nothing; `kiln rules check` names the line,
-column and reason of a bad file."""
+`kiln serve --rules FILE` (the built-in pack plus rules whose actions are `kill` and
+`deny-network`); attack-like command lines raise exactly the expected alerts within seconds
+(stored, in `GET /events`, on the sandbox's audit chain with the triggering record's id,
+counted in /metrics, found again by `kiln audit scan`); the kill rule kills its sandbox, the
+deny-network rule cuts its egress; ordinary work raises nothing; `kiln rules check` names
+the line, column and reason of a bad file."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +26,13 @@ KILL_RULE = """
   output: "kill marker in %sandbox"
   priority: critical
   action: kill
+
+- rule: test_cut_marker
+  desc: A command line carrying the test's other marker; the sandbox's egress is cut.
+  condition: kind = process and event = start and args contains "kiln-rules-cut-me"
+  output: "cut marker in %sandbox"
+  priority: error
+  action: [alert, deny-network]
 """
 
 TOKEN = "rules-metrics-token"
@@ -119,6 +128,14 @@ def test_attacks_raise_exactly_the_expected_alerts(rules_server):
         text = urllib.request.urlopen(req, timeout=30).read().decode()
         assert 'kiln_alerts_total{rule="reverse_shell_dev_tcp",priority="critical"}' in text
         assert sbx.is_running(), "an alert-only rule leaves the sandbox alone"
+
+        # The stored records replayed through the built-in pack find the same two.
+        env = {**os.environ, "KILN_URL": srv.url, "KILN_API_KEY": srv.api_key}
+        r = subprocess.run([kiln_bin(), "audit", "scan", sbx.sandbox_id, "--rules", "builtin", "--json"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 1, r
+        scanned = sorted(json.loads(line)["rule"] for line in r.stdout.splitlines())
+        assert scanned == ["read_shadow", "reverse_shell_dev_tcp"], r.stdout
     finally:
         sbx.kill()
 
@@ -158,6 +175,30 @@ def test_a_kill_rule_kills_the_sandbox(rules_server):
             sbx.kill()
         except Exception:
             pass
+
+
+def test_a_deny_network_rule_cuts_egress_and_the_sandbox_lives_on(rules_server):
+    srv = rules_server
+    sbx = Sandbox.create(timeout=120, **srv.opts())
+    sid = sbx.sandbox_id
+    try:
+        status, info, _ = srv.request("GET", f"/sandboxes/{sid}")
+        assert info["allowInternetAccess"] is True, info
+        sbx.commands.run("echo kiln-rules-cut-me")
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            status, info, _ = srv.request("GET", f"/sandboxes/{sid}")
+            if info.get("allowInternetAccess") is False:
+                break
+            time.sleep(0.1)
+        assert info["allowInternetAccess"] is False, info
+        assert [a["rule"] for a in alerts(srv, sid)] == ["test_cut_marker"]
+        actions = [r["body"] for r in audit(srv, sid)
+                   if r["kind"] == "lifecycle" and r["body"].get("event") == "rule-action"]
+        assert [(b["action"], b["result"]) for b in actions] == [("deny-network", "ok")], actions
+        assert sbx.commands.run("echo alive").stdout.strip() == "alive"
+    finally:
+        sbx.kill()
 
 
 def test_ordinary_work_raises_no_alert(rules_server):
@@ -201,4 +242,4 @@ def test_rules_check_names_line_and_reason(tmp_path):
     good.write_text(KILL_RULE)
     r = subprocess.run([kiln_bin(), "rules", "check", str(good)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r
-    assert "1 rules" in r.stdout
+    assert "ok: 2 rules" in r.stdout

@@ -10,6 +10,7 @@ mod idle_cpu;
 mod lifecycle;
 mod net;
 mod rich;
+mod rules;
 mod side;
 mod stale;
 mod vmm;
@@ -34,6 +35,8 @@ pub enum Cmd {
     Rich(rich::Args),
     /// kiln-vmm: process start → first guest instruction, snapshot, restore, VMM RSS.
     Vmm(vmm::Args),
+    /// The rule engine: audit records per second through the built-in pack on one core.
+    Rules(rules::Args),
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
@@ -43,6 +46,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     }
     match cmd {
         Cmd::Agent(a) => agent::run(a),
+        Cmd::Rules(a) => rules::run(a),
         Cmd::Audit(a) => audit::run(a),
         Cmd::Create(a) => create::run(a),
         Cmd::Density(a) => density::run(a),
