@@ -1,33 +1,13 @@
-//! Choosing and building the isolation driver from configuration (`--driver`).
+//! Building the isolation driver from configuration (`--driver`). What `auto` resolves to is
+//! [`kiln_host::choose`]'s decision, the one `kiln doctor` reports.
 
 use std::path::Path;
 use std::sync::Arc;
 
+pub use kiln_host::choose::DriverKind;
+use kiln_host::choose::{self, DriverChoice, HostProbe, KvmState};
+
 use super::{gvisor, microvm, Driver, DriverError, Result};
-
-/// Which isolation driver `kiln serve` uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DriverKind {
-    /// What `kiln doctor` recommends for this host.
-    #[default]
-    Auto,
-    Gvisor,
-    Microvm,
-}
-
-impl std::str::FromStr for DriverKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "gvisor" => Ok(Self::Gvisor),
-            "microvm" => Ok(Self::Microvm),
-            other => Err(format!(
-                "unknown driver {other:?}: use gvisor, microvm or auto"
-            )),
-        }
-    }
-}
 
 /// Driver configuration: the choice, plus each driver's own section.
 #[derive(Debug, Clone, Default)]
@@ -37,46 +17,75 @@ pub struct DriverConfig {
     pub microvm: microvm::MicrovmSettings,
 }
 
-/// What `auto` resolves to on this host, and why: the microVM driver only where KVM runs
-/// guest kernel code at hardware speed (the same probe `kiln doctor` runs), else gVisor.
-pub fn recommended() -> (DriverKind, String) {
-    if !Path::new("/dev/kvm").exists() {
-        return (DriverKind::Gvisor, "this host has no /dev/kvm".into());
-    }
-    match kiln_host::kvm::probe() {
-        Ok(p) if p.hardware_speed() => (
-            DriverKind::Microvm,
-            format!(
-                "KVM runs guest kernel code at hardware speed ({})",
-                p.verdict()
-            ),
-        ),
-        Ok(p) => (
-            DriverKind::Gvisor,
-            format!("KVM is not usable for Linux guests here ({})", p.verdict()),
-        ),
-        Err(e) => (DriverKind::Gvisor, format!("the KVM probe failed ({e})")),
+/// This host as [`choose::choose`] sees it: the KVM probe, and the gVisor platform configured
+/// (`kiln serve` picks one that works before it builds the driver).
+pub fn host_probe(cfg: &DriverConfig) -> HostProbe {
+    HostProbe {
+        kvm: KvmState::probe(),
+        gvisor: Ok(cfg
+            .gvisor
+            .platform
+            .clone()
+            .unwrap_or_else(|| "ptrace".into())),
     }
 }
 
 /// Builds the configured driver, its state under `state_dir/<driver>`.
 pub fn build(cfg: &DriverConfig, state_dir: &Path) -> Result<Arc<dyn Driver>> {
-    let kind = match cfg.kind {
-        DriverKind::Auto => {
-            let (kind, why) = recommended();
-            tracing::info!(driver = ?kind, "driver auto: {why}");
-            kind
-        }
-        k => k,
-    };
-    match kind {
-        DriverKind::Gvisor | DriverKind::Auto => gvisor::build(&cfg.gvisor, state_dir),
-        DriverKind::Microvm => microvm::build(&cfg.microvm, state_dir),
+    build_with_probe(cfg, state_dir, || host_probe(cfg))
+}
+
+/// [`build`] with the host seen through `probe` (run only for `auto`); `auto` logs its
+/// decision in one line.
+pub fn build_with_probe(
+    cfg: &DriverConfig,
+    state_dir: &Path,
+    probe: impl FnOnce() -> HostProbe,
+) -> Result<Arc<dyn Driver>> {
+    let c = choose::resolve(cfg.kind, probe).map_err(|reason| DriverError::Unavailable {
+        driver: "auto",
+        reason,
+    })?;
+    if cfg.kind == DriverKind::Auto {
+        tracing::info!(driver = ?c.driver, "driver auto: {}", c.reason);
+    }
+    match c.driver {
+        Some(DriverChoice::Microvm) => microvm::build(&cfg.microvm, state_dir),
+        _ => gvisor::build(&cfg.gvisor, state_dir),
     }
 }
 
 impl From<DriverError> for std::io::Error {
     fn from(e: DriverError) -> Self {
         std::io::Error::other(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `auto` on a host whose KVM runs at hardware speed builds the gVisor driver (the microvm
+    /// driver would refuse to start).
+    #[test]
+    fn auto_on_hardware_kvm_builds_gvisor() {
+        let state = tempfile::Builder::new()
+            .prefix("kf")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let cfg = DriverConfig::default();
+        let d = build_with_probe(&cfg, state.path(), || HostProbe {
+            kvm: KvmState::HardwareSpeed("hardware speed (faked)".into()),
+            gvisor: Ok("systrap".into()),
+        })
+        .unwrap();
+        assert_eq!(d.name(), "gvisor");
+        let e = build_with_probe(&cfg, state.path(), || HostProbe {
+            kvm: KvmState::HardwareSpeed("hardware speed (faked)".into()),
+            gvisor: Err("runsc is missing".into()),
+        })
+        .err()
+        .expect("nothing works: a refusal");
+        assert!(e.to_string().contains("runsc is missing"), "{e}");
     }
 }
