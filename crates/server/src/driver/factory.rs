@@ -55,12 +55,6 @@ pub fn build_with_probe(
     }
 }
 
-impl From<DriverError> for std::io::Error {
-    fn from(e: DriverError) -> Self {
-        std::io::Error::other(e.to_string())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

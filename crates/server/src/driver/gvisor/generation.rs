@@ -125,7 +125,7 @@ pub async fn retire(runsc: &Runsc, dir: &Path, cid: &str, pids: &[reap::Process]
 }
 
 /// Fork parents whose continuation waits, by sandbox id (see
-/// [`crate::driver::Driver::capture_for_fork`]): dropping the sender lets it go on.
+/// [`crate::driver::Checkpoint::capture_for_fork`]): dropping the sender lets it go on.
 pub(super) type HoldMap = std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>;
 pub(super) type Holds = std::sync::Mutex<HoldMap>;
 

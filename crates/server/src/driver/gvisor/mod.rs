@@ -63,7 +63,8 @@ pub use reap::reap_adopted_zombies;
 pub use runsc::Runsc;
 
 use super::{
-    io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
+    io_err, BoxIo, Checkpoint, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats,
+    SnapshotRef,
 };
 pub use console::tail;
 use container::{halt_container, AgentSocket, RunDirs};
@@ -150,7 +151,7 @@ pub struct GvisorDriver {
     /// container id (see [`generation`]).
     retiring: settle::Settling,
     /// Fork parents whose continuation waits for their children (see
-    /// [`Driver::capture_for_fork`]): dropping the sender lets it go on.
+    /// [`Checkpoint::capture_for_fork`]): dropping the sender lets it go on.
     holds: generation::Holds,
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
     slack: Option<slack::SentrySlack>,
@@ -337,44 +338,6 @@ impl Driver for GvisorDriver {
         let r = self.remove_files(id);
         self.gc_layers();
         r
-    }
-
-    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
-        self.pause_sandbox(id, memory).await
-    }
-
-    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
-        self.resume_sandbox(id, memory).await
-    }
-
-    async fn is_paused(&self, id: &str) -> Result<bool> {
-        Ok(self.paused_on_host(id))
-    }
-
-    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
-        self.take_snapshot(id, snapshot, memory, None).await
-    }
-
-    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.holds_map().insert(id.to_string(), tx);
-        let r = self.take_snapshot(id, snapshot, true, Some(rx)).await;
-        if r.is_err() {
-            self.holds_map().remove(id);
-        }
-        r
-    }
-
-    fn release_source(&self, id: &str) {
-        self.holds_map().remove(id);
-    }
-
-    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
-        self.restore_snapshot(snapshot, spec).await
-    }
-
-    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
-        self.remove_snapshot(snapshot)
     }
 
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
@@ -576,6 +539,51 @@ impl Driver for GvisorDriver {
 
     fn set_syscall_observer(&self, o: crate::driver::SyscallObserver) {
         let _ = self.syscalls.set(o);
+    }
+
+    fn checkpoint(&self) -> Option<&dyn Checkpoint> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Checkpoint for GvisorDriver {
+    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        self.pause_sandbox(id, memory).await
+    }
+
+    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
+        self.resume_sandbox(id, memory).await
+    }
+
+    async fn is_paused(&self, id: &str) -> Result<bool> {
+        Ok(self.paused_on_host(id))
+    }
+
+    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
+        self.take_snapshot(id, snapshot, memory, None).await
+    }
+
+    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.holds_map().insert(id.to_string(), tx);
+        let r = self.take_snapshot(id, snapshot, true, Some(rx)).await;
+        if r.is_err() {
+            self.holds_map().remove(id);
+        }
+        r
+    }
+
+    fn release_source(&self, id: &str) {
+        self.holds_map().remove(id);
+    }
+
+    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
+        self.restore_snapshot(snapshot, spec).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
+        self.remove_snapshot(snapshot)
     }
 }
 
