@@ -9,6 +9,7 @@ mod audit;
 mod bench;
 mod client;
 mod doctor;
+mod drivers;
 mod keys;
 mod observe;
 mod runtime;

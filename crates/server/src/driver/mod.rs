@@ -1,10 +1,6 @@
 //! Isolation drivers as the server sees them: kiln-driver's traits and types (the [`Driver`]
 //! core, its [`Checkpoint`] side, [`SandboxSpec`], [`DriverError`] …), re-exported so that
-//! `kiln_server::driver::…` names them. [`factory::build`] picks the driver from configuration.
+//! `kiln_server::driver::…` names them. The server never names a driver: the binary builds one
+//! and hands it to [`crate::Server::prepare`].
 
-pub mod factory;
-pub mod gvisor;
-pub mod microvm;
-
-pub use factory::{build, DriverConfig, DriverKind};
 pub use kiln_driver::*;

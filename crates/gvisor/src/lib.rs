@@ -1,4 +1,5 @@
-//! The gVisor driver: one `runsc` container per sandbox.
+//! kiln-gvisor: the gVisor driver, one `runsc` container per sandbox, behind kiln-driver's
+//! [`Driver`] and [`Checkpoint`] traits (the binary builds it with [`build`]).
 //!
 //! Per sandbox, under `<state>/gvisor/sandboxes/<id>/`:
 //! - `upper/`, `work/`: the writable layer of a host overlayfs mounted at `rootfs/`, whose lower
@@ -24,8 +25,6 @@
 //! [`reap`] (host processes), [`checkpoint`] (pause, resume), [`snapshot`], [`generation`] (the
 //! runsc container id, which changes with each restore); the rest: the README's crate map.
 
-pub mod bench;
-pub mod bench_lifecycle;
 mod checkpoint;
 mod console;
 mod container;
@@ -62,12 +61,15 @@ pub use oci::oci_spec;
 pub use reap::reap_adopted_zombies;
 pub use runsc::Runsc;
 
-use super::{
+pub use console::tail;
+pub use container::halt_container;
+use container::{AgentSocket, RunDirs};
+/// The driver seam, under the name this crate's modules use (`crate::driver::…`).
+use kiln_driver as driver;
+use kiln_driver::{
     io_err, BoxIo, Checkpoint, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats,
     SnapshotRef,
 };
-pub use console::tail;
-use container::{halt_container, AgentSocket, RunDirs};
 pub use oci::cgroup_memory_limit;
 
 /// Path of the agent binary inside every template.
@@ -254,7 +256,7 @@ impl GvisorDriver {
 
     /// Whether runsc must start (or restore) sandbox `id` with the `/proc/sys/net`
     /// workaround: only when it has a network slot and the probe says this runsc needs it.
-    pub(super) async fn sysctl_workaround(&self, id: &str) -> bool {
+    pub(crate) async fn sysctl_workaround(&self, id: &str) -> bool {
         match &self.net {
             Some(net) => match net.sandbox_ns(id).await {
                 Some(ns) => net.needs_sysctl_workaround(&ns).await,
@@ -266,7 +268,7 @@ impl GvisorDriver {
 
     /// Gets sandbox `id`'s own network slot ready for a restore into it (a paused sandbox
     /// resuming, a snapshot's source continuing); returns whether runsc needs the workaround.
-    pub(super) async fn prepare_restore(&self, id: &str) -> Result<bool> {
+    pub(crate) async fn prepare_restore(&self, id: &str) -> Result<bool> {
         if let Some(net) = &self.net {
             net.readdress(id).await?;
         }

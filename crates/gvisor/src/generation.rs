@@ -131,7 +131,7 @@ pub(super) type Holds = std::sync::Mutex<HoldMap>;
 
 impl GvisorDriver {
     /// The runsc container currently running (or last to run) sandbox `id`.
-    pub(super) fn cid(&self, id: &str) -> String {
+    pub fn cid(&self, id: &str) -> String {
         container_id(id, current(&self.sandbox_dir(id)))
     }
 

@@ -1,7 +1,7 @@
-//! The `microvm` driver (kiln-vmm): settings and the availability check. kiln-vmm boots and
+//! kiln-microvm: the `microvm` driver (kiln-vmm): settings and the availability check. kiln-vmm boots and
 //! snapshots the project's test guests (crates/vmm), but serving sandboxes from it needs a
 //! host whose KVM runs guest kernel code at hardware speed and the driver's wiring (vsock
-//! CONNECT for [`super::Driver::connect`], the template's ext4 image as the root disk). Until
+//! CONNECT for [`Driver::connect`], the template's ext4 image as the root disk). Until
 //! then it refuses with [`kiln_host::choose::microvm_readiness`]'s reason, the one `kiln doctor`
 //! gives.
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use kiln_host::choose::{microvm_readiness, KvmState};
 
-use super::{Driver, DriverError, Result};
+use kiln_driver::{Driver, DriverError, Result};
 
 /// Settings of the microVM driver (`[microvm]` section).
 #[derive(Debug, Clone, Default)]
