@@ -60,7 +60,8 @@ pub enum KvmState {
     Absent,
     /// KVM runs guest kernel code at hardware speed (the probe's verdict).
     HardwareSpeed(String),
-    /// KVM works, far below hardware speed (nested without acceleration; the verdict).
+    /// KVM works, far below hardware speed (nested without acceleration; the probe's verdict,
+    /// which says so).
     Emulated(String),
     /// The probe did not tell (it failed or was skipped: why).
     Unknown(String),
@@ -100,8 +101,7 @@ pub fn microvm_readiness(kvm: &KvmState) -> Result<(), String> {
     match kvm {
         KvmState::Absent => Err("there is no /dev/kvm".into()),
         KvmState::Emulated(v) => Err(format!(
-            "KVM is not usable for Linux guests: it runs guest kernel code far below hardware \
-             speed here ({v}), so a Linux guest cannot boot"
+            "KVM is not usable for Linux guests: {v}, so a Linux guest cannot boot"
         )),
         KvmState::Unknown(why) => Err(format!(
             "KVM is not usable for Linux guests: its speed is unknown ({why})"
