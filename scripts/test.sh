@@ -23,6 +23,7 @@ install_packages chromium:chromium
 say "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+scripts/check-deps.sh
 
 say "building the workspace"
 cargo build --workspace --all-targets

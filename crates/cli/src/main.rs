@@ -10,6 +10,7 @@ mod bench;
 mod client;
 mod completions;
 mod doctor;
+mod drivers;
 mod keys;
 mod mcp;
 mod observe;

@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use kiln_gvisor::net_config::{resolve, NetOptions, NetSetup};
 use kiln_host::runsc::{self, platform};
-use kiln_server::driver::gvisor::net_config::{resolve, NetOptions, NetSetup};
 use kiln_server::templates::{self, Templates};
-use kiln_server::{LifecycleConfig, Server, ServerConfig};
+use kiln_server::{LifecycleConfig, ServerConfig};
+
+use crate::drivers::{DriverConfig, DriverKind, ServerSetup};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -33,7 +35,7 @@ pub struct Args {
     state_dir: Option<PathBuf>,
     /// Isolation driver: gvisor, microvm, or auto (what `kiln doctor` recommends here).
     #[arg(long, env = "KILN_DRIVER", default_value = "auto")]
-    driver: kiln_server::DriverKind,
+    driver: DriverKind,
     /// gVisor platform (systrap, kvm, ptrace). Default: the fastest that works here, as
     /// `kiln doctor` reports it.
     #[arg(long, env = "KILN_PLATFORM")]
@@ -303,25 +305,25 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let network = rt.block_on(network_config(&a.net, &state_dir))?;
     let sandbox_ranges: Vec<kiln_net::Cidr> = network.iter().map(|n| n.range).collect();
+    let driver = {
+        let mut d = DriverConfig {
+            kind: a.driver,
+            ..Default::default()
+        };
+        d.gvisor.platform = Some(platform);
+        d.gvisor.runsc = Some(runsc.path.clone());
+        d.gvisor.ignore_cgroups = a.ignore_cgroups;
+        d.gvisor.network = network;
+        d.gvisor.timer_slack = a
+            .sentry_timer_slack_ms
+            .map(|ms| secs(ms / 1000.0, "--sentry-timer-slack-ms"))
+            .transpose()?;
+        d
+    };
     let cfg = ServerConfig {
         listen: a.listen,
         domain: a.domain.clone(),
         state_dir: state_dir.clone(),
-        driver: {
-            let mut d = kiln_server::DriverConfig {
-                kind: a.driver,
-                ..Default::default()
-            };
-            d.gvisor.platform = Some(platform);
-            d.gvisor.runsc = Some(runsc.path.clone());
-            d.gvisor.ignore_cgroups = a.ignore_cgroups;
-            d.gvisor.network = network;
-            d.gvisor.timer_slack = a
-                .sentry_timer_slack_ms
-                .map(|ms| secs(ms / 1000.0, "--sentry-timer-slack-ms"))
-                .transpose()?;
-            d
-        },
         lifecycle: LifecycleConfig {
             default_timeout_secs: a.default_timeout,
             max_timeout_secs: a.max_timeout,
@@ -369,7 +371,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     let rules = a.rules.clone();
     rt.block_on(async move {
-        let server = Server::prepare(cfg.clone(), templates).await?;
+        let setup = ServerSetup {
+            server: cfg.clone(),
+            driver,
+        };
+        let server = setup.prepare(templates).await?;
         if let Some(src) = kiln_server::alerts::RulesSource::parse(&rules) {
             if cfg.audit.enabled {
                 let db = cfg.state_dir.join("kiln.db");

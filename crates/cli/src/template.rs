@@ -190,10 +190,9 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
         }
         Cmd::Gc { keep } => {
             // Versions the server's sandboxes (running, paused) and snapshots stack on stay.
-            let gvisor = kiln_host::paths::state_dir().join("gvisor");
-            let refs = kiln_server::driver::gvisor::in_use::references(&gvisor);
+            let refs = crate::drivers::TemplateRefs::of_state(&kiln_host::paths::state_dir());
             let in_use = |d: &std::path::Path| {
-                let used = kiln_server::driver::gvisor::in_use::is_referenced(&refs, d);
+                let used = refs.uses(d);
                 if used {
                     println!("kept {} (sandboxes or snapshots use it)", d.display());
                 }

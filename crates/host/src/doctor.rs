@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::choose::{self, HostProbe, KvmState};
 use crate::kvm::{self, KvmProbe};
 use crate::prereq;
 use crate::runsc::{self, platform};
@@ -17,12 +18,7 @@ use platform::run_with_timeout;
 /// Free space below which the cache dir is reported as a problem.
 pub const MIN_FREE_BYTES: u64 = 2 << 30;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DriverChoice {
-    Microvm,
-    Gvisor,
-}
+pub use crate::choose::DriverChoice;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
@@ -369,35 +365,28 @@ fn network_check(checks: &[Check]) -> Check {
     }
 }
 
-/// Picks the default driver: microvm only at hardware KVM speed, else gvisor, else none.
-pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<DriverChoice>, String) {
-    if kvm.hardware_speed {
-        return (
-            Some(DriverChoice::Microvm),
-            format!(
-                "KVM runs guest kernel code at hardware speed ({})",
-                kvm.detail
-            ),
-        );
-    }
-    let kvm_why = if kvm.present {
-        format!("KVM is not usable for Linux guests: {}", kvm.detail)
-    } else {
-        "no /dev/kvm".to_string()
+/// What the report saw, as the probe [`choose::choose`] looks at.
+pub fn host_probe(kvm: &KvmReport, runsc: &RunscReport) -> HostProbe {
+    let kvm = match (kvm.present, kvm.hardware_speed, kvm.probe.is_some()) {
+        (false, _, _) => KvmState::Absent,
+        (true, true, _) => KvmState::HardwareSpeed(kvm.detail.clone()),
+        (true, false, true) => KvmState::Emulated(kvm.detail.clone()),
+        (true, false, false) => KvmState::Unknown(kvm.detail.clone()),
     };
-    if let Some(p) = runsc.working_platforms.first() {
-        return (
-            Some(DriverChoice::Gvisor),
-            format!("{kvm_why}; gVisor works with --platform={p}"),
-        );
+    HostProbe {
+        kvm,
+        gvisor: runsc
+            .working_platforms
+            .first()
+            .cloned()
+            .ok_or_else(|| runsc.detail.clone()),
     }
-    (
-        None,
-        format!(
-            "{kvm_why}; and gVisor cannot run ({}). Get runsc with `kiln runtime ensure` on a host that allows it",
-            runsc.detail
-        ),
-    )
+}
+
+/// The default driver ([`choose::choose`] over what the report saw), or none, and why.
+pub fn choose_driver(kvm: &KvmReport, runsc: &RunscReport) -> (Option<DriverChoice>, String) {
+    let c = choose::choose(&host_probe(kvm, runsc));
+    (c.driver, c.reason)
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -544,10 +533,11 @@ mod tests {
 
     #[test]
     fn driver_choice() {
-        assert_eq!(
-            choose_driver(&kvm(true, true), &runsc(&[])).0,
-            Some(DriverChoice::Microvm)
-        );
+        // Hardware-speed KVM: gVisor while the microvm driver cannot boot Linux guests.
+        let (d, why) = choose_driver(&kvm(true, true), &runsc(&["systrap"]));
+        assert_eq!(d, Some(DriverChoice::Gvisor));
+        assert!(why.contains("microvm") && why.contains("systrap"), "{why}");
+        assert_eq!(choose_driver(&kvm(true, true), &runsc(&[])).0, None);
         let (d, why) = choose_driver(&kvm(true, false), &runsc(&["ptrace"]));
         assert_eq!(d, Some(DriverChoice::Gvisor));
         assert!(

@@ -6,10 +6,12 @@
 //! - [`capacity`]: how many more sandboxes the host's limits allow.
 //! - [`apt_sources`]: the Debian mirror the host's own apt sources use (`KILN_DEBIAN_MIRROR` overrides).
 //! - [`runsc`]: which runsc kiln runs, fetching a recent one from bookworm-backports, platforms.
+//! - [`choose`]: the one choice of isolation driver, shared by `kiln doctor` and `kiln serve`.
 //! - [`doctor`]: the `kiln doctor` report built from all of the above.
 
 pub mod apt_sources;
 pub mod capacity;
+pub mod choose;
 pub mod doctor;
 pub mod kvm;
 pub mod paths;

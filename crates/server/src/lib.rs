@@ -5,7 +5,8 @@
 //!   [`proxy`] that forwards sandbox-addressed traffic ([`routing`]) into each sandbox;
 //! - [`manager`]: sandbox lifecycle (create, timeouts, kill, recovery after a restart) — the
 //!   only thing handlers call;
-//! - [`driver`]: isolation drivers behind one trait, chosen by [`driver::factory`];
+//! - [`driver`]: the isolation seam (kiln-driver's traits); the binary builds the driver and
+//!   hands it to [`Server::prepare`];
 //! - [`store`]: state behind the [`store::StateStore`] trait (SQLite); [`auth`]: API keys;
 //! - [`error`]: the typed error that travels from driver to API.
 
@@ -31,7 +32,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use api::{ApiError, ApiErrorBody};
-pub use driver::{DriverConfig, DriverKind};
 pub use error::Error;
 pub use manager::{LifecycleConfig, LifecycleEvent, Manager};
 
@@ -46,8 +46,6 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub domain: String,
     pub state_dir: PathBuf,
-    /// The isolation driver and its own settings.
-    pub driver: DriverConfig,
     pub lifecycle: LifecycleConfig,
     /// Bearer token of the Prometheus `/metrics` endpoint (None: the endpoint answers 404).
     pub metrics_token: Option<String>,
@@ -131,9 +129,11 @@ pub struct Server {
 
 impl Server {
     /// Opens the state, binds the listener, and starts recovering sandboxes from a previous
-    /// run in the background (so it listens at once, whatever their number).
+    /// run in the background (so it listens at once, whatever their number); sandboxes run on
+    /// `driver`, whose state lives under `cfg.state_dir`.
     pub async fn prepare(
         cfg: ServerConfig,
+        driver: Arc<dyn driver::Driver>,
         templates: Arc<dyn templates::Templates>,
     ) -> Result<Self, ServerError> {
         prepare_state_dir(&cfg.state_dir)?;
@@ -154,16 +154,6 @@ impl Server {
                 None
             }
         };
-        let (mut dcfg, dir) = (cfg.driver.clone(), cfg.state_dir.clone());
-        // Audited connections all pass the egress proxy, which records them.
-        if let Some(n) = dcfg.gvisor.network.as_mut() {
-            n.proxy_all_tcp = cfg.audit.enabled;
-        }
-        let driver = tokio::task::spawn_blocking(move || driver::build(&dcfg, &dir))
-            .await
-            .map_err(|e| {
-                ServerError::Driver(driver::DriverError::Other(format!("driver setup: {e}")))
-            })??;
         let manager = Manager::new(cfg.lifecycle.clone(), store, driver, templates);
         manager.set_audit(audit::AuditLog::open(
             &cfg.state_dir.join("kiln.db"),

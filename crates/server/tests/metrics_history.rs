@@ -80,7 +80,6 @@ fn server_config(state: &std::path::Path, cap: usize) -> ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         domain: "kiln.test".into(),
         state_dir: state.to_path_buf(),
-        driver: common::driver_config(),
         lifecycle: LifecycleConfig {
             default_memory_mb: 256,
             metrics_interval: Duration::from_millis(100),
@@ -117,9 +116,13 @@ async fn history_survives_a_restart_bounded_and_goes_with_the_sandbox() {
     const CAP: usize = 6;
 
     // The first server: a live sandbox, one paused after some samples, one killed.
-    let s1 = Server::prepare(server_config(state.path(), CAP), templates.clone())
-        .await
-        .expect("prepare");
+    let s1 = Server::prepare(
+        server_config(state.path(), CAP),
+        common::driver(state.path()),
+        templates.clone(),
+    )
+    .await
+    .expect("prepare");
     s1.recovery.done().await.expect("recovery");
     let m1 = s1.manager.clone();
     let sampler = m1.spawn_sampler();
@@ -160,9 +163,13 @@ async fn history_survives_a_restart_bounded_and_goes_with_the_sandbox() {
     drop(s1);
     drop(m1);
 
-    let s2 = Server::prepare(server_config(state.path(), CAP), templates.clone())
-        .await
-        .expect("prepare again");
+    let s2 = Server::prepare(
+        server_config(state.path(), CAP),
+        common::driver(state.path()),
+        templates.clone(),
+    )
+    .await
+    .expect("prepare again");
     s2.recovery.done().await.expect("recovery");
     let m2 = s2.manager.clone();
     let after_live = m2.metrics_window(&live.id, None, Some(cut)).await.unwrap();

@@ -12,8 +12,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_server::driver::gvisor::net_config::prefix_for_state;
-use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
+use kiln_gvisor::net_config::prefix_for_state;
+use kiln_gvisor::{GvisorConfig, GvisorDriver};
 use kiln_server::driver::{Driver, DriverError};
 use kiln_server::manager::CreateParams;
 use kiln_server::templates::{from_dir, FixedTemplates};

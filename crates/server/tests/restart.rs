@@ -47,12 +47,12 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             listen: "127.0.0.1:0".parse().unwrap(),
             domain: "kiln.test".into(),
             state_dir: state.path().to_path_buf(),
-            driver: common::driver_config(),
             lifecycle: lifecycle(),
             metrics_token: None,
             edge: Default::default(),
             audit: Default::default(),
         },
+        common::driver(state.path()),
         templates.clone(),
     )
     .await

@@ -8,7 +8,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kiln_server::driver;
 use kiln_server::templates::{from_dir, FixedTemplates};
 use kiln_server::LifecycleConfig;
 
@@ -36,7 +35,7 @@ async fn sampling_spawns_no_runsc() {
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut cfg = common::driver_config();
     cfg.gvisor.runsc = Some(wrapper);
-    let driver = driver::build(&cfg, state.path()).expect("building the driver");
+    let driver = common::build_driver(&cfg, state.path());
     let cleanup = common::Cleanup::new(driver.clone());
     let m = common::manager(
         state.path(),

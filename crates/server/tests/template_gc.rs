@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use kiln_server::driver::gvisor::in_use;
+use kiln_gvisor::in_use;
 use kiln_template::{Store, Template};
 
 /// Publishes version `key` of template `t` in the store at `root` by hand (the minimal rootfs

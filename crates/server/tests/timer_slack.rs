@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use kiln_envd::RunOptions;
+use kiln_gvisor::slack::{host_tasks, slack_of};
 use kiln_server::driver;
-use kiln_server::driver::gvisor::slack::{host_tasks, slack_of};
 
 const SLACK: Duration = Duration::from_millis(7);
 
@@ -20,7 +20,7 @@ async fn housekeeping_sets_the_timer_slack_of_every_host_task() {
     let state = common::state_dir();
     let mut cfg = common::driver_config();
     cfg.gvisor.timer_slack = Some(SLACK);
-    let driver = driver::build(&cfg, state.path()).expect("building the driver");
+    let driver = common::build_driver(&cfg, state.path());
     let id = format!("slack{}", std::process::id());
     let guard = common::Cleanup::new(driver.clone());
     guard.add(&id);

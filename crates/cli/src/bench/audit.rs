@@ -15,14 +15,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::create_bench::percentiles;
 use anyhow::Context;
 use kiln_envd::{EnvdClient, ProcessEvent};
 use kiln_proto::process as pb;
 use kiln_server::audit::AuditConfig;
-use kiln_server::driver::gvisor::bench::percentiles;
 use kiln_server::manager::CreateParams;
 use kiln_server::store::SandboxRecord;
-use kiln_server::{DriverConfig, Manager, Server};
+use kiln_server::Manager;
+
+use crate::drivers::DriverConfig;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -178,7 +180,7 @@ async fn start_sides(
             _ => Some(kiln_net::NetConfig {
                 range: range.parse()?,
                 pool_size: 1,
-                prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(&dir),
+                prefix: kiln_gvisor::net_config::prefix_for_state(&dir),
                 operator_allow: Vec::new(),
                 dns_upstreams: Vec::new(),
                 max_connections: 0,
@@ -192,7 +194,7 @@ async fn start_sides(
             ..Default::default()
         };
         let cfg = super::server_config(&dir, driver, audit)?;
-        let server = Server::prepare(cfg, templates.clone()).await?;
+        let server = cfg.prepare(templates.clone()).await?;
         let manager = server.manager.clone();
         managers
             .lock()

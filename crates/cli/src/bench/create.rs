@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::create_bench::{create_bench, CreateBenchOptions};
 use anyhow::Context;
-use kiln_server::driver::gvisor::bench::{create_bench, CreateBenchOptions};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -88,8 +88,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .block_on(create_bench(&opts, templates))
         .map_err(|e| anyhow::anyhow!(e))?;
     let row = |name: &str,
-               p: &kiln_server::driver::gvisor::bench::Percentiles,
-               base: Option<&kiln_server::driver::gvisor::bench::Percentiles>| {
+               p: &super::create_bench::Percentiles,
+               base: Option<&super::create_bench::Percentiles>| {
         let ratio = base
             .map(|b| format!("{:>5.2}x", p.p50_ms / b.p50_ms))
             .unwrap_or_else(|| "     -".into());
@@ -148,7 +148,7 @@ fn default_old_runsc() -> Option<PathBuf> {
     }
 }
 
-fn print_workload(w: &[kiln_server::driver::gvisor::bench::WorkloadResult]) {
+fn print_workload(w: &[super::create_bench::WorkloadResult]) {
     if w.is_empty() {
         return;
     }
@@ -165,8 +165,8 @@ fn print_workload(w: &[kiln_server::driver::gvisor::bench::WorkloadResult]) {
     }
     let find = |r: &str, p: &str| w.iter().find(|x| x.runsc == r && x.platform == p);
     let ratio = |name: &str,
-                 a: Option<&kiln_server::driver::gvisor::bench::WorkloadResult>,
-                 b: Option<&kiln_server::driver::gvisor::bench::WorkloadResult>| {
+                 a: Option<&super::create_bench::WorkloadResult>,
+                 b: Option<&super::create_bench::WorkloadResult>| {
         if let (Some(a), Some(b)) = (a, b) {
             println!(
                 "  ratio {name:<34} fork+exec {:>5.2}x   python {:>5.2}x",

@@ -11,10 +11,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::create_bench::{percentiles, Percentiles};
 use anyhow::Context;
-use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
 use kiln_server::manager::CreateParams;
-use kiln_server::{Manager, Server, ServerConfig};
+use kiln_server::Manager;
+
+use crate::drivers::ServerSetup;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -93,7 +95,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Runtime::new()?;
     let root = work.path().to_path_buf();
     let code = rt.block_on(async move {
-        let server = Server::prepare(cfg.clone(), templates.clone()).await?;
+        let server = cfg.clone().prepare(templates.clone()).await?;
         let m = server.manager.clone();
         // What `kiln serve` runs beside the API: the metrics sampler and the dead-runtime
         // watcher (whose upkeep also applies --timer-slack-ms), so their cost is measured.
@@ -290,14 +292,14 @@ async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Result<Percent
 async fn restart_and_kill(
     a: &Args,
     old: Arc<Manager>,
-    cfg: ServerConfig,
+    cfg: ServerSetup,
     templates: Arc<dyn kiln_server::templates::Templates>,
     root: &Path,
 ) -> anyhow::Result<()> {
     let live = old.list().len();
     drop(old);
     let t = Instant::now();
-    let server = Server::prepare(cfg, templates).await?;
+    let server = cfg.prepare(templates).await?;
     let listening = t.elapsed();
     let report = server.recovery.done().await.map_err(anyhow::Error::msg)?;
     let adopted = t.elapsed();

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::create_bench::Percentiles;
+use super::lifecycle_bench::{lifecycle_bench, LifecycleBenchOptions};
 use anyhow::Context;
-use kiln_server::driver::gvisor::bench::Percentiles;
-use kiln_server::driver::gvisor::bench_lifecycle::{lifecycle_bench, LifecycleBenchOptions};
 
 #[derive(clap::Args)]
 pub struct Args {

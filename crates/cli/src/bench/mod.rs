@@ -5,9 +5,11 @@ mod agent;
 mod audit;
 mod audit_egress;
 mod create;
+mod create_bench;
 mod density;
 mod idle_cpu;
 mod lifecycle;
+mod lifecycle_bench;
 mod net;
 mod rich;
 mod rules;
@@ -81,7 +83,7 @@ pub(crate) fn runtime(
 pub(crate) struct ServerBench {
     pub templates: std::sync::Arc<dyn kiln_server::templates::Templates>,
     pub work: tempfile::TempDir,
-    pub driver: kiln_server::DriverConfig,
+    pub driver: crate::drivers::DriverConfig,
     pub platform: String,
 }
 
@@ -102,8 +104,8 @@ pub(crate) fn server_bench(
         .prefix(prefix)
         .rand_bytes(4)
         .tempdir_in(&base)?;
-    let mut driver = kiln_server::DriverConfig {
-        kind: kiln_server::DriverKind::Gvisor,
+    let mut driver = crate::drivers::DriverConfig {
+        kind: crate::drivers::DriverKind::Gvisor,
         ..Default::default()
     };
     driver.gvisor.runsc = Some(runsc);
@@ -120,14 +122,13 @@ pub(crate) fn server_bench(
 /// ephemeral loopback port, admission measuring `dir`'s disk, defaults otherwise.
 pub(crate) fn server_config(
     dir: &std::path::Path,
-    driver: kiln_server::DriverConfig,
+    driver: crate::drivers::DriverConfig,
     audit: kiln_server::audit::AuditConfig,
-) -> anyhow::Result<kiln_server::ServerConfig> {
-    Ok(kiln_server::ServerConfig {
+) -> anyhow::Result<crate::drivers::ServerSetup> {
+    let server = kiln_server::ServerConfig {
         listen: "127.0.0.1:0".parse()?,
         domain: kiln_server::DEFAULT_DOMAIN.into(),
         state_dir: dir.to_path_buf(),
-        driver,
         lifecycle: kiln_server::LifecycleConfig {
             admission: kiln_server::manager::AdmissionConfig {
                 state_dir: Some(dir.to_path_buf()),
@@ -138,5 +139,6 @@ pub(crate) fn server_config(
         metrics_token: None,
         edge: Default::default(),
         audit,
-    })
+    };
+    Ok(crate::drivers::ServerSetup { server, driver })
 }

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::create_bench::{percentiles, Percentiles};
 use anyhow::{anyhow, bail, Context};
-use kiln_server::driver::gvisor::bench::{percentiles, Percentiles};
 use kiln_server::templates::Templates;
 
 use super::side::{params, side, Net, Side};

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::bail;
-use kiln_server::driver::gvisor::{GvisorConfig, GvisorDriver};
+use kiln_gvisor::{GvisorConfig, GvisorDriver};
 use kiln_server::driver::Driver;
 use kiln_server::manager::CreateParams;
 use kiln_server::store::SqliteStore;
@@ -48,7 +48,7 @@ pub(crate) fn side(
         cfg.network = Some(kiln_net::NetConfig {
             range: n.range.parse()?,
             pool_size: n.pool_size,
-            prefix: kiln_server::driver::gvisor::net_config::prefix_for_state(dir.path()),
+            prefix: kiln_gvisor::net_config::prefix_for_state(dir.path()),
             operator_allow: Vec::new(),
             dns_upstreams: kiln_net::dns::system_resolvers(),
             max_connections: 0,

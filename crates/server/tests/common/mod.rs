@@ -146,7 +146,7 @@ use axum::body::Body;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use kiln_server::api::{self, ApiConfig, AppState};
-use kiln_server::driver::{self, Driver, DriverConfig, DriverKind};
+use kiln_server::driver::Driver;
 use kiln_server::store::{SqliteStore, StateStore};
 use kiln_server::templates::Templates;
 use kiln_server::{LifecycleConfig, Manager};
@@ -162,21 +162,30 @@ pub fn state_dir() -> tempfile::TempDir {
         .unwrap()
 }
 
-/// The driver configuration tests use: the gVisor driver, with `KILN_RUNSC` and
-/// `KILN_PLATFORM` when set (scripts/test.sh sets them to the runtime kiln installs).
+/// The driver configuration tests use: the gVisor driver's settings (the server never names
+/// a driver; the tests build one as the binary does).
+#[derive(Debug, Clone, Default)]
+pub struct DriverConfig {
+    pub gvisor: kiln_gvisor::GvisorSettings,
+}
+
+/// The gVisor driver, with `KILN_RUNSC` and `KILN_PLATFORM` when set (scripts/test.sh sets them
+/// to the runtime kiln installs).
 pub fn driver_config() -> DriverConfig {
-    let mut cfg = DriverConfig {
-        kind: DriverKind::Gvisor,
-        ..DriverConfig::default()
-    };
+    let mut cfg = DriverConfig::default();
     cfg.gvisor.runsc = std::env::var_os("KILN_RUNSC").map(PathBuf::from);
     cfg.gvisor.platform = std::env::var("KILN_PLATFORM").ok();
     cfg
 }
 
+/// The driver `cfg` describes, its state under `state`.
+pub fn build_driver(cfg: &DriverConfig, state: &Path) -> Arc<dyn Driver> {
+    kiln_gvisor::build(&cfg.gvisor, state).expect("building the driver")
+}
+
 /// The driver of a test server whose state lives in `state`.
 pub fn driver(state: &Path) -> Arc<dyn Driver> {
-    driver::build(&driver_config(), state).expect("building the driver")
+    build_driver(&driver_config(), state)
 }
 
 pub fn store(state: &Path) -> Arc<dyn StateStore> {

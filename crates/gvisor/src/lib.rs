@@ -1,4 +1,5 @@
-//! The gVisor driver: one `runsc` container per sandbox.
+//! kiln-gvisor: the gVisor driver, one `runsc` container per sandbox, behind kiln-driver's
+//! [`Driver`] and [`Checkpoint`] traits (the binary builds it with [`build`]).
 //!
 //! Per sandbox, under `<state>/gvisor/sandboxes/<id>/`:
 //! - `upper/`, `work/`: the writable layer of a host overlayfs mounted at `rootfs/`, whose lower
@@ -24,8 +25,6 @@
 //! [`reap`] (host processes), [`checkpoint`] (pause, resume), [`snapshot`], [`generation`] (the
 //! runsc container id, which changes with each restore); the rest: the README's crate map.
 
-pub mod bench;
-pub mod bench_lifecycle;
 mod checkpoint;
 mod console;
 mod container;
@@ -62,11 +61,15 @@ pub use oci::oci_spec;
 pub use reap::reap_adopted_zombies;
 pub use runsc::Runsc;
 
-use super::{
-    io_err, BoxIo, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats, SnapshotRef,
-};
 pub use console::tail;
-use container::{halt_container, AgentSocket, RunDirs};
+pub use container::halt_container;
+use container::{AgentSocket, RunDirs};
+/// The driver seam, under the name this crate's modules use (`crate::driver::…`).
+use kiln_driver as driver;
+use kiln_driver::{
+    io_err, BoxIo, Checkpoint, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats,
+    SnapshotRef,
+};
 pub use oci::cgroup_memory_limit;
 
 /// Path of the agent binary inside every template.
@@ -150,7 +153,7 @@ pub struct GvisorDriver {
     /// container id (see [`generation`]).
     retiring: settle::Settling,
     /// Fork parents whose continuation waits for their children (see
-    /// [`Driver::capture_for_fork`]): dropping the sender lets it go on.
+    /// [`Checkpoint::capture_for_fork`]): dropping the sender lets it go on.
     holds: generation::Holds,
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
     slack: Option<slack::SentrySlack>,
@@ -253,7 +256,7 @@ impl GvisorDriver {
 
     /// Whether runsc must start (or restore) sandbox `id` with the `/proc/sys/net`
     /// workaround: only when it has a network slot and the probe says this runsc needs it.
-    pub(super) async fn sysctl_workaround(&self, id: &str) -> bool {
+    pub(crate) async fn sysctl_workaround(&self, id: &str) -> bool {
         match &self.net {
             Some(net) => match net.sandbox_ns(id).await {
                 Some(ns) => net.needs_sysctl_workaround(&ns).await,
@@ -265,7 +268,7 @@ impl GvisorDriver {
 
     /// Gets sandbox `id`'s own network slot ready for a restore into it (a paused sandbox
     /// resuming, a snapshot's source continuing); returns whether runsc needs the workaround.
-    pub(super) async fn prepare_restore(&self, id: &str) -> Result<bool> {
+    pub(crate) async fn prepare_restore(&self, id: &str) -> Result<bool> {
         if let Some(net) = &self.net {
             net.readdress(id).await?;
         }
@@ -337,44 +340,6 @@ impl Driver for GvisorDriver {
         let r = self.remove_files(id);
         self.gc_layers();
         r
-    }
-
-    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
-        self.pause_sandbox(id, memory).await
-    }
-
-    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
-        self.resume_sandbox(id, memory).await
-    }
-
-    async fn is_paused(&self, id: &str) -> Result<bool> {
-        Ok(self.paused_on_host(id))
-    }
-
-    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
-        self.take_snapshot(id, snapshot, memory, None).await
-    }
-
-    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.holds_map().insert(id.to_string(), tx);
-        let r = self.take_snapshot(id, snapshot, true, Some(rx)).await;
-        if r.is_err() {
-            self.holds_map().remove(id);
-        }
-        r
-    }
-
-    fn release_source(&self, id: &str) {
-        self.holds_map().remove(id);
-    }
-
-    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
-        self.restore_snapshot(snapshot, spec).await
-    }
-
-    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
-        self.remove_snapshot(snapshot)
     }
 
     async fn connect(&self, id: &str, port: u16) -> Result<BoxIo> {
@@ -576,6 +541,51 @@ impl Driver for GvisorDriver {
 
     fn set_syscall_observer(&self, o: crate::driver::SyscallObserver) {
         let _ = self.syscalls.set(o);
+    }
+
+    fn checkpoint(&self) -> Option<&dyn Checkpoint> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Checkpoint for GvisorDriver {
+    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        self.pause_sandbox(id, memory).await
+    }
+
+    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
+        self.resume_sandbox(id, memory).await
+    }
+
+    async fn is_paused(&self, id: &str) -> Result<bool> {
+        Ok(self.paused_on_host(id))
+    }
+
+    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
+        self.take_snapshot(id, snapshot, memory, None).await
+    }
+
+    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.holds_map().insert(id.to_string(), tx);
+        let r = self.take_snapshot(id, snapshot, true, Some(rx)).await;
+        if r.is_err() {
+            self.holds_map().remove(id);
+        }
+        r
+    }
+
+    fn release_source(&self, id: &str) {
+        self.holds_map().remove(id);
+    }
+
+    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
+        self.restore_snapshot(snapshot, spec).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
+        self.remove_snapshot(snapshot)
     }
 }
 

@@ -10,8 +10,8 @@
 //! wake-ups) are not delayed. Threads and stub processes created later inherit the slack of
 //! the thread creating them, so setting it once on every task of a started sandbox covers it.
 //!
-//! The watcher's tick ([`crate::manager`]'s `housekeep`) applies it to each running sandbox
-//! not yet tuned; a sandbox that stops running (pause) is forgotten, so its restored sentry
+//! The server's watcher tick ([`kiln_driver::Driver::housekeep`]) applies it to each running
+//! sandbox not yet tuned; a sandbox that stops running (pause) is forgotten, so its restored sentry
 //! is tuned again.
 
 use std::collections::HashSet;

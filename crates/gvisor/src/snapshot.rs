@@ -12,7 +12,7 @@
 //! its overlay mounted again on the new stack, and the sandbox restored from that same image
 //! under its next container id (see [`super::generation`]), so it keeps running with its
 //! processes (its open connections are cut). A fork's parent is restored only after its
-//! children answered (see [`crate::driver::Driver::capture_for_fork`]).
+//! children answered (see [`crate::driver::Checkpoint::capture_for_fork`]).
 //! A frozen layer is removed once no snapshot, mount or paused sandbox uses it.
 
 use std::path::{Path, PathBuf};

@@ -1,15 +1,14 @@
-//! `kiln bench create` (here because it measures against the raw runsc floor, which only the
-//! gVisor driver knows): sandbox create → first `echo` output, sequential and concurrent, against
+//! `kiln bench create`'s run, on its own gVisor driver and manager: sandbox create → first `echo` output, sequential and concurrent, against
 //! the raw floor measured in the same run (`runsc run` of the same rootfs printing `echo`).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{GvisorConfig, GvisorDriver};
-use crate::manager::{CreateParams, LifecycleConfig, Manager};
-use crate::store::SqliteStore;
-use crate::templates::Templates;
+use kiln_gvisor::{GvisorConfig, GvisorDriver};
+use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
+use kiln_server::store::SqliteStore;
+use kiln_server::templates::Templates;
 
 #[derive(Debug, Clone)]
 pub struct CreateBenchOptions {
@@ -191,7 +190,7 @@ fn passwd_entry(rootfs: &Path, user: &str) -> Option<(u32, u32, String)> {
 fn raw_runsc_echo(
     runsc: &Path,
     work: &Path,
-    tpl: &crate::templates::TemplateInfo,
+    tpl: &kiln_server::templates::TemplateInfo,
     platform: &str,
     what: EchoCommand,
     i: usize,
@@ -412,7 +411,7 @@ fn workload_once(
     runsc: &Path,
     platform: &str,
     work: &Path,
-    tpl: &crate::templates::TemplateInfo,
+    tpl: &kiln_server::templates::TemplateInfo,
     i: usize,
 ) -> Result<(f64, f64), String> {
     let bundle = work.join(format!("workload-{i}"));
@@ -462,7 +461,7 @@ pub fn workload_bench(
     runsc: &Path,
     old: Option<&Path>,
     work: &Path,
-    tpl: &crate::templates::TemplateInfo,
+    tpl: &kiln_server::templates::TemplateInfo,
     rounds: usize,
 ) -> Result<Vec<WorkloadResult>, String> {
     let version = |p: &Path| {

@@ -125,13 +125,13 @@ pub async fn retire(runsc: &Runsc, dir: &Path, cid: &str, pids: &[reap::Process]
 }
 
 /// Fork parents whose continuation waits, by sandbox id (see
-/// [`crate::driver::Driver::capture_for_fork`]): dropping the sender lets it go on.
+/// [`crate::driver::Checkpoint::capture_for_fork`]): dropping the sender lets it go on.
 pub(super) type HoldMap = std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>;
 pub(super) type Holds = std::sync::Mutex<HoldMap>;
 
 impl GvisorDriver {
     /// The runsc container currently running (or last to run) sandbox `id`.
-    pub(super) fn cid(&self, id: &str) -> String {
+    pub fn cid(&self, id: &str) -> String {
         container_id(id, current(&self.sandbox_dir(id)))
     }
 

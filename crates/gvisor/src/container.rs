@@ -100,7 +100,7 @@ impl<'a> AgentSocket<'a> {
 
 /// Ends container `id` of sandbox directory `dir` and its processes (see
 /// [`GvisorDriver::halt`]).
-pub(super) async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
+pub async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
     // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
     // gone instead of polling for seconds until the host's init reaps the zombies.
     reap::kill_and_reap(&reap::sandbox_processes(id, Some(dir))).await;

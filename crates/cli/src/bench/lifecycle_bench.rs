@@ -12,11 +12,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::bench::{percentiles, Percentiles};
-use crate::driver::gvisor::{GvisorConfig, GvisorDriver};
-use crate::manager::{CreateParams, LifecycleConfig, Manager};
-use crate::store::SqliteStore;
-use crate::templates::Templates;
+use super::create_bench::{percentiles, Percentiles};
+use kiln_gvisor::{GvisorConfig, GvisorDriver};
+use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
+use kiln_server::store::SqliteStore;
+use kiln_server::templates::Templates;
 
 #[derive(Debug, Clone)]
 pub struct LifecycleBenchOptions {
@@ -92,7 +92,7 @@ async fn raw_round(
     let checkpoint = t.elapsed();
     // The checkpointed sandbox's processes exit; delete the container while reaping them
     // (this process adopted them), as the driver does (not timed).
-    super::halt_container(runsc, cid, &dir)
+    kiln_gvisor::halt_container(runsc, cid, &dir)
         .await
         .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(dir.join("run/agent.sock"));
@@ -146,12 +146,12 @@ pub async fn lifecycle_bench(
     let r = run(opts, &m, &driver, work.path()).await;
     m.kill_all("bench done").await;
     // Pooled sandboxes are not the manager's yet: stop whatever is left on the host.
-    if let Ok(left) = crate::driver::Driver::list_on_host(driver.as_ref()).await {
+    if let Ok(left) = kiln_server::driver::Driver::list_on_host(driver.as_ref()).await {
         for h in left {
-            let _ = crate::driver::Driver::stop(driver.as_ref(), &h.id).await;
+            let _ = kiln_server::driver::Driver::stop(driver.as_ref(), &h.id).await;
         }
     }
-    crate::driver::Driver::shutdown(driver.as_ref()).await;
+    kiln_server::driver::Driver::shutdown(driver.as_ref()).await;
     r
 }
 
@@ -161,7 +161,7 @@ async fn run(
     driver: &GvisorDriver,
     work: &std::path::Path,
 ) -> Result<LifecycleBenchReport, String> {
-    let e = |e: crate::Error| e.to_string();
+    let e = |e: kiln_server::Error| e.to_string();
     let (mut pause, mut resume, mut ckpt, mut restore) = (vec![], vec![], vec![], vec![]);
     let sbx = m.create(params(&opts.template)).await.map_err(e)?;
     for i in 0..opts.rounds {

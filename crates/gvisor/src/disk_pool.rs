@@ -246,7 +246,7 @@ mod tests {
     use super::*;
 
     fn skip_without_mkfs() -> bool {
-        if crate::driver::gvisor::disk::mkfs_missing() {
+        if crate::disk::mkfs_missing() {
             eprintln!("skipped: mkfs.ext4 is not installed");
             assert!(
                 std::env::var_os("KILN_ALLOW_SKIPS").is_some(),

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Which way the arrows point (docs/architecture.md): fails when a dependency goes the wrong way.
+# - kiln-server does not depend on kiln-gvisor (the binary wires the driver; kiln-server's tests
+#   may use it as a dev-dependency);
+# - no gVisor/runsc names in crates/server/src and crates/cli/src outside the allowed files;
+# - rusqlite only under crates/server/src/store/ (known exceptions listed below).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail=0
+bad() { echo "check-deps: $*" >&2; fail=1; }
+
+# Normal dependencies only (`cargo tree -e normal`), one crate per line.
+server_deps=$(cargo tree --offline -q -p kiln-server -e normal --prefix none) || bad "cargo tree -p kiln-server failed"
+driver_deps=$(cargo tree --offline -q -p kiln-driver -e normal --prefix none) || bad "cargo tree -p kiln-driver failed"
+if grep -q '^kiln-gvisor ' <<<"$server_deps"; then
+  bad "kiln-server depends on kiln-gvisor (build the driver in crates/cli and hand it to the server)"
+fi
+if grep -qE '^kiln-(server|gvisor|microvm) ' <<<"$driver_deps"; then
+  bad "kiln-driver depends on a driver or on the server"
+fi
+
+# gVisor names may appear in the doctor, `kiln runtime`, and the binary's wiring (`kiln serve`,
+# crates/cli/src/drivers.rs, the gVisor benches) only.
+allowed_gvisor='^crates/cli/src/(doctor|runtime|serve|drivers|main)\.rs:|^crates/cli/src/bench/'
+# Known exceptions: the manager's runsc workarounds (they move into the driver with issue 24's
+# "Manager as services"), and test data naming the driver or a driver's host path.
+known_gvisor='^crates/server/src/manager/(sampler|lifecycle)\.rs:|^crates/server/src/api/error\.rs:.*state/gvisor/sandboxes|^crates/server/src/store/sqlite_tests\.rs:.*gvisor'
+hits=$(grep -rniE 'gvisor|runsc' crates/server/src crates/cli/src --include='*.rs' | grep -vE "$allowed_gvisor" | grep -vE "$known_gvisor" || true)
+[ -z "$hits" ] || bad "gVisor names outside the allowed files:
+$hits"
+
+# rusqlite belongs to the state store. Known exceptions, until the audit chain and the metrics
+# history move behind the store (issue 24, "one state seam"):
+known_sqlite='^crates/server/src/(audit/(mod|store|writer)\.rs|obs/persist\.rs):'
+hits=$(grep -rn 'rusqlite' crates/server/src --include='*.rs' | grep -v '^crates/server/src/store/' | grep -vE "$known_sqlite" || true)
+[ -z "$hits" ] || bad "rusqlite outside crates/server/src/store/:
+$hits"
+
+[ $fail -eq 0 ] && echo "check-deps: ok"
+exit $fail
