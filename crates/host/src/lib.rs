@@ -6,12 +6,14 @@
 //! - [`capacity`]: how many more sandboxes the host's limits allow.
 //! - [`apt_sources`]: the Debian mirror the host's own apt sources use (`KILN_DEBIAN_MIRROR` overrides).
 //! - [`runsc`]: which runsc kiln runs, fetching a recent one from bookworm-backports, platforms.
+//! - [`names`]: making sandbox host names (`{port}-{id}.localhost`) resolve on the host.
 //! - [`doctor`]: the `kiln doctor` report built from all of the above.
 
 pub mod apt_sources;
 pub mod capacity;
 pub mod doctor;
 pub mod kvm;
+pub mod names;
 pub mod paths;
 pub mod prereq;
 pub mod runsc;

@@ -66,7 +66,7 @@ def test_get_host_names_resolve_with_pythons_resolver(state_dir):
 
     from .conftest import KilnServer, kiln_bin
 
-    srv = KilnServer(state_dir, ["--network", "off"], prepare=True).start(timeout=600)
+    srv = KilnServer(state_dir, prepare=True).start(timeout=600)
     sbx = None
     try:
         sbx = Sandbox.create(timeout=120, **srv.opts())
