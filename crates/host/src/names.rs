@@ -35,8 +35,8 @@ fn is_localhost(domain: &str) -> bool {
 /// name is answered on the host and never sent to a DNS server).
 pub fn myhostname_first(conf: &str) -> bool {
     conf.lines()
-        .filter_map(|l| l.trim_start().strip_prefix("hosts:"))
-        .last()
+        .rev()
+        .find_map(|l| l.trim_start().strip_prefix("hosts:"))
         .is_some_and(|rest| {
             let w: Vec<&str> = rest.split_whitespace().collect();
             match (

@@ -37,9 +37,9 @@ pub fn new_id() -> String {
 /// the service without dropping its children). Best effort: a kernel without
 /// `PR_SET_PDEATHSIG` still starts.
 pub(crate) fn end_with_service(cmd: &mut tokio::process::Command) {
+    let service = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls (prctl(2), getppid(2), _exit(2)) between fork and
     // exec.
-    let service = std::process::id() as libc::pid_t;
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(
