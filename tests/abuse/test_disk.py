@@ -99,3 +99,51 @@ def test_pause_snapshot_and_fork_keep_a_quota_each(server, sandbox):
     layers = os.path.join(server.state_dir, "gvisor", "layers")
     left = os.listdir(layers) if os.path.isdir(layers) else []
     assert not left, left
+
+
+def test_console_flood_keeps_host_disk_growth_small(server, sandbox):
+    """A sandbox writing GiBs to its console (the agent's stdout, open to root as
+    /proc/1/fd/1): the log rotates at 4 MiB, checked often enough that the host's disk grows
+    by far less than the flood (it grew by > 1 GiB when only the once-a-second tick rotated)."""
+    import threading
+    import time
+
+    flood_mb = 3072
+    sdir = _sandbox_dir(server, sandbox)
+
+    def used():
+        """Host disk the console holds: the blocks allocated to its log files (not the
+        filesystem's free space, which other work on the host moves as well)."""
+        total = 0
+        for name in ("console.log", "console.log.1", "console.log.1.tmp"):
+            try:
+                total += os.stat(os.path.join(sdir, name)).st_blocks * 512
+            except OSError:
+                pass
+        return total
+
+    base, peak, done = used(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], used() - base)
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        start = time.time()
+        r = sandbox.commands.run(
+            f"head -c {flood_mb}M /dev/zero > /proc/1/fd/1; echo rc=$?", user="root", timeout=120)
+        took = time.time() - start
+    finally:
+        done.set()
+        t.join()
+    assert r.stdout.strip() == "rc=0", r.stderr
+    log = os.path.join(_sandbox_dir(server, sandbox), "console.log")
+    print(f"console flood: {flood_mb} MiB in {took:.1f} s ({flood_mb / took:.0f} MiB/s), "
+          f"host disk grew by at most {peak[0] / MB:.1f} MiB")
+    assert peak[0] < 64 * MB, f"host disk grew by {peak[0] / MB:.0f} MiB"
+    assert os.path.getsize(log) <= 64 * MB
+    # The sandbox goes on, and its console still logs.
+    assert sandbox.commands.run("echo still-here").stdout == "still-here\n"

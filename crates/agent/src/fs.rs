@@ -1,6 +1,6 @@
 //! `filesystem.Filesystem` operations (except watching) and path resolution.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::Metadata;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -74,26 +74,19 @@ fn file_type(m: &Metadata) -> FileType {
     }
 }
 
-/// Read the `user.e2b.*` xattrs of `path` (without following a final symlink).
+/// The metadata of `path`: its `user.e2b.*` xattrs (without following a final symlink) and
+/// what the agent keeps for it where the filesystem has no user xattrs ([`crate::metastore`]).
 pub fn read_metadata(path: &Path) -> HashMap<String, String> {
-    let mut out = HashMap::new();
+    let mut out: HashMap<String, String> =
+        crate::metastore::store().get(path).into_iter().collect();
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return out;
     };
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: llistxattr into a buffer of the given size.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n <= 0 {
-        return out;
-    }
-    for name in buf[..n as usize].split(|b| *b == 0) {
-        let Ok(name) = std::str::from_utf8(name) else {
-            continue;
-        };
+    for name in xattr_names(&c, false) {
         let Some(key) = name.strip_prefix(XATTR_PREFIX) else {
             continue;
         };
-        let Ok(cname) = std::ffi::CString::new(name) else {
+        let Ok(cname) = std::ffi::CString::new(name.as_str()) else {
             continue;
         };
         let mut val = vec![0u8; 4096];
@@ -116,24 +109,64 @@ pub fn read_metadata(path: &Path) -> HashMap<String, String> {
     out
 }
 
-/// Store one metadata entry as the `user.e2b.<key>` xattr of `path`.
-pub fn write_metadata(path: &Path, key: &str, value: &str) -> io::Result<()> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-    let name = std::ffi::CString::new(format!("{XATTR_PREFIX}{}", key.to_ascii_lowercase()))?;
-    // SAFETY: setxattr with valid C strings and a value slice.
-    let r = unsafe {
-        libc::setxattr(
-            c.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
+/// Names of the xattrs of `c` (empty when it has none or the filesystem has no xattrs);
+/// `follow`: of a final symlink's target.
+fn xattr_names(c: &std::ffi::CStr, follow: bool) -> Vec<String> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: (l)listxattr into a buffer of the given size.
+    let n = unsafe {
+        if follow {
+            libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        } else {
+            libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        }
     };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
+    if n <= 0 {
+        return Vec::new();
     }
-    Ok(())
+    buf[..n as usize]
+        .split(|b| *b == 0)
+        .filter_map(|n| std::str::from_utf8(n).ok())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Replaces the `user.e2b.*` xattrs of `path` (a final symlink followed, as the write did)
+/// with `meta` (keys lowercased; none: removes
+/// them all, as an overwrite does). `Ok(false)`: the filesystem has no user xattrs
+/// (`EOPNOTSUPP`), nothing was stored and the caller keeps `meta` in [`crate::metastore`].
+pub fn replace_xattrs(path: &Path, meta: &BTreeMap<String, String>) -> io::Result<bool> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    for name in xattr_names(&c, true) {
+        if name.starts_with(XATTR_PREFIX) {
+            if let Ok(cname) = std::ffi::CString::new(name) {
+                // SAFETY: removexattr with valid C strings.
+                unsafe { libc::removexattr(c.as_ptr(), cname.as_ptr()) };
+            }
+        }
+    }
+    for (key, value) in meta {
+        let name = std::ffi::CString::new(format!("{XATTR_PREFIX}{}", key.to_ascii_lowercase()))?;
+        // SAFETY: setxattr with valid C strings and a value slice.
+        let r = unsafe {
+            libc::setxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                return Ok(false);
+            }
+            return Err(e);
+        }
+    }
+    Ok(true)
 }
 
 /// EntryInfo of `path`. A symlink reports its target's information (type, size, mode,

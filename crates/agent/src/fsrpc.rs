@@ -54,7 +54,17 @@ pub async fn unary(
             let s = crate::fs::resolve(&r.source, &u)?;
             let d = crate::fs::resolve(&r.destination, &u)?;
             let u2 = u.clone();
-            let entry = as_user(&u, move || crate::fs::move_entry(&s, &d, &u2)).await?;
+            let (s2, d2) = (s.clone(), d.clone());
+            as_user(&u, move || crate::fs::move_entry(&s2, &d2, &u2)).await?;
+            // The metadata the agent keeps moves along; the entry is read with it.
+            let store = crate::metastore::store();
+            tokio::task::spawn_blocking({
+                let (s, d) = (s.clone(), d.clone());
+                move || store.rename(&s, &d)
+            })
+            .await
+            .map_err(|e| RpcError::internal(format!("filesystem task failed: {e}")))?;
+            let entry = as_user(&u, move || crate::fs::stat(&d)).await?;
             Ok(fspb::MoveResponse { entry: Some(entry) })
         }),
         "ListDir" => call!(fspb::ListDirRequest, |r: fspb::ListDirRequest| async move {
@@ -64,7 +74,12 @@ pub async fn unary(
         }),
         "Remove" => call!(fspb::RemoveRequest, |r: fspb::RemoveRequest| async move {
             let p = crate::fs::resolve(&r.path, &u)?;
-            as_user(&u, move || crate::fs::remove(&p)).await?;
+            let p2 = p.clone();
+            as_user(&u, move || crate::fs::remove(&p2)).await?;
+            let store = crate::metastore::store();
+            tokio::task::spawn_blocking(move || store.remove(&p))
+                .await
+                .map_err(|e| RpcError::internal(format!("filesystem task failed: {e}")))?;
             Ok(fspb::RemoveResponse {})
         }),
         "CreateWatcher" => call!(

@@ -22,6 +22,7 @@ pub mod kills;
 pub mod launch;
 pub mod limits;
 pub mod listen;
+pub mod metastore;
 mod metrics;
 pub mod pid1;
 mod process;

@@ -206,6 +206,8 @@ fn main() {
             std::process::exit(1);
         }
     };
+    // As root, before any request runs with a user's filesystem identity.
+    kiln_agent::metastore::store().load();
     let code = rt.block_on(async move {
         tokio::spawn(kiln_agent::reaper::run());
         let agent = Agent::new();

@@ -270,6 +270,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     if !a.no_prepare {
         kiln_host::prereq::ensure(kiln_host::prereq::SERVE_TOOLS)?;
+        // `sandbox.get_host(port)` names resolve on this host (Python's resolver too).
+        match kiln_host::names::prepare(&a.domain) {
+            Ok(Some(done)) => println!("kiln: sandbox host names: {done}"),
+            Ok(None) => {}
+            Err(msg) => eprintln!("kiln: warning: sandbox host names: {msg}"),
+        }
         let store = kiln_template::Store::open_default()?;
         kiln_template::ensure_base(&store, &kiln_template::BuildOptions::default())
             .context("preparing the base template")?;

@@ -404,6 +404,9 @@ pub fn report(opts: Options) -> Report {
     let mut checks = tool_checks();
     checks.extend(kernel_feature_checks());
     checks.push(network_check(&checks));
+    let domain = std::env::var("KILN_DOMAIN").unwrap_or_else(|_| "localhost".into());
+    let (ok, detail) = crate::names::check(&domain);
+    checks.push(check("host names", ok, detail));
     checks.push(match free {
         Some(b) => check(
             "disk space",

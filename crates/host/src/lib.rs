@@ -7,6 +7,7 @@
 //! - [`apt_sources`]: the Debian mirror the host's own apt sources use (`KILN_DEBIAN_MIRROR` overrides).
 //! - [`runsc`]: which runsc kiln runs, fetching a recent one from bookworm-backports, platforms.
 //! - [`choose`]: the one choice of isolation driver, shared by `kiln doctor` and `kiln serve`.
+//! - [`names`]: making sandbox host names (`{port}-{id}.localhost`) resolve on the host.
 //! - [`doctor`]: the `kiln doctor` report built from all of the above.
 
 pub mod apt_sources;
@@ -14,6 +15,7 @@ pub mod capacity;
 pub mod choose;
 pub mod doctor;
 pub mod kvm;
+pub mod names;
 pub mod paths;
 pub mod prereq;
 pub mod runsc;

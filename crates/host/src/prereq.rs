@@ -178,6 +178,22 @@ pub fn ensure(tools: &[Tool]) -> Result<(), PrereqError> {
     }
 }
 
+/// Installs Debian packages that ship no program [`ensure`] could look for (an NSS module,
+/// say): with apt when running as root, otherwise fails naming the command to run.
+pub fn install_packages(pkgs: &[&str]) -> Result<(), PrereqError> {
+    if !(is_root() && which("apt-get").is_some()) {
+        return Err(PrereqError::Missing {
+            missing: pkgs.join(", "),
+            command: install_command(pkgs),
+        });
+    }
+    eprintln!("kiln: installing host packages: {}", pkgs.join(" "));
+    run_apt(&["update", "-q"])?;
+    let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+    args.extend(pkgs.iter().copied());
+    run_apt(&args)
+}
+
 fn missing_names(tools: &[Tool]) -> String {
     missing(tools)
         .iter()

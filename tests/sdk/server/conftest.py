@@ -138,8 +138,11 @@ def pytest_runtest_makereport(item, call):
 class KilnServer:
     """One `kiln serve` process."""
 
-    def __init__(self, state_dir: str, extra_args=()):
+    def __init__(self, state_dir: str, extra_args=(), prepare: bool = False):
+        """prepare: start without `--no-prepare` (kiln prepares the host as `kiln serve` does
+        for a user)."""
         _SERVERS.append(self)
+        self.prepare = prepare
         self.state_dir = state_dir
         self.log_path = os.path.join(os.path.dirname(state_dir), os.path.basename(state_dir) + ".log")
         self.extra_args = list(extra_args)
@@ -150,7 +153,7 @@ class KilnServer:
     def start(self, timeout: float = 60) -> "KilnServer":
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
-            [kiln_bin(), "serve", "--no-prepare", "--listen", "127.0.0.1:0",
+            [kiln_bin(), "serve", *([] if self.prepare else ["--no-prepare"]), "--listen", "127.0.0.1:0",
              "--state-dir", self.state_dir, *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "KILN_LOG": os.environ.get("KILN_LOG", "info"), "NO_COLOR": "1"},

@@ -69,8 +69,36 @@ def host_service():
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
+        # The tests started kernels (and shells) from this service; all of them end with it.
+        started = processes_of(work)
         proc.terminate()
         proc.wait(timeout=10)
+        deadline = time.time() + 10
+        while processes_of(work) and time.time() < deadline:
+            time.sleep(0.1)
+        left = processes_of(work)
+        for pid, _ in left:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        assert any("ipykernel_launcher" in cmd for _, cmd in started), started
+        assert not left, f"processes outlived the interp service: {left}"
+
+
+def processes_of(work: str) -> list:
+    """(pid, command line) of processes running in `work` or naming it (a kernel's connection
+    file lives there)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and (work in cmd or cwd == work or cwd.startswith(work + "/")):
+            out.append((int(pid), cmd))
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_get_host_names_resolve_with_pythons_resolver(state_dir):
 
     from .conftest import KilnServer, kiln_bin
 
-    srv = KilnServer(state_dir, ["--network", "off"], prepare=True).start(timeout=600)
+    srv = KilnServer(state_dir, prepare=True).start(timeout=600)
     sbx = None
     try:
         sbx = Sandbox.create(timeout=120, **srv.opts())
@@ -162,6 +162,10 @@ def test_file_metadata_on_write_list_rename_and_info(sandbox):
     sandbox.files.write("/home/user/meta2/d.txt", "d", metadata={"stale": "yes"})
     sandbox.commands.run("cd /home/user/meta2 && mv d.txt d.old && echo new > d.txt")
     assert sandbox.files.get_info("/home/user/meta2/d.txt").metadata is None
+    # Where the file system has user xattrs (gVisor's tmpfs), ones set inside show up too.
+    sandbox.commands.run("echo t > /tmp/x && python3 -c \"import os; "
+                         "os.setxattr('/tmp/x', 'user.e2b.color', b'blue')\"")
+    assert sandbox.files.get_info("/tmp/x").metadata == {"color": "blue"}
     # Multi-file writes carry the same metadata on every file.
     infos = sandbox.files.write_files([{"path": "/home/user/m/x", "data": "x"},
                                        {"path": "/home/user/m/y", "data": "y"}], metadata={"batch": "1"})

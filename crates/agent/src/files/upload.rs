@@ -42,15 +42,21 @@ fn open_for_write(path: &Path, user: &User) -> io::Result<std::fs::File> {
         if path.is_dir() {
             return Err(io::Error::from_raw_os_error(libc::EISDIR));
         }
+        // An existing file is truncated by ftruncate(2), which gVisor reports to watchers as
+        // a write as Linux does for `O_TRUNC` (gVisor's `O_TRUNC` reports nothing).
         let existed = std::fs::symlink_metadata(path).is_ok();
         let f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(!existed)
             .open(path)?;
-        if !existed {
-            crate::fs::chown_new(path, user);
+        if existed {
+            f.set_len(0)?;
         }
+        // The file belongs to the writing user, as envd makes it (its chown is also the
+        // attribute change a watcher sees between the create and the write). Best effort:
+        // a user may not take over another's file.
+        let _ = std::os::unix::fs::fchown(&f, Some(user.uid), Some(user.gid));
         Ok(f)
     })
 }
@@ -93,9 +99,11 @@ where
             let _ = with_fs_identity(&user, || std::fs::remove_file(&p2));
             return Err(e);
         }
-        for (k, v) in &metadata {
-            with_fs_identity(&user, || crate::fs::write_metadata(&p2, k, v))?;
-        }
+        // An overwrite replaces the file's metadata: user xattrs where the filesystem has
+        // them, else the agent's store (cleared when the upload carries none).
+        let meta: std::collections::BTreeMap<String, String> = metadata.into_iter().collect();
+        let in_xattrs = with_fs_identity(&user, || crate::fs::replace_xattrs(&p2, &meta))?;
+        crate::metastore::store().set(&p2, if in_xattrs { Default::default() } else { meta });
         Ok(())
     });
     let mut recv_err = None;
@@ -170,12 +178,22 @@ where
     Ok(())
 }
 
-fn write_info(path: &Path) -> serde_json::Value {
-    serde_json::json!({
+/// One written file as the upload answers it, with the metadata the upload set (keys
+/// lowercased, as stored).
+fn write_info(path: &Path, metadata: &[(String, String)]) -> serde_json::Value {
+    let mut v = serde_json::json!({
         "name": path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         "type": "file",
         "path": path.to_string_lossy(),
-    })
+    });
+    if !metadata.is_empty() {
+        let m: serde_json::Map<String, serde_json::Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        v["metadata"] = serde_json::Value::Object(m);
+    }
+    v
 }
 
 /// The `file` parts of a multipart upload, each with the path it goes to (before resolution
@@ -322,7 +340,7 @@ pub(super) async fn upload(
             {
                 return api_error(st, m);
             }
-            written.push(write_info(&path));
+            written.push(write_info(&path, &metadata));
         }
         if written.is_empty() {
             return api_error(StatusCode::BAD_REQUEST, "multipart body has no `file` part");
@@ -343,8 +361,12 @@ pub(super) async fn upload(
         .into_body()
         .into_data_stream()
         .map(|r| r.map_err(|e| e.to_string()));
-    if let Err((st, m)) = write_stream(path.clone(), user, gzip, metadata, Box::pin(stream)).await {
+    if let Err((st, m)) =
+        write_stream(path.clone(), user, gzip, metadata.clone(), Box::pin(stream)).await
+    {
         return api_error(st, m);
     }
-    ok_json(&serde_json::Value::Array(vec![write_info(&path)]))
+    ok_json(&serde_json::Value::Array(vec![write_info(
+        &path, &metadata,
+    )]))
 }

@@ -39,6 +39,7 @@ impl Bash {
     pub async fn start(cwd: &Path, dir: &Path) -> anyhow::Result<Bash> {
         std::fs::create_dir_all(dir)?;
         let mut cmd = Command::new("bash");
+        super::end_with_service(&mut cmd);
         // SAFETY: only async-signal-safe calls (signal(2)) between fork and exec. A parent
         // started in the background may ignore SIGINT; cells must be interruptible.
         unsafe {

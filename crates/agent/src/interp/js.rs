@@ -26,7 +26,9 @@ pub struct Js {
 impl Js {
     /// Start `node` in `cwd`.
     pub async fn start(node: &Path, cwd: &Path) -> anyhow::Result<Js> {
-        let mut child = Command::new(node)
+        let mut cmd = Command::new(node);
+        super::end_with_service(&mut cmd);
+        let mut child = cmd
             .args(["-e", DRIVER])
             .current_dir(cwd)
             .stdin(Stdio::piped())

@@ -73,7 +73,9 @@ impl Kernel {
             .runtime_dir
             .join(format!("kernel-{}.json", super::new_id()));
         std::fs::write(&conn_file, serde_json::to_vec(&conn)?)?;
-        let child = Command::new(&spec.python)
+        let mut cmd = Command::new(&spec.python);
+        super::end_with_service(&mut cmd);
+        let child = cmd
             .args(["-m", "ipykernel_launcher", "-f"])
             .arg(&conn_file)
             .current_dir(cwd)

@@ -32,6 +32,33 @@ pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// Makes a backend (kernel, bash, node) end with the service that started it: it gets
+/// SIGKILL when the service dies, however it dies (a SIGTERM's default action or SIGKILL ends
+/// the service without dropping its children). Best effort: a kernel without
+/// `PR_SET_PDEATHSIG` still starts.
+pub(crate) fn end_with_service(cmd: &mut tokio::process::Command) {
+    let service = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl(2), getppid(2), _exit(2)) between fork and
+    // exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) == 0
+                && libc::getppid() != service
+            {
+                // The service died between fork and prctl: do not outlive it.
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Service options.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {

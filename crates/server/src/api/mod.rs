@@ -241,7 +241,7 @@ async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Respo
         Ok(None) => match signed::signed_files_query(req.method(), req.uri()) {
             Some((q, op)) => match signed::route_signed(&st.manager, &q, op) {
                 Ok(t) => Ok(Some(t)),
-                Err(resp) => return *resp,
+                Err(why) => return signed::unauthorized(why),
             },
             None => Ok(None),
         },

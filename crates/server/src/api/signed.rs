@@ -103,23 +103,22 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn unauthorized(message: &str) -> Box<Response> {
-    Box::new(
-        (
-            StatusCode::UNAUTHORIZED,
-            axum::Json(json!({ "code": 401, "message": message })),
-        )
-            .into_response(),
+/// The 401 answer of a signed request that [`route_signed`] refused.
+pub(crate) fn unauthorized(message: &str) -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        axum::Json(json!({ "code": 401, "message": message })),
     )
 }
 
-/// The sandbox a signed `/files` request is for, or the 401 to answer: a signature no
-/// sandbox's token made, or one past its expiry ("signature is already expired", as envd).
+/// The sandbox a signed `/files` request is for, or why it is refused (answered as 401 by
+/// [`unauthorized`]): a signature no sandbox's token made, or one past its expiry ("signature
+/// is already expired", as envd).
 pub(crate) fn route_signed(
     manager: &Manager,
     q: &SignedQuery,
     op: &str,
-) -> Result<Target, Box<Response>> {
+) -> Result<Target, &'static str> {
     let hit = manager
         .list()
         .into_iter()
@@ -130,17 +129,17 @@ pub(crate) fn route_signed(
                 .is_some_and(|t| ct_eq(signature(q, op, t).as_bytes(), q.signature.as_bytes()))
         });
     let Some(r) = hit else {
-        return Err(unauthorized(
+        return Err(
             "invalid file URL signature: it was not made by a running sandbox's access token \
              for this path, operation and user",
-        ));
+        );
     };
     if let Some(e) = &q.expiration {
         let exp: i64 = e
             .parse()
-            .map_err(|_| unauthorized("signature_expiration is not a number"))?;
+            .map_err(|_| "signature_expiration is not a number")?;
         if crate::store::now_ms() / 1000 > exp {
-            return Err(unauthorized("signature is already expired"));
+            return Err("signature is already expired");
         }
     }
     Ok(Target {
