@@ -7,7 +7,8 @@
 //! private address in), and splices it to its original destination. A refused connection is
 //! reset. Its observer ([`crate::observe`]) hears of each decision and each end, with bytes.
 //! TLS connections to a host named by the policy's `network.rules` are handed to
-//! [`crate::intercept`] instead of being spliced (after the same decision).
+//! [`crate::intercept`] instead of being spliced (after the same decision). With an
+//! `egressProxy` every allowed connection is dialled through it ([`crate::upstream`]).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -161,10 +162,7 @@ impl Ctx {
         if let Some((t, host)) = hit {
             let name = sni.unwrap_or_else(|| ip.to_string());
             let (out, inn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-            let up = self
-                .sockets
-                .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
-                .await;
+            let up = self.dial(policy.egress_proxy.as_ref(), orig).await;
             let r =
                 crate::intercept::mitm::relay(t, host, &name, s, buf, up, out.clone(), inn.clone())
                     .await;
@@ -182,7 +180,9 @@ impl Ctx {
                 .await;
             return Ok(());
         }
-        let r = self.splice(&mut s, orig, &buf).await;
+        let r = self
+            .splice(&mut s, policy.egress_proxy.as_ref(), orig, &buf)
+            .await;
         let (bytes_out, bytes_in, error) = match &r {
             Ok((o, i)) => (*o, *i, None),
             Err((o, i, e)) => (*o, *i, Some(e.to_string())),
@@ -202,18 +202,32 @@ impl Ctx {
         Ok(())
     }
 
+    /// A connection to `orig`: through the upstream proxy when there is one (failing when it
+    /// fails), else direct.
+    async fn dial(
+        &self,
+        proxy: Option<&crate::upstream::EgressProxyConfig>,
+        orig: SocketAddrV4,
+    ) -> std::io::Result<TcpStream> {
+        match proxy {
+            Some(p) => p.dial(&self.sockets, orig, CONNECT_TIMEOUT).await,
+            None => {
+                self.sockets
+                    .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
+                    .await
+            }
+        }
+    }
+
     /// Connects to `orig`, sends what was peeked and splices both ways: bytes out and in.
     async fn splice(
         &self,
         s: &mut TcpStream,
+        proxy: Option<&crate::upstream::EgressProxyConfig>,
         orig: SocketAddrV4,
         peeked: &[u8],
     ) -> Result<(u64, u64), (u64, u64, std::io::Error)> {
-        let mut up = self
-            .sockets
-            .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| (0, 0, e))?;
+        let mut up = self.dial(proxy, orig).await.map_err(|e| (0, 0, e))?;
         let sent = peeked.len() as u64;
         up.write_all(peeked).await.map_err(|e| (0, 0, e))?;
         let (out, inn) = (AtomicU64::new(sent), AtomicU64::new(0));
