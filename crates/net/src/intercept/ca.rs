@@ -98,6 +98,7 @@ impl Ca {
     pub fn open(dir: &Path) -> Result<Self> {
         let (cert_path, key_path) = (dir.join(CA_CERT_FILE), dir.join(CA_KEY_FILE));
         let io = |what: &str, p: &Path| crate::io_err(format!("{what} {}", p.display()));
+        std::fs::create_dir_all(dir).map_err(io("making", dir))?;
         let (key, cert_pem) = match std::fs::read_to_string(&key_path) {
             Ok(k) => {
                 std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))

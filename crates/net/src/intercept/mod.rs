@@ -5,6 +5,7 @@
 //! Secret placeholders are resolved per request from a [`SecretSource`] (the server's vault):
 //! the value exists only in the proxy, on its way to the upstream.
 
+pub mod bench;
 pub mod ca;
 pub mod mitm;
 pub mod transform;
