@@ -25,6 +25,7 @@ use crate::observe::{Conn, NetEvent, Observer, Slot};
 use crate::policy::EgressPolicy;
 use crate::rules::HostFacts;
 use crate::sni::{http_host, tls_server_name, Peek};
+use crate::upstream::UpStream;
 use crate::{io_err, Result, GATEWAY_ADDR};
 
 /// Port of the proxy on the slot's gateway address.
@@ -208,14 +209,14 @@ impl Ctx {
         &self,
         proxy: Option<&crate::upstream::EgressProxyConfig>,
         orig: SocketAddrV4,
-    ) -> std::io::Result<TcpStream> {
+    ) -> std::io::Result<UpStream> {
         match proxy {
             Some(p) => p.dial(&self.sockets, orig, CONNECT_TIMEOUT).await,
-            None => {
-                self.sockets
-                    .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
-                    .await
-            }
+            None => self
+                .sockets
+                .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
+                .await
+                .map(UpStream::Tcp),
         }
     }
 
@@ -227,7 +228,17 @@ impl Ctx {
         orig: SocketAddrV4,
         peeked: &[u8],
     ) -> Result<(u64, u64), (u64, u64, std::io::Error)> {
-        let mut up = self.dial(proxy, orig).await.map_err(|e| (0, 0, e))?;
+        let mut up = match self.dial(proxy, orig).await.map_err(|e| (0, 0, e))? {
+            UpStream::Tcp(t) => t,
+            UpStream::Tls(mut t) => {
+                // Inside TLS to the proxy: copied, not spliced.
+                t.write_all(peeked).await.map_err(|e| (0, 0, e))?;
+                return match tokio::io::copy_bidirectional(s, t.as_mut()).await {
+                    Ok((o, i)) => Ok((o + peeked.len() as u64, i)),
+                    Err(e) => Err((peeked.len() as u64, 0, e)),
+                };
+            }
+        };
         let sent = peeked.len() as u64;
         up.write_all(peeked).await.map_err(|e| (0, 0, e))?;
         let (out, inn) = (AtomicU64::new(sent), AtomicU64::new(0));

@@ -33,14 +33,20 @@ from .testnet import NetNs, sh
 RANGE = "10.167.0.0/24"
 NS, HOST_SIDE, DNS_ADDR = "ktsec", "198.51.100.254", "198.51.100.53"
 HOSTS = {"api.sec.test": "198.51.100.20", "other.sec.test": "198.51.100.21",
-         "bad.sec.test": "198.51.100.22"}
+         "bad.sec.test": "198.51.100.22", "socks.sec.test": "198.51.100.30"}
 SOCKS_ADDR = "198.51.100.30"
 
 # A SOCKS5 server (RFC 1928, user/password RFC 1929, CONNECT only): argv = bind address, user,
-# password, log file (one `CONNECT host:port` line per tunnel).
+# password, log file (one `CONNECT host:port` line per tunnel), port, and for TLS a
+# certificate and key.
 SOCKS = textwrap.dedent(r"""
     import socket, struct, sys, threading
+    import ssl
     bind, user, pw, log = sys.argv[1], sys.argv[2].encode(), sys.argv[3].encode(), sys.argv[4]
+    port, tls = int(sys.argv[5]), None
+    if len(sys.argv) > 6:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(sys.argv[6], sys.argv[7])
     def pipe(a, b):
         try:
             while True:
@@ -64,6 +70,8 @@ SOCKS = textwrap.dedent(r"""
         return b
     def serve(c):
         try:
+            if tls:
+                c = tls.wrap_socket(c, server_side=True)
             ver, n = exact(c, 2)
             methods = exact(c, n)
             if 2 not in methods:
@@ -99,7 +107,7 @@ SOCKS = textwrap.dedent(r"""
             c.close()
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((bind, 1080))
+    s.bind((bind, port))
     s.listen(64)
     while True:
         c, _ = s.accept()
@@ -165,7 +173,7 @@ def secnet():
     self-signed) and a DNS server; yields the test CA's path."""
     require_root()
     ns = NetNs(NS, "ktsec0", f"{HOST_SIDE}/24",
-               [f"{a}/24" for a in [*HOSTS.values(), DNS_ADDR, SOCKS_ADDR]], HOST_SIDE)
+               [f"{a}/24" for a in [*set(HOSTS.values()), DNS_ADDR]], HOST_SIDE)
     d = tempfile.mkdtemp(prefix="kiln-secnet-")
     try:
         ns.up()
@@ -192,8 +200,11 @@ def secnet():
                         "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
                 openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
                         "-out", cert, "-days", "2", "-extfile", ext)
-            ns.spawn(sys.executable, "-c", ECHO, ip, cert, key)
+            if name != "socks.sec.test":
+                ns.spawn(sys.executable, "-c", ECHO, ip, cert, key)
         for name, ip in HOSTS.items():
+            if name == "socks.sec.test":
+                continue
             args = ["curl", "-s", "-m", "2", "--resolve", f"{name}:443:{ip}", f"https://{name}/up"]
             args[1:1] = ["-k"] if name == "bad.sec.test" else ["--cacert", ca]
             for _ in range(150):
@@ -357,12 +368,14 @@ def test_mcp_is_stored_and_echoed(srv):
 def test_egress_proxy_tunnels_and_fails_closed(srv, secnet):
     ca, ns, d = secnet
     log = os.path.join(d, "socks.log")
-    proc = ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", "pw-" + "x" * 8, log)
+    proc = ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", "pw-" + "x" * 8, log, "1080")
+    ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", "pw-" + "x" * 8, log, "1081",
+             os.path.join(d, "socks.sec.test.pem"), os.path.join(d, "socks.sec.test.key"))
     import time
     deadline = time.time() + 20
-    while sh("ip", "netns", "exec", NS, "python3", "-c",
-             f"import socket; socket.create_connection(('{SOCKS_ADDR}', 1080), timeout=1)",
-             check=False).returncode != 0:
+    while any(sh("ip", "netns", "exec", NS, "python3", "-c",
+                 f"import socket; socket.create_connection(('{SOCKS_ADDR}', {port}), timeout=1)",
+                 check=False).returncode != 0 for port in (1080, 1081)):
         assert time.time() < deadline, "the SOCKS5 server did not come up"
         time.sleep(0.2)
     opts = srv.opts()
@@ -383,6 +396,20 @@ def test_egress_proxy_tunnels_and_fails_closed(srv, secnet):
                                                           "username": "kiln"}
         status, detail, _ = srv.request("GET", f"/sandboxes/{sbx.sandbox_id}")
         assert "pw-" not in json.dumps(detail), detail
+        # SOCKS5 inside TLS to the proxy, verified against the given CA.
+        tls = {**proxy, "address": f"{SOCKS_ADDR}:1081",
+               "tls": {"server_name": "socks.sec.test", "ca_cert": open(ca).read()}}
+        sbx.update_network({"egress_proxy": tls})
+        before = open(log).read().count("CONNECT")
+        code, status, body = curl(sbx, url)
+        assert (code, status) == (0, "200"), body
+        assert open(log).read().count("CONNECT") == before + 1
+        assert sbx.get_info().network["egress_proxy"]["tls"] == {"server_name": "socks.sec.test"}
+        # A proxy certificate that does not verify: fails closed.
+        sbx.update_network({"egress_proxy": {**tls, "tls": {"server_name": "wrong.sec.test",
+                                                            "ca_cert": open(ca).read()}}})
+        code, status, _ = curl(sbx, url)
+        assert code != 0, status
         # Refused credentials: the connection fails, no direct fallback.
         sbx.update_network({"egress_proxy": {**proxy, "password": "wrong"}})
         code, status, _ = curl(sbx, url)

@@ -88,16 +88,19 @@ fn text(status: StatusCode, msg: String) -> Response<Body> {
 /// (or why there is none), `name` the SNI name or the IP the leaf and the check use. Counts
 /// the sandbox's bytes into `out` (sent) and `inn` (received). An error says what failed.
 #[allow(clippy::too_many_arguments)]
-pub async fn relay(
+pub async fn relay<U>(
     t: Arc<Transforms>,
     host: HostRules,
     name: &str,
     client: TcpStream,
     peeked: Vec<u8>,
-    upstream: io::Result<TcpStream>,
+    upstream: io::Result<U>,
     out: Arc<AtomicU64>,
     inn: Arc<AtomicU64>,
-) -> io::Result<()> {
+) -> io::Result<()>
+where
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let leaf = t
         .interceptor
         .ca
