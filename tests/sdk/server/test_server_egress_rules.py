@@ -280,6 +280,10 @@ def test_rules_inject_secrets_that_never_enter_the_sandbox(srv, secnet):
         seen = json.loads(body)
         assert seen["headers"]["authorization"] == f"Bearer {value}", seen
         assert seen["headers"]["x-kiln-rule"] == "one" and seen["path"] == "/a?b=1", seen
+        # HTTP/2 towards the sandbox when its client offers it (curl's default over TLS).
+        code, out = run(sbx, "curl -s -m 10 --http2 -w '\\n%{http_version}' https://api.sec.test/h2 "
+                             "https://api.sec.test/h2b")
+        assert code == 0 and out.strip().endswith("2") and out.count(f"Bearer {value}") == 2, out
         # Keep-alive: both requests of one connection carry it.
         code, out = run(sbx, "curl -s -m 10 https://api.sec.test/1 https://api.sec.test/2")
         assert code == 0 and out.count(f"Bearer {value}") == 2, out

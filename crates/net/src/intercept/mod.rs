@@ -1,7 +1,7 @@
 //! TLS interception for `network.rules` (E2B's header transforms): for hosts a rule names,
 //! and only those, the egress proxy terminates the sandbox's TLS with a leaf of the server's
 //! own CA ([`ca`]), verifies the upstream's certificate against the host's trust store,
-//! sets the rule's headers on every request ([`transform`]) and relays HTTP/1.1 ([`mitm`]).
+//! sets the rule's headers on every request ([`transform`]) and relays HTTP ([`mitm`]).
 //! Secret placeholders are resolved per request from a [`SecretSource`] (the server's vault):
 //! the value exists only in the proxy, on its way to the upstream.
 
