@@ -7,7 +7,8 @@
 //! private address in), and splices it to its original destination. A refused connection is
 //! reset. Its observer ([`crate::observe`]) hears of each decision and each end, with bytes.
 //! TLS connections to a host named by the policy's `network.rules` are handed to
-//! [`crate::intercept`] instead of being spliced (after the same decision).
+//! [`crate::intercept`] instead of being spliced (after the same decision). With an
+//! `egressProxy` every allowed connection is dialled through it ([`crate::upstream`]).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -24,6 +25,7 @@ use crate::observe::{Conn, NetEvent, Observer, Slot};
 use crate::policy::EgressPolicy;
 use crate::rules::HostFacts;
 use crate::sni::{http_host, tls_server_name, Peek};
+use crate::upstream::UpStream;
 use crate::{io_err, Result, GATEWAY_ADDR};
 
 /// Port of the proxy on the slot's gateway address.
@@ -161,10 +163,7 @@ impl Ctx {
         if let Some((t, host)) = hit {
             let name = sni.unwrap_or_else(|| ip.to_string());
             let (out, inn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-            let up = self
-                .sockets
-                .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
-                .await;
+            let up = self.dial(policy.egress_proxy.as_ref(), orig).await;
             let r =
                 crate::intercept::mitm::relay(t, host, &name, s, buf, up, out.clone(), inn.clone())
                     .await;
@@ -182,7 +181,9 @@ impl Ctx {
                 .await;
             return Ok(());
         }
-        let r = self.splice(&mut s, orig, &buf).await;
+        let r = self
+            .splice(&mut s, policy.egress_proxy.as_ref(), orig, &buf)
+            .await;
         let (bytes_out, bytes_in, error) = match &r {
             Ok((o, i)) => (*o, *i, None),
             Err((o, i, e)) => (*o, *i, Some(e.to_string())),
@@ -202,18 +203,42 @@ impl Ctx {
         Ok(())
     }
 
+    /// A connection to `orig`: through the upstream proxy when there is one (failing when it
+    /// fails), else direct.
+    async fn dial(
+        &self,
+        proxy: Option<&crate::upstream::EgressProxyConfig>,
+        orig: SocketAddrV4,
+    ) -> std::io::Result<UpStream> {
+        match proxy {
+            Some(p) => p.dial(&self.sockets, orig, CONNECT_TIMEOUT).await,
+            None => self
+                .sockets
+                .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
+                .await
+                .map(UpStream::Tcp),
+        }
+    }
+
     /// Connects to `orig`, sends what was peeked and splices both ways: bytes out and in.
     async fn splice(
         &self,
         s: &mut TcpStream,
+        proxy: Option<&crate::upstream::EgressProxyConfig>,
         orig: SocketAddrV4,
         peeked: &[u8],
     ) -> Result<(u64, u64), (u64, u64, std::io::Error)> {
-        let mut up = self
-            .sockets
-            .connect(SocketAddr::V4(orig), CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| (0, 0, e))?;
+        let mut up = match self.dial(proxy, orig).await.map_err(|e| (0, 0, e))? {
+            UpStream::Tcp(t) => t,
+            UpStream::Tls(mut t) => {
+                // Inside TLS to the proxy: copied, not spliced.
+                t.write_all(peeked).await.map_err(|e| (0, 0, e))?;
+                return match tokio::io::copy_bidirectional(s, t.as_mut()).await {
+                    Ok((o, i)) => Ok((o + peeked.len() as u64, i)),
+                    Err(e) => Err((peeked.len() as u64, 0, e)),
+                };
+            }
+        };
         let sent = peeked.len() as u64;
         up.write_all(peeked).await.map_err(|e| (0, 0, e))?;
         let (out, inn) = (AtomicU64::new(sent), AtomicU64::new(0));

@@ -22,7 +22,8 @@
 //! byte-counting splice), [`flows`] (UDP and ICMP flows the ruleset decides, read as NFLOG
 //! packets and conntrack events with [`nfnl`]), [`observe`]
 //! (what the proxy and the forwarder tell the audit log), [`sweep`] (what killed servers left behind),
-//! [`intercept`] (TLS interception for `network.rules` header transforms).
+//! [`intercept`] (TLS interception for `network.rules` header transforms), [`upstream`] (an
+//! upstream SOCKS5 proxy for a sandbox's egress, E2B's `egressProxy`).
 
 pub mod addr;
 pub mod cmd;
@@ -44,6 +45,7 @@ pub mod rules;
 pub mod slot;
 pub mod sni;
 pub mod sweep;
+pub mod upstream;
 
 use std::net::Ipv4Addr;
 

@@ -77,6 +77,9 @@ pub struct EgressPolicy {
     /// `network.rules` (header transforms) with what applying them needs; `None`: none.
     #[serde(skip)]
     pub transforms: Option<std::sync::Arc<crate::intercept::Transforms>>,
+    /// `egressProxy`: allowed TCP egress goes through this SOCKS5 proxy; `None`: direct.
+    #[serde(skip)]
+    pub egress_proxy: Option<crate::upstream::EgressProxyConfig>,
 }
 
 impl Default for EgressPolicy {
@@ -91,6 +94,7 @@ impl Default for EgressPolicy {
             traffic_token: None,
             mask_request_host: None,
             transforms: None,
+            egress_proxy: None,
         }
     }
 }
@@ -125,6 +129,7 @@ impl EgressPolicy {
             traffic_token: None,
             mask_request_host: None,
             transforms: None,
+            egress_proxy: None,
         })
     }
 

@@ -60,7 +60,8 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
         .as_ref()
         .is_some_and(|t| t.rules.has_hosts());
     let (redirect, quic) = if policy.domains().is_empty() && !rules {
-        let r = if host.proxy_all_tcp {
+        // Tunnelled through an upstream proxy: all TCP passes kiln's egress proxy.
+        let r = if host.proxy_all_tcp || policy.egress_proxy.is_some() {
             all
         } else {
             String::new()
@@ -76,7 +77,7 @@ pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy
         web.push(80);
         web.sort_unstable();
         (
-            if host.proxy_all_tcp {
+            if host.proxy_all_tcp || policy.egress_proxy.is_some() {
                 all
             } else {
                 format!(
@@ -285,6 +286,18 @@ mod tests {
         );
         assert!(!plain.contains("redirect"));
         assert!(!plain.contains("ct count") && !plain.contains("limit rate"));
+        // An upstream SOCKS5 proxy takes all TCP through kiln's egress proxy.
+        let tunnelled = EgressPolicy {
+            egress_proxy: Some(
+                crate::upstream::EgressProxyConfig::parse(
+                    &serde_json::json!({"address": "198.51.100.9:1080"}),
+                )
+                .unwrap(),
+            ),
+            ..EgressPolicy::default()
+        };
+        let r = slot_ruleset("10.231.0.1".parse().unwrap(), &host, &tunnelled);
+        assert!(r.contains("ip daddr != 169.254.0.22 meta l4proto tcp redirect to :15001"));
         let capped = HostFacts {
             max_connections: 100,
             egress_mib_per_sec: 5,

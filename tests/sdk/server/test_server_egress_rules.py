@@ -10,7 +10,9 @@ own DNS and its own upstream CA, which the server trusts through KILN_EGRESS_TRU
 - an upstream with a bad certificate is refused with a clear 502, never bypassed;
 - an unknown secret in a placeholder fails the create with a 400 naming it;
 - `update_network` replaces the rules (without them the host is relayed plainly again);
-- `mcp` at create is stored and echoed by get_info.
+- `mcp` at create is stored and echoed by get_info;
+- `egressProxy`: egress goes through a SOCKS5 server of the test (user/password), fails closed
+  when it is down or refuses the credentials, and `update_network` without it goes direct.
 Nothing here sends traffic off this machine."""
 
 import json
@@ -31,7 +33,86 @@ from .testnet import NetNs, sh
 RANGE = "10.167.0.0/24"
 NS, HOST_SIDE, DNS_ADDR = "ktsec", "198.51.100.254", "198.51.100.53"
 HOSTS = {"api.sec.test": "198.51.100.20", "other.sec.test": "198.51.100.21",
-         "bad.sec.test": "198.51.100.22"}
+         "bad.sec.test": "198.51.100.22", "socks.sec.test": "198.51.100.30"}
+SOCKS_ADDR = "198.51.100.30"
+
+# A SOCKS5 server (RFC 1928, user/password RFC 1929, CONNECT only): argv = bind address, user,
+# password, log file (one `CONNECT host:port` line per tunnel), port, and for TLS a
+# certificate and key.
+SOCKS = textwrap.dedent(r"""
+    import socket, struct, sys, threading
+    import ssl
+    bind, user, pw, log = sys.argv[1], sys.argv[2].encode(), sys.argv[3].encode(), sys.argv[4]
+    port, tls = int(sys.argv[5]), None
+    if len(sys.argv) > 6:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(sys.argv[6], sys.argv[7])
+    def pipe(a, b):
+        try:
+            while True:
+                d = a.recv(65536)
+                if not d:
+                    break
+                b.sendall(d)
+        except OSError:
+            pass
+        try:
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    def exact(c, n):
+        b = b""
+        while len(b) < n:
+            d = c.recv(n - len(b))
+            if not d:
+                raise OSError("eof")
+            b += d
+        return b
+    def serve(c):
+        try:
+            if tls:
+                c = tls.wrap_socket(c, server_side=True)
+            ver, n = exact(c, 2)
+            methods = exact(c, n)
+            if 2 not in methods:
+                c.sendall(b"\x05\xff"); return
+            c.sendall(b"\x05\x02")
+            _, ul = exact(c, 2); u = exact(c, ul); pl = exact(c, 1)[0]; p = exact(c, pl)
+            if (u, p) != (user, pw):
+                c.sendall(b"\x01\x01"); return
+            c.sendall(b"\x01\x00")
+            ver, cmd, _, atyp = exact(c, 4)
+            if atyp == 1:
+                host = socket.inet_ntoa(exact(c, 4))
+            elif atyp == 3:
+                host = exact(c, exact(c, 1)[0]).decode()
+            else:
+                c.sendall(b"\x05\x08\x00\x01" + bytes(6)); return
+            port = struct.unpack("!H", exact(c, 2))[0]
+            with open(log, "a") as f:
+                f.write(f"CONNECT {host}:{port}\n")
+            try:
+                up = socket.create_connection((host, port), timeout=5)
+            except OSError:
+                c.sendall(b"\x05\x05\x00\x01" + bytes(6)); return
+            c.sendall(b"\x05\x00\x00\x01" + socket.inet_aton(up.getsockname()[0])
+                      + struct.pack("!H", up.getsockname()[1]))
+            t = threading.Thread(target=pipe, args=(up, c), daemon=True)
+            t.start()
+            pipe(c, up)
+            t.join()
+        except OSError:
+            pass
+        finally:
+            c.close()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((bind, port))
+    s.listen(64)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+""")
 
 # An HTTPS server answering with the request's headers as JSON.
 ECHO = textwrap.dedent("""
@@ -91,8 +172,8 @@ def secnet():
     """The test internet: the echo hosts (two with certificates of the test CA, one
     self-signed) and a DNS server; yields the test CA's path."""
     require_root()
-    ns = NetNs(NS, "ktsec0", f"{HOST_SIDE}/24", [f"{a}/24" for a in [*HOSTS.values(), DNS_ADDR]],
-               HOST_SIDE)
+    ns = NetNs(NS, "ktsec0", f"{HOST_SIDE}/24",
+               [f"{a}/24" for a in [*set(HOSTS.values()), DNS_ADDR]], HOST_SIDE)
     d = tempfile.mkdtemp(prefix="kiln-secnet-")
     try:
         ns.up()
@@ -119,8 +200,11 @@ def secnet():
                         "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
                 openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
                         "-out", cert, "-days", "2", "-extfile", ext)
-            ns.spawn(sys.executable, "-c", ECHO, ip, cert, key)
+            if name != "socks.sec.test":
+                ns.spawn(sys.executable, "-c", ECHO, ip, cert, key)
         for name, ip in HOSTS.items():
+            if name == "socks.sec.test":
+                continue
             args = ["curl", "-s", "-m", "2", "--resolve", f"{name}:443:{ip}", f"https://{name}/up"]
             args[1:1] = ["-k"] if name == "bad.sec.test" else ["--cacert", ca]
             for _ in range(150):
@@ -130,7 +214,7 @@ def secnet():
                 time.sleep(0.2)
             else:
                 pytest.fail(f"the test host {name} did not come up")
-        yield ca
+        yield ca, ns, d
     finally:
         ns.down()
         shutil.rmtree(d, ignore_errors=True)
@@ -140,7 +224,7 @@ def secnet():
 def srv(secnet):
     base = tempfile.mkdtemp(prefix="kiln-rules-")
     s, log = None, ""
-    os.environ["KILN_EGRESS_TRUST"] = secnet
+    os.environ["KILN_EGRESS_TRUST"] = secnet[0]
     try:
         s = KilnServer(os.path.join(base, "state"),
                        ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS_ADDR]
@@ -168,6 +252,7 @@ def curl(sbx, args):
 
 
 def test_rules_inject_secrets_that_never_enter_the_sandbox(srv, secnet):
+    secnet = secnet[0]
     opts = srv.opts()
     tag = uuid.uuid4().hex[:8]
     value = f"sk-{uuid.uuid4().hex}"
@@ -195,6 +280,10 @@ def test_rules_inject_secrets_that_never_enter_the_sandbox(srv, secnet):
         seen = json.loads(body)
         assert seen["headers"]["authorization"] == f"Bearer {value}", seen
         assert seen["headers"]["x-kiln-rule"] == "one" and seen["path"] == "/a?b=1", seen
+        # HTTP/2 towards the sandbox when its client offers it (curl's default over TLS).
+        code, out = run(sbx, "curl -s -m 10 --http2 -w '\\n%{http_version}' https://api.sec.test/h2 "
+                             "https://api.sec.test/h2b")
+        assert code == 0 and out.strip().endswith("2") and out.count(f"Bearer {value}") == 2, out
         # Keep-alive: both requests of one connection carry it.
         code, out = run(sbx, "curl -s -m 10 https://api.sec.test/1 https://api.sec.test/2")
         assert code == 0 and out.count(f"Bearer {value}") == 2, out
@@ -278,3 +367,67 @@ def test_mcp_is_stored_and_echoed(srv):
         srv.request("DELETE", f"/sandboxes/{sid}")
     status, body, _ = srv.request("POST", "/sandboxes", {"templateID": "base", "mcp": "x"})
     assert status == 400, body
+
+
+def test_egress_proxy_tunnels_and_fails_closed(srv, secnet):
+    ca, ns, d = secnet
+    log = os.path.join(d, "socks.log")
+    proc = ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", "pw-" + "x" * 8, log, "1080")
+    ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", "pw-" + "x" * 8, log, "1081",
+             os.path.join(d, "socks.sec.test.pem"), os.path.join(d, "socks.sec.test.key"))
+    import time
+    deadline = time.time() + 20
+    while any(sh("ip", "netns", "exec", NS, "python3", "-c",
+                 f"import socket; socket.create_connection(('{SOCKS_ADDR}', {port}), timeout=1)",
+                 check=False).returncode != 0 for port in (1080, 1081)):
+        assert time.time() < deadline, "the SOCKS5 server did not come up"
+        time.sleep(0.2)
+    opts = srv.opts()
+    proxy = {"address": f"{SOCKS_ADDR}:1080", "username": "kiln", "password": "pw-" + "x" * 8}
+    # A proxy on a private address is refused before any sandbox exists.
+    with pytest.raises(Exception) as e:
+        Sandbox.create(timeout=60, **opts, network={"egress_proxy": {"address": "10.1.2.3:1080"}})
+    assert "always-denied" in str(e.value), e.value
+    sbx = Sandbox.create(timeout=120, **opts, network={"egress_proxy": proxy})
+    try:
+        sbx.files.write("/tmp/testca.pem", open(ca).read())
+        url = "--cacert /tmp/testca.pem https://other.sec.test/through"
+        code, status, body = curl(sbx, url)
+        assert (code, status) == (0, "200"), body
+        assert "CONNECT 198.51.100.21:443" in open(log).read()
+        # Never the password in an answer.
+        assert sbx.get_info().network["egress_proxy"] == {"address": f"{SOCKS_ADDR}:1080",
+                                                          "username": "kiln"}
+        status, detail, _ = srv.request("GET", f"/sandboxes/{sbx.sandbox_id}")
+        assert "pw-" not in json.dumps(detail), detail
+        # SOCKS5 inside TLS to the proxy, verified against the given CA.
+        tls = {**proxy, "address": f"{SOCKS_ADDR}:1081",
+               "tls": {"server_name": "socks.sec.test", "ca_cert": open(ca).read()}}
+        sbx.update_network({"egress_proxy": tls})
+        before = open(log).read().count("CONNECT")
+        code, status, body = curl(sbx, url)
+        assert (code, status) == (0, "200"), body
+        assert open(log).read().count("CONNECT") == before + 1
+        assert sbx.get_info().network["egress_proxy"]["tls"] == {"server_name": "socks.sec.test"}
+        # A proxy certificate that does not verify: fails closed.
+        sbx.update_network({"egress_proxy": {**tls, "tls": {"server_name": "wrong.sec.test",
+                                                            "ca_cert": open(ca).read()}}})
+        code, status, _ = curl(sbx, url)
+        assert code != 0, status
+        # Refused credentials: the connection fails, no direct fallback.
+        sbx.update_network({"egress_proxy": {**proxy, "password": "wrong"}})
+        code, status, _ = curl(sbx, url)
+        assert code != 0, status
+        # The proxy down: fails closed.
+        sbx.update_network({"egress_proxy": proxy})
+        assert curl(sbx, url)[:2] == (0, "200")
+        proc.kill()
+        proc.wait()
+        code, status, _ = curl(sbx, url)
+        assert code != 0, status
+        # Without egressProxy (replace semantics) the sandbox goes direct again.
+        sbx.update_network({})
+        assert curl(sbx, url)[:2] == (0, "200")
+        assert "egress_proxy" not in sbx.get_info().network
+    finally:
+        sbx.kill()

@@ -395,10 +395,11 @@ def test_mask_request_host_rewrites_the_host_header(net_server):
 
 
 def test_unsupported_network_options_are_refused_not_ignored(net_server):
-    for network in [{"egress_proxy": {"address": "198.51.100.9:1080"}}]:
+    for network in [{"egress_proxy": {"address": "10.0.0.1:1080"}},
+                    {"egress_proxy": {"address": "198.51.100.9:1080", "tls": {"ca_cert": "x"}}}]:
         with pytest.raises(Exception) as e:
             create(net_server, network=network)
-        assert "not implemented" in str(e.value), str(e.value)
+        assert "400" in str(e.value) and "egressProxy" in str(e.value), str(e.value)
 
 
 def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(internet):

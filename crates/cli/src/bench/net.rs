@@ -2,7 +2,10 @@
 //! - create p50 with networking (a pooled slot, `runsc --network=sandbox`) vs without
 //!   (`--network=none`), interleaved;
 //! - an HTTP request to a server inside a sandbox through kiln's proxy vs the same request made
-//!   directly from the sandbox's router namespace (no proxy), p50 latency and throughput.
+//!   directly from the sandbox's router namespace (no proxy), p50 latency and throughput;
+//! - an HTTPS GET on a kept-alive connection through `network.rules` interception (kiln's CA,
+//!   a header injected from a secret) vs the same GET straight to the upstream, on loopback
+//!   ([`kiln_net::intercept::bench`]).
 //!
 //! The networked side uses its own host range (`--range`) so the bench can run next to a
 //! server.
@@ -225,6 +228,16 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     let _ = net.manager.kill(&id, "bench").await;
     net.gvisor.shutdown_network().await;
 
+    eprintln!(
+        "https: {} × small GET, keep-alive, direct and intercepted (loopback) …",
+        a.requests
+    );
+    let dir = tempfile::tempdir_in(&work_root).context("a directory for the bench's CAs")?;
+    let (https_direct, https_intercepted) =
+        kiln_net::intercept::bench::measure(dir.path(), a.requests)
+            .await
+            .map_err(|e| anyhow!("interception bench: {e}"))?;
+
     let (w, wo) = (percentiles(&with), percentiles(&without));
     println!(
         "kiln bench net (gVisor, platform {}, template {}):",
@@ -246,6 +259,10 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
         tpp,
         tpp / tpd
     );
+    let (hd, hi) = (percentiles(&https_direct), percentiles(&https_intercepted));
+    row("HTTPS GET 100 B, keep-alive (loopback)", &hd, &hd);
+    row("HTTPS GET, network.rules interception", &hi, &hd);
+    println!("  interception p50 ratio target: at most 1.3x");
     Ok(0)
 }
 

@@ -98,6 +98,7 @@ impl Ca {
     pub fn open(dir: &Path) -> Result<Self> {
         let (cert_path, key_path) = (dir.join(CA_CERT_FILE), dir.join(CA_KEY_FILE));
         let io = |what: &str, p: &Path| crate::io_err(format!("{what} {}", p.display()));
+        std::fs::create_dir_all(dir).map_err(io("making", dir))?;
         let (key, cert_pem) = match std::fs::read_to_string(&key_path) {
             Ok(k) => {
                 std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
@@ -145,7 +146,8 @@ impl Ca {
     pub fn server_config(&self, name: &str, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>> {
         let now = Utc::now();
         let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = leaves.get(name).filter(|l| l.renew_at > now) {
+        let cache_key = format!("{name}|{}", alpn.join(&b","[..]).escape_ascii());
+        if let Some(l) = leaves.get(&cache_key).filter(|l| l.renew_at > now) {
             return Ok(l.config.clone());
         }
         let key = KeyPair::generate().map_err(ca_err("making a leaf key"))?;
@@ -180,7 +182,7 @@ impl Ca {
             leaves.clear();
         }
         leaves.insert(
-            name.to_string(),
+            cache_key,
             Leaf {
                 config: cfg.clone(),
                 renew_at: now + Duration::days(LEAF_DAYS - RENEW_DAYS),

@@ -1,7 +1,8 @@
 //! One intercepted connection: TLS to the upstream first (verified as any client would: the
 //! host's roots, the SNI name or the IP), then the sandbox's TLS accepted with a leaf for the
-//! same name, then HTTP/1.1 relayed request by request with hyper, the host's rule headers set
-//! on each. An upstream that cannot be reached or fails verification is never bypassed: the
+//! same name, then HTTP relayed request by request with hyper (HTTP/2 or HTTP/1.1 towards the
+//! sandbox, as its ALPN chose; HTTP/1.1 towards the upstream), the host's rule headers set on
+//! each. An upstream that cannot be reached or fails verification is never bypassed: the
 //! sandbox gets a `502` naming what failed, and the connection ends.
 
 use std::convert::Infallible;
@@ -83,26 +84,55 @@ fn text(status: StatusCode, msg: String) -> Response<Body> {
     r
 }
 
+/// Headers HTTP/2 forbids (connection-specific), dropped from HTTP/1.1 answers relayed to an
+/// HTTP/2 client.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// An HTTP/2 request as the HTTP/1.1 upstream takes it: `Host` from the authority, the path
+/// as the target.
+fn to_http1(req: &mut Request<Incoming>) {
+    if let Some(a) = req.uri().authority().map(|a| a.as_str().to_string()) {
+        if !req.headers().contains_key(http::header::HOST) {
+            if let Ok(v) = http::HeaderValue::from_str(&a) {
+                req.headers_mut().insert(http::header::HOST, v);
+            }
+        }
+    }
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    if let Ok(u) = path.parse() {
+        *req.uri_mut() = u;
+    }
+    *req.version_mut() = http::Version::HTTP_11;
+}
+
 /// Relays an intercepted connection: `client` is the sandbox's (its first bytes, the
 /// ClientHello, already read into `peeked`), `upstream` the connection to its destination
 /// (or why there is none), `name` the SNI name or the IP the leaf and the check use. Counts
 /// the sandbox's bytes into `out` (sent) and `inn` (received). An error says what failed.
 #[allow(clippy::too_many_arguments)]
-pub async fn relay(
+pub async fn relay<U>(
     t: Arc<Transforms>,
     host: HostRules,
     name: &str,
     client: TcpStream,
     peeked: Vec<u8>,
-    upstream: io::Result<TcpStream>,
+    upstream: io::Result<U>,
     out: Arc<AtomicU64>,
     inn: Arc<AtomicU64>,
-) -> io::Result<()> {
-    let leaf = t
-        .interceptor
-        .ca
-        .server_config(name, &[b"http/1.1"])
-        .map_err(io::Error::other)?;
+) -> io::Result<()>
+where
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     // The upstream first: a sandbox whose upstream fails verification is told so.
     let up = async {
         let tcp = upstream?;
@@ -121,6 +151,16 @@ pub async fn relay(
         read: out,
         written: inn,
     };
+    // A failed upstream is answered in HTTP/1.1 (one plain answer); else HTTP/2 is offered too.
+    let alpn: &[&[u8]] = match up {
+        Ok(_) => &[b"h2", b"http/1.1"],
+        Err(_) => &[b"http/1.1"],
+    };
+    let leaf = t
+        .interceptor
+        .ca
+        .server_config(name, alpn)
+        .map_err(io::Error::other)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(leaf);
     let mut tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
         .await
@@ -147,9 +187,13 @@ pub async fn relay(
         .map_err(|e| io::Error::other(format!("upstream {name}: {e}")))?;
     let upstream_conn = tokio::spawn(conn);
     let sender = Arc::new(tokio::sync::Mutex::new(sender));
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let (t, host, sender) = (t.clone(), host.clone(), sender.clone());
         async move {
+            if h2 {
+                to_http1(&mut req);
+            }
             if let Err(e) = host
                 .apply(req.headers_mut(), &t.team, t.secrets.as_ref())
                 .await
@@ -168,15 +212,30 @@ pub async fn relay(
                 ));
             }
             Ok(match s.send_request(req).await {
-                Ok(r) => r.map(|b| b.boxed()),
+                Ok(mut r) => {
+                    if h2 {
+                        for h in HOP_BY_HOP {
+                            r.headers_mut().remove(*h);
+                        }
+                        *r.version_mut() = http::Version::HTTP_2;
+                    }
+                    r.map(|b| b.boxed())
+                }
                 Err(e) => text(StatusCode::BAD_GATEWAY, format!("upstream: {e}")),
             })
         }
     });
-    let r = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(tls), svc)
-        .await
-        .map_err(io::Error::other);
+    let r = if h2 {
+        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(TokioIo::new(tls), svc)
+            .await
+            .map_err(io::Error::other)
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(tls), svc)
+            .await
+            .map_err(io::Error::other)
+    };
     upstream_conn.abort();
     r
 }

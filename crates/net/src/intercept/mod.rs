@@ -1,10 +1,11 @@
 //! TLS interception for `network.rules` (E2B's header transforms): for hosts a rule names,
 //! and only those, the egress proxy terminates the sandbox's TLS with a leaf of the server's
 //! own CA ([`ca`]), verifies the upstream's certificate against the host's trust store,
-//! sets the rule's headers on every request ([`transform`]) and relays HTTP/1.1 ([`mitm`]).
+//! sets the rule's headers on every request ([`transform`]) and relays HTTP ([`mitm`]).
 //! Secret placeholders are resolved per request from a [`SecretSource`] (the server's vault):
 //! the value exists only in the proxy, on its way to the upstream.
 
+pub mod bench;
 pub mod ca;
 pub mod mitm;
 pub mod transform;
@@ -44,6 +45,21 @@ const HOST_BUNDLES: &[&str] = &[
 /// besides the host's store (a private or test CA).
 pub const EXTRA_TRUST_ENV: &str = "KILN_EGRESS_TRUST";
 
+/// The host's trust store plus the certificates in `extra` (PEM files).
+pub fn host_roots(extra: &[PathBuf]) -> Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    let bundle = HOST_BUNDLES.iter().map(Path::new).find(|p| p.is_file());
+    for path in bundle.into_iter().chain(extra.iter().map(PathBuf::as_path)) {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| NetError::Config(format!("trust store {}: {e}", path.display())))?;
+        for c in certs.flatten() {
+            // Certificates the verifier cannot use are skipped, as every TLS client does.
+            let _ = roots.add(c);
+        }
+    }
+    Ok(roots)
+}
+
 /// The server-wide part: the CA and the upstream TLS client.
 pub struct Interceptor {
     pub ca: Ca,
@@ -64,16 +80,7 @@ impl Interceptor {
     /// the host's store plus the certificates in `extra` upstream.
     pub fn open(dir: &Path, extra: &[PathBuf]) -> Result<Self> {
         let ca = Ca::open(dir)?;
-        let mut roots = rustls::RootCertStore::empty();
-        let bundle = HOST_BUNDLES.iter().map(Path::new).find(|p| p.is_file());
-        for path in bundle.into_iter().chain(extra.iter().map(PathBuf::as_path)) {
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| NetError::Config(format!("trust store {}: {e}", path.display())))?;
-            for c in certs.flatten() {
-                // Certificates the verifier cannot use are skipped, as every TLS client does.
-                let _ = roots.add(c);
-            }
-        }
+        let roots = host_roots(extra)?;
         let n = roots.len();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut cfg = rustls::ClientConfig::builder_with_provider(provider)

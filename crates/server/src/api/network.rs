@@ -4,6 +4,7 @@
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use kiln_net::upstream::EgressProxyConfig;
 use kiln_net::EgressPolicy;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -44,11 +45,6 @@ pub fn policy_of(
     }
     let empty = NetworkJson::default();
     let n = net.unwrap_or(&empty);
-    if present(&n.egress_proxy) {
-        return Err(ApiError::not_implemented(
-            "an upstream egress proxy (egressProxy)",
-        ));
-    }
     let v = |l: &Option<Vec<String>>| l.clone().unwrap_or_default();
     let mut policy = EgressPolicy::from_lists(
         allow_internet_access.unwrap_or(true),
@@ -57,6 +53,9 @@ pub fn policy_of(
         &v(&n.dns_servers),
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if let Some(v) = n.egress_proxy.as_ref().filter(|_| present(&n.egress_proxy)) {
+        policy.egress_proxy = Some(EgressProxyConfig::parse(v).map_err(ApiError::bad_request)?);
+    }
     policy.https_ports = n.https_ports.clone().unwrap_or_default();
     if policy.https_ports.contains(&0) {
         return Err(ApiError::bad_request("httpsPorts: 0 is not a port"));
@@ -91,6 +90,9 @@ pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
             // Only when set: the SDK cannot parse a null `rules`.
             if let Some(t) = &p.transforms {
                 v["rules"] = t.rules.to_json();
+            }
+            if let Some(x) = &p.egress_proxy {
+                v["egressProxy"] = x.info_json();
             }
             v
         }),

@@ -46,13 +46,17 @@ fn rules_of(net: Option<&NetworkJson>) -> ApiResult<Option<RuleSet>> {
     Ok((!rules.is_empty()).then_some(rules))
 }
 
-/// `policy` with the request's `network.rules` attached (checked for `team`).
+/// `policy` with the request's `network.rules` attached (checked for `team`), its
+/// `egressProxy` (if any) checked to resolve to a public address.
 pub async fn with_rules(
     st: &AppState,
     team: &str,
     net: Option<&NetworkJson>,
     policy: Option<EgressPolicy>,
 ) -> ApiResult<Option<EgressPolicy>> {
+    if let Some(p) = policy.as_ref().and_then(|p| p.egress_proxy.as_ref()) {
+        p.check_public().await.map_err(ApiError::bad_request)?;
+    }
     let Some(rules) = rules_of(net)? else {
         return Ok(policy);
     };

@@ -1,0 +1,172 @@
+//! What interception costs a request, measured on loopback (for `kiln bench net`): an HTTPS
+//! upstream of its own (certificate from a CA made here), a keep-alive client sending small
+//! GETs to it directly, and the same client through [`super::mitm::relay`] with a rule that
+//! injects a secret header. Both connections are reused for every request (E2B's clients keep
+//! them alive), and the requests alternate, so both see the same machine.
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{Interceptor, RuleSet, SecretSource, Transforms};
+
+const NAME: &str = "bench.kiln.test";
+
+type Err = Box<dyn std::error::Error + Send + Sync>;
+
+struct Fixed;
+impl SecretSource for Fixed {
+    fn value<'a>(
+        &'a self,
+        _team: &'a str,
+        _name: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send + 'a>,
+    > {
+        Box::pin(async { Ok(Some("bench-secret".to_string())) })
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// An HTTPS server answering 100 bytes (`A` when the request carried the injected header).
+async fn upstream(dir: &Path) -> Result<std::net::SocketAddr, Err> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::default();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key)?;
+    std::fs::write(dir.join("upstream-ca.pem"), ca_cert.pem())?;
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate()?;
+    let leaf = CertificateParams::new(vec![NAME.to_string()])?.signed_by(&key, &issuer)?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let c = if req.headers().get("authorization").is_some() {
+                        b'A'
+                    } else {
+                        b'-'
+                    };
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(vec![c; 100]))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+/// A keep-alive HTTPS client connection to `addr` trusting `ca_pem` only.
+async fn client(addr: std::net::SocketAddr, ca_pem: &str) -> Result<Sender, Err> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes())?)?;
+    let cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from(NAME)?, tcp)
+        .await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One GET: its time and its body's first byte.
+async fn get(s: &mut Sender) -> Result<(Duration, u8), Err> {
+    let t = Instant::now();
+    s.ready().await?;
+    let req = Request::get("/small")
+        .header(http::header::HOST, NAME)
+        .body(Empty::new())?;
+    let body = s.send_request(req).await?.into_body().collect().await?;
+    let b = body.to_bytes();
+    Ok((t.elapsed(), b.first().copied().unwrap_or(0)))
+}
+
+/// `requests` small GETs each way: (direct, intercepted) times. `dir` holds the CAs.
+pub async fn measure(dir: &Path, requests: usize) -> Result<(Vec<Duration>, Vec<Duration>), Err> {
+    let up = upstream(dir).await?;
+    let interceptor = Arc::new(Interceptor::open(
+        &dir.join("kiln"),
+        &[dir.join("upstream-ca.pem")],
+    )?);
+    let rules = RuleSet::parse(&serde_json::json!({NAME: [{"transform": {"headers": {
+        "Authorization": "Bearer ${e2b.secrets.key}"}}}]}))?;
+    let host = rules.hosts[0].clone();
+    let t = Arc::new(Transforms {
+        rules,
+        team: "bench".into(),
+        secrets: Arc::new(Fixed),
+        interceptor: interceptor.clone(),
+    });
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let front = l.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (t, host) = (t.clone(), host.clone());
+            tokio::spawn(async move {
+                let upstream = TcpStream::connect(up).await;
+                if let Ok(u) = &upstream {
+                    let _ = u.set_nodelay(true);
+                }
+                let _ = s.set_nodelay(true);
+                let n = || Arc::new(AtomicU64::new(0));
+                let _ = super::mitm::relay(t, host, NAME, s, Vec::new(), upstream, n(), n()).await;
+            });
+        }
+    });
+    let upstream_ca = std::fs::read_to_string(dir.join("upstream-ca.pem"))?;
+    let mut direct = client(up, &upstream_ca).await?;
+    let mut through = client(front, interceptor.ca.cert_pem()).await?;
+    let (mut d, mut i) = (Vec::new(), Vec::new());
+    for k in 0..requests + 5 {
+        let (td, cd) = get(&mut direct).await?;
+        let (ti, ci) = get(&mut through).await?;
+        if (cd, ci) != (b'-', b'A') {
+            return Err("the intercepted request did not carry the injected header".into());
+        }
+        // The first few warm both connections up.
+        if k >= 5 {
+            d.push(td);
+            i.push(ti);
+        }
+    }
+    Ok((d, i))
+}
