@@ -109,6 +109,7 @@ pub(crate) fn unauthorized(message: &str) -> Response {
         StatusCode::UNAUTHORIZED,
         axum::Json(json!({ "code": 401, "message": message })),
     )
+        .into_response()
 }
 
 /// The sandbox a signed `/files` request is for, or why it is refused (answered as 401 by
