@@ -1,4 +1,4 @@
-//! The `secrets` table (migration 9): one row per secret of a team, holding its current
+//! The `secrets` table (migration 10): one row per secret of a team, holding its current
 //! version's value sealed by [`crate::vault`] (never in clear), its metadata and version
 //! number. [`SecretsDb`] has a connection of its own to the state database, like the audit
 //! log and the metrics history.
@@ -194,7 +194,7 @@ impl SecretsDb {
 }
 
 /// The `mcp` field of a sandbox's create request, kept on the same connection (the
-/// `sandbox_mcp` table of migration 9).
+/// `sandbox_mcp` table of migration 10).
 impl SecretsDb {
     /// Records sandbox `id`'s `mcp` configuration.
     pub async fn put_mcp(&self, id: &str, mcp: &serde_json::Value) -> Result<()> {
