@@ -63,7 +63,7 @@ pub enum AlertsError {
     #[error("anomaly detection needs the audit log (kiln serve --audit on, or --rules off)")]
     AuditOff,
     #[error("opening the alerts table: {0}")]
-    Db(#[from] rusqlite::Error),
+    Db(#[from] crate::store::StoreError),
 }
 
 /// What `start` loaded.
@@ -98,7 +98,10 @@ pub fn start(
         }
     };
     let rules = set.rules.len();
-    let handler = actions::Handler::new(manager.clone(), AlertsDb::open(db)?);
+    let handler = actions::Handler::new(
+        manager.clone(),
+        AlertsDb::open(db).map_err(crate::store::StoreError::from)?,
+    );
     let (tx, rx) = mpsc::channel(QUEUE);
     tap.set(tx);
     tokio::spawn(run(Engine::new(set), rx, watched, handler, manager.clone()));
