@@ -338,7 +338,8 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Equality of two secrets in time that does not depend on where they differ.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -99,10 +99,6 @@ pub(crate) fn signature(q: &SignedQuery, op: &str, token: &str) -> String {
     )
 }
 
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The 401 answer of a signed request that [`route_signed`] refused.
 pub(crate) fn unauthorized(message: &str) -> Response {
     (
@@ -125,9 +121,12 @@ pub(crate) fn route_signed(
         .into_iter()
         .filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Paused))
         .find(|r| {
-            r.envd_token
-                .as_deref()
-                .is_some_and(|t| ct_eq(signature(q, op, t).as_bytes(), q.signature.as_bytes()))
+            r.envd_token.as_deref().is_some_and(|t| {
+                crate::proxy::constant_time_eq(
+                    signature(q, op, t).as_bytes(),
+                    q.signature.as_bytes(),
+                )
+            })
         });
     let Some(r) = hit else {
         return Err(

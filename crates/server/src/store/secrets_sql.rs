@@ -151,7 +151,9 @@ impl SecretsDb {
     ) -> Result<Option<SecretRecord>> {
         let (team, key) = (team.to_string(), key.to_string());
         self.run(move |c| {
-            let tx = c.transaction()?;
+            // IMMEDIATE: a read that upgrades to a write in WAL mode fails at once (no busy
+            // wait) when another connection wrote in between; take the write lock first.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let Some(mut s) = get(&tx, &team, &key)? else {
                 return Ok(None);
             };
