@@ -6,24 +6,18 @@
 //!   layer is the template's rootfs directory (never written to);
 //! - `bundle/config.json`: the OCI spec (kiln-agent as init, `linux.resources` limits,
 //!   `cgroupsPath` `/kiln/<id>`);
-//! - `run/`: a 64 KiB tmpfs at `/run/kiln` inside, sealed (only `agent.sock`, immutable) outside
-//!   the server's windows ([`seal`]); the agent binds `agent.sock` there, reachable from the host
-//!   through `runsc --host-uds=create`, so the server↔agent channel never needs the sandbox
-//!   network;
+//! - `run/`: a 64 KiB tmpfs at `/run/kiln`, sealed outside the server's windows ([`seal`]); the
+//!   agent's `agent.sock` there is reached through `runsc --host-uds=create`, so the
+//!   server↔agent channel never needs the sandbox network;
 //! - `console.log`: the agent's stdout/stderr (runsc's own errors too).
 //!
 //! runsc's container state lives in `<state>/gvisor/runsc/` (`--root`), so every sandbox kiln
 //! ever started can be listed and deleted after a crash.
 //!
-//! Latency: [`Driver::create`] only prepares the layer and the bundle; [`Driver::start`] is one
-//! `runsc run --detach` (one runsc process instead of `create` + `start`). The server is a child
-//! subreaper, so each sandbox's `runsc-sandbox`/`runsc-gofer` processes become its children:
-//! stop SIGKILLs and reaps them itself before `runsc delete --force`, which otherwise polls for
-//! seconds until the host's init reaps the zombies.
-//!
-//! Modules: [`oci`] (the spec), [`runsc`] (every subcommand's command line), [`mounts`],
-//! [`reap`] (host processes), [`checkpoint`] (pause, resume), [`snapshot`], [`generation`] (the
-//! runsc container id, which changes with each restore); the rest: the README's crate map.
+//! [`Driver::create`] prepares the layer and bundle; [`Driver::start`] is one `runsc run
+//! --detach`. The server is a child subreaper: stop SIGKILLs and reaps a sandbox's runsc
+//! processes itself before `runsc delete --force` (which would poll until init reaped them).
+//! Modules: the README's crate map (`crates/gvisor`).
 
 mod checkpoint;
 mod console;
