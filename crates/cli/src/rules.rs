@@ -154,14 +154,7 @@ pub fn alerts(a: AlertsArgs) -> anyhow::Result<i32> {
         }
         let mut cursor = String::new();
         loop {
-            let mut page = q.clone();
-            page.push("limit=1000".into());
-            if !cursor.is_empty() {
-                page.push(format!("cursor={}", enc(&cursor)));
-            }
-            let v = client
-                .get_json(&format!("/alerts?{}", page.join("&")))
-                .await?;
+            let v = client.get_json(&page_path("/alerts", &q, &cursor)).await?;
             let list = v["alerts"].as_array().cloned().unwrap_or_default();
             for x in &list {
                 print_alert(x, a.json);
@@ -177,6 +170,16 @@ pub fn alerts(a: AlertsArgs) -> anyhow::Result<i32> {
             }
         }
     })
+}
+
+/// One page (1000 entries) of a cursor-paged listing at `base` with query parameters `q`.
+fn page_path(base: &str, q: &[String], cursor: &str) -> String {
+    let mut page = q.to_vec();
+    page.push("limit=1000".into());
+    if !cursor.is_empty() {
+        page.push(format!("cursor={}", enc(cursor)));
+    }
+    format!("{base}?{}", page.join("&"))
 }
 
 /// `kiln audit scan --rules FILE [--since T] [ID]`: reads the stored audit (one sandbox's or
@@ -205,14 +208,7 @@ pub async fn scan(
     }
     let (mut cursor, mut seen, mut fired) = (String::new(), 0usize, 0usize);
     loop {
-        let mut page = q.clone();
-        page.push("limit=1000".into());
-        if !cursor.is_empty() {
-            page.push(format!("cursor={}", enc(&cursor)));
-        }
-        let v = client
-            .get_json(&format!("{base}?{}", page.join("&")))
-            .await?;
+        let v = client.get_json(&page_path(&base, &q, &cursor)).await?;
         let recs = v["records"].as_array().cloned().unwrap_or_default();
         for r in &recs {
             seen += 1;
