@@ -112,6 +112,17 @@ pub fn non_empty(name: &str, v: &str) -> ToolResult<()> {
     Ok(())
 }
 
+/// `value` of argument `name` within 1..=`max` (a timeout in seconds, say).
+pub fn in_range(name: &str, value: u64, max: u64) -> ToolResult<u64> {
+    if value == 0 || value > max {
+        return Err(ToolError::arg(
+            name,
+            format!("must be 1-{max}, got {value}"),
+        ));
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

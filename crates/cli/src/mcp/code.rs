@@ -126,12 +126,7 @@ pub async fn run(ctx: &Ctx, a: CodeArgs) -> ToolResult<CallToolResult> {
         }
     }
     let secs = a.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS);
-    if secs == 0 || secs > MAX_TIMEOUT_SECS {
-        return Err(ToolError::arg(
-            "timeout_secs",
-            format!("must be 1-{MAX_TIMEOUT_SECS}, got {secs}"),
-        ));
-    }
+    super::args::in_range("timeout_secs", secs, MAX_TIMEOUT_SECS)?;
     let sbx = ctx.sandbox(&a.sandbox_id).await?;
     let mut body = json!({ "code": a.code });
     if let Some(l) = &a.language {

@@ -80,12 +80,7 @@ pub async fn run(ctx: &Ctx, a: RunArgs) -> ToolResult<CallToolResult> {
         super::args::abs_path("cwd", cwd)?;
     }
     let secs = a.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS);
-    if secs == 0 || secs > MAX_TIMEOUT_SECS {
-        return Err(ToolError::arg(
-            "timeout_secs",
-            format!("must be 1-{MAX_TIMEOUT_SECS}, got {secs}"),
-        ));
-    }
+    super::args::in_range("timeout_secs", secs, MAX_TIMEOUT_SECS)?;
     let sbx = ctx.sandbox(&a.sandbox_id).await?;
     let opts = ExecOptions {
         user: a.user,

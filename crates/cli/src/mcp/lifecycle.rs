@@ -83,12 +83,7 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> ToolResult<CallToolResult> {
         "envVars": a.env_vars.unwrap_or_default(),
     });
     if let Some(t) = a.timeout_secs {
-        if t == 0 || t > MAX_TIMEOUT_SECS {
-            return Err(ToolError::arg(
-                "timeout_secs",
-                format!("must be 1-{MAX_TIMEOUT_SECS}, got {t}"),
-            ));
-        }
+        super::args::in_range("timeout_secs", t, MAX_TIMEOUT_SECS)?;
         body["timeout"] = json!(t);
     }
     if let Some(allow) = a.allow_internet {
@@ -224,12 +219,7 @@ pub async fn resume(ctx: &Ctx, a: ResumeArgs) -> ToolResult<CallToolResult> {
     non_empty("sandbox_id", &a.sandbox_id)?;
     let mut body = json!({});
     if let Some(t) = a.timeout_secs {
-        if t == 0 || t > MAX_TIMEOUT_SECS {
-            return Err(ToolError::arg(
-                "timeout_secs",
-                format!("must be 1-{MAX_TIMEOUT_SECS}, got {t}"),
-            ));
-        }
+        super::args::in_range("timeout_secs", t, MAX_TIMEOUT_SECS)?;
         body["timeout"] = json!(t);
     }
     ctx.progress(format!("resuming {}", a.sandbox_id)).await;
@@ -266,12 +256,7 @@ pub async fn fork(ctx: &Ctx, a: ForkArgs) -> ToolResult<CallToolResult> {
     }
     let mut body = json!({ "count": count });
     if let Some(t) = a.timeout_secs {
-        if t == 0 || t > MAX_TIMEOUT_SECS {
-            return Err(ToolError::arg(
-                "timeout_secs",
-                format!("must be 1-{MAX_TIMEOUT_SECS}, got {t}"),
-            ));
-        }
+        super::args::in_range("timeout_secs", t, MAX_TIMEOUT_SECS)?;
         body["timeout"] = json!(t);
     }
     ctx.progress(format!("forking {} ×{count}", a.sandbox_id))
