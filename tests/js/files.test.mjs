@@ -92,6 +92,13 @@ test('metadata: on write, getInfo, list and rename; replaced or cleared by an ov
     assert.deepEqual((await sbx.files.getInfo('/home/user/meta2/b.txt')).metadata, { k: 'v' })
     await sbx.files.write('/home/user/meta2/b.txt', 'c')
     assert.equal((await sbx.files.getInfo('/home/user/meta2/b.txt')).metadata, undefined)
+    // xattrs set inside the sandbox show up where the file system has them (gVisor's tmpfs);
+    // on the sandbox's disk gVisor refuses user xattrs (docs/file-metadata.md).
+    const setx = (p) =>
+      sbx.commands.run(`echo t > ${p} && python3 -c "import os; os.setxattr('${p}', 'user.e2b.color', b'blue')"`)
+    await setx('/tmp/x')
+    assert.deepEqual((await sbx.files.getInfo('/tmp/x')).metadata, { color: 'blue' })
+    await assert.rejects(setx('/home/user/x'), (e) => /Operation not supported/.test(e.stderr))
     // A multi-file write puts it on every file.
     const infos = await sbx.files.write(
       [{ path: '/home/user/m/x', data: 'x' }, { path: '/home/user/m/y', data: 'y' }],

@@ -18,7 +18,9 @@ const files = process.argv.slice(2).length
 
 const net = new TestNet()
 // Networking with its own host range (no other suite uses 10.181.0.0/24) and a small pool.
-const server = new KilnServer(['--net-range', '10.181.0.0/24', '--net-pool', '2'])
+// KILN_SERVE_EXTRA_ARGS: more `kiln serve` flags, as for the Python suite.
+const extra = (process.env.KILN_SERVE_EXTRA_ARGS || '').split(/\s+/).filter(Boolean)
+const server = new KilnServer(['--net-range', '10.181.0.0/24', '--net-pool', '2', ...extra])
 let rc = 1
 let stopping = false
 async function teardown() {
