@@ -5,9 +5,9 @@
 // left under the state dir removed).
 
 import { spawn, spawnSync } from 'node:child_process'
-import { existsSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs'
+import { existsSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { basename, dirname, join } from 'node:path'
+import { join } from 'node:path'
 
 /** The kiln binary (KILN_BIN, as scripts/test.sh sets it). */
 export function kilnBin() {
@@ -149,14 +149,3 @@ function removeNetSlots(stateDir) {
   for (const dev of readdirSync('/sys/class/net')) if (dev.startsWith(p + 'h')) run('ip', 'link', 'del', dev)
   run('nft', 'delete', 'table', 'ip', `kiln_${p}`)
 }
-
-/** Allocated bytes of a file (0 when it is missing). */
-export function blocksOf(path) {
-  try {
-    return statSync(path).blocks * 512
-  } catch {
-    return 0
-  }
-}
-
-export { basename, dirname }

@@ -19,8 +19,7 @@ const HTTP_SERVER = `
 `
 
 function sh(...args) {
-  const r = spawnSync(args[0], args.slice(1), { encoding: 'utf8' })
-  return r
+  return spawnSync(args[0], args.slice(1), { encoding: 'utf8' })
 }
 
 function must(...args) {
