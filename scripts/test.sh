@@ -14,7 +14,7 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || install_packages python3-venv
 /usr/bin/python3 -c 'import ipykernel, matplotlib, pandas, PIL' 2>/dev/null ||
   install_packages ipykernel-missing:python3-ipykernel matplotlib-missing:python3-matplotlib \
     pandas-missing:python3-pandas pil-missing:python3-pil munkres-missing:python3-munkres
-install_packages node:nodejs
+install_packages node:nodejs npm:npm
 # The image tests run Debian's registry (CNCF distribution) on loopback and push with skopeo.
 install_packages docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils openssl:openssl
 # The desktop tests render the noVNC stream in the host's Chromium (through Playwright).
@@ -70,6 +70,21 @@ say "SDK end-to-end tests"
 set +e
 "$KILN_PYTHON" -m pytest tests/sdk -q -rs
 rc=$?
+say "JavaScript SDK tests (the pinned e2b npm package under node --test)"
+# node_modules is cached by the lockfile's hash (like the venv) and linked into tests/js.
+js_hash=$( (cat tests/js/package-lock.json; node --version) | sha256sum | cut -c1-16)
+js_deps="$cache/node-$js_hash"
+if [ ! -f "$js_deps/.complete" ]; then
+  rm -rf "$js_deps"
+  mkdir -p "$js_deps"
+  cp tests/js/package.json tests/js/package-lock.json "$js_deps/"
+  (cd "$js_deps" && npm ci --no-audit --no-fund --loglevel=error) && touch "$js_deps/.complete"
+fi
+[ -L tests/js/node_modules ] || rm -rf tests/js/node_modules
+ln -sfn "$js_deps/node_modules" tests/js/node_modules
+node tests/js/run.mjs
+rc_js=$?
+[ $rc -eq 0 ] && rc=$rc_js
 say "abuse tests (hostile workloads against kiln serve)"
 "$KILN_PYTHON" -m pytest tests/abuse -q -rs
 rc_abuse=$?

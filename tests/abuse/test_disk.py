@@ -102,13 +102,13 @@ def test_pause_snapshot_and_fork_keep_a_quota_each(server, sandbox):
 
 
 def test_console_flood_keeps_host_disk_growth_small(server, sandbox):
-    """A sandbox writing GiBs to its console (the agent's stdout, open to root as
+    """A sandbox writing 6 GiB to its console (the agent's stdout, open to root as
     /proc/1/fd/1): the log rotates at 4 MiB, checked often enough that the host's disk grows
     by far less than the flood (it grew by > 1 GiB when only the once-a-second tick rotated)."""
     import threading
     import time
 
-    flood_mb = 3072
+    flood_mb = 6144
     sdir = _sandbox_dir(server, sandbox)
 
     def used():
@@ -134,7 +134,7 @@ def test_console_flood_keeps_host_disk_growth_small(server, sandbox):
     try:
         start = time.time()
         r = sandbox.commands.run(
-            f"head -c {flood_mb}M /dev/zero > /proc/1/fd/1; echo rc=$?", user="root", timeout=120)
+            f"head -c {flood_mb}M /dev/zero > /proc/1/fd/1; echo rc=$?", user="root", timeout=240)
         took = time.time() - start
     finally:
         done.set()

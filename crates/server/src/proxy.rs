@@ -19,6 +19,57 @@ pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// Header carrying the traffic access token (ports of `allowPublicTraffic=false` sandboxes).
 pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
+/// A request body read up to a limit: all of it, or what was read followed by the rest.
+enum Peeked {
+    Whole(bytes::Bytes),
+    Partial(Body),
+}
+
+/// Reads `body` until it ends (data only) or passes `limit` bytes or yields trailers; then the
+/// frames read go first in the body that streams on.
+async fn peek_body(mut body: Body, limit: u64) -> Result<Peeked, axum::Error> {
+    use http_body_util::BodyExt;
+    let mut frames: Vec<http_body::Frame<bytes::Bytes>> = Vec::new();
+    let mut size = 0u64;
+    while size <= limit {
+        match body.frame().await {
+            None => {
+                let mut whole = bytes::BytesMut::with_capacity(size as usize);
+                for f in frames {
+                    if let Ok(d) = f.into_data() {
+                        whole.extend_from_slice(&d);
+                    }
+                }
+                return Ok(Peeked::Whole(whole.freeze()));
+            }
+            Some(Err(e)) => return Err(e),
+            Some(Ok(f)) => {
+                let Some(d) = f.data_ref() else {
+                    frames.push(f);
+                    break;
+                };
+                size += d.len() as u64;
+                frames.push(f);
+            }
+        }
+    }
+    let head = futures::stream::iter(frames.into_iter().map(Ok::<_, axum::Error>));
+    let rest = http_body_util::BodyStream::new(body);
+    let stream = futures::StreamExt::chain(head, rest);
+    Ok(Peeked::Partial(Body::new(http_body_util::StreamBody::new(
+        stream,
+    ))))
+}
+
+/// The answer when the client's request body cannot be read.
+fn body_error(id: &str, e: axum::Error) -> Response {
+    proxy_error(
+        StatusCode::BAD_REQUEST,
+        id,
+        format!("reading the request body: {e}"),
+    )
+}
+
 fn proxy_error(status: StatusCode, sandbox_id: &str, message: String) -> Response {
     (
         status,
@@ -226,18 +277,42 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
         Ok(r)
     };
     // Small bodies (every Connect request, small uploads) are buffered so that a connection
-    // that fails before the agent answers can be retried once; large ones stream through.
-    let small = upgrade.is_none()
-        && match headers.get(header::CONTENT_LENGTH) {
-            Some(v) => v
-                .to_str()
-                .ok()
-                .and_then(|s| s.parse::<u64>().ok())
-                .is_some_and(|n| n <= SMALL_BODY),
-            // No Content-Length: buffered only when there is no body at all; a chunked body
-            // of any size streams (it was buffered without limit before).
-            None => http_body::Body::is_end_stream(&body),
-        };
+    // that fails before the agent answers can be retried once; large ones stream through. A
+    // chunked body to the agent (the JS SDK sends every upload so) is read up to the same
+    // size to tell; one to another port streams at once (its client may wait for an answer).
+    let mut body = body;
+    let mut buffered = None;
+    if upgrade.is_none() && !grpc {
+        match headers.get(header::CONTENT_LENGTH) {
+            Some(v) => {
+                let small = v
+                    .to_str()
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .is_some_and(|n| n <= SMALL_BODY);
+                if small {
+                    match http_body_util::BodyExt::collect(body).await {
+                        Ok(c) => buffered = Some(c.to_bytes()),
+                        Err(e) => return body_error(id, e),
+                    }
+                    body = Body::empty();
+                }
+            }
+            None if target.port != kiln_proto::envd::ENVD_PORT => {
+                if http_body::Body::is_end_stream(&body) {
+                    buffered = Some(bytes::Bytes::new());
+                }
+            }
+            None => match peek_body(body, SMALL_BODY).await {
+                Ok(Peeked::Whole(bytes)) => {
+                    buffered = Some(bytes);
+                    body = Body::empty();
+                }
+                Ok(Peeked::Partial(rest)) => body = rest,
+                Err(e) => return body_error(id, e),
+            },
+        }
+    }
     let sent = if grpc {
         let body = match tap.as_mut() {
             Some(t) => t.wrap_request(body),
@@ -258,17 +333,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
             }
             Err(e) => return proxy_error(StatusCode::BAD_REQUEST, id, format!("bad request: {e}")),
         }
-    } else if small {
-        let bytes = match http_body_util::BodyExt::collect(body).await {
-            Ok(c) => c.to_bytes(),
-            Err(e) => {
-                return proxy_error(
-                    StatusCode::BAD_REQUEST,
-                    id,
-                    format!("reading the request body: {e}"),
-                );
-            }
-        };
+    } else if let Some(bytes) = buffered {
         if let Some(t) = tap.as_mut() {
             t.request(&bytes);
         }
@@ -379,5 +444,38 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    /// A chunked body of `chunks` (as the JS SDK's uploads arrive).
+    fn chunked(chunks: Vec<&'static [u8]>) -> Body {
+        let frames = chunks
+            .into_iter()
+            .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from_static(c)));
+        Body::from_stream(futures::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_chunked_body_is_read_whole_up_to_the_limit_and_streams_on_past_it() {
+        match peek_body(chunked(vec![b"ab", b"cd", b""]), 4)
+            .await
+            .unwrap()
+        {
+            Peeked::Whole(b) => assert_eq!(&b[..], b"abcd"),
+            Peeked::Partial(_) => panic!("a body within the limit is read whole"),
+        }
+        match peek_body(chunked(vec![b"abc", b"def", b"gh"]), 4)
+            .await
+            .unwrap()
+        {
+            Peeked::Partial(rest) => {
+                let all = http_body_util::BodyExt::collect(rest).await.unwrap();
+                assert_eq!(
+                    &all.to_bytes()[..],
+                    b"abcdefgh",
+                    "nothing lost or reordered"
+                );
+            }
+            Peeked::Whole(_) => panic!("a body past the limit streams"),
+        }
     }
 }
