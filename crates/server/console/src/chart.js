@@ -13,6 +13,8 @@ function describe(label, unit, xs, ys) {
   return `${label}: ${fmt(last)}${unit} at ${at}, ${n} samples`;
 }
 
+const tick = (v) => (v >= 10 || v === 0 ? v.toFixed(0) : v.toPrecision(2));
+
 export const fmt = (v) => (v == null ? "–" : Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(1));
 
 function useUplot(ref, opts, xs, ys) {
@@ -38,7 +40,7 @@ export function Sparkline({ label, unit = "", xs, ys, max }) {
       legend: { show: false },
       select: { show: false },
       axes: [{ show: false }, { show: false }],
-      scales: { x: { time: true }, y: { range: [0, max ?? null] } },
+      scales: { x: { time: true }, y: { range: (u, lo, hi) => [0, max ?? (hi > 0 ? hi * 1.2 : 1)] } },
       series: [{}, { stroke: "#2f6fde", fill: "rgba(47,111,222,.15)", width: 1.5 }],
     }),
     xs,
@@ -58,8 +60,11 @@ export function Plot({ id, label, unit = "", xs, ys, max, color = "#2f6fde" }) {
       width: 420,
       height: 160,
       legend: { show: false },
-      scales: { x: { time: true }, y: { range: [0, max ?? null] } },
-      axes: [{ stroke: "#555" }, { stroke: "#555", size: 50, values: (u, v) => v.map((x) => fmt(x) + unit) }],
+      scales: { x: { time: true }, y: { range: (u, lo, hi) => [0, max ?? (hi > 0 ? hi * 1.2 : 1)] } },
+      axes: [
+        { stroke: "#555", font: "11px system-ui" },
+        { stroke: "#555", size: 72, font: "11px system-ui", values: (u, v) => v.map((x) => tick(x) + unit) },
+      ],
       series: [{}, { label, stroke: color, fill: color + "22", width: 2 }],
     }),
     xs,

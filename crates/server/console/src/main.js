@@ -66,4 +66,6 @@ function App() {
     <main id="main" tabindex="-1">${page(h)}</main>`;
 }
 
-render(html`<${App} />`, document.getElementById("app"));
+const root = document.getElementById("app");
+root.textContent = "";
+render(html`<${App} />`, root);

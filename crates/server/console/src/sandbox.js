@@ -11,7 +11,7 @@ import { TerminalView } from "./terminal.js";
 const KINDS = ["process", "file", "net", "dns", "lifecycle", "api", "syscall"];
 const KEEP = 300;
 
-function Actions({ sbx, id, onDone }) {
+function Actions({ sbx, gone, id, onDone }) {
   const [busy, setBusy] = useState(null);
   const [msg, setMsg] = useState(null);
   const [confirmKill, setConfirmKill] = useState(false);
@@ -32,8 +32,8 @@ function Actions({ sbx, id, onDone }) {
       setConfirmKill(false);
     }
   };
-  const running = sbx && sbx.state === "running";
-  const paused = sbx && sbx.state === "paused";
+  const running = sbx && !gone && sbx.state === "running";
+  const paused = sbx && !gone && sbx.state === "paused";
   const base = `/sandboxes/${enc(id)}`;
   return html`<div class="actions" role="group" aria-label="Sandbox actions">
     <button type="button" disabled=${!running || busy} onClick=${() => act("pause", "POST", `${base}/pause`)}>Pause</button>
@@ -42,7 +42,7 @@ function Actions({ sbx, id, onDone }) {
     ${confirmKill
       ? html`<button type="button" class="danger" disabled=${busy} onClick=${() => act("kill", "DELETE", base)}>Confirm kill</button>
           <button type="button" onClick=${() => setConfirmKill(false)}>Cancel</button>`
-      : html`<button type="button" class="danger" disabled=${!sbx || busy} onClick=${() => setConfirmKill(true)}>Kill</button>`}
+      : html`<button type="button" class="danger" disabled=${!sbx || gone || busy} onClick=${() => setConfirmKill(true)}>Kill</button>`}
     ${msg && html`<span class=${msg.ok ? "ok" : "error"} role="status">${msg.text}</span>`}
   </div>`;
 }
@@ -116,7 +116,7 @@ function Events({ id }) {
       ${alerts.map((a) => html`<li class="alert" data-type="alert"><time>${time(a.timestamp)}</time>
         <span class=${`prio ${a.priority}`}>${a.priority}</span> <strong>${a.rule}</strong> ${a.output}</li>`)}
       ${[...events].reverse().map((e) => html`<li data-type=${e.type}><time>${time(e.timestamp)}</time>
-        <span class=${`ev ${e.type}`}>${e.type}</span> <code>${e.detail ? JSON.stringify(e.detail) : ""}</code></li>`)}
+        <span class=${`ev ${e.type}`}>${e.type}</span> <code>${e.detail == null ? "" : typeof e.detail === "string" ? e.detail : JSON.stringify(e.detail)}</code></li>`)}
     </ol>
   </section>`;
 }
@@ -133,7 +133,6 @@ export function SandboxPage({ id }) {
       setGone(false);
     } catch (e) {
       if (e.status === 404) {
-        setSbx(null);
         setGone(true);
       } else setErr(e);
     }
@@ -146,26 +145,26 @@ export function SandboxPage({ id }) {
     }
   };
   usePoll(load, 2000, [id]);
-  const desktop = sbx && /desktop/.test(sbx.templateID);
+  const desktop = sbx && !gone && /desktop/.test(sbx.templateID);
   const vnc = sbx && `${location.protocol}//6080-${sbx.sandboxID}.${sbx.domain}${location.port ? ":" + location.port : ""}/vnc.html?autoconnect=true&resize=scale`;
   return html`<section aria-labelledby="h-one">
     <p><a href="#/sandboxes">← Sandboxes</a></p>
     <h1 id="h-one">Sandbox <code>${id}</code></h1>
     <dl class="facts">
-      <dt>State</dt><dd id="sbx-state">${sbx ? html`<span class=${`state ${sbx.state}`}>${sbx.state}</span>` : gone ? "ended" : "…"}</dd>
+      <dt>State</dt><dd id="sbx-state">${gone ? html`<span class="state ended">ended</span>` : sbx ? html`<span class=${`state ${sbx.state}`}>${sbx.state}</span>` : "…"}</dd>
       <dt>Template</dt><dd>${sbx ? sbx.templateID : "–"}</dd>
-      <dt>Age</dt><dd>${sbx ? age(sbx.startedAt) : "–"}</dd>
-      <dt>Ends</dt><dd>${sbx ? time(sbx.endAt) : "–"}</dd>
+      <dt>Started</dt><dd>${sbx ? `${time(sbx.startedAt)} (${age(sbx.startedAt)} ago)` : "–"}</dd>
+      <dt>${gone ? "Timeout at" : "Ends"}</dt><dd>${sbx ? time(sbx.endAt) : "–"}</dd>
       <dt>CPU / memory</dt><dd>${sbx ? `${sbx.cpuCount} vCPU, ${sbx.memoryMB} MiB` : "–"}</dd>
     </dl>
-    <${Actions} sbx=${sbx} id=${id} onDone=${load} />
+    <${Actions} sbx=${sbx} gone=${gone} id=${id} onDone=${load} />
     <${ErrorNote} err=${err} />
     <div class="plots">
       <${Plot} id="plot-cpu" label="CPU" unit="%" xs=${m.xs} ys=${m.cpu} max=${100} />
       <${Plot} id="plot-mem" label="Memory" unit=" MiB" xs=${m.xs} ys=${m.memMiB} color="#1f9d55" />
       <${Plot} id="plot-disk" label="Disk" unit=" MiB" xs=${m.xs} ys=${m.diskMiB} color="#b7791f" />
     </div>
-    ${sbx && sbx.state === "running" &&
+    ${sbx && !gone && sbx.state === "running" &&
     (term
       ? html`<${TerminalView} id=${id} onClose=${() => setTerm(false)} />`
       : html`<p><button type="button" id="open-terminal" onClick=${() => setTerm(true)}>Open terminal</button></p>`)}

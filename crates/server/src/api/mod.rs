@@ -352,5 +352,5 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             route_sandbox_traffic,
         ))
-    .with_state(state)
+        .with_state(state)
 }

@@ -31,6 +31,11 @@ use session::{same_origin, same_token, Session, Sessions, SignInError};
 pub const APP_JS: &str = include_str!("../../console/dist/app.js");
 pub const APP_CSS: &str = include_str!("../../console/dist/app.css");
 
+/// Marks a console read (a page refreshing its view): the API's audit layer does not record
+/// it; the console's state-changing calls are recorded like any API call.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewRead;
+
 /// What the console's handlers share.
 pub struct ConsoleState {
     pub app: Arc<AppState>,
@@ -59,8 +64,14 @@ pub fn router(app: Arc<AppState>, api: Router) -> Router {
     });
     Router::new()
         .route("/", get(index))
-        .route("/app.js", get(|| asset(APP_JS, "text/javascript; charset=utf-8")))
-        .route("/app.css", get(|| asset(APP_CSS, "text/css; charset=utf-8")))
+        .route(
+            "/app.js",
+            get(|| asset(APP_JS, "text/javascript; charset=utf-8")),
+        )
+        .route(
+            "/app.css",
+            get(|| asset(APP_CSS, "text/css; charset=utf-8")),
+        )
         .route("/login", post(login).get(|| async { redirect("/console") }))
         .route("/logout", post(logout))
         .route("/terminal/{sandboxID}", get(terminal::open))
@@ -94,7 +105,11 @@ async fn index(State(cs): Cs, headers: HeaderMap) -> Response {
 
 /// `POST /console/login` (form field `key`): checks the key as the API does; a session
 /// cookie and the app, or the sign-in page again with what was wrong.
-async fn login(State(cs): Cs, headers: HeaderMap, Form(f): Form<HashMap<String, String>>) -> Response {
+async fn login(
+    State(cs): Cs,
+    headers: HeaderMap,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
     if !same_origin(&headers) {
         return pages::sign_in(
             StatusCode::FORBIDDEN,
@@ -116,7 +131,9 @@ async fn login(State(cs): Cs, headers: HeaderMap, Form(f): Form<HashMap<String, 
         }
         Err(SignInError::Refused(e)) => pages::sign_in(
             StatusCode::UNAUTHORIZED,
-            Some(&format!("Sign-in failed: {e}. Check the key and try again.")),
+            Some(&format!(
+                "Sign-in failed: {e}. Check the key and try again."
+            )),
         ),
         Err(SignInError::Full) => pages::sign_in(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -133,7 +150,11 @@ async fn login(State(cs): Cs, headers: HeaderMap, Form(f): Form<HashMap<String, 
 }
 
 /// `POST /console/logout` (form field `csrf`): ends the session.
-async fn logout(State(cs): Cs, headers: HeaderMap, Form(f): Form<HashMap<String, String>>) -> Response {
+async fn logout(
+    State(cs): Cs,
+    headers: HeaderMap,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
     let Some(s) = cs.current(&headers).await else {
         return redirect("/console");
     };
@@ -208,6 +229,9 @@ async fn to_api(State(cs): Cs, Path(rest): Path<String>, req: Request) -> Respon
     // The API's auth layer takes a caller already in the extensions as authenticated: only
     // this handler puts one there, after checking the session.
     inner.extensions_mut().insert(s.caller);
+    if safe {
+        inner.extensions_mut().insert(ViewRead);
+    }
     match cs.api.clone().oneshot(inner).await {
         Ok(r) => r,
         Err(never) => match never {},

@@ -55,7 +55,12 @@ pub fn html(status: StatusCode, body: String) -> Response {
 /// The sign-in page, with `error` (already a sentence for a person) shown above the form.
 pub fn sign_in(status: StatusCode, error: Option<&str>) -> Response {
     let error = error
-        .map(|e| format!(r#"<p class="error" role="alert" id="signin-error">{}</p>"#, esc(e)))
+        .map(|e| {
+            format!(
+                r#"<p class="error" role="alert" id="signin-error">{}</p>"#,
+                esc(e)
+            )
+        })
         .unwrap_or_default();
     html(
         status,
@@ -116,6 +121,9 @@ mod tests {
 
     #[test]
     fn escapes_markup() {
-        assert_eq!(esc(r#"<a href="x">&'"#), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+        assert_eq!(
+            esc(r#"<a href="x">&'"#),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
     }
 }

@@ -87,7 +87,11 @@ async fn bridge(mut sock: WebSocket, envd: EnvdClient, size: (u16, u16)) {
     let mut events = match envd.start(&req, None).await {
         Ok(e) => e,
         Err(e) => {
-            send_text(&mut sock, json!({"error": format!("starting the shell: {e}")})).await;
+            send_text(
+                &mut sock,
+                json!({"error": format!("starting the shell: {e}")}),
+            )
+            .await;
             return;
         }
     };
