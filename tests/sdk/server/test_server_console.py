@@ -2,7 +2,8 @@
 Playwright signs in with an API key, watches a sandbox made through the e2b SDK appear, opens
 its terminal and reads a command's output, watches the CPU plot move under load, sees an audit
 record and the kill event arrive; wrong keys, CSRF and keyboard/label basics are checked too.
-Screenshots go to docs/console/ (KILN_CONSOLE_SHOTS overrides the folder).
+Screenshots go to $KILN_CONSOLE_SHOTS (default /tmp/kiln-console-shots;
+`KILN_CONSOLE_SHOTS=docs/console` refreshes the ones in the docs).
 
 Also checks that the committed front-end bundle is what `npm ci && npm run build` makes.
 """
@@ -21,7 +22,7 @@ from .rich_support import need
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 CONSOLE_SRC = os.path.join(ROOT, "crates", "server", "console")
 CHROMIUM = os.environ.get("KILN_HOST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-SHOTS = os.environ.get("KILN_CONSOLE_SHOTS") or os.path.join(ROOT, "docs", "console")
+SHOTS = os.environ.get("KILN_CONSOLE_SHOTS") or "/tmp/kiln-console-shots"
 
 
 def test_committed_bundle_is_what_the_build_makes(tmp_path):
