@@ -15,6 +15,8 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || install_packages python3-venv
   install_packages ipykernel-missing:python3-ipykernel matplotlib-missing:python3-matplotlib \
     pandas-missing:python3-pandas pil-missing:python3-pil munkres-missing:python3-munkres
 install_packages node:nodejs
+# The console test rebuilds its esbuild bundle from the lock file (npm ci).
+install_packages npm:npm
 # The image tests run Debian's registry (CNCF distribution) on loopback and push with skopeo.
 install_packages docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils openssl:openssl
 # The desktop tests render the noVNC stream in the host's Chromium (through Playwright).

@@ -216,6 +216,24 @@ def test_console_shows_a_sandbox_its_terminal_plots_audit_and_kill(server, page)
         page.go_back()
         page.wait_for_selector("#sbx-state:has-text('running')")
 
+        # Pause and resume with the buttons; the state follows.
+        page.get_by_role("button", name="Pause").click()
+        page.wait_for_selector("#sbx-state:has-text('paused')", timeout=60000)
+        page.get_by_role("button", name="Resume").click()
+        page.wait_for_selector("#sbx-state:has-text('running')", timeout=60000)
+        assert sbx.commands.run("echo back").stdout.strip() == "back"
+        # Fork: the new sandbox is linked, and it is a real one.
+        page.get_by_role("button", name="Fork").click()
+        fork_link = page.locator(".actions a.fork")
+        fork_link.wait_for(timeout=60000)
+        fork_id = fork_link.inner_text().strip()
+        try:
+            assert fork_id and fork_id != sbx.sandbox_id
+            fork = Sandbox.connect(fork_id)
+            assert fork.commands.run("echo forked").stdout.strip() == "forked"
+        finally:
+            server.request("DELETE", f"/sandboxes/{fork_id}")
+
         # Kill with the button (two steps); the kill event arrives, the state says ended.
         page.get_by_role("button", name="Kill").click()
         page.get_by_role("button", name="Confirm kill").click()

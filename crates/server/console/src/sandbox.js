@@ -21,8 +21,11 @@ function Actions({ sbx, gone, id, onDone }) {
     try {
       const r = await api(method, path, body);
       if (name === "fork") {
-        const ids = (Array.isArray(r) ? r : (r && r.sandboxes) || [r]).map((x) => x && x.sandboxID).filter(Boolean);
-        setMsg({ ok: true, text: ids.length ? `Forked: ${ids.join(", ")}` : "Forked." });
+        const items = Array.isArray(r) ? r : [];
+        const ids = items.map((x) => x.sandbox && x.sandbox.sandboxID).filter(Boolean);
+        const errs = items.map((x) => x.error && x.error.message).filter(Boolean);
+        if (!ids.length) throw new Error(errs.join("; ") || "no sandbox was made");
+        setMsg({ ok: true, text: "Forked: ", links: ids });
       } else setMsg({ ok: true, text: `${name} done.` });
       onDone();
     } catch (e) {
@@ -43,7 +46,8 @@ function Actions({ sbx, gone, id, onDone }) {
       ? html`<button type="button" class="danger" disabled=${busy} onClick=${() => act("kill", "DELETE", base)}>Confirm kill</button>
           <button type="button" onClick=${() => setConfirmKill(false)}>Cancel</button>`
       : html`<button type="button" class="danger" disabled=${!sbx || gone || busy} onClick=${() => setConfirmKill(true)}>Kill</button>`}
-    ${msg && html`<span class=${msg.ok ? "ok" : "error"} role="status">${msg.text}</span>`}
+    ${msg && html`<span class=${msg.ok ? "ok" : "error"} role="status">${msg.text}
+      ${(msg.links || []).map((l) => html`<a class="fork" href=${`#/sandboxes/${enc(l)}`}>${l}</a> `)}</span>`}
   </div>`;
 }
 
