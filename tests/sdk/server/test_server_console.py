@@ -125,6 +125,14 @@ def test_post_without_the_csrf_token_is_refused(server, page):
     # Reads need the session, nothing more; without a session nothing is served.
     assert req.get(server.url + "/console/api/sandboxes").status == 200
     assert req.post(server.url + "/console/logout", form={}).status == 403
+    # The terminal's WebSocket refuses a wrong token.
+    ws_open = """url => new Promise(done => {
+        const ws = new WebSocket(url);
+        ws.onopen = () => { ws.close(); done('open'); };
+        ws.onerror = () => done('refused');
+    })"""
+    ws = server.url.replace("http://", "ws://") + "/console/terminal/nosuchsandbox?csrf="
+    assert page.evaluate(ws_open, ws + "0" * 64) == "refused"
     ctx = page.context.browser.new_context()
     try:
         assert ctx.request.get(server.url + "/console/api/sandboxes").status == 401
@@ -255,9 +263,21 @@ def test_console_shows_a_sandbox_its_terminal_plots_audit_and_kill(server, page)
             pass
 
 
-def test_sign_out_ends_the_session(server, page):
+def test_other_pages_and_sign_out(server, page):
     sign_in_by_keyboard(page, server, server.api_key)
     page.wait_for_selector("#main h1")
+    nav = page.get_by_role("navigation", name="Main")
+    for link, heading, needle in [
+        ("Templates", "Templates", "#templates td:text-is('base')"),
+        ("Snapshots", "Snapshots", "#main h1"),
+        ("Webhooks", "Webhooks", "#main h1"),
+        ("Keys and teams", "Keys and teams", "#acct-team:text-is('default')"),
+    ]:
+        nav.get_by_role("link", name=link).click()
+        page.wait_for_selector(f"#main h1:text-is('{heading}')")
+        page.wait_for_selector(needle)
+        assert nav.get_by_role("link", name=link).get_attribute("aria-current") == "page"
+        assert unlabelled_inputs(page) == []
     page.get_by_role("button", name="Sign out").click()
     page.get_by_label("API key").wait_for()
     assert page.request.get(server.url + "/console/api/sandboxes").status == 401
