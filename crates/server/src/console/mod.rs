@@ -124,7 +124,7 @@ async fn login(
     match cs.sessions.sign_in(store.as_ref(), key).await {
         Ok((id, _)) => {
             let mut r = redirect("/console");
-            if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&id)) {
+            if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&id, &headers)) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
             r

@@ -117,11 +117,17 @@ impl Sessions {
     }
 }
 
-/// The `Set-Cookie` value opening session `id`.
-pub fn set_cookie(id: &str) -> String {
+/// The `Set-Cookie` value opening session `id`; `Secure` when the page was served over TLS
+/// (the sign-in form's `Origin` is `https://…`).
+pub fn set_cookie(id: &str, headers: &HeaderMap) -> String {
+    let tls = headers
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|o| o.starts_with("https://"));
     format!(
-        "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
-        SESSION_TTL.as_secs()
+        "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        SESSION_TTL.as_secs(),
+        if tls { "; Secure" } else { "" }
     )
 }
 
@@ -232,6 +238,9 @@ mod tests {
             ("origin", "http://evil.test"),
         ])));
         assert!(!same_origin(&headers(&[("sec-fetch-site", "cross-site")])));
+        let tls = headers(&[("origin", "https://kiln.example:3000")]);
+        assert!(set_cookie("x", &tls).ends_with("; Secure"));
+        assert!(!set_cookie("x", &headers(&[])).contains("Secure"));
         assert!(same_token("abc", "abc") && !same_token("abc", "abd") && !same_token("a", "ab"));
     }
 }
