@@ -14,6 +14,7 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || install_packages python3-venv
 /usr/bin/python3 -c 'import ipykernel, matplotlib, pandas, PIL' 2>/dev/null ||
   install_packages ipykernel-missing:python3-ipykernel matplotlib-missing:python3-matplotlib \
     pandas-missing:python3-pandas pil-missing:python3-pil munkres-missing:python3-munkres
+# The JavaScript SDK suite and the console's bundle check install their npm packages (npm ci).
 install_packages node:nodejs npm:npm
 # The image tests run Debian's registry (CNCF distribution) on loopback and push with skopeo.
 install_packages docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils openssl:openssl

@@ -14,6 +14,7 @@ pub mod alerts;
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod console;
 pub mod driver;
 pub mod edge;
 pub mod error;

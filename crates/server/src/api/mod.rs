@@ -190,6 +190,12 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 /// Checks the API key and puts the caller ([`crate::tenancy::Caller`]) in the request's
 /// extensions.
 async fn require_api_key(State(st): St, mut req: Request, next: Next) -> Response {
+    // The console's `/console/api/` hands requests on with the caller of its checked
+    // session already set; nothing from the network can set an extension.
+    if let Some(c) = req.extensions().get::<crate::tenancy::Caller>().cloned() {
+        req.extensions_mut().insert(audit::KeyId(c.key_id));
+        return next.run(req).await;
+    }
     let path = req.uri().path();
     // `/metrics` checks its own token.
     if path == "/health" || path == "/openapi.json" || path == "/metrics" {
@@ -340,9 +346,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             require_api_key,
         ));
-    api.layer(middleware::from_fn_with_state(
-        state.clone(),
-        route_sandbox_traffic,
-    ))
-    .with_state(state)
+    let console = crate::console::router(state.clone(), api.clone().with_state(state.clone()));
+    api.nest_service("/console", console)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            route_sandbox_traffic,
+        ))
+        .with_state(state)
 }

@@ -1,0 +1,239 @@
+//! The web console at `/console`: sign-in with an API key into a server-side session
+//! ([`session`]), the HTML pages ([`pages`]), the embedded front-end bundle (built from
+//! `crates/server/console/` by esbuild and committed under its `dist/`), a terminal over the
+//! sandbox agent's PTY API ([`terminal`]), and `/console/api/*`, which hands each request to
+//! the REST API's own router as the session's caller: the console has no business logic of
+//! its own, and sees exactly what the session's key sees through the API.
+//!
+//! Every state-changing request (`POST`/`PUT`/`DELETE` under `/console/api/`, sign-out, the
+//! terminal's WebSocket) must carry the session's CSRF token and come from this origin.
+
+pub mod pages;
+pub mod session;
+pub mod terminal;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Form, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::Router;
+use serde_json::json;
+use tower::ServiceExt;
+
+use crate::api::AppState;
+use session::{same_origin, same_token, Session, Sessions, SignInError};
+
+/// The bundled front end (see `crates/server/console/`).
+pub const APP_JS: &str = include_str!("../../console/dist/app.js");
+pub const APP_CSS: &str = include_str!("../../console/dist/app.css");
+
+/// Marks a console read (a page refreshing its view): the API's audit layer does not record
+/// it; the console's state-changing calls are recorded like any API call.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewRead;
+
+/// What the console's handlers share.
+pub struct ConsoleState {
+    pub app: Arc<AppState>,
+    /// The REST API's router (with its own layers: body limit, audit, auth).
+    api: Router,
+    pub sessions: Sessions,
+}
+
+impl ConsoleState {
+    /// The request's live session.
+    pub async fn current(&self, headers: &HeaderMap) -> Option<Session> {
+        self.sessions
+            .current(self.app.manager.store().as_ref(), headers)
+            .await
+    }
+}
+
+type Cs = State<Arc<ConsoleState>>;
+
+/// The console's routes (mounted at `/console`); `api` is the REST API's router.
+pub fn router(app: Arc<AppState>, api: Router) -> Router {
+    let st = Arc::new(ConsoleState {
+        app,
+        api,
+        sessions: Sessions::default(),
+    });
+    Router::new()
+        .route("/", get(index))
+        .route(
+            "/app.js",
+            get(|| asset(APP_JS, "text/javascript; charset=utf-8")),
+        )
+        .route(
+            "/app.css",
+            get(|| asset(APP_CSS, "text/css; charset=utf-8")),
+        )
+        .route("/login", post(login).get(|| async { redirect("/console") }))
+        .route("/logout", post(logout))
+        .route("/terminal/{sandboxID}", get(terminal::open))
+        .route("/api/{*rest}", any(to_api))
+        .with_state(st)
+}
+
+async fn asset(body: &'static str, ty: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, ty),
+            (header::CACHE_CONTROL, "no-cache"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn redirect(to: &'static str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+}
+
+/// `GET /console`: the app for a signed-in browser, else the sign-in page.
+async fn index(State(cs): Cs, headers: HeaderMap) -> Response {
+    match cs.current(&headers).await {
+        Some(s) => pages::app(&s),
+        None => pages::sign_in(StatusCode::OK, None),
+    }
+}
+
+/// `POST /console/login` (form field `key`): checks the key as the API does; a session
+/// cookie and the app, or the sign-in page again with what was wrong.
+async fn login(
+    State(cs): Cs,
+    headers: HeaderMap,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    if !same_origin(&headers) {
+        return pages::sign_in(
+            StatusCode::FORBIDDEN,
+            Some("Sign-in must come from this console's own page."),
+        );
+    }
+    let key = f.get("key").map(|k| k.trim()).unwrap_or("");
+    if key.is_empty() {
+        return pages::sign_in(StatusCode::BAD_REQUEST, Some("Enter an API key."));
+    }
+    let store = cs.app.manager.store().clone();
+    match cs.sessions.sign_in(store.as_ref(), key).await {
+        Ok((id, _)) => {
+            let mut r = redirect("/console");
+            if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&id, &headers)) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            r
+        }
+        Err(SignInError::Refused(e)) => pages::sign_in(
+            StatusCode::UNAUTHORIZED,
+            Some(&format!(
+                "Sign-in failed: {e}. Check the key and try again."
+            )),
+        ),
+        Err(SignInError::Full) => pages::sign_in(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some("Too many console sessions are open; try again later."),
+        ),
+        Err(SignInError::Store(e)) => {
+            tracing::error!(error = %e, "console sign-in");
+            pages::sign_in(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some("The server could not check the key (its log says why); try again."),
+            )
+        }
+    }
+}
+
+/// `POST /console/logout` (form field `csrf`): ends the session.
+async fn logout(
+    State(cs): Cs,
+    headers: HeaderMap,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let Some(s) = cs.current(&headers).await else {
+        return redirect("/console");
+    };
+    let ok = f.get("csrf").is_some_and(|t| same_token(t, &s.csrf)) && same_origin(&headers);
+    if !ok {
+        return csrf_refused();
+    }
+    cs.sessions.end(&headers);
+    let mut r = redirect("/console");
+    if let Ok(v) = HeaderValue::from_str(&session::clear_cookie()) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+fn json_error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"code": status.as_u16(), "message": message})),
+    )
+        .into_response()
+}
+
+fn csrf_refused() -> Response {
+    json_error(
+        StatusCode::FORBIDDEN,
+        "missing or wrong CSRF token: send the console page's token in X-CSRF-Token",
+    )
+}
+
+/// Request headers the API call keeps (cookies and credentials stay behind).
+const PASSED_HEADERS: &[header::HeaderName] = &[
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::ACCEPT,
+    header::HOST,
+];
+
+/// `/console/api/{rest}`: the REST API's `/{rest}` as the session's caller.
+async fn to_api(State(cs): Cs, Path(rest): Path<String>, req: Request) -> Response {
+    let Some(s) = cs.current(req.headers()).await else {
+        return json_error(StatusCode::UNAUTHORIZED, "sign in to the console first");
+    };
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if !safe {
+        let token_ok = req
+            .headers()
+            .get(session::CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| same_token(t, &s.csrf));
+        if !token_ok || !same_origin(req.headers()) {
+            return csrf_refused();
+        }
+    }
+    let (parts, body) = req.into_parts();
+    let path_q = match parts.uri.query() {
+        Some(q) => format!("/{rest}?{q}"),
+        None => format!("/{rest}"),
+    };
+    let Ok(uri) = path_q.parse::<axum::http::Uri>() else {
+        return json_error(StatusCode::BAD_REQUEST, "malformed path");
+    };
+    let mut inner = Request::builder().method(parts.method).uri(uri);
+    for name in PASSED_HEADERS {
+        for v in parts.headers.get_all(name) {
+            inner = inner.header(name, v);
+        }
+    }
+    let Ok(mut inner) = inner.body(Body::new(body)) else {
+        return json_error(StatusCode::BAD_REQUEST, "malformed request");
+    };
+    // The API's auth layer takes a caller already in the extensions as authenticated: only
+    // this handler puts one there, after checking the session.
+    inner.extensions_mut().insert(s.caller);
+    if safe {
+        inner.extensions_mut().insert(ViewRead);
+    }
+    match cs.api.clone().oneshot(inner).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
