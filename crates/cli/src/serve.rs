@@ -125,8 +125,8 @@ pub struct Args {
     #[arg(long, env = "KILN_POOL_IDLE", default_value_t = 120.0)]
     pool_idle: f64,
     /// Seconds a create waits for a pooled sandbox or a boot slot before a 503 with
-    /// Retry-After (below the SDK's 60 s request timeout).
-    #[arg(long, env = "KILN_CREATE_QUEUE", default_value_t = 45.0)]
+    /// Retry-After (half the SDK's 60 s request timeout: the boot that follows needs time too).
+    #[arg(long, env = "KILN_CREATE_QUEUE", default_value_t = 30.0)]
     create_queue: f64,
     /// The audit log of every sandbox's processes, file operations, connections, lifecycle
     /// and API calls: on or off.

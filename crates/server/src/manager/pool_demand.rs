@@ -37,7 +37,7 @@ impl Default for PoolPolicy {
             max_per_template: 100,
             idle: Duration::from_secs(120),
             forget: Duration::from_secs(3600),
-            queue: Duration::from_secs(45),
+            queue: Duration::from_secs(30),
         }
     }
 }
