@@ -3,6 +3,7 @@ a booted sandbox of it waits, unlisted, and stops with the server), `--pool-off`
 and a burst of 20 concurrent creates (each with its first command) all succeed."""
 
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -71,6 +72,7 @@ def test_pool_is_on_by_default_and_a_burst_of_20_creates_all_succeed():
         srv.kill_all_sandboxes()
         srv.stop()
         cleanup_state(state)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_pool_off_keeps_no_sandbox_ready():
@@ -90,3 +92,4 @@ def test_pool_off_keeps_no_sandbox_ready():
         srv.kill_all_sandboxes()
         srv.stop()
         cleanup_state(state)
+        shutil.rmtree(base, ignore_errors=True)
