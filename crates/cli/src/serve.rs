@@ -109,9 +109,25 @@ pub struct Args {
     /// default: a webhook must not be a way into the host's or the sandboxes' networks).
     #[arg(long, env = "KILN_WEBHOOK_ALLOW_PRIVATE")]
     webhook_allow_private: bool,
-    /// Warm pool: keep N booted sandboxes of TEMPLATE ready (repeatable).
+    /// Warm pool: keep exactly N booted sandboxes of TEMPLATE ready, whatever the demand
+    /// (repeatable; other templates keep their adaptive pool).
     #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = kiln_server::manager::parse_pool)]
     pools: Vec<(String, u32)>,
+    /// No warm pools: every create boots its sandbox (by default each used template keeps a
+    /// pool sized from its recent demand).
+    #[arg(long, env = "KILN_POOL_OFF", conflicts_with = "pools")]
+    pool_off: bool,
+    /// An adaptive pool holds at most this many sandboxes of one template.
+    #[arg(long, env = "KILN_POOL_MAX", default_value_t = 100)]
+    pool_max: u32,
+    /// Seconds over which a template's demand is measured: a pool shrinks to one sandbox
+    /// after this long without a burst.
+    #[arg(long, env = "KILN_POOL_IDLE", default_value_t = 120.0)]
+    pool_idle: f64,
+    /// Seconds a create waits for a pooled sandbox or a boot slot before a 503 with
+    /// Retry-After (half the SDK's 60 s request timeout: the boot that follows needs time too).
+    #[arg(long, env = "KILN_CREATE_QUEUE", default_value_t = 30.0)]
+    create_queue: f64,
     /// The audit log of every sandbox's processes, file operations, connections, lifecycle
     /// and API calls: on or off.
     #[arg(long, env = "KILN_AUDIT", default_value = "on", value_parser = ["on", "off"])]
@@ -348,6 +364,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 ..Default::default()
             },
             pools: a.pools.clone(),
+            pool: kiln_server::manager::PoolPolicy {
+                off: a.pool_off,
+                max_per_template: a.pool_max,
+                idle: secs(a.pool_idle, "--pool-idle")?,
+                queue: secs(a.create_queue, "--create-queue")?,
+                ..Default::default()
+            },
             metrics_interval: secs(a.metrics_interval, "--metrics-interval")?,
             webhooks: kiln_server::obs::webhooks::WebhookConfig {
                 retry_base: secs(a.webhook_retry_base, "--webhook-retry-base")?,

@@ -216,11 +216,9 @@ impl Server {
         // Pools start once recovery is over (until then, their sandboxes would look like
         // leftovers of the previous run).
         let (m, recovery) = (self.manager.clone(), self.recovery.clone());
-        let _pools = tokio::spawn(async move {
+        let pools = tokio::spawn(async move {
             let _ = recovery.done().await;
-            if let Some(h) = m.spawn_pools() {
-                let _ = h.await;
-            }
+            m.run_pools().await;
         });
         let state = api::AppState::new(
             self.manager.clone(),
@@ -245,6 +243,9 @@ impl Server {
         }
         // Stop accepting (connections in flight end with the process).
         serving.abort();
+        // Pooled sandboxes belong to no one: they stop with the server.
+        pools.abort();
+        self.manager.drain_pools().await;
         self.manager.shutdown_driver().await;
         Ok(())
     }

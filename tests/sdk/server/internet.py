@@ -118,9 +118,10 @@ def remove_slots_in_range(net: str = "10.135.0."):
     return prefixes
 
 
-def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None) -> KilnServer:
+def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None,
+                     extra=()) -> KilnServer:
     # Networking is on by default; the flags pick this test's range, pool and resolver.
-    flags = ["--net-range", net_range, "--net-pool", "2", "--dns-upstream", DNS_ADDR]
+    flags = ["--net-range", net_range, "--net-pool", "2", "--dns-upstream", DNS_ADDR, *extra]
     srv = KilnServer(state_dir, flags + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
     if previous:
         # Same state: the key persists (none is printed), and the log file is shared.

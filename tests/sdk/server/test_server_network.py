@@ -402,12 +402,59 @@ def test_unsupported_network_options_are_refused_not_ignored(net_server):
         assert "400" in str(e.value) and "egressProxy" in str(e.value), str(e.value)
 
 
+def test_pooled_and_cold_sandboxes_get_the_same_identity_and_policy(net_server):
+    """The warm pool (on by default) gives a sandbox the request's environment, metadata and
+    network policy when a create claims it: of six created at once with the same request, some
+    come from the pool and the rest boot cold, and they look alike inside and through the API."""
+    import threading
+    kw = dict(envs={"FROM_REQUEST": "yes"}, metadata={"who": "pool-test"},
+              network={"deny_out": ["198.51.100.11/32"]})
+    made, errors = [], []
+
+    def one():
+        try:
+            made.append(create(net_server, **kw))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not errors, errors
+        log = net_server.log().splitlines()
+        pooled = {s.sandbox_id for s in made
+                  if any(s.sandbox_id in l and "from the warm pool" in l for l in log)}
+        assert pooled and len(pooled) < len(made), f"{len(pooled)} of {len(made)} pooled"
+        own = {"E2B_SANDBOX_ID", "HOSTNAME"}
+        seen = {}
+        for s in made:
+            code, env = run(s, "env | sort")
+            assert code == 0, env
+            env = "\n".join(l for l in env.splitlines() if l.split("=", 1)[0] not in own)
+            info = s.get_info()
+            seen[s.sandbox_id] = (
+                env, info.metadata, info.allow_internet_access, run(s, "id -un; pwd; umask")[1],
+                fetch(s, "http://198.51.100.10/"), fetch(s, "http://198.51.100.11/"))
+        first = next(iter(seen.values()))
+        assert "FROM_REQUEST=yes" in first[0] and first[1] == {"who": "pool-test"}, first
+        assert first[4] == "ten" and first[5] is None, first
+        for sid, v in seen.items():
+            assert v == first, (sid in pooled, sid, v, first)
+    finally:
+        for s in made:
+            s.kill()
+
+
 def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(internet):
     base = tempfile.mkdtemp(prefix="kiln-netre-")
     state = os.path.join(base, "state")
     first = second = None
     try:
-        first = start_net_server(state, "10.136.0.0/24")
+        # --pool-off: this test counts the network slots left; a warm pool's sandbox holds one.
+        first = start_net_server(state, "10.136.0.0/24", extra=["--pool-off"])
         keep = create(first)
         doomed = create(first)
         assert fetch(keep, "http://198.51.100.10/") == "ten"
@@ -417,7 +464,7 @@ def test_kill9_restart_keeps_live_sandboxes_networked_and_frees_dead_ones(intern
         root = os.path.join(state, "gvisor", "runsc")
         sh(os.environ.get("KILN_RUNSC") or "runsc", f"--root={root}", "delete", "--force",
            doomed.sandbox_id)
-        second = start_net_server(state, "10.136.0.0/24", previous=first)
+        second = start_net_server(state, "10.136.0.0/24", previous=first, extra=["--pool-off"])
         keep = Sandbox.connect(keep.sandbox_id, **second.opts())
         assert fetch(keep, "http://198.51.100.10/") == "ten", second.log()[-3000:]
         code, out = run(keep, "getent hosts host-a.test")

@@ -183,11 +183,36 @@ fn passwd_entry(rootfs: &Path, user: &str) -> Option<(u32, u32, String)> {
     })
 }
 
+/// Writes an OCI bundle at `bundle` running `argv` on `tpl`'s rootfs (read-only, no overlay,
+/// no cgroup limits, no agent) as the template's user in its workdir: the raw runsc baseline.
+pub(crate) fn raw_bundle(
+    bundle: &Path,
+    tpl: &kiln_server::templates::TemplateInfo,
+    argv: Vec<String>,
+) -> Result<(), String> {
+    std::fs::create_dir_all(bundle).map_err(|e| e.to_string())?;
+    let (uid, gid, home) =
+        passwd_entry(&tpl.rootfs, &tpl.user).unwrap_or((0, 0, "/root".to_string()));
+    let spec = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"terminal": false, "user": {"uid": uid, "gid": gid},
+                    "args": argv,
+                    "env": ["PATH=/usr/local/bin:/usr/bin:/bin", format!("HOME={home}"),
+                            format!("USER={}", tpl.user)],
+                    "cwd": tpl.workdir},
+        "root": {"path": tpl.rootfs, "readonly": true},
+        "hostname": "raw",
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]}
+    });
+    std::fs::write(bundle.join("config.json"), spec.to_string()).map_err(|e| e.to_string())
+}
+
 /// Raw floor: `runsc run` (same runsc, platform and network flags as kiln) of the template's
 /// rootfs (read-only, no overlay, no cgroup limits, no agent) running `what` as the template's
 /// user in its workdir; timed from spawning runsc to the first stdout line (the container's
 /// teardown after that is not timed, as kiln's is not either).
-fn raw_runsc_echo(
+pub(crate) fn raw_runsc_echo(
     runsc: &Path,
     work: &Path,
     tpl: &kiln_server::templates::TemplateInfo,
@@ -197,22 +222,7 @@ fn raw_runsc_echo(
 ) -> Result<Duration, String> {
     use std::io::BufRead;
     let bundle = work.join(format!("raw-{i}"));
-    std::fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
-    let (uid, gid, home) =
-        passwd_entry(&tpl.rootfs, &tpl.user).unwrap_or((0, 0, "/root".to_string()));
-    let spec = serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {"terminal": false, "user": {"uid": uid, "gid": gid},
-                    "args": what.argv(),
-                    "env": ["PATH=/usr/local/bin:/usr/bin:/bin", format!("HOME={home}"),
-                            format!("USER={}", tpl.user)],
-                    "cwd": tpl.workdir},
-        "root": {"path": tpl.rootfs, "readonly": true},
-        "hostname": "raw",
-        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
-        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]}
-    });
-    std::fs::write(bundle.join("config.json"), spec.to_string()).map_err(|e| e.to_string())?;
+    raw_bundle(&bundle, tpl, what.argv())?;
     let root = work.join("raw-runsc-root");
     let id = format!("kiln-bench-raw-{}-{i}", std::process::id());
     let t = Instant::now();

@@ -350,15 +350,15 @@ async fn restart_and_kill(
 
 /// Summed over the runsc processes whose command line names `root` (this bench's own).
 #[derive(Debug, Default)]
-struct Usage {
-    processes: usize,
-    rss_kib: u64,
+pub(crate) struct Usage {
+    pub(crate) processes: usize,
+    pub(crate) rss_kib: u64,
     /// Proportional set size: shared pages split between the processes that map them.
-    pss_kib: u64,
-    threads: u64,
+    pub(crate) pss_kib: u64,
+    pub(crate) threads: u64,
 }
 
-fn runsc_usage(root: &Path) -> Usage {
+pub(crate) fn runsc_usage(root: &Path) -> Usage {
     let needle = root.to_string_lossy().into_owned();
     let mut u = Usage::default();
     let Ok(rd) = std::fs::read_dir("/proc") else {

@@ -15,6 +15,9 @@ mod rich;
 mod rules;
 mod side;
 mod stale;
+mod tti;
+mod tti_raw;
+mod tti_stats;
 mod vmm;
 
 #[derive(clap::Subcommand)]
@@ -39,6 +42,9 @@ pub enum Cmd {
     Vmm(vmm::Args),
     /// The rule engine: audit records per second through the built-in pack on one core.
     Rules(rules::Args),
+    /// ComputeSDK's time-to-interactive through the e2b SDK (sequential, staggered, burst),
+    /// plus exec round trip, resume, fork and idle MiB, each beside raw runsc.
+    Tti(tti::Args),
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
@@ -56,6 +62,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Net(a) => net::run(a),
         Cmd::Rich(a) => rich::run(a),
         Cmd::Vmm(a) => vmm::run(a),
+        Cmd::Tti(a) => tti::run(a),
     }
 }
 

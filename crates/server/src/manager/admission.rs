@@ -127,8 +127,14 @@ impl Manager {
         Ok(())
     }
 
-    /// Admits one more create for `team`, or says which limit refuses it.
-    pub(super) fn admit(&self, team: &str, quota: &TeamQuota) -> Result<Ticket<'_>> {
+    /// Creates admitted and not finished yet.
+    pub(super) fn creates_in_flight(&self) -> usize {
+        self.in_flight.total.load(Ordering::SeqCst)
+    }
+
+    /// Admits one more create for `team`, or says which limit refuses it. A create that will
+    /// take a `pooled` sandbox (already booted) skips the host-capacity check.
+    pub(super) fn admit(&self, team: &str, quota: &TeamQuota, pooled: bool) -> Result<Ticket<'_>> {
         let pending = self.in_flight.total.fetch_add(1, Ordering::SeqCst);
         let team_pending = {
             let mut teams = self.in_flight.teams();
@@ -170,7 +176,7 @@ impl Manager {
                 ));
             }
         }
-        if !adm.skip_host_check {
+        if !adm.skip_host_check && !pooled {
             let dir = adm.state_dir.clone().unwrap_or_else(|| PathBuf::from("/"));
             let limits = capacity::read_limits(&dir);
             let room = capacity::headroom(&limits, &adm.cost);

@@ -56,18 +56,19 @@ impl Manager {
                 "timeout {timeout}s is above team \"{team}\"'s maximum of {max}s"
             )));
         }
-        // Refused up front when the server, the team's quota or the host is full (warm-pool
-        // sandboxes are booted ahead and counted by the host check, not here).
-        let _ticket = self.admit(&team, &quota)?;
-        if let Some(snap) = self.find_snapshot(&p.template_id, &team).await? {
-            return self.create_from_snapshot(p, snap, timeout).await;
-        }
         let name = p
             .template_id
             .split_once(':')
             .map(|(n, _)| n)
             .unwrap_or(&p.template_id)
             .to_string();
+        // Refused up front when the server, the team's quota or the host is full (warm-pool
+        // sandboxes are booted ahead: a create that takes one needs no more room on the host).
+        let pooled_ready = self.pool_ready(&name) > 0;
+        let _ticket = self.admit(&team, &quota, pooled_ready)?;
+        if let Some(snap) = self.find_snapshot(&p.template_id, &team).await? {
+            return self.create_from_snapshot(p, snap, timeout).await;
+        }
         let tpl = self.lookup_template(&name).await?;
         // Recorded once per template version this server creates from (not on every create).
         let version = (tpl.name.clone(), tpl.key.clone());
@@ -97,11 +98,12 @@ impl Manager {
         // Syscall auditing starts with the sandbox: never from a warm pool.
         let syscalls = self.audit().enabled()
             && p.metadata.get(SYSCALL_AUDIT_KEY).map(String::as_str) == Some("true");
-        // A warm pool's sandbox of this template, booted ahead of time, when there is one.
-        let pooled = if syscalls {
-            None
-        } else {
-            self.pools.take(&tpl.name)
+        // A warm pool's sandbox of this template, booted ahead of time, when there is one;
+        // else a boot slot (waiting in the create queue for whichever comes first).
+        self.note_demand(&tpl.name);
+        let (pooled, permit) = match self.claim(&tpl.name, !syscalls).await? {
+            super::pool::Claim::Pooled(id) => (Some(id), None),
+            super::pool::Claim::Cold(permit) => (None, Some(permit)),
         };
         let id = pooled.clone().unwrap_or_else(super::new_sandbox_id);
         let now = now_ms();
@@ -128,20 +130,21 @@ impl Manager {
             auto_pause_memory: !p.auto_pause_filesystem_only,
             team,
         };
-        self.store.insert_sandbox(&record).await?;
+        if let Err(e) = self.store.insert_sandbox(&record).await {
+            if pooled.is_some() {
+                let _ = self.driver.stop(&id).await;
+            }
+            return Err(e.into());
+        }
         let mut spec = self.spec_for(&id, &tpl);
         spec.syscall_audit = syscalls;
-        // A pooled sandbox is already booted: giving it its identity is not CPU-bound work, and
-        // must not queue behind boots (the pool's own refills hold permits for a whole boot).
+        // A pooled sandbox is already booted: giving it its identity is not CPU-bound work and
+        // holds no boot slot; a cold boot holds its slot until the agent is initialised.
         let network = p.network.as_ref();
-        let booted = if pooled.is_some() {
-            self.boot(&spec, &record, &tpl, true, network).await
-        } else {
-            match self.boot_permit().await {
-                Ok(_permit) => self.boot(&spec, &record, &tpl, false, network).await,
-                Err(e) => Err(e),
-            }
-        };
+        let booted = self
+            .boot(&spec, &record, &tpl, pooled.is_some(), network)
+            .await;
+        drop(permit);
         let phases = match booted {
             Ok(p) => p,
             Err(e) => return Err(self.boot_failed(&id, e).await),

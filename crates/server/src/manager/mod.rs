@@ -20,6 +20,7 @@ mod lifecycle;
 mod network;
 mod observe;
 mod pool;
+mod pool_demand;
 mod ready;
 mod reaper;
 mod recovery;
@@ -45,6 +46,7 @@ pub use admission::AdmissionConfig;
 pub use fork::MAX_FORK;
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use pool::parse_pool;
+pub use pool_demand::PoolPolicy;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use start_cmd::START_CMD_EVENT;
@@ -72,8 +74,11 @@ pub struct LifecycleConfig {
     pub reap_interval: Duration,
     /// Caps on concurrent sandboxes and the host-capacity check.
     pub admission: AdmissionConfig,
-    /// Warm pools: (template, how many booted sandboxes to keep ready).
+    /// Pinned warm pools (`--pool TEMPLATE=N`): (template, how many booted sandboxes to keep
+    /// ready whatever the demand).
     pub pools: Vec<(String, u32)>,
+    /// The adaptive warm pools and the create queue (see `pool.rs`).
+    pub pool: PoolPolicy,
     /// How often each running sandbox's metrics are sampled.
     pub metrics_interval: Duration,
     /// At most this many samples are kept per sandbox (older ones are thinned, never the
@@ -97,6 +102,7 @@ impl Default for LifecycleConfig {
             reap_interval: Duration::from_millis(200),
             admission: AdmissionConfig::default(),
             pools: Vec::new(),
+            pool: PoolPolicy::default(),
             metrics_interval: Duration::from_secs(5),
             metrics_capacity: crate::obs::ring::DEFAULT_CAPACITY,
             webhooks: Default::default(),
@@ -263,6 +269,14 @@ impl Manager {
     /// Lifecycle events as they happen.
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.events.subscribe()
+    }
+
+    /// How many sandboxes may boot at once.
+    fn boots_total(&self) -> usize {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .max(2)
     }
 
     /// One of the boot permits (see `boots`), or 503 once the manager shuts down.

@@ -1,17 +1,26 @@
-//! Warm pools (`--pool TEMPLATE=N`): N sandboxes per template booted ahead of time, their agent
-//! answering but not initialised. A create of that template takes one, gives it the request's
-//! identity through the agent's first `/init` (environment, access token, user, workdir, clock)
-//! and its start command, exactly as a cold create does after booting, so a pooled sandbox is
-//! indistinguishable from a cold one. A background task refills the pool.
+//! Warm pools: sandboxes booted ahead of time per template, their agent answering but not
+//! initialised. A create of that template claims one and gives it the request's identity
+//! through the agent's first `/init` (environment, access token, user, workdir, clock), its
+//! network policy and its start command, exactly as a cold create does after booting, so a
+//! pooled sandbox is indistinguishable from a cold one.
 //!
-//! Pooled sandboxes are not in the store: after a restart they are host leftovers, which
-//! recovery removes.
+//! Pools are on by default and adaptive: each used template's pool is sized from its recent
+//! demand (`pool_demand.rs`), capped by `--max-sandboxes` and the host's capacity; `--pool
+//! TEMPLATE=N` pins a size, `--pool-off` turns pools off. A create that finds no pooled
+//! sandbox and no free boot slot waits for whichever comes first, for at most
+//! [`PoolPolicy::queue`](super::pool_demand::PoolPolicy), then gets a 503 with `Retry-After`.
+//!
+//! Pooled sandboxes are not in the store, not listed and not counted against any team: after
+//! a restart they are host leftovers, which recovery removes; an orderly shutdown stops them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::pool_demand::{self, Demand};
 use super::Manager;
+use crate::driver::SandboxSpec;
+use crate::error::{Error, Result};
 
 /// After a take, the refiller waits for this long without another take before booting
 /// replacements: a burst of creates finishes giving the pooled sandboxes their identity first,
@@ -19,15 +28,28 @@ use super::Manager;
 const REFILL_QUIET: Duration = Duration::from_millis(50);
 /// ... but never longer than this after the first take.
 const REFILL_QUIET_MAX: Duration = Duration::from_millis(250);
-use crate::driver::SandboxSpec;
-use crate::error::{Error, Result};
+/// Seconds a create refused by the queue is told to wait.
+const QUEUE_RETRY_AFTER_SECS: u64 = 2;
 
-/// Booted, not yet initialised sandboxes, per template name.
-#[derive(Default)]
+/// Booted, not yet initialised sandboxes per template name, and each template's demand.
 pub(super) struct Pools {
     ready: Mutex<HashMap<String, Vec<String>>>,
+    demand: Mutex<HashMap<String, Demand>>,
     /// Wakes the refiller when a sandbox was taken.
     pub(super) taken: tokio::sync::Notify,
+    /// Counts sandboxes put into a pool (wakes queued creates).
+    added: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Pools {
+    fn default() -> Self {
+        Self {
+            ready: Mutex::default(),
+            demand: Mutex::default(),
+            taken: tokio::sync::Notify::new(),
+            added: tokio::sync::watch::channel(0).0,
+        }
+    }
 }
 
 impl Pools {
@@ -35,13 +57,25 @@ impl Pools {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A ready sandbox of `template`, removed from the pool.
+    fn demand(&self) -> std::sync::MutexGuard<'_, HashMap<String, Demand>> {
+        self.demand.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A ready sandbox of `template`, removed from the pool (the oldest first).
     pub(super) fn take(&self, template: &str) -> Option<String> {
-        let id = self.lock().get_mut(template)?.pop();
+        let mut ready = self.lock();
+        let v = ready.get_mut(template)?;
+        let id = (!v.is_empty()).then(|| v.remove(0));
+        drop(ready);
         if id.is_some() {
             self.taken.notify_one();
         }
         id
+    }
+
+    /// The newest ready sandbox of `template` (the one a shrinking pool stops).
+    fn pop(&self, template: &str) -> Option<String> {
+        self.lock().get_mut(template)?.pop()
     }
 
     fn put(&self, template: &str, id: String) {
@@ -49,10 +83,24 @@ impl Pools {
             .entry(template.to_string())
             .or_default()
             .push(id);
+        self.added.send_modify(|n| *n += 1);
     }
 
     pub(super) fn len(&self, template: &str) -> usize {
         self.lock().get(template).map_or(0, Vec::len)
+    }
+
+    /// Pooled sandboxes of every template.
+    fn total(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+
+    /// A create of `template` (its demand).
+    pub(super) fn note(&self, template: &str, window: Duration) {
+        self.demand()
+            .entry(template.to_string())
+            .or_default()
+            .note(Instant::now(), window);
     }
 }
 
@@ -70,10 +118,21 @@ pub fn parse_pool(s: &str) -> std::result::Result<(String, u32), String> {
     Ok((t.to_string(), n))
 }
 
+/// How a create gets its sandbox: a pooled one, or a boot slot to boot one cold.
+pub(super) enum Claim<'a> {
+    Pooled(String),
+    Cold(tokio::sync::SemaphorePermit<'a>),
+}
+
 impl Manager {
     /// How many booted sandboxes of `template` wait in its warm pool.
     pub fn pool_ready(&self, template: &str) -> usize {
         self.pools.len(template)
+    }
+
+    /// Whether creates may take pooled sandboxes.
+    fn pools_on(&self) -> bool {
+        !self.cfg.pool.off
     }
 
     /// The spec of a new sandbox of `template` (the same for pooled and cold sandboxes).
@@ -90,6 +149,81 @@ impl Manager {
             syscall_audit: false,
             disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
         }
+    }
+
+    /// A create of `template` is about to claim a sandbox (its pool's demand).
+    pub(super) fn note_demand(&self, template: &str) {
+        if self.pools_on() {
+            self.pools.note(template, self.cfg.pool.idle);
+        }
+    }
+
+    /// A sandbox for a create of `template`: a pooled one when there is one (`pooled_ok`),
+    /// else a boot slot; waits for whichever comes first, at most the create queue's time.
+    pub(super) async fn claim(&self, template: &str, pooled_ok: bool) -> Result<Claim<'_>> {
+        let pooled_ok = pooled_ok && self.pools_on();
+        let deadline = tokio::time::Instant::now() + self.cfg.pool.queue;
+        let mut added = self.pools.added.subscribe();
+        loop {
+            if pooled_ok {
+                if let Some(id) = self.pools.take(template) {
+                    return Ok(Claim::Pooled(id));
+                }
+            }
+            tokio::select! {
+                biased;
+                permit = self.boot_permit() => return permit.map(Claim::Cold),
+                Ok(()) = added.changed(), if pooled_ok => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(Error::Capacity {
+                        limit: format!(
+                            "no sandbox of \"{template}\" became ready within the create queue's \
+                             {}s (every boot slot is busy; `kiln serve --create-queue` sets the \
+                             wait)",
+                            self.cfg.pool.queue.as_secs()
+                        ),
+                        retry_after_secs: QUEUE_RETRY_AFTER_SECS,
+                        quota: false,
+                    });
+                }
+            }
+        }
+    }
+
+    /// How many sandboxes `template`'s pool should hold now (before capacity caps).
+    fn pool_target(&self, template: &str, now: Instant) -> usize {
+        if let Some(n) = pool_demand::pinned(&self.cfg.pools, template) {
+            return n as usize;
+        }
+        self.pools
+            .demand()
+            .get_mut(template)
+            .map_or(0, |d| d.target(now, &self.cfg.pool)) as usize
+    }
+
+    /// How many more pooled sandboxes may boot now: what `--max-sandboxes` leaves beside the
+    /// live, pending and pooled ones, and at most half of the host's remaining room (the rest
+    /// stays for cold creates and the sandboxes' own growth).
+    fn pool_room(&self) -> usize {
+        let adm = &self.cfg.admission;
+        let pending = self.creates_in_flight();
+        let mut room = usize::MAX;
+        if let Some(max) = adm.max_sandboxes {
+            let used = self.registry.len() + self.registry.pending_len() + pending;
+            room = max.saturating_sub(used + self.pools.total());
+        }
+        if !adm.skip_host_check {
+            let dir = adm
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| std::path::PathBuf::from("/"));
+            let limits = kiln_host::capacity::read_limits(&dir);
+            if let Some(tight) = kiln_host::capacity::headroom(&limits, &adm.cost).first() {
+                let fits = (tight.sandboxes / 2).saturating_sub(pending as u64);
+                room = room.min(fits as usize);
+            }
+        }
+        room
     }
 
     /// Boots one sandbox of `template` into its pool.
@@ -119,28 +253,75 @@ impl Manager {
         }
     }
 
-    /// Keeps every configured pool full, forever.
-    pub fn spawn_pools(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
-        if self.cfg.pools.is_empty() {
-            return None;
-        }
-        let me = Arc::clone(self);
-        Some(tokio::spawn(async move {
+    /// Brings every pool to its target once: stops the surplus, boots the missing (as many
+    /// at once as there are boot slots). False when a boot failed.
+    async fn tend_pools(self: &Arc<Self>) -> bool {
+        let names: BTreeSet<String> = {
+            let mut n: BTreeSet<String> = self.cfg.pools.iter().map(|(t, _)| t.clone()).collect();
+            n.extend(self.pools.demand().keys().cloned());
+            n.extend(self.pools.lock().keys().cloned());
+            n
+        };
+        let parallel = self.boots_total();
+        for template in names {
+            let want = self.pool_target(&template, Instant::now());
+            while self.pools.len(&template) > want {
+                match self.pools.pop(&template) {
+                    Some(id) => {
+                        let _ = self.driver.stop(&id).await;
+                    }
+                    None => break,
+                }
+            }
             loop {
+                let want = self.pool_target(&template, Instant::now());
+                let missing = want
+                    .saturating_sub(self.pools.len(&template))
+                    .min(self.pool_room())
+                    .min(parallel);
+                if missing == 0 {
+                    break;
+                }
+                let mut boots = tokio::task::JoinSet::new();
+                for _ in 0..missing {
+                    let (me, t) = (Arc::clone(self), template.clone());
+                    boots.spawn(async move { me.fill_one(&t).await });
+                }
                 let mut failed = false;
-                for (template, want) in me.cfg.pools.clone() {
-                    while me.pools.len(&template) < want as usize {
-                        if let Err(e) = me.fill_one(&template).await {
-                            tracing::warn!(template = %template, error = %e, "filling the pool");
-                            failed = true;
-                            break;
-                        }
+                while let Some(r) = boots.join_next().await {
+                    if let Ok(Err(e)) = r {
+                        tracing::warn!(template = %template, error = %e, "filling the warm pool");
+                        failed = true;
                     }
                 }
-                let wait = if failed {
-                    Duration::from_secs(5)
+                if failed {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Keeps every pool at its target, forever, in a task (None when pools are off).
+    pub fn spawn_pools(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        self.pools_on()
+            .then(|| tokio::spawn(Arc::clone(self).run_pools()))
+    }
+
+    /// Keeps every pool at its target, forever (returns at once when pools are off).
+    pub async fn run_pools(self: Arc<Self>) {
+        if !self.pools_on() {
+            return;
+        }
+        let me = self;
+        // Idleness is noticed within a quarter of the idle period (at most a second late).
+        let tick = (me.cfg.pool.idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        {
+            loop {
+                let wait = if me.tend_pools().await {
+                    tick
                 } else {
-                    Duration::from_secs(1)
+                    Duration::from_secs(5)
                 };
                 if tokio::time::timeout(wait, me.pools.taken.notified())
                     .await
@@ -154,7 +335,15 @@ impl Manager {
                     {}
                 }
             }
-        }))
+        }
+    }
+
+    /// Stops every pooled sandbox (an orderly shutdown; the refiller must be stopped first).
+    pub async fn drain_pools(&self) {
+        let all: Vec<String> = self.pools.lock().drain().flat_map(|(_, v)| v).collect();
+        for id in all {
+            let _ = self.driver.stop(&id).await;
+        }
     }
 }
 
@@ -171,8 +360,11 @@ mod tests {
         let p = Pools::default();
         assert_eq!(p.take("base"), None);
         p.put("base", "a".into());
-        assert_eq!(p.len("base"), 1);
-        assert_eq!(p.take("base").as_deref(), Some("a"));
+        p.put("base", "b".into());
+        assert_eq!(p.len("base"), 2);
+        assert_eq!(p.total(), 2);
+        assert_eq!(p.take("base").as_deref(), Some("a"), "the oldest first");
+        assert_eq!(p.pop("base").as_deref(), Some("b"));
         assert_eq!(p.len("base"), 0);
     }
 }
