@@ -19,7 +19,6 @@ mod fsrpc;
 pub mod fuzz;
 pub mod interp;
 pub mod kills;
-pub mod launch;
 pub mod limits;
 pub mod listen;
 pub mod metastore;

@@ -142,8 +142,7 @@ fn interp_main(a: InterpArgs) -> i32 {
 }
 
 fn main() {
-    // Templates link /usr/bin/sudo (and the desktop /usr/local/bin/gtk-launch) to this
-    // binary: run as that shim.
+    // Templates link /usr/bin/sudo to this binary: run as that shim.
     let argv0 = std::env::args_os().next().and_then(|a| {
         std::path::Path::new(&a)
             .file_name()
@@ -151,7 +150,6 @@ fn main() {
     });
     match argv0.as_deref() {
         Some("sudo") => std::process::exit(kiln_agent::sudo::shim::main()),
-        Some("gtk-launch") => std::process::exit(kiln_agent::launch::main()),
         _ => {}
     }
     let args = Args::parse();
@@ -190,6 +188,7 @@ fn main() {
         std::thread::spawn(kiln_agent::watchdog::run);
         kiln_agent::pid1::mount_basics();
         kiln_agent::pid1::ensure_etc_hosts();
+        kiln_agent::pid1::ensure_machine_id();
         if let Err(e) = kiln_agent::sudo::broker::start() {
             tracing::warn!("sudo will not work: cannot start the privilege broker: {e}");
         }

@@ -122,6 +122,44 @@ pub fn ensure_etc_hosts() {
     }
 }
 
+/// Writes a fresh `<root>/etc/machine-id` (32 lowercase hex digits, as systemd makes at first
+/// boot) when the file is missing or empty — images built for containers ship it empty — so
+/// D-Bus sessions and dconf work. `id` is the random source (a UUID's hex digits). Returns
+/// whether it wrote.
+pub fn ensure_machine_id_in(root: &Path, id: &str) -> std::io::Result<bool> {
+    let path = root.join("etc/machine-id");
+    match std::fs::read(&path) {
+        Ok(b) if !b.iter().all(|c| c.is_ascii_whitespace()) => return Ok(false),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let hex: String = id
+        .chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .map(|c| c.to_ascii_lowercase())
+        .take(32)
+        .collect();
+    if hex.len() != 32 {
+        return Err(std::io::Error::other("no random machine id available"));
+    }
+    // A new file renamed into place: the old one may be a hard link into the template.
+    let tmp = root.join("etc/.machine-id.kiln");
+    std::fs::write(&tmp, format!("{hex}\n"))?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o444))?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(true)
+}
+
+/// [`ensure_machine_id_in`] for the sandbox's own root (PID 1 at boot), from the kernel's
+/// random UUID.
+pub fn ensure_machine_id() {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
+    if let Err(e) = ensure_machine_id_in(Path::new("/"), &id) {
+        tracing::warn!("cannot write /etc/machine-id: {e}");
+    }
+}
+
 fn tempfile_probe(dir: &str) -> bool {
     let p = Path::new(dir).join(format!(".kiln-agent-probe-{}", std::process::id()));
     let ok = std::fs::write(&p, b"").is_ok();
@@ -149,6 +187,28 @@ mod tests {
         assert!(t.ends_with("127.0.1.1\tisb4xk2m0\n"), "{t}");
         assert!(!etc_hosts_text("").contains("127.0.1.1"));
         assert!(!etc_hosts_text("bad name\n1.2.3.4 evil").contains("evil"));
+    }
+
+    #[test]
+    fn machine_id_written_when_missing_or_empty() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("etc")).unwrap();
+        let p = d.path().join("etc/machine-id");
+        let uuid = "0F8FAD5B-D9CB-469F-A165-70867728950E\n";
+        assert!(ensure_machine_id_in(d.path(), uuid).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "0f8fad5bd9cb469fa16570867728950e\n"
+        );
+        // Kept once it holds an id; written again over an empty one.
+        assert!(!ensure_machine_id_in(d.path(), "ffffffff-ffff-ffff-ffff-ffffffffffff").unwrap());
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, "\n").unwrap();
+        assert!(ensure_machine_id_in(d.path(), uuid).unwrap());
+        // No random digits to use: an error, nothing written.
+        std::fs::remove_file(&p).unwrap();
+        assert!(ensure_machine_id_in(d.path(), "short").is_err());
+        assert!(!p.exists());
     }
 
     #[test]
