@@ -25,6 +25,7 @@ pub mod store;
 pub mod templates;
 pub mod tenancy;
 pub mod tls;
+pub mod tplbuild;
 pub mod vault;
 
 use std::net::SocketAddr;
@@ -125,6 +126,7 @@ pub struct Server {
     edge: edge::EdgeConfig,
     vault: Arc<vault::Vault>,
     interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
+    builds: Arc<tplbuild::Builds>,
 }
 
 impl Server {
@@ -163,6 +165,7 @@ impl Server {
             obs::persist::MetricsDb::open(&cfg.state_dir.join("kiln.db"))
                 .map_err(store::StoreError::from)?,
         );
+        let builds = tplbuild::Builds::open(&cfg.state_dir, manager.clone()).await?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {
@@ -202,6 +205,7 @@ impl Server {
             edge: cfg.edge,
             vault,
             interceptor,
+            builds,
         })
     }
 
@@ -228,7 +232,8 @@ impl Server {
                 metrics_token: self.metrics_token.clone(),
             },
         )
-        .with_vault(self.vault.clone());
+        .with_vault(self.vault.clone())
+        .with_builds(self.builds.clone());
         let state = Arc::new(match &self.interceptor {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,
