@@ -199,7 +199,8 @@ def test_template_build_bad_input(server, tmp_path):
     other = r.stdout.strip()
     status, body, _ = server.request("GET", f"/templates/{req['templateID']}/tags", api_key=other)
     assert status == 404, body
-    status, body, _ = server.request("GET", f"{path}/status", api_key=other)
+    status_path = f"/templates/{req['templateID']}/builds/{req['buildID']}/status"
+    status, body, _ = server.request("GET", status_path, api_key=other)
     assert status == 404, body
     status, body, _ = server.request("GET", f"/templates/aliases/{name}-twice", api_key=other)
     assert status == 403, body
