@@ -206,3 +206,35 @@ def test_template_build_bad_input(server, tmp_path):
     assert status == 403, body
     status, body, _ = server.request("POST", "/sandboxes", {"templateID": f"{name}-twice"}, api_key=other)
     assert status == 404, body
+
+
+def test_template_from_dockerfile_with_a_start_command(server, tmp_path):
+    """A Dockerfile (the SDK turns it into steps) through the same pipeline; the start command
+    runs during the build until the ready command passes, and the template is snapshotted
+    running: the service answers as soon as `Sandbox.create` returns."""
+    from e2b import Sandbox, Template
+
+    ctx = _ctx(tmp_path)
+    dockerfile = (
+        "FROM base\n"
+        "ENV SITE=/srv/site\n"
+        "WORKDIR /srv/site\n"
+        "COPY app/main.py ./\n"
+        "RUN echo page-$SITE > index.html && chown -R user /srv/site\n"
+        "USER user\n"
+    )
+    tpl = (Template(file_context_path=str(ctx)).from_dockerfile(dockerfile)
+           .set_start_cmd("python3 -m http.server 8123 --bind 127.0.0.1",
+                          "curl -sf http://127.0.0.1:8123/index.html"))
+    name = f"kt-df-{uuid.uuid4().hex[:6]}"
+    _, logs, took = _build(tpl, name)
+    assert any("ready after" in m for m in logs), logs
+    sbx = Sandbox.create(name, timeout=60)
+    try:
+        # No wait: the server was already running in the snapshot.
+        r = sbx.commands.run("curl -s http://127.0.0.1:8123/index.html; cat main.py; pwd; whoami")
+        assert r.stdout.split("\n")[:4] == ["page-/srv/site", "print('hi from app')", "/srv/site", "user"], r.stdout
+    finally:
+        sbx.kill()
+    print(f"dockerfile build with a start command {took:.1f}s")
+    assert server.request("DELETE", f"/templates/{name}")[0] == 204

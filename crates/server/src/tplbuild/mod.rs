@@ -9,6 +9,7 @@
 
 pub mod files;
 mod runner;
+mod start;
 mod steps;
 
 use std::collections::BTreeMap;

@@ -3,6 +3,9 @@
 //! run it in the build sandbox and snapshot the sandbox's filesystem as that step's layer,
 //! then finish (step `finalize`): the last layer is what the template's sandboxes start from.
 //!
+//! With a start command, [`super::start`] then boots the last layer, runs it until the ready
+//! command succeeds and snapshots the running sandbox, memory included.
+//!
 //! The build sandbox is an ordinary sandbox of the build's team (same driver and limits),
 //! created from the parent layer when a step must run and killed at the end. A failing step
 //! caches nothing and ends the build with its step number and output tail.
@@ -62,8 +65,17 @@ pub(super) async fn run(b: Arc<Builds>, team: String, tpl: TplRow, build: BuildR
     b.log(&build.id, "info", None, format!("Building template {} ({})", tpl.name, tpl.id))
         .await;
     let mut walk = None;
-    let outcome = walk_steps(&b, &team, &build.id, &spec, &mut walk).await;
-    if let Some(sid) = walk.as_ref().and_then(|w| w.sandbox.clone()) {
+    let outcome = walk_steps(&b, &team, &build.id, &spec, &mut walk)
+        .await
+        .and_then(|()| {
+            walk.take()
+                .ok_or_else(|| fail("finalize", "the build ended without a result"))
+        });
+    let left = match &outcome {
+        Ok(w) => w.sandbox.clone(),
+        Err(_) => walk.as_ref().and_then(|w| w.sandbox.clone()),
+    };
+    if let Some(sid) = left {
         let _ = b.manager.kill(&sid, "template build finished").await;
     }
     let mut row = build.clone();
@@ -167,8 +179,8 @@ async fn walk_steps(
     build: &str,
     spec: &StartSpec,
     slot: &mut Option<Walk>,
-) -> Result<Walk, Failed> {
-    *slot = Some(base(b, team, spec).await?);
+) -> Result<(), Failed> {
+    let w = slot.insert(base(b, team, spec).await?);
     b.log(build, "info", Some("base"), format!(
         "FROM {}",
         spec.from_template.as_deref().or(spec.from_image.as_deref()).unwrap_or(E2B_BASE_IMAGE)
@@ -177,12 +189,10 @@ async fn walk_steps(
     let total = spec.steps.len();
     let mut forced = spec.force.unwrap_or(false);
     for (i, s) in spec.steps.iter().enumerate() {
-        let w = slot.as_mut().expect("set above");
         let label = (i + 1).to_string();
         forced |= s.force.unwrap_or(false);
         step(b, team, build, s, &label, total, forced, w).await?;
     }
-    let w = slot.as_mut().expect("set above");
     if w.workdir_pending {
         // The last WORKDIR made no layer yet: a layer of its own.
         let mk = Step {
@@ -194,7 +204,28 @@ async fn walk_steps(
         };
         step(b, team, build, &mk, "finalize", total, forced, w).await?;
     }
-    Ok(slot.take().expect("set above"))
+    if let Some(start) = spec.start_cmd.as_deref().filter(|c| !c.trim().is_empty()) {
+        let ready = spec
+            .ready_cmd
+            .as_deref()
+            .filter(|c| !c.trim().is_empty())
+            .unwrap_or(super::start::DEFAULT_READY);
+        // A fresh boot of the last layer runs the start command.
+        if let Some(sid) = w.sandbox.take() {
+            let _ = b.manager.kill(&sid, "template build: finalizing").await;
+        }
+        let sid = ensure_sandbox(b, team, build, w)
+            .await
+            .map_err(|m| fail("finalize", m))?;
+        let snap = super::start::capture_running(
+            b, team, build, &sid, start, ready, &w.user, &w.workdir, &w.env,
+        )
+        .await
+        .map_err(|m| fail("finalize", m))?;
+        w.parent = snap;
+        w.parent_is_snapshot = true;
+    }
+    Ok(())
 }
 
 /// One step: ENV/USER/WORKDIR change what later steps see; RUN and COPY make a layer (from
