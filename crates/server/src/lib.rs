@@ -183,11 +183,12 @@ impl Server {
             .await
             .map_err(ServerError::Recover)?;
         let (tx, rx) = tokio::sync::watch::channel(None);
-        let m = manager.clone();
+        let (m, b) = (manager.clone(), builds.clone());
         tokio::spawn(async move {
             let r = m.finish_recovery(pending).await.map_err(|e| e.to_string());
             if r.is_ok() {
                 m.sweep_metrics_history().await;
+                b.remove_leftover_sandboxes().await;
             }
             if let Err(e) = &r {
                 tracing::error!(error = %e, "recovering sandboxes from the previous run");

@@ -238,3 +238,46 @@ def test_template_from_dockerfile_with_a_start_command(server, tmp_path):
         sbx.kill()
     print(f"dockerfile build with a start command {took:.1f}s")
     assert server.request("DELETE", f"/templates/{name}")[0] == 204
+
+
+def test_a_build_running_at_a_restart_ends_as_error(state_dir):
+    """`kill -9` of the server mid-build: the restarted server reports the build as `error`
+    with a clear reason (never a hung `building`) and removes its build sandbox."""
+    from .conftest import KilnServer
+
+    srv = KilnServer(state_dir, ["--network", "off"]).start()
+    try:
+        status, req, _ = srv.request("POST", "/v3/templates", {"name": "kt-restart"})
+        assert status == 202, req
+        status_path = f"/templates/{req['templateID']}/builds/{req['buildID']}/status"
+        start = {"fromTemplate": "base", "force": False,
+                 "steps": [{"type": "RUN", "args": ["sleep 600"], "force": False}]}
+        status, body, _ = srv.request(
+            "POST", f"/v2/templates/{req['templateID']}/builds/{req['buildID']}", start)
+        assert status == 202, body
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            _, sbxs, _ = srv.request("GET", "/sandboxes")
+            if any("kiln.template.build" in (s.get("metadata") or {}) for s in sbxs):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no build sandbox started")
+        _, st, _ = srv.request("GET", status_path)
+        assert st["status"] == "building", st
+        srv.kill9()
+        srv.start()
+        _, st, _ = srv.request("GET", status_path)
+        assert st["status"] == "error", st
+        assert "restarted while this build was running" in st["reason"]["message"], st
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            _, sbxs, _ = srv.request("GET", "/sandboxes")
+            if not any("kiln.template.build" in (s.get("metadata") or {}) for s in sbxs):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the build sandbox was left running: {sbxs}")
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()

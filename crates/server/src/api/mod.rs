@@ -367,8 +367,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         ));
     api.merge(template_api::upload_routes())
         .layer(middleware::from_fn_with_state(
-        state.clone(),
-        route_sandbox_traffic,
-    ))
-    .with_state(state)
+            state.clone(),
+            route_sandbox_traffic,
+        ))
+        .with_state(state)
 }

@@ -568,6 +568,9 @@ mod tests {
         assert_eq!(info[0].message, "m2");
         assert_eq!(db.fail_unfinished("restart", 9).await.unwrap(), ["b1"]);
         let b = db.get_build("b1").await.unwrap().unwrap();
-        assert_eq!((b.status.as_str(), b.reason.as_deref()), ("error", Some("restart")));
+        assert_eq!(
+            (b.status.as_str(), b.reason.as_deref()),
+            ("error", Some("restart"))
+        );
     }
 }

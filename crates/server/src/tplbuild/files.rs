@@ -36,7 +36,9 @@ pub enum ArchiveError {
 
 /// Whether `h` is a lowercase hex SHA-256 (what the SDK sends as `filesHash`).
 pub fn is_hash(h: &str) -> bool {
-    h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    h.len() == 64
+        && h.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// An upload the server agreed to take.
@@ -178,7 +180,12 @@ pub fn check_archive(path: &Path, max_bytes: u64) -> Result<HashSet<String>, Arc
 
 /// The SDK's `filesHash` of a COPY of `src` to `dest` whose files are the archive at `path`
 /// (checked with [`check_archive`] first).
-pub fn files_hash(path: &Path, src: &str, dest: &str, max_bytes: u64) -> Result<String, ArchiveError> {
+pub fn files_hash(
+    path: &Path,
+    src: &str,
+    dest: &str,
+    max_bytes: u64,
+) -> Result<String, ArchiveError> {
     let hard_targets = check_archive(path, max_bytes)?;
     let mut h = Sha256::new();
     h.update(format!("COPY {src} {dest}").as_bytes());
@@ -243,7 +250,11 @@ mod tests {
         for (name, kind, data, link) in entries {
             let mut h = tar::Header::new_ustar();
             h.set_entry_type(*kind);
-            h.set_mode(if *kind == tar::EntryType::Directory { 0o755 } else { 0o644 });
+            h.set_mode(if *kind == tar::EntryType::Directory {
+                0o755
+            } else {
+                0o644
+            });
             h.set_size(data.len() as u64);
             // Raw names: the builder's own checks would refuse the bad ones.
             h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
@@ -260,18 +271,34 @@ mod tests {
     #[test]
     fn archives_naming_outside_paths_are_refused() {
         use tar::EntryType::*;
-        let ok = tar_of(&[("d/", Directory, b"", ""), ("d/a", Regular, b"hi", ""), ("d/l", Symlink, b"", "a")]);
+        let ok = tar_of(&[
+            ("d/", Directory, b"", ""),
+            ("d/a", Regular, b"hi", ""),
+            ("d/l", Symlink, b"", "a"),
+        ]);
         assert!(check_archive(ok.path(), 1 << 20).is_ok());
         let dotdot = tar_of(&[("../x", Regular, b"hi", "")]);
-        assert!(matches!(check_archive(dotdot.path(), 1 << 20), Err(ArchiveError::DotDot(_))));
+        assert!(matches!(
+            check_archive(dotdot.path(), 1 << 20),
+            Err(ArchiveError::DotDot(_))
+        ));
         let abs = tar_of(&[("/etc/x", Regular, b"hi", "")]);
-        assert!(matches!(check_archive(abs.path(), 1 << 20), Err(ArchiveError::Absolute(_))));
+        assert!(matches!(
+            check_archive(abs.path(), 1 << 20),
+            Err(ArchiveError::Absolute(_))
+        ));
         let out = tar_of(&[("d/l", Symlink, b"", "../../etc/passwd")]);
-        assert!(matches!(check_archive(out.path(), 1 << 20), Err(ArchiveError::LinkOut { .. })));
+        assert!(matches!(
+            check_archive(out.path(), 1 << 20),
+            Err(ArchiveError::LinkOut { .. })
+        ));
         let abs_link = tar_of(&[("l", Symlink, b"", "/etc/passwd")]);
         assert!(check_archive(abs_link.path(), 1 << 20).is_err());
         let big = tar_of(&[("a", Regular, &[0u8; 100], "")]);
-        assert!(matches!(check_archive(big.path(), 10), Err(ArchiveError::TooBig(10))));
+        assert!(matches!(
+            check_archive(big.path(), 10),
+            Err(ArchiveError::TooBig(10))
+        ));
     }
 
     #[test]
@@ -286,7 +313,10 @@ mod tests {
         h.update((0o100644).to_string().as_bytes());
         h.update(b"2");
         h.update(b"hi");
-        assert_eq!(files_hash(t.path(), "d", "/app", 1 << 20).unwrap(), hex::encode(h.finalize()));
+        assert_eq!(
+            files_hash(t.path(), "d", "/app", 1 << 20).unwrap(),
+            hex::encode(h.finalize())
+        );
         assert!(is_hash(&"a".repeat(64)) && !is_hash("../x"));
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! A build is requested (`waiting`), started once with its steps (`building`), and ends
 //! `ready` or `error`. At most [`MAX_CONCURRENT`] builds run at once, the others queue. A
-//! build that was running when the server stopped ends as `error` when it starts again.
+//! build that was running when the server stopped ends as `error` when it starts again, and
+//! its build sandbox is removed once recovery is over.
 
 pub mod files;
 mod runner;
@@ -85,6 +86,8 @@ pub struct Builds {
     tokens: files::Tokens,
     queue: tokio::sync::Semaphore,
     upload_max: u64,
+    /// Builds the previous server left running.
+    interrupted: std::collections::HashSet<String>,
 }
 
 /// Template names: 1-64 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or
@@ -135,8 +138,7 @@ pub fn split_tag(s: &str) -> (&str, Option<&str>) {
 
 impl Builds {
     /// The service over the state database under `state_dir`; builds the previous server
-    /// left running end as `error`, and their build sandboxes are removed once recovery is
-    /// over.
+    /// left running end as `error`.
     pub async fn open(
         state_dir: &Path,
         manager: Arc<Manager>,
@@ -145,7 +147,13 @@ impl Builds {
         let interrupted = db.fail_unfinished(RESTART_REASON, now_ms()).await?;
         for id in &interrupted {
             let _ = db
-                .add_log(id, "error", Some("finalize".into()), RESTART_REASON.into(), now_ms())
+                .add_log(
+                    id,
+                    "error",
+                    Some("finalize".into()),
+                    RESTART_REASON.into(),
+                    now_ms(),
+                )
                 .await;
         }
         let upload_max = std::env::var("KILN_TEMPLATE_UPLOAD_MAX_MB")
@@ -160,19 +168,25 @@ impl Builds {
             tokens: files::Tokens::default(),
             queue: tokio::sync::Semaphore::new(MAX_CONCURRENT),
             upload_max,
-        });
-        let m = b.manager.clone();
-        tokio::spawn(async move {
-            while m.recovering() > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
-            for s in m.list() {
-                if s.metadata.contains_key(BUILD_META) {
-                    let _ = m.kill(&s.id, "its template build ended with the server").await;
-                }
-            }
+            interrupted: interrupted.into_iter().collect(),
         });
         Ok(b)
+    }
+
+    /// Removes build sandboxes a previous server left (their builds ended with it); called
+    /// once recovery has adopted them.
+    pub async fn remove_leftover_sandboxes(&self) {
+        for s in self.manager.list() {
+            if s.metadata
+                .get(BUILD_META)
+                .is_some_and(|b| self.interrupted.contains(b))
+            {
+                let _ = self
+                    .manager
+                    .kill(&s.id, "its template build ended with the previous server")
+                    .await;
+            }
+        }
     }
 
     pub fn db(&self) -> &BuildsDb {
@@ -270,7 +284,9 @@ impl Builds {
             .await?
             .filter(|b| b.template_id == tpl.id)
             .ok_or_else(|| {
-                Error::NotFound(format!("build {build_id:?} of template {template_key:?} not found"))
+                Error::NotFound(format!(
+                    "build {build_id:?} of template {template_key:?} not found"
+                ))
             })?;
         steps::validate(&spec)?;
         let json = serde_json::to_string(&spec)
@@ -331,11 +347,14 @@ impl Builds {
                 "template {key:?} has no finished build yet"
             )));
         };
-        Ok(b.target.as_deref().and_then(target_template_id).map(|id| Resolved {
-            template_id: id,
-            user: b.user,
-            workdir: b.workdir,
-        }))
+        Ok(b.target
+            .as_deref()
+            .and_then(target_template_id)
+            .map(|id| Resolved {
+                template_id: id,
+                user: b.user,
+                workdir: b.workdir,
+            }))
     }
 
     /// Deletes the template `key` of `team` (its layers stay in the step cache).

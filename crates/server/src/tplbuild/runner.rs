@@ -60,10 +60,21 @@ fn chain(key: &str, part: &str) -> String {
 }
 
 /// Runs `build` of `tpl` to its end, recording its log and outcome.
-pub(super) async fn run(b: Arc<Builds>, team: String, tpl: TplRow, build: BuildRow, spec: StartSpec) {
+pub(super) async fn run(
+    b: Arc<Builds>,
+    team: String,
+    tpl: TplRow,
+    build: BuildRow,
+    spec: StartSpec,
+) {
     let t = Instant::now();
-    b.log(&build.id, "info", None, format!("Building template {} ({})", tpl.name, tpl.id))
-        .await;
+    b.log(
+        &build.id,
+        "info",
+        None,
+        format!("Building template {} ({})", tpl.name, tpl.id),
+    )
+    .await;
     let mut walk = None;
     let outcome = walk_steps(&b, &team, &build.id, &spec, &mut walk)
         .await
@@ -91,7 +102,8 @@ pub(super) async fn run(b: Arc<Builds>, team: String, tpl: TplRow, build: BuildR
             row.workdir = Some(w.workdir);
         }
         Err(f) => {
-            b.log(&build.id, "error", Some(&f.step), f.message.clone()).await;
+            b.log(&build.id, "error", Some(&f.step), f.message.clone())
+                .await;
             row.status = "error".into();
             row.reason = Some(f.message);
             row.reason_step = Some(f.step);
@@ -102,7 +114,10 @@ pub(super) async fn run(b: Arc<Builds>, team: String, tpl: TplRow, build: BuildR
         return;
     }
     if row.status == "ready" {
-        if let Err(e) = b.db.assign_tags(&tpl.id, &row.tags, &row.id, now_ms()).await {
+        if let Err(e) =
+            b.db.assign_tags(&tpl.id, &row.tags, &row.id, now_ms())
+                .await
+        {
             tracing::warn!(build = build.id, error = %e, "tagging a build");
         }
         b.log(
@@ -119,7 +134,11 @@ pub(super) async fn run(b: Arc<Builds>, team: String, tpl: TplRow, build: BuildR
 async fn base(b: &Builds, team: &str, spec: &StartSpec) -> Result<Walk, Failed> {
     let name = match (&spec.from_template, &spec.from_image) {
         (Some(t), _) => {
-            if let Some(r) = b.resolve(team, t).await.map_err(|e| fail("base", e.to_string()))? {
+            if let Some(r) = b
+                .resolve(team, t)
+                .await
+                .map_err(|e| fail("base", e.to_string()))?
+            {
                 let is_snap = crate::manager::is_snapshot_id(&r.template_id);
                 return Ok(Walk {
                     key: chain("base", &r.template_id),
@@ -163,7 +182,10 @@ async fn base(b: &Builds, team: &str, spec: &StartSpec) -> Result<Walk, Failed> 
 /// The kiln template an image name stands for: E2B's base image is kiln's `base`; other
 /// images are the templates `kiln template build --from-image` made of them.
 fn image_template(img: &str) -> Result<String, Failed> {
-    let (repo, _) = img.rsplit_once(':').filter(|(r, _)| !r.contains('/') || !r.ends_with('/')).unwrap_or((img, ""));
+    let (repo, _) = img
+        .rsplit_once(':')
+        .filter(|(r, _)| !r.contains('/') || !r.ends_with('/'))
+        .unwrap_or((img, ""));
     if repo == E2B_BASE_IMAGE || repo == format!("docker.io/{E2B_BASE_IMAGE}") {
         return Ok("base".into());
     }
@@ -181,10 +203,18 @@ async fn walk_steps(
     slot: &mut Option<Walk>,
 ) -> Result<(), Failed> {
     let w = slot.insert(base(b, team, spec).await?);
-    b.log(build, "info", Some("base"), format!(
-        "FROM {}",
-        spec.from_template.as_deref().or(spec.from_image.as_deref()).unwrap_or(E2B_BASE_IMAGE)
-    ))
+    b.log(
+        build,
+        "info",
+        Some("base"),
+        format!(
+            "FROM {}",
+            spec.from_template
+                .as_deref()
+                .or(spec.from_image.as_deref())
+                .unwrap_or(E2B_BASE_IMAGE)
+        ),
+    )
     .await;
     let total = spec.steps.len();
     let mut forced = spec.force.unwrap_or(false);
@@ -269,12 +299,27 @@ async fn step(
         _ => {}
     }
     if !forced {
-        if let Some(snap) = b.db.layer(team, &w.key).await.map_err(|e| fail(label, e.to_string()))? {
-            let exists = b.manager.store().get_snapshot(&snap).await.ok().flatten().is_some();
+        if let Some(snap) =
+            b.db.layer(team, &w.key)
+                .await
+                .map_err(|e| fail(label, e.to_string()))?
+        {
+            let exists = b
+                .manager
+                .store()
+                .get_snapshot(&snap)
+                .await
+                .ok()
+                .flatten()
+                .is_some();
             if exists {
-                b.log(build, "info", Some(label), format!("CACHED {shown}")).await;
+                b.log(build, "info", Some(label), format!("CACHED {shown}"))
+                    .await;
                 if let Some(sid) = w.sandbox.take() {
-                    let _ = b.manager.kill(&sid, "template build: a later step was cached").await;
+                    let _ = b
+                        .manager
+                        .kill(&sid, "template build: a later step was cached")
+                        .await;
                 }
                 w.parent = snap;
                 w.parent_is_snapshot = true;
@@ -285,21 +330,43 @@ async fn step(
     }
     b.log(build, "info", Some(label), shown).await;
     let t = Instant::now();
-    let sid = ensure_sandbox(b, team, build, w).await.map_err(|m| fail(label, m))?;
+    let sid = ensure_sandbox(b, team, build, w)
+        .await
+        .map_err(|m| fail(label, m))?;
     let quoted_workdir = sh_quote(&w.workdir);
-    let mkdir = format!("mkdir -p {quoted_workdir} && chown {} {quoted_workdir} 2>/dev/null; true", sh_quote(&w.user));
+    let mkdir = format!(
+        "mkdir -p {quoted_workdir} && chown {} {quoted_workdir} 2>/dev/null; true",
+        sh_quote(&w.user)
+    );
     b.run_in(build, &sid, label, &mkdir, "root", "/", &Env::new())
         .await
-        .map_err(|StepFailure(m)| fail(label, format!("step {label}: making WORKDIR {}: {m}", w.workdir)))?;
+        .map_err(|StepFailure(m)| {
+            fail(
+                label,
+                format!("step {label}: making WORKDIR {}: {m}", w.workdir),
+            )
+        })?;
     let ran = match s.kind.as_str() {
         "RUN" => {
-            let user = s.args.get(1).filter(|u| !u.is_empty()).unwrap_or(&w.user).clone();
-            b.run_in(build, &sid, label, &s.args[0], &user, &w.workdir, &w.env).await
+            let user = s
+                .args
+                .get(1)
+                .filter(|u| !u.is_empty())
+                .unwrap_or(&w.user)
+                .clone();
+            b.run_in(build, &sid, label, &s.args[0], &user, &w.workdir, &w.env)
+                .await
         }
-        _ => b.copy_in(build, &sid, label, team, s, &w.user, &w.workdir).await,
+        _ => {
+            b.copy_in(build, &sid, label, team, s, &w.user, &w.workdir)
+                .await
+        }
     };
     if let Err(StepFailure(m)) = ran {
-        return Err(fail(label, format!("step {label} ({} {}) failed: {m}", s.kind, s.args.join(" "))));
+        return Err(fail(
+            label,
+            format!("step {label} ({} {}) failed: {m}", s.kind, s.args.join(" ")),
+        ));
     }
     let snap = b
         .manager
@@ -309,8 +376,13 @@ async fn step(
     b.db.put_layer(team, &w.key, &snap.id, now_ms())
         .await
         .map_err(|e| fail(label, e.to_string()))?;
-    b.log(build, "debug", Some(label), format!("layer {} in {:.1}s", snap.id, t.elapsed().as_secs_f64()))
-        .await;
+    b.log(
+        build,
+        "debug",
+        Some(label),
+        format!("layer {} in {:.1}s", snap.id, t.elapsed().as_secs_f64()),
+    )
+    .await;
     w.parent = snap.id;
     w.parent_is_snapshot = true;
     w.workdir_pending = false;
@@ -318,7 +390,12 @@ async fn step(
 }
 
 /// The running build sandbox, created from the current parent when there is none.
-async fn ensure_sandbox(b: &Builds, team: &str, build: &str, w: &mut Walk) -> Result<String, String> {
+async fn ensure_sandbox(
+    b: &Builds,
+    team: &str,
+    build: &str,
+    w: &mut Walk,
+) -> Result<String, String> {
     if let Some(s) = &w.sandbox {
         return Ok(s.clone());
     }

@@ -32,14 +32,25 @@ pub(super) async fn capture_running(
     env: &super::Env,
 ) -> Result<String, String> {
     let agent = b.manager.agent(sid, None);
-    let mut req = bash_request(start, env.clone().into_iter().collect(), Some(workdir.into()), None);
+    let mut req = bash_request(
+        start,
+        env.clone().into_iter().collect(),
+        Some(workdir.into()),
+        None,
+    );
     req.stdin = Some(false);
     req.tag = Some("kiln-start-cmd".into());
     let mut stream = agent
         .start(&req, Some(user))
         .await
         .map_err(|e| format!("starting the start command as {user:?}: {e}"))?;
-    b.log(build, "info", Some("finalize"), format!("start command: {start}")).await;
+    b.log(
+        build,
+        "info",
+        Some("finalize"),
+        format!("start command: {start}"),
+    )
+    .await;
     // The start command's output goes to the build log; its end (an error) is watched.
     let (ended_tx, mut ended) = tokio::sync::watch::channel(None::<i32>);
     let (logger, bid) = (b.clone(), build.to_string());
@@ -48,7 +59,9 @@ pub(super) async fn capture_running(
             match ev {
                 ProcessEvent::Stdout(d) | ProcessEvent::Stderr(d) | ProcessEvent::Pty(d) => {
                     for line in String::from_utf8_lossy(&d).lines() {
-                        logger.log(&bid, "info", Some("finalize"), line.to_string()).await;
+                        logger
+                            .log(&bid, "info", Some("finalize"), line.to_string())
+                            .await;
                     }
                 }
                 ProcessEvent::Exited { code, .. } => {

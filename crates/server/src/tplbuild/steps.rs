@@ -103,7 +103,12 @@ impl Builds {
         env: &Env,
     ) -> std::result::Result<(), StepFailure> {
         let agent = self.manager.agent(sid, None);
-        let mut req = bash_request(cmd, env.clone().into_iter().collect(), Some(cwd.into()), None);
+        let mut req = bash_request(
+            cmd,
+            env.clone().into_iter().collect(),
+            Some(cwd.into()),
+            None,
+        );
         req.stdin = Some(false);
         let mut tail: VecDeque<String> = VecDeque::new();
         let mut partial = Vec::new();
@@ -114,7 +119,9 @@ impl Builds {
                 .map_err(|e| StepFailure(format!("starting the command as {user:?}: {e}")))?;
             loop {
                 match stream.next_event().await {
-                    Ok(Some(ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b) | ProcessEvent::Pty(b))) => {
+                    Ok(Some(
+                        ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b) | ProcessEvent::Pty(b),
+                    )) => {
                         partial.extend_from_slice(&b);
                         while let Some(nl) = partial.iter().position(|c| *c == b'\n') {
                             let line: Vec<u8> = partial.drain(..=nl).collect();
@@ -142,7 +149,9 @@ impl Builds {
         };
         let (code, error) = tokio::time::timeout(STEP_TIMEOUT, run)
             .await
-            .map_err(|_| StepFailure(format!("still running after {}s", STEP_TIMEOUT.as_secs())))??;
+            .map_err(|_| {
+                StepFailure(format!("still running after {}s", STEP_TIMEOUT.as_secs()))
+            })??;
         if code == 0 {
             return Ok(());
         }
@@ -176,10 +185,11 @@ impl Builds {
         }
         let (p, max) = (path.clone(), self.upload_max * 8);
         let (src2, dest2) = (src.clone(), dest.clone());
-        let got = tokio::task::spawn_blocking(move || super::files::files_hash(&p, &src2, &dest2, max))
-            .await
-            .map_err(|e| StepFailure(format!("checking the archive: {e}")))?
-            .map_err(|e| StepFailure(format!("the uploaded files of COPY {src}: {e}")))?;
+        let got =
+            tokio::task::spawn_blocking(move || super::files::files_hash(&p, &src2, &dest2, max))
+                .await
+                .map_err(|e| StepFailure(format!("checking the archive: {e}")))?
+                .map_err(|e| StepFailure(format!("the uploaded files of COPY {src}: {e}")))?;
         if got != hash {
             return Err(StepFailure(format!(
                 "the uploaded files of COPY {src} do not match its filesHash ({got} != {hash})"
@@ -194,17 +204,42 @@ impl Builds {
             .write_file(staged, data, Some("root"))
             .await
             .map_err(|e| StepFailure(format!("writing the files into the build sandbox: {e}")))?;
-        let owner = s.args.get(2).filter(|u| !u.is_empty()).cloned().unwrap_or_else(|| user.into());
-        let mode = s.args.get(3).filter(|m| !m.is_empty()).cloned().unwrap_or_default();
-        let script = copy_script(&src, &absolute(&dest, workdir), dest.ends_with('/'), &owner, &mode, staged);
-        self.run_in(build, sid, label, &script, "root", "/", &Env::new()).await
+        let owner = s
+            .args
+            .get(2)
+            .filter(|u| !u.is_empty())
+            .cloned()
+            .unwrap_or_else(|| user.into());
+        let mode = s
+            .args
+            .get(3)
+            .filter(|m| !m.is_empty())
+            .cloned()
+            .unwrap_or_default();
+        let script = copy_script(
+            &src,
+            &absolute(&dest, workdir),
+            dest.ends_with('/'),
+            &owner,
+            &mode,
+            staged,
+        );
+        self.run_in(build, sid, label, &script, "root", "/", &Env::new())
+            .await
     }
 }
 
 /// The shell script that unpacks `staged` and places what `src` matched at `dest` like
 /// Docker's COPY: a directory's contents merge into `dest`; one file goes to `dest` (into it
 /// when it ends with `/` or is a directory); several sources need `dest` to be a directory.
-fn copy_script(src: &str, dest: &str, into_dir: bool, owner: &str, mode: &str, staged: &str) -> String {
+fn copy_script(
+    src: &str,
+    dest: &str,
+    into_dir: bool,
+    owner: &str,
+    mode: &str,
+    staged: &str,
+) -> String {
     let q = sh_quote;
     let src = src.trim_start_matches("./").trim_end_matches('/');
     let src = if src.is_empty() { "." } else { src };
@@ -273,7 +308,10 @@ mod tests {
         assert!(validate(&spec).is_err());
         spec.from_image = None;
         spec.from_image_registry = Some(serde_json::json!({"type": "aws"}));
-        assert!(validate(&spec).unwrap_err().to_string().contains("not supported"));
+        assert!(validate(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("not supported"));
         spec.from_image_registry = None;
         spec.steps = vec![Step {
             kind: "COPY".into(),
@@ -282,7 +320,10 @@ mod tests {
             files_hash: Some("nothex".into()),
             force_upload: None,
         }];
-        assert!(validate(&spec).unwrap_err().to_string().contains("step 1 (COPY)"));
+        assert!(validate(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("step 1 (COPY)"));
         spec.steps[0].kind = "FROB".into();
         assert!(validate(&spec).is_err());
     }

@@ -33,20 +33,32 @@ pub struct RequestV3 {
 }
 
 /// `POST /v3/templates` → 202 `{templateID, buildID, public, names, tags, aliases}`.
-pub async fn request(State(st): St, Extension(c): Extension<Caller>, body: Bytes) -> ApiResult<Response> {
+pub async fn request(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b = builds_of(&st)?;
-    let r: RequestV3 = parse_json(&body, false)?
-        .ok_or_else(|| ApiError::bad_request("request body is empty"))?;
+    let r: RequestV3 =
+        parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
     let name = r
         .name
         .or(r.alias)
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::bad_request("name is required"))?;
     if let Some(n) = r.cpu_count.filter(|n| !(1..=64).contains(n)) {
-        return Err(ApiError::bad_request(format!("cpuCount must be 1-64, got {n}")));
+        return Err(ApiError::bad_request(format!(
+            "cpuCount must be 1-64, got {n}"
+        )));
     }
     let (t, build) = b
-        .request(&c.team, &name, r.tags.unwrap_or_default(), r.cpu_count, r.memory_mb)
+        .request(
+            &c.team,
+            &name,
+            r.tags.unwrap_or_default(),
+            r.cpu_count,
+            r.memory_mb,
+        )
         .await?;
     let body = json!({
         "templateID": t.id,
@@ -74,7 +86,11 @@ pub async fn files_link(
             "files hash {hash:?} is not a SHA-256 in lowercase hex"
         )));
     }
-    let present = b.db().file_present(&c.team, &hash).await.map_err(crate::Error::from)?
+    let present = b
+        .db()
+        .file_present(&c.team, &hash)
+        .await
+        .map_err(crate::Error::from)?
         && files::archive_path(b.files_dir(), &c.team, &hash).is_file();
     let token = b.tokens().issue(files::Upload {
         team: c.team.clone(),
@@ -90,7 +106,11 @@ pub async fn files_link(
         .filter(|p| *p == "https")
         .unwrap_or("http");
     let url = format!("{scheme}://{host}{}/{token}", super::UPLOAD_PREFIX);
-    Ok((StatusCode::CREATED, Json(json!({ "present": present, "url": url }))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "present": present, "url": url })),
+    )
+        .into_response())
 }
 
 /// `POST /v2/templates/{id}/builds/{buildID}` → 202.
@@ -147,11 +167,19 @@ pub async fn status(
         .await
         .map_err(crate::Error::from)?
         .filter(|r| r.template_id == t.id)
-        .ok_or_else(|| ApiError::not_found(format!("build {build:?} of template {id:?} not found")))?;
+        .ok_or_else(|| {
+            ApiError::not_found(format!("build {build:?} of template {id:?} not found"))
+        })?;
     let limit = q.limit.unwrap_or(100).clamp(1, 100);
     let entries = b
         .db()
-        .logs(&row.id, q.logs_offset.unwrap_or(0), limit, level_index(q.level.as_deref())?, false)
+        .logs(
+            &row.id,
+            q.logs_offset.unwrap_or(0),
+            limit,
+            level_index(q.level.as_deref())?,
+            false,
+        )
         .await
         .map_err(crate::Error::from)?;
     let mut v = json!({
@@ -206,19 +234,37 @@ pub async fn logs(
         .await
         .map_err(crate::Error::from)?
         .filter(|r| r.template_id == t.id)
-        .ok_or_else(|| ApiError::not_found(format!("build {build:?} of template {id:?} not found")))?;
+        .ok_or_else(|| {
+            ApiError::not_found(format!("build {build:?} of template {id:?} not found"))
+        })?;
     let backward = match q.direction.as_deref() {
         None | Some("forward") => false,
         Some("backward") => true,
-        Some(d) => return Err(ApiError::bad_request(format!("direction {d:?}: use forward or backward"))),
+        Some(d) => {
+            return Err(ApiError::bad_request(format!(
+                "direction {d:?}: use forward or backward"
+            )))
+        }
     };
-    if let Some(s) = q.source.as_deref().filter(|s| !matches!(*s, "temporary" | "persistent")) {
-        return Err(ApiError::bad_request(format!("source {s:?}: use temporary or persistent")));
+    if let Some(s) = q
+        .source
+        .as_deref()
+        .filter(|s| !matches!(*s, "temporary" | "persistent"))
+    {
+        return Err(ApiError::bad_request(format!(
+            "source {s:?}: use temporary or persistent"
+        )));
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000) as usize;
     let all = b
         .db()
-        .logs(&row.id, 0, 100_000, level_index(q.level.as_deref())?, backward)
+        .logs(
+            &row.id,
+            0,
+            100_000,
+            level_index(q.level.as_deref())?,
+            backward,
+        )
         .await
         .map_err(crate::Error::from)?;
     let logs: Vec<Value> = all

@@ -29,8 +29,14 @@ pub fn routes() -> Router<Arc<AppState>> {
     let b = "/templates/{templateID}/builds/{buildID}";
     Router::new()
         .route("/v3/templates", post(builds::request))
-        .route("/templates/{templateID}/files/{hash}", get(builds::files_link))
-        .route("/v2/templates/{templateID}/builds/{buildID}", post(builds::start))
+        .route(
+            "/templates/{templateID}/files/{hash}",
+            get(builds::files_link),
+        )
+        .route(
+            "/v2/templates/{templateID}/builds/{buildID}",
+            post(builds::start),
+        )
         .route(&format!("{b}/status"), get(builds::status))
         .route(&format!("{b}/logs"), get(builds::logs))
         .route("/templates/tags", post(tags::assign).delete(tags::remove))
@@ -39,7 +45,10 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/templates/{templateID}/tags/exists", get(tags::exists))
         .route("/templates/aliases/{alias}", get(tags::alias))
         .route("/v2/templates", get(tags::list_v2))
-        .route("/v2/templates/{templateID}", axum::routing::patch(tags::patch))
+        .route(
+            "/v2/templates/{templateID}",
+            axum::routing::patch(tags::patch),
+        )
         .route("/default-templates", get(tags::defaults))
 }
 

@@ -29,9 +29,14 @@ pub struct AssignBody {
 }
 
 /// `POST /templates/tags` `{target: "name:tag", tags}` → 201 `{tags, buildID}`.
-pub async fn assign(State(st): St, Extension(c): Extension<Caller>, body: Bytes) -> ApiResult<Response> {
+pub async fn assign(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b = builds_of(&st)?;
-    let a: AssignBody = parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("empty body"))?;
+    let a: AssignBody =
+        parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("empty body"))?;
     for t in &a.tags {
         check_tag(t)?;
     }
@@ -50,7 +55,11 @@ pub async fn assign(State(st): St, Extension(c): Extension<Caller>, body: Bytes)
         .assign_tags(&t.id, &a.tags, &build.build_id, crate::store::now_ms())
         .await
         .map_err(store_err)?;
-    Ok((StatusCode::CREATED, Json(json!({ "tags": a.tags, "buildID": build.build_id }))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "tags": a.tags, "buildID": build.build_id })),
+    )
+        .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,19 +69,35 @@ pub struct RemoveBody {
 }
 
 /// `DELETE /templates/tags` `{name, tags}` → 204.
-pub async fn remove(State(st): St, Extension(c): Extension<Caller>, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn remove(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let b = builds_of(&st)?;
-    let r: RemoveBody = parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("empty body"))?;
+    let r: RemoveBody =
+        parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("empty body"))?;
     let t = b.template_of(&c.team, &r.name).await?;
-    let n = b.db().remove_tags(&t.id, &r.tags).await.map_err(store_err)?;
+    let n = b
+        .db()
+        .remove_tags(&t.id, &r.tags)
+        .await
+        .map_err(store_err)?;
     if n == 0 && !r.tags.is_empty() {
-        return Err(ApiError::not_found(format!("template {:?} has none of the tags {:?}", r.name, r.tags)));
+        return Err(ApiError::not_found(format!(
+            "template {:?} has none of the tags {:?}",
+            r.name, r.tags
+        )));
     }
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /templates/{id}/tags` → `[{tag, buildID, createdAt}]`.
-pub async fn list(State(st): St, Extension(c): Extension<Caller>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn list(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
     let b = builds_of(&st)?;
     let t = b.template_of(&c.team, &id).await?;
     let tags = b.db().tags(&t.id).await.map_err(store_err)?;
@@ -83,7 +108,11 @@ pub async fn list(State(st): St, Extension(c): Extension<Caller>, Path(id): Path
 }
 
 /// `GET /templates/{id}/tags/count` → `{total}`.
-pub async fn count(State(st): St, Extension(c): Extension<Caller>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn count(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
     let b = builds_of(&st)?;
     let t = b.template_of(&c.team, &id).await?;
     let n = b.db().tags(&t.id).await.map_err(store_err)?.len();
@@ -106,13 +135,23 @@ pub async fn exists(
     let t = b.template_of(&c.team, &id).await?;
     let tag = q.tag.unwrap_or_default().trim().to_string();
     check_tag(&tag)?;
-    let exists = b.db().tags(&t.id).await.map_err(store_err)?.iter().any(|r| r.tag == tag);
+    let exists = b
+        .db()
+        .tags(&t.id)
+        .await
+        .map_err(store_err)?
+        .iter()
+        .any(|r| r.tag == tag);
     Ok(Json(json!({ "exists": exists, "normalizedTag": tag })))
 }
 
 /// `GET /templates/aliases/{alias}` → 200 `{templateID, public}`; 403 when another team has
 /// it (and it is not public), 404 when nobody has it. kiln's own templates count as public.
-pub async fn alias(State(st): St, Extension(c): Extension<Caller>, Path(alias): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn alias(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+    Path(alias): Path<String>,
+) -> ApiResult<Json<Value>> {
     let b = builds_of(&st)?;
     let (name, _) = split_tag(&alias);
     let rows = b.db().templates_named(name).await.map_err(store_err)?;
@@ -135,7 +174,11 @@ pub async fn alias(State(st): St, Extension(c): Extension<Caller>, Path(alias): 
 }
 
 /// A built template as E2B's `Template`.
-async fn built_json(b: &Builds, t: &TplRow, st: &super::super::AppState) -> Result<Value, ApiError> {
+async fn built_json(
+    b: &Builds,
+    t: &TplRow,
+    st: &super::super::AppState,
+) -> Result<Value, ApiError> {
     let latest = b.db().latest_ready(&t.id).await.map_err(store_err)?;
     let cfg = st.manager.config();
     Ok(json!({
@@ -159,7 +202,10 @@ async fn built_json(b: &Builds, t: &TplRow, st: &super::super::AppState) -> Resu
 }
 
 /// `GET /v2/templates`: the team's built templates, then kiln's own.
-pub async fn list_v2(State(st): St, Extension(c): Extension<Caller>) -> ApiResult<Json<Vec<Value>>> {
+pub async fn list_v2(
+    State(st): St,
+    Extension(c): Extension<Caller>,
+) -> ApiResult<Json<Vec<Value>>> {
     let b = builds_of(&st)?;
     let mut out = Vec::new();
     for t in b.db().list_templates(&c.team).await.map_err(store_err)? {
@@ -202,7 +248,10 @@ pub async fn patch(
     let p: PatchBody = parse_json(&body, true)?.unwrap_or(PatchBody { public: None });
     let t = b.template_of(&c.team, &id).await?;
     if let Some(public) = p.public {
-        b.db().set_public(&t.id, public, crate::store::now_ms()).await.map_err(store_err)?;
+        b.db()
+            .set_public(&t.id, public, crate::store::now_ms())
+            .await
+            .map_err(store_err)?;
     }
     Ok(Json(json!({ "names": [t.name] })))
 }

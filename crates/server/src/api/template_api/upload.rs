@@ -28,7 +28,12 @@ pub async fn put(
     }
 }
 
-async fn store(st: &AppState, token: &str, headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
+async fn store(
+    st: &AppState,
+    token: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(), ApiError> {
     let b = st
         .builds
         .as_ref()
@@ -58,25 +63,35 @@ async fn store(st: &AppState, token: &str, headers: &HeaderMap, body: Body) -> R
         return Err(too_big());
     }
     let dest = files::archive_path(b.files_dir(), &up.team, &up.hash);
-    let dir = dest.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let dir = dest
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
     let io = |what: &'static str| {
         move |e: std::io::Error| {
             tracing::warn!(error = %e, "{what}");
             ApiError::internal(format!("{what} failed"))
         }
     };
-    tokio::fs::create_dir_all(&dir).await.map_err(io("creating the files directory"))?;
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(io("creating the files directory"))?;
     let tmp = dir.join(format!(".{}.part", crate::auth::random_hex(8)));
     let written = async {
-        let mut f = tokio::fs::File::create(&tmp).await.map_err(io("creating the upload file"))?;
+        let mut f = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(io("creating the upload file"))?;
         let mut body = body;
         let mut n = 0u64;
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
+            let frame =
+                frame.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
             if let Some(d) = frame.data_ref() {
                 n += d.len() as u64;
                 if n > declared {
-                    return Err(ApiError::bad_request("the upload is longer than its Content-Length"));
+                    return Err(ApiError::bad_request(
+                        "the upload is longer than its Content-Length",
+                    ));
                 }
                 f.write_all(d).await.map_err(io("writing the upload"))?;
             }
@@ -92,7 +107,9 @@ async fn store(st: &AppState, token: &str, headers: &HeaderMap, body: Body) -> R
             .await
             .map_err(|e| ApiError::internal(format!("checking the upload: {e}")))?
             .map_err(|e| ApiError::bad_request(format!("refused: {e}")))?;
-        tokio::fs::rename(&tmp, &dest).await.map_err(io("storing the upload"))?;
+        tokio::fs::rename(&tmp, &dest)
+            .await
+            .map_err(io("storing the upload"))?;
         Ok(n)
     }
     .await;
