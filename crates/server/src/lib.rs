@@ -26,6 +26,7 @@ pub mod store;
 pub mod templates;
 pub mod tenancy;
 pub mod tls;
+pub mod tplbuild;
 pub mod vault;
 
 use std::net::SocketAddr;
@@ -126,6 +127,7 @@ pub struct Server {
     edge: edge::EdgeConfig,
     vault: Arc<vault::Vault>,
     interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
+    builds: Arc<tplbuild::Builds>,
 }
 
 impl Server {
@@ -164,6 +166,7 @@ impl Server {
             obs::persist::MetricsDb::open(&cfg.state_dir.join("kiln.db"))
                 .map_err(store::StoreError::from)?,
         );
+        let builds = tplbuild::Builds::open(&cfg.state_dir, manager.clone()).await?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {
@@ -181,11 +184,12 @@ impl Server {
             .await
             .map_err(ServerError::Recover)?;
         let (tx, rx) = tokio::sync::watch::channel(None);
-        let m = manager.clone();
+        let (m, b) = (manager.clone(), builds.clone());
         tokio::spawn(async move {
             let r = m.finish_recovery(pending).await.map_err(|e| e.to_string());
             if r.is_ok() {
                 m.sweep_metrics_history().await;
+                b.remove_leftover_sandboxes().await;
             }
             if let Err(e) = &r {
                 tracing::error!(error = %e, "recovering sandboxes from the previous run");
@@ -203,6 +207,7 @@ impl Server {
             edge: cfg.edge,
             vault,
             interceptor,
+            builds,
         })
     }
 
@@ -227,7 +232,8 @@ impl Server {
                 metrics_token: self.metrics_token.clone(),
             },
         )
-        .with_vault(self.vault.clone());
+        .with_vault(self.vault.clone())
+        .with_builds(self.builds.clone());
         let state = Arc::new(match &self.interceptor {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,

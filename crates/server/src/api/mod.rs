@@ -18,6 +18,7 @@ mod scope;
 mod secrets;
 mod signed;
 mod snapshots;
+mod template_api;
 mod templates;
 mod webhooks;
 pub mod wire;
@@ -88,6 +89,20 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/secrets/{secretID}"),
     ("POST", "/secrets/{secretID}"),
     ("DELETE", "/secrets/{secretID}"),
+    ("POST", "/v3/templates"),
+    ("GET", "/templates/{templateID}/files/{hash}"),
+    ("POST", "/v2/templates/{templateID}/builds/{buildID}"),
+    ("GET", "/templates/{templateID}/builds/{buildID}/status"),
+    ("GET", "/templates/{templateID}/builds/{buildID}/logs"),
+    ("POST", "/templates/tags"),
+    ("DELETE", "/templates/tags"),
+    ("GET", "/templates/{templateID}/tags"),
+    ("GET", "/templates/{templateID}/tags/count"),
+    ("GET", "/templates/{templateID}/tags/exists"),
+    ("GET", "/templates/aliases/{alias}"),
+    ("GET", "/v2/templates"),
+    ("PATCH", "/v2/templates/{templateID}"),
+    ("GET", "/default-templates"),
 ];
 
 /// Server-wide settings the API needs.
@@ -108,6 +123,8 @@ pub struct AppState {
     pub vault: Option<Arc<crate::vault::Vault>>,
     /// TLS interception for `network.rules`; `None`: rules answer 501.
     pub interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
+    /// Templates built through E2B's Template API; `None`: those routes answer 501.
+    pub builds: Option<Arc<crate::tplbuild::Builds>>,
 }
 
 impl AppState {
@@ -118,12 +135,19 @@ impl AppState {
             cfg,
             vault: None,
             interceptor: None,
+            builds: None,
         }
     }
 
     /// With `network.rules` applied through `interceptor`.
     pub fn with_interceptor(mut self, i: Arc<kiln_net::intercept::Interceptor>) -> Self {
         self.interceptor = Some(i);
+        self
+    }
+
+    /// With the Template API served by `builds`.
+    pub fn with_builds(mut self, builds: Arc<crate::tplbuild::Builds>) -> Self {
+        self.builds = Some(builds);
         self
     }
 
@@ -328,8 +352,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/snapshots", get(snapshots::list_snapshots))
         .route(
             "/templates/{templateID}",
-            get(templates::get_template).delete(snapshots::delete_template),
+            get(templates::get_template).delete(template_api::delete),
         )
+        .merge(template_api::routes())
         .fallback(any(fallback))
         .method_not_allowed_fallback(method_not_allowed)
         // Innermost: bodies are read only once the key was checked.
@@ -347,7 +372,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             require_api_key,
         ));
     let console = crate::console::router(state.clone(), api.clone().with_state(state.clone()));
-    api.nest_service("/console", console)
+    api.merge(template_api::upload_routes())
+        .nest_service("/console", console)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             route_sandbox_traffic,

@@ -63,8 +63,13 @@ async fn create_inner(
     // Run the creation in its own task: a client that disconnects mid-create must not leave a
     // half-started sandbox behind (hyper drops the handler future on disconnect).
     let manager = st.manager.clone();
+    // A template the team built through the Template API starts from its last layer.
+    let built = super::template_api::resolve_for_create(&st, &c.team, &req.template_id).await?;
     let params = CreateParams {
-        template_id: req.template_id,
+        template_id: built
+            .as_ref()
+            .map(|b| b.template_id.clone())
+            .unwrap_or(req.template_id),
         timeout_secs: req.timeout,
         metadata: req.metadata.unwrap_or_default(),
         env_vars,
@@ -81,6 +86,9 @@ async fn create_inner(
         .await
         .map_err(|e| ApiError::internal(format!("create task: {e}")))??;
     st.manager.telemetry().observe("create", t.elapsed());
+    if let Some(b) = &built {
+        super::template_api::apply_defaults(&st, &rec, b).await?;
+    }
     if rules {
         super::rules::install_ca(&st, &rec.id, rec.envd_token.clone()).await?;
     }

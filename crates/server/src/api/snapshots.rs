@@ -45,6 +45,17 @@ pub async fn list_snapshots(
         .manager
         .snapshots(&c.team, q.sandbox_id.as_deref(), q.name.as_deref())
         .await?;
+    // Layers of template builds are the builds' own, not the team's snapshots.
+    if let Some(b) = &st.builds {
+        let layers: std::collections::HashSet<String> = b
+            .db()
+            .build_snapshot_ids()
+            .await
+            .map_err(crate::Error::from)?
+            .into_iter()
+            .collect();
+        all.retain(|s| !layers.contains(&s.id));
+    }
     if let Some(key) = after {
         all.retain(|s| (s.created_at_ms, s.id.clone()) > key);
     }

@@ -232,6 +232,67 @@ pub const MIGRATIONS: &[&str] = &[
         mcp TEXT NOT NULL
     );
     ",
+    // 11: templates built through E2B's Template API (crates/server/src/tplbuild/,
+    // store/tplbuild_sql.rs): per team, their builds (status, the spec, what a template's
+    // sandboxes start from), the build log, tags, the step cache and uploaded COPY archives.
+    "
+    CREATE TABLE tpl_templates (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        name TEXT NOT NULL,
+        public INTEGER NOT NULL DEFAULT 0,
+        cpu_count INTEGER,
+        memory_mb INTEGER,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        UNIQUE (team, name)
+    );
+    CREATE TABLE tpl_builds (
+        id TEXT PRIMARY KEY,
+        template_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        tags TEXT NOT NULL,
+        spec TEXT,
+        reason TEXT,
+        reason_step TEXT,
+        target TEXT,
+        user_name TEXT,
+        workdir TEXT,
+        created_at INTEGER NOT NULL,
+        finished_at INTEGER
+    );
+    CREATE INDEX tpl_builds_template ON tpl_builds(template_id, created_at);
+    CREATE TABLE tpl_build_logs (
+        build_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        ts INTEGER NOT NULL,
+        level TEXT NOT NULL,
+        step TEXT,
+        message TEXT NOT NULL,
+        PRIMARY KEY (build_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE tpl_tags (
+        template_id TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        build_id TEXT NOT NULL,
+        assigned_at INTEGER NOT NULL,
+        PRIMARY KEY (template_id, tag)
+    );
+    CREATE TABLE tpl_layers (
+        team TEXT NOT NULL,
+        key TEXT NOT NULL,
+        snapshot_id TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (team, key)
+    );
+    CREATE TABLE tpl_files (
+        team TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (team, hash)
+    );
+    ",
 ];
 
 /// Schema version this kiln writes.

@@ -1,0 +1,97 @@
+//! E2B's Template API (`e2b` 2.63.0's `Template.build`, tags, aliases, template views) over
+//! [`crate::tplbuild`]: [`builds`] (request, upload link, start, status, logs), [`tags`]
+//! (tags, aliases, lists, delete) and [`upload`] (the unauthenticated upload URL).
+
+mod builds;
+mod tags;
+mod upload;
+
+use std::sync::Arc;
+
+use axum::routing::{get, post, put};
+use axum::Router;
+
+use super::{ApiError, AppState};
+use crate::tplbuild::{Builds, Resolved};
+
+/// Path prefix of upload URLs (outside the API-key check).
+pub const UPLOAD_PREFIX: &str = "/template-files";
+
+/// The template-build service, or 501 when the server has none.
+pub(super) fn builds_of(st: &AppState) -> Result<&Arc<Builds>, ApiError> {
+    st.builds
+        .as_ref()
+        .ok_or_else(|| ApiError::not_implemented("template builds"))
+}
+
+/// The authenticated routes (merged into the API router).
+pub fn routes() -> Router<Arc<AppState>> {
+    let b = "/templates/{templateID}/builds/{buildID}";
+    Router::new()
+        .route("/v3/templates", post(builds::request))
+        .route(
+            "/templates/{templateID}/files/{hash}",
+            get(builds::files_link),
+        )
+        .route(
+            "/v2/templates/{templateID}/builds/{buildID}",
+            post(builds::start),
+        )
+        .route(&format!("{b}/status"), get(builds::status))
+        .route(&format!("{b}/logs"), get(builds::logs))
+        .route("/templates/tags", post(tags::assign).delete(tags::remove))
+        .route("/templates/{templateID}/tags", get(tags::list))
+        .route("/templates/{templateID}/tags/count", get(tags::count))
+        .route("/templates/{templateID}/tags/exists", get(tags::exists))
+        .route("/templates/aliases/{alias}", get(tags::alias))
+        .route("/v2/templates", get(tags::list_v2))
+        .route(
+            "/v2/templates/{templateID}",
+            axum::routing::patch(tags::patch),
+        )
+        .route("/default-templates", get(tags::defaults))
+}
+
+/// The upload route (no API key: the URL's token authorises it; no API body limit: the
+/// upload cap applies).
+pub fn upload_routes() -> Router<Arc<AppState>> {
+    Router::new().route(&format!("{UPLOAD_PREFIX}/{{token}}"), put(upload::put))
+}
+
+/// `DELETE /templates/{templateID}`: a built template of the caller's team, else a snapshot.
+pub use tags::delete;
+
+/// What a create's `templateID` names when it is a template the caller's team built.
+pub async fn resolve_for_create(
+    st: &AppState,
+    team: &str,
+    template_id: &str,
+) -> Result<Option<Resolved>, ApiError> {
+    match &st.builds {
+        Some(b) => Ok(b.resolve(team, template_id).await?),
+        None => Ok(None),
+    }
+}
+
+/// Gives a sandbox created from a built template the build's last USER and WORKDIR as its
+/// defaults.
+pub async fn apply_defaults(
+    st: &AppState,
+    rec: &crate::store::SandboxRecord,
+    b: &Resolved,
+) -> Result<(), ApiError> {
+    if b.user.is_none() && b.workdir.is_none() {
+        return Ok(());
+    }
+    let init = kiln_proto::envd::InitRequest {
+        access_token: Some(rec.envd_token.clone().unwrap_or_default()),
+        default_user: b.user.clone(),
+        default_workdir: b.workdir.clone(),
+        ..Default::default()
+    };
+    st.manager
+        .agent(&rec.id, rec.envd_token.clone())
+        .init(&init)
+        .await
+        .map_err(|e| ApiError::from(crate::Error::from(e)))
+}

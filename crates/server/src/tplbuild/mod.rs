@@ -1,0 +1,389 @@
+//! Templates built through E2B's Template API: per team, named templates whose builds run
+//! their steps in a build sandbox ([`runner`], [`steps`]) and end as a snapshot that
+//! `Sandbox.create("name[:tag]")` starts from; uploaded COPY archives ([`files`]); the state
+//! in the database (`store::BuildsDb`).
+//!
+//! A build is requested (`waiting`), started once with its steps (`building`), and ends
+//! `ready` or `error`. At most [`MAX_CONCURRENT`] builds run at once, the others queue. A
+//! build that was running when the server stopped ends as `error` when it starts again, and
+//! its build sandbox is removed once recovery is over.
+
+pub mod files;
+mod runner;
+mod start;
+mod steps;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::manager::Manager;
+use crate::store::{now_ms, BuildRow, BuildsDb, TplRow};
+
+/// Builds running at once (each boots one build sandbox).
+pub const MAX_CONCURRENT: usize = 2;
+/// Default cap of one uploaded COPY archive (`KILN_TEMPLATE_UPLOAD_MAX_MB` changes it).
+pub const DEFAULT_UPLOAD_MAX: u64 = 512 << 20;
+/// Metadata key marking a build sandbox (its value: the build id).
+pub const BUILD_META: &str = "kiln.template.build";
+/// Why a build that was running when the server stopped failed.
+pub const RESTART_REASON: &str =
+    "the kiln server restarted while this build was running; start the build again";
+
+/// One step of a build, as the SDK sends it.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub force: Option<bool>,
+    #[serde(default)]
+    pub files_hash: Option<String>,
+    #[serde(default)]
+    pub force_upload: Option<bool>,
+}
+
+/// A build's start request (`TemplateBuildStartV2`).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartSpec {
+    #[serde(default)]
+    pub from_image: Option<String>,
+    #[serde(default)]
+    pub from_template: Option<String>,
+    #[serde(default)]
+    pub from_image_registry: Option<serde_json::Value>,
+    #[serde(default)]
+    pub force: Option<bool>,
+    #[serde(default)]
+    pub steps: Vec<Step>,
+    #[serde(default)]
+    pub start_cmd: Option<String>,
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
+}
+
+/// What a ready build's sandboxes start from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// A snapshot id or a kiln template name: what `POST /sandboxes` takes as `templateID`.
+    pub template_id: String,
+    pub user: Option<String>,
+    pub workdir: Option<String>,
+}
+
+/// The template-build service.
+pub struct Builds {
+    db: BuildsDb,
+    manager: Arc<Manager>,
+    files_dir: PathBuf,
+    tokens: files::Tokens,
+    queue: tokio::sync::Semaphore,
+    upload_max: u64,
+    /// Builds the previous server left running.
+    interrupted: std::collections::HashSet<String>,
+}
+
+/// Template names: 1-64 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or
+/// digit (a `:tag` is split off before).
+pub fn check_template_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+        })
+        && !name.contains("..");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::bad_request(format!(
+            "invalid template name {name:?}: use 1-64 lowercase letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+/// Tags: 1-64 letters, digits, `-`, `_` or `.`.
+pub fn check_tag(tag: &str) -> Result<()> {
+    let ok = !tag.is_empty()
+        && tag.len() <= 64
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::bad_request(format!(
+            "invalid tag {tag:?}: use 1-64 letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+/// `name[:tag]` split.
+pub fn split_tag(s: &str) -> (&str, Option<&str>) {
+    match s.split_once(':') {
+        Some((n, t)) => (n, Some(t)),
+        None => (s, None),
+    }
+}
+
+impl Builds {
+    /// The service over the state database under `state_dir`; builds the previous server
+    /// left running end as `error`.
+    pub async fn open(
+        state_dir: &Path,
+        manager: Arc<Manager>,
+    ) -> std::result::Result<Arc<Self>, crate::store::StoreError> {
+        let db = BuildsDb::open(&state_dir.join("kiln.db"))?;
+        let interrupted = db.fail_unfinished(RESTART_REASON, now_ms()).await?;
+        for id in &interrupted {
+            let _ = db
+                .add_log(
+                    id,
+                    "error",
+                    Some("finalize".into()),
+                    RESTART_REASON.into(),
+                    now_ms(),
+                )
+                .await;
+        }
+        let upload_max = std::env::var("KILN_TEMPLATE_UPLOAD_MAX_MB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|mb| mb << 20)
+            .unwrap_or(DEFAULT_UPLOAD_MAX);
+        let b = Arc::new(Self {
+            db,
+            manager,
+            files_dir: state_dir.join("template-files"),
+            tokens: files::Tokens::default(),
+            queue: tokio::sync::Semaphore::new(MAX_CONCURRENT),
+            upload_max,
+            interrupted: interrupted.into_iter().collect(),
+        });
+        Ok(b)
+    }
+
+    /// Removes build sandboxes a previous server left (their builds ended with it); called
+    /// once recovery has adopted them.
+    pub async fn remove_leftover_sandboxes(&self) {
+        for s in self.manager.list() {
+            if s.metadata
+                .get(BUILD_META)
+                .is_some_and(|b| self.interrupted.contains(b))
+            {
+                let _ = self
+                    .manager
+                    .kill(&s.id, "its template build ended with the previous server")
+                    .await;
+            }
+        }
+    }
+
+    pub fn db(&self) -> &BuildsDb {
+        &self.db
+    }
+
+    pub fn tokens(&self) -> &files::Tokens {
+        &self.tokens
+    }
+
+    pub fn upload_max(&self) -> u64 {
+        self.upload_max
+    }
+
+    pub fn files_dir(&self) -> &Path {
+        &self.files_dir
+    }
+
+    /// The template of `team` whose id or name is `key` (404 otherwise, also when it belongs
+    /// to another team).
+    pub async fn template_of(&self, team: &str, key: &str) -> Result<TplRow> {
+        let (name, _) = split_tag(key);
+        self.db
+            .templates_named(name)
+            .await?
+            .into_iter()
+            .find(|t| t.team == team)
+            .ok_or_else(|| Error::NotFound(format!("template {name:?} not found")))
+    }
+
+    /// `POST /v3/templates`: the template `name` of `team` (made when new) and a new build of
+    /// it that will get `tags`.
+    pub async fn request(
+        &self,
+        team: &str,
+        name: &str,
+        mut tags: Vec<String>,
+        cpu_count: Option<i64>,
+        memory_mb: Option<i64>,
+    ) -> Result<(TplRow, BuildRow)> {
+        let (base, tag) = split_tag(name);
+        check_template_name(base)?;
+        if let Some(t) = tag {
+            tags.push(t.to_string());
+        }
+        for t in &tags {
+            check_tag(t)?;
+        }
+        if tags.is_empty() {
+            tags.push("default".into());
+        }
+        tags.dedup();
+        if let Some(m) = memory_mb.filter(|m| !(128..=65536).contains(m)) {
+            return Err(Error::bad_request(format!(
+                "memoryMB must be 128-65536, got {m}"
+            )));
+        }
+        let now = now_ms();
+        let t = self
+            .db
+            .ensure_template(
+                team,
+                base,
+                &crate::manager::new_sandbox_id(),
+                cpu_count,
+                memory_mb,
+                now,
+            )
+            .await?;
+        let b = BuildRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            template_id: t.id.clone(),
+            status: "waiting".into(),
+            tags,
+            created_at_ms: now,
+            ..Default::default()
+        };
+        self.db.insert_build(&b).await?;
+        Ok((t, b))
+    }
+
+    /// `POST /v2/templates/{id}/builds/{buildID}`: checks the request and starts the build in
+    /// the background (409 when it was started before).
+    pub async fn start(
+        self: &Arc<Self>,
+        team: &str,
+        template_key: &str,
+        build_id: &str,
+        spec: StartSpec,
+    ) -> Result<()> {
+        let tpl = self.template_of(team, template_key).await?;
+        let build = self
+            .db
+            .get_build(build_id)
+            .await?
+            .filter(|b| b.template_id == tpl.id)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "build {build_id:?} of template {template_key:?} not found"
+                ))
+            })?;
+        steps::validate(&spec)?;
+        let json = serde_json::to_string(&spec)
+            .map_err(|e| Error::internal(format!("encoding the build request: {e}")))?;
+        if !self.db.start_build(&build.id, &json).await? {
+            return Err(Error::Conflict(format!(
+                "build {build_id} was started before (it is {}); request a new build",
+                build.status
+            )));
+        }
+        let me = self.clone();
+        let team = team.to_string();
+        tokio::spawn(async move {
+            let _permit = me.queue.acquire().await;
+            runner::run(me.clone(), team, tpl, build, spec).await;
+        });
+        Ok(())
+    }
+
+    /// What `Sandbox.create(key)` starts from when `key` (`name[:tag]` or a template id)
+    /// names a template `team` built; `None` when it names none.
+    pub async fn resolve(&self, team: &str, key: &str) -> Result<Option<Resolved>> {
+        let (name, tag) = split_tag(key);
+        if check_template_name(name).is_err() {
+            return Ok(None);
+        }
+        let Some(t) = self
+            .db
+            .templates_named(name)
+            .await?
+            .into_iter()
+            .find(|t| t.team == team)
+        else {
+            return Ok(None);
+        };
+        let tagged = self.db.tags(&t.id).await?;
+        let build_id = match tag {
+            Some(tag) => Some(
+                tagged
+                    .iter()
+                    .find(|r| r.tag == tag)
+                    .map(|r| r.build_id.clone())
+                    .ok_or_else(|| {
+                        Error::NotFound(format!("template {name:?} has no tag {tag:?}"))
+                    })?,
+            ),
+            None => tagged
+                .iter()
+                .find(|r| r.tag == "default")
+                .map(|r| r.build_id.clone()),
+        };
+        let build = match build_id {
+            Some(id) => self.db.get_build(&id).await?,
+            None => self.db.latest_ready(&t.id).await?,
+        };
+        let Some(b) = build.filter(|b| b.status == "ready") else {
+            return Err(Error::NotFound(format!(
+                "template {key:?} has no finished build yet"
+            )));
+        };
+        Ok(b.target
+            .as_deref()
+            .and_then(target_template_id)
+            .map(|id| Resolved {
+                template_id: id,
+                user: b.user,
+                workdir: b.workdir,
+            }))
+    }
+
+    /// Deletes the template `key` of `team` (its layers stay in the step cache).
+    pub async fn delete(&self, team: &str, key: &str) -> Result<()> {
+        let t = self.template_of(team, key).await?;
+        self.db.delete_template(&t.id).await?;
+        Ok(())
+    }
+
+    /// Appends a line to a build's log.
+    pub(crate) async fn log(&self, build: &str, level: &str, step: Option<&str>, msg: String) {
+        let ts = now_ms();
+        if let Err(e) = self
+            .db
+            .add_log(build, level, step.map(str::to_string), msg, ts)
+            .await
+        {
+            tracing::warn!(build, error = %e, "recording a build log line");
+        }
+    }
+}
+
+/// `snap:<id>` / `tpl:<name>` → the `templateID` a create takes.
+fn target_template_id(target: &str) -> Option<String> {
+    target
+        .strip_prefix("snap:")
+        .or_else(|| target.strip_prefix("tpl:"))
+        .map(str::to_string)
+}
+
+/// The environment a build's steps see so far.
+pub(crate) type Env = BTreeMap<String, String>;
