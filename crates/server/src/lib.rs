@@ -26,6 +26,7 @@ pub mod templates;
 pub mod tenancy;
 pub mod tls;
 pub mod vault;
+pub mod volume_fs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -159,6 +160,8 @@ impl Server {
             &cfg.state_dir.join("kiln.db"),
             &cfg.audit,
         )?);
+        manager.set_volumes_db(store::VolumesDb::open(&cfg.state_dir.join("kiln.db"))?);
+        manager.mount_volumes().await;
         manager.set_metrics_db(
             obs::persist::MetricsDb::open(&cfg.state_dir.join("kiln.db"))
                 .map_err(store::StoreError::from)?,

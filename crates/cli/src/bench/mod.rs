@@ -16,6 +16,7 @@ mod rules;
 mod side;
 mod stale;
 mod vmm;
+mod volume;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -39,6 +40,8 @@ pub enum Cmd {
     Vmm(vmm::Args),
     /// The rule engine: audit records per second through the built-in pack on one core.
     Rules(rules::Args),
+    /// Volumes: read and write MB/s on a mounted volume vs the sandbox's own disk.
+    Volume(volume::Args),
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
@@ -56,6 +59,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Net(a) => net::run(a),
         Cmd::Rich(a) => rich::run(a),
         Cmd::Vmm(a) => vmm::run(a),
+        Cmd::Volume(a) => volume::run(a),
     }
 }
 

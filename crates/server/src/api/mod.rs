@@ -19,6 +19,8 @@ mod secrets;
 mod signed;
 mod snapshots;
 mod templates;
+mod volume_content;
+mod volumes;
 mod webhooks;
 pub mod wire;
 
@@ -88,6 +90,17 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/secrets/{secretID}"),
     ("POST", "/secrets/{secretID}"),
     ("DELETE", "/secrets/{secretID}"),
+    ("POST", "/volumes"),
+    ("GET", "/volumes"),
+    ("GET", "/volumes/{volumeID}"),
+    ("DELETE", "/volumes/{volumeID}"),
+    ("GET", "/volumecontent/{volumeID}/path"),
+    ("PATCH", "/volumecontent/{volumeID}/path"),
+    ("DELETE", "/volumecontent/{volumeID}/path"),
+    ("GET", "/volumecontent/{volumeID}/dir"),
+    ("POST", "/volumecontent/{volumeID}/dir"),
+    ("GET", "/volumecontent/{volumeID}/file"),
+    ("PUT", "/volumecontent/{volumeID}/file"),
 ];
 
 /// Server-wide settings the API needs.
@@ -307,6 +320,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/webhooks/{webhookID}/test", post(webhooks::test))
         .merge(secrets::routes())
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/volumes/{volumeID}",
+            get(volumes::get_one).delete(volumes::delete),
+        )
         .route(&format!("{sbx}/logs"), get(s::logs))
         .route("/v2/sandboxes/{sandboxID}/logs", get(s::logs_v2))
         .route(&format!("{sbx}/pause"), post(s::pause))
@@ -340,9 +358,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             require_api_key,
         ));
-    api.layer(middleware::from_fn_with_state(
-        state.clone(),
-        route_sandbox_traffic,
-    ))
-    .with_state(state)
+    // The volume-content API authorises with each volume's token and streams its bodies.
+    api.merge(volume_content::routes())
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            route_sandbox_traffic,
+        ))
+        .with_state(state)
 }

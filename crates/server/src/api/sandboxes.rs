@@ -57,9 +57,8 @@ async fn create_inner(
     if rules {
         super::rules::trust_env(&mut env_vars);
     }
-    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::not_implemented("volume mounts (volumeMounts)"));
-    }
+    let asked = super::volumes::mounts_of(req.volume_mounts.as_ref())?;
+    let volume_mounts = st.manager.resolve_mounts(&c.team, &asked).await?;
     // Run the creation in its own task: a client that disconnects mid-create must not leave a
     // half-started sandbox behind (hyper drops the handler future on disconnect).
     let manager = st.manager.clone();
@@ -75,6 +74,7 @@ async fn create_inner(
         allow_internet_access: req.allow_internet_access,
         network,
         team: c.team,
+        volume_mounts,
     };
     let t = std::time::Instant::now();
     let rec = tokio::spawn(async move { manager.create(params).await })
@@ -106,6 +106,9 @@ pub async fn get_sandbox(
     // No network: no `network` key (the e2b SDK cannot parse a null one).
     if !network.is_null() {
         v["network"] = network;
+    }
+    if let Some(m) = super::volumes::info(&st, &id).await? {
+        v["volumeMounts"] = m;
     }
     if let Some(vault) = &st.vault {
         if let Some(m) = vault.db().get_mcp(&id).await.map_err(|e| {

@@ -94,11 +94,11 @@ impl Manager {
             }
         }
 
-        // Syscall auditing starts with the sandbox: never from a warm pool.
+        // Syscall auditing and volumes start with the sandbox: never from a warm pool.
         let syscalls = self.audit().enabled()
             && p.metadata.get(SYSCALL_AUDIT_KEY).map(String::as_str) == Some("true");
         // A warm pool's sandbox of this template, booted ahead of time, when there is one.
-        let pooled = if syscalls {
+        let pooled = if syscalls || !p.volume_mounts.is_empty() {
             None
         } else {
             self.pools.take(&tpl.name)
@@ -131,6 +131,10 @@ impl Manager {
         self.store.insert_sandbox(&record).await?;
         let mut spec = self.spec_for(&id, &tpl);
         spec.syscall_audit = syscalls;
+        spec.volumes = match self.record_mounts(&id, &p.volume_mounts).await {
+            Ok(v) => v,
+            Err(e) => return Err(self.boot_failed(&id, e).await),
+        };
         // A pooled sandbox is already booted: giving it its identity is not CPU-bound work, and
         // must not queue behind boots (the pool's own refills hold permits for a whole boot).
         let network = p.network.as_ref();

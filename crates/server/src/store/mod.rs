@@ -16,11 +16,13 @@ mod rows;
 mod secrets_sql;
 mod sqlite;
 mod teams;
+mod volumes_sql;
 
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use records::*;
 pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;
+pub use volumes_sql::{MountRecord, VolumeRecord, VolumesDb};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
