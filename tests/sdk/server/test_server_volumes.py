@@ -171,7 +171,9 @@ def test_shared_volume_survives_pause_fork_kill_and_restart(own):
     assert vol.read_file("/c.txt") == "from-child\n"
     # Restart the server (kill -9): the volume and its data are still there.
     own.kill9()
-    own.start()
+    own.start()  # on a new port
+    opts = own.opts()
+    os.environ["E2B_VOLUME_API_URL"] = own.url
     assert [v.name for v in Volume.list(**opts)] == ["shared"]
     assert vol.read_file("/b.txt") == "from-b\n"
     again = Sandbox.create(timeout=60, volume_mounts={"/data": "shared"}, **opts)
