@@ -236,6 +236,13 @@ impl Server {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,
         });
+        // Rules and egress proxies of running sandboxes, once recovery has adopted them.
+        let (st, recovery) = (state.clone(), self.recovery.clone());
+        let _networks = tokio::spawn(async move {
+            if recovery.done().await.is_ok() {
+                api::reapply_networks(&st).await;
+            }
+        });
         let app = api::router(state);
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));
         tokio::select! {

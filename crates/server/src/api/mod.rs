@@ -10,6 +10,7 @@ mod audit;
 mod error;
 pub mod idempotency;
 mod list;
+mod net_persist;
 mod network;
 mod observe;
 mod rules;
@@ -35,6 +36,7 @@ use axum::Router;
 
 pub use error::{ApiError, ApiErrorBody};
 pub use list::parse_metadata_filter;
+pub use net_persist::reapply as reapply_networks;
 
 use crate::auth;
 use crate::manager::Manager;

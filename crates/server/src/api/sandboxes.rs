@@ -47,6 +47,10 @@ async fn create_inner(
     let network = super::rules::with_rules(&st, &c.team, req.network.as_ref(), network).await?;
     let rules = network.as_ref().is_some_and(|p| p.transforms.is_some());
     let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
+    let keep_network = network
+        .as_ref()
+        .is_some_and(|p| p.transforms.is_some() || p.egress_proxy.is_some());
+    let team = c.team.clone();
     let mcp = req.mcp.clone().filter(|m| !m.is_null());
     if mcp.as_ref().is_some_and(|m| !m.is_object()) {
         return Err(ApiError::bad_request(
@@ -88,6 +92,12 @@ async fn create_inner(
         v.db().put_mcp(&rec.id, m).await.map_err(|e| {
             ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))
         })?;
+    }
+    if keep_network {
+        let raw = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("network").cloned());
+        super::net_persist::remember(&st, &rec.id, &team, raw.as_ref()).await?;
     }
     let mut created = sandbox_json(&rec, &st.cfg.domain);
     created.traffic_access_token = traffic_token;

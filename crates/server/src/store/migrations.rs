@@ -234,6 +234,8 @@ pub const MIGRATIONS: &[&str] = &[
     ",
     // 11: volumes (crates/server/src/store/volumes_sql.rs): per team, with the volume-content
     // API's token and the size of the volume's filesystem; the volumes each sandbox mounts.
+    // The `network.rules`/`egressProxy` a sandbox runs with, sealed by the vault (they hold
+    // the proxy's password), to apply them again after a restart.
     "
     CREATE TABLE volumes (
         id TEXT PRIMARY KEY,
@@ -252,6 +254,11 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (sandbox_id, path)
     );
     CREATE INDEX sandbox_volumes_volume ON sandbox_volumes(volume_id);
+    CREATE TABLE sandbox_network (
+        sandbox_id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        sealed BLOB NOT NULL
+    );
     ",
 ];
 
