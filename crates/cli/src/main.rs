@@ -25,6 +25,7 @@ mod team;
 mod template;
 mod term;
 mod top;
+mod volumes;
 
 use clap::{Parser, Subcommand};
 
@@ -79,6 +80,9 @@ enum Cmd {
     /// Secrets of the caller's team on a running kiln server (values are write-only).
     #[command(subcommand)]
     Secrets(secrets::Cmd),
+    /// Volumes of the caller's team on a running kiln server (storage that outlives sandboxes).
+    #[command(subcommand)]
+    Volumes(volumes::Cmd),
     /// A live table of the sandboxes of a running server: state, CPU, memory, disk, age.
     Top(top::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -116,6 +120,7 @@ fn main() {
         Cmd::Alerts(a) => rules::alerts(a),
         Cmd::Rules(c) => rules::run(c),
         Cmd::Secrets(c) => secrets::run(c),
+        Cmd::Volumes(c) => volumes::run(c),
         Cmd::Top(a) => top::run(a),
         Cmd::Completions(a) => completions::completions(a),
         Cmd::Man(a) => completions::man(a),

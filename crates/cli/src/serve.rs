@@ -72,6 +72,10 @@ pub struct Args {
     /// it get ENOSPC inside the sandbox. 0: unbounded.
     #[arg(long, default_value_t = 2048)]
     disk_mb: u32,
+    /// Size of each new volume, MiB (a sparse ext4 image: writes beyond it get ENOSPC inside
+    /// the sandboxes that mount it and 507 from the volume-content API).
+    #[arg(long, default_value_t = 10240, value_parser = clap::value_parser!(u32).range(16..))]
+    volume_mb: u32,
     /// At most this many sandboxes at once; further creates get 429 with Retry-After
     /// (default: as many as the host's capacity allows — those get 503).
     #[arg(long, env = "KILN_MAX_SANDBOXES")]
@@ -353,6 +357,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             default_memory_mb: a.memory_mb,
             pids_limit: a.pids_limit,
             default_disk_mb: a.disk_mb,
+            volume_mb: a.volume_mb,
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
                 state_dir: Some(state_dir),

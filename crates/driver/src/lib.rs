@@ -39,6 +39,17 @@ pub struct SandboxSpec {
     pub syscall_audit: bool,
     /// Size of the sandbox's writable disk in MiB (writes beyond it get ENOSPC); 0: unbounded.
     pub disk_mb: u32,
+    /// Volumes mounted read-write into the sandbox (see [`Driver::create_volume`]).
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// One volume mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeMount {
+    /// The volume's id (as given to [`Driver::create_volume`]).
+    pub volume_id: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
 }
 
 /// Resource usage of a running sandbox.
@@ -181,6 +192,21 @@ pub trait Driver: Send + Sync + 'static {
     /// Tells `o` of the audited system calls of sandboxes created with `syscall_audit`
     /// (without it, such sandboxes are not traced).
     fn set_syscall_observer(&self, _o: SyscallObserver) {}
+
+    /// Creates volume `id`: storage of `size_mb` MiB (writes beyond it get ENOSPC) that
+    /// outlives sandboxes, mountable by several at once ([`SandboxSpec::volumes`]).
+    async fn create_volume(&self, _id: &str, _size_mb: u32) -> Result<()> {
+        Err(DriverError::NotImplemented("volumes"))
+    }
+    /// Deletes volume `id` and its data (no sandbox may have it mounted). Idempotent.
+    async fn delete_volume(&self, _id: &str) -> Result<()> {
+        Err(DriverError::NotImplemented("volumes"))
+    }
+    /// The host directory holding volume `id`'s files (made available again first, e.g.
+    /// after a host reboot), for the server's volume-content API.
+    async fn volume_root(&self, _id: &str) -> Result<PathBuf> {
+        Err(DriverError::NotImplemented("volumes"))
+    }
 
     /// The driver's [`Checkpoint`] side, when it can freeze sandboxes.
     fn checkpoint(&self) -> Option<&dyn Checkpoint> {

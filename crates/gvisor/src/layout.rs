@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::mounts::{mount_overlay_stack, mount_run_dir, unmount};
 use super::oci::oci_spec;
-use super::{disk, network, trace, GvisorDriver, AGENT_PATH};
+use super::{disk, network, trace, volumes, GvisorDriver, AGENT_PATH};
 use crate::driver::{io_err, DriverError, Result, SandboxSpec};
 
 impl GvisorDriver {
@@ -60,6 +60,12 @@ impl GvisorDriver {
             &self.cfg.agent_args,
             !self.cfg.ignore_cgroups,
         );
+        volumes::add_mounts(
+            &mut config,
+            &spec.volumes,
+            &volumes::volumes_dir(&self.cfg.dir),
+        )
+        .await?;
         if spec.syscall_audit {
             trace::write_config(&dir)?;
         }

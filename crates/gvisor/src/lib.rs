@@ -45,6 +45,7 @@ mod settle;
 pub mod slack;
 mod snapshot;
 pub mod trace;
+mod volumes;
 
 use std::path::{Path, PathBuf};
 
@@ -535,6 +536,16 @@ impl Driver for GvisorDriver {
 
     fn set_syscall_observer(&self, o: crate::driver::SyscallObserver) {
         let _ = self.syscalls.set(o);
+    }
+
+    async fn create_volume(&self, id: &str, size_mb: u32) -> Result<()> {
+        self.make_volume(id, size_mb).await
+    }
+    async fn delete_volume(&self, id: &str) -> Result<()> {
+        self.remove_volume(id)
+    }
+    async fn volume_root(&self, id: &str) -> Result<PathBuf> {
+        self.volume_data(id).await
     }
 
     fn checkpoint(&self) -> Option<&dyn Checkpoint> {

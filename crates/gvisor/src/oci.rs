@@ -237,6 +237,7 @@ mod tests {
             pids_limit: 300,
             syscall_audit: false,
             disk_mb: 0,
+            volumes: vec![],
         };
         let v = oci_spec(
             &spec,

@@ -28,6 +28,7 @@ pub mod tenancy;
 pub mod tls;
 pub mod tplbuild;
 pub mod vault;
+pub mod volume_fs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -162,6 +163,8 @@ impl Server {
             &cfg.state_dir.join("kiln.db"),
             &cfg.audit,
         )?);
+        manager.set_volumes_db(store::VolumesDb::open(&cfg.state_dir.join("kiln.db"))?);
+        manager.mount_volumes().await;
         manager.set_metrics_db(
             obs::persist::MetricsDb::open(&cfg.state_dir.join("kiln.db"))
                 .map_err(store::StoreError::from)?,
@@ -237,6 +240,13 @@ impl Server {
         let state = Arc::new(match &self.interceptor {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,
+        });
+        // Rules and egress proxies of running sandboxes, once recovery has adopted them.
+        let (st, recovery) = (state.clone(), self.recovery.clone());
+        let _networks = tokio::spawn(async move {
+            if recovery.done().await.is_ok() {
+                api::reapply_networks(&st).await;
+            }
         });
         let app = api::router(state);
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));

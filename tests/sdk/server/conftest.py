@@ -76,8 +76,9 @@ def remove_net_slots(state_dir: str) -> None:
 
 def mounts_under(path: str, pool: bool = False) -> list:
     """What is mounted at or under path; the gVisor driver's pool of ready disks
-    (gvisor/disk-pool, mounted while the server runs) only with pool=True."""
-    skip = os.path.join(path, "gvisor", "disk-pool")
+    (gvisor/disk-pool, mounted while the server runs) and its volumes (gvisor/volumes, which
+    outlive sandboxes) only with pool=True."""
+    skip = (os.path.join(path, "gvisor", "disk-pool"), os.path.join(path, "gvisor", "volumes"))
     out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:

@@ -431,3 +431,49 @@ def test_egress_proxy_tunnels_and_fails_closed(srv, secnet):
         assert "egress_proxy" not in sbx.get_info().network
     finally:
         sbx.kill()
+
+
+def test_rules_and_egress_proxy_survive_a_restart(srv, secnet):
+    """Last in the module: the server restarts (kill -9) on a new port."""
+    ca, ns, d = secnet
+    log = os.path.join(d, "socks-restart.log")
+    pw = "pw-" + "r" * 8
+    ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", pw, log, "1082")
+    import time
+    deadline = time.time() + 20
+    while sh("ip", "netns", "exec", NS, "python3", "-c",
+             f"import socket; socket.create_connection(('{SOCKS_ADDR}', 1082), timeout=1)",
+             check=False).returncode != 0:
+        assert time.time() < deadline, "the SOCKS5 server did not come up"
+        time.sleep(0.2)
+    opts = srv.opts()
+    value = f"sk-{uuid.uuid4().hex}"
+    name = f"restart-{uuid.uuid4().hex[:8]}"
+    Secret.create(name, value, **opts)
+    rules = {"api.sec.test": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
+    proxy = {"address": f"{SOCKS_ADDR}:1082", "username": "kiln", "password": pw}
+    sbx = Sandbox.create(timeout=300, **opts, network={"rules": rules, "egress_proxy": proxy})
+    try:
+        code, status, body = curl(sbx, "https://api.sec.test/before")
+        assert (code, status) == (0, "200") and f"Bearer {value}" in body, body
+        tunnels = open(log).read().count("CONNECT")
+        assert tunnels >= 1
+
+        srv.kill9()
+        srv.start()  # on a new port; recovery adopts the sandbox, then its rules come back
+        opts = srv.opts()
+        sbx = Sandbox.connect(sbx.sandbox_id, **opts)
+        deadline = time.time() + 30
+        while True:
+            code, status, body = curl(sbx, "https://api.sec.test/after")
+            if (code, status) == (0, "200") and f"Bearer {value}" in body:
+                break
+            assert time.time() < deadline, (code, status, body, srv.log()[-3000:])
+            time.sleep(0.5)
+        assert open(log).read().count("CONNECT") > tunnels, "egress no longer goes through the proxy"
+        info = sbx.get_info().network
+        assert info["egress_proxy"] == {"address": f"{SOCKS_ADDR}:1082", "username": "kiln"}, info
+        assert "api.sec.test" in info["rules"], info
+    finally:
+        sbx.kill()
+    assert value not in srv.log() and pw not in srv.log()

@@ -19,6 +19,7 @@ mod tti;
 mod tti_raw;
 mod tti_stats;
 mod vmm;
+mod volume;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -45,6 +46,8 @@ pub enum Cmd {
     /// ComputeSDK's time-to-interactive through the e2b SDK (sequential, staggered, burst),
     /// plus exec round trip, resume, fork and idle MiB, each beside raw runsc.
     Tti(tti::Args),
+    /// Volumes: read and write MB/s on a mounted volume vs the sandbox's own disk.
+    Volume(volume::Args),
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
@@ -63,6 +66,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Rich(a) => rich::run(a),
         Cmd::Vmm(a) => vmm::run(a),
         Cmd::Tti(a) => tti::run(a),
+        Cmd::Volume(a) => volume::run(a),
     }
 }
 

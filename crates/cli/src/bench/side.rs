@@ -19,6 +19,13 @@ pub(crate) struct Side {
     _dir: tempfile::TempDir,
 }
 
+impl Side {
+    /// The side's state directory (its `kiln.db`).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+}
+
 /// Sandbox networking of a [`side`]: the host-side range and the slots kept ready.
 pub(crate) struct Net<'a> {
     pub range: &'a str,

@@ -10,6 +10,7 @@ mod audit;
 mod error;
 pub mod idempotency;
 mod list;
+mod net_persist;
 mod network;
 mod observe;
 mod rules;
@@ -20,6 +21,8 @@ mod signed;
 mod snapshots;
 mod template_api;
 mod templates;
+mod volume_content;
+mod volumes;
 mod webhooks;
 pub mod wire;
 
@@ -34,6 +37,7 @@ use axum::Router;
 
 pub use error::{ApiError, ApiErrorBody};
 pub use list::parse_metadata_filter;
+pub use net_persist::reapply as reapply_networks;
 
 use crate::auth;
 use crate::manager::Manager;
@@ -103,6 +107,17 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v2/templates"),
     ("PATCH", "/v2/templates/{templateID}"),
     ("GET", "/default-templates"),
+    ("POST", "/volumes"),
+    ("GET", "/volumes"),
+    ("GET", "/volumes/{volumeID}"),
+    ("DELETE", "/volumes/{volumeID}"),
+    ("GET", "/volumecontent/{volumeID}/path"),
+    ("PATCH", "/volumecontent/{volumeID}/path"),
+    ("DELETE", "/volumecontent/{volumeID}/path"),
+    ("GET", "/volumecontent/{volumeID}/dir"),
+    ("POST", "/volumecontent/{volumeID}/dir"),
+    ("GET", "/volumecontent/{volumeID}/file"),
+    ("PUT", "/volumecontent/{volumeID}/file"),
 ];
 
 /// Server-wide settings the API needs.
@@ -337,6 +352,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/webhooks/{webhookID}/test", post(webhooks::test))
         .merge(secrets::routes())
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/volumes/{volumeID}",
+            get(volumes::get_one).delete(volumes::delete),
+        )
         .route(&format!("{sbx}/logs"), get(s::logs))
         .route("/v2/sandboxes/{sandboxID}/logs", get(s::logs_v2))
         .route(&format!("{sbx}/pause"), post(s::pause))
@@ -372,7 +392,9 @@ pub fn router(state: Arc<AppState>) -> Router {
             require_api_key,
         ));
     let console = crate::console::router(state.clone(), api.clone().with_state(state.clone()));
+    // The volume-content API authorises with each volume's token and streams its bodies.
     api.merge(template_api::upload_routes())
+        .merge(volume_content::routes())
         .nest_service("/console", console)
         .layer(middleware::from_fn_with_state(
             state.clone(),

@@ -128,6 +128,8 @@ pub async fn update(
     }
     let rules = policy.transforms.is_some();
     st.manager.set_network(&id, policy).await?;
+    let raw = serde_json::from_slice::<Value>(&body).ok();
+    super::net_persist::remember(&st, &id, &c.team, raw.as_ref()).await?;
     if rules {
         let token = st.manager.get_for(&id, &c.team)?.envd_token;
         super::rules::install_ca(&st, &id, token).await?;

@@ -47,6 +47,10 @@ async fn create_inner(
     let network = super::rules::with_rules(&st, &c.team, req.network.as_ref(), network).await?;
     let rules = network.as_ref().is_some_and(|p| p.transforms.is_some());
     let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
+    let keep_network = network
+        .as_ref()
+        .is_some_and(|p| p.transforms.is_some() || p.egress_proxy.is_some());
+    let team = c.team.clone();
     let mcp = req.mcp.clone().filter(|m| !m.is_null());
     if mcp.as_ref().is_some_and(|m| !m.is_object()) {
         return Err(ApiError::bad_request(
@@ -57,9 +61,8 @@ async fn create_inner(
     if rules {
         super::rules::trust_env(&mut env_vars);
     }
-    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::not_implemented("volume mounts (volumeMounts)"));
-    }
+    let asked = super::volumes::mounts_of(req.volume_mounts.as_ref())?;
+    let volume_mounts = st.manager.resolve_mounts(&c.team, &asked).await?;
     // Run the creation in its own task: a client that disconnects mid-create must not leave a
     // half-started sandbox behind (hyper drops the handler future on disconnect).
     let manager = st.manager.clone();
@@ -80,6 +83,7 @@ async fn create_inner(
         allow_internet_access: req.allow_internet_access,
         network,
         team: c.team,
+        volume_mounts,
     };
     let t = std::time::Instant::now();
     let rec = tokio::spawn(async move { manager.create(params).await })
@@ -96,6 +100,12 @@ async fn create_inner(
         v.db().put_mcp(&rec.id, m).await.map_err(|e| {
             ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))
         })?;
+    }
+    if keep_network {
+        let raw = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("network").cloned());
+        super::net_persist::remember(&st, &rec.id, &team, raw.as_ref()).await?;
     }
     let mut created = sandbox_json(&rec, &st.cfg.domain);
     created.traffic_access_token = traffic_token;
@@ -114,6 +124,9 @@ pub async fn get_sandbox(
     // No network: no `network` key (the e2b SDK cannot parse a null one).
     if !network.is_null() {
         v["network"] = network;
+    }
+    if let Some(m) = super::volumes::info(&st, &id).await? {
+        v["volumeMounts"] = m;
     }
     if let Some(vault) = &st.vault {
         if let Some(m) = vault.db().get_mcp(&id).await.map_err(|e| {

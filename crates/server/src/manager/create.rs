@@ -95,13 +95,15 @@ impl Manager {
             }
         }
 
-        // Syscall auditing starts with the sandbox: never from a warm pool.
+        // Syscall auditing and volumes start with the sandbox: never from a warm pool.
         let syscalls = self.audit().enabled()
             && p.metadata.get(SYSCALL_AUDIT_KEY).map(String::as_str) == Some("true");
-        // A warm pool's sandbox of this template, booted ahead of time, when there is one;
-        // else a boot slot (waiting in the create queue for whichever comes first).
+        // A warm pool's sandbox of this template, booted ahead of time, when there is one
+        // (never for a sandbox that mounts volumes); else a boot slot (waiting in the create
+        // queue for whichever comes first).
         self.note_demand(&tpl.name);
-        let (pooled, permit) = match self.claim(&tpl.name, !syscalls).await? {
+        let poolable = !syscalls && p.volume_mounts.is_empty();
+        let (pooled, permit) = match self.claim(&tpl.name, poolable).await? {
             super::pool::Claim::Pooled(id) => (Some(id), None),
             super::pool::Claim::Cold(permit) => (None, Some(permit)),
         };
@@ -138,6 +140,10 @@ impl Manager {
         }
         let mut spec = self.spec_for(&id, &tpl);
         spec.syscall_audit = syscalls;
+        spec.volumes = match self.record_mounts(&id, &p.volume_mounts).await {
+            Ok(v) => v,
+            Err(e) => return Err(self.boot_failed(&id, e).await),
+        };
         // A pooled sandbox is already booted: giving it its identity is not CPU-bound work and
         // holds no boot slot; a cold boot holds its slot until the agent is initialised.
         let network = p.network.as_ref();

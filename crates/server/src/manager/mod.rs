@@ -28,6 +28,7 @@ mod registry;
 mod sampler;
 mod snapshots;
 mod start_cmd;
+pub mod volumes;
 mod watcher;
 
 use std::collections::BTreeMap;
@@ -86,6 +87,8 @@ pub struct LifecycleConfig {
     pub metrics_capacity: usize,
     /// Webhook delivery retries and timeouts.
     pub webhooks: crate::obs::webhooks::WebhookConfig,
+    /// Size of each new volume, MiB (writes beyond it get ENOSPC).
+    pub volume_mb: u32,
 }
 
 impl Default for LifecycleConfig {
@@ -106,6 +109,7 @@ impl Default for LifecycleConfig {
             metrics_interval: Duration::from_secs(5),
             metrics_capacity: crate::obs::ring::DEFAULT_CAPACITY,
             webhooks: Default::default(),
+            volume_mb: 10240,
         }
     }
 }
@@ -137,6 +141,8 @@ pub struct CreateParams {
     pub network: Option<kiln_net::EgressPolicy>,
     /// The team the sandbox will belong to (empty: [`crate::tenancy::DEFAULT_TEAM`]).
     pub team: String,
+    /// Volumes to mount (see [`Manager::resolve_mounts`]).
+    pub volume_mounts: Vec<crate::store::MountRecord>,
 }
 
 impl CreateParams {
@@ -180,6 +186,8 @@ pub struct Manager {
     audit: std::sync::OnceLock<crate::audit::AuditLog>,
     /// How far each sandbox's agent kills have been reported as events.
     kill_marks: kills::KillMarks,
+    /// The volumes table (set once by the server; unset: volumes answer 501).
+    volumes: std::sync::OnceLock<crate::store::VolumesDb>,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -248,6 +256,7 @@ impl Manager {
             webhooks,
             audit: std::sync::OnceLock::new(),
             kill_marks: kills::KillMarks::default(),
+            volumes: std::sync::OnceLock::new(),
         })
     }
 

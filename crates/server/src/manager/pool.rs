@@ -148,6 +148,7 @@ impl Manager {
             pids_limit: self.cfg.pids_limit,
             syscall_audit: false,
             disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
+            volumes: Vec::new(),
         }
     }
 

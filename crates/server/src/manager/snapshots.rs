@@ -242,6 +242,16 @@ impl Manager {
                 .get(super::create::SYSCALL_AUDIT_KEY)
                 .map(String::as_str)
                 == Some("true");
+        // The snapshot's memory holds its source's volume mounts: the new sandbox mounts the
+        // same volumes at the same paths.
+        let mounts = async {
+            let m = self.mounts_of(&snap.sandbox_id).await?;
+            self.record_mounts(&id, &m).await
+        };
+        spec.volumes = match mounts.await {
+            Ok(v) => v,
+            Err(e) => return Err(self.boot_failed(&id, e).await),
+        };
         let restored = match self.boot_permit().await {
             Ok(_permit) => self.restore_and_init(&snap, &spec, &record).await,
             Err(e) => Err(e),

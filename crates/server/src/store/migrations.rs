@@ -293,6 +293,34 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (team, hash)
     );
     ",
+    // 12: volumes (crates/server/src/store/volumes_sql.rs): per team, with the volume-content
+    // API's token and the size of the volume's filesystem; the volumes each sandbox mounts.
+    // The `network.rules`/`egressProxy` a sandbox runs with, sealed by the vault (they hold
+    // the proxy's password), to apply them again after a restart.
+    "
+    CREATE TABLE volumes (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        name TEXT NOT NULL,
+        token TEXT NOT NULL,
+        size_mb INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        UNIQUE (team, name)
+    );
+    CREATE TABLE sandbox_volumes (
+        sandbox_id TEXT NOT NULL,
+        volume_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        path TEXT NOT NULL,
+        PRIMARY KEY (sandbox_id, path)
+    );
+    CREATE INDEX sandbox_volumes_volume ON sandbox_volumes(volume_id);
+    CREATE TABLE sandbox_network (
+        sandbox_id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        sealed BLOB NOT NULL
+    );
+    ",
 ];
 
 /// Schema version this kiln writes.

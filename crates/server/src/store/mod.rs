@@ -17,12 +17,14 @@ mod secrets_sql;
 mod sqlite;
 mod teams;
 mod tplbuild_sql;
+mod volumes_sql;
 
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use records::*;
 pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;
 pub use tplbuild_sql::{BuildLogRow, BuildRow, BuildsDb, TagRow, TplRow, LEVELS};
+pub use volumes_sql::{MountRecord, VolumeRecord, VolumesDb};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

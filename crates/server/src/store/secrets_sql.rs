@@ -211,6 +211,33 @@ impl SecretsDb {
         .await
     }
 
+    /// Records the sealed `network` settings sandbox `id` of `team` runs with (None: none).
+    pub async fn put_network(&self, id: &str, team: &str, sealed: Option<Vec<u8>>) -> Result<()> {
+        let (id, team) = (id.to_string(), team.to_string());
+        self.run(move |c| {
+            match sealed {
+                Some(b) => c.execute(
+                    "INSERT OR REPLACE INTO sandbox_network (sandbox_id, team, sealed)
+                     VALUES (?1, ?2, ?3)",
+                    params![id, team, b],
+                )?,
+                None => c.execute("DELETE FROM sandbox_network WHERE sandbox_id = ?1", [id])?,
+            };
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every sandbox's sealed `network` settings: (sandbox id, team, sealed).
+    pub async fn networks(&self) -> Result<Vec<(String, String, Vec<u8>)>> {
+        self.run(|c| {
+            let mut st = c.prepare("SELECT sandbox_id, team, sealed FROM sandbox_network")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
     /// Sandbox `id`'s `mcp` configuration, if it was created with one.
     pub async fn get_mcp(&self, id: &str) -> Result<Option<serde_json::Value>> {
         let id = id.to_string();

@@ -272,6 +272,7 @@ pub fn driver_spec(id: &str, rootfs: &Path) -> kiln_server::driver::SandboxSpec 
         pids_limit: 512,
         syscall_audit: false,
         disk_mb: 0,
+        volumes: vec![],
     }
 }
 

@@ -1,0 +1,107 @@
+//! Keeping a sandbox's `network.rules` and `egressProxy` across a server restart. The driver
+//! restores the rest of its egress policy from its own files, but rules need the server's
+//! vault and interception CA and the proxy's password must not sit in clear on disk: the two
+//! objects, as the request gave them (placeholders, never secret values), are sealed by the
+//! vault and stored per sandbox ([`remember`]); once recovery is over, [`reapply`] puts them
+//! back on every running sandbox's policy. Until then (the first moments after a restart) the
+//! sandbox's egress runs on the policy's lists alone.
+
+use serde_json::{json, Map, Value};
+
+use super::network::{policy_of, NetworkJson};
+use super::{ApiError, ApiResult, AppState};
+use crate::store::SandboxState;
+
+/// The id the seal of sandbox `id`'s settings is bound to.
+fn seal_id(id: &str) -> String {
+    format!("network/{id}")
+}
+
+fn present(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(m)) => !m.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// Records the `rules` and `egressProxy` of `net` (a create's `network` object, or the body
+/// of `PUT .../network`) for sandbox `id` of `team`; neither: forgets what was recorded.
+pub async fn remember(st: &AppState, id: &str, team: &str, net: Option<&Value>) -> ApiResult<()> {
+    let Some(vault) = &st.vault else {
+        return Ok(());
+    };
+    let mut kept = Map::new();
+    for k in ["rules", "egressProxy"] {
+        if let Some(v) = net.and_then(|n| n.get(k)).filter(|v| present(Some(v))) {
+            kept.insert(k.to_string(), v.clone());
+        }
+    }
+    let sealed = (!kept.is_empty()).then(|| {
+        vault.seal(
+            team,
+            &seal_id(id),
+            Value::Object(kept).to_string().as_bytes(),
+        )
+    });
+    vault
+        .db()
+        .put_network(id, team, sealed)
+        .await
+        .map_err(|e| ApiError::internal(format!("storing the sandbox's network settings: {e}")))
+}
+
+/// Puts the recorded rules and egress proxy back on sandbox `id`'s policy.
+async fn apply_one(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiResult<()> {
+    let Some(vault) = &st.vault else {
+        return Ok(());
+    };
+    let clear = vault
+        .unseal(team, &seal_id(id), sealed)
+        .map_err(|e| ApiError::internal(format!("opening the stored settings: {e}")))?;
+    let v: Value = serde_json::from_slice(&clear)
+        .map_err(|e| ApiError::internal(format!("reading the stored settings: {e}")))?;
+    let n: NetworkJson = serde_json::from_value(json!({
+        "rules": v.get("rules"), "egressProxy": v.get("egressProxy")
+    }))
+    .map_err(|e| ApiError::internal(format!("reading the stored settings: {e}")))?;
+    let Some(mut base) = st.manager.network(id).await? else {
+        return Ok(());
+    };
+    let extra = policy_of(Some(base.allow_internet_access), Some(&n))?;
+    let extra = super::rules::with_rules(st, team, Some(&n), extra).await?;
+    let extra = extra.unwrap_or_default();
+    base.transforms = extra.transforms;
+    base.egress_proxy = extra.egress_proxy;
+    st.manager.set_network(id, base).await?;
+    Ok(())
+}
+
+/// Applies the recorded rules and egress proxies to the running sandboxes (after recovery),
+/// and forgets those of sandboxes that are gone.
+pub async fn reapply(st: &AppState) {
+    let Some(vault) = &st.vault else { return };
+    let all = match vault.db().networks().await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading sandboxes' network settings");
+            return;
+        }
+    };
+    for (id, team, sealed) in all {
+        match st.manager.get(&id).map(|r| r.state) {
+            Ok(SandboxState::Running) => {
+                if let Err(e) = apply_one(st, &id, &team, &sealed).await {
+                    tracing::warn!(sandbox = %id, error = %e.body().message,
+                        "network rules and egress proxy not applied again after the restart");
+                }
+            }
+            // Paused: its settings wait in the table (see docs/secrets.md).
+            Ok(_) => {}
+            Err(_) => {
+                let _ = vault.db().put_network(&id, &team, None).await;
+            }
+        }
+    }
+}
