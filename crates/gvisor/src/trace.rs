@@ -207,7 +207,7 @@ pub fn decode(msg: &[u8]) -> Option<Value> {
             "path": f.iter().find_map(|x| x.str(6)),
             "argv": f.iter().filter_map(|x| x.str(7)).collect::<Vec<_>>(),
         }),
-        _ => more::decode(sysno, &f)?,
+        _ => more::decode(kind, sysno, &f)?,
     };
     b["pid"] = json!(pid);
     b["process"] = json!(process);

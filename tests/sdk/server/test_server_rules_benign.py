@@ -331,8 +331,8 @@ def test_zero_alerts_on_ordinary_work_and_the_expected_ones_on_real_attacks(srv,
             assert f.read().count(b"pwned-42") == 1, "the listener ran a command through the shell"
 
         script.files.write("/tmp/job.py", SCRIPTED_SHELL)
-        script.commands.run("timeout 20 python3 /tmp/job.py; true", timeout=30)
-        want = {"reverse_shell_stdio_socket"}
+        script.commands.run("timeout 20 python3 /tmp/job.py; unshare -m true; true", timeout=30)
+        want = {"reverse_shell_stdio_socket", "escape_probe_syscalls"}
         got = wait_rules(srv, script.sandbox_id, want)
         assert {a["rule"] for a in got} == want, got
         fds = set()
@@ -343,6 +343,8 @@ def test_zero_alerts_on_ordinary_work_and_the_expected_ones_on_real_attacks(srv,
                 assert m, a["output"]
                 fds.add(int(m.group(1)))
         assert fds == {0, 1, 2}, got
+        probes = [a["output"] for a in got if a["rule"] == "escape_probe_syscalls"]
+        assert probes == [f"escape probe in sandbox {script.sandbox_id}: unshare (errno 1)"], probes
         with open(pkg_net, "rb") as f:
             assert f.read().count(b"pwned-42") == 2, "the scripted shell ran the command too"
     finally:

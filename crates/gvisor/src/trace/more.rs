@@ -33,25 +33,33 @@ const DUP3: i64 = 292;
 /// A non-blocking connect under way.
 const EINPROGRESS: i64 = 115;
 
-/// The body of a `dup2`/`dup3` or raw-syscall message (by its system call number), `None` for
-/// anything else.
-pub fn decode(sysno: Option<i64>, f: &[Field<'_>]) -> Option<Value> {
-    let sysno = sysno?;
-    if sysno == DUP2 || sysno == DUP3 {
-        // Dup: old_fd 4, new_fd 5, fd_path 6, flags 7.
-        return Some(json!({
-            "call": if sysno == DUP2 { "dup2" } else { "dup3" },
-            "oldfd": f.iter().find_map(|x| x.int(4)).unwrap_or(0),
-            "newfd": f.iter().find_map(|x| x.int(5)).unwrap_or(0),
-            "fdPath": f.iter().find_map(|x| x.str(6)).filter(|p| !p.is_empty()),
-        }));
+/// The message type of raw system calls (`syscall/sysno/N/…` points).
+const RAW: u16 = 6;
+
+/// The body of a `dup2`/`dup3` (by its system call number `sysno`) or raw-syscall message
+/// (type [`RAW`]), `None` for anything else. Raw messages carry no context (no pid or process
+/// name, as runsc sends them).
+pub fn decode(kind: u16, sysno: Option<i64>, f: &[Field<'_>]) -> Option<Value> {
+    if kind == RAW {
+        // Syscall: sysno 4, arg1 … arg6 5 … 10.
+        let sysno = f.iter().find_map(|x| x.int(4))?;
+        let (_, name) = ESCAPE_SYSCALLS.iter().find(|(n, _)| *n == sysno)?;
+        let args: Vec<i64> = (5..=10)
+            .map(|k| f.iter().find_map(|x| x.int(k)).unwrap_or(0))
+            .collect();
+        return Some(json!({"call": name, "sysno": sysno, "args": args}));
     }
-    let (_, name) = ESCAPE_SYSCALLS.iter().find(|(n, _)| *n == sysno)?;
-    // Syscall: arg1 … arg6 are fields 4 … 9.
-    let args: Vec<i64> = (4..=9)
-        .map(|k| f.iter().find_map(|x| x.int(k)).unwrap_or(0))
-        .collect();
-    Some(json!({"call": name, "sysno": sysno, "args": args}))
+    let sysno = sysno?;
+    if sysno != DUP2 && sysno != DUP3 {
+        return None;
+    }
+    // Dup: old_fd 4, new_fd 5, fd_path 6, flags 7.
+    Some(json!({
+        "call": if sysno == DUP2 { "dup2" } else { "dup3" },
+        "oldfd": f.iter().find_map(|x| x.int(4)).unwrap_or(0),
+        "newfd": f.iter().find_map(|x| x.int(5)).unwrap_or(0),
+        "fdPath": f.iter().find_map(|x| x.str(6)).filter(|p| !p.is_empty()),
+    }))
 }
 
 /// Most descriptors remembered per sandbox (the table starts over beyond).
@@ -125,16 +133,31 @@ mod tests {
             Field::Bytes(6, b"socket:[7]"),
         ];
         assert_eq!(
-            decode(Some(33), &dup),
+            decode(19, Some(33), &dup),
             Some(json!({"call": "dup2", "oldfd": 3, "newfd": 1, "fdPath": "socket:[7]"}))
         );
-        let raw = [Field::Varint(4, 0x20000), Field::Varint(5, 0)];
+        assert_eq!(decode(19, Some(0), &dup), None);
+        // As runsc sent `unshare(CLONE_NEWNS)` failing with EPERM: exit{errno 1}, sysno 272,
+        // arg1 0x20000, arg2 and arg3 (no context).
+        let raw =
+            b"\x12\x02\x10\x01\x20\x90\x02\x28\x80\x80\x08\x30\xc0\xef\x95\xbd\xd4\xdb\x1f\x40\x08";
+        let f = crate::proto::fields(raw).unwrap();
+        let b = decode(RAW, None, &f).unwrap();
         assert_eq!(
-            decode(Some(272), &raw),
-            Some(json!({"call": "unshare", "sysno": 272, "args": [0x20000, 0, 0, 0, 0, 0]}))
+            (b["call"].as_str(), b["sysno"].as_i64()),
+            (Some("unshare"), Some(272))
         );
-        assert_eq!(decode(Some(0), &raw), None);
-        assert_eq!(decode(None, &raw), None);
+        assert_eq!(b["args"][0], 0x20000);
+        // Through the message decoder: the exit's errno is kept.
+        let mut m = vec![8, 0, 6, 0, 0, 0, 0, 0];
+        m.extend(raw);
+        let b = super::super::decode(&m).unwrap();
+        assert_eq!(
+            (b["call"].as_str(), b["errno"].as_i64()),
+            (Some("unshare"), Some(1))
+        );
+        // A raw call not on the list is not recorded.
+        assert_eq!(decode(RAW, None, &[Field::Varint(4, 0)]), None);
     }
 
     #[test]
