@@ -39,6 +39,8 @@ ensure_runsc "$KILN_BIN"
 say "templates (cached by hash: a rebuild only when a recipe or the agent changed)"
 "$KILN_BIN" template build base
 "$KILN_BIN" template build code-interpreter-v1
+# devtools (gcc, make, npm, ssh; about 5 min cold): the rules' false-positive suite.
+"$KILN_BIN" template build devtools
 # The desktop and browser templates (each about 6-8 min cold, mostly downloads and dpkg) build
 # side by side; a cache hit takes a second.
 "$KILN_BIN" template build desktop > "$KILN_ROOT/target/template-desktop.log" 2>&1 & desktop_pid=$!

@@ -1,6 +1,7 @@
 //! Syscall-level auditing (opt-in per sandbox) with gVisor's runtime monitoring: runsc starts
 //! the sandbox with `--pod-init-config` naming a trace session whose points are the `open`,
-//! `openat`, `execve`, `execveat` and `connect` system calls, and whose `remote` sink is a
+//! `openat`, `execve`, `execveat`, `connect`, `dup2` and `dup3` system calls and the raw
+//! escape-probe calls of [`more`], and whose `remote` sink is a
 //! `SOCK_SEQPACKET` Unix socket kiln listens on (`trace.sock` in the sandbox's directory, not in
 //! the `run/` it shares with the sandbox: nothing inside can reach it).
 //!
@@ -22,7 +23,11 @@ use nix::sys::socket::{self as ns, AddressFamily, MsgFlags, SockFlag, SockType, 
 use serde_json::{json, Value};
 
 use super::proto::fields;
+
 use crate::driver::{io_err, DriverError, Result, SyscallObserver};
+use more::{Sockets, ESCAPE_SYSCALLS};
+
+pub mod more;
 
 /// The pod init config, in the sandbox's directory.
 pub const POD_CONFIG: &str = "trace.json";
@@ -40,13 +45,26 @@ const POINTS: [&str; 5] = [
     "syscall/execveat/enter",
     "syscall/connect/exit",
 ];
+/// Points whose `fd_path` is asked for too.
+const DUP_POINTS: [&str; 2] = ["syscall/dup2/exit", "syscall/dup3/exit"];
 
 /// Writes the sandbox's pod init config (its syscalls are audited from its start).
 pub fn write_config(dir: &Path) -> Result<()> {
-    let points: Vec<Value> = POINTS
+    let ctx = json!(["group_id", "process_name"]);
+    let mut points: Vec<Value> = POINTS
         .iter()
-        .map(|p| json!({"name": p, "context_fields": ["group_id", "process_name"]}))
+        .map(|p| json!({"name": p, "context_fields": ctx}))
         .collect();
+    points.extend(
+        DUP_POINTS
+            .iter()
+            .map(|p| json!({"name": p, "optional_fields": ["fd_path"], "context_fields": ctx})),
+    );
+    points.extend(
+        ESCAPE_SYSCALLS.iter().map(
+            |(n, _)| json!({"name": format!("syscall/sysno/{n}/exit"), "context_fields": ctx}),
+        ),
+    );
     let cfg = json!({"trace_session": {
         "name": "Default",
         "points": points,
@@ -134,12 +152,14 @@ fn serve(
     // Their handshake, then ours: version 1.
     ns::recv(c.as_raw_fd(), &mut buf, MsgFlags::empty())?;
     ns::send(c.as_raw_fd(), &[0x08, 0x01], MsgFlags::empty())?;
+    let mut sockets = Sockets::default();
     loop {
         let n = ns::recv(c.as_raw_fd(), &mut buf, MsgFlags::empty())?;
         if n == 0 {
             return Ok(());
         }
-        if let Some(body) = decode(&buf[..n]) {
+        if let Some(mut body) = decode(&buf[..n]) {
+            sockets.note(&mut body);
             rt.block_on(obs(id, body));
         }
     }
@@ -187,7 +207,7 @@ pub fn decode(msg: &[u8]) -> Option<Value> {
             "path": f.iter().find_map(|x| x.str(6)),
             "argv": f.iter().filter_map(|x| x.str(7)).collect::<Vec<_>>(),
         }),
-        _ => return None,
+        _ => more::decode(kind, sysno, &f)?,
     };
     b["pid"] = json!(pid);
     b["process"] = json!(process);

@@ -173,6 +173,30 @@ fn shell_connects_out() {
 }
 
 #[test]
+fn reverse_shell_stdio_socket() {
+    let mut f = Feed::new();
+    let dup = |f: &mut Feed, pid: i64, old: i64, new: i64, socket: Option<&str>| {
+        let mut b = json!({"call": "dup2", "pid": pid, "process": "python3", "oldfd": old,
+                           "newfd": new, "fdPath": "socket:[12]", "result": new});
+        if let Some(s) = socket {
+            b["socket"] = json!(s);
+        }
+        f.rec(5, "syscall", b)
+    };
+    only(
+        dup(&mut f, 60, 3, 0, Some("198.51.100.7:4444")),
+        "reverse_shell_stdio_socket",
+    );
+    only(
+        dup(&mut f, 60, 3, 2, Some("198.51.100.7:4444")),
+        "reverse_shell_stdio_socket",
+    );
+    // A Unix socket pair on a child's stdio (libuv's spawn), a connection moved elsewhere.
+    assert!(dup(&mut f, 61, 5, 1, None).is_empty());
+    assert!(dup(&mut f, 62, 3, 7, Some("198.51.100.7:443")).is_empty());
+}
+
+#[test]
 fn write_auth_files() {
     let mut f = Feed::new();
     only(
@@ -224,6 +248,29 @@ fn ssh_private_key_access() {
         .is_empty());
     assert!(f.cmd("cat ~/.ssh/id_rsa.pub").is_empty());
     assert!(f.file("read", "/home/user/.ssh/known_hosts").is_empty());
+    // The ssh tools' own opens (syscall auditing): ssh-keygen writing a new key and reading
+    // it back, ssh (git over ssh) using one; and a key named to ssh.
+    assert!(f
+        .open(90, "ssh-keygen", "/home/user/.ssh/id_ed25519", 0o1101)
+        .is_empty());
+    assert!(f
+        .open(90, "ssh-keygen", "/home/user/.ssh/id_ed25519", 0)
+        .is_empty());
+    assert!(f.open(91, "ssh", "/home/user/.ssh/id_rsa", 0).is_empty());
+    assert!(f
+        .execve(
+            92,
+            "git",
+            &["ssh", "-i", "/home/user/.ssh/id_deploy", "git@host"]
+        )
+        .is_empty());
+    assert!(f
+        .cmd("GIT_SSH_COMMAND='ssh -i ~/.ssh/id_deploy' git clone git@host:r.git")
+        .is_empty());
+    only(
+        f.open(93, "python3", "/home/user/.ssh/id_rsa", 0),
+        "ssh_private_key_access",
+    );
 }
 
 #[test]
@@ -434,6 +481,29 @@ fn repeated_resource_kills() {
             )
             .is_empty());
     }
+}
+
+#[test]
+fn escape_probe_syscalls() {
+    let mut f = Feed::new();
+    let call = |f: &mut Feed, name: &str, errno: Option<i64>| {
+        let mut b = json!({"call": name, "sysno": 0, "args": [0, 0, 0, 0, 0, 0], "pid": 130,
+                           "process": "python3", "result": 0});
+        if let Some(e) = errno {
+            b["errno"] = json!(e);
+            b["result"] = json!(-1);
+        }
+        f.rec(5, "syscall", b)
+    };
+    only(call(&mut f, "mount", Some(1)), "escape_probe_syscalls");
+    only(call(&mut f, "unshare", Some(1)), "escape_probe_syscalls");
+    only(call(&mut f, "ptrace", None), "escape_probe_syscalls");
+    only(
+        call(&mut f, "finit_module", Some(38)),
+        "escape_probe_syscalls",
+    );
+    assert!(call(&mut f, "openat", None).is_empty());
+    assert!(call(&mut f, "dup2", None).is_empty());
 }
 
 #[test]

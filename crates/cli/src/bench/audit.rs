@@ -82,7 +82,7 @@ pub(crate) struct Side {
     addr: std::net::SocketAddr,
 }
 
-fn envd_of(addr: std::net::SocketAddr, sandbox: &SandboxRecord) -> EnvdClient {
+pub(crate) fn envd_of(addr: std::net::SocketAddr, sandbox: &SandboxRecord) -> EnvdClient {
     EnvdClient::tcp(addr)
         .with_header("host", addr.to_string())
         .with_header("e2b-sandbox-id", sandbox.id.clone())
@@ -226,7 +226,7 @@ async fn exec_true(envd: &EnvdClient) -> anyhow::Result<Duration> {
     exec(envd, "/bin/true", &[]).await
 }
 
-async fn exec(envd: &EnvdClient, cmd: &str, args: &[&str]) -> anyhow::Result<Duration> {
+pub(crate) async fn exec(envd: &EnvdClient, cmd: &str, args: &[&str]) -> anyhow::Result<Duration> {
     let req = pb::StartRequest {
         process: Some(pb::ProcessConfig {
             cmd: cmd.into(),

@@ -13,6 +13,7 @@ mod lifecycle_bench;
 mod net;
 mod rich;
 mod rules;
+mod rules_live;
 mod side;
 mod stale;
 mod tti;
@@ -41,7 +42,8 @@ pub enum Cmd {
     Rich(rich::Args),
     /// kiln-vmm: process start → first guest instruction, snapshot, restore, VMM RSS.
     Vmm(vmm::Args),
-    /// The rule engine: audit records per second through the built-in pack on one core.
+    /// The rule engine: audit records per second through the built-in pack on one core; attack
+    /// → alert latency and exec round trip with the pack on vs off, with sandboxes.
     Rules(rules::Args),
     /// ComputeSDK's time-to-interactive through the e2b SDK (sequential, staggered, burst),
     /// plus exec round trip, resume, fork and idle MiB, each beside raw runsc.

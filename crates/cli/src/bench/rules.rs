@@ -1,7 +1,8 @@
 //! `kiln bench rules`: the rule engine's throughput on one core — audit records per second
 //! through a rules file (the built-in pack by default), on a synthetic stream shaped like
 //! kiln's records or on recorded audit (`kiln audit --json` output). See
-//! [`kiln_rules::bench`].
+//! [`kiln_rules::bench`]. Then, with sandboxes, attack → alert latency and the exec round trip
+//! with the pack on vs off ([`super::rules_live`]).
 
 use std::sync::Arc;
 
@@ -25,6 +26,28 @@ pub struct Args {
     /// prints them (replayed until `--records` are reached).
     #[arg(long, value_name = "FILE")]
     audit_json: Option<std::path::PathBuf>,
+    /// Attack → alert samples with a sandbox (0, with `--exec-rounds 0`: the engine alone).
+    #[arg(long, default_value_t = 100)]
+    latency_runs: usize,
+    /// Rounds of exec round trips, the pack on vs off (each: `--execs-per-round` on one
+    /// server, then on the other).
+    #[arg(long, default_value_t = 40)]
+    exec_rounds: usize,
+    /// Exec round trips per server in each round.
+    #[arg(long, default_value_t = 10)]
+    execs_per_round: usize,
+    /// Template of the sandboxes.
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// gVisor platform (default: the fastest that works, as `kiln serve`).
+    #[arg(long, env = "KILN_PLATFORM")]
+    platform: Option<String>,
+    /// runsc binary (default: the one `kiln serve` uses).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
+    runsc: Option<std::path::PathBuf>,
+    /// Directory for the sandbox part's temporary state (default: the kiln state dir).
+    #[arg(long)]
+    work_dir: Option<std::path::PathBuf>,
 }
 
 fn recorded(p: &std::path::Path, n: usize) -> anyhow::Result<Vec<Raw>> {
@@ -84,6 +107,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
          target ≥ 200,000 on one core)",
         r.full_per_s, r.full_per_wall_s
     );
+    if a.latency_runs > 0 || a.exec_rounds > 0 {
+        super::rules_live::run(super::rules_live::Live {
+            template: a.template,
+            latency_runs: a.latency_runs,
+            exec_rounds: a.exec_rounds,
+            execs_per_round: a.execs_per_round,
+            platform: a.platform,
+            runsc: a.runsc,
+            work_dir: a.work_dir,
+        })?;
+    }
     if cfg!(debug_assertions) {
         println!("(a debug build: measure with a release build)");
     }

@@ -71,7 +71,7 @@ impl RulesTap {
                 let n = self
                     .dropped
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n.is_power_of_two() {
+                if (n + 1).is_power_of_two() {
                     tracing::warn!(
                         dropped = n + 1,
                         "the rule engine is behind; audit records were not evaluated"
