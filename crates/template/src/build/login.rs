@@ -87,6 +87,7 @@ mod tests {
                 .args(["-c", &format!("{t}\necho \"$PATH\"")])
                 .output()
                 .unwrap();
+            // SAFETY: geteuid has no preconditions.
             let want = if unsafe { libc::geteuid() } == 0 {
                 "/usr/local/sbin"
             } else {
