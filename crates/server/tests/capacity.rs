@@ -78,6 +78,12 @@ async fn a_full_host_refuses_up_front_and_recovers_after_a_kill() {
     )
     .await;
     assert_eq!(s.as_u16(), 204);
+    // The killed sandbox holds its resources until its background teardown is done.
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
     let (s, v) = common::call(&app, Some(&key), "POST", "/sandboxes", Some(CREATE), &[]).await;
     assert_eq!(s.as_u16(), 201, "{v}");
     cleanup.add(v["sandboxID"].as_str().unwrap());

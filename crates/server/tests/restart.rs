@@ -147,6 +147,12 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
         .await;
         assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
     }
+    // A kill answers before its teardown, which finishes in the background.
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
     assert!(driver.list_on_host().await.unwrap().is_empty());
     for id in &ids {
         assert!(common::processes_mentioning(id).is_empty());

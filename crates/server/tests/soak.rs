@@ -101,6 +101,20 @@ async fn create_exec_kill_cycles_and_a_create_burst_leave_nothing_behind() {
     )
     .await;
     assert_eq!(s.as_u16(), 204);
+    // The kill answered before its teardown: the sandbox is gone for every request at once
+    // and counts against the cap until the teardown is done; a second kill is a 404 and
+    // tears down nothing twice.
+    let path = format!("/sandboxes/{id}");
+    let (s, _) = common::call(&app, Some(&key), "DELETE", &path, None, &[]).await;
+    assert_eq!(s.as_u16(), 404);
+    let (s, _) = common::call(&app, Some(&key), "GET", &path, None, &[]).await;
+    assert_eq!(s.as_u16(), 404);
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
+    assert_eq!(manager.tearing_down(), 0);
     let fds_before = open_fds();
     let disk_before = disk_use(state.path());
     let mut all_ids = vec![id];
@@ -132,6 +146,13 @@ async fn create_exec_kill_cycles_and_a_create_burst_leave_nothing_behind() {
     }
     let per_cycle = t.elapsed() / cycles.max(1) as u32;
     println!("soak: {cycles} create→exec→kill cycles, {per_cycle:?} per cycle");
+    // Kills answer before their teardown; the killed sandboxes count against the cap until
+    // it is done.
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
 
     // A burst against the cap: each create is a 201 or a 429, nothing else.
     let calls =
@@ -186,7 +207,12 @@ async fn create_exec_kill_cycles_and_a_create_burst_leave_nothing_behind() {
     }
     all_ids.extend(created);
 
-    // Nothing left behind.
+    // Nothing left behind, once the background teardowns are done.
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
     let sp = state.path().to_string_lossy().to_string();
     assert!(driver.list_on_host().await.unwrap().is_empty());
     assert_eq!(

@@ -50,7 +50,7 @@ async fn start_cmd_runs_as_template_user_and_its_output_is_in_the_logs() {
             ..LifecycleConfig::default()
         },
     );
-    let (app, key) = common::app(manager, state.path()).await;
+    let (app, key) = common::app(manager.clone(), state.path()).await;
 
     let (status, created) = call(&app, &key, "POST", "/sandboxes", r#"{"templateID":"t"}"#).await;
     assert_eq!(status, 201, "create: {created}");
@@ -88,6 +88,12 @@ async fn start_cmd_runs_as_template_user_and_its_output_is_in_the_logs() {
     // The sandbox is still fine after its start command ended; kill it and check nothing is left.
     let (status, _) = call(&app, &key, "DELETE", &format!("/sandboxes/{id}"), "").await;
     assert_eq!(status, 204);
+    // A kill answers before its teardown, which finishes in the background.
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
     assert!(common::mounts_under(state.path()).is_empty());
     assert!(!state.path().join(format!("gvisor/sandboxes/{id}")).exists());
     assert!(common::processes_mentioning(&id).is_empty());

@@ -153,6 +153,11 @@ async fn another_team_sees_nothing_on_any_route() {
     assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
     let (s, _, v) = req(&app, &red, "DELETE", &sbx, None, &[]).await;
     assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
     assert!(driver.list_on_host().await.unwrap().is_empty());
 }
 
@@ -276,6 +281,12 @@ async fn quotas_and_idempotent_creates() {
     )
     .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
+    // (The killed sandbox counts until its background teardown is done.)
+    assert!(
+        manager
+            .teardowns_done(std::time::Duration::from_secs(60))
+            .await
+    );
     let (s, _, v) = req(&app, &red, "POST", "/sandboxes", Some(CREATE), &idem2).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     cleanup.add(v["sandboxID"].as_str().unwrap());

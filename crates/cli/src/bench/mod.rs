@@ -7,6 +7,7 @@ mod audit_egress;
 mod create;
 mod create_bench;
 mod density;
+mod exec;
 mod idle_cpu;
 mod lifecycle;
 mod lifecycle_bench;
@@ -33,6 +34,9 @@ pub enum Cmd {
     /// Idle sandboxes per host in steps: MiB and threads per sandbox, create and exec latency,
     /// CPU idle; then restart time and kill throughput.
     Density(density::Args),
+    /// A command's cost inside a sandbox vs raw `runsc run`: fork+exec, python start, login
+    /// shell, `commands.run("true")` round trip, kill.
+    Exec(exec::Args),
     /// Pause, resume, fork and create-from-pool vs raw `runsc checkpoint`/`restore`.
     Lifecycle(lifecycle::Args),
     /// Sandbox networking: create p50 with vs without, proxied vs direct HTTP to a sandbox port.
@@ -63,6 +67,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Audit(a) => audit::run(a),
         Cmd::Create(a) => create::run(a),
         Cmd::Density(a) => density::run(a),
+        Cmd::Exec(a) => exec::run(a),
         Cmd::Lifecycle(a) => lifecycle::run(a),
         Cmd::Net(a) => net::run(a),
         Cmd::Rich(a) => rich::run(a),

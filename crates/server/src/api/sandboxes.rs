@@ -146,9 +146,10 @@ pub async fn kill_sandbox(
     st.manager.get_for(&id, &c.team)?;
     let manager = st.manager.clone();
     let sid = id.clone();
-    let killed = tokio::spawn(async move { manager.kill(&sid, "killed by request").await })
-        .await
-        .map_err(|e| ApiError::internal(format!("kill task: {e}")))??;
+    let killed =
+        tokio::spawn(async move { manager.kill_detached(&sid, "killed by request").await })
+            .await
+            .map_err(|e| ApiError::internal(format!("kill task: {e}")))??;
     if killed {
         Ok(StatusCode::NO_CONTENT)
     } else {

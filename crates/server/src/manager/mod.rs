@@ -29,6 +29,7 @@ mod sampler;
 mod snapshots;
 mod start_cmd;
 pub mod volumes;
+mod teardown;
 mod watcher;
 
 use std::collections::BTreeMap;
@@ -268,6 +269,12 @@ impl Manager {
     /// The server is stopping: the driver releases what it keeps ready (sandboxes keep
     /// running).
     pub async fn shutdown_driver(&self) {
+        if !self.teardowns_done(teardown::SHUTDOWN_WAIT).await {
+            tracing::warn!(
+                "{} sandbox teardown(s) still running at shutdown",
+                self.tearing_down()
+            );
+        }
         self.driver.shutdown().await;
     }
 

@@ -2,6 +2,8 @@
 //! (filled by create and by recovery), consulted on every proxied request, plus per-sandbox
 //! CPU samples for `cpuUsedPct`. While recovery runs in the background after a restart, the
 //! ids it has yet to look at are *pending*: requests for them wait until they are settled.
+//! A sandbox whose kill has answered while its teardown runs in the background is *tearing
+//! down*: gone for every request, still counted against the server's sandbox limit.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -20,6 +22,9 @@ pub(super) struct Registry {
     /// Ids recovery has not settled yet (adopted or cleaned up).
     pending: Mutex<HashSet<String>>,
     settled: tokio::sync::Notify,
+    /// Ids removed by a kill whose teardown is still running (see `manager/teardown.rs`).
+    tearing: Mutex<HashSet<String>>,
+    torn_down: tokio::sync::Notify,
 }
 
 impl Registry {
@@ -78,12 +83,55 @@ impl Registry {
         self.lock().remove(id).map(|e| e.record)
     }
 
+    fn tearing(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.tearing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes running `id` and marks it as tearing down, in one step (so it is never
+    /// counted twice nor missed by [`Self::len`]); None when it is not running.
+    pub fn begin_teardown(&self, id: &str) -> Option<SandboxRecord> {
+        let mut map = self.lock();
+        let e = map.remove(id)?;
+        self.tearing().insert(id.to_string());
+        Some(e.record)
+    }
+
+    /// The teardown of `id` is done: it no longer counts.
+    pub fn end_teardown(&self, id: &str) {
+        self.tearing().remove(id);
+        self.torn_down.notify_waiters();
+    }
+
+    /// Sandboxes whose teardown is still running.
+    pub fn tearing_len(&self) -> usize {
+        self.tearing().len()
+    }
+
+    /// Waits (at most `limit`) until no teardown runs; false on timeout.
+    pub async fn wait_torn_down(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.torn_down.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an end in between is not missed.
+            notified.as_mut().enable();
+            if self.tearing().is_empty() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     pub fn get(&self, id: &str) -> Option<SandboxRecord> {
         self.lock().get(id).map(|e| e.record.clone())
     }
 
+    /// Running sandboxes plus those still tearing down: what holds host resources.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        let map = self.lock();
+        map.len() + self.tearing().len()
     }
 
     /// Running sandboxes, oldest first.

@@ -4,18 +4,20 @@
 //!    packages, with each recipe step run as an mmdebstrap customize hook (so `/proc` and `/dev`
 //!    are mounted for `run` steps). Keyed by the recipe alone.
 //! 2. **template** (`<name>/<key>`): a hard-linked copy of the base stage plus kiln-agent at
-//!    `/usr/bin/kiln-agent` (plus, with `KILN_STATX_COMPAT=1`, the statx compat preload library
+//!    `/usr/bin/kiln-agent`, login scripts that start no programs ([`login`]) (plus, with `KILN_STATX_COMPAT=1`, the statx compat preload library
 //!    that runsc releases before 2024 need: see docs/runsc.md), and `rootfs.ext4` made with `mkfs.ext4 -d` (no loop mounts). Keyed by
 //!    recipe + agent binary + builder version, so a new agent costs seconds, not a debootstrap.
 //!
 //! Both stages are built under `.tmp/` and renamed into place; a failed build leaves nothing in
 //! the cache and names the failing step with the tail of the full log.
 //!
-//! Modules: [`mmdebstrap`] (stage 1), [`layers`] (what stage 2 adds, the ext4 image), [`agent`]
+//! Modules: [`mmdebstrap`] (stage 1), [`layers`] (what stage 2 adds, the ext4 image), [`login`]
+//! (login scripts that start no programs), [`agent`]
 //! (finding a static kiln-agent), [`progress`] (log file and progress display).
 
 mod agent;
 pub(crate) mod layers;
+mod login;
 mod mmdebstrap;
 pub(crate) mod progress;
 
@@ -38,7 +40,7 @@ use crate::store::{remove_tree, Store, Template};
 use crate::{io_err, Result};
 
 /// Bump when the builder's output for the same inputs changes.
-const BUILDER_VERSION: &str = "kiln-template-builder-3";
+const BUILDER_VERSION: &str = "kiln-template-builder-4";
 
 #[derive(Debug, Clone, Default)]
 pub struct BuildOptions {
@@ -171,6 +173,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             return Err(log.failure("copying the base stage", &log_path));
         }
         install_agent(&agent, &rootfs)?;
+        login::quiet_login(&rootfs)?;
         if statx_compat {
             install_compat(&staging, &rootfs, &mut log)
                 .map_err(|_| log.failure("building the compat preload library", &log_path))?;
