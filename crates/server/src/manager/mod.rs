@@ -28,8 +28,8 @@ mod registry;
 mod sampler;
 mod snapshots;
 mod start_cmd;
-pub mod volumes;
 mod teardown;
+pub mod volumes;
 mod watcher;
 
 use std::collections::BTreeMap;
