@@ -148,9 +148,8 @@ fn main() {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
     });
-    match argv0.as_deref() {
-        Some("sudo") => std::process::exit(kiln_agent::sudo::shim::main()),
-        _ => {}
+    if argv0.as_deref() == Some("sudo") {
+        std::process::exit(kiln_agent::sudo::shim::main());
     }
     let args = Args::parse();
     tracing_subscriber::fmt()

@@ -1,5 +1,5 @@
 //! Kills that answer before the teardown: `DELETE /sandboxes/{id}` stops routing to the
-//! sandbox, records it as killed and answers, while the driver's stop (processes, runsc's
+//! sandbox, records it as killed and answers, while the driver's stop (processes, the runtime's
 //! container, network slot, mounts, files) runs in the background. Until that is done the
 //! sandbox still counts against the server's sandbox limit (the registry's *tearing down*
 //! set), and a server that stops waits for it.

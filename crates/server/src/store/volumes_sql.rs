@@ -255,7 +255,7 @@ mod tests {
             c.execute(
                 "INSERT INTO sandboxes (id, template_id, client_id, state, metadata, env_vars,
                    cpu_count, memory_mb, disk_size_mb, started_at, end_at, driver)
-                 VALUES ('sbx1', 'base', 'kiln', 'running', '{}', '{}', 1, 512, 0, 0, 0, 'gvisor')",
+                 VALUES ('sbx1', 'base', 'kiln', 'running', '{}', '{}', 1, 512, 0, 0, 0, 'test')",
                 [],
             )?;
             Ok(())
