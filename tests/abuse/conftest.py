@@ -83,3 +83,14 @@ def bystander(server):
 def assert_unharmed(bystander):
     r = bystander.commands.run("cat /home/user/bystander.txt; echo alive")
     assert r.stdout == "before\nalive\n"
+
+
+def wait_gone(path: str, timeout: float = 30) -> bool:
+    """A kill answers before its teardown ends (the runtime, mounts and files go in the
+    background): waits until `path` is gone. Returns whether it went."""
+    import time
+
+    deadline = time.time() + timeout
+    while os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.1)
+    return not os.path.exists(path)

@@ -5,10 +5,11 @@ Pauses, snapshots and forks keep the quota (each sandbox has its own)."""
 
 import os
 import shutil
+import time
 
 from e2b import Sandbox
 
-from conftest import DISK_MB, MEMORY_MB, assert_unharmed
+from conftest import DISK_MB, MEMORY_MB, assert_unharmed, wait_gone
 
 MB = 1 << 20
 
@@ -92,12 +93,18 @@ def test_pause_snapshot_and_fork_keep_a_quota_each(server, sandbox):
     # Killing leaves no image or mount behind.
     d = _sandbox_dir(server, again)
     again.kill()
-    assert not os.path.exists(d)
+    assert wait_gone(d)
     with open("/proc/self/mountinfo") as f:
         assert again.sandbox_id not in f.read()
-    # The snapshot is deleted and its source gone: its frozen layer and image too.
+    # The snapshot is deleted and its source gone: its frozen layer and image too (once the
+    # sandboxes' teardowns, which run after their kills answered, are done).
     layers = os.path.join(server.state_dir, "gvisor", "layers")
-    left = os.listdir(layers) if os.path.isdir(layers) else []
+    deadline = time.time() + 30
+    while True:
+        left = os.listdir(layers) if os.path.isdir(layers) else []
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.2)
     assert not left, left
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 from e2b import CommandExitException, Sandbox
 
-from conftest import assert_unharmed
+from conftest import assert_unharmed, wait_gone
 
 # <linux/fs.h>
 FS_IOC_GETFLAGS = 0x80086601
@@ -207,7 +207,7 @@ def test_sealed_again_after_pause_snapshot_and_fork(server):
             sbx.kill()
         except Exception:
             pass
-    assert not os.path.exists(os.path.dirname(host_run(server, sbx))), "removal left the dir"
+    assert wait_gone(os.path.dirname(host_run(server, sbx))), "removal left the dir"
 
 
 class Bait:

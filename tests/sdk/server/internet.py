@@ -130,14 +130,14 @@ def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None
 
 
 @contextlib.contextmanager
-def net_server_in(name: str, net_range: str):
-    """A networked `kiln serve` in a temporary state dir, for one test module; afterwards its
-    sandboxes, state, slots (in `net_range`, a /24) and dir are gone, its log's tail is printed,
-    and a panic in that log fails the module."""
+def net_server_in(name: str, net_range: str, extra=()):
+    """A networked `kiln serve` in a temporary state dir, for one test module (`extra`: more
+    `kiln serve` flags); afterwards its sandboxes, state, slots (in `net_range`, a /24) and dir
+    are gone, its log's tail is printed, and a panic in that log fails the module."""
     base = tempfile.mkdtemp(prefix=f"kiln-{name.replace(' ', '-')}-")
     srv, log = None, ""
     try:
-        srv = start_net_server(os.path.join(base, "state"), net_range)
+        srv = start_net_server(os.path.join(base, "state"), net_range, extra=extra)
         yield srv
     finally:
         if srv:

@@ -39,7 +39,9 @@ def test_pool_is_on_by_default_and_a_burst_of_20_creates_all_succeed():
         first = Sandbox.create(timeout=120, **srv.opts())
         first.kill()
         # Used once: one sandbox waits in its pool, and it is nobody's (not listed).
-        wait_for(lambda: booted(state) == 1, "the pool did not fill after the first create")
+        # (A kill answers before its teardown ends: the killed sandbox's directory goes later.)
+        gone = lambda: not os.path.exists(os.path.join(state, "gvisor", "sandboxes", first.sandbox_id))
+        wait_for(lambda: gone() and booted(state) == 1, "the pool did not fill after the first create")
         status, listed, _ = srv.request("GET", "/sandboxes")
         assert status == 200 and listed == []
 

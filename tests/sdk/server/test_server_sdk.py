@@ -208,17 +208,18 @@ def test_two_sandboxes_cannot_see_each_other(server):
 
 
 def test_driver_errors_reach_the_sdk_with_their_status(sandbox):
-    """"Not implemented" is a 501 and "not found" a 404, end to end; a template id
-    that could name a host path is refused before anything is looked up."""
+    """Bad input is a 400 naming what is wrong and "not found" a 404, end to end; a template
+    id that could name a host path is refused before anything is looked up. (A 501 for an E2B
+    route kiln does not implement is in test_server_api.py; the isolation driver's own "not
+    implemented", e.g. a network policy on a server started with --network off, in
+    test_server_network.py.)"""
     from e2b import SandboxException
     from e2b.exceptions import NotFoundException
 
     with pytest.raises(SandboxException) as ei:
         Sandbox.create(volume_mounts={"/mnt/data": "some-volume"})
-    assert getattr(ei.value, "status_code", None) == 501, repr(ei.value)
-    assert "not implemented" in str(ei.value)
-    # (The isolation driver's own "not implemented", e.g. a network policy on a server started
-    # with --network off, is covered in test_server_network.py.)
+    assert getattr(ei.value, "status_code", None) == 400, repr(ei.value)
+    assert "some-volume" in str(ei.value) and "Volume.create" in str(ei.value)
     # The sandbox is unharmed.
     assert sandbox.commands.run("echo still-here").stdout == "still-here\n"
 
