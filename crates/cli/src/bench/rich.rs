@@ -3,7 +3,9 @@
 //! - create → first `run_code("1+1")` result (code-interpreter-v1, port 49999) vs create → first
 //!   `echo` output of the base template (the raw baseline of a sandbox that runs nothing extra);
 //! - a desktop screenshot through the computer-use API (`GET /screenshot` on 49990) vs the
-//!   E2B SDK's way (run `scrot`, read the file back through the agent), p50 and bytes;
+//!   E2B SDK's way (run `scrot`, read the file back through the agent), p50 and bytes; an
+//!   action + screenshot round trip (`POST /actions`); create → the XFCE panel on screen;
+//!   create → DevTools answering (browser);
 //! - a CDP connect (GET /json/version, WebSocket handshake, `Browser.getVersion`) through kiln's
 //!   proxy vs the same made directly to the sandbox port (no proxy);
 //! - each template's image size and the time its last build took.
@@ -160,6 +162,54 @@ async fn shot(s: &Side, id: &str) -> anyhow::Result<Vec<u8>> {
     Ok(body)
 }
 
+/// One `POST /actions` round trip: a mouse move and the screenshot after it.
+async fn act(s: &Side, id: &str, x: u32, y: u32) -> anyhow::Result<usize> {
+    let io = s.driver.connect(id, 49990).await?;
+    let body = format!(
+        r#"{{"actions": [{{"action": "mouse_move", "coordinate": [{x}, {y}]}}], "screenshot": true}}"#
+    );
+    let head = format!(
+        "POST /actions HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let (st, out) = http(io, &head, body.as_bytes()).await?;
+    if !st.contains(" 200") {
+        bail!("actions: {st}");
+    }
+    Ok(out.len())
+}
+
+/// Create → the XFCE panel on screen: the desktop's session started as the SDK starts it
+/// (Xvfb, then `startxfce4`). Returns the sandbox id and the time.
+async fn desktop_up(s: &Side) -> anyhow::Result<(String, Duration)> {
+    let t = Instant::now();
+    let d = s.manager.create(params("desktop")).await?;
+    background(
+        s,
+        &d.id,
+        "exec Xvfb :0 -ac -screen 0 1024x768x24 -nolisten tcp",
+    )
+    .await?;
+    until!(
+        "Xvfb",
+        30,
+        sh(s, &d.id, "DISPLAY=:0 xdpyinfo >/dev/null").await.is_ok()
+    );
+    background(s, &d.id, "DISPLAY=:0 exec startxfce4").await?;
+    until!(
+        "the XFCE panel",
+        120,
+        sh(
+            s,
+            &d.id,
+            "DISPLAY=:0 xdotool search --onlyvisible --class xfce4-panel >/dev/null"
+        )
+        .await
+        .is_ok()
+    );
+    Ok((d.id, t.elapsed()))
+}
+
 /// GET /json/version through kiln's proxy (`via`: its address and routing headers) or directly
 /// to the sandbox port; returns the path of the browser's WebSocket URL.
 async fn version(
@@ -267,32 +317,31 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
         }
     }
 
-    // Screenshots.
-    let d = s.manager.create(params("desktop")).await?;
-    background(
-        &s,
-        &d.id,
-        "exec Xvfb :0 -ac -screen 0 1024x768x24 -nolisten tcp",
-    )
-    .await?;
-    until!(
-        "Xvfb",
-        30,
-        sh(&s, &d.id, "DISPLAY=:0 xdpyinfo >/dev/null")
-            .await
-            .is_ok()
-    );
-    background(&s, &d.id, "DISPLAY=:0 exec startxfce4").await?;
-    until!("the computer-use API", 60, shot(&s, &d.id).await.is_ok());
-    let (mut api, mut sdk, mut bytes) = (Vec::new(), Vec::new(), 0usize);
-    for _ in 0..a.n.max(5) * 2 {
+    // Create → panel on screen (the last desktop stays for the screenshots).
+    let mut panel = Vec::new();
+    let mut d = String::new();
+    for i in 0..a.n.clamp(1, 3) {
+        let (id, took) = desktop_up(&s).await?;
+        panel.push(took);
+        if i + 1 < a.n.clamp(1, 3) {
+            s.manager.kill(&id, "bench").await?;
+        } else {
+            d = id;
+        }
+    }
+    until!("the computer-use API", 60, shot(&s, &d).await.is_ok());
+    let (mut api, mut sdk, mut acts, mut bytes) = (Vec::new(), Vec::new(), Vec::new(), 0usize);
+    for i in 0..a.n.max(5) * 2 {
         let t = Instant::now();
-        bytes = shot(&s, &d.id).await?.len();
+        act(&s, &d, 200 + (i as u32 % 50) * 4, 300).await?;
+        acts.push(t.elapsed());
+        let t = Instant::now();
+        bytes = shot(&s, &d).await?.len();
         api.push(t.elapsed());
         let t = Instant::now();
         let out = sh(
             &s,
-            &d.id,
+            &d,
             "DISPLAY=:0 scrot --pointer -o /tmp/b.png && cat /tmp/b.png && rm /tmp/b.png",
         )
         .await?;
@@ -301,10 +350,25 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
             bail!("scrot produced {} bytes", out.len());
         }
     }
-    s.manager.kill(&d.id, "bench").await?;
+    s.manager.kill(&d, "bench").await?;
+
+    // Create → DevTools answering (the last browser stays for the CDP rows).
+    let mut cdp_up = Vec::new();
+    let mut b = None;
+    for i in 0..a.n.clamp(1, 3) {
+        let t = Instant::now();
+        let rec = s.manager.create(params("browser")).await?;
+        until!("DevTools", 60, version(&s, &rec.id, None).await.is_ok());
+        cdp_up.push(t.elapsed());
+        if i + 1 < a.n.clamp(1, 3) {
+            s.manager.kill(&rec.id, "bench").await?;
+        } else {
+            b = Some(rec);
+        }
+    }
+    let b = b.ok_or_else(|| anyhow!("no browser sandbox"))?;
 
     // CDP connect, through kiln's proxy and direct.
-    let b = s.manager.create(params("browser")).await?;
     let state = Arc::new(kiln_server::api::AppState::new(
         s.manager.clone(),
         kiln_server::api::ApiConfig {
@@ -343,9 +407,24 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     let (e, c) = (percentiles(&echo), percentiles(&code));
     row("create → first echo, base (baseline)", &e, &e);
     row("create → first run_code(\"1+1\") result", &c, &e);
+    row(
+        "create → XFCE panel on screen (desktop)",
+        &percentiles(&panel),
+        &e,
+    );
+    row(
+        "create → DevTools answering (browser)",
+        &percentiles(&cdp_up),
+        &e,
+    );
     let (sd, ap) = (percentiles(&sdk), percentiles(&api));
     row("screenshot 1024x768, scrot + read via agent", &sd, &sd);
     row("screenshot 1024x768, GET /screenshot (49990)", &ap, &sd);
+    row(
+        "mouse move + screenshot, POST /actions",
+        &percentiles(&acts),
+        &sd,
+    );
     println!("  screenshot PNG size: {bytes} bytes");
     let (di, vi) = (percentiles(&direct), percentiles(&via));
     row("CDP connect + Browser.getVersion, direct", &di, &di);
