@@ -125,7 +125,10 @@ def work(agent, desk):
 
     # 1. The terminal, from the panel's Applications menu.
     agent.click(50, 12)
-    agent.do({"action": "wait", "duration": 1}, shot="1-menu")
+    # Onto the open menu first: the button's "Applications" tooltip covers the first entry
+    # while the pointer rests on the button.
+    agent.do({"action": "mouse_move", "coordinate": [60, 120]}, {"action": "wait", "duration": 1},
+             shot="1-menu")
     agent.click(60, 44)  # "Terminal Emulator", the menu's first entry
     wait_for(lambda: "Terminal" in focused_title(desk), "a focused terminal window")
     time.sleep(1)  # the shell's first prompt
@@ -204,3 +207,20 @@ def work(agent, desk):
     finally:
         server.kill()
         desk.commands.run("pkill -x chromium || true")
+
+
+def test_launch_and_open_reach_each_application(desk):
+    """e2b-desktop's `launch(app)` (GTK's gtk-launch) and `open(path)` (xdg-open's MIME
+    lookup) for the desktop's applications: each gets its window. (LibreOffice started this
+    way does not come up yet: see docs/rich-sandboxes.md; started from the terminal it does,
+    as the task above shows.)"""
+    apps = [("xfce4-terminal", "Terminal"), ("thunar", "Thunar"), ("org.xfce.mousepad", "Mousepad")]
+    try:
+        for app, title in apps:
+            desk.launch(app)
+            wait_for(lambda: window(desk, title), f"{app}'s window", timeout=120)
+        # A folder opens in Thunar.
+        desk.open("/home/user/Desktop")
+        wait_for(lambda: window(desk, "Desktop - Thunar"), "Thunar showing the folder")
+    finally:
+        desk.commands.run("pkill -x mousepad; pkill -x xfce4-terminal; true")
