@@ -14,6 +14,7 @@ mod obs_sql;
 mod records;
 mod rows;
 mod secrets_sql;
+mod side_db;
 mod sqlite;
 mod teams;
 mod tplbuild_sql;

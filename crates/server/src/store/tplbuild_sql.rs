@@ -4,11 +4,11 @@
 //! database, like the secrets and the audit log.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{Result, StoreError};
+use super::side_db::SideDb;
+use super::Result;
 
 /// A template of a team.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,35 +98,24 @@ fn build_row(r: &Row<'_>) -> rusqlite::Result<BuildRow> {
 
 /// A connection to the state database for template builds.
 #[derive(Clone)]
-pub struct BuildsDb(Arc<Mutex<Connection>>);
+pub struct BuildsDb(SideDb);
 
 impl BuildsDb {
     /// Opens the state database at `path` (already migrated by the state store).
     pub fn open(path: &Path) -> Result<Self> {
-        let c = Connection::open(path).map_err(|source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
-        c.busy_timeout(std::time::Duration::from_secs(10))?;
-        c.pragma_update(None, "journal_mode", "WAL")?;
-        Ok(Self(Arc::new(Mutex::new(c))))
+        SideDb::open(path).map(Self)
     }
 
     /// An in-memory database with the current schema (tests).
     pub fn open_in_memory() -> Result<Self> {
-        let mut c = Connection::open_in_memory()?;
-        super::migrations::migrate(&mut c)?;
-        Ok(Self(Arc::new(Mutex::new(c))))
+        SideDb::open_in_memory().map(Self)
     }
 
     async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let c = self.0.clone();
-        tokio::task::spawn_blocking(move || f(&mut c.lock().unwrap_or_else(|p| p.into_inner())))
-            .await
-            .map_err(|e| StoreError::Task(e.to_string()))?
+        self.0.run(f).await
     }
 
     // ---- templates ----
