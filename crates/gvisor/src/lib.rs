@@ -41,6 +41,7 @@ mod proto;
 mod reap;
 mod runsc;
 mod seal;
+mod settings;
 mod settle;
 pub mod slack;
 mod snapshot;
@@ -55,6 +56,7 @@ pub use mounts::is_mounted;
 pub use oci::oci_spec;
 pub use reap::reap_adopted_zombies;
 pub use runsc::Runsc;
+pub use settings::{GvisorConfig, GvisorSettings};
 
 pub use console::tail;
 pub use container::halt_container;
@@ -74,61 +76,6 @@ pub const AGENT_SOCKET_DIR: &str = "/run/kiln";
 const SOCKET_NAME: &str = "agent.sock";
 /// Longest sandbox id the driver accepts (kiln generates 20-character ids).
 pub const MAX_ID_LEN: usize = 32;
-
-/// The `[gvisor]` section of kiln's configuration.
-#[derive(Debug, Clone, Default)]
-pub struct GvisorSettings {
-    /// runsc binary (default: `runsc` on PATH).
-    pub runsc: Option<PathBuf>,
-    /// `--platform` (default `ptrace`; `systrap`/`kvm` where they work).
-    pub platform: Option<String>,
-    /// Skip cgroup configuration entirely (hosts where runsc cannot manage cgroups).
-    pub ignore_cgroups: bool,
-    /// Sandbox networking (`None`: `--network=none`, the agent socket only).
-    pub network: Option<kiln_net::NetConfig>,
-    /// Timer slack of the sandboxes' host tasks (`None`: the kernel's; see [`slack`]).
-    pub timer_slack: Option<std::time::Duration>,
-}
-
-/// Resolved settings of one gVisor driver instance.
-#[derive(Debug, Clone)]
-pub struct GvisorConfig {
-    /// Root of the driver's state (`<state>/gvisor`).
-    pub dir: PathBuf,
-    /// `runsc` binary.
-    pub runsc: PathBuf,
-    /// `--platform`.
-    pub platform: String,
-    /// Skip cgroup configuration entirely.
-    pub ignore_cgroups: bool,
-    /// Extra arguments given to the agent (after the socket flag).
-    pub agent_args: Vec<String>,
-    /// Sandbox networking (`None`: `--network=none`).
-    pub network: Option<kiln_net::NetConfig>,
-    /// Timer slack of the sandboxes' host tasks (see [`slack`]).
-    pub timer_slack: Option<std::time::Duration>,
-}
-
-impl GvisorConfig {
-    /// Defaults for a driver whose state lives under `state_dir/gvisor`.
-    pub fn new(state_dir: &Path) -> Self {
-        Self::from_settings(&GvisorSettings::default(), state_dir)
-    }
-
-    pub fn from_settings(s: &GvisorSettings, state_dir: &Path) -> Self {
-        Self {
-            dir: state_dir.join("gvisor"),
-            runsc: s.runsc.clone().unwrap_or_else(|| {
-                kiln_host::prereq::which("runsc").unwrap_or_else(|| PathBuf::from("runsc"))
-            }),
-            platform: s.platform.clone().unwrap_or_else(|| "ptrace".into()),
-            ignore_cgroups: s.ignore_cgroups,
-            agent_args: Vec::new(),
-            network: s.network.clone(),
-            timer_slack: s.timer_slack,
-        }
-    }
-}
 
 /// The gVisor driver for `settings`, its state under `state_dir/gvisor`.
 pub fn build(settings: &GvisorSettings, state_dir: &Path) -> Result<std::sync::Arc<dyn Driver>> {
