@@ -6,7 +6,44 @@
 //! their mount options name their lower layers) and the layer lists the state dir's paused
 //! sandboxes (`sandboxes/*/paused.json`) and snapshots (`snapshots/*/snapshot.json`) keep.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Frozen layers a capture is making: referenced by nothing on disk until the capture mounts
+/// them and writes the snapshot's record, so the clean-up must leave them alone meanwhile.
+#[derive(Default, Clone)]
+pub struct Making(Arc<Mutex<HashSet<PathBuf>>>);
+
+/// Holds one layer in [`Making`] until dropped.
+pub struct MakingGuard {
+    set: Making,
+    layer: PathBuf,
+}
+
+impl Making {
+    /// Marks `layer` as being made until the guard is dropped.
+    pub fn hold(&self, layer: PathBuf) -> MakingGuard {
+        self.lock().insert(layer.clone());
+        MakingGuard {
+            set: self.clone(),
+            layer,
+        }
+    }
+
+    /// The layers being made, locked: a clean-up holds this while it reads the references
+    /// and removes layers, so that no capture finishes (or starts) in between.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+        // A panic while holding this lock leaves a plain set behind: still usable.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for MakingGuard {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.layer);
+    }
+}
 
 /// Every reference as one text: a layer (or template) directory is in use when this text
 /// contains its path. A frozen layer with a disk of its own is a mount itself, which does not
@@ -79,5 +116,19 @@ mod tests {
         }
         assert!(!is_referenced(&refs, Path::new("/tpl/x/k9")), "{refs}");
         assert!(!is_referenced(&refs, Path::new("/tpl/base/k0")), "{refs}");
+    }
+
+    #[test]
+    fn a_layer_is_being_made_while_its_guard_lives() {
+        let making = Making::default();
+        let layer = PathBuf::from("/st/layers/p1");
+        let guard = making.hold(layer.clone());
+        let other = making.hold(PathBuf::from("/st/layers/p2"));
+        assert!(making.lock().contains(&layer));
+        drop(guard);
+        assert!(!making.lock().contains(&layer));
+        assert!(making.lock().contains(Path::new("/st/layers/p2")));
+        drop(other);
+        assert!(!making.lock().contains(Path::new("/st/layers/p2")));
     }
 }

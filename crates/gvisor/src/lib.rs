@@ -101,6 +101,8 @@ pub struct GvisorDriver {
     slack: Option<slack::SentrySlack>,
     /// Host-side pressure of each sandbox (the fork-bomb backstop).
     pressure: std::sync::Arc<pressure::HostPressure>,
+    /// Frozen layers captures are making (the layer clean-up skips them).
+    making: in_use::Making,
     /// Formatted disk images ready for creates.
     disks: std::sync::Arc<disk_pool::DiskPool>,
     /// The seal state of the directories shared at /run/kiln, and the agents' verified peers.
@@ -179,6 +181,7 @@ impl GvisorDriver {
             syscalls: Default::default(),
             slack,
             pressure: Default::default(),
+            making: Default::default(),
             disks: std::sync::Arc::new(disk_pool::DiskPool::new(cfg_dir.join("disk-pool"))),
             run_dirs: Default::default(),
         })

@@ -187,13 +187,19 @@ pub fn mount_overlay_stack(
         )
     };
     if rc != 0 {
+        let source = std::io::Error::last_os_error();
+        let hint = match source.raw_os_error() {
+            Some(libc::EPERM | libc::EACCES) => "; kiln serve must run as root",
+            Some(libc::ENOENT) => "; a layer of its stack is gone",
+            _ => "",
+        };
         return Err(DriverError::Io {
             what: format!(
-                "mounting the sandbox overlay at {} (lower {}); kiln serve must run as root",
+                "mounting the sandbox overlay at {} (lower {}){hint}",
                 target.display(),
                 lower
             ),
-            source: std::io::Error::last_os_error(),
+            source,
         });
     }
     Ok(())

@@ -93,12 +93,16 @@ impl GvisorDriver {
         // (No `runsc state`: the manager knows the sandbox runs, and detaching the agent of a
         // sandbox that does not fails anyway.)
         let lowers = self.lower_of(id)?;
+        // From its bind mount until snapshot.json names it, the layer is referenced by
+        // nothing on disk: a clean-up running beside (a stop's) must not take it.
+        let making = self.making.hold(self.layer_dir(snap));
         let image = sdir.join("checkpoint");
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
         std::fs::create_dir_all(self.cfg.dir.join("layers")).map_err(io_err("creating layers"))?;
         let r = self
             .capture(id, snap, &sdir, &image, lowers, memory, hold)
             .await;
+        drop(making);
         if r.is_err() {
             let _ = std::fs::remove_dir_all(&sdir);
             self.gc_layers();
@@ -338,6 +342,7 @@ impl GvisorDriver {
         let Ok(rd) = std::fs::read_dir(self.cfg.dir.join("layers")) else {
             return;
         };
+        let making = self.making.lock();
         let used = super::in_use::references(&self.cfg.dir);
         for e in rd.flatten() {
             let mut p = e.path();
@@ -345,7 +350,7 @@ impl GvisorDriver {
                 // A frozen layer's image goes with its layer.
                 p.set_extension("");
             }
-            if !super::in_use::is_referenced(&used, &p) {
+            if !super::in_use::is_referenced(&used, &p) && !making.contains(&p) {
                 if let Err(err) = disk::remove_layer(&p) {
                     tracing::warn!(layer = %p.display(), error = %err, "removing an unused layer");
                 }
@@ -367,5 +372,39 @@ impl GvisorDriver {
                 source: e,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stop's layer clean-up running beside a capture leaves the layer being made alone
+    /// (it is referenced by nothing on disk until the capture writes snapshot.json), and
+    /// removes it once the capture let go of it without a record.
+    #[test]
+    fn the_layer_clean_up_skips_a_layer_a_capture_is_making() {
+        let state = tempfile::tempdir().unwrap();
+        let driver = GvisorDriver::new(crate::GvisorConfig::new(state.path())).unwrap();
+        let (making, unused) = (SnapshotRef("s-making".into()), SnapshotRef("s-old".into()));
+        for s in [&making, &unused] {
+            std::fs::create_dir_all(driver.layer_dir(s).join("home")).unwrap();
+        }
+        let held = driver.making.hold(driver.layer_dir(&making));
+        driver.gc_layers();
+        assert!(
+            driver.layer_dir(&making).exists(),
+            "a layer being made was removed"
+        );
+        assert!(
+            !driver.layer_dir(&unused).exists(),
+            "an unused layer was kept"
+        );
+        drop(held);
+        driver.gc_layers();
+        assert!(
+            !driver.layer_dir(&making).exists(),
+            "a released layer was kept"
+        );
     }
 }
