@@ -25,6 +25,8 @@ say "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 scripts/check-deps.sh
+python3 scripts/check-circles.py --self-test
+python3 scripts/check-circles.py
 
 say "building the workspace"
 cargo build --workspace --all-targets

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use sha2::Digest;
 
 use crate::auth::{basic_user, ct_eq};
-use crate::router::api_error;
+use crate::reply::api_error;
 use crate::rpc::Body;
 use crate::state::Agent;
 use download::download;

@@ -14,7 +14,7 @@
 //!    pipelines ending) and nothing replaces them; a flood at the cap (400 `sleep`s) loses
 //!    none. A command that lost more than a quarter of its cap within [`WINDOW`] (before or
 //!    during the freeze) is killed, all of it, by process group first
-//!    ([`crate::relief::kill_tree`]); the console says `kiln-agent: Fork bomb: killed command …`.
+//!    ([`crate::cmd_cgroups::kill_tree`]); the console says `kiln-agent: Fork bomb: killed command …`.
 //! 3. **Thaw, or kill a busy loop.** A command frozen for [`HOLD`] without losing processes is
 //!    not churning. If most of its processes are running rather than waiting ([`busy`], a
 //!    sample of their `/proc/<pid>/stat` states), it is a loop that keeps forking at its limit
@@ -27,9 +27,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::limits::members;
-
-const PIDS_ROOT: &str = "/sys/fs/cgroup/pids";
+use crate::cmd_cgroups::{commands, members, pids_current, set_max, PIDS_ROOT};
 
 /// The window over which a command's lost processes are counted.
 pub const WINDOW: Duration = Duration::from_secs(2);
@@ -138,39 +136,6 @@ pub fn busy(pids: &[i32]) -> bool {
     seen > 0 && running * 2 >= seen
 }
 
-fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// Sets a command cgroup's `pids.max` (1: frozen, no fork succeeds).
-pub fn set_max(dir: &Path, max: u64) {
-    if let Err(e) = std::fs::write(dir.join("pids.max"), max.to_string()) {
-        tracing::warn!("cannot set pids.max of {}: {e}", dir.display());
-    }
-}
-
-/// Command cgroups under `root`.
-pub fn commands(root: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(root)
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("kiln-cmd-"))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The command with the most processes among those with `min` or more, and its count.
-pub fn largest_from(min: u64) -> Option<(PathBuf, u64)> {
-    commands(Path::new(PIDS_ROOT))
-        .into_iter()
-        .filter_map(|d| Some((read_u64(&d.join("pids.current"))?, d)))
-        .filter(|(n, _)| *n >= min)
-        .max_by_key(|(n, _)| *n)
-        .map(|(n, d)| (d, n))
-}
-
 /// One pass over the command cgroups, `max` being each one's cap. Returns the largest number of
 /// processes a live command has (0: no command runs).
 pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
@@ -179,7 +144,7 @@ pub fn pass(max: u64, churn: &mut HashMap<PathBuf, Churn>) -> usize {
     // Freeze first, every command at its cap, before listing any members.
     let mut counts = Vec::with_capacity(dirs.len());
     for dir in dirs {
-        let Some(n) = read_u64(&dir.join("pids.current")) else {
+        let Some(n) = pids_current(&dir) else {
             continue;
         };
         if n == 0 {

@@ -11,7 +11,7 @@ use http::{header, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use crate::router::api_error;
+use crate::reply::api_error;
 use crate::rpc::{self, Body};
 
 /// Path of the forwarding endpoint.
@@ -53,7 +53,7 @@ pub async fn handle(req: Request<Incoming>) -> Response<Body> {
         }
     };
     let _ = target.set_nodelay(true);
-    crate::listen::spawn_upgraded(async move {
+    crate::control::spawn_upgraded(async move {
         match hyper::upgrade::on(req).await {
             Ok(up) => {
                 let mut up = TokioIo::new(up);

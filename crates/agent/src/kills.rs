@@ -46,10 +46,10 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Kills the command whose cgroup is `dir`, all of it ([`crate::relief::kill_tree`]), and
+/// Kills the command whose cgroup is `dir`, all of it ([`crate::cmd_cgroups::kill_tree`]), and
 /// records it as "`title`: killed command <name> (`detail`)".
 pub fn kill_command(reason: Reason, dir: &std::path::Path, title: &str, detail: String) {
-    crate::relief::kill_tree(dir);
+    crate::cmd_cgroups::kill_tree(dir);
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     record(reason, format!("{title}: killed command {name} ({detail})"));
 }

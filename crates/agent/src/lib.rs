@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod bench;
 pub mod cdp;
+pub mod cmd_cgroups;
 mod cmdfd;
 pub mod computer;
 pub mod control;
@@ -28,6 +29,7 @@ mod process;
 mod process_rpc;
 pub mod reaper;
 pub mod relief;
+mod reply;
 pub mod router;
 pub mod rpc;
 pub mod state;

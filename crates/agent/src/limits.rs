@@ -24,9 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::cmd_cgroups::{PIDS_ROOT, PREFIX};
+
 /// Processes kept free for the agent and other commands below the sandbox's pids limit.
 const PIDS_RESERVE: u64 = 32;
-const PIDS_ROOT: &str = "/sys/fs/cgroup/pids";
 
 /// Environment variable (PID 1 only) with the sandbox's pids limit.
 pub const ENV_PIDS: &str = "KILN_SANDBOX_PIDS";
@@ -99,7 +100,7 @@ impl CmdCgroup {
     pub fn create() -> Option<Self> {
         let max = config().cmd_pids?;
         let dir =
-            Path::new(PIDS_ROOT).join(format!("kiln-cmd-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+            Path::new(PIDS_ROOT).join(format!("{PREFIX}{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         let made = std::fs::create_dir(&dir)
             .and_then(|_| std::fs::write(dir.join("pids.max"), max.to_string()))
             .and_then(|_| {
@@ -107,7 +108,6 @@ impl CmdCgroup {
                     .write(true)
                     .open(dir.join("cgroup.procs"))
             });
-        crate::watchdog::command_started();
         match made {
             Ok(f) => Some(Self {
                 dir,
@@ -182,61 +182,6 @@ pub fn join_raw(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Pids listed in a cgroup directory.
-pub fn members(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
-        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
-}
-
-/// SIGKILLs every process of a command's cgroup (a fork bomb's children included), retrying
-/// while new ones appear.
-pub fn kill_cgroup(dir: &Path) {
-    for _ in 0..50 {
-        let pids = members(dir);
-        if pids.is_empty() {
-            return;
-        }
-        for p in pids {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(p, libc::SIGKILL) };
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Removes empty command cgroups (those whose commands have all ended).
-pub fn sweep() {
-    let Ok(rd) = std::fs::read_dir(PIDS_ROOT) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        if name.to_string_lossy().starts_with("kiln-cmd-") && members(&e.path()).is_empty() {
-            let _ = std::fs::remove_dir(e.path());
-        }
-    }
-}
-
-/// The `cgroup.procs` file of the command cgroup `pid` is in, if any (a sudo command joins
-/// its caller's).
-pub fn cgroup_procs_of(pid: i32) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let rel = text.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-        ctrl.split(',')
-            .any(|c| c == "pids")
-            .then(|| path.to_string())
-    })?;
-    let name = rel.trim_start_matches('/');
-    if !name.starts_with("kiln-cmd-") || name.contains('/') {
-        return None;
-    }
-    let p = Path::new(PIDS_ROOT).join(name).join("cgroup.procs");
-    p.exists().then_some(p)
-}
-
 /// Used memory (MemTotal − MemAvailable) from a meminfo text, in bytes.
 pub fn used_memory(meminfo: &str) -> Option<u64> {
     let field = |name: &str| {
@@ -290,7 +235,7 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
     // killed is one slot refilled, and a /proc scan of all of them is slow for a starved agent,
     // so a command with a quarter of its cap or more goes whole.
     let many = config().cmd_pids.map(|max| (max / 4).max(8));
-    if let Some((dir, n)) = many.and_then(crate::forkbomb::largest_from) {
+    if let Some((dir, n)) = many.and_then(crate::cmd_cgroups::largest_from) {
         crate::kills::kill_command(
             crate::kills::Reason::Memory,
             &dir,

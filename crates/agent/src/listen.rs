@@ -111,34 +111,13 @@ impl Served {
             tracing::warn!("connections did not close within {CLOSE_TIMEOUT:?}: aborted");
             self.tasks.shutdown().await;
         }
-        close_upgraded().await;
+        crate::control::close_upgraded().await;
     }
 }
 
 /// How long a detach waits for its accept loops to close their connections (they only abort
 /// tasks, so this is a backstop).
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Tasks that own a socket upgraded out of a connection (port forwarding): they outlive the
-/// connection's own task, so a detach closes them here.
-static UPGRADED: std::sync::Mutex<Option<tokio::task::JoinSet<()>>> = std::sync::Mutex::new(None);
-
-/// Runs `task`, which owns an upgraded connection's socket, where a detach closes it.
-pub fn spawn_upgraded(task: impl Future<Output = ()> + Send + 'static) {
-    let mut set = UPGRADED.lock().unwrap_or_else(|p| p.into_inner());
-    let set = set.get_or_insert_with(tokio::task::JoinSet::new);
-    // Finished ones are dropped as new ones come.
-    while set.try_join_next().is_some() {}
-    set.spawn(task);
-}
-
-/// Aborts every upgraded connection's task and waits until each is dropped.
-async fn close_upgraded() {
-    let set = UPGRADED.lock().unwrap_or_else(|p| p.into_inner()).take();
-    if let Some(mut set) = set {
-        set.shutdown().await;
-    }
-}
 
 /// Binds the TCP and Unix listeners and serves them (see [`Served`]).
 async fn bind_socket_listeners(agent: &Arc<Agent>, cfg: &ListenConfig) -> anyhow::Result<Served> {

@@ -131,7 +131,7 @@ impl Proc {
         if sig == libc::SIGKILL {
             if let Some(dir) = self.cgroup.clone() {
                 // Everything the command started (a fork bomb's children too) goes with it.
-                std::thread::spawn(move || crate::limits::kill_cgroup(&dir));
+                std::thread::spawn(move || crate::cmd_cgroups::kill_cgroup(&dir));
             }
         }
         if r < 0 {
@@ -303,6 +303,8 @@ impl Table {
         }
 
         let cgroup = crate::limits::CmdCgroup::create();
+        // The fork-bomb pass resumes for it.
+        crate::watchdog::command_started();
         let cgroup_fd = cgroup.as_ref().map(|c| c.procs_fd());
         // SAFETY: the closure only makes async-signal-safe syscalls with data prepared above.
         unsafe {
@@ -429,7 +431,7 @@ impl Table {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&p2.pid);
             if p2.cgroup.is_some() {
-                tokio::task::spawn_blocking(crate::limits::sweep);
+                tokio::task::spawn_blocking(crate::cmd_cgroups::sweep);
             }
             tracing::debug!(pid = p2.pid, "process finished");
         });

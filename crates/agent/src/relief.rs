@@ -17,8 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::forkbomb;
-use crate::limits::members;
+use crate::cmd_cgroups::{self, kill_tree, PIDS_ROOT};
 
 /// The signal the server sends.
 pub const SIGNAL: i32 = libc::SIGURG;
@@ -26,8 +25,6 @@ pub const SIGNAL: i32 = libc::SIGURG;
 /// A command with fewer processes is not what drives the host side up (a memory hog is the
 /// OOM watcher's): relief leaves it alone.
 const MIN_PROCESSES: u64 = 8;
-
-const PIDS_ROOT: &str = "/sys/fs/cgroup/pids";
 
 /// Blocks [`SIGNAL`] in the calling thread and the threads it starts, so that only
 /// [`run`]'s `sigwaitinfo` takes it. Call from PID 1's main thread before any thread starts.
@@ -68,13 +65,13 @@ pub fn run() {
 pub fn relieve() -> Option<(String, u64)> {
     let big = sizes(Path::new(PIDS_ROOT));
     for (dir, _) in &big {
-        forkbomb::set_max(dir, 1);
+        cmd_cgroups::set_max(dir, 1);
     }
     let (dir, n) = big.iter().max_by_key(|(_, n)| *n)?.clone();
     kill_tree(&dir);
     if let Some(max) = crate::limits::command_pids_max() {
         for (other, _) in big.iter().filter(|(d, _)| *d != dir) {
-            forkbomb::set_max(other, max);
+            cmd_cgroups::set_max(other, max);
         }
     }
     let name = dir.file_name()?.to_string_lossy().into_owned();
@@ -88,7 +85,7 @@ pub fn relieve() -> Option<(String, u64)> {
 /// The command cgroups under `root` with [`MIN_PROCESSES`] or more, and their sizes (by
 /// `pids.current`: one small read per command).
 fn sizes(root: &Path) -> Vec<(PathBuf, u64)> {
-    forkbomb::commands(root)
+    cmd_cgroups::commands(root)
         .into_iter()
         .filter_map(|d| {
             let n = std::fs::read_to_string(d.join("pids.current")).ok()?;
@@ -102,40 +99,6 @@ fn sizes(root: &Path) -> Vec<(PathBuf, u64)> {
 #[cfg(test)]
 fn largest(root: &Path) -> Option<(PathBuf, u64)> {
     sizes(root).into_iter().max_by_key(|(_, n)| *n)
-}
-
-/// The process group of `pid`, if it is one that may be killed whole (not the agent's).
-fn group_of(pid: i32) -> Option<i32> {
-    // SAFETY: getpgid and getpgrp take plain integers and touch no memory.
-    let (pg, own) = unsafe { (libc::getpgid(pid), libc::getpgrp()) };
-    (pg > 1 && pg != own).then_some(pg)
-}
-
-/// SIGKILLs every process of the cgroup `dir`: the group of its first member at once (for a
-/// command, that is all of it), then every group and pid still listed.
-pub fn kill_tree(dir: &Path) {
-    let kill = |target: i32| {
-        // SAFETY: kill takes plain integers; a negative target names a process group.
-        unsafe { libc::kill(target, libc::SIGKILL) };
-    };
-    for round in 0..20 {
-        let pids: Vec<i32> = members(dir).into_iter().filter(|&p| p > 1).collect();
-        if pids.is_empty() {
-            return;
-        }
-        // One group kill usually empties the cgroup: look again before going pid by pid.
-        let take = if round == 0 { 1 } else { pids.len() };
-        for &p in &pids[..take] {
-            match group_of(p) {
-                Some(pg) => kill(-pg),
-                None => kill(p),
-            }
-            if round > 0 {
-                kill(p);
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 #[cfg(test)]
@@ -165,40 +128,5 @@ mod tests {
             (dir.file_name().unwrap().to_str().unwrap(), n),
             ("kiln-cmd-2", 170)
         );
-    }
-
-    #[test]
-    fn kill_tree_kills_a_process_group_at_once() {
-        use std::os::unix::process::CommandExt;
-        // A shell in its own group with children that keep replacing themselves.
-        let mut child = std::process::Command::new("sh")
-            .args([
-                "-c",
-                "for i in 1 2 3 4; do (while :; do sleep 0.01; done) & done; wait",
-            ])
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let pg = child.id() as i32;
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("cgroup.procs"), format!("{pg}\n")).unwrap();
-        // The fake cgroup keeps listing the leader until it is gone; kill_tree must not spin.
-        let t = std::time::Instant::now();
-        kill_tree(d.path());
-        assert!(t.elapsed() < std::time::Duration::from_secs(5));
-        let status = child.wait().unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
-        // The children die too (reaped by whoever adopted them, give it a moment).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        // SAFETY: kill with signal 0 only checks whether the group still exists.
-        while unsafe { libc::kill(-pg, 0) } == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the group's children survived"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
     }
 }

@@ -8,36 +8,15 @@ use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kiln_proto::connect::Code;
-use kiln_proto::envd::{ApiError, InitRequest};
+use kiln_proto::envd::InitRequest;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::auth::caller;
 use crate::process_rpc;
+use crate::reply::{api_error, json_response};
 use crate::rpc::{self, Body, CallKind, RpcError};
 use crate::state::Agent;
 use crate::users;
-
-/// JSON error of the plain HTTP API.
-pub fn api_error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
-    let body = serde_json::to_vec(&ApiError {
-        code: status.as_u16(),
-        message: message.into(),
-    })
-    .unwrap_or_default();
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(rpc::full(body))
-        .expect("valid response")
-}
-
-fn json_response<T: serde::Serialize>(v: &T) -> Response<Body> {
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(rpc::full(serde_json::to_vec(v).unwrap_or_default()))
-        .expect("valid response")
-}
 
 /// Serve one connection (HTTP/1.1 or h2c prior knowledge).
 pub async fn serve_conn<IO>(agent: Arc<Agent>, io: IO)

@@ -104,7 +104,7 @@ pub fn read_limits(state_dir: &Path) -> HostLimits {
             .unwrap_or(0),
         inotify_instances: read_u64("/proc/sys/fs/inotify/max_user_instances").unwrap_or(128),
         max_map_count: read_u64("/proc/sys/vm/max_map_count").unwrap_or(65530),
-        disk_free_bytes: crate::doctor::free_bytes(state_dir),
+        disk_free_bytes: free_bytes(state_dir),
     }
 }
 
@@ -168,6 +168,26 @@ pub fn raise_pid_max() -> Result<Option<u64>, String> {
                  kiln cannot raise it ({e}); run: sudo sysctl -w kernel.pid_max={PID_MAX_TARGET}"
             )
         })
+}
+
+/// Bytes free for an unprivileged writer on the filesystem holding `path` (or its nearest
+/// existing ancestor).
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
+    // Walk up to an existing ancestor: the cache dir may not exist yet.
+    let mut p = path.to_path_buf();
+    while !p.exists() {
+        p = p.parent()?.to_path_buf();
+    }
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe_zeroed_statvfs();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail * st.f_frsize)
+}
+
+fn unsafe_zeroed_statvfs() -> libc::statvfs {
+    // SAFETY: statvfs is a plain C struct of integers, for which all-zero bytes are valid.
+    unsafe { std::mem::zeroed() }
 }
 
 #[cfg(test)]

@@ -127,24 +127,6 @@ fn cgroup_mode() -> String {
     cgroup_mode_from_mounts(&std::fs::read_to_string("/proc/mounts").unwrap_or_default())
 }
 
-pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
-    // Walk up to an existing ancestor: the cache dir may not exist yet.
-    let mut p = path.to_path_buf();
-    while !p.exists() {
-        p = p.parent()?.to_path_buf();
-    }
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe_zeroed_statvfs();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail * st.f_frsize)
-}
-
-fn unsafe_zeroed_statvfs() -> libc::statvfs {
-    // SAFETY: statvfs is a plain C struct of integers, for which all-zero bytes are valid.
-    unsafe { std::mem::zeroed() }
-}
-
 fn runsc_report(skip_platform_probe: bool, kvm_fast: bool) -> RunscReport {
     let r = match runsc::resolve(None) {
         Ok(r) => r,
@@ -400,7 +382,7 @@ pub fn report(opts: Options) -> Report {
     let kvm = kvm_report(opts.skip_probes);
     let runsc = runsc_report(opts.skip_probes, kvm.hardware_speed);
     let cache = crate::paths::cache_dir();
-    let free = free_bytes(&cache);
+    let free = crate::capacity::free_bytes(&cache);
     let mut checks = tool_checks();
     checks.extend(kernel_feature_checks());
     checks.push(network_check(&checks));

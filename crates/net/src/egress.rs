@@ -28,8 +28,6 @@ use crate::sni::{http_host, tls_server_name, Peek};
 use crate::upstream::UpStream;
 use crate::{io_err, Result, GATEWAY_ADDR};
 
-/// Port of the proxy on the slot's gateway address.
-pub const PROXY_PORT: u16 = 15001;
 const PEEK_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const PEEK_MAX: usize = 16 * 1024;
@@ -50,7 +48,7 @@ impl Drop for EgressProxy {
 impl EgressProxy {
     /// Starts the proxy of the router namespace at `router_ns`.
     pub async fn start(router_ns: &Path, policy: EgressPolicy, facts: HostFacts) -> Result<Self> {
-        let at = SocketAddr::from((GATEWAY_ADDR, PROXY_PORT));
+        let at = SocketAddr::from((GATEWAY_ADDR, crate::PROXY_PORT));
         let l = crate::netns::in_netns(router_ns, move || std::net::TcpListener::bind(at)).await?;
         l.set_nonblocking(true)
             .map_err(io_err("setting the proxy socket non-blocking"))?;

@@ -45,6 +45,7 @@ pub mod rules;
 pub mod slot;
 pub mod sni;
 pub mod sweep;
+pub mod target;
 pub mod upstream;
 
 use std::net::Ipv4Addr;
@@ -60,6 +61,8 @@ pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 21);
 pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 22);
 /// Prefix length of the guest link.
 pub const GUEST_PREFIX: u8 = 30;
+/// Port of the proxy on the slot's gateway address.
+pub const PROXY_PORT: u16 = 15001;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {

@@ -10,50 +10,8 @@ use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
+use crate::target::{domain_matches, Target};
 use crate::{Cidr, NetError, Result};
-
-/// One `allowOut`/`denyOut` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum Target {
-    Net(Cidr),
-    /// `example.com` or `*.example.com` (lower-cased).
-    Domain(String),
-}
-
-impl Target {
-    pub fn parse(s: &str) -> Result<Self> {
-        let t = s.trim();
-        if t.is_empty() {
-            return Err(NetError::Policy("empty allowOut/denyOut entry".into()));
-        }
-        if t.starts_with(|c: char| c.is_ascii_digit()) && t.parse::<Cidr>().is_ok() {
-            return Ok(Target::Net(t.parse()?));
-        }
-        if t.contains(':') {
-            return Err(NetError::Policy(format!(
-                "{t:?}: IPv6 addresses are not supported (sandboxes have IPv4 only)"
-            )));
-        }
-        let name = t.strip_prefix("*.").unwrap_or(t);
-        let ok = !name.is_empty()
-            && name.len() <= 253
-            && name.split('.').all(|l| {
-                !l.is_empty()
-                    && l.len() <= 63
-                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            })
-            && !name
-                .bytes()
-                .all(|b| b.is_ascii_digit() || b == b'.' || b == b'/');
-        if !ok {
-            return Err(NetError::Policy(format!(
-                "{t:?} is neither an IPv4 address, a CIDR block nor a domain name"
-            )));
-        }
-        Ok(Target::Domain(t.to_ascii_lowercase()))
-    }
-}
 
 /// What a sandbox may reach.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -207,45 +165,13 @@ impl EgressPolicy {
 
     /// The API's view: the lists as strings.
     pub fn list_strings(list: &[Target]) -> Vec<String> {
-        list.iter()
-            .map(|t| match t {
-                Target::Net(c) if c.prefix_len() == 32 => c.addr().to_string(),
-                Target::Net(c) => c.to_string(),
-                Target::Domain(d) => d.clone(),
-            })
-            .collect()
-    }
-}
-
-/// `example.com` matches that name; `*.example.com` matches its subdomains.
-pub fn domain_matches(pattern: &str, name: &str) -> bool {
-    let name = name.trim_end_matches('.');
-    match pattern.strip_prefix("*.") {
-        Some(suffix) => name
-            .strip_suffix(suffix)
-            .is_some_and(|head| head.ends_with('.') && head.len() > 1),
-        None => pattern == name,
+        list.iter().map(Target::api_string).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn entries_parse() {
-        assert_eq!(
-            Target::parse("1.2.3.4").unwrap(),
-            Target::Net("1.2.3.4/32".parse().unwrap())
-        );
-        assert_eq!(
-            Target::parse("*.Example.com").unwrap(),
-            Target::Domain("*.example.com".into())
-        );
-        for bad in ["", "1.2.3.4/40", "::1", "a..b", "exa mple.com", "1.2.3"] {
-            assert!(Target::parse(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn domains_and_precedence() {

@@ -49,7 +49,7 @@ fn set(out: &mut String, name: &str, elems: &[Cidr]) {
 /// the DNS forwarder's port, and the egress policy.
 pub fn slot_ruleset(slot_addr: Ipv4Addr, host: &HostFacts, policy: &EgressPolicy) -> String {
     let t = SLOT_TABLE;
-    let proxy = crate::egress::PROXY_PORT;
+    let proxy = crate::PROXY_PORT;
     // With domain rules, TCP to the web ports goes through the egress proxy (which names
     // connections by SNI/Host), and QUIC (UDP) to the TLS ports is dropped: it cannot be named.
     let all = format!(

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::store::TeamRecord;
 
 /// The team of keys made without one, and of everything from before teams existed.
-pub const DEFAULT_TEAM: &str = "default";
+pub use crate::store::DEFAULT_TEAM;
 
 /// Who is making an API request: the key it presented and that key's team.
 #[derive(Debug, Clone, PartialEq, Eq)]

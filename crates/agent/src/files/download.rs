@@ -10,7 +10,7 @@ use hyper::body::{Frame, Incoming};
 use tokio::sync::mpsc;
 
 use super::{io_error, Query, READ_CHUNK};
-use crate::router::api_error;
+use crate::reply::api_error;
 use crate::rpc::Body;
 use crate::users::{with_fs_identity, User};
 

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use tokio::sync::mpsc;
 
 use super::{io_status, ok_json, Query, WRITE_BATCH};
-use crate::router::api_error;
+use crate::reply::api_error;
 use crate::rpc::Body;
 use crate::users::{with_fs_identity, User};
 

@@ -315,7 +315,7 @@ fn run(
     let groups: Vec<libc::gid_t> = target.groups.clone();
     let (uid, gid) = (target.uid, target.gid);
     // The command joins the caller's limits (its cgroup), so sudo is no way around them.
-    let cgroup = crate::limits::cgroup_procs_of(caller_pid);
+    let cgroup = crate::cmd_cgroups::cgroup_procs_of(caller_pid);
     let limited = cgroup.is_some();
     // SAFETY: the closure makes only async-signal-safe syscalls with data prepared above.
     unsafe {

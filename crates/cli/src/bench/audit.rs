@@ -15,13 +15,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::create_bench::percentiles;
+use super::served::{envd_of, exec, Side};
+use super::stats::{median, median_ci, percentiles};
 use anyhow::Context;
-use kiln_envd::{EnvdClient, ProcessEvent};
-use kiln_proto::process as pb;
+use kiln_envd::EnvdClient;
 use kiln_server::audit::AuditConfig;
 use kiln_server::manager::CreateParams;
-use kiln_server::store::SandboxRecord;
 use kiln_server::Manager;
 
 use crate::drivers::DriverConfig;
@@ -72,22 +71,6 @@ pub struct Args {
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
-}
-
-pub(crate) struct Side {
-    pub name: &'static str,
-    pub manager: Arc<Manager>,
-    pub sandbox: SandboxRecord,
-    envd: EnvdClient,
-    addr: std::net::SocketAddr,
-}
-
-pub(crate) fn envd_of(addr: std::net::SocketAddr, sandbox: &SandboxRecord) -> EnvdClient {
-    EnvdClient::tcp(addr)
-        .with_header("host", addr.to_string())
-        .with_header("e2b-sandbox-id", sandbox.id.clone())
-        .with_header("e2b-sandbox-port", kiln_proto::envd::ENVD_PORT.to_string())
-        .with_access_token(sandbox.envd_token.clone())
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -226,32 +209,6 @@ async fn exec_true(envd: &EnvdClient) -> anyhow::Result<Duration> {
     exec(envd, "/bin/true", &[]).await
 }
 
-pub(crate) async fn exec(envd: &EnvdClient, cmd: &str, args: &[&str]) -> anyhow::Result<Duration> {
-    let req = pb::StartRequest {
-        process: Some(pb::ProcessConfig {
-            cmd: cmd.into(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-            ..Default::default()
-        }),
-        stdin: Some(false),
-        ..Default::default()
-    };
-    let t = Instant::now();
-    let mut s = envd.start(&req, None).await?;
-    while let Some(ev) = s.next_event().await? {
-        if let ProcessEvent::Exited { .. } = ev {
-            return Ok(t.elapsed());
-        }
-    }
-    anyhow::bail!("the process stream ended without an end event")
-}
-
-/// The median of `v` (NaN when empty); sorts `v`.
-pub(crate) fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|x, y| x.total_cmp(y));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// CPU time so far, ns: this process's (user + system) and the sandbox's host cgroup's.
 fn cpu_ns(sandbox_id: &str) -> (u64, u64) {
     let mut t = libc::timespec {
@@ -354,20 +311,6 @@ impl std::fmt::Display for Ratio {
         };
         f.pad(&text)
     }
-}
-
-/// The distribution-free 95 % confidence interval of the median of `sorted` (ascending): the
-/// order statistics at n/2 ∓ 0.98·√n (the normal approximation of the binomial with p = ½),
-/// so no assumption about the shape of the noise. NaN bounds below 6 values.
-pub(crate) fn median_ci(sorted: &[f64]) -> (f64, f64) {
-    let n = sorted.len();
-    if n < 6 {
-        return (f64::NAN, f64::NAN);
-    }
-    let half = 0.98 * (n as f64).sqrt();
-    let lo = ((n as f64 / 2.0 - half).floor() as usize).min(n - 1);
-    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
-    (sorted[lo], sorted[hi])
 }
 
 fn pct(ratio: f64) -> String {
@@ -580,12 +523,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_median_interval_is_the_order_statistics_around_the_middle() {
-        let v: Vec<f64> = (0..100).map(f64::from).collect();
-        // 50 ∓ 0.98·10: the 41st and 60th smallest.
-        assert_eq!(median_ci(&v), (40.0, 60.0));
-        let (lo, hi) = median_ci(&[1.0, 2.0, 3.0, 4.0, 5.0]);
-        assert!(lo.is_nan() && hi.is_nan());
+    fn a_ratio_prints_as_percent_with_its_interval() {
         let r = Ratio {
             mid: 1.02,
             lo: 0.99,

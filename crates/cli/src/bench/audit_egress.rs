@@ -15,7 +15,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::audit::{median, Side};
+use super::served::Side;
+use super::stats::median;
 
 const NS: &str = "kbaudit";
 const HOST_SIDE: &str = "198.51.100.241/29";

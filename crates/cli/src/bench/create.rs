@@ -87,17 +87,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let r = rt
         .block_on(create_bench(&opts, templates))
         .map_err(|e| anyhow::anyhow!(e))?;
-    let row = |name: &str,
-               p: &super::create_bench::Percentiles,
-               base: Option<&super::create_bench::Percentiles>| {
-        let ratio = base
-            .map(|b| format!("{:>5.2}x", p.p50_ms / b.p50_ms))
-            .unwrap_or_else(|| "     -".into());
-        println!(
-            "{name:<44} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   p50 vs raw {ratio}",
-            p.n, p.p50_ms, p.p99_ms,
-        );
-    };
+    let row =
+        |name: &str, p: &super::stats::Percentiles, base: Option<&super::stats::Percentiles>| {
+            let ratio = base
+                .map(|b| format!("{:>5.2}x", p.p50_ms / b.p50_ms))
+                .unwrap_or_else(|| "     -".into());
+            println!(
+                "{name:<44} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   p50 vs raw {ratio}",
+                p.n, p.p50_ms, p.p99_ms,
+            );
+        };
     println!(
         "kiln bench create (gVisor, platform {}, template {}):",
         opts.platform, opts.template

@@ -10,6 +10,8 @@ use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
 use kiln_server::store::SqliteStore;
 use kiln_server::templates::Templates;
 
+use super::stats::{median, percentiles, Percentiles};
+
 #[derive(Debug, Clone)]
 pub struct CreateBenchOptions {
     pub template: String,
@@ -31,31 +33,6 @@ pub struct CreateBenchOptions {
     /// Disk quota of the bench's sandboxes, MiB (0: no quota, the writable layer on the host's
     /// filesystem), as `kiln serve --disk-mb`.
     pub disk_mb: u32,
-}
-
-/// p50/p99 of a sample set, milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Percentiles {
-    pub n: usize,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-}
-
-pub fn percentiles(samples: &[Duration]) -> Percentiles {
-    let mut v: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| -> f64 {
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        let idx = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        v[idx]
-    };
-    Percentiles {
-        n: v.len(),
-        p50_ms: at(0.50),
-        p99_ms: at(0.99),
-    }
 }
 
 /// What a sandbox runs for the measured output.
@@ -411,11 +388,6 @@ pub struct WorkloadResult {
     pub rounds: usize,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Runs the workload once with `runsc`/`platform` on the template rootfs (read-only) under
 /// `shell` (`/bin/sh` or `/bin/bash`: a fork in bash costs about three times one in dash under
 /// gVisor, so compare like with like); returns (fork+exec ms, python ms).
@@ -510,12 +482,12 @@ pub fn workload_bench(
     Ok(variants
         .into_iter()
         .zip(samples)
-        .map(|((name, bin, platform), (f, p))| WorkloadResult {
+        .map(|((name, bin, platform), (mut f, mut p))| WorkloadResult {
             runsc: name.to_string(),
             version: version(&bin),
             platform: platform.to_string(),
-            fork_exec_ms: median(f),
-            python_ms: median(p),
+            fork_exec_ms: median(&mut f),
+            python_ms: median(&mut p),
             rounds,
         })
         .collect())
@@ -538,18 +510,5 @@ mod tests {
             .collect();
         assert_eq!(stamps.len(), 3, "{out:?}");
         assert!(stamps[0] <= stamps[1] && stamps[1] <= stamps[2]);
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-    }
-
-    #[test]
-    fn percentile_math() {
-        let s: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        let p = percentiles(&s);
-        assert_eq!(p.n, 100);
-        assert_eq!(p.p50_ms, 50.0);
-        assert_eq!(p.p99_ms, 99.0);
-        let one = percentiles(&[Duration::from_millis(7)]);
-        assert_eq!((one.p50_ms, one.p99_ms), (7.0, 7.0));
-        assert!(percentiles(&[]).p50_ms.is_nan());
     }
 }

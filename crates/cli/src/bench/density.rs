@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::create_bench::{percentiles, Percentiles};
+use super::stats::{percentiles, Percentiles};
 use anyhow::Context;
 use kiln_server::manager::CreateParams;
 use kiln_server::Manager;

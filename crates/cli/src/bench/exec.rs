@@ -16,7 +16,8 @@ use kiln_gvisor::{GvisorConfig, GvisorDriver};
 use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
 use kiln_server::store::SqliteStore;
 
-use super::create_bench::{percentiles, workload_once, workload_script, workload_times};
+use super::create_bench::{workload_once, workload_script, workload_times};
+use super::stats::{median, percentiles};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -58,11 +59,6 @@ fn stamps(out: &[u8]) -> Vec<u128> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -205,12 +201,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     );
     for shell in ["/bin/sh", "/bin/bash"] {
         let m = |who: &str, f: fn(&(f64, f64)) -> f64| {
-            median(
-                work_ms
-                    .get(&(who, shell))
-                    .map(|v| v.iter().map(f).collect())
-                    .unwrap_or_default(),
-            )
+            let mut v: Vec<f64> = work_ms
+                .get(&(who, shell))
+                .map(|v| v.iter().map(f).collect())
+                .unwrap_or_default();
+            median(&mut v)
         };
         let (rf, kf) = (m("raw", |x| x.0), m("kiln", |x| x.0));
         let (rp, kp) = (m("raw", |x| x.1), m("kiln", |x| x.1));

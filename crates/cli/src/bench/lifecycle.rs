@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::create_bench::Percentiles;
 use super::lifecycle_bench::{lifecycle_bench, LifecycleBenchOptions};
+use super::stats::Percentiles;
 use anyhow::Context;
 
 #[derive(clap::Args)]

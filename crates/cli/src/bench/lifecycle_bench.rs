@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::create_bench::{percentiles, Percentiles};
+use super::stats::{percentiles, Percentiles};
 use kiln_gvisor::{GvisorConfig, GvisorDriver};
 use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
 use kiln_server::store::SqliteStore;

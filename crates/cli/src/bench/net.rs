@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::create_bench::{percentiles, Percentiles};
+use super::stats::{percentiles, Percentiles};
 use anyhow::{anyhow, bail, Context};
 use kiln_server::templates::Templates;
 

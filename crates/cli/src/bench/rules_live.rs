@@ -21,8 +21,8 @@ use kiln_server::audit::AuditConfig;
 use kiln_server::manager::CreateParams;
 use kiln_server::Manager;
 
-use super::audit::{envd_of, exec, median, median_ci};
-use super::create_bench::percentiles;
+use super::served::{envd_of, exec};
+use super::stats::{median, median_ci, percentiles};
 
 /// What the sandbox half measures.
 pub struct Live {

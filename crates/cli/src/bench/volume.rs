@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use kiln_server::templates::Templates;
 
 use super::side::{params, side};
+use super::stats::median;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -58,11 +59,6 @@ async fn timed(agent: &kiln_envd::EnvdClient, cmd: &str) -> anyhow::Result<f64> 
         bail!("`{cmd}` failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(took)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {

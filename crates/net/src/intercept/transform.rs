@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Map, Value};
 
 use super::SecretSource;
-use crate::policy::{domain_matches, EgressPolicy, Target};
+use crate::target::{domain_matches, Target};
 
 const SECRET_PREFIX: &str = "${e2b.secrets.";
 const IDENTITY_PREFIX: &str = "${e2b.identity.";
@@ -225,7 +225,7 @@ impl RuleSet {
     pub fn to_json(&self) -> Value {
         let mut m = Map::new();
         for h in &self.hosts {
-            let key = EgressPolicy::list_strings(std::slice::from_ref(&h.target)).remove(0);
+            let key = h.target.api_string();
             let rules: Vec<Value> = h
                 .rules
                 .iter()

@@ -11,6 +11,7 @@ mod error;
 pub mod idempotency;
 mod list;
 mod net_persist;
+mod net_update;
 mod network;
 mod observe;
 mod rules;
@@ -363,7 +364,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(&format!("{sbx}/resume"), post(s::resume))
         .route(&format!("{sbx}/fork"), post(s::fork))
         .route(&format!("{sbx}/snapshots"), post(s::snapshot))
-        .route(&format!("{sbx}/network"), put(network::update))
+        .route(&format!("{sbx}/network"), put(net_update::update))
         .route(&format!("{sbx}/audit"), get(audit::sandbox_audit))
         .route("/audit", get(audit::search))
         .route("/audit/verify", get(audit::verify))

@@ -1,16 +1,13 @@
-//! The network part of E2B's API: create's `allow_internet_access` and `network`,
-//! `PUT /sandboxes/{id}/network`, and what get_info reports.
+//! The network part of E2B's API: create's `allow_internet_access` and `network` (the wire
+//! shape and the egress policy it makes), and what get_info reports. `PUT
+//! /sandboxes/{id}/network` is [`super::net_update`].
 
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use kiln_net::upstream::EgressProxyConfig;
 use kiln_net::EgressPolicy;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::wire::parse_json;
-use super::{ApiError, ApiResult, St};
+use super::{ApiError, ApiResult};
 
 /// `network` of a create request (and the body of `PUT .../network`, a subset).
 #[derive(Debug, Deserialize, Default)]
@@ -99,47 +96,10 @@ pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
     }
 }
 
-/// `PUT /sandboxes/{id}/network`: replaces `allowOut`, `denyOut`, `dnsServers` and `rules`
-/// (omitted ones are cleared); internet access and `httpsPorts` stay as created.
-pub async fn update(
-    State(st): St,
-    axum::Extension(c): axum::Extension<crate::tenancy::Caller>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> ApiResult<StatusCode> {
-    let n: NetworkJson = parse_json(&body, true)?.unwrap_or_default();
-    st.manager.get_for(&id, &c.team)?;
-    let current = st.manager.network(&id).await?;
-    let internet = current.as_ref().map(|p| p.allow_internet_access);
-    let policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?;
-    let mut policy = super::rules::with_rules(&st, &c.team, Some(&n), policy)
-        .await?
-        .ok_or_else(|| ApiError::internal("no policy for a network update"))?;
-    if n.https_ports.is_none() {
-        policy.https_ports = current
-            .as_ref()
-            .map(|p| p.https_ports.clone())
-            .unwrap_or_default();
-    }
-    // Ingress is not part of the update: the traffic token and Host mask stay.
-    if let Some(c) = current {
-        policy.traffic_token = c.traffic_token;
-        policy.mask_request_host = c.mask_request_host;
-    }
-    let rules = policy.transforms.is_some();
-    st.manager.set_network(&id, policy).await?;
-    let raw = serde_json::from_slice::<Value>(&body).ok();
-    super::net_persist::remember(&st, &id, &c.team, raw.as_ref()).await?;
-    if rules {
-        let token = st.manager.get_for(&id, &c.team)?.envd_token;
-        super::rules::install_ca(&st, &id, token).await?;
-    }
-    Ok(StatusCode::NO_CONTENT)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[test]
     fn request_policies() {

@@ -1,22 +1,11 @@
 //! What the API shows about sandboxes and templates: metrics, logs, template views.
 
 use super::Manager;
+pub use crate::obs::ring::MetricSample;
+
 use crate::error::{Error, Result};
 use crate::store::{Event, TemplateRecord};
 use crate::templates::TemplateInfo;
-
-/// One metrics sample of a sandbox (E2B's `SandboxMetric`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct MetricSample {
-    pub timestamp_ms: i64,
-    pub cpu_count: u32,
-    pub cpu_used_pct: f64,
-    pub mem_used: u64,
-    pub mem_total: u64,
-    pub mem_cache: u64,
-    pub disk_used: u64,
-    pub disk_total: u64,
-}
 
 /// A sandbox's logs: its lifecycle events, and while it lives its console output.
 #[derive(Debug, Clone)]

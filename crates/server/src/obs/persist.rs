@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection};
 
-use crate::manager::MetricSample;
+use super::ring::MetricSample;
 
 /// A connection to the state database for the metrics history.
 #[derive(Clone)]

@@ -5,7 +5,18 @@
 
 use std::collections::VecDeque;
 
-use crate::manager::MetricSample;
+/// One metrics sample of a sandbox (E2B's `SandboxMetric`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSample {
+    pub timestamp_ms: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
 
 /// Default bound of one sandbox's history (at 5 s a sample: about 11 h at full resolution).
 pub const DEFAULT_CAPACITY: usize = 8192;

@@ -183,9 +183,7 @@ pub fn queue_deliveries(c: &mut Connection, now_ms: i64, max_events: u32) -> Res
                 .optional()?;
             teams.insert(sid.clone(), team);
         }
-        let team = teams[sid]
-            .as_deref()
-            .unwrap_or(crate::tenancy::DEFAULT_TEAM);
+        let team = teams[sid].as_deref().unwrap_or(super::DEFAULT_TEAM);
         for w in hooks
             .iter()
             .filter(|w| w.team == team && wants(w, &e.event.kind))

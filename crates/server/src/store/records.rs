@@ -197,7 +197,7 @@ pub struct EventQuery {
     pub limit: u32,
 }
 
-/// The team of everything created before teams exist (and of every caller until they do).
+/// The team of keys made without one, and of everything created before teams existed.
 pub const DEFAULT_TEAM: &str = "default";
 
 /// A registered webhook.
