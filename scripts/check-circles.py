@@ -25,12 +25,6 @@ KNOWN = [
         "crates/server/src/edge.rs",
         "crates/server/src/proxy.rs",
     },
-    # The audit tap's request state, read by its body watchers.
-    {
-        "crates/server/src/audit/tap.rs",
-        "crates/server/src/audit/tap_body.rs",
-        "crates/server/src/audit/tap_parse.rs",
-    },
 ]
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"

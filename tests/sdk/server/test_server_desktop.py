@@ -155,7 +155,8 @@ def render_stream(server, url: str, out: str, until=None) -> bytes:
     """Opens the stream URL in the host's headless Chromium (Playwright) with the sandbox host
     names resolved to the kiln server; returns a PNG screenshot after the VNC view settles, or
     (with `until`) the first one `until(png)` accepts within 150 s (noVNC's modules, the
-    WebSocket and the VNC handshake take long on a loaded machine)."""
+    WebSocket and the VNC handshake take long on a loaded machine; the page is reloaded every
+    40 s until then)."""
     from playwright.sync_api import sync_playwright
 
     need(os.path.exists(HOST_CHROMIUM), "the host needs Debian's chromium (apt-get install chromium)")
@@ -182,8 +183,14 @@ def render_stream(server, url: str, out: str, until=None) -> bytes:
             png = page.screenshot(path=out)
             # noVNC loads some fifty modules through websockify's one-threaded web server,
             # which shares the sandbox's CPU with x11vnc polling the screen.
+            # A page still on noVNC's loading screen after 40 s (a module or the one connect
+            # attempt lost on a starved host) is loaded again.
             deadline = time.time() + 150
+            reload_at = time.time() + 40
             while until and not until(png) and time.time() < deadline:
+                if time.time() > reload_at:
+                    page.reload(wait_until="load", timeout=60000)
+                    reload_at = time.time() + 40
                 page.wait_for_timeout(1000)
                 png = page.screenshot(path=out)
         finally:

@@ -48,12 +48,17 @@ def test_kill9_restart_adopts_running_and_cleans_dead(state_dir, server):
             assert not [m for m in mounts_under(state_dir) if doomed.sandbox_id in m]
 
             again.kill()
+            # A kill answers before its teardown ends: wait for the processes, mounts and the
+            # sandbox's directory to go.
+            sandboxes = os.path.join(state_dir, "gvisor", "sandboxes")
             deadline = time.time() + 15
-            while (runsc_processes_for(state_dir) or mounts_under(state_dir)) and time.time() < deadline:
+            while (
+                runsc_processes_for(state_dir) or mounts_under(state_dir) or os.listdir(sandboxes)
+            ) and time.time() < deadline:
                 time.sleep(0.2)
             assert runsc_processes_for(state_dir) == []
             assert mounts_under(state_dir) == []
-            assert os.listdir(os.path.join(state_dir, "gvisor", "sandboxes")) == []
+            assert os.listdir(sandboxes) == []
             assert "panicked" not in second.log()
         finally:
             second.kill9()

@@ -20,6 +20,7 @@ pub mod store;
 pub mod tap;
 mod tap_body;
 mod tap_parse;
+mod tap_record;
 mod writer;
 
 use std::collections::HashMap;

@@ -13,29 +13,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{header, HeaderMap, Method, Response, StatusCode, Uri};
 use kiln_proto::connect::Code;
 use kiln_proto::framing::EnvelopeDecoder;
-use kiln_proto::process::{self as pb, process_event};
+use kiln_proto::process as pb;
 use serde_json::{json, Map, Value};
 
-use super::record::{Kind, NewRecord};
+use super::record::Kind;
 use super::tap_body::{CountIn, CountOut, StreamTap, Upload, Watched};
 use super::tap_parse::{event_name, fs_op, fs_request};
-use super::writer::Msg;
+use super::tap_record::{codec_of, decode, first_envelope, Counter, Recorded};
 use super::AuditLog;
 
 /// Largest response read whole to learn what an upload wrote.
 const UPLOAD_ANSWER_LIMIT: usize = 1 << 20;
-/// Bytes kept of an upload's start and end (multipart framing is measured there).
-pub(super) const EDGE: usize = 8 << 10;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Codec {
-    Json,
-    Proto,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Op {
@@ -53,12 +44,8 @@ enum Op {
 
 /// One forwarded request being recorded.
 pub struct Tap {
-    pub(super) log: AuditLog,
-    sandbox: String,
+    rec: Recorded,
     op: Op,
-    codec: Codec,
-    pub(super) started: Instant,
-    pub(super) fields: Map<String, Value>,
     uploaded: Option<Arc<Upload>>,
     multipart_boundary: Option<String>,
     /// The request was read (buffered, or from the start of a streamed body).
@@ -111,38 +98,6 @@ fn basic_user(h: &HeaderMap) -> Option<String> {
     let s = String::from_utf8(raw).ok()?;
     let user = s.split(':').next().unwrap_or("").to_string();
     (!user.is_empty()).then_some(user)
-}
-
-fn codec_of(h: &HeaderMap) -> Codec {
-    let ct = h
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if ct.contains("proto") {
-        Codec::Proto
-    } else {
-        Codec::Json
-    }
-}
-
-pub(super) fn decode<M: prost::Message + Default + serde::de::DeserializeOwned>(
-    codec: Codec,
-    data: &[u8],
-) -> Option<M> {
-    match codec {
-        Codec::Proto => M::decode(data).ok(),
-        Codec::Json if data.iter().all(u8::is_ascii_whitespace) => {
-            serde_json::from_slice(b"{}").ok()
-        }
-        Codec::Json => serde_json::from_slice(data).ok(),
-    }
-}
-
-/// The payload of the first envelope of an enveloped (streaming) request.
-pub(super) fn first_envelope(body: &[u8]) -> Option<Bytes> {
-    let mut d = EnvelopeDecoder::new(body.len().max(16));
-    d.push(body);
-    d.next_frame().ok().flatten().map(|f| f.payload)
 }
 
 fn selector(s: &Option<pb::ProcessSelector>) -> Value {
@@ -219,12 +174,14 @@ impl Tap {
             }
         }
         Some(Tap {
-            log: log.clone(),
-            sandbox: sandbox.to_string(),
-            codec: codec_of(headers),
+            rec: Recorded {
+                log: log.clone(),
+                sandbox: sandbox.to_string(),
+                codec: codec_of(headers),
+                started: Instant::now(),
+                fields,
+            },
             op,
-            started: Instant::now(),
-            fields,
             uploaded: None,
             multipart_boundary,
             parsed: false,
@@ -234,7 +191,7 @@ impl Tap {
     /// Reads what the (buffered) request asks for.
     pub fn request(&mut self, body: &[u8]) {
         self.parsed = true;
-        let c = self.codec;
+        let c = self.rec.codec;
         let v = match &self.op {
             Op::ProcStream { connect: false } => first_envelope(body)
                 .and_then(|p| decode::<pb::StartRequest>(c, &p))
@@ -298,7 +255,7 @@ impl Tap {
             Op::Download | Op::Upload => None,
         };
         if let Some(v) = v {
-            merge(&mut self.fields, v);
+            merge(&mut self.rec.fields, v);
         }
         if self.op == Op::Upload {
             self.uploaded = Some(Arc::new(Upload::whole(body)));
@@ -326,44 +283,48 @@ impl Tap {
         match self.op.clone() {
             Op::ProcStream { connect } if status == StatusCode::OK => {
                 let ev = if connect { "connect" } else { "start" };
-                self.fields.insert("event".into(), ev.into());
-                self.owner().await;
-                let Some(tx) = self.log.sender() else {
+                self.rec.fields.insert("event".into(), ev.into());
+                self.rec.owner().await;
+                let Some(tx) = self.rec.log.sender() else {
                     return resp;
                 };
                 let (parts, body) = resp.into_parts();
                 let tap = StreamTap {
                     dec: EnvelopeDecoder::new(64 << 20),
-                    tap: Some(self),
+                    tap: Some(self.rec),
                     pid: None,
                 };
                 Response::from_parts(parts, Body::new(Watched::new(body, tap, tx)))
             }
             Op::ProcStream { connect } => {
                 let ev = if connect { "connect" } else { "start" };
-                self.fields.insert("event".into(), ev.into());
-                self.fields.insert("error".into(), code_of(status).into());
-                self.owner().await;
-                self.emit(Kind::Process).await;
+                self.rec.fields.insert("event".into(), ev.into());
+                self.rec
+                    .fields
+                    .insert("error".into(), code_of(status).into());
+                self.rec.owner().await;
+                self.rec.emit(Kind::Process).await;
                 resp
             }
             Op::ProcUnary(m) => {
                 let (resp, code) = result_of(resp).await;
-                self.fields.insert("event".into(), event_name(&m).into());
-                self.fields.insert("result".into(), code.into());
-                self.emit(Kind::Process).await;
+                self.rec
+                    .fields
+                    .insert("event".into(), event_name(&m).into());
+                self.rec.fields.insert("result".into(), code.into());
+                self.rec.emit(Kind::Process).await;
                 resp
             }
             Op::Fs(m) => {
                 let (resp, code) = result_of(resp).await;
-                self.fields.insert("op".into(), fs_op(&m).into());
-                self.fields.insert("result".into(), code.into());
-                self.emit(Kind::File).await;
+                self.rec.fields.insert("op".into(), fs_op(&m).into());
+                self.rec.fields.insert("result".into(), code.into());
+                self.rec.emit(Kind::File).await;
                 resp
             }
             Op::Upload => self.upload_done(resp).await,
             Op::Download if status == StatusCode::OK => {
-                let Some(tx) = self.log.sender() else {
+                let Some(tx) = self.rec.log.sender() else {
                     return resp;
                 };
                 let (parts, body) = resp.into_parts();
@@ -374,54 +335,27 @@ impl Tap {
                 let tap = CountOut {
                     bytes: 0,
                     gunzip: gzip.then(|| flate2::write::GzDecoder::new(Counter(0))),
-                    tap: Some(self),
+                    tap: Some(self.rec),
                 };
                 Response::from_parts(parts, Body::new(Watched::new(body, tap, tx)))
             }
             Op::Download => {
-                self.fields.insert("op".into(), "read".into());
-                self.fields.insert("bytes".into(), 0.into());
-                self.fields
+                self.rec.fields.insert("op".into(), "read".into());
+                self.rec.fields.insert("bytes".into(), 0.into());
+                self.rec
+                    .fields
                     .insert("result".into(), files_result(status).into());
-                self.emit(Kind::File).await;
+                self.rec.emit(Kind::File).await;
                 resp
             }
         }
     }
 
-    async fn owner(&mut self) {
-        if let Some(k) = self.log.owner(&self.sandbox).await {
-            self.fields.insert("key".into(), k.into());
-        }
-    }
-
-    pub(super) fn record(&self, kind: Kind, body: Value) -> NewRecord {
-        NewRecord {
-            sandbox_id: self.sandbox.clone(),
-            ts_ms: crate::store::now_ms(),
-            kind,
-            body,
-        }
-    }
-
-    async fn emit(&self, kind: Kind) {
-        if let Some(tx) = self.log.sender() {
-            let r = self.record(kind, Value::Object(self.fields.clone()));
-            let _ = tx.send(Msg::Record(r)).await;
-        }
-    }
-
-    /// The process event in one envelope of a Start or Connect response.
-    pub(super) fn decode_event(&self, payload: &[u8]) -> Option<process_event::Event> {
-        decode::<pb::StartResponse>(self.codec, payload)?
-            .event?
-            .event
-    }
-
     async fn upload_done(mut self, resp: Response<Body>) -> Response<Body> {
         let status = resp.status();
-        self.fields.insert("op".into(), "write".into());
-        self.fields
+        self.rec.fields.insert("op".into(), "write".into());
+        self.rec
+            .fields
             .insert("result".into(), files_result(status).into());
         let total = self
             .uploaded
@@ -454,31 +388,22 @@ impl Tap {
             match multipart_payload(b, u, total) {
                 Some(n) if paths.len() <= 1 => bytes = n,
                 _ => {
-                    self.fields.insert("multipartFraming".into(), true.into());
+                    self.rec
+                        .fields
+                        .insert("multipartFraming".into(), true.into());
                 }
             }
         }
-        self.fields.insert("bytes".into(), bytes.into());
+        self.rec.fields.insert("bytes".into(), bytes.into());
         if paths.len() == 1 {
-            self.fields.insert("path".into(), paths[0].clone().into());
+            self.rec
+                .fields
+                .insert("path".into(), paths[0].clone().into());
         } else if paths.len() > 1 {
-            self.fields.insert("paths".into(), paths.into());
+            self.rec.fields.insert("paths".into(), paths.into());
         }
-        self.emit(Kind::File).await;
+        self.rec.emit(Kind::File).await;
         resp
-    }
-}
-
-/// Counts what is written to it (the size of a gzip-encoded download, decoded).
-pub(super) struct Counter(pub(super) u64);
-
-impl std::io::Write for Counter {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0 += b.len() as u64;
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
 use super::record::{Kind, NewRecord};
-use super::tap::{Counter, Tap, EDGE};
+use super::tap_record::{Counter, Recorded, EDGE};
 use super::writer::Msg;
 
 type Item = Option<Result<Frame<Bytes>, axum::Error>>;
@@ -169,7 +169,7 @@ impl<W: Watch> Drop for Watched<W> {
 /// and end events.
 pub(super) struct StreamTap {
     pub dec: EnvelopeDecoder,
-    pub tap: Option<Tap>,
+    pub tap: Option<Recorded>,
     pub pid: Option<u32>,
 }
 
@@ -292,7 +292,7 @@ pub(super) struct CountOut {
     pub bytes: u64,
     /// A gzip-encoded download is decoded to count the file's own bytes.
     pub gunzip: Option<flate2::write::GzDecoder<Counter>>,
-    pub tap: Option<Tap>,
+    pub tap: Option<Recorded>,
 }
 
 impl CountOut {

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::tap::{decode, first_envelope, Codec};
+use super::tap_record::{decode, first_envelope, Codec};
 
 pub(super) fn fs_request(c: Codec, m: &str, body: &[u8]) -> Option<Value> {
     use kiln_proto::filesystem as fs;

@@ -1,5 +1,6 @@
 //! Unit tests of the proxy tap's parsing.
 
+use crate::audit::tap_record::EDGE;
 use super::*;
 
 #[test]
@@ -62,11 +63,11 @@ fn start_requests_are_read_from_json_and_proto_envelopes() {
         let uri: Uri = "/process.Process/Start".parse().unwrap();
         let mut t = Tap::begin(&log, "s", &Method::POST, &uri, &h).unwrap();
         t.request(&kiln_proto::framing::encode(0, &payload));
-        assert_eq!(t.fields["cmd"], "/bin/bash");
-        assert_eq!(t.fields["args"], json!(["-c", "echo hi"]));
-        assert_eq!(t.fields["envNames"], json!(["SECRET"]), "names only");
-        assert!(!t.fields.values().any(|v| v == "value"));
-        assert_eq!(t.fields["cwd"], "/tmp");
+        assert_eq!(t.rec.fields["cmd"], "/bin/bash");
+        assert_eq!(t.rec.fields["args"], json!(["-c", "echo hi"]));
+        assert_eq!(t.rec.fields["envNames"], json!(["SECRET"]), "names only");
+        assert!(!t.rec.fields.values().any(|v| v == "value"));
+        assert_eq!(t.rec.fields["cwd"], "/tmp");
     }
 }
 
