@@ -139,7 +139,12 @@ fn setuid_chmod() {
     only(f.cmd("chmod u+s /tmp/sh"), "setuid_chmod");
     only(f.cmd("chmod 4755 /tmp/sh"), "setuid_chmod");
     assert!(f.cmd("chmod 755 build/app && chmod +x run.sh").is_empty());
+}
+
+#[test]
+fn setuid_chmod_syscall() {
     // chmod(2) and kin as gVisor's raw trace points give them (no process, the mode decoded).
+    let mut f = Feed::new();
     let raw = |f: &mut Feed, call: &str, mode: &str, errno: Option<i64>| {
         let mut b = json!({"call": call, "sysno": 90, "args": [0, 0, 0, 0, 0, 0], "mode": mode,
                            "pid": null, "process": "", "result": 0});
@@ -149,9 +154,12 @@ fn setuid_chmod() {
         }
         f.rec(5, "syscall", b)
     };
-    only(raw(&mut f, "chmod", "4755", None), "setuid_chmod");
-    only(raw(&mut f, "fchmodat", "2755", None), "setuid_chmod");
-    only(raw(&mut f, "fchmod", "6711", None), "setuid_chmod");
+    only(raw(&mut f, "chmod", "4755", None), "setuid_chmod_syscall");
+    only(
+        raw(&mut f, "fchmodat", "2755", None),
+        "setuid_chmod_syscall",
+    );
+    only(raw(&mut f, "fchmod", "6711", None), "setuid_chmod_syscall");
     assert!(raw(&mut f, "chmod", "755", None).is_empty());
     assert!(
         raw(&mut f, "fchmod", "1777", None).is_empty(),

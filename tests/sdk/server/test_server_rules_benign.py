@@ -172,7 +172,7 @@ def srv(pkg_net):
                    ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS])
     try:
         s.start()
-        assert "anomaly detection: 28 rules (Builtin)" in s.log(), s.log()
+        assert "anomaly detection: 29 rules (Builtin)" in s.log(), s.log()
         yield s
     finally:
         s.kill_all_sandboxes()

