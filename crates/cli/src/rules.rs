@@ -122,8 +122,19 @@ fn print_alert(a: &Value, json: bool) {
         .as_array()
         .map(|x| x.iter().map(s).filter(|x| x != "alert").collect())
         .unwrap_or_default();
+    // An incident that fired more than once: how often, by which rules, until when.
+    let repeated = match a["count"].as_u64() {
+        Some(n) if n > 1 => {
+            let rules: Vec<String> = a["rules"]
+                .as_array()
+                .map(|x| x.iter().map(s).collect())
+                .unwrap_or_default();
+            format!("  (x{n}: {}; last {})", rules.join(","), s(&a["lastSeen"]))
+        }
+        _ => String::new(),
+    };
     println!(
-        "{}  {}  {:<9} {}{}  {}",
+        "{}  {}  {:<9} {}{}  {}{}",
         s(&a["timestamp"]),
         s(&a["sandboxID"]),
         s(&a["priority"]),
@@ -133,7 +144,8 @@ fn print_alert(a: &Value, json: bool) {
         } else {
             format!(" [{}]", actions.join(","))
         },
-        s(&a["output"])
+        s(&a["output"]),
+        repeated
     );
 }
 
@@ -222,6 +234,7 @@ pub async fn scan(
                     "output": al.output,
                     "actions": al.actions.iter().map(|x| x.as_str()).collect::<Vec<_>>(),
                     "records": al.records.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
+                    "incident": al.incident,
                 });
                 print_alert(&out, json);
             }

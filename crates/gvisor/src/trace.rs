@@ -1,7 +1,7 @@
 //! Syscall-level auditing (opt-in per sandbox) with gVisor's runtime monitoring: runsc starts
 //! the sandbox with `--pod-init-config` naming a trace session whose points are the `open`,
-//! `openat`, `execve`, `execveat`, `connect`, `dup2` and `dup3` system calls and the raw
-//! escape-probe calls of [`more`], and whose `remote` sink is a
+//! `openat`, `execve`, `execveat`, `connect`, `accept`, `accept4`, `dup2` and `dup3` system
+//! calls and the raw escape-probe and chmod calls of [`more`], and whose `remote` sink is a
 //! `SOCK_SEQPACKET` Unix socket kiln listens on (`trace.sock` in the sandbox's directory, not in
 //! the `run/` it shares with the sandbox: nothing inside can reach it).
 //!
@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use super::proto::fields;
 
 use crate::driver::{io_err, DriverError, Result, SyscallObserver};
-use more::{Sockets, ESCAPE_SYSCALLS};
+use more::{Sockets, ESCAPE_SYSCALLS, MODE_SYSCALLS};
 
 pub mod more;
 
@@ -38,12 +38,14 @@ pub const SINK: &str = "trace.sock";
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(60);
 const AGENT_COMM: &str = "kiln-agent";
 
-const POINTS: [&str; 5] = [
+const POINTS: [&str; 7] = [
     "syscall/open/exit",
     "syscall/openat/exit",
     "syscall/execve/enter",
     "syscall/execveat/enter",
     "syscall/connect/exit",
+    "syscall/accept/exit",
+    "syscall/accept4/exit",
 ];
 /// Points whose `fd_path` is asked for too.
 const DUP_POINTS: [&str; 2] = ["syscall/dup2/exit", "syscall/dup3/exit"];
@@ -60,10 +62,12 @@ pub fn write_config(dir: &Path) -> Result<()> {
             .iter()
             .map(|p| json!({"name": p, "optional_fields": ["fd_path"], "context_fields": ctx})),
     );
+    let raw = ESCAPE_SYSCALLS
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(MODE_SYSCALLS.iter().map(|(n, _, _)| *n));
     points.extend(
-        ESCAPE_SYSCALLS.iter().map(
-            |(n, _)| json!({"name": format!("syscall/sysno/{n}/exit"), "context_fields": ctx}),
-        ),
+        raw.map(|n| json!({"name": format!("syscall/sysno/{n}/exit"), "context_fields": ctx})),
     );
     let cfg = json!({"trace_session": {
         "name": "Default",

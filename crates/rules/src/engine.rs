@@ -7,6 +7,10 @@
 //!   (`per: team`); its count then starts over.
 //! - A sequence rule (`condition` then `then`, `within`) fires on a record matching `then`
 //!   that comes within `within` after one matching `condition` (same sandbox or team).
+//! - A window with `sum: FIELD` fires when the field's values of the matching records within
+//!   `within` add up to `count` or more.
+//! - A rule with `for: T` fires when its condition has held on every record of the same kind
+//!   of one sandbox for T (no gap between two matches longer than T), then starts over.
 //!
 //! The engine never evaluates its own output: `lifecycle` records whose `event` is `alert` or
 //! `rule-action` (what the server appends to a chain for an alert and its action) are skipped.
@@ -36,21 +40,38 @@ pub struct Alert {
     pub sandbox: String,
     pub team: Option<String>,
     pub ts_ms: i64,
-    /// The ids (audit cursors) of the records that triggered it, oldest first.
+    /// The ids (audit cursors) of the records that triggered it, oldest first (records that
+    /// are not audit records, such as metrics samples, have none).
     pub records: Vec<i64>,
+    /// The incident it belongs to (the rule's `incident`, by default its name).
+    pub incident: String,
+}
+
+/// One matching record in a window.
+#[derive(Debug)]
+struct Hit {
+    ts: i64,
+    id: i64,
+    distinct: Option<String>,
+    amount: f64,
 }
 
 #[derive(Debug, Default)]
 struct WinState {
-    /// (time, record id, distinct value).
-    hits: VecDeque<(i64, i64, Option<String>)>,
+    hits: VecDeque<Hit>,
     /// How many hits in the window carry each distinct value.
     distinct: HashMap<String, u32>,
+    /// The sum of the hits' amounts (`sum` windows).
+    total: f64,
 }
 
 impl WinState {
     fn pop(&mut self) {
-        if let Some((_, _, Some(v))) = self.hits.pop_front() {
+        let Some(h) = self.hits.pop_front() else {
+            return;
+        };
+        self.total -= h.amount;
+        if let Some(v) = h.distinct {
             if let Some(n) = self.distinct.get_mut(&v) {
                 *n -= 1;
                 if *n == 0 {
@@ -60,13 +81,18 @@ impl WinState {
         }
     }
 
-    fn push(&mut self, hit: (i64, i64, Option<String>)) {
-        if let Some(v) = &hit.2 {
+    fn push(&mut self, hit: Hit) {
+        if let Some(v) = &hit.distinct {
             *self.distinct.entry(v.clone()).or_default() += 1;
         }
+        self.total += hit.amount;
         self.hits.push_back(hit);
     }
 }
+
+/// A `for` rule's current run of matches: (first match's time, newest match's time, first
+/// match's record id).
+type Run = (i64, i64, i64);
 
 pub struct Engine {
     set: Arc<RuleSet>,
@@ -77,6 +103,8 @@ pub struct Engine {
     windows: HashMap<(usize, String), WinState>,
     /// Sequences: the first step's newest match (time, record id).
     firsts: HashMap<(usize, String), (i64, i64)>,
+    /// `for` rules: the current run of matches per (rule, sandbox).
+    runs: HashMap<(usize, String), Run>,
     seen: u64,
 }
 
@@ -89,6 +117,7 @@ impl Engine {
             procs: HashMap::new(),
             windows: HashMap::new(),
             firsts: HashMap::new(),
+            runs: HashMap::new(),
             seen: 0,
         };
         e.set_rules(set);
@@ -117,6 +146,7 @@ impl Engine {
         self.any_kind = Arc::new(any_kind);
         self.windows.clear();
         self.firsts.clear();
+        self.runs.clear();
         self.set = set;
     }
 
@@ -156,6 +186,33 @@ impl Engine {
             }
             let p = proc.as_deref();
             let fired = match (&r.window, &r.then) {
+                (None, _) if r.hold_ms.is_some() => {
+                    let hold = o
+                        .as_ref()
+                        .and_then(|o| o.within_ms)
+                        .or(r.hold_ms)
+                        .unwrap_or(0);
+                    let k = (i, ev.sandbox.clone());
+                    if !r.cond.eval(ev, p) {
+                        self.runs.remove(&k);
+                        continue;
+                    }
+                    let run = self
+                        .runs
+                        .entry(k.clone())
+                        .or_insert((ev.ts_ms, ev.ts_ms, ev.id));
+                    if ev.ts_ms - run.1 > hold {
+                        *run = (ev.ts_ms, ev.ts_ms, ev.id);
+                    }
+                    run.1 = ev.ts_ms;
+                    if ev.ts_ms - run.0 >= hold {
+                        let first = run.2;
+                        self.runs.remove(&k);
+                        Some([first, ev.id].into_iter().filter(|id| *id > 0).collect())
+                    } else {
+                        None
+                    }
+                }
                 (None, _) => r.cond.eval(ev, p).then(|| vec![ev.id]),
                 (Some(w), Some(then)) => {
                     let key = key(w.per, ev);
@@ -180,23 +237,37 @@ impl Engine {
                     }
                     let count = o.as_ref().and_then(|o| o.count).unwrap_or(w.count) as usize;
                     let within = o.as_ref().and_then(|o| o.within_ms).unwrap_or(w.within_ms);
-                    let value = w
+                    let distinct = w
                         .distinct
                         .as_ref()
                         .map(|f| first_text(f, ev, p).unwrap_or_default());
+                    let amount = w.sum.as_ref().map_or(0.0, |f| {
+                        first_text(f, ev, p)
+                            .and_then(|t| t.trim().parse::<f64>().ok())
+                            .filter(|n| n.is_finite() && *n > 0.0)
+                            .unwrap_or(0.0)
+                    });
                     let st = self.windows.entry((i, key(w.per, ev))).or_default();
-                    while st.hits.front().is_some_and(|h| ev.ts_ms - h.0 > within) {
+                    while st.hits.front().is_some_and(|h| ev.ts_ms - h.ts > within) {
                         st.pop();
                     }
-                    st.push((ev.ts_ms, ev.id, value));
-                    let n = if w.distinct.is_some() {
-                        st.distinct.len()
+                    st.push(Hit {
+                        ts: ev.ts_ms,
+                        id: ev.id,
+                        distinct,
+                        amount,
+                    });
+                    let reached = if w.sum.is_some() {
+                        st.total >= count as f64
+                    } else if w.distinct.is_some() {
+                        st.distinct.len() >= count
                     } else {
-                        st.hits.len()
+                        st.hits.len() >= count
                     };
-                    if n >= count {
+                    if reached {
                         st.distinct.clear();
-                        let ids: Vec<i64> = st.hits.drain(..).map(|h| h.1).collect();
+                        st.total = 0.0;
+                        let ids: Vec<i64> = st.hits.drain(..).map(|h| h.id).collect();
                         let skip = ids.len().saturating_sub(MAX_RECORD_IDS);
                         Some(ids[skip..].to_vec())
                     } else {
@@ -218,6 +289,7 @@ impl Engine {
                     team: ev.team.clone(),
                     ts_ms: ev.ts_ms,
                     records,
+                    incident: r.incident.clone(),
                 });
             }
         }
@@ -261,8 +333,10 @@ impl Engine {
             let within = set.rules[*i].window.as_ref().map_or(0, |w| w.within_ms);
             st.hits
                 .back()
-                .is_some_and(|h| now - h.0 <= within.max(3_600_000))
+                .is_some_and(|h| now - h.ts <= within.max(3_600_000))
         });
+        self.runs
+            .retain(|(i, _), run| now - run.1 <= set.rules[*i].hold_ms.unwrap_or(0).max(3_600_000));
         self.firsts.retain(|(i, _), (t, _)| {
             let within = set.rules[*i].window.as_ref().map_or(0, |w| w.within_ms);
             now - *t <= within.max(3_600_000)

@@ -10,6 +10,7 @@
 //! | `proc.aname`, `proc.acmdline` | any ancestor's (a comparison holds if it holds for one) |
 //! | `fd.name` | the path (`path`, or `destination` of a move), or the peer (`dst`, `address`) |
 //! | `fd.write` | true for `file` writes, moves, removes and mkdirs, and opens with a write flag |
+//! | `fd.ownproc` | true when the path is under `/proc/self`, `/proc/thread-self` or `/proc/P` with P the pid of the process the record is about |
 //! | `dst.ip`, `dst.port` | `dst` (`1.2.3.4:80`) or a connect's `address` split |
 //! | `dns.domain` | the query name's last two labels (`a.b.example.com` → `example.com`) |
 //! | `dns.labels`, `dns.maxlabel`, `dns.entropy` | label count, longest label, highest Shannon entropy (bits per character) of a label of 8 or more characters |
@@ -64,6 +65,7 @@ pub enum Field {
     AnyAncestor(ProcPart),
     FdName,
     FdWrite,
+    FdOwnProc,
     DstIp,
     DstPort,
     DnsDomain,
@@ -121,6 +123,7 @@ impl Field {
             "time" => Field::Time,
             "fd.name" => Field::FdName,
             "fd.write" => Field::FdWrite,
+            "fd.ownproc" => Field::FdOwnProc,
             "dst.ip" => Field::DstIp,
             "dst.port" => Field::DstPort,
             "dns.domain" => Field::DnsDomain,
@@ -324,6 +327,21 @@ pub fn with_values(
             };
             each(&V::Bool(w))
         }
+        Field::FdOwnProc => {
+            let pid = b
+                .get("pid")
+                .and_then(Value::as_i64)
+                .or(proc.and_then(|p| p.pid));
+            let own = str_of(b, "path")
+                .and_then(|p| p.strip_prefix("/proc/"))
+                .map(|rest| rest.split('/').next().unwrap_or(""))
+                .is_some_and(|first| {
+                    first == "self"
+                        || first == "thread-self"
+                        || (pid.is_some() && first.parse::<i64>().ok() == pid)
+                });
+            each(&V::Bool(own))
+        }
         Field::DstIp | Field::DstPort => {
             let d = str_of(b, "dst").or_else(|| str_of(b, "address"));
             let part = d.and_then(split_host_port).map(|(h, p)| match f {
@@ -490,5 +508,16 @@ mod tests {
         );
         assert_eq!(get("fd.write", &r).as_deref(), Some("false"));
         assert_eq!(get("missing", &r), None);
+        let own = |path: &str| {
+            let e = ev(
+                "syscall",
+                json!({"call": "openat", "pid": 42, "path": path}),
+            );
+            get("fd.ownproc", &e).unwrap()
+        };
+        assert_eq!(own("/proc/42/environ"), "true");
+        assert_eq!(own("/proc/self/environ"), "true");
+        assert_eq!(own("/proc/421/environ"), "false");
+        assert_eq!(own("/etc/passwd"), "false");
     }
 }

@@ -9,7 +9,8 @@
 //! - [`ruleset`]: rules files (`rule`, `macro`, `list`, `override`) → a [`RuleSet`], with
 //!   errors at line and column; the built-in pack ([`ruleset::DEFAULT_PACK`]);
 //! - [`procs`]: per-sandbox process tables (ancestry);
-//! - [`engine`]: evaluation in record order, windows and sequences → [`Alert`]s;
+//! - [`engine`]: evaluation in record order, windows, sums, sequences and `for` → [`Alert`]s;
+//! - [`incident`]: alerts of one incident on one sandbox grouped into one;
 //! - [`reload`]: a rules file watched for changes (a bad file never replaces a good set);
 //! - [`bench`]: throughput measurement (`kiln bench rules`).
 //!
@@ -20,6 +21,7 @@ pub mod cond;
 pub mod engine;
 pub mod fields;
 pub mod glob;
+pub mod incident;
 pub mod model;
 pub mod parse;
 pub mod procs;
@@ -29,4 +31,5 @@ pub mod yaml;
 
 pub use engine::{Alert, Engine};
 pub use fields::Event;
+pub use incident::{Admitted, Incidents};
 pub use ruleset::{Action, LoadError, LoadErrors, Priority, RuleSet};

@@ -101,13 +101,15 @@ pub enum Per {
     Team,
 }
 
-/// "`count` matching records within `within_ms`" (distinct values of `distinct` when set).
+/// "`count` matching records within `within_ms`" (distinct values of `distinct` when set;
+/// with `sum`, the total of that field's values reaching `count`).
 #[derive(Debug, Clone)]
 pub struct Window {
-    pub count: u32,
+    pub count: u64,
     pub within_ms: i64,
     pub per: Per,
     pub distinct: Option<Field>,
+    pub sum: Option<Field>,
 }
 
 /// A piece of a rule's `output`.
@@ -130,6 +132,13 @@ pub struct Rule {
     /// The second step of a sequence ("`cond` then `then` within the window's time").
     pub then: Option<Cond>,
     pub window: Option<Window>,
+    /// `for`: the condition held on every record of its kind (per sandbox) for this long,
+    /// with no gap between two matches longer than it.
+    pub hold_ms: Option<i64>,
+    /// The incident its alerts belong to (`incident`, default: the rule's name): alerts of
+    /// one incident on one sandbox close together in time are one alert (see
+    /// [`crate::incident`]).
+    pub incident: String,
     /// Record kinds it can match (None: any).
     pub kinds: Option<HashSet<String>>,
     pub uses_proc: bool,
@@ -140,7 +149,7 @@ pub struct Rule {
 #[derive(Debug, Clone, Default)]
 pub struct Override {
     pub enabled: Option<bool>,
-    pub count: Option<u32>,
+    pub count: Option<u64>,
     pub within_ms: Option<i64>,
     pub actions: Option<Vec<Action>>,
     pub priority: Option<Priority>,

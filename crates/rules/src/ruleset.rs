@@ -30,6 +30,9 @@ const RULE_KEYS: &[&str] = &[
     "per",
     "distinct",
     "then",
+    "sum",
+    "for",
+    "incident",
     "source",
 ];
 const OVERRIDE_KEYS: &[&str] = &[
@@ -99,10 +102,10 @@ impl Loader<'_> {
         }
     }
 
-    fn count(&mut self, n: &Node) -> Option<u32> {
+    fn count(&mut self, n: &Node) -> Option<u64> {
         match n
             .str()
-            .and_then(|s| s.parse::<u32>().ok())
+            .and_then(|s| s.parse::<u64>().ok())
             .filter(|c| *c >= 1)
         {
             Some(c) => Some(c),
@@ -114,16 +117,22 @@ impl Loader<'_> {
     }
 
     fn within(&mut self, n: &Node) -> Option<i64> {
-        match n.str().and_then(parse_duration) {
-            Some(d) => Some(d),
-            None => {
-                self.err(
-                    n.at(),
-                    "within must be a duration such as 500ms, 10s, 5m or 1h",
-                );
-                None
-            }
+        self.duration(n, "within")
+    }
+
+    fn duration(&mut self, n: &Node, key: &str) -> Option<i64> {
+        let d = n.str().and_then(parse_duration);
+        if d.is_none() {
+            let msg = format!("{key} must be a duration such as 500ms, 10s, 5m or 1h");
+            self.err(n.at(), msg);
         }
+        d
+    }
+
+    fn field(&mut self, n: &Node, key: &str) -> Option<Field> {
+        Field::parse(n.str().unwrap_or(""))
+            .map_err(|m| self.err(n.at(), format!("{key}: {m}")))
+            .ok()
     }
 
     fn actions(&mut self, n: &Node) -> Option<Vec<Action>> {
@@ -389,11 +398,13 @@ impl RuleSet {
                 .iter()
                 .find(|r| r.name == rule)
                 .expect("checked above");
-            if (o.count.is_some() || o.within_ms.is_some()) && r.window.is_none() {
+            let bad = (o.count.is_some() && r.window.is_none())
+                || (o.within_ms.is_some() && r.window.is_none() && r.hold_ms.is_none());
+            if bad {
                 l.err(
                     at,
                     format!(
-                        "override of {rule:?}: count and within apply only to rules with a window"
+                        "override of {rule:?}: count applies only to rules with a window, within also to for"
                     ),
                 );
                 continue;
@@ -487,15 +498,32 @@ fn compile_rule(
         }
     };
     let distinct = match get(p, "distinct") {
-        Some(n) => match Field::parse(n.str().unwrap_or("")) {
-            Ok(f) => Some(f),
-            Err(m) => {
-                l.err(n.at(), format!("distinct: {m}"));
-                return None;
-            }
-        },
+        Some(n) => Some(l.field(n, "distinct")?),
         None => None,
     };
+    let sum = match get(p, "sum") {
+        Some(n) => Some(l.field(n, "sum")?),
+        None => None,
+    };
+    let hold_ms = match get(p, "for") {
+        Some(n) => Some(l.duration(n, "for")?),
+        None => None,
+    };
+    let incident = match get(p, "incident") {
+        Some(n) => l.text(n, "incident")?.to_string(),
+        None => d.name.clone(),
+    };
+    let conflict = if hold_ms.is_some() && (count.is_some() || within.is_some() || then.is_some()) {
+        Some("for takes no count, within or then")
+    } else if sum.is_some() && (distinct.is_some() || count.is_none()) {
+        Some("sum needs count and within, and takes no distinct")
+    } else {
+        None
+    };
+    if let Some(msg) = conflict {
+        l.err(d.at, format!("rule {:?}: {msg}", d.name));
+        return None;
+    }
     let window = match (count, within, then.is_some()) {
         (None, None, false) if distinct.is_none() => None,
         (Some(c), Some(w), false) => Some(Window {
@@ -503,12 +531,14 @@ fn compile_rule(
             within_ms: w?,
             per,
             distinct,
+            sum,
         }),
         (None, Some(w), true) => Some(Window {
             count: 2,
             within_ms: w?,
             per,
             distinct: None,
+            sum: None,
         }),
         (_, None, true) => {
             l.err(
@@ -548,6 +578,8 @@ fn compile_rule(
         cond,
         then,
         window,
+        hold_ms,
+        incident,
         kinds,
         uses_proc,
         line: d.at.line,

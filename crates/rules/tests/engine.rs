@@ -352,3 +352,66 @@ fn reloading_keeps_process_tables() {
     ));
     assert_eq!(e.tracked_sandboxes(), 0);
 }
+
+#[test]
+fn sums_holds_and_incident_names() {
+    let src = format!(
+        "- rule: volume\n{HEAD}  condition: kind = net and bytesOut exists\n  sum: bytesOut\n  count: 1000\n  within: 10s\n  incident: exfil\n\
+         - rule: busy\n{HEAD}  condition: kind = sample and cpuPct >= 90\n  for: 10s\n\
+         - override: busy\n  team: patient\n  within: 30s\n"
+    );
+    let mut e = engine(&src);
+    let net = |id, ts, n: u64| ev(id, ts, "s", "t", "net", json!({"bytesOut": n}));
+    assert!(e.eval(&net(1, 0, 600)).is_empty());
+    assert!(
+        e.eval(&net(2, 20_000, 600)).is_empty(),
+        "the first fell out"
+    );
+    let a = e.eval(&net(3, 21_000, 500));
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (a[0].incident.as_str(), &a[0].records[..]),
+        ("exfil", &[2, 3][..])
+    );
+    assert!(
+        e.eval(&net(4, 22_000, 999)).is_empty(),
+        "the sum starts over"
+    );
+
+    let cpu = |ts, team: &str, pct: f64| ev(0, ts, "s", team, "sample", json!({"cpuPct": pct}));
+    let mut fired = Vec::new();
+    for ts in (0..=10_000).step_by(2000) {
+        fired.extend(e.eval(&cpu(ts, "t", 95.0)));
+    }
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0].incident, "busy", "the rule's name by default");
+    assert!(fired[0].records.is_empty(), "samples are not audit records");
+    // One sample below breaks the run.
+    let mut fired = Vec::new();
+    for (i, ts) in (20_000..=40_000).step_by(2000).enumerate() {
+        fired.extend(e.eval(&cpu(ts, "t", if i == 5 { 50.0 } else { 95.0 })));
+    }
+    assert!(fired.is_empty(), "{fired:?}");
+    // A team's override of `within` changes `for`.
+    let mut fired = Vec::new();
+    for ts in (100_000..=120_000).step_by(2000) {
+        fired.extend(e.eval(&ev(0, ts, "p", "patient", "sample", json!({"cpuPct": 99}))));
+    }
+    assert!(fired.is_empty(), "{fired:?}");
+
+    let e = errors(&format!(
+        "- rule: r\n{HEAD}  condition: kind = sample\n  for: 10s\n  count: 3\n  within: 1s\n"
+    ));
+    assert!(e[0].2.contains("for takes no count"), "{e:?}");
+    let e = errors(&format!(
+        "- rule: r\n{HEAD}  condition: kind = net\n  sum: bytesOut\n  distinct: dst\n  count: 3\n  within: 1s\n"
+    ));
+    assert!(e[0].2.contains("takes no distinct"), "{e:?}");
+    let e = errors(&format!(
+        "- rule: r\n{HEAD}  condition: kind = sample\n  for: soon\n"
+    ));
+    assert_eq!(
+        (e[0].0, e[0].2.as_str()),
+        (6, "for must be a duration such as 500ms, 10s, 5m or 1h")
+    );
+}

@@ -172,7 +172,7 @@ def srv(pkg_net):
                    ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS])
     try:
         s.start()
-        assert "anomaly detection: 25 rules (Builtin)" in s.log(), s.log()
+        assert "anomaly detection: 29 rules (Builtin)" in s.log(), s.log()
         yield s
     finally:
         s.kill_all_sandboxes()
@@ -226,6 +226,10 @@ def test_pip_npm_git_make_and_a_web_server(srv):
 
         # A deploy key made and its public half printed (ssh-keygen writes and reads the key).
         sh(sbx, "ssh-keygen -q -t ed25519 -N '' -C agent -f ~/.ssh/id_ed25519 && ssh-keygen -y -f ~/.ssh/id_ed25519")
+
+        # A process reading its own environment through its pid (as psutil does).
+        sbx.files.write("/tmp/own_env.py", "import os\nopen(f'/proc/{os.getpid()}/environ', 'rb').read()\n")
+        sh(sbx, "python3 /tmp/own_env.py")
 
         sh(sbx, "git clone -q http://pkgs.test/repo.git")
         assert sbx.files.read("/home/user/repo/README") == "cloned from pkgs.test\n"
@@ -303,11 +307,16 @@ subprocess.call(["/bin/sh", "-i"])
 """
 
 
+def fired_rules(got: list) -> set:
+    """Every rule that fired in the alerts (an incident's alert lists all of its rules)."""
+    return {r for a in got for r in a["rules"]}
+
+
 def wait_rules(srv, sandbox_id, want: set, timeout=10.0) -> list:
     deadline, got = time.time() + timeout, []
     while time.time() < deadline:
         got = alerts(srv, sandbox_id)
-        if want <= {a["rule"] for a in got}:
+        if want <= fired_rules(got):
             break
         time.sleep(0.1)
     return got
@@ -318,7 +327,7 @@ def test_zero_alerts_on_ordinary_work_and_the_expected_ones_on_real_attacks(srv,
 
     # Real reverse shells: the shell's stdio on a TCP connection to the listener, which runs a
     # command through it. First bash's /dev/tcp, then a script (only syscall auditing sees
-    # it), and an escape probe (unshare of a mount namespace).
+    # it), and an escape probe (unshare of a mount namespace). Each shell is one incident.
     sbx = Sandbox.create(timeout=120, metadata=AUDIT_SYSCALLS, **srv.opts())
     script = Sandbox.create(timeout=120, metadata=AUDIT_SYSCALLS, **srv.opts())
     try:
@@ -326,7 +335,9 @@ def test_zero_alerts_on_ordinary_work_and_the_expected_ones_on_real_attacks(srv,
                          timeout=30)
         want = {"reverse_shell_dev_tcp", "shell_connects_out", "reverse_shell_stdio_socket"}
         got = wait_rules(srv, sbx.sandbox_id, want)
-        assert {a["rule"] for a in got} == want, got
+        assert fired_rules(got) == want, got
+        assert [(a["incident"], a["rule"]) for a in got] == [("remote_shell", "reverse_shell_dev_tcp")], got
+        assert got[0]["count"] >= 3, got
         with open(pkg_net, "rb") as f:
             assert f.read().count(b"pwned-42") == 1, "the listener ran a command through the shell"
 
@@ -334,15 +345,19 @@ def test_zero_alerts_on_ordinary_work_and_the_expected_ones_on_real_attacks(srv,
         script.commands.run("timeout 20 python3 /tmp/job.py; unshare -m true; true", timeout=30)
         want = {"reverse_shell_stdio_socket", "escape_probe_syscalls"}
         got = wait_rules(srv, script.sandbox_id, want)
-        assert {a["rule"] for a in got} == want, got
+        assert fired_rules(got) == want, got
+        assert sorted((a["incident"], a["count"]) for a in got) == [("escape_probe", 1), ("remote_shell", 3)], got
+        # Each firing is on the chain with its own output.
+        status, page, _ = srv.request("GET", f"/sandboxes/{script.sandbox_id}/audit?kind=lifecycle&limit=1000")
+        on_chain = [r["body"] for r in page["records"] if r["body"].get("event") == "alert"]
         fds = set()
-        for a in got:
+        for b in on_chain:
             m = re.fullmatch(rf"python3 \(pid \d+\) put its connection to {LISTENER}:4444 on fd (\d) "
-                             rf"in sandbox {script.sandbox_id}", a["output"])
-            if a["rule"] == "reverse_shell_stdio_socket":
-                assert m, a["output"]
+                             rf"in sandbox {script.sandbox_id}", b["output"])
+            if b["rule"] == "reverse_shell_stdio_socket":
+                assert m, b["output"]
                 fds.add(int(m.group(1)))
-        assert fds == {0, 1, 2}, got
+        assert fds == {0, 1, 2}, on_chain
         probes = [a["output"] for a in got if a["rule"] == "escape_probe_syscalls"]
         assert probes == [f"escape probe in sandbox {script.sandbox_id}: unshare (errno 1)"], probes
         with open(pkg_net, "rb") as f:

@@ -1,8 +1,10 @@
 //! The trace points of syscall auditing beyond open/execve/connect ([`super`]): `dup2`
-//! and `dup3` (what puts a connection on a process's stdio), and the raw system calls escape
-//! probes use (mount, ptrace, module loads, kexec, bpf, namespaces), plus [`Sockets`], which
-//! tells which descriptors of a process are network connections, so a `dup2` record can say
-//! what it duplicated.
+//! and `dup3` (what puts a connection on a process's stdio), `accept` and `accept4` (a
+//! connection taken on a listening socket), the raw system calls escape probes use (mount,
+//! ptrace, module loads, kexec, bpf, namespaces) and the raw `chmod`, `fchmod` and
+//! `fchmodat` (with the mode they set), plus [`Sockets`], which tells which descriptors of a
+//! process are network connections (made or accepted), so a `dup2` record can say what it
+//! duplicated.
 
 use std::collections::HashMap;
 
@@ -28,7 +30,13 @@ pub const ESCAPE_SYSCALLS: [(i64, &str); 13] = [
     (321, "bpf"),
 ];
 
+/// The raw system calls that set a file's mode (number, name, index of the mode argument).
+pub const MODE_SYSCALLS: [(i64, &str, usize); 3] =
+    [(90, "chmod", 1), (91, "fchmod", 1), (268, "fchmodat", 2)];
+
 const DUP2: i64 = 33;
+const ACCEPT: i64 = 43;
+const ACCEPT4: i64 = 288;
 const DUP3: i64 = 292;
 /// A non-blocking connect under way.
 const EINPROGRESS: i64 = 115;
@@ -43,13 +51,26 @@ pub fn decode(kind: u16, sysno: Option<i64>, f: &[Field<'_>]) -> Option<Value> {
     if kind == RAW {
         // Syscall: sysno 4, arg1 … arg6 5 … 10.
         let sysno = f.iter().find_map(|x| x.int(4))?;
-        let (_, name) = ESCAPE_SYSCALLS.iter().find(|(n, _)| *n == sysno)?;
         let args: Vec<i64> = (5..=10)
             .map(|k| f.iter().find_map(|x| x.int(k)).unwrap_or(0))
             .collect();
+        if let Some((_, name, at)) = MODE_SYSCALLS.iter().find(|(n, _, _)| *n == sysno) {
+            // The mode as `chmod` prints it: octal, setuid/setgid/sticky digit first.
+            let mode = format!("{:o}", args[*at] & 0o7777);
+            return Some(json!({"call": name, "sysno": sysno, "args": args, "mode": mode}));
+        }
+        let (_, name) = ESCAPE_SYSCALLS.iter().find(|(n, _)| *n == sysno)?;
         return Some(json!({"call": name, "sysno": sysno, "args": args}));
     }
     let sysno = sysno?;
+    if sysno == ACCEPT || sysno == ACCEPT4 {
+        // Accept: fd 4, fd_path 5, address 6 (the peer), flags 7.
+        return Some(json!({
+            "call": if sysno == ACCEPT { "accept" } else { "accept4" },
+            "fd": f.iter().find_map(|x| x.int(4)),
+            "address": f.iter().find_map(|x| x.bytes(6)).filter(|a| !a.is_empty()).map(super::sockaddr),
+        }));
+    }
     if sysno != DUP2 && sysno != DUP3 {
         return None;
     }
@@ -65,16 +86,25 @@ pub fn decode(kind: u16, sysno: Option<i64>, f: &[Field<'_>]) -> Option<Value> {
 /// Most descriptors remembered per sandbox (the table starts over beyond).
 const MAX: usize = 4096;
 
-/// The network connections each process of one sandbox opened, by (pid, fd), from its
-/// `connect` records; an `open` that returns the descriptor, or a `dup2` over it, ends the
-/// entry. (Descriptors closed and reused by calls that are not traced — `socket`, `pipe`,
-/// `accept` — stay known until then.)
+/// The network connections each process of one sandbox opened or accepted, by (pid, fd):
+/// the peer's address and whether it was accepted, from its `connect` and `accept` records;
+/// an `open` or `accept` that returns the descriptor, or a `dup2` over it, ends the entry.
+/// (Descriptors closed and reused by calls that are not traced — `socket`, `pipe` — stay
+/// known until then.)
 #[derive(Default)]
-pub struct Sockets(HashMap<(i64, i64), String>);
+pub struct Sockets(HashMap<(i64, i64), (String, bool)>);
 
 impl Sockets {
+    fn put(&mut self, key: (i64, i64), peer: (String, bool)) {
+        if self.0.len() >= MAX {
+            self.0.clear();
+        }
+        self.0.insert(key, peer);
+    }
+
     /// Updates the table from `body` and, for a `dup2`/`dup3` of a known connection, adds
-    /// `socket` (its peer address) to the body.
+    /// its peer's address to the body: `socket` for a connection the process made,
+    /// `accepted` for one it accepted.
     pub fn note(&mut self, body: &mut Value) {
         let Some(pid) = body["pid"].as_i64() else {
             return;
@@ -88,12 +118,22 @@ impl Sockets {
                 let inet = !addr.starts_with("unix:") && !addr.starts_with("family");
                 let ok = !failed || body["errno"].as_i64() == Some(EINPROGRESS);
                 if inet && ok {
-                    if self.0.len() >= MAX {
-                        self.0.clear();
-                    }
-                    self.0.insert((pid, fd), addr.to_string());
+                    self.put((pid, fd), (addr.to_string(), false));
                 } else {
                     self.0.remove(&(pid, fd));
+                }
+            }
+            "accept" | "accept4" if !failed => {
+                let Some(fd) = body["result"].as_i64() else {
+                    return;
+                };
+                match body["address"].as_str() {
+                    Some(a) if !a.starts_with("unix:") && !a.starts_with("family") => {
+                        self.put((pid, fd), (a.to_string(), true));
+                    }
+                    _ => {
+                        self.0.remove(&(pid, fd));
+                    }
                 }
             }
             "open" | "openat" if !failed => {
@@ -107,9 +147,10 @@ impl Sockets {
                     return;
                 };
                 match self.0.get(&(pid, old)).cloned() {
-                    Some(addr) => {
-                        body["socket"] = json!(addr);
-                        self.0.insert((pid, new), addr);
+                    Some((addr, accepted)) => {
+                        let key = if accepted { "accepted" } else { "socket" };
+                        body[key] = json!(addr);
+                        self.0.insert((pid, new), (addr, accepted));
                     }
                     None => {
                         self.0.remove(&(pid, new));
@@ -158,6 +199,59 @@ mod tests {
         );
         // A raw call not on the list is not recorded.
         assert_eq!(decode(RAW, None, &[Field::Varint(4, 0)]), None);
+        // chmod(path, 04755) and fchmodat(dirfd, path, 0644): the mode in octal.
+        let chmod = [
+            Field::Varint(4, 90),
+            Field::Varint(5, 1),
+            Field::Varint(6, 0o4755),
+        ];
+        let b = decode(RAW, None, &chmod).unwrap();
+        assert_eq!(
+            (b["call"].as_str(), b["mode"].as_str()),
+            (Some("chmod"), Some("4755"))
+        );
+        let at = [
+            Field::Varint(4, 268),
+            Field::Varint(6, 7),
+            Field::Varint(7, 0o100644),
+        ];
+        let b = decode(RAW, None, &at).unwrap();
+        assert_eq!(
+            (b["call"].as_str(), b["mode"].as_str()),
+            (Some("fchmodat"), Some("644"))
+        );
+        // accept4 of a TCP peer.
+        let mut addr = vec![2, 0, 0x9c, 0x40, 198, 51, 100, 9];
+        addr.extend([0; 8]);
+        let acc = [Field::Varint(4, 3), Field::Bytes(6, &addr)];
+        let b = decode(12, Some(288), &acc).unwrap();
+        assert_eq!(
+            (b["call"].as_str(), b["fd"].as_i64(), b["address"].as_str()),
+            (Some("accept4"), Some(3), Some("198.51.100.9:40000"))
+        );
+    }
+
+    #[test]
+    fn a_dup_of_an_accepted_connection_names_it_accepted() {
+        let mut s = Sockets::default();
+        let mut a = json!({"call": "accept4", "pid": 9, "fd": 3, "address": "198.51.100.9:40000", "result": 4});
+        s.note(&mut a);
+        let mut d = json!({"call": "dup2", "pid": 9, "oldfd": 4, "newfd": 0, "result": 0});
+        s.note(&mut d);
+        assert_eq!(d["accepted"], "198.51.100.9:40000");
+        assert!(d.get("socket").is_none());
+        // A Unix peer is not a network connection; a failed accept changes nothing.
+        let mut a =
+            json!({"call": "accept", "pid": 9, "fd": 3, "address": "unix:/run/x", "result": 5});
+        s.note(&mut a);
+        let mut f = json!({"call": "accept", "pid": 9, "fd": 3, "result": -1, "errno": 11});
+        s.note(&mut f);
+        let mut d = json!({"call": "dup2", "pid": 9, "oldfd": 5, "newfd": 1, "result": 1});
+        s.note(&mut d);
+        assert!(
+            d.get("accepted").is_none() && d.get("socket").is_none(),
+            "{d}"
+        );
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! What one alert does: stored, an `alert` event (events API and webhooks), counted, appended
-//! to the sandbox's audit chain, and its rule's actions taken (each at most once per sandbox),
-//! every action appended to the chain as well.
+//! What one alert does. The first of an incident ([`kiln_rules::incident`]) is stored, becomes
+//! an `alert` event (events API and webhooks) and a `warn` log line; a repeat updates the
+//! stored alert (count, last time, rules, records) and raises no event. Every firing is
+//! counted (`kiln_alerts_total{rule,priority}`), appended to the sandbox's audit chain (with
+//! the stored alert's id and the incident's count so far) and has its rule's actions taken
+//! (each at most once per sandbox), every action appended to the chain as well.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -28,7 +31,10 @@ impl Handler {
         })
     }
 
-    pub async fn handle(&self, a: Alert) {
+    /// Handles `a`, whose incident's stored alert id is (or will be) in `slot`; `opening`
+    /// is the slot's guard when `a` opened the incident (taken before its task was spawned,
+    /// so the first firing is stored first and its repeats wait for it).
+    pub async fn handle(&self, a: Alert, slot: super::Slot, opening: Option<super::SlotGuard>) {
         let rec = AlertRecord {
             id: 0,
             ts_ms: a.ts_ms,
@@ -40,15 +46,44 @@ impl Handler {
             tags: a.tags.clone(),
             actions: a.actions.iter().map(|x| x.as_str().to_string()).collect(),
             records: a.records.clone(),
+            count: 1,
+            first_ms: a.ts_ms,
+            last_ms: a.ts_ms,
+            rules: vec![a.rule.clone()],
+            incident: a.incident.clone(),
         };
-        let stored = match self.db.run(move |c| alerts_sql::insert(c, &rec)).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, rule = %a.rule, "storing an alert");
-                return;
-            }
+        // Repeats wait for the incident's first alert to be stored (or, if storing it failed,
+        // store it themselves).
+        let mut stored_id = match opening {
+            Some(g) => g,
+            None => slot.lock_owned().await,
         };
-        tracing::warn!(sandbox = %a.sandbox, rule = %a.rule, priority = %a.priority, "alert: {}", a.output);
+        let (stored, first) = match *stored_id {
+            None => match self.db.run(move |c| alerts_sql::insert(c, &rec)).await {
+                Ok(s) => {
+                    *stored_id = Some(s.id);
+                    (s, true)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, rule = %a.rule, "storing an alert");
+                    return;
+                }
+            },
+            Some(id) => match self.db.run(move |c| alerts_sql::repeat(c, id, &rec)).await {
+                Ok(Some(s)) => (s, false),
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, rule = %a.rule, "updating an alert");
+                    return;
+                }
+            },
+        };
+        drop(stored_id);
+        if first {
+            tracing::warn!(sandbox = %a.sandbox, rule = %a.rule, priority = %a.priority, "alert: {}", a.output);
+        } else {
+            tracing::info!(sandbox = %a.sandbox, rule = %a.rule, alert = stored.id, count = stored.count, "alert repeated: {}", a.output);
+        }
         self.manager
             .telemetry()
             .count_alert(&a.rule, a.priority.as_str());
@@ -63,19 +98,23 @@ impl Handler {
                 "priority": a.priority.as_str(),
                 "output": a.output,
                 "records": a.records.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+                "incident": a.incident,
+                "count": stored.count,
             }),
         )
         .await;
-        let detail = format!("rule {} ({}): {}", a.rule, a.priority, a.output);
-        if let Err(e) = self
-            .manager
-            .store()
-            .add_event(&a.sandbox, "alert", &detail)
-            .await
-        {
-            tracing::warn!(error = %e, "recording an alert event");
+        if first {
+            let detail = format!("rule {} ({}): {}", a.rule, a.priority, a.output);
+            if let Err(e) = self
+                .manager
+                .store()
+                .add_event(&a.sandbox, "alert", &detail)
+                .await
+            {
+                tracing::warn!(error = %e, "recording an alert event");
+            }
+            self.manager.webhooks().nudge();
         }
-        self.manager.webhooks().nudge();
         for act in &a.actions {
             if *act == Action::Alert {
                 continue;

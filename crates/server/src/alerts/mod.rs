@@ -2,13 +2,19 @@
 //! record as the writer stores it, and what an alert does.
 //!
 //! The audit writer hands each stored record to a bounded channel without waiting
-//! ([`crate::audit::RulesTap`]); one task owns the engine and evaluates records in order. Each
-//! alert is then handled on its own task ([`actions`]): stored (`alerts` table, `GET /alerts`),
-//! added to the event log as an `alert` event (so `GET /events` and webhooks carry it),
-//! counted (`kiln_alerts_total{rule,priority}`), appended to the sandbox's audit chain with
-//! the ids of the records that triggered it, and its rule's action taken (`kill`, `pause`,
-//! `deny-network`), itself appended to the chain. The engine skips those records, and each
-//! action is taken at most once per sandbox, so no rule can loop on its own doing.
+//! ([`crate::audit::RulesTap`]); one task owns the engine and evaluates records in order. It
+//! also evaluates each new CPU and memory sample the metrics sampler took
+//! ([`Manager::latest_samples`], read every second) as a `sample` record that is not stored
+//! (`sandbox`, `cpuPct` of the sandbox's CPU limit, `cpuCount`, `memUsed`, `memTotal`), so
+//! rules see sustained load. Alerts are grouped into incidents ([`kiln_rules::incident`]: one
+//! incident name, one sandbox, at most 5 minutes apart). Each alert is then handled on its own
+//! task ([`actions`]): the incident's first stored (`alerts` table, `GET /alerts`) and added
+//! to the event log as an `alert` event (so `GET /events` and webhooks carry it), a repeat
+//! updating that alert; every firing counted (`kiln_alerts_total{rule,priority}`), appended
+//! to the sandbox's audit chain with the ids of the records that triggered it, and its rule's
+//! action taken (`kill`, `pause`, `deny-network`), itself appended to the chain. The engine
+//! skips those records, and each action is taken at most once per sandbox, so no rule can loop
+//! on its own doing.
 //!
 //! Rules come from the built-in pack or a file (`kiln serve --rules FILE`); a file is checked
 //! for changes every 2 s and on SIGHUP, and a change that does not load is logged and never
@@ -22,7 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_rules::reload::{Reload, Watched};
-use kiln_rules::{Engine, Event, RuleSet};
+use kiln_rules::{Admitted, Engine, Event, Incidents, RuleSet};
+use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::audit::AuditRecord;
@@ -52,6 +59,31 @@ impl RulesSource {
 pub const QUEUE: usize = 16384;
 /// How often a rules file is checked for changes.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
+/// How often the metrics sampler's newest samples are looked at.
+pub const SAMPLES_EVERY: Duration = Duration::from_secs(1);
+/// Lifecycle events after which a sandbox's incidents are closed.
+const END_EVENTS: &[&str] = &["killed", "timed-out", "died", "failed"];
+
+/// The stored alert id of one incident, once its first firing is stored.
+pub type Slot = Arc<tokio::sync::Mutex<Option<i64>>>;
+/// A held [`Slot`].
+pub type SlotGuard = tokio::sync::OwnedMutexGuard<Option<i64>>;
+
+/// The slots of the open incidents, by incident number.
+#[derive(Default)]
+struct Slots(HashMap<u64, (Slot, i64)>);
+
+impl Slots {
+    fn of(&mut self, adm: Admitted, ts_ms: i64) -> Slot {
+        if adm.opened && self.0.len() >= 4096 {
+            self.0
+                .retain(|_, (_, last)| ts_ms - *last <= kiln_rules::incident::GAP_MS);
+        }
+        let e = self.0.entry(adm.incident).or_default();
+        e.1 = e.1.max(ts_ms);
+        e.0.clone()
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AlertsError {
@@ -138,8 +170,71 @@ pub fn event_of(r: &AuditRecord, team: Option<String>) -> Event {
     }
 }
 
+/// A metrics sample as the engine reads it (kind `sample`, no audit record: id 0).
+pub fn sample_event(id: &str, s: &crate::manager::MetricSample, team: Option<String>) -> Event {
+    Event {
+        id: 0,
+        sandbox: id.to_string(),
+        team,
+        ts_ms: s.timestamp_ms,
+        kind: "sample".into(),
+        body: json!({
+            "cpuPct": (s.cpu_used_pct * 10.0).round() / 10.0,
+            "cpuCount": s.cpu_count,
+            "memUsed": s.mem_used,
+            "memTotal": s.mem_total,
+        }),
+    }
+}
+
+/// The engine and what its alerts go through.
+struct Evaluator {
+    engine: Engine,
+    incidents: Incidents,
+    slots: Slots,
+    handler: Arc<actions::Handler>,
+    /// The newest sample evaluated, per sandbox.
+    sampled: HashMap<String, i64>,
+}
+
+impl Evaluator {
+    fn eval(&mut self, ev: &Event) {
+        for a in self.engine.eval(ev) {
+            let adm = self.incidents.admit(&a);
+            let slot = self.slots.of(adm, a.ts_ms);
+            // A new incident's slot is free: held now, before any repeat's task can ask.
+            let opening = adm
+                .opened
+                .then(|| slot.clone().try_lock_owned().ok())
+                .flatten();
+            let h = self.handler.clone();
+            tokio::spawn(async move { h.handle(a, slot, opening).await });
+        }
+        let event = ev.body.get("event").and_then(|e| e.as_str());
+        if ev.kind == "lifecycle" && event.is_some_and(|e| END_EVENTS.contains(&e)) {
+            self.incidents.ended(&ev.sandbox);
+        }
+    }
+
+    /// Evaluates the samples taken since the last look.
+    fn samples(&mut self, manager: &Manager, teams: &mut Teams) {
+        let latest = manager.latest_samples();
+        let live: std::collections::HashSet<&str> =
+            latest.iter().map(|(id, _)| id.as_str()).collect();
+        self.sampled.retain(|id, _| live.contains(id.as_str()));
+        for (id, s) in &latest {
+            if self.sampled.get(id).is_some_and(|t| *t >= s.timestamp_ms) {
+                continue;
+            }
+            self.sampled.insert(id.clone(), s.timestamp_ms);
+            let ev = sample_event(id, s, teams.of(manager, id));
+            self.eval(&ev);
+        }
+    }
+}
+
 async fn run(
-    mut engine: Engine,
+    engine: Engine,
     mut rx: mpsc::Receiver<Arc<AuditRecord>>,
     mut watched: Option<Watched>,
     handler: Arc<actions::Handler>,
@@ -149,16 +244,25 @@ async fn run(
     let mut hup = signal(SignalKind::hangup()).ok();
     let mut tick = tokio::time::interval(RELOAD_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sample_tick = tokio::time::interval(SAMPLES_EVERY);
+    sample_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut teams = Teams::default();
+    let mut ev = Evaluator {
+        engine,
+        incidents: Incidents::default(),
+        slots: Slots::default(),
+        handler,
+        sampled: HashMap::new(),
+    };
     loop {
         let force = tokio::select! {
             r = rx.recv() => {
                 let Some(r) = r else { return };
-                let ev = event_of(&r, teams.of(&manager, &r.sandbox_id));
-                for a in engine.eval(&ev) {
-                    let h = handler.clone();
-                    tokio::spawn(async move { h.handle(a).await });
-                }
+                ev.eval(&event_of(&r, teams.of(&manager, &r.sandbox_id)));
+                continue;
+            }
+            _ = sample_tick.tick() => {
+                ev.samples(&manager, &mut teams);
                 continue;
             }
             _ = tick.tick() => false,
@@ -169,7 +273,7 @@ async fn run(
             Reload::Unchanged => {}
             Reload::Loaded(set) => {
                 tracing::info!(rules = set.rules.len(), file = %w.path().display(), "rules reloaded");
-                engine.set_rules(set);
+                ev.engine.set_rules(set);
             }
             Reload::Refused(e) => {
                 tracing::error!(file = %w.path().display(), errors = %e, "the changed rules file does not load; the rules in force stay");

@@ -321,6 +321,14 @@ pub const MIGRATIONS: &[&str] = &[
         sealed BLOB NOT NULL
     );
     ",
+    // 13: alerts are incidents (crates/rules/src/incident.rs): repeats of one incident on one
+    // sandbox update its alert (how many, the newest time, every rule that fired in it).
+    "
+    ALTER TABLE alerts ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE alerts ADD COLUMN last_ts INTEGER;
+    ALTER TABLE alerts ADD COLUMN rules TEXT;
+    ALTER TABLE alerts ADD COLUMN incident TEXT;
+    ",
 ];
 
 /// Schema version this kiln writes.
