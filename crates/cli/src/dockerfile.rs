@@ -199,14 +199,16 @@ fn flags(rest: &str) -> (BTreeMap<String, String>, String) {
     (f, rest.to_string())
 }
 
+/// A `CMD` or `ENTRYPOINT`: whether it is in exec form, and its words (one for the shell form).
+type ExecOrShell = (bool, Vec<String>);
+
 /// Converts the Dockerfile `text`.
 pub fn convert(text: &str) -> Result<Converted, DockerfileError> {
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     let mut from = None;
     let mut steps = vec![Step::User("root".into()), Step::Workdir("/".into())];
     let (mut user_set, mut workdir_set) = (false, false);
-    let (mut cmd, mut entrypoint): (Option<(bool, Vec<String>)>, Option<(bool, Vec<String>)>) =
-        (None, None);
+    let (mut cmd, mut entrypoint): (Option<ExecOrShell>, Option<ExecOrShell>) = (None, None);
     for (line, name, rest) in instructions(text) {
         let err = |m: String| DockerfileError { line, message: m };
         if from.is_none() && !matches!(name.as_str(), "FROM" | "ARG") {

@@ -37,6 +37,8 @@ impl RegistryArgs {
     }
 }
 
+// Parsed once per run: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(clap::Subcommand)]
 pub enum Cmd {
     /// Build a template from a recipe or, with --from-image, from a container image (cached by

@@ -188,10 +188,10 @@ pub async fn groups(
         .map(|(tag, rows)| (rows[0].seq, tag, rows))
         .collect();
     match sort {
-        Sort::LatestDesc => groups.sort_by(|a, b| b.0.cmp(&a.0)),
-        Sort::LatestAsc => groups.sort_by(|a, b| a.0.cmp(&b.0)),
-        Sort::NameAsc => groups.sort_by(|a, b| a.1.cmp(&b.1)),
-        Sort::NameDesc => groups.sort_by(|a, b| b.1.cmp(&a.1)),
+        Sort::LatestDesc => groups.sort_by_key(|g| std::cmp::Reverse(g.0)),
+        Sort::LatestAsc => groups.sort_by_key(|g| g.0),
+        Sort::NameAsc => groups.sort_by(|a, b| a.1.cmp(b.1)),
+        Sort::NameDesc => groups.sort_by(|a, b| b.1.cmp(a.1)),
     }
     if let Some((cseq, ctag)) = &cursor {
         groups.retain(|(seq, tag, _)| sort.after((*seq, tag), (*cseq, ctag.as_str())));
