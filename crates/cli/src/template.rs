@@ -1,4 +1,6 @@
-//! `kiln template build|import|gc|ls`: thin layer over kiln-template (recipes and images).
+//! `kiln template build|import|gc|ls`: thin layer over kiln-template (recipes and images);
+//! `build -f Dockerfile` and the built templates' collection go to a running server's Template
+//! API ([`crate::template_remote`]).
 
 use std::path::PathBuf;
 
@@ -35,21 +37,44 @@ impl RegistryArgs {
     }
 }
 
+// Parsed once per run: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(clap::Subcommand)]
 pub enum Cmd {
     /// Build a template from a recipe or, with --from-image, from a container image (cached by
     /// recipe or image digest + agent hash; a second build says "cached").
     Build {
         /// `base`, or the path of a recipe file (`*.toml`).
-        #[arg(required_unless_present = "from_image", conflicts_with = "from_image")]
+        #[arg(
+            required_unless_present_any = ["from_image", "file"],
+            conflicts_with_all = ["from_image", "file"]
+        )]
         recipe: Option<String>,
         /// Build from a registry image (`python:3.12`, `ghcr.io/org/img:tag`): its linux/amd64
         /// image, its Env/WorkingDir/User kept, kiln-agent and the user `user` added.
-        #[arg(long, value_name = "IMAGE")]
+        #[arg(long, value_name = "IMAGE", conflicts_with = "file")]
         from_image: Option<String>,
-        /// Template name for --from-image (default: from the image name, `python-3-12`).
-        #[arg(long, requires = "from_image")]
+        /// Build a Dockerfile on a running kiln server through its Template API (FROM, RUN,
+        /// COPY/ADD of local files, ENV, ARG, WORKDIR, USER, CMD/ENTRYPOINT as the start
+        /// command), as the API key's team; the result is `Sandbox.create(NAME)`.
+        #[arg(short = 'f', long = "file", value_name = "DOCKERFILE")]
+        file: Option<PathBuf>,
+        /// Template name: for --from-image (default: from the image name, `python-3-12`), for
+        /// -f (default: the context directory's name).
+        #[arg(long)]
         name: Option<String>,
+        /// -f: the directory COPY reads from (default: the Dockerfile's); its .dockerignore
+        /// applies.
+        #[arg(long, requires = "file")]
+        context: Option<PathBuf>,
+        /// -f: a tag of the build (repeatable).
+        #[arg(long = "tag", requires = "file")]
+        tags: Vec<String>,
+        /// -f: the command that says the start command is ready (default: `sleep 20`, E2B's).
+        #[arg(long, requires = "file")]
+        ready_cmd: Option<String>,
+        #[command(flatten)]
+        conn: crate::sandbox::Conn,
         #[command(flatten)]
         registry: RegistryArgs,
         /// Rebuild even when cached.
@@ -76,10 +101,17 @@ pub enum Cmd {
     },
     /// Remove old template versions. Keeps each current one, the N newest others, and every
     /// version a sandbox stacks on (running on this host, or paused in the state dir) or a
-    /// snapshot of the state dir does.
+    /// snapshot of the state dir does. Then, on the running server (--url, --api-key), the
+    /// API key's team's built templates: versions no tag or name points to and step-cache
+    /// entries no kept version uses, never one a running or paused sandbox started from.
     Gc {
         #[arg(long, default_value_t = 1)]
         keep: usize,
+        /// Only the server's built templates (Template API), not this host's template store.
+        #[arg(long)]
+        built: bool,
+        #[command(flatten)]
+        conn: crate::sandbox::Conn,
     },
     /// List built templates.
     Ls {
@@ -128,6 +160,35 @@ fn print_outcome(out: &kiln_template::BuildOutcome) {
 }
 
 pub fn run(c: Cmd) -> anyhow::Result<i32> {
+    match c {
+        Cmd::Build {
+            file: Some(file),
+            context,
+            name,
+            tags,
+            ready_cmd,
+            force,
+            conn,
+            ..
+        } => {
+            let b = crate::template_remote::DockerfileBuild {
+                file,
+                context,
+                name,
+                tags,
+                ready_cmd,
+                force,
+            };
+            return crate::template_remote::build(conn.client()?, b);
+        }
+        Cmd::Gc {
+            built: true, conn, ..
+        } => {
+            crate::template_remote::collect(conn.client()?)?;
+            return Ok(0);
+        }
+        _ => {}
+    }
     let store = Store::open_default()?;
     match c {
         Cmd::Build {
@@ -188,7 +249,7 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
             print_outcome(&out);
             Ok(0)
         }
-        Cmd::Gc { keep } => {
+        Cmd::Gc { keep, conn, .. } => {
             // Versions the server's sandboxes (running, paused) and snapshots stack on stay.
             let refs = crate::drivers::TemplateRefs::of_state(&kiln_host::paths::state_dir());
             let in_use = |d: &std::path::Path| {
@@ -204,6 +265,9 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
                 println!("removed {}", p.display());
             }
             println!("{} removed", removed.len());
+            if let Err(e) = crate::template_remote::collect(conn.client()?) {
+                eprintln!("kiln: the server's built templates were not collected: {e:#}");
+            }
             Ok(0)
         }
         Cmd::Ls { json } => {

@@ -19,7 +19,7 @@ import urllib.parse
 
 import pytest
 
-from .conftest import kiln_bin
+from .conftest import kiln_bin, runsc_processes_for
 
 
 def _ctx(tmp_path):
@@ -242,10 +242,11 @@ def test_template_from_dockerfile_with_a_start_command(server, tmp_path):
 
 def test_a_build_running_at_a_restart_ends_as_error(state_dir):
     """`kill -9` of the server mid-build: the restarted server reports the build as `error`
-    with a clear reason (never a hung `building`) and removes its build sandbox."""
+    with a clear reason (never a hung `building`) and removes its build sandbox (seen as its
+    processes: build sandboxes are not in the team's sandbox list)."""
     from .conftest import KilnServer
 
-    srv = KilnServer(state_dir, ["--network", "off"]).start()
+    srv = KilnServer(state_dir, ["--network", "off", "--pool-off"]).start()
     try:
         status, req, _ = srv.request("POST", "/v3/templates", {"name": "kt-restart"})
         assert status == 202, req
@@ -257,12 +258,13 @@ def test_a_build_running_at_a_restart_ends_as_error(state_dir):
         assert status == 202, body
         deadline = time.time() + 60
         while time.time() < deadline:
-            _, sbxs, _ = srv.request("GET", "/sandboxes")
-            if any("kiln.template.build" in (s.get("metadata") or {}) for s in sbxs):
+            if runsc_processes_for(state_dir):
                 break
             time.sleep(0.2)
         else:
             pytest.fail("no build sandbox started")
+        _, sbxs, _ = srv.request("GET", "/sandboxes")
+        assert sbxs == [], sbxs
         _, st, _ = srv.request("GET", status_path)
         assert st["status"] == "building", st
         srv.kill9()
@@ -272,12 +274,11 @@ def test_a_build_running_at_a_restart_ends_as_error(state_dir):
         assert "restarted while this build was running" in st["reason"]["message"], st
         deadline = time.time() + 60
         while time.time() < deadline:
-            _, sbxs, _ = srv.request("GET", "/sandboxes")
-            if not any("kiln.template.build" in (s.get("metadata") or {}) for s in sbxs):
+            if not runsc_processes_for(state_dir):
                 break
             time.sleep(0.2)
         else:
-            pytest.fail(f"the build sandbox was left running: {sbxs}")
+            pytest.fail(f"the build sandbox was left running: {runsc_processes_for(state_dir)}")
     finally:
         srv.kill_all_sandboxes()
         srv.stop()

@@ -66,6 +66,13 @@ async fn create_inner(
     // Run the creation in its own task: a client that disconnects mid-create must not leave a
     // half-started sandbox behind (hyper drops the handler future on disconnect).
     let manager = st.manager.clone();
+    let metadata = req.metadata.unwrap_or_default();
+    if crate::tplbuild::is_build_sandbox(&metadata) {
+        return Err(ApiError::bad_request(format!(
+            "metadata key {:?} is reserved for kiln's template builds",
+            crate::tplbuild::BUILD_META
+        )));
+    }
     // A template the team built through the Template API starts from its last layer.
     let built = super::template_api::resolve_for_create(&st, &c.team, &req.template_id).await?;
     let params = CreateParams {
@@ -74,7 +81,7 @@ async fn create_inner(
             .map(|b| b.template_id.clone())
             .unwrap_or(req.template_id),
         timeout_secs: req.timeout,
-        metadata: req.metadata.unwrap_or_default(),
+        metadata,
         env_vars,
         secure: req.secure.unwrap_or(true),
         auto_pause: req.auto_pause.unwrap_or(false),

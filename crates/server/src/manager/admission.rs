@@ -108,12 +108,7 @@ impl Manager {
     /// quota when not.
     pub async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
         if let Some(max) = self.team_quota(team).await?.max_sandboxes {
-            let live = self
-                .registry
-                .list()
-                .iter()
-                .filter(|r| r.team == team)
-                .count();
+            let live = self.team_live(team);
             if live + n > max as usize {
                 return Err(quota_refusal(
                     format!(
@@ -125,6 +120,16 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// Running and paused sandboxes counted against `team`'s quota (template builds' own are
+    /// not).
+    fn team_live(&self, team: &str) -> usize {
+        self.registry
+            .list()
+            .iter()
+            .filter(|r| r.team == team && !crate::tplbuild::is_build_sandbox(&r.metadata))
+            .count()
     }
 
     /// Creates admitted and not finished yet.
@@ -160,12 +165,7 @@ impl Manager {
             }
         }
         if let Some(max) = quota.max_sandboxes {
-            let live = self
-                .registry
-                .list()
-                .iter()
-                .filter(|r| r.team == team)
-                .count();
+            let live = self.team_live(team);
             if live + team_pending >= max as usize {
                 return Err(quota_refusal(
                     format!(

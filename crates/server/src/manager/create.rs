@@ -50,7 +50,19 @@ impl Manager {
             }
         }
         let team = p.team().to_string();
-        let quota = self.team_quota(&team).await?;
+        // A template build's sandbox is outside the team's quota (builds have a bound of their
+        // own) and is admitted apart from the team's creates; the server's cap still counts it.
+        let build = crate::tplbuild::is_build_sandbox(&p.metadata);
+        let quota = if build {
+            crate::tenancy::TeamQuota::default()
+        } else {
+            self.team_quota(&team).await?
+        };
+        let admit_as = if build {
+            format!("{team} (template builds)")
+        } else {
+            team.clone()
+        };
         if let Some(max) = quota.max_timeout_secs.filter(|m| timeout > *m) {
             return Err(Error::bad_request(format!(
                 "timeout {timeout}s is above team \"{team}\"'s maximum of {max}s"
@@ -65,7 +77,7 @@ impl Manager {
         // Refused up front when the server, the team's quota or the host is full (warm-pool
         // sandboxes are booted ahead: a create that takes one needs no more room on the host).
         let pooled_ready = self.pool_ready(&name) > 0;
-        let _ticket = self.admit(&team, &quota, pooled_ready)?;
+        let _ticket = self.admit(&admit_as, &quota, pooled_ready)?;
         if let Some(snap) = self.find_snapshot(&p.template_id, &team).await? {
             return self.create_from_snapshot(p, snap, timeout).await;
         }

@@ -393,10 +393,11 @@ impl Manager {
             .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
     }
 
-    /// Running and paused sandboxes of `team`, oldest first.
+    /// Running and paused sandboxes of `team`, oldest first (template builds' sandboxes are
+    /// the builds' own: not listed).
     pub fn list_for(&self, team: &str) -> Vec<SandboxRecord> {
         let mut v = self.registry.list();
-        v.retain(|r| r.team == team);
+        v.retain(|r| r.team == team && !crate::tplbuild::is_build_sandbox(&r.metadata));
         v
     }
 

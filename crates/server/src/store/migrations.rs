@@ -329,6 +329,39 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE alerts ADD COLUMN rules TEXT;
     ALTER TABLE alerts ADD COLUMN incident TEXT;
     ",
+    // 14: template builds (crates/server/src/store/tplbuild_tags_sql.rs, tplbuild_gc_sql.rs):
+    // every assignment of a tag to a build (E2B's tag groups and assignments; the current
+    // ones are seeded from `tpl_tags`), the step-cache layers each build used or made (what
+    // the garbage collection keeps for the builds still named), and the snapshots of deleted
+    // templates it has yet to remove (kept while a sandbox runs on them).
+    "
+    CREATE TABLE tpl_tag_assignments (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        template_id TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        build_id TEXT NOT NULL,
+        assigned_at INTEGER NOT NULL
+    );
+    CREATE INDEX tpl_tag_assignments_tag ON tpl_tag_assignments(template_id, tag, seq);
+    INSERT INTO tpl_tag_assignments (id, template_id, tag, build_id, assigned_at)
+        SELECT lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4'
+                 || substr(hex(randomblob(2)), 2) || '-a' || substr(hex(randomblob(2)), 2)
+                 || '-' || hex(randomblob(6))),
+               template_id, tag, build_id, assigned_at
+        FROM tpl_tags ORDER BY assigned_at;
+    CREATE TABLE tpl_build_layers (
+        build_id TEXT NOT NULL,
+        snapshot_id TEXT NOT NULL,
+        PRIMARY KEY (build_id, snapshot_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX tpl_build_layers_snapshot ON tpl_build_layers(snapshot_id);
+    CREATE TABLE tpl_orphans (
+        team TEXT NOT NULL,
+        snapshot_id TEXT NOT NULL,
+        PRIMARY KEY (team, snapshot_id)
+    ) WITHOUT ROWID;
+    ",
 ];
 
 /// Schema version this kiln writes.

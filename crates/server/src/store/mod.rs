@@ -17,14 +17,18 @@ mod secrets_sql;
 mod side_db;
 mod sqlite;
 mod teams;
+mod tplbuild_gc_sql;
 mod tplbuild_sql;
+mod tplbuild_tags_sql;
 mod volumes_sql;
 
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use records::*;
 pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;
+pub use tplbuild_gc_sql::GcPlan;
 pub use tplbuild_sql::{BuildLogRow, BuildRow, BuildsDb, TagRow, TplRow, LEVELS};
+pub use tplbuild_tags_sql::AssignmentRow;
 pub use volumes_sql::{MountRecord, VolumeRecord, VolumesDb};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,7 @@
 //! The tables of templates built through E2B's Template API (migration 11): templates per
-//! team, their builds and build logs, tags, the step cache (`tpl_layers`) and the uploaded
-//! COPY archives (`tpl_files`). [`BuildsDb`] has a connection of its own to the state
+//! team, their builds and build logs, tags and the uploaded COPY archives (`tpl_files`); the
+//! step cache (`tpl_layers`) is in [`super::tplbuild_gc_sql`], the tags' history in
+//! [`super::tplbuild_tags_sql`]. [`BuildsDb`] has a connection of its own to the state
 //! database, like the secrets and the audit log.
 
 use std::path::Path;
@@ -111,7 +112,7 @@ impl BuildsDb {
         SideDb::open_in_memory().map(Self)
     }
 
-    async fn run<T: Send + 'static>(
+    pub(super) async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
@@ -189,18 +190,38 @@ impl BuildsDb {
         .await
     }
 
-    /// Deletes a template with its builds, logs and tags.
+    /// Deletes a template with its builds, logs, tags and their history; the snapshots its
+    /// builds made or ended on are left to the garbage collection (`tpl_orphans`).
     pub async fn delete_template(&self, id: &str) -> Result<()> {
         let id = id.to_string();
         self.run(move |c| {
             let tx = c.transaction()?;
             tx.execute(
+                "INSERT OR IGNORE INTO tpl_orphans (team, snapshot_id)
+                 SELECT t.team, s.snap FROM tpl_templates t, (
+                   SELECT l.snapshot_id AS snap FROM tpl_build_layers l JOIN tpl_builds b
+                     ON b.id = l.build_id WHERE b.template_id = ?1 UNION
+                   SELECT substr(target, 6) FROM tpl_builds
+                     WHERE template_id = ?1 AND target LIKE 'snap:%') s
+                 WHERE t.id = ?1",
+                params![id],
+            )?;
+            tx.execute(
                 "DELETE FROM tpl_build_logs WHERE build_id IN
+                   (SELECT id FROM tpl_builds WHERE template_id = ?1)",
+                params![id],
+            )?;
+            tx.execute(
+                "DELETE FROM tpl_build_layers WHERE build_id IN
                    (SELECT id FROM tpl_builds WHERE template_id = ?1)",
                 params![id],
             )?;
             tx.execute("DELETE FROM tpl_builds WHERE template_id = ?1", params![id])?;
             tx.execute("DELETE FROM tpl_tags WHERE template_id = ?1", params![id])?;
+            tx.execute(
+                "DELETE FROM tpl_tag_assignments WHERE template_id = ?1",
+                params![id],
+            )?;
             tx.execute("DELETE FROM tpl_templates WHERE id = ?1", params![id])?;
             tx.commit()?;
             Ok(())
@@ -382,7 +403,7 @@ impl BuildsDb {
 
     // ---- tags ----
 
-    /// Points `tags` of a template at `build_id`.
+    /// Points `tags` of a template at `build_id`, recording each assignment.
     pub async fn assign_tags(
         &self,
         template_id: &str,
@@ -400,6 +421,11 @@ impl BuildsDb {
                      DO UPDATE SET build_id = ?3, assigned_at = ?4",
                     params![id, t, build, now_ms],
                 )?;
+                tx.execute(
+                    "INSERT INTO tpl_tag_assignments (id, template_id, tag, build_id, assigned_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![uuid::Uuid::new_v4().to_string(), id, t, build, now_ms],
+                )?;
             }
             tx.commit()?;
             Ok(())
@@ -407,7 +433,7 @@ impl BuildsDb {
         .await
     }
 
-    /// Removes tags of a template; how many existed.
+    /// Removes tags of a template (and their assignment history); how many existed.
     pub async fn remove_tags(&self, template_id: &str, tags: &[String]) -> Result<usize> {
         let (id, tags) = (template_id.to_string(), tags.to_vec());
         self.run(move |c| {
@@ -416,6 +442,10 @@ impl BuildsDb {
             for t in &tags {
                 n += tx.execute(
                     "DELETE FROM tpl_tags WHERE template_id = ?1 AND tag = ?2",
+                    params![id, t],
+                )?;
+                tx.execute(
+                    "DELETE FROM tpl_tag_assignments WHERE template_id = ?1 AND tag = ?2",
                     params![id, t],
                 )?;
             }
@@ -447,39 +477,13 @@ impl BuildsDb {
 
     // ---- step cache ----
 
-    /// The snapshot a cached step of `team` produced.
-    pub async fn layer(&self, team: &str, key: &str) -> Result<Option<String>> {
-        let (team, key) = (team.to_string(), key.to_string());
-        self.run(move |c| {
-            Ok(c.query_row(
-                "SELECT snapshot_id FROM tpl_layers WHERE team = ?1 AND key = ?2",
-                params![team, key],
-                |r| r.get(0),
-            )
-            .optional()?)
-        })
-        .await
-    }
-
-    pub async fn put_layer(&self, team: &str, key: &str, snap: &str, now_ms: i64) -> Result<()> {
-        let (team, key, snap) = (team.to_string(), key.to_string(), snap.to_string());
-        self.run(move |c| {
-            c.execute(
-                "INSERT INTO tpl_layers (team, key, snapshot_id, created_at)
-                 VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (team, key) DO UPDATE SET snapshot_id = ?3, created_at = ?4",
-                params![team, key, snap, now_ms],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
     /// Snapshot ids the step cache and finished builds use (hidden from `GET /snapshots`).
     pub async fn build_snapshot_ids(&self) -> Result<Vec<String>> {
         self.run(move |c| {
             let mut st = c.prepare_cached(
                 "SELECT snapshot_id FROM tpl_layers UNION
+                 SELECT snapshot_id FROM tpl_build_layers UNION
+                 SELECT snapshot_id FROM tpl_orphans UNION
                  SELECT substr(target, 6) FROM tpl_builds WHERE target LIKE 'snap:%'",
             )?;
             let rows = st.query_map([], |r| r.get::<_, String>(0))?;

@@ -240,6 +240,70 @@ pub fn files_hash(
     Ok(hex::encode(h.finalize()))
 }
 
+/// Whether `rel` (a path relative to the context) matches a `.dockerignore` pattern: `*` and
+/// `?` within one path part, `**` across parts; a pattern names its whole subtree.
+pub fn ignored(rel: &str, patterns: &[String]) -> bool {
+    fn glob(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, _) => s.is_empty() || s[0] == b'/',
+            (Some(b'*'), _) if p.get(1) == Some(&b'*') => {
+                let rest = p[2..].strip_prefix(b"/").unwrap_or(&p[2..]);
+                (0..=s.len()).any(|i| glob(rest, &s[i..]))
+            }
+            (Some(b'*'), _) => (0..=s.len())
+                .take_while(|&i| i == 0 || s[i - 1] != b'/')
+                .any(|i| glob(&p[1..], &s[i..])),
+            (Some(b'?'), Some(c)) if *c != b'/' => glob(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    patterns
+        .iter()
+        .map(|p| p.trim().trim_start_matches("./").trim_start_matches('/'))
+        .filter(|p| !p.is_empty() && !p.starts_with('#') && !p.starts_with('!'))
+        .any(|p| glob(p.trim_end_matches('/').as_bytes(), rel.as_bytes()))
+}
+
+/// Writes the archive of a COPY of `src` (a file or directory under `context`): `src` and
+/// everything under it, parents first, names relative to `context`, links kept as links, what
+/// `ignore` (`.dockerignore` lines) matches left out. `kiln template build -f` uploads it.
+pub fn write_archive(
+    context: &Path,
+    src: &str,
+    ignore: &[String],
+    out: impl std::io::Write,
+) -> std::io::Result<()> {
+    let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+    let rel = clean(src).map_err(|e| bad(format!("COPY {src}: {e}")))?;
+    if rel.as_os_str().is_empty() {
+        return Err(bad(format!(
+            "COPY {src}: name a file or directory of the context"
+        )));
+    }
+    let mut b = tar::Builder::new(out);
+    b.follow_symlinks(false);
+    let mut todo = vec![rel];
+    while let Some(r) = todo.pop() {
+        let name = r.to_string_lossy().into_owned();
+        if ignored(&name, ignore) {
+            continue;
+        }
+        let full = context.join(&r);
+        let meta = std::fs::symlink_metadata(&full)
+            .map_err(|e| bad(format!("COPY {src}: {name}: {e}")))?;
+        b.append_path_with_name(&full, &r)?;
+        if meta.is_dir() {
+            let mut kids: Vec<PathBuf> = std::fs::read_dir(&full)?
+                .map(|e| e.map(|e| r.join(e.file_name())))
+                .collect::<std::io::Result<_>>()?;
+            kids.sort();
+            todo.extend(kids.into_iter().rev());
+        }
+    }
+    b.into_inner()?.flush()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,5 +382,44 @@ mod tests {
             hex::encode(h.finalize())
         );
         assert!(is_hash(&"a".repeat(64)) && !is_hash("../x"));
+    }
+
+    #[test]
+    fn archives_made_for_a_copy_pass_the_checks() {
+        let ctx = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(ctx.path().join("app/sub")).unwrap();
+        std::fs::write(ctx.path().join("app/a.py"), "a").unwrap();
+        std::fs::write(ctx.path().join("app/sub/b.txt"), "b").unwrap();
+        std::fs::write(ctx.path().join("app/secret.txt"), "s").unwrap();
+        std::os::unix::fs::symlink("a.py", ctx.path().join("app/l")).unwrap();
+        let out = tempfile::NamedTempFile::new().unwrap();
+        let ignore = vec!["app/secret.txt".to_string(), "# c".into()];
+        write_archive(ctx.path(), "./app/", &ignore, out.reopen().unwrap()).unwrap();
+        check_archive(out.path(), 1 << 20).unwrap();
+        let mut names = Vec::new();
+        let mut ar = tar::Archive::new(std::fs::File::open(out.path()).unwrap());
+        for e in ar.entries().unwrap() {
+            names.push(e.unwrap().path().unwrap().display().to_string());
+        }
+        assert_eq!(
+            names,
+            ["app", "app/a.py", "app/l", "app/sub", "app/sub/b.txt"]
+        );
+        assert!(files_hash(out.path(), "app", "/x", 1 << 20).is_ok());
+        assert!(write_archive(ctx.path(), "../x", &[], std::io::sink()).is_err());
+    }
+
+    #[test]
+    fn dockerignore_patterns() {
+        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(ignored("app/secret.txt", &p(&["app/secret.txt"])));
+        assert!(ignored("node_modules/x/y", &p(&["node_modules"])));
+        assert!(ignored("app/x.log", &p(&["app/*.log"])));
+        assert!(!ignored("app/sub/x.log", &p(&["app/*.log"])));
+        assert!(ignored("app/sub/x.log", &p(&["**/*.log"])));
+        assert!(!ignored(
+            "app/main.py",
+            &p(&["app/secret.txt", "!app/main.py"])
+        ));
     }
 }

@@ -4,11 +4,15 @@
 //! in the database (`store::BuildsDb`).
 //!
 //! A build is requested (`waiting`), started once with its steps (`building`), and ends
-//! `ready` or `error`. At most [`MAX_CONCURRENT`] builds run at once, the others queue. A
-//! build that was running when the server stopped ends as `error` when it starts again, and
-//! its build sandbox is removed once recovery is over.
+//! `ready` or `error`. At most [`MAX_CONCURRENT`] builds run at once, the others queue; a team
+//! has at most [`DEFAULT_PER_TEAM`] (`KILN_TEMPLATE_BUILDS_PER_TEAM`) started and unfinished,
+//! more are refused (429). A build that was running when the server stopped ends as `error`
+//! when it starts again, and its build sandbox is removed once recovery is over. Build
+//! sandboxes are the builds' own: hidden from the team's sandbox lists and outside its
+//! sandbox quota. Template versions and cache entries nothing names are collected ([`gc`]).
 
 pub mod files;
+pub mod gc;
 mod runner;
 mod start;
 mod steps;
@@ -25,10 +29,17 @@ use crate::store::{now_ms, BuildRow, BuildsDb, TplRow};
 
 /// Builds running at once (each boots one build sandbox).
 pub const MAX_CONCURRENT: usize = 2;
+/// Builds one team may have started and not finished (`KILN_TEMPLATE_BUILDS_PER_TEAM`).
+pub const DEFAULT_PER_TEAM: usize = 4;
 /// Default cap of one uploaded COPY archive (`KILN_TEMPLATE_UPLOAD_MAX_MB` changes it).
 pub const DEFAULT_UPLOAD_MAX: u64 = 512 << 20;
 /// Metadata key marking a build sandbox (its value: the build id).
 pub const BUILD_META: &str = "kiln.template.build";
+
+/// Whether a sandbox's metadata marks it as a build sandbox.
+pub fn is_build_sandbox(metadata: &std::collections::BTreeMap<String, String>) -> bool {
+    metadata.contains_key(BUILD_META)
+}
 /// Why a build that was running when the server stopped failed.
 pub const RESTART_REASON: &str =
     "the kiln server restarted while this build was running; start the build again";
@@ -88,6 +99,38 @@ pub struct Builds {
     upload_max: u64,
     /// Builds the previous server left running.
     interrupted: std::collections::HashSet<String>,
+    /// Started and unfinished builds per team, and how many a team may have.
+    per_team: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    per_team_max: usize,
+}
+
+/// A team's place among the builds it has started; given back when dropped (the build ended).
+pub struct BuildSlot {
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    team: String,
+}
+
+impl Drop for BuildSlot {
+    fn drop(&mut self) {
+        let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.team) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.team);
+            }
+        }
+    }
+}
+
+/// A team already has its most builds running (429).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "team {team:?} already has {max} template builds running or queued, its limit \
+     (KILN_TEMPLATE_BUILDS_PER_TEAM); start this build again once one has finished"
+)]
+pub struct TooManyBuilds {
+    pub team: String,
+    pub max: usize,
 }
 
 /// Template names: 1-64 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or
@@ -169,6 +212,12 @@ impl Builds {
             queue: tokio::sync::Semaphore::new(MAX_CONCURRENT),
             upload_max,
             interrupted: interrupted.into_iter().collect(),
+            per_team: Default::default(),
+            per_team_max: std::env::var("KILN_TEMPLATE_BUILDS_PER_TEAM")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|n| *n > 0)
+                .unwrap_or(DEFAULT_PER_TEAM),
         });
         Ok(b)
     }
@@ -215,6 +264,17 @@ impl Builds {
             .into_iter()
             .find(|t| t.team == team)
             .ok_or_else(|| Error::NotFound(format!("template {name:?} not found")))
+    }
+
+    /// The build tag `tag` of template `t` names, if it has that tag.
+    pub async fn tagged_build(&self, t: &TplRow, tag: &str) -> Result<Option<String>> {
+        Ok(self
+            .db
+            .tags(&t.id)
+            .await?
+            .into_iter()
+            .find(|r| r.tag == tag)
+            .map(|r| r.build_id))
     }
 
     /// `POST /v3/templates`: the template `name` of `team` (made when new) and a new build of
@@ -268,14 +328,32 @@ impl Builds {
         Ok((t, b))
     }
 
+    /// A place for one more build of `team`, or [`TooManyBuilds`] when it has its most.
+    pub fn reserve(&self, team: &str) -> std::result::Result<BuildSlot, TooManyBuilds> {
+        let mut m = self.per_team.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(team.to_string()).or_default();
+        if *n >= self.per_team_max {
+            return Err(TooManyBuilds {
+                team: team.to_string(),
+                max: self.per_team_max,
+            });
+        }
+        *n += 1;
+        Ok(BuildSlot {
+            counts: self.per_team.clone(),
+            team: team.to_string(),
+        })
+    }
+
     /// `POST /v2/templates/{id}/builds/{buildID}`: checks the request and starts the build in
-    /// the background (409 when it was started before).
+    /// the background, holding `slot` until it ends (409 when it was started before).
     pub async fn start(
         self: &Arc<Self>,
         team: &str,
         template_key: &str,
         build_id: &str,
         spec: StartSpec,
+        slot: BuildSlot,
     ) -> Result<()> {
         let tpl = self.template_of(team, template_key).await?;
         let build = self
@@ -300,6 +378,7 @@ impl Builds {
         let me = self.clone();
         let team = team.to_string();
         tokio::spawn(async move {
+            let _slot = slot;
             let _permit = me.queue.acquire().await;
             runner::run(me.clone(), team, tpl, build, spec).await;
         });
@@ -313,31 +392,18 @@ impl Builds {
         if check_template_name(name).is_err() {
             return Ok(None);
         }
-        let Some(t) = self
-            .db
-            .templates_named(name)
-            .await?
-            .into_iter()
-            .find(|t| t.team == team)
-        else {
-            return Ok(None);
+        let t = match self.template_of(team, name).await {
+            Ok(t) => t,
+            Err(Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
         };
-        let tagged = self.db.tags(&t.id).await?;
-        let build_id = match tag {
-            Some(tag) => Some(
-                tagged
-                    .iter()
-                    .find(|r| r.tag == tag)
-                    .map(|r| r.build_id.clone())
-                    .ok_or_else(|| {
-                        Error::NotFound(format!("template {name:?} has no tag {tag:?}"))
-                    })?,
-            ),
-            None => tagged
-                .iter()
-                .find(|r| r.tag == "default")
-                .map(|r| r.build_id.clone()),
-        };
+        let build_id =
+            match tag {
+                Some(tag) => Some(self.tagged_build(&t, tag).await?.ok_or_else(|| {
+                    Error::NotFound(format!("template {name:?} has no tag {tag:?}"))
+                })?),
+                None => self.tagged_build(&t, "default").await?,
+            };
         let build = match build_id {
             Some(id) => self.db.get_build(&id).await?,
             None => self.db.latest_ready(&t.id).await?,
@@ -357,11 +423,11 @@ impl Builds {
             }))
     }
 
-    /// Deletes the template `key` of `team` (its layers stay in the step cache).
-    pub async fn delete(&self, team: &str, key: &str) -> Result<()> {
+    /// Deletes the template `key` of `team`, then collects what it alone used.
+    pub async fn delete(&self, team: &str, key: &str) -> Result<gc::Collected> {
         let t = self.template_of(team, key).await?;
         self.db.delete_template(&t.id).await?;
-        Ok(())
+        self.collect(team).await
     }
 
     /// Appends a line to a build's log.

@@ -203,6 +203,12 @@ async fn walk_steps(
     slot: &mut Option<Walk>,
 ) -> Result<(), Failed> {
     let w = slot.insert(base(b, team, spec).await?);
+    if w.parent_is_snapshot {
+        // The template built before that this one stacks on stays while this build is kept.
+        b.db.add_build_layer(build, &w.parent)
+            .await
+            .map_err(|e| fail("base", e.to_string()))?;
+    }
     b.log(
         build,
         "info",
@@ -300,7 +306,7 @@ async fn step(
     }
     if !forced {
         if let Some(snap) =
-            b.db.layer(team, &w.key)
+            b.db.use_layer(team, &w.key, build)
                 .await
                 .map_err(|e| fail(label, e.to_string()))?
         {
@@ -373,7 +379,7 @@ async fn step(
         .snapshot_with(&sid, team, None, false)
         .await
         .map_err(|e| fail(label, format!("step {label}: saving its layer: {e}")))?;
-    b.db.put_layer(team, &w.key, &snap.id, now_ms())
+    b.db.put_layer(team, &w.key, &snap.id, build, now_ms())
         .await
         .map_err(|e| fail(label, e.to_string()))?;
     b.log(

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::super::wire::{parse_json, ts};
 use super::super::{ApiError, ApiResult, St};
-use super::builds_of;
+use super::{build_of, builds_of, store_err, team_template};
 use crate::store::{BuildLogRow, LEVELS};
 use crate::tenancy::Caller;
 use crate::tplbuild::{files, StartSpec};
@@ -72,15 +72,18 @@ pub async fn request(
 }
 
 /// `GET /templates/{id}/files/{hash}` → 201 `{present, url}`: a single-use upload URL on
-/// this server (given even when the files are present, for `forceUpload`).
+/// this server (given even when the files are present, for `forceUpload`), with the scheme
+/// and host the client reached it by: `https` on a TLS connection (`--tls-cert`) or behind a
+/// proxy saying `X-Forwarded-Proto: https`.
 pub async fn files_link(
     State(st): St,
     Extension(c): Extension<Caller>,
     Path((id, hash)): Path<(String, String)>,
+    tls: Option<Extension<crate::edge::Https>>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let b = builds_of(&st)?;
-    b.template_of(&c.team, &id).await?;
+    let (b, _) = team_template(&st, &c.team, &id).await?;
     if !files::is_hash(&hash) {
         return Err(ApiError::bad_request(format!(
             "files hash {hash:?} is not a SHA-256 in lowercase hex"
@@ -90,21 +93,23 @@ pub async fn files_link(
         .db()
         .file_present(&c.team, &hash)
         .await
-        .map_err(crate::Error::from)?
+        .map_err(store_err)?
         && files::archive_path(b.files_dir(), &c.team, &hash).is_file();
     let token = b.tokens().issue(files::Upload {
         team: c.team.clone(),
         hash: hash.clone(),
     });
-    let host = headers
-        .get(axum::http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .ok_or_else(|| ApiError::bad_request("the request has no Host header"))?;
-    let scheme = headers
+    let host = crate::routing::request_host(&headers, &uri)
+        .ok_or_else(|| ApiError::bad_request("the request names no host"))?;
+    let forwarded_https = headers
         .get("x-forwarded-proto")
         .and_then(|h| h.to_str().ok())
-        .filter(|p| *p == "https")
-        .unwrap_or("http");
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    let scheme = if tls.is_some() || forwarded_https {
+        "https"
+    } else {
+        "http"
+    };
     let url = format!("{scheme}://{host}{}/{token}", super::UPLOAD_PREFIX);
     Ok((
         StatusCode::CREATED,
@@ -122,7 +127,12 @@ pub async fn start(
 ) -> ApiResult<StatusCode> {
     let b = builds_of(&st)?;
     let spec: StartSpec = parse_json(&body, false)?.unwrap_or_default();
-    b.start(&c.team, &id, &build, spec).await?;
+    let slot = b.reserve(&c.team).map_err(|e| {
+        let mut a = ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string());
+        a.retry_after = Some(10);
+        a
+    })?;
+    b.start(&c.team, &id, &build, spec, slot).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -159,17 +169,8 @@ pub async fn status(
     Path((id, build)): Path<(String, String)>,
     Query(q): Query<StatusQuery>,
 ) -> ApiResult<Json<Value>> {
-    let b = builds_of(&st)?;
-    let t = b.template_of(&c.team, &id).await?;
-    let row = b
-        .db()
-        .get_build(&build)
-        .await
-        .map_err(crate::Error::from)?
-        .filter(|r| r.template_id == t.id)
-        .ok_or_else(|| {
-            ApiError::not_found(format!("build {build:?} of template {id:?} not found"))
-        })?;
+    let (b, t) = team_template(&st, &c.team, &id).await?;
+    let row = build_of(b, &t, &build).await?;
     let limit = q.limit.unwrap_or(100).clamp(1, 100);
     let entries = b
         .db()
@@ -181,7 +182,7 @@ pub async fn status(
             false,
         )
         .await
-        .map_err(crate::Error::from)?;
+        .map_err(store_err)?;
     let mut v = json!({
         "templateID": t.id,
         "buildID": row.id,
@@ -194,7 +195,7 @@ pub async fn status(
             .db()
             .logs(&row.id, 0, 10_000, 0, true)
             .await
-            .map_err(crate::Error::from)?;
+            .map_err(store_err)?;
         let mut tail: Vec<Value> = tail.iter().take(20).map(entry_json).collect();
         tail.reverse();
         let mut reason = json!({
@@ -226,17 +227,8 @@ pub async fn logs(
     Path((id, build)): Path<(String, String)>,
     Query(q): Query<LogsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let b = builds_of(&st)?;
-    let t = b.template_of(&c.team, &id).await?;
-    let row = b
-        .db()
-        .get_build(&build)
-        .await
-        .map_err(crate::Error::from)?
-        .filter(|r| r.template_id == t.id)
-        .ok_or_else(|| {
-            ApiError::not_found(format!("build {build:?} of template {id:?} not found"))
-        })?;
+    let (b, t) = team_template(&st, &c.team, &id).await?;
+    let row = build_of(b, &t, &build).await?;
     let backward = match q.direction.as_deref() {
         None | Some("forward") => false,
         Some("backward") => true,
@@ -266,7 +258,7 @@ pub async fn logs(
             backward,
         )
         .await
-        .map_err(crate::Error::from)?;
+        .map_err(store_err)?;
     let logs: Vec<Value> = all
         .iter()
         .filter(|l| match (q.cursor, backward) {

@@ -1,8 +1,10 @@
 //! E2B's Template API (`e2b` 2.63.0's `Template.build`, tags, aliases, template views) over
 //! [`crate::tplbuild`]: [`builds`] (request, upload link, start, status, logs), [`tags`]
-//! (tags, aliases, lists, delete) and [`upload`] (the unauthenticated upload URL).
+//! (tags, aliases, lists, delete), [`tag_history`] (tag groups and assignments) and
+//! [`upload`] (the unauthenticated upload URL); `POST /template-builds/gc` collects.
 
 mod builds;
+mod tag_history;
 mod tags;
 mod upload;
 
@@ -12,6 +14,7 @@ use axum::routing::{get, post, put};
 use axum::Router;
 
 use super::{ApiError, AppState};
+use crate::store::{BuildRow, StoreError, TplRow};
 use crate::tplbuild::{Builds, Resolved};
 
 /// Path prefix of upload URLs (outside the API-key check).
@@ -22,6 +25,34 @@ pub(super) fn builds_of(st: &AppState) -> Result<&Arc<Builds>, ApiError> {
     st.builds
         .as_ref()
         .ok_or_else(|| ApiError::not_implemented("template builds"))
+}
+
+pub(super) fn store_err(e: StoreError) -> ApiError {
+    crate::Error::from(e).into()
+}
+
+/// The build service and the template of `team` whose id or name is `key` (404 when the team
+/// has none).
+pub(super) async fn team_template<'a>(
+    st: &'a AppState,
+    team: &str,
+    key: &str,
+) -> Result<(&'a Arc<Builds>, TplRow), ApiError> {
+    let b = builds_of(st)?;
+    let t = b.template_of(team, key).await?;
+    Ok((b, t))
+}
+
+/// Build `id` of template `t` (404 when it is not one of its builds).
+pub(super) async fn build_of(b: &Builds, t: &TplRow, id: &str) -> Result<BuildRow, ApiError> {
+    b.db()
+        .get_build(id)
+        .await
+        .map_err(store_err)?
+        .filter(|r| r.template_id == t.id)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("build {id:?} of template {:?} not found", t.name))
+        })
 }
 
 /// The authenticated routes (merged into the API router).
@@ -43,6 +74,15 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/templates/{templateID}/tags", get(tags::list))
         .route("/templates/{templateID}/tags/count", get(tags::count))
         .route("/templates/{templateID}/tags/exists", get(tags::exists))
+        .route(
+            "/templates/{templateID}/tags/groups",
+            get(tag_history::groups),
+        )
+        .route(
+            "/templates/{templateID}/tags/{tag}/assignments",
+            get(tag_history::assignments),
+        )
+        .route("/template-builds/gc", post(tags::collect))
         .route("/templates/aliases/{alias}", get(tags::alias))
         .route("/v2/templates", get(tags::list_v2))
         .route(

@@ -1,7 +1,8 @@
 //! Tags, aliases and template views of E2B's Template API: `POST`/`DELETE /templates/tags`,
 //! `GET /templates/{id}/tags` (+ `count`, `exists`), `GET /templates/aliases/{alias}`,
 //! `GET /v2/templates`, `GET /default-templates`, `PATCH /v2/templates/{id}` and
-//! `DELETE /templates/{id}` (a built template, else a snapshot).
+//! `DELETE /templates/{id}` (a built template, else a snapshot) and `POST
+//! /template-builds/gc`.
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -13,14 +14,10 @@ use serde_json::{json, Value};
 
 use super::super::wire::{parse_json, template_json, ts};
 use super::super::{ApiError, ApiResult, St};
-use super::builds_of;
+use super::{builds_of, store_err, team_template};
 use crate::store::TplRow;
 use crate::tenancy::Caller;
 use crate::tplbuild::{check_tag, split_tag, Builds};
-
-fn store_err(e: crate::store::StoreError) -> ApiError {
-    crate::Error::from(e).into()
-}
 
 #[derive(Debug, Deserialize)]
 pub struct AssignBody {
@@ -44,20 +41,16 @@ pub async fn assign(
     let t = b.template_of(&c.team, name).await?;
     let tag = tag.unwrap_or("default");
     let build = b
-        .db()
-        .tags(&t.id)
-        .await
-        .map_err(store_err)?
-        .into_iter()
-        .find(|r| r.tag == tag)
+        .tagged_build(&t, tag)
+        .await?
         .ok_or_else(|| ApiError::not_found(format!("template {name:?} has no tag {tag:?}")))?;
     b.db()
-        .assign_tags(&t.id, &a.tags, &build.build_id, crate::store::now_ms())
+        .assign_tags(&t.id, &a.tags, &build, crate::store::now_ms())
         .await
         .map_err(store_err)?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "tags": a.tags, "buildID": build.build_id })),
+        Json(json!({ "tags": a.tags, "buildID": build })),
     )
         .into_response())
 }
@@ -98,8 +91,7 @@ pub async fn list(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let b = builds_of(&st)?;
-    let t = b.template_of(&c.team, &id).await?;
+    let (b, t) = team_template(&st, &c.team, &id).await?;
     let tags = b.db().tags(&t.id).await.map_err(store_err)?;
     Ok(Json(json!(tags
         .iter()
@@ -113,8 +105,7 @@ pub async fn count(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let b = builds_of(&st)?;
-    let t = b.template_of(&c.team, &id).await?;
+    let (b, t) = team_template(&st, &c.team, &id).await?;
     let n = b.db().tags(&t.id).await.map_err(store_err)?.len();
     Ok(Json(json!({ "total": n })))
 }
@@ -131,17 +122,10 @@ pub async fn exists(
     Path(id): Path<String>,
     Query(q): Query<ExistsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let b = builds_of(&st)?;
-    let t = b.template_of(&c.team, &id).await?;
+    let (b, t) = team_template(&st, &c.team, &id).await?;
     let tag = q.tag.unwrap_or_default().trim().to_string();
     check_tag(&tag)?;
-    let exists = b
-        .db()
-        .tags(&t.id)
-        .await
-        .map_err(store_err)?
-        .iter()
-        .any(|r| r.tag == tag);
+    let exists = b.tagged_build(&t, &tag).await?.is_some();
     Ok(Json(json!({ "exists": exists, "normalizedTag": tag })))
 }
 
@@ -244,9 +228,8 @@ pub async fn patch(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    let b = builds_of(&st)?;
     let p: PatchBody = parse_json(&body, true)?.unwrap_or(PatchBody { public: None });
-    let t = b.template_of(&c.team, &id).await?;
+    let (b, t) = team_template(&st, &c.team, &id).await?;
     if let Some(public) = p.public {
         b.db()
             .set_public(&t.id, public, crate::store::now_ms())
@@ -269,4 +252,12 @@ pub async fn delete(
         }
     }
     super::super::snapshots::delete_template(State(st), Extension(c), Path(id)).await
+}
+
+/// `POST /template-builds/gc` (kiln's own): collects the caller's team's template versions
+/// no tag or name points to and the cache entries nothing kept uses → what was removed.
+pub async fn collect(State(st): St, Extension(c): Extension<Caller>) -> ApiResult<Json<Value>> {
+    let b = builds_of(&st)?;
+    let done = b.collect(&c.team).await?;
+    Ok(Json(json!(done)))
 }
