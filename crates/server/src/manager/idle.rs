@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A sandbox using at least this much of one host core (its runtime's whole cgroup) over the
-/// measured window is busy and does not enter standby. An idle gVisor sandbox costs 2.5–3.5 %
-/// of a core (the systrap stub loop); a process spinning inside it costs ~100 %, and still
+/// measured window is busy and does not enter standby. An idle sandbox's runtime costs
+/// 2.5–3.5 % of a core (docs/density.md); a process spinning inside it costs ~100 %, and still
 /// well above this on a host loaded enough to give it a fraction of a core.
 pub const CPU_BUSY_PCT: f64 = 10.0;
 
@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn busy_and_quiet_are_told_apart_by_the_rate_over_the_window() {
         let t0 = Instant::now();
-        // 30 ms of CPU in 1 s: an idle gVisor sandbox (3 %).
+        // 30 ms of CPU in 1 s: an idle sandbox's runtime (3 %).
         assert_eq!(
             cpu_verdict(Some((t0, 0)), t0 + S, 30_000_000, MIN_CPU_WINDOW, 10.0),
             Cpu::Quiet

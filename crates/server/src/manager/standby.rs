@@ -257,7 +257,7 @@ impl Manager {
                 self.idle.defer(id, after * STANDBY_RETRY_PERIODS);
                 let running = self.driver.is_running(id).await.unwrap_or(false);
                 if !running && !self.driver.is_paused(id).await.unwrap_or(false) {
-                    // An older runsc stops the sandbox when its checkpoint fails.
+                    // A runtime may stop the sandbox when its checkpoint fails.
                     drop(_guard);
                     let _ = self
                         .end(id, "died", &format!("lost while entering standby: {e}"))
@@ -310,7 +310,7 @@ mod tests {
             ended_at_ms: None,
             end_reason: None,
             auto_pause: false,
-            driver: "gvisor".into(),
+            driver: "test".into(),
             pause_mode: None,
             auto_resume: false,
             auto_pause_memory: true,
