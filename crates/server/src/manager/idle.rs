@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// measured window is busy and does not enter standby. An idle sandbox's runtime costs
 /// 2.5–3.5 % of a core (docs/density.md); a process spinning inside it costs ~100 %, and still
 /// well above this on a host loaded enough to give it a fraction of a core.
-pub const CPU_BUSY_PCT: f64 = 10.0;
+pub const CPU_BUSY_PCT: f64 = 20.0;
 
 /// The shortest window a CPU rate is measured over.
 pub const MIN_CPU_WINDOW: Duration = Duration::from_millis(250);
