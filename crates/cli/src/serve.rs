@@ -438,11 +438,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         tokio::spawn(async move {
             match recovery.done().await {
                 Ok(r) if !(r.adopted.is_empty() && r.standby.is_empty() && r.cleaned.is_empty() && r.orphans_removed.is_empty()) => println!(
-                    "kiln: recovered from the previous run: {} sandbox(es) still running, {} in standby, {} gone and cleaned up, {} leftover(s) removed",
+                    "kiln: recovered from the previous run: {} sandbox(es) still running, {} gone and cleaned up, {} leftover(s) removed, {} in standby",
                     r.adopted.len(),
-                    r.standby.len(),
                     r.cleaned.len(),
-                    r.orphans_removed.len()
+                    r.orphans_removed.len(),
+                    r.standby.len()
                 ),
                 Ok(_) => {}
                 Err(e) => eprintln!("kiln: recovering sandboxes from the previous run: {e}"),
