@@ -3,8 +3,9 @@ checkpointed to disk while it stays `running` (its runtime gone from the host, `
 in the API, `standby` in its events); a command, a file read, a proxied HTTP request to a
 server inside it and a PTY each wake it with its files, environment and a counting process
 intact; a CPU-busy sandbox and one created with `kiln.standby=off` never enter standby; the
-timeout of a sandbox in standby still ends it; a server killed with -9 adopts its standby
-sandboxes as standby on restart, and traffic wakes them."""
+timeout of a sandbox in standby still ends it (or, with autoPause, pauses it with its memory);
+a server killed with -9 adopts its standby sandboxes as standby on restart, and traffic wakes
+them."""
 
 import os
 import shutil
@@ -222,6 +223,29 @@ def test_the_timeout_of_a_sandbox_in_standby_still_ends_it(srv):
     while os.path.exists(gone) or runtime_on_host(srv, sid):
         assert time.time() < deadline, f"left behind: {os.path.exists(gone)} {runtime_on_host(srv, sid)}"
         time.sleep(0.2)
+
+
+def test_auto_pause_at_timeout_of_a_sandbox_in_standby_keeps_its_memory(srv):
+    sbx = Sandbox.create(timeout=12, lifecycle={"on_timeout": "pause", "auto_resume": False},
+                         **srv.opts())
+    sid = sbx.sandbox_id
+    try:
+        start_detached(sbx, COUNTER)
+        time.sleep(1.2)
+        before = count(sbx)
+        wait_standby(srv, sid)
+        deadline = time.time() + 30
+        while detail(srv, sid)["state"] != "paused":
+            assert time.time() < deadline, detail(srv, sid)
+            time.sleep(0.25)
+        d = detail(srv, sid)
+        assert d["pauseMode"] == "full" and "kilnStandby" not in d, d
+        assert events(srv, sid, "wake") == [], "pausing it must not wake it"
+        again = Sandbox.connect(sid, timeout=60, **srv.opts())
+        time.sleep(1.2)
+        assert count(again) > before, "the counter did not go on after the resume"
+    finally:
+        sbx.kill()
 
 
 def test_kill9_restart_adopts_standby_sandboxes_and_traffic_wakes_them(state_dir):
