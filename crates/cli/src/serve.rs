@@ -103,6 +103,17 @@ pub struct Args {
     /// Bearer token of the Prometheus endpoint `GET /metrics` (without one it is off).
     #[arg(long, env = "KILN_METRICS_TOKEN", hide_env_values = true)]
     metrics_token: Option<String>,
+    /// A running sandbox nobody used for this long (no API or proxied traffic, its runtime's
+    /// host CPU quiet) is checkpointed with its memory to disk and woken by its next traffic,
+    /// staying `running` to clients: `off`, or e.g. `30s`, `5m` (docs/standby.md). Per
+    /// sandbox, metadata `kiln.standby=off` opts out.
+    #[arg(
+        long,
+        env = "KILN_STANDBY_AFTER",
+        default_value = "off",
+        value_name = "DURATION"
+    )]
+    standby_after: String,
     /// Seconds between two metrics samples of each running sandbox.
     #[arg(long, env = "KILN_METRICS_INTERVAL", default_value_t = 5.0)]
     metrics_interval: f64,
@@ -377,6 +388,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 ..Default::default()
             },
             metrics_interval: secs(a.metrics_interval, "--metrics-interval")?,
+            standby_after: kiln_server::manager::parse_standby_after(&a.standby_after)
+                .map_err(|e| anyhow::anyhow!("--standby-after: {e}"))?,
             webhooks: kiln_server::obs::webhooks::WebhookConfig {
                 retry_base: secs(a.webhook_retry_base, "--webhook-retry-base")?,
                 allow_private: a.webhook_allow_private,
@@ -424,11 +437,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let recovery = server.recovery.clone();
         tokio::spawn(async move {
             match recovery.done().await {
-                Ok(r) if !(r.adopted.is_empty() && r.cleaned.is_empty() && r.orphans_removed.is_empty()) => println!(
-                    "kiln: recovered from the previous run: {} sandbox(es) still running, {} gone and cleaned up, {} leftover(s) removed",
+                Ok(r) if !(r.adopted.is_empty() && r.standby.is_empty() && r.cleaned.is_empty() && r.orphans_removed.is_empty()) => println!(
+                    "kiln: recovered from the previous run: {} sandbox(es) still running, {} gone and cleaned up, {} leftover(s) removed, {} in standby",
                     r.adopted.len(),
                     r.cleaned.len(),
-                    r.orphans_removed.len()
+                    r.orphans_removed.len(),
+                    r.standby.len()
                 ),
                 Ok(_) => {}
                 Err(e) => eprintln!("kiln: recovering sandboxes from the previous run: {e}"),

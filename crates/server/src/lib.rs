@@ -221,6 +221,7 @@ impl Server {
         let _sampler = self.manager.spawn_sampler();
         let _webhooks = self.manager.webhooks().spawn(self.manager.subscribe());
         let _watcher = self.manager.spawn_watcher();
+        let _standby = self.manager.spawn_standby();
         // Pools start once recovery is over (until then, their sandboxes would look like
         // leftovers of the previous run).
         let (m, recovery) = (self.manager.clone(), self.recovery.clone());

@@ -138,7 +138,20 @@ fn has_signature(uri: &http::Uri) -> bool {
 pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) -> Response {
     let id = target.sandbox_id.as_str();
     manager.wait_adopted(id).await;
-    let Some(route) = manager.route_resuming(id).await else {
+    let why = match target.port {
+        kiln_proto::envd::ENVD_PORT => "an envd request".to_string(),
+        p => format!("traffic to port {p}"),
+    };
+    // `in_use` keeps the sandbox out of standby until the answer (or the upgraded
+    // connection) ends.
+    let Some((route, in_use)) = manager.route_resuming(id, &why).await else {
+        if manager.standby_since(id).is_some() {
+            return proxy_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                id,
+                format!("The sandbox {id} could not be woken from standby; retry"),
+            );
+        }
         if manager.get(id).is_ok() {
             return proxy_error(
                 StatusCode::BAD_GATEWAY,
@@ -380,6 +393,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
         if let Some(client_upgrade) = client_upgrade {
             let agent_upgrade = hyper::upgrade::on(&mut resp);
             tokio::spawn(async move {
+                let _in_use = in_use;
                 match tokio::try_join!(client_upgrade, agent_upgrade) {
                     Ok((c, a)) => {
                         let mut c = TokioIo::new(c);
@@ -396,11 +410,26 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let resp = Response::from_parts(parts, Body::new(body));
+    let resp = Response::from_parts(parts, held_body(body, in_use));
     match tap {
         Some(t) => t.response(resp).await,
         None => resp,
     }
+}
+
+/// `body` as the client's answer, keeping `guard` until it ends or is dropped (frames and
+/// trailers pass unchanged).
+fn held_body<B, G>(body: B, guard: G) -> Body
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+    G: Send + 'static,
+{
+    let frames = futures::StreamExt::map(http_body_util::BodyStream::new(body), move |f| {
+        let _held = &guard;
+        f.map_err(Into::into)
+    });
+    Body::new(http_body_util::StreamBody::new(frames))
 }
 
 /// Equality of two secrets in time that does not depend on where they differ.

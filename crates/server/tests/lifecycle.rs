@@ -155,7 +155,10 @@ async fn auto_pause_at_timeout_then_connect() {
     assert_eq!(m.get(&sbx.id).unwrap().state, SandboxState::Paused);
     assert_eq!(m.get(&sbx.id).unwrap().pause_mode, Some(PauseMode::Full));
     // Traffic through the proxy's route resumes it.
-    let route = m.route_resuming(&sbx.id).await.expect("auto-resumed");
+    let (route, _in_use) = m
+        .route_resuming(&sbx.id, "a test")
+        .await
+        .expect("auto-resumed");
     assert_eq!(route.envd_token, sbx.envd_token);
     assert_eq!(sh(&m, &sbx.id, "cat /tmp/mark").await, "before");
     reaper.abort();

@@ -9,6 +9,7 @@ use axum::Extension;
 use axum::Json;
 use base64::Engine;
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::wire::listed_json;
 use super::{ApiError, ApiResult, St};
@@ -95,7 +96,7 @@ pub async fn list_v1(
         .filter(|r| r.state == SandboxState::Running)
         .filter(|r| matches_metadata(r, &filter))
         .collect();
-    Ok(paging.respond(all))
+    Ok(paging.respond(all, &st.manager))
 }
 
 /// How a list is paged: newest first (by start time, then id) unless `order=asc`, at most
@@ -150,7 +151,7 @@ impl Paging {
     /// `x-next-token` when more follow. The cursor is the (start time, id) key of the last
     /// item, so sandboxes that start or end between pages never make a page repeat or skip
     /// one that was listed before.
-    fn respond(&self, mut all: Vec<SandboxRecord>) -> Response {
+    fn respond(&self, mut all: Vec<SandboxRecord>, m: &crate::manager::Manager) -> Response {
         all.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
         if self.desc {
             all.reverse();
@@ -170,7 +171,11 @@ impl Paging {
         if let Some(l) = self.limit {
             all.truncate(l);
         }
-        let mut resp = Json(all.iter().map(listed_json).collect::<Vec<_>>()).into_response();
+        let items: Vec<Value> = all
+            .iter()
+            .map(|r| listed_json(r, m.standby_since(&r.id)))
+            .collect();
+        let mut resp = Json(items).into_response();
         if more {
             if let Some(last) = all.last() {
                 if let Ok(v) = encode_cursor(last).parse() {
@@ -265,7 +270,7 @@ pub async fn list_v2(
         .filter(|r| q.template.as_deref().is_none_or(|t| r.template_id == t))
         .filter(|r| started_after.is_none_or(|ms| r.started_at_ms >= ms))
         .collect();
-    Ok(paging.respond(all))
+    Ok(paging.respond(all, &st.manager))
 }
 
 #[cfg(test)]

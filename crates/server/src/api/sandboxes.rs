@@ -125,7 +125,7 @@ pub async fn get_sandbox(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let r = st.manager.get_for(&id, &c.team)?;
-    let mut v = detail_json(&r, &st.cfg.domain);
+    let mut v = detail_json(&r, &st.cfg.domain, st.manager.standby_since(&id));
     let (internet, network) = super::network::info(st.manager.network(&id).await?.as_ref());
     v["allowInternetAccess"] = json!(internet);
     // No network: no `network` key (the e2b SDK cannot parse a null one).

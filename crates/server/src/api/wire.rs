@@ -98,8 +98,11 @@ fn state_name(s: SandboxState) -> &'static str {
     }
 }
 
-pub fn listed_json(r: &SandboxRecord) -> Value {
-    json!({
+/// A listed sandbox; `standby_since` (Unix ms) when it is in standby: a running sandbox
+/// shows `kilnStandby` (true while its memory is on disk until traffic wakes it) and then
+/// `kilnStandbySince`. E2B's clients keep unknown fields aside.
+pub fn listed_json(r: &SandboxRecord, standby_since: Option<i64>) -> Value {
+    let mut v = json!({
         "templateID": r.template_id,
         "alias": r.alias,
         "sandboxID": r.id,
@@ -112,11 +115,18 @@ pub fn listed_json(r: &SandboxRecord) -> Value {
         "metadata": r.metadata,
         "state": state_name(r.state),
         "envdVersion": kiln_proto::envd::ENVD_VERSION,
-    })
+    });
+    if r.state == SandboxState::Running {
+        v["kilnStandby"] = json!(standby_since.is_some());
+        if let Some(ms) = standby_since {
+            v["kilnStandbySince"] = json!(ts(ms));
+        }
+    }
+    v
 }
 
-pub fn detail_json(r: &SandboxRecord, domain: &str) -> Value {
-    let mut v = listed_json(r);
+pub fn detail_json(r: &SandboxRecord, domain: &str, standby_since: Option<i64>) -> Value {
+    let mut v = listed_json(r, standby_since);
     v["envdAccessToken"] = json!(r.envd_token);
     v["domain"] = json!(domain);
     v["allowInternetAccess"] = json!(false);

@@ -47,6 +47,8 @@ impl Manager {
                     "sandbox \"{id}\" is paused; resume it before forking it"
                 )));
             }
+            self.wake_locked(id, "a fork").await?;
+            self.idle.touch(id);
             let snap_id = super::new_sandbox_id();
             self.driver
                 .capture_for_fork(id, &SnapshotRef(snap_id.clone()))

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use super::create::init_request;
-use super::Manager;
+use super::{InUse, Manager};
 use crate::error::{Error, Result};
 use crate::store::{now_ms, PauseMode, SandboxRecord, SandboxState};
 
@@ -34,6 +34,13 @@ impl Manager {
             return Err(Error::Conflict(format!(
                 "sandbox \"{id}\" is already paused"
             )));
+        }
+        if self.idle.standby_since(id).is_some() {
+            if memory {
+                return self.pause_from_standby(id).await;
+            }
+            // A pause of the disk only must not keep the processes: woken, then paused so.
+            self.wake_locked(id, "a filesystem pause").await?;
         }
         if require_healthy_guest {
             let health = self.agent(id, rec.envd_token.clone()).health().await;
@@ -122,7 +129,7 @@ impl Manager {
 
     /// After a resume: waits for the agent; a restored agent gets its clock set, a rebooted one
     /// its whole identity and the template's start command, as at create.
-    async fn reinit_agent(&self, rec: &SandboxRecord, restored: bool) -> Result<()> {
+    pub(super) async fn reinit_agent(&self, rec: &SandboxRecord, restored: bool) -> Result<()> {
         let agent = self.agent(&rec.id, rec.envd_token.clone());
         if let Err(e) = agent.wait_ready(self.cfg.agent_ready_timeout).await {
             let log = self
@@ -171,23 +178,34 @@ impl Manager {
         if self.resume(id, memory, secs).await? {
             return Ok((self.get(id)?, true));
         }
+        // A client that connects is about to use the sandbox.
+        self.wake(id, "connect").await?;
+        self.idle.touch(id);
         Ok((self.extend(id, secs, "connected").await?, false))
     }
 
-    /// Where the proxy sends traffic for `id`: a sandbox paused with autoResume is resumed
-    /// first (for the default timeout). None when it is neither running nor resumable.
-    pub async fn route_resuming(&self, id: &str) -> Option<super::Route> {
-        if let Some(r) = self.route(id) {
-            return Some(r);
+    /// Where the proxy sends traffic for `id` (`why`: for the `wake` event), and the guard
+    /// that keeps it awake while the traffic flows: a sandbox paused with autoResume is resumed
+    /// first (for the default timeout), one in standby woken. None when it is neither running
+    /// nor resumable, or could not be woken.
+    pub async fn route_resuming(&self, id: &str, why: &str) -> Option<(super::Route, InUse)> {
+        if self.route(id).is_none() {
+            let rec = self.registry.get(id)?;
+            if rec.state != SandboxState::Paused || !rec.auto_resume {
+                return None;
+            }
+            let secs = self.cfg.default_timeout_secs as i64;
+            if let Err(e) = self.resume(id, true, secs).await {
+                tracing::warn!(sandbox = id, error = %e, "auto-resuming on traffic");
+            }
         }
-        let rec = self.registry.get(id)?;
-        if rec.state != SandboxState::Paused || !rec.auto_resume {
-            return None;
+        let route = self.route(id)?;
+        match self.use_sandbox(id, why).await {
+            Ok(guard) => Some((route, guard)),
+            Err(e) => {
+                tracing::warn!(sandbox = id, error = %e, "waking on traffic");
+                None
+            }
         }
-        let secs = self.cfg.default_timeout_secs as i64;
-        if let Err(e) = self.resume(id, true, secs).await {
-            tracing::warn!(sandbox = id, error = %e, "auto-resuming on traffic");
-        }
-        self.route(id)
     }
 }

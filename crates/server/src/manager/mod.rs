@@ -7,7 +7,9 @@
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
 //! - metrics, logs and template views in `observe.rs`;
 //! - pause/resume (and auto-pause/resume) in `lifecycle.rs`, snapshots in `snapshots.rs`,
-//!   fork in `fork.rs`, warm pools in `pool.rs`.
+//!   fork in `fork.rs`, warm pools in `pool.rs`;
+//! - standby of idle sandboxes (checkpointed to disk, woken by traffic) in `standby.rs`, their
+//!   idle bookkeeping in `idle.rs`.
 //!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
@@ -15,6 +17,7 @@
 mod admission;
 mod create;
 mod fork;
+mod idle;
 pub mod kills;
 mod lifecycle;
 mod network;
@@ -27,6 +30,7 @@ mod recovery;
 mod registry;
 mod sampler;
 mod snapshots;
+mod standby;
 mod start_cmd;
 mod teardown;
 pub mod volumes;
@@ -46,11 +50,13 @@ use crate::templates::Templates;
 
 pub use admission::AdmissionConfig;
 pub use fork::MAX_FORK;
+pub use idle::InUse;
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use pool::parse_pool;
 pub use pool_demand::PoolPolicy;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
+pub use standby::{parse_standby_after, STANDBY_META};
 pub use start_cmd::START_CMD_EVENT;
 pub use watcher::{DIED_REASON, WATCH_INTERVAL};
 
@@ -90,6 +96,8 @@ pub struct LifecycleConfig {
     pub webhooks: crate::obs::webhooks::WebhookConfig,
     /// Size of each new volume, MiB (writes beyond it get ENOSPC).
     pub volume_mb: u32,
+    /// A running sandbox unused this long enters standby (see `standby.rs`); None: never.
+    pub standby_after: Option<Duration>,
 }
 
 impl Default for LifecycleConfig {
@@ -111,6 +119,7 @@ impl Default for LifecycleConfig {
             metrics_capacity: crate::obs::ring::DEFAULT_CAPACITY,
             webhooks: Default::default(),
             volume_mb: 10240,
+            standby_after: None,
         }
     }
 }
@@ -189,6 +198,8 @@ pub struct Manager {
     kill_marks: kills::KillMarks,
     /// The volumes table (set once by the server; unset: volumes answer 501).
     volumes: std::sync::OnceLock<crate::store::VolumesDb>,
+    /// When each running sandbox was last used, and which are in standby.
+    idle: Arc<idle::IdleTable>,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -258,6 +269,7 @@ impl Manager {
             audit: std::sync::OnceLock::new(),
             kill_marks: kills::KillMarks::default(),
             volumes: std::sync::OnceLock::new(),
+            idle: Arc::default(),
         })
     }
 
@@ -452,6 +464,7 @@ impl Manager {
         if self.registry.remove(id).is_none() {
             return Ok(false);
         }
+        self.idle.forget(id);
         let r = self.driver.stop(id).await;
         self.store
             .set_state(id, SandboxState::Killed, Some(reason))

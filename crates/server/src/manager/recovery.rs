@@ -29,6 +29,8 @@ pub struct RecoveryReport {
     pub adopted: Vec<String>,
     /// Paused sandboxes kept paused.
     pub paused: Vec<String>,
+    /// Sandboxes in standby kept in standby (running to clients, woken by traffic).
+    pub standby: Vec<String>,
     pub cleaned: Vec<String>,
     pub orphans_removed: Vec<String>,
 }
@@ -52,6 +54,7 @@ impl PendingRecovery {
 enum Outcome {
     Adopted,
     Paused,
+    Standby,
     Cleaned,
 }
 
@@ -104,6 +107,10 @@ impl Manager {
                     keep.insert(id.clone());
                     report.paused.push(id);
                 }
+                Ok(Outcome::Standby) => {
+                    keep.insert(id.clone());
+                    report.standby.push(id);
+                }
                 Ok(Outcome::Cleaned) => report.cleaned.push(id),
                 Err(e) => {
                     tracing::warn!(sandbox = %id, error = %e, "recovering a sandbox");
@@ -154,10 +161,18 @@ impl Manager {
 
     async fn recover_one(&self, mut rec: SandboxRecord) -> Result<Outcome> {
         // Paused on the host (also when the server died between the driver's pause and the
-        // store's update): it stays paused.
+        // store's update): it stays paused, or in standby when that is how it was left.
         if rec.state != SandboxState::Starting
             && self.driver.is_paused(&rec.id).await.unwrap_or(false)
         {
+            if rec.state == SandboxState::Running && self.left_in_standby(&rec.id).await? {
+                let id = rec.id.clone();
+                self.registry.insert(rec);
+                self.idle.set_standby(&id, crate::store::now_ms());
+                self.event(&id, "standby", "kept in standby after a server restart")
+                    .await;
+                return Ok(Outcome::Standby);
+            }
             if rec.state != SandboxState::Paused {
                 let mode = rec.pause_mode.unwrap_or(PauseMode::Full);
                 self.store.set_paused(&rec.id, mode).await?;

@@ -79,9 +79,17 @@ impl Manager {
     /// knows, through the agent (the sentry's `/proc/meminfo`), or the host's charge for the
     /// sandbox when the agent does not answer.
     async fn take_sample(&self, r: &SandboxRecord) -> Result<(MetricSample, bool)> {
+        let standby =
+            || crate::error::Error::Conflict(format!("sandbox \"{}\" is in standby", r.id));
+        if self.idle.standby_since(&r.id).is_some() {
+            return Err(standby());
+        }
         let stats = self.driver.stats(&r.id).await?;
         let agent = {
             let _guard = self.lifecycle_lock.lock().await;
+            if self.idle.standby_since(&r.id).is_some() {
+                return Err(standby());
+            }
             if self.registry.get(&r.id).map(|r| r.state) != Some(SandboxState::Running) {
                 return Err(crate::error::Error::Conflict(format!(
                     "sandbox \"{}\" is not running",
@@ -181,7 +189,9 @@ impl Manager {
         }
         let running: Vec<SandboxRecord> = live
             .into_iter()
-            .filter(|r| r.state == SandboxState::Running)
+            .filter(|r| {
+                r.state == SandboxState::Running && self.idle.standby_since(&r.id).is_none()
+            })
             .collect();
         let failed: Vec<String> = futures::stream::iter(running)
             .map(|r| async move {
@@ -209,10 +219,12 @@ impl Manager {
         // and the end.
         let _guard = self.lifecycle_lock.lock().await;
         let stopped = {
+            // (A sandbox in standby is paused on purpose.)
             let running_here = self
                 .registry
                 .get(id)
-                .is_some_and(|r| r.state == SandboxState::Running);
+                .is_some_and(|r| r.state == SandboxState::Running)
+                && self.idle.standby_since(id).is_none();
             let mut stopped = running_here;
             // Asked twice, a second apart, so one slow `runsc state` is not a death.
             for i in 0..2 {

@@ -92,6 +92,8 @@ impl Manager {
                 "sandbox \"{id}\" is paused; resume it before taking a snapshot"
             )));
         }
+        self.wake_locked(id, "a snapshot").await?;
+        self.idle.touch(id);
         let snap_id = super::new_sandbox_id();
         let t = Instant::now();
         let size = self

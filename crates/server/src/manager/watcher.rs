@@ -18,7 +18,10 @@ pub const DIED_REASON: &str = "died: the sandbox runtime exited unexpectedly";
 impl Manager {
     /// Marks and cleans up running sandboxes whose runtime is gone; returns their ids.
     pub async fn reap_dead(&self) -> Vec<String> {
-        let running = |r: &crate::store::SandboxRecord| r.state == SandboxState::Running;
+        // (A sandbox in standby is paused on purpose: not a death.)
+        let running = |r: &crate::store::SandboxRecord| {
+            r.state == SandboxState::Running && self.idle.standby_since(&r.id).is_none()
+        };
         let ids: Vec<String> = self
             .registry
             .list()

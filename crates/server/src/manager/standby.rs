@@ -1,0 +1,356 @@
+//! Standby: a running sandbox nobody has used for `standby_after` (`kiln serve
+//! --standby-after`) and whose runtime is not busy is checkpointed with its memory to disk
+//! through the driver's pause, so it holds no host threads, CPU or memory. To every client it
+//! is still `running`: its timeout keeps counting, and the first traffic to it — a proxied
+//! request to any port (envd calls, commands, files, PTYs), a `connect`, a snapshot, a fork, a
+//! pause — restores it (the driver's resume) before it goes on. Lists and `GET
+//! /sandboxes/{id}` show `kilnStandby`; the event log records `standby` and `wake`.
+//!
+//! Idle detection (`idle.rs`) is event-driven: the proxy counts open requests and stamps the
+//! last use, and one tick for all sandboxes reads the host-cgroup CPU of those quiet long
+//! enough; a busy runtime counts as used. A sandbox opts out with metadata `kiln.standby=off`;
+//! template-build sandboxes never enter standby (the build talks to their agent directly).
+//!
+//! The store keeps a standby sandbox as `running` while the driver has it paused: after a
+//! restart, recovery adopts such a sandbox in standby (`recovery.rs`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::idle::{Cpu, InUse, Use};
+use super::Manager;
+use crate::error::{Error, Result};
+use crate::store::{now_ms, EventQuery, PauseMode, SandboxRecord, SandboxState};
+
+/// Metadata key of the per-sandbox opt-out (`kiln.standby=off`).
+pub const STANDBY_META: &str = "kiln.standby";
+
+/// Whether sandbox `r` may enter standby.
+pub fn may_stand_by(r: &SandboxRecord) -> bool {
+    let off = r.metadata.get(STANDBY_META).is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "false" | "0" | "no"
+        )
+    });
+    !off && !r.metadata.contains_key(crate::tplbuild::BUILD_META)
+}
+
+/// After a failed standby, the sandbox is tried again after this many periods.
+const STANDBY_RETRY_PERIODS: u32 = 10;
+
+/// How often the idle check runs for a given `standby_after`.
+pub fn tick_for(after: Duration) -> Duration {
+    (after / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
+}
+
+/// Parses `--standby-after`: `off` (or `0`), or a duration such as `90s`, `500ms`, `5m`,
+/// `1h` (a bare number is seconds).
+pub fn parse_standby_after(s: &str) -> std::result::Result<Option<Duration>, String> {
+    let t = s.trim().to_ascii_lowercase();
+    if matches!(t.as_str(), "off" | "0" | "never" | "") {
+        return Ok(None);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?} (examples: 30s, 5m, off)"))?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        u => return Err(format!("unknown unit {u:?} in {s:?} (use ms, s, m or h)")),
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs <= 7.0 * 86_400.0) {
+        return Err(format!("{s:?} must be above 0 and at most a week, or off"));
+    }
+    Ok(Some(Duration::from_secs_f64(secs)))
+}
+
+impl Manager {
+    /// Since when `id` is in standby (Unix ms); None when it is awake or unknown.
+    pub fn standby_since(&self, id: &str) -> Option<i64> {
+        self.idle.standby_since(id)
+    }
+
+    /// How many sandboxes are in standby now.
+    pub fn standby_count(&self) -> usize {
+        self.idle.standby_count()
+    }
+
+    /// A request or connection begins on `id`: wakes it first when it is in standby. The
+    /// guard keeps it awake until dropped.
+    pub async fn use_sandbox(&self, id: &str, why: &str) -> Result<InUse> {
+        // A wake that fails returns its error; after a wake that worked the sandbox is awake
+        // unless it went back to standby meanwhile, which takes `standby_after` of quiet.
+        for _ in 0..3 {
+            match self.idle.begin_use(id) {
+                Use::Awake(g) => return Ok(g),
+                Use::Standby => self.wake(id, why).await?,
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "sandbox \"{id}\" could not be woken from standby"
+        )))
+    }
+
+    /// Wakes `id` if it is in standby (see [`Self::wake_locked`]).
+    pub async fn wake(&self, id: &str, why: &str) -> Result<()> {
+        if self.idle.standby_since(id).is_none() {
+            return Ok(());
+        }
+        let _guard = self.lifecycle_lock.lock().await;
+        self.wake_locked(id, why).await
+    }
+
+    /// Restores `id` from standby (the lifecycle lock held): its runtime runs again from the
+    /// saved memory, its agent answers and has its clock set; a `wake` event says by what.
+    /// Nothing to do when it is awake.
+    pub(super) async fn wake_locked(&self, id: &str, why: &str) -> Result<()> {
+        let Some(since) = self.idle.standby_since(id) else {
+            return Ok(());
+        };
+        let rec = self.get(id)?;
+        let t = Instant::now();
+        let restored = match self.driver.resume(id, true).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(sandbox = id, error = %e, "waking from standby");
+                return Err(e.into());
+            }
+        };
+        // Awake from here on, whatever the agent does: the runtime runs.
+        self.idle.set_awake(id);
+        if let Err(e) = self.reinit_agent(&rec, restored).await {
+            self.event(
+                id,
+                "wake",
+                format!("by {why}; the agent did not come back: {e}"),
+            )
+            .await;
+            return Err(e);
+        }
+        let how = if restored {
+            "memory restored"
+        } else {
+            "booted on its saved disk"
+        };
+        self.event(
+            id,
+            "wake",
+            format!(
+                "by {why} after {} s in standby; {how} in {} ms",
+                (now_ms() - since).max(0) / 1000,
+                t.elapsed().as_millis()
+            ),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// `pause` with memory of a sandbox in standby (the lifecycle lock held): its memory and
+    /// disk are already saved, so it only becomes paused.
+    pub(super) async fn pause_from_standby(&self, id: &str) -> Result<()> {
+        let mode = PauseMode::Full;
+        self.store.set_paused(id, mode).await?;
+        self.registry.update(id, |r| {
+            r.state = SandboxState::Paused;
+            r.pause_mode = Some(mode);
+        });
+        self.idle.forget(id);
+        self.event(
+            id,
+            "paused",
+            "full pause from standby (memory already on disk)",
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Whether the store's running sandbox `id`, found paused on the host after a restart,
+    /// was left in standby: its latest standby, wake, pause or resume event is a `standby`.
+    /// (A server killed between a pause's checkpoint and its store update left it paused.)
+    pub(super) async fn left_in_standby(&self, id: &str) -> Result<bool> {
+        let events = self
+            .store
+            .events_page(&EventQuery {
+                sandbox_id: Some(id.to_string()),
+                kinds: ["standby", "wake", "paused", "resumed"]
+                    .map(String::from)
+                    .to_vec(),
+                limit: u32::MAX,
+                ..EventQuery::default()
+            })
+            .await?;
+        Ok(events.last().is_some_and(|e| e.event.kind == "standby"))
+    }
+
+    /// One round of idle detection: every running sandbox that may stand by and has been
+    /// quiet for `standby_after` has its host CPU read; those not busy enter standby. Returns
+    /// the ids that did.
+    pub async fn standby_tick(&self) -> Vec<String> {
+        let Some(after) = self.cfg.standby_after else {
+            return Vec::new();
+        };
+        let live = self.registry.list();
+        {
+            let ids: HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
+            self.idle.retain(&ids);
+        }
+        let mut quiet = Vec::new();
+        for r in live
+            .iter()
+            .filter(|r| r.state == SandboxState::Running && may_stand_by(r))
+        {
+            if !self.idle.quiet(&r.id, Instant::now(), after) {
+                continue;
+            }
+            let Ok(stats) = self.driver.stats(&r.id).await else {
+                continue;
+            };
+            if self.idle.cpu_reading(&r.id, Instant::now(), stats.cpu_ns) == Cpu::Quiet {
+                quiet.push(r.id.clone());
+            }
+        }
+        let mut entered = Vec::new();
+        for id in quiet {
+            if self.enter_standby(&id, after).await {
+                entered.push(id);
+            }
+        }
+        entered
+    }
+
+    /// Puts running `id` in standby if it is still quiet; true when it did.
+    async fn enter_standby(&self, id: &str, after: Duration) -> bool {
+        let _guard = self.lifecycle_lock.lock().await;
+        if self.registry.get(id).map(|r| r.state) != Some(SandboxState::Running) {
+            return false;
+        }
+        // From here requests to it wait for the lifecycle lock, then wake it.
+        if !self.idle.begin_standby(id, Instant::now(), after, now_ms()) {
+            return false;
+        }
+        let t = Instant::now();
+        match self.driver.pause(id, true).await {
+            Ok(()) => {
+                self.event(
+                    id,
+                    "standby",
+                    format!(
+                        "idle for {} s; memory saved to disk in {} ms",
+                        after.as_secs_f64().round() as u64,
+                        t.elapsed().as_millis()
+                    ),
+                )
+                .await;
+                true
+            }
+            Err(e) => {
+                // Not tried again for a while: a sandbox that cannot be checkpointed would
+                // otherwise be tried every period.
+                self.idle.defer(id, after * STANDBY_RETRY_PERIODS);
+                let running = self.driver.is_running(id).await.unwrap_or(false);
+                if !running && !self.driver.is_paused(id).await.unwrap_or(false) {
+                    // A runtime may stop the sandbox when its checkpoint fails.
+                    drop(_guard);
+                    let _ = self
+                        .end(id, "died", &format!("lost while entering standby: {e}"))
+                        .await;
+                } else {
+                    tracing::warn!(sandbox = id, error = %e, "entering standby; it stays awake");
+                }
+                false
+            }
+        }
+    }
+
+    /// Runs [`Self::standby_tick`] forever (nothing when standby is off).
+    pub fn spawn_standby(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        let after = self.cfg.standby_after?;
+        let me = Arc::clone(self);
+        Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(tick_for(after));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                me.standby_tick().await;
+            }
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(meta: &[(&str, &str)]) -> SandboxRecord {
+        SandboxRecord {
+            id: "a".into(),
+            template_id: "base".into(),
+            alias: None,
+            client_id: String::new(),
+            state: SandboxState::Running,
+            metadata: meta
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            env_vars: Default::default(),
+            cpu_count: 1,
+            memory_mb: 512,
+            disk_size_mb: 0,
+            envd_token: None,
+            started_at_ms: 0,
+            end_at_ms: 0,
+            ended_at_ms: None,
+            end_reason: None,
+            auto_pause: false,
+            driver: "test".into(),
+            pause_mode: None,
+            auto_resume: false,
+            auto_pause_memory: true,
+            team: String::new(),
+        }
+    }
+
+    #[test]
+    fn metadata_opts_out_and_build_sandboxes_never_stand_by() {
+        assert!(may_stand_by(&rec(&[])));
+        assert!(may_stand_by(&rec(&[("kiln.standby", "on")])));
+        assert!(!may_stand_by(&rec(&[("kiln.standby", "off")])));
+        assert!(!may_stand_by(&rec(&[("kiln.standby", " OFF ")])));
+        assert!(!may_stand_by(&rec(&[("kiln.standby", "false")])));
+        assert!(!may_stand_by(&rec(&[("kiln.template.build", "b1")])));
+    }
+
+    #[test]
+    fn standby_after_parses_units_and_off() {
+        let p = |s| parse_standby_after(s).unwrap();
+        assert_eq!(p("off"), None);
+        assert_eq!(p("0"), None);
+        assert_eq!(p("2s"), Some(Duration::from_secs(2)));
+        assert_eq!(p("2"), Some(Duration::from_secs(2)));
+        assert_eq!(p("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(p("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(p("5m"), Some(Duration::from_secs(300)));
+        assert_eq!(p(" 1H "), Some(Duration::from_secs(3600)));
+        for bad in ["x", "5d", "-1s", "s", "1e9s", "9999h"] {
+            assert!(parse_standby_after(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_tick_follows_the_period_within_bounds() {
+        assert_eq!(tick_for(Duration::from_secs(2)), Duration::from_millis(500));
+        assert_eq!(
+            tick_for(Duration::from_millis(100)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(tick_for(Duration::from_secs(600)), Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,287 @@
+"""Standby through the real e2b SDK (`kiln serve --standby-after 2s`): an idle sandbox is
+checkpointed to disk while it stays `running` (its runtime gone from the host, `kilnStandby`
+in the API, `standby` in its events); a command, a file read, a proxied HTTP request to a
+server inside it and a PTY each wake it with its files, environment and a counting process
+intact; a CPU-busy sandbox and one created with `kiln.standby=off` never enter standby; the
+timeout of a sandbox in standby still ends it (or, with autoPause, pauses it with its memory);
+a server killed with -9 adopts its standby sandboxes as standby on restart, and traffic wakes
+them."""
+
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from e2b import CommandExitException, PtySize, Sandbox
+
+from .conftest import KilnServer, cleanup_state, runsc_processes_for
+
+STANDBY_AFTER = "2s"
+COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.5; done"
+
+
+def serve_args() -> list:
+    return os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split() + [
+        "--pool-off", "--standby-after", STANDBY_AFTER]
+
+
+@pytest.fixture(scope="module")
+def srv():
+    base = tempfile.mkdtemp(prefix="kiln-standby-")
+    state = os.path.join(base, "state")
+    s = KilnServer(state, serve_args())
+    try:
+        s.start()
+        yield s
+    finally:
+        s.kill_all_sandboxes()
+        s.stop()
+        log = s.log()
+        cleanup_state(state)
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, log[-8000:]
+
+
+def detail(s: KilnServer, sid: str) -> dict:
+    status, body, _ = s.request("GET", f"/sandboxes/{sid}")
+    assert status == 200, body
+    return body
+
+
+def events(s: KilnServer, sid: str, kind: str) -> list:
+    status, body, _ = s.request("GET", f"/sandboxes/{sid}/events?type={kind}&limit=1000")
+    assert status == 200, body
+    return body["events"]
+
+
+def runtime_on_host(s: KilnServer, sid: str) -> list:
+    return [p for p in runsc_processes_for(s.state_dir) if sid in p]
+
+
+def wait_standby(s: KilnServer, sid: str, limit: float = 40) -> dict:
+    """Polls GET /sandboxes/{id} (which does not count as use) until the sandbox is in standby
+    with its checkpoint done (one more `standby` event than before); checks what a client sees
+    of it then."""
+    seen = len(events(s, sid, "standby"))
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        d = detail(s, sid)
+        if d.get("kilnStandby") and len(events(s, sid, "standby")) > seen:
+            assert d["state"] == "running", d
+            assert d["kilnStandbySince"], d
+            return d
+        time.sleep(0.25)
+    pytest.fail(f"{sid} did not enter standby within {limit}s: {detail(s, sid)}\n"
+                f"{s.log()[-4000:]}")
+
+
+def count(sbx) -> int:
+    for _ in range(20):
+        text = sbx.files.read("/home/user/count").strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.05)
+    pytest.fail("the counter file never held a number")
+
+
+def start_detached(sbx, cmd: str):
+    """Starts `cmd` in the background inside the sandbox; the SDK call returns at once, so no
+    command stream stays open (an open one keeps a sandbox awake)."""
+    sbx.commands.run(f"nohup sh -c '{cmd}' >/dev/null 2>&1 &")
+
+
+def wakes(s: KilnServer, sid: str, seen: int) -> str:
+    """The detail of the wake event after the first `seen` ones."""
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        w = events(s, sid, "wake")
+        if len(w) > seen:
+            return w[seen]["detail"]
+        time.sleep(0.1)
+    pytest.fail(f"no new wake event for {sid}: {events(s, sid, 'wake')}")
+
+
+def proxied_get(s: KilnServer, sid: str, port: int, path: str):
+    req = urllib.request.Request(s.url + path, headers={
+        "E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": str(port)})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_standby_and_every_kind_of_traffic_wakes_it_with_state_intact(srv):
+    sbx = Sandbox.create(timeout=300, envs={"KEPT": "from-create"}, **srv.opts())
+    sid = sbx.sandbox_id
+    try:
+        sbx.files.write("/home/user/notes.txt", "written before standby")
+        sbx.commands.run("mkdir -p /tmp/www && echo served-from-standby > /tmp/www/index.html")
+        start_detached(sbx, COUNTER)
+        start_detached(sbx, "cd /tmp/www && exec python3 -m http.server 8000")
+        deadline = time.time() + 30
+        while proxied_get(srv, sid, 8000, "/index.html")[0] != 200:
+            assert time.time() < deadline, "the server inside never answered"
+            time.sleep(0.2)
+        before = count(sbx)
+
+        # Idle: checkpointed to disk, still running to every client.
+        wait_standby(srv, sid)
+        assert [e["detail"] for e in events(srv, sid, "standby")], "no standby event"
+        deadline = time.time() + 15
+        while runtime_on_host(srv, sid):
+            assert time.time() < deadline, f"runtime still on the host: {runtime_on_host(srv, sid)}"
+            time.sleep(0.2)
+        info = Sandbox.get_info(sid, **srv.opts())
+        assert info.state.value == "running", info
+        listed = {x.sandbox_id: x for x in Sandbox.list(**srv.opts()).next_items()}
+        assert sid in listed and listed[sid].state.value == "running"
+        status, raw_list, _ = srv.request("GET", "/v2/sandboxes")
+        assert status == 200
+        assert [x["kilnStandby"] for x in raw_list if x["sandboxID"] == sid] == [True]
+
+        # A command wakes it: the environment and the counting process are as they were.
+        r = sbx.commands.run("echo $KEPT; cat /home/user/notes.txt")
+        assert r.stdout == "from-create\nwritten before standby", r
+        assert "envd request" in wakes(srv, sid, 0)
+        assert detail(srv, sid)["kilnStandby"] is False
+        time.sleep(1.2)
+        after_cmd = count(sbx)
+        assert after_cmd > before, (before, after_cmd)
+
+        # A file read wakes it.
+        wait_standby(srv, sid)
+        assert sbx.files.read("/home/user/notes.txt") == "written before standby"
+        assert "envd request" in wakes(srv, sid, 1)
+
+        # A proxied HTTP request to a port wakes it; the server inside still listens.
+        wait_standby(srv, sid)
+        status, body = proxied_get(srv, sid, 8000, "/index.html")
+        assert (status, body) == (200, b"served-from-standby\n"), (status, body)
+        assert "traffic to port 8000" in wakes(srv, sid, 2)
+
+        # A PTY wakes it.
+        wait_standby(srv, sid)
+        out = []
+        term = sbx.pty.create(PtySize(rows=24, cols=80))
+        try:
+            sbx.pty.send_stdin(term.pid, b"echo pty-$KEPT-$((6*7)); exit\n")
+            term.wait(on_pty=lambda data: out.append(data))
+        except CommandExitException:
+            pass
+        text = b"".join(out).decode(errors="replace")
+        assert "pty-from-create-42" in text, text
+        assert "envd request" in wakes(srv, sid, 3)
+        time.sleep(1.2)
+        assert count(sbx) > after_cmd, "the counter stopped counting"
+
+        # Each standby and wake was recorded in order.
+        status, body, _ = srv.request("GET", f"/sandboxes/{sid}/events?type=standby,wake&limit=1000")
+        kinds = [e["type"] for e in body["events"]]
+        assert kinds == ["standby", "wake"] * 4, kinds
+    finally:
+        sbx.kill()
+
+
+def test_cpu_busy_and_opted_out_sandboxes_stay_awake(srv):
+    idle = Sandbox.create(timeout=120, **srv.opts())
+    busy = Sandbox.create(timeout=120, **srv.opts())
+    opted = Sandbox.create(timeout=120, metadata={"kiln.standby": "off"}, **srv.opts())
+    try:
+        start_detached(busy, "while :; do :; done")
+        # The control sandbox shows the detector works on this host right now.
+        wait_standby(srv, idle.sandbox_id)
+        deadline = time.time() + 8
+        while time.time() < deadline:
+            for s in (busy, opted):
+                assert detail(srv, s.sandbox_id)["kilnStandby"] is False, s.sandbox_id
+            time.sleep(0.5)
+        assert events(srv, busy.sandbox_id, "standby") == []
+        assert events(srv, opted.sandbox_id, "standby") == []
+        assert busy.commands.run("echo ok").stdout == "ok\n"
+        assert detail(srv, opted.sandbox_id)["metadata"]["kiln.standby"] == "off"
+    finally:
+        for s in (idle, busy, opted):
+            s.kill()
+
+
+def test_the_timeout_of_a_sandbox_in_standby_still_ends_it(srv):
+    sbx = Sandbox.create(timeout=12, **srv.opts())
+    sid = sbx.sandbox_id
+    wait_standby(srv, sid)
+    deadline = time.time() + 30
+    while srv.request("GET", f"/sandboxes/{sid}")[0] != 404:
+        assert time.time() < deadline, detail(srv, sid)
+        time.sleep(0.25)
+    assert events(srv, sid, "timed-out"), "no timed-out event"
+    assert events(srv, sid, "wake") == [], "ending it must not wake it"
+    gone = os.path.join(srv.state_dir, "gvisor", "sandboxes", sid)
+    deadline = time.time() + 15
+    while os.path.exists(gone) or runtime_on_host(srv, sid):
+        assert time.time() < deadline, f"left behind: {os.path.exists(gone)} {runtime_on_host(srv, sid)}"
+        time.sleep(0.2)
+
+
+def test_auto_pause_at_timeout_of_a_sandbox_in_standby_keeps_its_memory(srv):
+    sbx = Sandbox.create(timeout=12, lifecycle={"on_timeout": "pause", "auto_resume": False},
+                         **srv.opts())
+    sid = sbx.sandbox_id
+    try:
+        start_detached(sbx, COUNTER)
+        time.sleep(1.2)
+        before = count(sbx)
+        wait_standby(srv, sid)
+        deadline = time.time() + 30
+        while detail(srv, sid)["state"] != "paused":
+            assert time.time() < deadline, detail(srv, sid)
+            time.sleep(0.25)
+        d = detail(srv, sid)
+        assert d["pauseMode"] == "full" and "kilnStandby" not in d, d
+        assert events(srv, sid, "wake") == [], "pausing it must not wake it"
+        again = Sandbox.connect(sid, timeout=60, **srv.opts())
+        time.sleep(1.2)
+        assert count(again) > before, "the counter did not go on after the resume"
+    finally:
+        sbx.kill()
+
+
+def test_kill9_restart_adopts_standby_sandboxes_and_traffic_wakes_them(state_dir):
+    first = KilnServer(state_dir, serve_args()).start()
+    second = None
+    try:
+        sbx = Sandbox.create(timeout=300, envs={"KEPT": "across-restart"}, **first.opts())
+        sid = sbx.sandbox_id
+        sbx.files.write("/home/user/survives", "kept on disk")
+        start_detached(sbx, COUNTER)
+        time.sleep(1.2)
+        before = count(sbx)
+        wait_standby(first, sid)
+        first.kill9()
+
+        second = KilnServer(state_dir, serve_args())
+        second.api_key, second.url = first.api_key, first.url
+        second.start()
+        deadline = time.time() + 30
+        while "recovered from the previous run" not in second.log():
+            assert time.time() < deadline, second.log()[-4000:]
+            time.sleep(0.05)
+        assert "1 in standby" in second.log(), second.log()[-2000:]
+        d = detail(second, sid)
+        assert d["state"] == "running" and d["kilnStandby"] is True, d
+        assert any("server restart" in e["detail"] for e in events(second, sid, "standby"))
+        assert runtime_on_host(second, sid) == [], "adopted in standby: no runtime started"
+
+        again = Sandbox.connect(sid, **second.opts())
+        r = again.commands.run("echo $KEPT; cat /home/user/survives")
+        assert r.stdout == "across-restart\nkept on disk", r
+        assert detail(second, sid)["kilnStandby"] is False
+        time.sleep(1.2)
+        assert count(again) > before
+        again.kill()
+    finally:
+        if second:
+            second.kill9()
+        first.kill9()
