@@ -147,7 +147,7 @@ impl Sessions {
     }
 
     /// How many sessions are stored (ended ones included until the next sign-in).
-    pub async fn len(&self) -> usize {
+    pub async fn count(&self) -> usize {
         self.db.count().await.unwrap_or(0)
     }
 }
@@ -258,7 +258,7 @@ mod tests {
         store.revoke_key(&k.record.id).await.unwrap();
         assert!(sessions.current(&store, &h).await.is_none());
         assert_eq!(
-            sessions.len().await,
+            sessions.count().await,
             0,
             "a revoked key's session is dropped"
         );
