@@ -1,5 +1,5 @@
 //! The web console at `/console`: sign-in with an API key into a server-side session
-//! ([`session`], kept hashed in the state database by [`console_db`]; failed sign-ins limited
+//! ([`session`], kept hashed in the state database by [`ConsoleDb`]; failed sign-ins limited
 //! per client address by [`limit`]), the HTML pages ([`pages`]), the embedded front-end bundle
 //! (built from `crates/server/console/` by esbuild and committed under its `dist/`), a
 //! terminal over the sandbox agent's PTY API ([`terminal`]), a template's builds ([`builds`]),
@@ -11,13 +11,12 @@
 //! terminal's WebSocket) must carry the session's CSRF token and come from this origin.
 
 pub mod builds;
-pub mod console_db;
 pub mod limit;
 pub mod pages;
 pub mod session;
 pub mod terminal;
 
-pub use console_db::ConsoleDb;
+pub use crate::store::ConsoleDb;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -1,7 +1,7 @@
 //! Console sessions: signing in with an API key makes a server-side session (random id in an
 //! `HttpOnly`, `SameSite=Strict` cookie scoped to `/console`), which carries the key's
 //! [`Caller`] and a CSRF token. Sessions are kept in the state database, hashed
-//! ([`super::console_db`]), so they survive a server restart. A session ends at sign-out,
+//! ([`ConsoleDb`]), so they survive a server restart. A session ends at sign-out,
 //! after [`SESSION_TTL`], or as soon as its key is revoked (each request checks the key again).
 
 use std::time::Duration;
@@ -9,9 +9,8 @@ use std::time::Duration;
 use http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 
-use super::console_db::{ConsoleDb, SessionRow};
 use crate::auth::{hash_key, random_hex};
-use crate::store::{now_ms, StateStore, StoreError};
+use crate::store::{now_ms, ConsoleDb, SessionRow, StateStore, StoreError};
 use crate::tenancy::Caller;
 
 /// Name of the session cookie.

@@ -321,7 +321,7 @@ pub const MIGRATIONS: &[&str] = &[
         sealed BLOB NOT NULL
     );
     ",
-    // 13: web console sessions (crates/server/src/console/console_db.rs), so a restart signs
+    // 13: web console sessions (crates/server/src/store/console_sql.rs), so a restart signs
     // no one out: the SHA-256 of the session id (the cookie's value) and of the API key it
     // was opened with, and when it ends.
     "

@@ -1,17 +1,15 @@
-//! The console's connection to the state database: its sessions, in the `console_sessions`
-//! table (migration 13) — a row per open session, keyed by the SHA-256 of its id (the
+//! SQL of the web console ([`crate::console`]): its sessions, in the `console_sessions` table
+//! (migration 13) — a row per open session, keyed by the SHA-256 of its id (the
 //! cookie's value, which is never stored), with the SHA-256 of the API key it was opened with
 //! and its end, so a restarted server finds them again — and the list of a template's builds
 //! (`tpl_builds`, written by [`crate::tplbuild`]; read only here).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::store::{StoreError, MIGRATIONS};
-
-type Result<T> = std::result::Result<T, StoreError>;
+use super::side_db::SideDb;
+use super::Result;
 
 /// One stored session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +41,7 @@ pub const MAX_BUILDS: u32 = 50;
 
 /// The console's connection to the state database.
 #[derive(Clone)]
-pub struct ConsoleDb(Arc<Mutex<Connection>>);
+pub struct ConsoleDb(SideDb);
 
 impl std::fmt::Debug for ConsoleDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -54,34 +52,20 @@ impl std::fmt::Debug for ConsoleDb {
 impl ConsoleDb {
     /// Opens the state database at `path` (already migrated by the state store).
     pub fn open(path: &Path) -> Result<Self> {
-        let c = Connection::open(path).map_err(|source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
-        c.busy_timeout(std::time::Duration::from_secs(10))?;
-        c.pragma_update(None, "journal_mode", "WAL")?;
-        Ok(Self(Arc::new(Mutex::new(c))))
+        SideDb::open(path).map(Self)
     }
 
     /// A database in memory with the current schema (a server without a state directory,
     /// tests): its sessions end with the process.
     pub fn open_in_memory() -> Result<Self> {
-        let c = Connection::open_in_memory()?;
-        for m in MIGRATIONS {
-            c.execute_batch(m)?;
-        }
-        Ok(Self(Arc::new(Mutex::new(c))))
+        SideDb::open_in_memory().map(Self)
     }
 
     async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T> {
-        let c = self.0.clone();
-        tokio::task::spawn_blocking(move || f(&c.lock().unwrap_or_else(|p| p.into_inner())))
-            .await
-            .map_err(|e| StoreError::Task(e.to_string()))?
-            .map_err(StoreError::from)
+        self.0.run(move |c| f(c).map_err(Into::into)).await
     }
 
     /// Drops the sessions ended by `now_ms`, then stores `row` unless `max` sessions are
