@@ -151,10 +151,10 @@ ${f.join(`
           <td class="build-status">${h.status}</td><td>${h.tags.join(", ")}</td><td>${tt(h.createdAt)}</td><td>${tt(h.finishedAt)}</td>
           <td><button type="button" aria-pressed=${n===h.buildID} onClick=${()=>o(h.buildID)}
             aria-label=${`Show the log of build ${h.buildID}`}>Show log</button></td></tr>`)}</tbody></table>`)}
-    ${a&&H`<${lS} key=${a.buildID} tpl=${t.templateID} build=${a} />`}</div>`}function D_(){let[e,t]=te(null),[i,s]=te(null),[r,n]=te(null);return Nt(async()=>{try{t(await ut("/v2/templates").catch(o=>o.status===501?ut("/templates"):Promise.reject(o))),s(null)}catch(o){s(o)}},5e3),H`<section aria-labelledby="h-tpl"><h1 id="h-tpl">Templates</h1><${kt} err=${i} />
+    ${a&&H`<${lS} key=${a.buildID} tpl=${t.templateID} build=${a} />`}</div>`}function D_(){let[e,t]=te(null),[i,s]=te(null),[r,n]=te(null);return Nt(async()=>{try{let o=await ut("/templates"),a=await ut("/v2/templates").catch(l=>l.status===501?o:Promise.reject(l)),h=new Set(o.map(l=>l.templateID));t(a.map(l=>({...l,teamBuilt:!h.has(l.templateID)}))),s(null)}catch(o){s(o)}},5e3),H`<section aria-labelledby="h-tpl"><h1 id="h-tpl">Templates</h1><${kt} err=${i} />
     ${e&&H`<table class="list" id="templates"><thead><tr><th scope="col">Template</th><th scope="col">Build</th>
       <th scope="col">Resources</th><th scope="col">Built</th><th scope="col">Sandboxes started</th><th scope="col">Builds</th></tr></thead>
-      <tbody>${e.map(o=>{let a=o.buildStatus!==void 0;return H`<tr data-template=${o.templateID}><td>${o.names&&o.names[0]||o.templateID}</td>
+      <tbody>${e.map(o=>{let a=o.teamBuilt;return H`<tr data-template=${o.templateID}><td>${o.names&&o.names[0]||o.templateID}</td>
           <td><code>${String(o.buildID||"–").slice(0,12)}</code>${a&&o.buildStatus!=="ready"?` (${o.buildStatus})`:""}</td>
           <td>${o.cpuCount} vCPU, ${o.memoryMB} MiB, ${o.diskSizeMB} MiB disk</td><td>${tt(o.createdAt)}</td><td>${o.spawnCount}</td>
           <td>${a?H`<button type="button" aria-expanded=${r===o.templateID}

@@ -96,8 +96,12 @@ export function Templates() {
   usePoll(
     async () => {
       try {
-        // The team's templates and kiln's own; without the Template API, kiln's own.
-        setRows(await get("/v2/templates").catch((e) => (e.status === 501 ? get("/templates") : Promise.reject(e))));
+        // The team's templates and kiln's own (`/templates`: the host's); without the Template
+        // API, kiln's own.
+        const host = await get("/templates");
+        const all = await get("/v2/templates").catch((e) => (e.status === 501 ? host : Promise.reject(e)));
+        const ids = new Set(host.map((t) => t.templateID));
+        setRows(all.map((t) => ({ ...t, teamBuilt: !ids.has(t.templateID) })));
         setErr(null);
       } catch (e) {
         setErr(e);
@@ -109,7 +113,7 @@ export function Templates() {
     ${rows && html`<table class="list" id="templates"><thead><tr><th scope="col">Template</th><th scope="col">Build</th>
       <th scope="col">Resources</th><th scope="col">Built</th><th scope="col">Sandboxes started</th><th scope="col">Builds</th></tr></thead>
       <tbody>${rows.map((t) => {
-        const built = t.buildStatus !== undefined;
+        const built = t.teamBuilt;
         return html`<tr data-template=${t.templateID}><td>${(t.names && t.names[0]) || t.templateID}</td>
           <td><code>${String(t.buildID || "–").slice(0, 12)}</code>${built && t.buildStatus !== "ready" ? ` (${t.buildStatus})` : ""}</td>
           <td>${t.cpuCount} vCPU, ${t.memoryMB} MiB, ${t.diskSizeMB} MiB disk</td><td>${time(t.createdAt)}</td><td>${t.spawnCount}</td>
