@@ -54,7 +54,7 @@ enum Cmd {
     /// Manage sandboxes through a running kiln server.
     #[command(subcommand)]
     Sandbox(sandbox::Cmd),
-    /// Manage API keys (works on the server's state directly).
+    /// Manage API keys (through a server's API with an API key, else on the state directly).
     #[command(subcommand)]
     Keys(keys::Cmd),
     /// Lifecycle events of a running kiln server's sandboxes (`--follow` to keep watching).

@@ -20,6 +20,14 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether an API key is given (`--api-key` or the environment).
+    pub fn has_key(&self) -> bool {
+        self.api_key.is_some()
+            || ["KILN_API_KEY", "E2B_API_KEY"]
+                .iter()
+                .any(|v| std::env::var(v).is_ok_and(|k| !k.trim().is_empty()))
+    }
+
     pub fn client(&self) -> anyhow::Result<Client> {
         let env = |a: &str, b: &str| std::env::var(a).or_else(|_| std::env::var(b)).ok();
         let url = self

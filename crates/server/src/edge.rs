@@ -141,7 +141,7 @@ pub async fn serve(listener: TcpListener, app: axum::Router, cfg: EdgeConfig) {
         .max_header_list_size(cfg.max_header_bytes as u32);
     let builder = Arc::new(builder);
     loop {
-        let (mut stream, _peer) = match listener.accept().await {
+        let (mut stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
                 // Out of fds and the like: wait instead of spinning.
@@ -159,7 +159,14 @@ pub async fn serve(listener: TcpListener, app: axum::Router, cfg: EdgeConfig) {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (builder, app) = (builder.clone(), app.clone());
+        // Handlers that count per client (the console's sign-in limit) read the peer here.
+        let app = app
+            .clone()
+            .map_request(move |mut r: Request<hyper::body::Incoming>| {
+                r.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                r
+            });
+        let builder = builder.clone();
         let (tls, handshake_timeout) = (cfg.tls.clone(), cfg.header_timeout);
         tokio::spawn(async move {
             let _slot = slot;

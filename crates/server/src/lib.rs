@@ -129,6 +129,7 @@ pub struct Server {
     vault: Arc<vault::Vault>,
     interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
     builds: Arc<tplbuild::Builds>,
+    console_db: console::ConsoleDb,
 }
 
 impl Server {
@@ -170,6 +171,7 @@ impl Server {
                 .map_err(store::StoreError::from)?,
         );
         let builds = tplbuild::Builds::open(&cfg.state_dir, manager.clone()).await?;
+        let console_db = console::ConsoleDb::open(&cfg.state_dir.join("kiln.db"))?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {
@@ -211,6 +213,7 @@ impl Server {
             vault,
             interceptor,
             builds,
+            console_db,
         })
     }
 
@@ -237,7 +240,8 @@ impl Server {
             },
         )
         .with_vault(self.vault.clone())
-        .with_builds(self.builds.clone());
+        .with_builds(self.builds.clone())
+        .with_console_db(self.console_db.clone());
         let state = Arc::new(match &self.interceptor {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,

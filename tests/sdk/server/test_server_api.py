@@ -127,9 +127,9 @@ def test_unknown_and_killed_sandbox(server):
     status, resp, _ = server.request("POST", "/v3/templates", body={})
     assert_error(status, resp, 400)
     assert "name" in resp["message"], resp
-    status, resp, _ = server.request("GET", "/api-keys")
+    status, resp, _ = server.request("GET", "/access-tokens")
     assert_error(status, resp, 501)
-    assert "/api-keys" in resp["message"], resp
+    assert "/access-tokens" in resp["message"], resp
 
     sbx.kill()
     status, resp, _ = server.request("GET", f"/sandboxes/{sid}")

@@ -8,7 +8,9 @@ import { useEffect, useState } from "preact/hooks";
 import { session } from "./api.js";
 import { SandboxList } from "./sandboxes.js";
 import { SandboxPage } from "./sandbox.js";
-import { Templates, Snapshots, Webhooks, Account } from "./pages.js";
+import { Snapshots, Webhooks } from "./pages.js";
+import { Templates } from "./templates.js";
+import { KeysPage } from "./keys.js";
 
 const NAV = [
   ["#/sandboxes", "Sandboxes"],
@@ -39,7 +41,7 @@ function page(h) {
     case "#/webhooks":
       return html`<${Webhooks} />`;
     case "#/keys":
-      return html`<${Account} />`;
+      return html`<${KeysPage} />`;
     default:
       return html`<${SandboxList} />`;
   }

@@ -1,8 +1,7 @@
-// The smaller pages: templates, snapshots, webhooks with their delivery log, and who is
-// signed in.
+// The smaller pages: snapshots, and webhooks with their delivery log.
 import { html } from "htm/preact";
 import { useState } from "preact/hooks";
-import { get, enc, session } from "./api.js";
+import { get, enc } from "./api.js";
 import { usePoll, time, ErrorNote, mib } from "./util.js";
 
 function useList(path, ms = 5000) {
@@ -21,17 +20,6 @@ function useList(path, ms = 5000) {
     [path],
   );
   return [rows, err];
-}
-
-export function Templates() {
-  const [rows, err] = useList("/templates");
-  return html`<section aria-labelledby="h-tpl"><h1 id="h-tpl">Templates</h1><${ErrorNote} err=${err} />
-    ${rows && html`<table class="list" id="templates"><thead><tr><th scope="col">Template</th><th scope="col">Build</th>
-      <th scope="col">Resources</th><th scope="col">Built</th><th scope="col">Sandboxes started</th><th scope="col">Last started</th></tr></thead>
-      <tbody>${rows.map((t) => html`<tr><td>${t.templateID}</td><td><code>${String(t.buildID).slice(0, 12)}</code></td>
-        <td>${t.cpuCount} vCPU, ${t.memoryMB} MiB, ${t.diskSizeMB} MiB disk</td><td>${time(t.createdAt)}</td>
-        <td>${t.spawnCount}</td><td>${time(t.lastSpawnedAt)}</td></tr>`)}</tbody></table>`}
-    <p class="hint">Templates are built on the server host with <code>kiln template build</code>.</p></section>`;
 }
 
 export function Snapshots() {
@@ -64,11 +52,4 @@ export function Webhooks() {
         <button type="button" aria-expanded=${open === w.id} onClick=${() => setOpen(open === w.id ? null : w.id)}>
           ${open === w.id ? "Hide" : "Show"} deliveries</button>
         ${open === w.id && html`<${Deliveries} id=${w.id} />`}</li>`)}</ul>`)}</section>`;
-}
-
-export function Account() {
-  return html`<section aria-labelledby="h-acct"><h1 id="h-acct">Keys and teams</h1>
-    <dl class="facts"><dt>Team</dt><dd id="acct-team">${session.team}</dd><dt>Signed in with key</dt><dd><code>${session.key}</code></dd></dl>
-    <p class="hint">Keys and teams are managed on the server host: <code>kiln keys create|list|revoke</code>,
-    <code>kiln team</code>. Revoking the key signs this session out.</p></section>`;
 }

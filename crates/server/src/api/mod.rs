@@ -9,6 +9,7 @@ mod alerts;
 mod audit;
 mod error;
 pub mod idempotency;
+mod keys;
 mod list;
 mod net_persist;
 mod net_update;
@@ -122,6 +123,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/volumecontent/{volumeID}/dir"),
     ("GET", "/volumecontent/{volumeID}/file"),
     ("PUT", "/volumecontent/{volumeID}/file"),
+    ("GET", "/api-keys"),
+    ("POST", "/api-keys"),
+    ("DELETE", "/api-keys/{apiKeyID}"),
+    ("GET", "/teams"),
 ];
 
 /// Server-wide settings the API needs.
@@ -144,6 +149,8 @@ pub struct AppState {
     pub interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
     /// Templates built through E2B's Template API; `None`: those routes answer 501.
     pub builds: Option<Arc<crate::tplbuild::Builds>>,
+    /// Where the web console keeps its sessions; `None`: in memory (a restart ends them).
+    pub console_db: Option<crate::console::ConsoleDb>,
 }
 
 impl AppState {
@@ -155,7 +162,14 @@ impl AppState {
             vault: None,
             interceptor: None,
             builds: None,
+            console_db: None,
         }
+    }
+
+    /// With the console's sessions kept in `db`.
+    pub fn with_console_db(mut self, db: crate::console::ConsoleDb) -> Self {
+        self.console_db = Some(db);
+        self
     }
 
     /// With `network.rules` applied through `interceptor`.
@@ -372,6 +386,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/audit", get(audit::search))
         .route("/audit/verify", get(audit::verify))
         .route("/alerts", get(alerts::list))
+        .route("/api-keys", get(keys::list).post(keys::create))
+        .route("/api-keys/{apiKeyID}", axum::routing::delete(keys::revoke))
+        .route("/teams", get(keys::teams))
         .route("/templates", get(templates::list_templates))
         .route("/snapshots", get(snapshots::list_snapshots))
         .route(

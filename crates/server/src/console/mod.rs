@@ -1,22 +1,29 @@
 //! The web console at `/console`: sign-in with an API key into a server-side session
-//! ([`session`]), the HTML pages ([`pages`]), the embedded front-end bundle (built from
-//! `crates/server/console/` by esbuild and committed under its `dist/`), a terminal over the
-//! sandbox agent's PTY API ([`terminal`]), and `/console/api/*`, which hands each request to
-//! the REST API's own router as the session's caller: the console has no business logic of
-//! its own, and sees exactly what the session's key sees through the API.
+//! ([`session`], kept hashed in the state database by [`ConsoleDb`]; failed sign-ins limited
+//! per client address by [`limit`]), the HTML pages ([`pages`]), the embedded front-end bundle
+//! (built from `crates/server/console/` by esbuild and committed under its `dist/`), a
+//! terminal over the sandbox agent's PTY API ([`terminal`]), a template's builds ([`builds`]),
+//! and `/console/api/*`, which hands each request to the REST API's own router as the
+//! session's caller: the console has no business logic of its own, and sees exactly what the
+//! session's key sees through the API.
 //!
 //! Every state-changing request (`POST`/`PUT`/`DELETE` under `/console/api/`, sign-out, the
 //! terminal's WebSocket) must carry the session's CSRF token and come from this origin.
 
+pub mod builds;
+pub mod limit;
 pub mod pages;
 pub mod session;
 pub mod terminal;
 
+pub use crate::store::ConsoleDb;
+
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Form, Path, Request, State};
+use axum::extract::{ConnectInfo, Form, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
@@ -42,6 +49,10 @@ pub struct ConsoleState {
     /// The REST API's router (with its own layers: body limit, audit, auth).
     api: Router,
     pub sessions: Sessions,
+    /// The console's connection to the state database (sessions, template builds).
+    pub db: ConsoleDb,
+    /// Failed sign-ins per client address.
+    pub sign_in_limit: limit::SignInLimit,
 }
 
 impl ConsoleState {
@@ -57,10 +68,29 @@ type Cs = State<Arc<ConsoleState>>;
 
 /// The console's routes (mounted at `/console`); `api` is the REST API's router.
 pub fn router(app: Arc<AppState>, api: Router) -> Router {
+    let db = match app.console_db.clone() {
+        Some(db) => Ok(db),
+        None => ConsoleDb::open_in_memory(),
+    };
+    let db = match db {
+        Ok(db) => db,
+        Err(e) => {
+            // Only an in-memory SQLite database failing to open: the console is off.
+            tracing::error!(error = %e, "console sessions: the console is not served");
+            return Router::new().fallback(|| async {
+                json_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the console is not available",
+                )
+            });
+        }
+    };
     let st = Arc::new(ConsoleState {
         app,
         api,
-        sessions: Sessions::default(),
+        sessions: Sessions::new(db.clone()),
+        db,
+        sign_in_limit: limit::SignInLimit::default(),
     });
     Router::new()
         .route("/", get(index))
@@ -75,6 +105,7 @@ pub fn router(app: Arc<AppState>, api: Router) -> Router {
         .route("/login", post(login).get(|| async { redirect("/console") }))
         .route("/logout", post(logout))
         .route("/terminal/{sandboxID}", get(terminal::open))
+        .route("/builds/{templateID}", get(builds::list))
         .route("/api/{*rest}", any(to_api))
         .with_state(st)
 }
@@ -107,9 +138,26 @@ async fn index(State(cs): Cs, headers: HeaderMap) -> Response {
 /// cookie and the app, or the sign-in page again with what was wrong.
 async fn login(
     State(cs): Cs,
+    peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
+    // The edge puts each connection's peer address in its requests; a request from
+    // elsewhere (an in-process client) counts as one unnamed client.
+    let ip = peer
+        .map(|p| p.0 .0.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    if let Some(wait) = cs.sign_in_limit.check(ip) {
+        let mut r = pages::sign_in(
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(&format!(
+                "Too many failed sign-ins from your address: try again in {wait} s."
+            )),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(wait));
+        return r;
+    }
     if !same_origin(&headers) {
         return pages::sign_in(
             StatusCode::FORBIDDEN,
@@ -129,12 +177,15 @@ async fn login(
             }
             r
         }
-        Err(SignInError::Refused(e)) => pages::sign_in(
-            StatusCode::UNAUTHORIZED,
-            Some(&format!(
-                "Sign-in failed: {e}. Check the key and try again."
-            )),
-        ),
+        Err(SignInError::Refused(e)) => {
+            cs.sign_in_limit.failed(ip);
+            pages::sign_in(
+                StatusCode::UNAUTHORIZED,
+                Some(&format!(
+                    "Sign-in failed: {e}. Check the key and try again."
+                )),
+            )
+        }
         Err(SignInError::Full) => pages::sign_in(
             StatusCode::SERVICE_UNAVAILABLE,
             Some("Too many console sessions are open; try again later."),
@@ -162,7 +213,7 @@ async fn logout(
     if !ok {
         return csrf_refused();
     }
-    cs.sessions.end(&headers);
+    cs.sessions.end(&headers).await;
     let mut r = redirect("/console");
     if let Ok(v) = HeaderValue::from_str(&session::clear_cookie()) {
         r.headers_mut().insert(header::SET_COOKIE, v);
@@ -170,7 +221,7 @@ async fn logout(
     r
 }
 
-fn json_error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn json_error(status: StatusCode, message: &str) -> Response {
     (
         status,
         axum::Json(json!({"code": status.as_u16(), "message": message})),

@@ -1,16 +1,16 @@
 //! Console sessions: signing in with an API key makes a server-side session (random id in an
 //! `HttpOnly`, `SameSite=Strict` cookie scoped to `/console`), which carries the key's
-//! [`Caller`] and a CSRF token. A session ends at sign-out, after [`SESSION_TTL`], or as soon
-//! as its key is revoked (each request checks the key again).
+//! [`Caller`] and a CSRF token. Sessions are kept in the state database, hashed
+//! ([`ConsoleDb`]), so they survive a server restart. A session ends at sign-out,
+//! after [`SESSION_TTL`], or as soon as its key is revoked (each request checks the key again).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use http::{header, HeaderMap};
+use sha2::{Digest, Sha256};
 
 use crate::auth::{hash_key, random_hex};
-use crate::store::{now_ms, StateStore, StoreError};
+use crate::store::{now_ms, ConsoleDb, SessionRow, StateStore, StoreError};
 use crate::tenancy::Caller;
 
 /// Name of the session cookie.
@@ -19,7 +19,7 @@ pub const COOKIE: &str = "kiln_console";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a session lasts after sign-in.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
-/// Most sessions kept at once (expired ones are dropped first; past this, sign-in fails).
+/// Most sessions kept at once (ended ones are dropped first; past this, sign-in fails).
 const MAX_SESSIONS: usize = 10_000;
 
 /// One signed-in browser.
@@ -28,9 +28,6 @@ pub struct Session {
     pub caller: Caller,
     /// Sent back with every state-changing request (header or form field).
     pub csrf: String,
-    /// The SHA-256 of the key signed in with (to notice a revocation).
-    key_hash: String,
-    expires_ms: i64,
 }
 
 /// Why a sign-in made no session.
@@ -44,13 +41,37 @@ pub enum SignInError {
     Store(#[from] StoreError),
 }
 
-/// The sessions of one server, in memory (a restart signs everyone out).
-#[derive(Debug, Default)]
+/// The SHA-256 (hex) of a session id: what the database keeps of it.
+fn id_hash(id: &str) -> String {
+    hex::encode(Sha256::digest(id.as_bytes()))
+}
+
+/// A session's CSRF token, derived from its id (so nothing more is stored, and the token
+/// outlives a restart with its session); the token does not give the id away.
+fn csrf_of(id: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"kiln-console-csrf\0");
+    h.update(id.as_bytes());
+    hex::encode(h.finalize())
+}
+
+/// The sessions of one server.
+#[derive(Debug)]
 pub struct Sessions {
-    map: Mutex<HashMap<String, Session>>,
+    db: ConsoleDb,
 }
 
 impl Sessions {
+    /// Sessions kept in `db`.
+    pub fn new(db: ConsoleDb) -> Self {
+        Self { db }
+    }
+
+    /// Sessions kept in memory only (they end with the process).
+    pub fn in_memory() -> Result<Self, StoreError> {
+        ConsoleDb::open_in_memory().map(Self::new)
+    }
+
     /// Checks `key` exactly as the API does and opens a session for it; the session id.
     pub async fn sign_in(
         &self,
@@ -61,59 +82,72 @@ impl Sessions {
             Ok(c) => c,
             Err(e) => return Err(SignInError::Refused(e)),
         };
-        let session = Session {
-            caller,
-            csrf: random_hex(32),
-            key_hash: hash_key(key.trim()),
-            expires_ms: now_ms() + SESSION_TTL.as_millis() as i64,
-        };
         let id = random_hex(32);
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let now = now_ms();
-        map.retain(|_, s| s.expires_ms > now);
-        if map.len() >= MAX_SESSIONS {
+        let row = SessionRow {
+            id_hash: id_hash(&id),
+            key_hash: hash_key(key.trim()),
+            created_at_ms: now,
+            expires_at_ms: now + SESSION_TTL.as_millis() as i64,
+        };
+        if !self.db.insert_within(row, now, MAX_SESSIONS).await? {
             return Err(SignInError::Full);
         }
-        map.insert(id.clone(), session.clone());
-        Ok((id, session))
+        let csrf = csrf_of(&id);
+        Ok((id, Session { caller, csrf }))
     }
 
     /// The live session named by the request's cookie, if any: not expired, and its key
     /// neither revoked nor deleted (else the session is dropped).
     pub async fn current(&self, store: &dyn StateStore, headers: &HeaderMap) -> Option<Session> {
         let id = cookie_value(headers, COOKIE)?;
-        let s = {
-            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.get(&id).cloned()?
+        let row = match self.db.get(&id_hash(&id)).await {
+            Ok(r) => r?,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a console session");
+                return None;
+            }
         };
-        let live = s.expires_ms > now_ms()
-            && matches!(
-                store.key_by_hash(&s.key_hash).await,
-                Ok(Some(k)) if k.revoked_at_ms.is_none()
-            );
-        if live {
-            Some(s)
+        let key = if row.expires_at_ms > now_ms() {
+            match store.key_by_hash(&row.key_hash).await {
+                Ok(Some(k)) if k.revoked_at_ms.is_none() => Some(k),
+                Ok(_) => None,
+                Err(e) => {
+                    // The key could not be checked: no access now, but the session stays.
+                    tracing::warn!(error = %e, "checking a console session's key");
+                    return None;
+                }
+            }
         } else {
-            self.end(headers);
             None
+        };
+        match key {
+            Some(k) => Some(Session {
+                caller: Caller {
+                    key_id: k.id,
+                    team: k.team,
+                },
+                csrf: csrf_of(&id),
+            }),
+            None => {
+                self.end(headers).await;
+                None
+            }
         }
     }
 
     /// Ends the session named by the request's cookie.
-    pub fn end(&self, headers: &HeaderMap) {
+    pub async fn end(&self, headers: &HeaderMap) {
         if let Some(id) = cookie_value(headers, COOKIE) {
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.remove(&id);
+            if let Err(e) = self.db.delete(&id_hash(&id)).await {
+                tracing::warn!(error = %e, "ending a console session");
+            }
         }
     }
 
-    /// How many sessions are open (expired ones included until the next sign-in).
-    pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// How many sessions are stored (ended ones included until the next sign-in).
+    pub async fn count(&self) -> usize {
+        self.db.count().await.unwrap_or(0)
     }
 }
 
@@ -203,7 +237,7 @@ mod tests {
         let k = crate::auth::create_team_key(&store, "web", "red")
             .await
             .unwrap();
-        let sessions = Sessions::default();
+        let sessions = Sessions::in_memory().unwrap();
         assert!(matches!(
             sessions.sign_in(&store, "e2b_wrong").await,
             Err(SignInError::Refused(_))
@@ -222,7 +256,44 @@ mod tests {
             .is_none());
         store.revoke_key(&k.record.id).await.unwrap();
         assert!(sessions.current(&store, &h).await.is_none());
-        assert!(sessions.is_empty(), "a revoked key's session is dropped");
+        assert_eq!(
+            sessions.count().await,
+            0,
+            "a revoked key's session is dropped"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_session_outlives_the_server_that_opened_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln.db");
+        let store = crate::store::SqliteStore::open(&path).unwrap();
+        let k = crate::auth::create_team_key(&store, "web", "blue")
+            .await
+            .unwrap();
+        let first = Sessions::new(ConsoleDb::open(&path).unwrap());
+        let (id, s) = first.sign_in(&store, &k.secret).await.unwrap();
+        drop(first);
+        // Only hashes are on disk.
+        let mut raw = std::fs::read(&path).unwrap();
+        raw.extend(std::fs::read(dir.path().join("kiln.db-wal")).unwrap_or_default());
+        let on_disk = |needle: &str| raw.windows(needle.len()).any(|w| w == needle.as_bytes());
+        assert!(!on_disk(&id) && !on_disk(&s.csrf) && !on_disk(&k.secret));
+        let second = Sessions::new(ConsoleDb::open(&path).unwrap());
+        let h = headers(&[("cookie", &format!("{COOKIE}={id}"))]);
+        let again = second
+            .current(&store, &h)
+            .await
+            .expect("the session is found again");
+        assert_eq!(
+            (again.csrf, again.caller.team),
+            (s.csrf, "blue".to_string())
+        );
+        second.end(&h).await;
+        assert!(
+            second.current(&store, &h).await.is_none(),
+            "sign-out ends it"
+        );
     }
 
     #[test]

@@ -362,6 +362,18 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (team, snapshot_id)
     ) WITHOUT ROWID;
     ",
+    // 15: web console sessions (crates/server/src/store/console_sql.rs), so a restart signs
+    // no one out: the SHA-256 of the session id (the cookie's value) and of the API key it
+    // was opened with, and when it ends.
+    "
+    CREATE TABLE console_sessions (
+        id_hash TEXT PRIMARY KEY,
+        key_hash TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX console_sessions_expiry ON console_sessions(expires_at);
+    ",
 ];
 
 /// Schema version this kiln writes.

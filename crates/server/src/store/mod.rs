@@ -8,6 +8,7 @@
 //! rebuilds.
 
 pub mod alerts_sql;
+mod console_sql;
 mod idempotency_sql;
 mod migrations;
 mod obs_sql;
@@ -22,6 +23,7 @@ mod tplbuild_sql;
 mod tplbuild_tags_sql;
 mod volumes_sql;
 
+pub use console_sql::{BuildSummary, ConsoleDb, SessionRow, MAX_BUILDS};
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use records::*;
 pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
