@@ -30,7 +30,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::api::ApiError;
+use crate::api::error::ApiError;
 
 /// Largest API request body (a create with metadata and environment is a few KiB).
 pub const API_BODY_LIMIT: usize = 1 << 20;

@@ -7,7 +7,7 @@
 
 mod alerts;
 mod audit;
-mod error;
+pub mod error;
 pub mod idempotency;
 mod keys;
 mod list;

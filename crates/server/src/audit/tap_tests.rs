@@ -1,7 +1,7 @@
 //! Unit tests of the proxy tap's parsing.
 
-use crate::audit::tap_record::EDGE;
 use super::*;
+use crate::audit::tap_record::EDGE;
 
 #[test]
 fn multipart_payload_is_the_part_without_framing() {

@@ -128,7 +128,7 @@ impl Manager {
         self.registry
             .list()
             .iter()
-            .filter(|r| r.team == team && !crate::tplbuild::is_build_sandbox(&r.metadata))
+            .filter(|r| r.team == team && !super::is_build_sandbox(&r.metadata))
             .count()
     }
 

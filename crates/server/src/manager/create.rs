@@ -52,7 +52,7 @@ impl Manager {
         let team = p.team().to_string();
         // A template build's sandbox is outside the team's quota (builds have a bound of their
         // own) and is admitted apart from the team's creates; the server's cap still counts it.
-        let build = crate::tplbuild::is_build_sandbox(&p.metadata);
+        let build = super::is_build_sandbox(&p.metadata);
         let quota = if build {
             crate::tenancy::TeamQuota::default()
         } else {

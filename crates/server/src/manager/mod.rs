@@ -60,6 +60,15 @@ pub use standby::{parse_standby_after, STANDBY_META};
 pub use start_cmd::START_CMD_EVENT;
 pub use watcher::{DIED_REASON, WATCH_INTERVAL};
 
+/// Metadata key marking a template build's sandbox (its value: the build id): hidden from
+/// lists, outside the team's quota, never in standby.
+pub const BUILD_META: &str = "kiln.template.build";
+
+/// Whether a sandbox's metadata marks it as a template build's sandbox.
+pub fn is_build_sandbox(metadata: &std::collections::BTreeMap<String, String>) -> bool {
+    metadata.contains_key(BUILD_META)
+}
+
 /// Largest timeout the API accepts (E2B's timeout is an int32 of seconds).
 pub const MAX_TIMEOUT_SECS: u64 = i32::MAX as u64;
 
@@ -409,7 +418,7 @@ impl Manager {
     /// the builds' own: not listed).
     pub fn list_for(&self, team: &str) -> Vec<SandboxRecord> {
         let mut v = self.registry.list();
-        v.retain(|r| r.team == team && !crate::tplbuild::is_build_sandbox(&r.metadata));
+        v.retain(|r| r.team == team && !is_build_sandbox(&r.metadata));
         v
     }
 

@@ -34,7 +34,7 @@ pub fn may_stand_by(r: &SandboxRecord) -> bool {
             "off" | "false" | "0" | "no"
         )
     });
-    !off && !r.metadata.contains_key(crate::tplbuild::BUILD_META)
+    !off && !r.metadata.contains_key(super::BUILD_META)
 }
 
 /// After a failed standby, the sandbox is tried again after this many periods.

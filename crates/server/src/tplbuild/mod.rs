@@ -33,13 +33,8 @@ pub const MAX_CONCURRENT: usize = 2;
 pub const DEFAULT_PER_TEAM: usize = 4;
 /// Default cap of one uploaded COPY archive (`KILN_TEMPLATE_UPLOAD_MAX_MB` changes it).
 pub const DEFAULT_UPLOAD_MAX: u64 = 512 << 20;
-/// Metadata key marking a build sandbox (its value: the build id).
-pub const BUILD_META: &str = "kiln.template.build";
+pub use crate::manager::{is_build_sandbox, BUILD_META};
 
-/// Whether a sandbox's metadata marks it as a build sandbox.
-pub fn is_build_sandbox(metadata: &std::collections::BTreeMap<String, String>) -> bool {
-    metadata.contains_key(BUILD_META)
-}
 /// Why a build that was running when the server stopped failed.
 pub const RESTART_REASON: &str =
     "the kiln server restarted while this build was running; start the build again";
