@@ -5,34 +5,9 @@
 
 mod common;
 
-use axum::body::Body;
-use http::{header, Request, StatusCode};
-use http_body_util::BodyExt;
-use tower::ServiceExt;
+use http::{header, StatusCode};
 
-/// One request: status, headers and the body as text.
-async fn send(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (StatusCode, http::HeaderMap, String) {
-    let mut b = Request::builder().method(method).uri(path);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = app
-        .clone()
-        .oneshot(b.body(Body::from(body.to_string())).unwrap())
-        .await
-        .unwrap();
-    let (s, h) = (resp.status(), resp.headers().clone());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (s, h, String::from_utf8_lossy(&bytes).into_owned())
-}
-
-const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
+use common::requests::{csrf_of_page, send, FORM};
 
 /// Signs in with `key`: the `Cookie` header value and the page's CSRF token.
 async fn sign_in(app: &axum::Router, key: &str) -> (String, String) {
@@ -50,14 +25,9 @@ async fn sign_in(app: &axum::Router, key: &str) -> (String, String) {
         assert!(set.contains(attr), "{set}");
     }
     let cookie = set.split(';').next().unwrap().to_string();
-    let (s, _, page) = send(app, "GET", "/console", &[("cookie", &cookie)], "").await;
-    assert_eq!(s, StatusCode::OK);
-    let csrf = page
-        .split(r#"name="kiln-csrf" content=""#)
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .expect("the app page carries the CSRF token")
-        .to_string();
+    let csrf = csrf_of_page(app, &cookie)
+        .await
+        .expect("the app page carries the CSRF token");
     assert_eq!(csrf.len(), 64);
     (cookie, csrf)
 }

@@ -5,55 +5,15 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use http::{header, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{header, StatusCode};
 use serde_json::Value;
-use tower::ServiceExt;
 
 use kiln_server::api::{self, ApiConfig, AppState};
 use kiln_server::console::ConsoleDb;
 
-/// One request from `peer`: status, headers and the body as text.
-async fn send_from(
-    app: &axum::Router,
-    peer: Option<&str>,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (StatusCode, http::HeaderMap, String) {
-    let mut b = Request::builder().method(method).uri(path);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let mut req = b.body(Body::from(body.to_string())).unwrap();
-    if let Some(p) = peer {
-        let addr: SocketAddr = p.parse().unwrap();
-        req.extensions_mut().insert(ConnectInfo(addr));
-    }
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let (s, h) = (resp.status(), resp.headers().clone());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (s, h, String::from_utf8_lossy(&bytes).into_owned())
-}
-
-async fn send(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (StatusCode, http::HeaderMap, String) {
-    send_from(app, None, method, path, headers, body).await
-}
-
-const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
-const JSON: (&str, &str) = ("content-type", "application/json");
+use common::requests::{csrf_of_page, send, send_from, FORM, JSON};
 
 /// Signs in with `key`: the `Cookie` header value and the page's CSRF token.
 async fn sign_in(app: &axum::Router, key: &str) -> (String, String) {
@@ -69,16 +29,6 @@ async fn sign_in(app: &axum::Router, key: &str) -> (String, String) {
     let cookie = h[header::SET_COOKIE].to_str().unwrap();
     let cookie = cookie.split(';').next().unwrap().to_string();
     (cookie.clone(), csrf_of_page(app, &cookie).await.unwrap())
-}
-
-/// The CSRF token on the app page `cookie` opens, or None (the sign-in page).
-async fn csrf_of_page(app: &axum::Router, cookie: &str) -> Option<String> {
-    let (s, _, page) = send(app, "GET", "/console", &[("cookie", cookie)], "").await;
-    assert_eq!(s, StatusCode::OK);
-    page.split(r#"name="kiln-csrf" content=""#)
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .map(str::to_string)
 }
 
 async fn call(
