@@ -18,6 +18,7 @@ import pytest
 from e2b import Sandbox
 
 from .conftest import KilnServer, cleanup_state, kiln_bin
+from .rules_support import alerts
 
 KILL_RULE = """
 - rule: test_kill_marker
@@ -60,10 +61,6 @@ def rules_server():
         assert "panicked" not in log, log
 
 
-def alerts(srv, sandbox_id):
-    status, page, _ = srv.request("GET", f"/alerts?sandboxID={sandbox_id}&limit=1000")
-    assert status == 200, page
-    return page["alerts"]
 
 
 def wait_alerts(srv, sandbox_id, n, timeout=10.0):

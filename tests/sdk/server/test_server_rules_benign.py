@@ -30,9 +30,9 @@ import zipfile
 
 import pytest
 
-from .conftest import KilnServer, cleanup_state
-from .internet import remove_slots_in_range, require_root, wait_http
+from .internet import require_root, wait_http
 from .rich_support import ensure_template, port_request
+from .rules_support import rules_server
 from .testnet import NetNs
 
 NS = "ktrules"
@@ -168,21 +168,9 @@ def pkg_net():
 @pytest.fixture(scope="module")
 def srv(pkg_net):
     base = tempfile.mkdtemp(prefix="kiln-rules-benign-")
-    s = KilnServer(os.path.join(base, "state"),
-                   ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS])
-    try:
-        s.start()
-        assert "anomaly detection: 29 rules (Builtin)" in s.log(), s.log()
+    args = ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS]
+    with rules_server(base, args, "rules benign", "anomaly detection: 29 rules (Builtin)", RANGE) as s:
         yield s
-    finally:
-        s.kill_all_sandboxes()
-        s.stop()
-        log = s.log()
-        print("---- kiln serve (rules benign) log (tail) ----\n" + log[-6000:])
-        cleanup_state(s.state_dir)
-        remove_slots_in_range(RANGE.split("/")[0].rsplit(".", 1)[0] + ".")
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log
 
 
 def sh(sbx, cmd: str, timeout: float = 120) -> str:

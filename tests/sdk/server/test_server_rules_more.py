@@ -11,7 +11,6 @@ sandbox 90 % of its CPUs), samples every second; a test internet of its own (nam
 `ktrules2`, 198.51.100.224/29 only) with a sink that swallows uploads."""
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,8 +19,9 @@ import time
 
 import pytest
 
-from .conftest import KilnServer, cleanup_state, kiln_bin
-from .internet import remove_slots_in_range, require_root
+from .conftest import kiln_bin
+from .internet import require_root
+from .rules_support import alerts, rules_server
 from .testnet import NetNs
 
 NS = "ktrules2"
@@ -70,28 +70,10 @@ def srv(net):
     path = os.path.join(base, "rules.yaml")
     with open(path, "w") as f:
         f.write(pack)
-    s = KilnServer(os.path.join(base, "state"),
-                   ["--rules", path, "--metrics-interval", "1", "--net-range", RANGE, "--net-pool", "2",
-                    "--dns-upstream", DNS])
-    try:
-        s.start()
-        assert "anomaly detection: 29 rules" in s.log(), s.log()
+    args = ["--rules", path, "--metrics-interval", "1", "--net-range", RANGE, "--net-pool", "2",
+            "--dns-upstream", DNS]
+    with rules_server(base, args, "rules more", "anomaly detection: 29 rules", RANGE) as s:
         yield s
-    finally:
-        s.kill_all_sandboxes()
-        s.stop()
-        log = s.log()
-        print("---- kiln serve (rules more) log (tail) ----\n" + log[-6000:])
-        cleanup_state(s.state_dir)
-        remove_slots_in_range(RANGE.split("/")[0].rsplit(".", 1)[0] + ".")
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log
-
-
-def alerts(srv, sandbox_id):
-    status, page, _ = srv.request("GET", f"/alerts?sandboxID={sandbox_id}&limit=1000")
-    assert status == 200, page
-    return page["alerts"]
 
 
 def wait_alerts(srv, sandbox_id, done, timeout=15.0):
