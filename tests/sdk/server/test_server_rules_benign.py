@@ -326,6 +326,10 @@ def test_zero_alerts_on_ordinary_work_and_the_expected_ones_on_real_attacks(srv,
         assert fired_rules(got) == want, got
         assert [(a["incident"], a["rule"]) for a in got] == [("remote_shell", "reverse_shell_dev_tcp")], got
         assert got[0]["count"] >= 3, got
+        # The listener writes what it received once the shell's connection closes.
+        deadline = time.time() + 15
+        while not os.path.exists(pkg_net) and time.time() < deadline:
+            time.sleep(0.2)
         with open(pkg_net, "rb") as f:
             assert f.read().count(b"pwned-42") == 1, "the listener ran a command through the shell"
 
@@ -348,6 +352,12 @@ def test_zero_alerts_on_ordinary_work_and_the_expected_ones_on_real_attacks(srv,
         assert fds == {0, 1, 2}, on_chain
         probes = [a["output"] for a in got if a["rule"] == "escape_probe_syscalls"]
         assert probes == [f"escape probe in sandbox {script.sandbox_id}: unshare (errno 1)"], probes
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            with open(pkg_net, "rb") as f:
+                if f.read().count(b"pwned-42") >= 2:
+                    break
+            time.sleep(0.2)
         with open(pkg_net, "rb") as f:
             assert f.read().count(b"pwned-42") == 2, "the scripted shell ran the command too"
     finally:
