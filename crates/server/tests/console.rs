@@ -7,30 +7,7 @@ mod common;
 
 use http::{header, StatusCode};
 
-use common::requests::{csrf_of_page, send, FORM};
-
-/// Signs in with `key`: the `Cookie` header value and the page's CSRF token.
-async fn sign_in(app: &axum::Router, key: &str) -> (String, String) {
-    let (s, h, body) = send(
-        app,
-        "POST",
-        "/console/login",
-        &[FORM],
-        &format!("key={key}"),
-    )
-    .await;
-    assert_eq!(s, StatusCode::SEE_OTHER, "{body}");
-    let set = h[header::SET_COOKIE].to_str().unwrap().to_string();
-    for attr in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
-        assert!(set.contains(attr), "{set}");
-    }
-    let cookie = set.split(';').next().unwrap().to_string();
-    let csrf = csrf_of_page(app, &cookie)
-        .await
-        .expect("the app page carries the CSRF token");
-    assert_eq!(csrf.len(), 64);
-    (cookie, csrf)
-}
+use common::requests::{send, sign_in, FORM};
 
 #[tokio::test]
 async fn sign_in_sessions_csrf_and_team_scope() {

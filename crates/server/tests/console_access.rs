@@ -13,23 +13,7 @@ use serde_json::Value;
 use kiln_server::api::{self, ApiConfig, AppState};
 use kiln_server::console::ConsoleDb;
 
-use common::requests::{csrf_of_page, send, send_from, FORM, JSON};
-
-/// Signs in with `key`: the `Cookie` header value and the page's CSRF token.
-async fn sign_in(app: &axum::Router, key: &str) -> (String, String) {
-    let (s, h, body) = send(
-        app,
-        "POST",
-        "/console/login",
-        &[FORM],
-        &format!("key={key}"),
-    )
-    .await;
-    assert_eq!(s, StatusCode::SEE_OTHER, "{body}");
-    let cookie = h[header::SET_COOKIE].to_str().unwrap();
-    let cookie = cookie.split(';').next().unwrap().to_string();
-    (cookie.clone(), csrf_of_page(app, &cookie).await.unwrap())
-}
+use common::requests::{csrf_of_page, send, send_from, sign_in, FORM, JSON};
 
 async fn call(
     app: &axum::Router,

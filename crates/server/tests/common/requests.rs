@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use http::{Request, StatusCode};
+use http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
@@ -55,4 +55,28 @@ pub async fn csrf_of_page(app: &axum::Router, cookie: &str) -> Option<String> {
         .nth(1)
         .and_then(|r| r.split('"').next())
         .map(str::to_string)
+}
+
+/// Signs in to the console with `key`: the `Cookie` header value and the page's CSRF token
+/// (the cookie's attributes and the token's length checked).
+pub async fn sign_in(app: &axum::Router, key: &str) -> (String, String) {
+    let (s, h, body) = send(
+        app,
+        "POST",
+        "/console/login",
+        &[FORM],
+        &format!("key={key}"),
+    )
+    .await;
+    assert_eq!(s, StatusCode::SEE_OTHER, "{body}");
+    let set = h[header::SET_COOKIE].to_str().unwrap().to_string();
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(set.contains(attr), "{set}");
+    }
+    let cookie = set.split(';').next().unwrap().to_string();
+    let csrf = csrf_of_page(app, &cookie)
+        .await
+        .expect("the app page carries the CSRF token");
+    assert_eq!(csrf.len(), 64);
+    (cookie, csrf)
 }
