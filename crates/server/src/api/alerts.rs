@@ -4,6 +4,7 @@
 use axum::extract::Query;
 use axum::{Extension, Json};
 use http::StatusCode;
+use kiln_rules::Priority;
 use serde_json::{json, Value};
 
 use super::{ApiError, ApiResult, St};
@@ -27,17 +28,6 @@ pub struct AlertsQuery {
     pub limit: Option<usize>,
 }
 
-const PRIORITIES: &[&str] = &[
-    "emergency",
-    "alert",
-    "critical",
-    "error",
-    "warning",
-    "notice",
-    "informational",
-    "debug",
-];
-
 impl AlertsQuery {
     fn filter(&self) -> Result<AlertFilter, String> {
         let mut priorities = Vec::new();
@@ -50,10 +40,12 @@ impl AlertsQuery {
             .filter(|p| !p.is_empty())
         {
             let p = if p == "info" { "informational" } else { p };
-            if !PRIORITIES.contains(&p) {
+            if !Priority::ALL.iter().any(|x| x.as_str() == p) {
+                let most_urgent_first: Vec<&str> =
+                    Priority::ALL.iter().rev().map(|x| x.as_str()).collect();
                 return Err(format!(
                     "unknown priority {p:?} (one of {})",
-                    PRIORITIES.join(", ")
+                    most_urgent_first.join(", ")
                 ));
             }
             priorities.push(p.to_string());

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use kiln_rules::Priority;
 use rusqlite::{params, Connection, Row};
 use serde::Serialize;
 
@@ -45,26 +46,6 @@ pub struct AlertRecord {
 
 /// Most record ids an alert keeps.
 pub const MAX_RECORDS: usize = 64;
-
-/// The priorities, most urgent first.
-const PRIORITIES: [&str; 8] = [
-    "emergency",
-    "alert",
-    "critical",
-    "error",
-    "warning",
-    "notice",
-    "informational",
-    "debug",
-];
-
-fn urgency(p: &str) -> usize {
-    PRIORITIES.len()
-        - PRIORITIES
-            .iter()
-            .position(|x| *x == p)
-            .unwrap_or(PRIORITIES.len())
-}
 
 fn id_str<S: serde::Serializer>(v: &i64, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(&v.to_string())
@@ -159,7 +140,8 @@ pub fn repeat(c: &Connection, id: i64, a: &AlertRecord) -> Result<Option<AlertRe
     };
     cur.count += 1;
     cur.last_ms = cur.last_ms.max(a.ts_ms);
-    if urgency(&a.priority) > urgency(&cur.priority) {
+    // (An unknown priority ranks below every known one.)
+    if Priority::parse(&a.priority) > Priority::parse(&cur.priority) {
         cur.priority = a.priority.clone();
     }
     for (to, from) in [
