@@ -301,6 +301,19 @@ fn sandbox_ref(v: &Value) -> Result<SandboxRef> {
     })
 }
 
+/// `%`-encodes a path segment or query value of a REST call: everything but the unreserved
+/// characters, so a `/` stays inside its segment.
+pub fn segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

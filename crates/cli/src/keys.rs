@@ -11,6 +11,7 @@ use kiln_server::store::{SqliteStore, StateStore};
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use crate::client::segment;
 use crate::sandbox::Conn;
 
 #[derive(clap::Subcommand)]
@@ -104,18 +105,6 @@ fn print_rows(rows: &[Row]) {
     }
 }
 
-/// `%`-encodes a query value or path segment.
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 pub(crate) fn open(state_dir: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
     let dir = state_dir.unwrap_or_else(kiln_host::paths::state_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -180,7 +169,7 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             let (rows, as_json) = match target(state_dir, &conn)? {
                 Target::Api(client) => {
                     let path = match &team {
-                        Some(t) => format!("/api-keys?team={}", enc(t)),
+                        Some(t) => format!("/api-keys?team={}", segment(t)),
                         None => "/api-keys".into(),
                     };
                     let v = client.get_json(&path).await?;
@@ -238,7 +227,7 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             conn,
         } => match target(state_dir, &conn)? {
             Target::Api(client) => {
-                let path = format!("/api-keys/{}", enc(&id));
+                let path = format!("/api-keys/{}", segment(&id));
                 match client.call(Method::DELETE, &path, None).await {
                     Ok(_) => {
                         println!("revoked {id}");

@@ -9,6 +9,7 @@ use anyhow::Context;
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use crate::client::segment;
 use crate::sandbox::Conn;
 
 #[derive(clap::Subcommand)]
@@ -74,18 +75,6 @@ fn line(s: &Value) -> String {
         s["currentVersion"].as_i64().unwrap_or(0),
         s["updatedAt"].as_str().unwrap_or("")
     )
-}
-
-/// `%`-encodes a path segment.
-fn segment(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 pub fn run(c: Cmd) -> anyhow::Result<i32> {
