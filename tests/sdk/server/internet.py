@@ -119,9 +119,9 @@ def remove_slots_in_range(net: str = "10.135.0."):
 
 
 def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None,
-                     extra=()) -> KilnServer:
+                     extra=(), dns: str = DNS_ADDR) -> KilnServer:
     # Networking is on by default; the flags pick this test's range, pool and resolver.
-    flags = ["--net-range", net_range, "--net-pool", "2", "--dns-upstream", DNS_ADDR, *extra]
+    flags = ["--net-range", net_range, "--net-pool", "2", "--dns-upstream", dns, *extra]
     srv = KilnServer(state_dir, flags + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
     if previous:
         # Same state: the key persists (none is printed), and the log file is shared.
@@ -130,14 +130,14 @@ def start_net_server(state_dir: str, net_range: str, previous: KilnServer = None
 
 
 @contextlib.contextmanager
-def net_server_in(name: str, net_range: str, extra=()):
+def net_server_in(name: str, net_range: str, extra=(), dns: str = DNS_ADDR):
     """A networked `kiln serve` in a temporary state dir, for one test module (`extra`: more
-    `kiln serve` flags); afterwards its sandboxes, state, slots (in `net_range`, a /24) and dir
+    `kiln serve` flags, `dns`: the sandboxes' upstream resolver); afterwards its sandboxes, state, slots (in `net_range`, a /24) and dir
     are gone, its log's tail is printed, and a panic in that log fails the module."""
     base = tempfile.mkdtemp(prefix=f"kiln-{name.replace(' ', '-')}-")
     srv, log = None, ""
     try:
-        srv = start_net_server(os.path.join(base, "state"), net_range, extra=extra)
+        srv = start_net_server(os.path.join(base, "state"), net_range, extra=extra, dns=dns)
         yield srv
     finally:
         if srv:

@@ -30,9 +30,9 @@ import zipfile
 
 import pytest
 
-from .internet import require_root, wait_http
+from .internet import net_server_in, require_root, wait_http
 from .rich_support import ensure_template, port_request
-from .rules_support import rules_server
+from .rules_support import alerts
 from .testnet import NetNs
 
 NS = "ktrules"
@@ -167,9 +167,8 @@ def pkg_net():
 
 @pytest.fixture(scope="module")
 def srv(pkg_net):
-    base = tempfile.mkdtemp(prefix="kiln-rules-benign-")
-    args = ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS]
-    with rules_server(base, args, "rules benign", "anomaly detection: 29 rules (Builtin)", RANGE) as s:
+    with net_server_in("rules benign", RANGE, dns=DNS) as s:
+        assert "anomaly detection: 29 rules (Builtin)" in s.log(), s.log()
         yield s
 
 
@@ -180,12 +179,6 @@ def sh(sbx, cmd: str, timeout: float = 120) -> str:
         return sbx.commands.run(cmd, timeout=timeout).stdout
     except CommandExitException as e:
         pytest.fail(f"{cmd!r} exited {e.exit_code}:\n{e.stdout}\n{e.stderr}")
-
-
-def alerts(srv, sandbox_id):
-    status, page, _ = srv.request("GET", f"/alerts?sandboxID={sandbox_id}&limit=1000")
-    assert status == 200, page
-    return page["alerts"]
 
 
 def records(srv, sandbox_id, kind: str) -> int:

@@ -11,6 +11,7 @@ sandbox 90 % of its CPUs), samples every second; a test internet of its own (nam
 `ktrules2`, 198.51.100.224/29 only) with a sink that swallows uploads."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,8 +21,8 @@ import time
 import pytest
 
 from .conftest import kiln_bin
-from .internet import require_root
-from .rules_support import alerts, rules_server
+from .internet import net_server_in, require_root
+from .rules_support import alerts
 from .testnet import NetNs
 
 NS = "ktrules2"
@@ -70,10 +71,12 @@ def srv(net):
     path = os.path.join(base, "rules.yaml")
     with open(path, "w") as f:
         f.write(pack)
-    args = ["--rules", path, "--metrics-interval", "1", "--net-range", RANGE, "--net-pool", "2",
-            "--dns-upstream", DNS]
-    with rules_server(base, args, "rules more", "anomaly detection: 29 rules", RANGE) as s:
-        yield s
+    try:
+        with net_server_in("rules more", RANGE, ["--rules", path, "--metrics-interval", "1"], DNS) as s:
+            assert "anomaly detection: 29 rules" in s.log(), s.log()
+            yield s
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def wait_alerts(srv, sandbox_id, done, timeout=15.0):
