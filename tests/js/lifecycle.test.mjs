@@ -12,10 +12,17 @@ import { sleep, waitFor } from './lib/sandbox.mjs'
 
 const COUNTER = "bash -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done'"
 
-/** The counter's current value (it may be caught mid-write: read again). */
+/** The counter's current value (it may be caught mid-write, or not yet written by a counter
+ * that has just started: read again). */
 async function count(sbx) {
   return waitFor(async () => {
-    const t = (await sbx.files.read('/home/user/count')).trim()
+    let t
+    try {
+      t = (await sbx.files.read('/home/user/count')).trim()
+    } catch (e) {
+      if (e.name === 'FileNotFoundError') return 0
+      throw e
+    }
     return /^\d+$/.test(t) ? Number(t) : 0
   }, 'the counter')
 }
