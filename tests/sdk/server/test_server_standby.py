@@ -7,8 +7,10 @@ timeout of a sandbox in standby still ends it (or, with autoPause, pauses it wit
 a server killed with -9 adopts its standby sandboxes as standby on restart, and traffic wakes
 them."""
 
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import urllib.error
@@ -17,15 +19,16 @@ import urllib.request
 import pytest
 from e2b import CommandExitException, PtySize, Sandbox
 
-from .conftest import KilnServer, cleanup_state, runsc_processes_for
+from .conftest import KilnServer, cleanup_state, kiln_bin, runsc_processes_for
 
 STANDBY_AFTER = "2s"
+METRICS_TOKEN = "standby-metrics-token-0123"
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.5; done"
 
 
 def serve_args() -> list:
     return os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split() + [
-        "--pool-off", "--standby-after", STANDBY_AFTER]
+        "--pool-off", "--standby-after", STANDBY_AFTER, "--metrics-token", METRICS_TOKEN]
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +107,20 @@ def wakes(s: KilnServer, sid: str, seen: int) -> str:
     pytest.fail(f"no new wake event for {sid}: {events(s, sid, 'wake')}")
 
 
+def standby_counts(s: KilnServer) -> tuple:
+    """What the server's metrics and `kiln doctor` (reading the state database beside the
+    running server) say: (the standby gauge, doctor's running/standby/paused counts)."""
+    status, text, _ = s.request("GET", "/metrics", api_key=None,
+                                headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert status == 200, text
+    gauge = [line.split()[-1] for line in text.splitlines()
+             if line.startswith("kiln_sandboxes_standby ")]
+    out = subprocess.run([kiln_bin(), "doctor", "--quick", "--json", "--state-dir", s.state_dir],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode in (0, 3), out.stderr
+    return float(gauge[0]), json.loads(out.stdout)["sandboxes"]
+
+
 def proxied_get(s: KilnServer, sid: str, port: int, path: str):
     req = urllib.request.Request(s.url + path, headers={
         "E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": str(port)})
@@ -142,6 +159,8 @@ def test_standby_and_every_kind_of_traffic_wakes_it_with_state_intact(srv):
         status, raw_list, _ = srv.request("GET", "/v2/sandboxes")
         assert status == 200
         assert [x["kilnStandby"] for x in raw_list if x["sandboxID"] == sid] == [True]
+        gauge, doctor = standby_counts(srv)
+        assert gauge >= 1 and doctor["standby"] >= 1, (gauge, doctor)
 
         # A command wakes it: the environment and the counting process are as they were.
         r = sbx.commands.run("echo $KEPT; cat /home/user/notes.txt")

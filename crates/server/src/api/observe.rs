@@ -259,6 +259,12 @@ pub async fn prometheus(State(st): St, headers: HeaderMap) -> Response {
             *n as f64,
         );
     }
+    w.family(
+        "kiln_sandboxes_standby",
+        "Running sandboxes in standby (checkpointed to disk, woken by traffic).",
+        "gauge",
+    );
+    w.sample("kiln_sandboxes_standby", &[], m.standby_count() as f64);
     let samples = m.latest_samples();
     let sum = |f: fn(&crate::manager::MetricSample) -> u64| -> f64 {
         samples.iter().map(|(_, s)| f(s)).sum::<u64>() as f64

@@ -56,7 +56,7 @@ pub use pool::parse_pool;
 pub use pool_demand::PoolPolicy;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
-pub use standby::{parse_standby_after, STANDBY_META};
+pub use standby::{census, parse_standby_after, Census, STANDBY_META};
 pub use start_cmd::START_CMD_EVENT;
 pub use watcher::{DIED_REASON, WATCH_INTERVAL};
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::idle::{Cpu, InUse, Use};
 use super::Manager;
 use crate::error::{Error, Result};
-use crate::store::{now_ms, EventQuery, PauseMode, SandboxRecord, SandboxState};
+use crate::store::{now_ms, EventQuery, PauseMode, SandboxRecord, SandboxState, StateStore};
 
 /// Metadata key of the per-sandbox opt-out (`kiln.standby=off`).
 pub const STANDBY_META: &str = "kiln.standby";
@@ -70,6 +70,51 @@ pub fn parse_standby_after(s: &str) -> std::result::Result<Option<Duration>, Str
         return Err(format!("{s:?} must be above 0 and at most a week, or off"));
     }
     Ok(Some(Duration::from_secs_f64(secs)))
+}
+
+/// Whether the store's running sandbox `id` was left in standby: its latest standby, wake,
+/// pause or resume event is a `standby`. (A server killed between a pause's checkpoint and its
+/// store update left it paused, not in standby.)
+pub async fn left_in_standby(store: &dyn StateStore, id: &str) -> crate::store::Result<bool> {
+    let events = store
+        .events_page(&EventQuery {
+            sandbox_id: Some(id.to_string()),
+            kinds: ["standby", "wake", "paused", "resumed"]
+                .map(String::from)
+                .to_vec(),
+            limit: u32::MAX,
+            ..EventQuery::default()
+        })
+        .await?;
+    Ok(events.last().is_some_and(|e| e.event.kind == "standby"))
+}
+
+/// The sandboxes a state store holds, as `kiln doctor` reports them: awake, in standby
+/// (running to clients, checkpointed on disk) and paused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Census {
+    pub running: usize,
+    pub standby: usize,
+    pub paused: usize,
+}
+
+/// Counts the store's live sandboxes (template-build sandboxes left out).
+pub async fn census(store: &dyn StateStore) -> crate::store::Result<Census> {
+    let mut c = Census::default();
+    for r in store
+        .list_sandboxes(&[SandboxState::Running, SandboxState::Paused])
+        .await?
+    {
+        if super::is_build_sandbox(&r.metadata) {
+            continue;
+        }
+        match r.state {
+            SandboxState::Paused => c.paused += 1,
+            _ if left_in_standby(store, &r.id).await? => c.standby += 1,
+            _ => c.running += 1,
+        }
+    }
+    Ok(c)
 }
 
 impl Manager {
@@ -173,21 +218,9 @@ impl Manager {
     }
 
     /// Whether the store's running sandbox `id`, found paused on the host after a restart,
-    /// was left in standby: its latest standby, wake, pause or resume event is a `standby`.
-    /// (A server killed between a pause's checkpoint and its store update left it paused.)
+    /// was left in standby (see [`left_in_standby`]).
     pub(super) async fn left_in_standby(&self, id: &str) -> Result<bool> {
-        let events = self
-            .store
-            .events_page(&EventQuery {
-                sandbox_id: Some(id.to_string()),
-                kinds: ["standby", "wake", "paused", "resumed"]
-                    .map(String::from)
-                    .to_vec(),
-                limit: u32::MAX,
-                ..EventQuery::default()
-            })
-            .await?;
-        Ok(events.last().is_some_and(|e| e.event.kind == "standby"))
+        Ok(left_in_standby(self.store.as_ref(), id).await?)
     }
 
     /// One round of idle detection: every running sandbox that may stand by and has been
@@ -326,6 +359,46 @@ mod tests {
         assert!(!may_stand_by(&rec(&[("kiln.standby", " OFF ")])));
         assert!(!may_stand_by(&rec(&[("kiln.standby", "false")])));
         assert!(!may_stand_by(&rec(&[("kiln.template.build", "b1")])));
+    }
+
+    #[tokio::test]
+    async fn the_census_tells_awake_standby_and_paused_apart() {
+        let store = crate::store::SqliteStore::open_in_memory().unwrap();
+        let add = |id: &str, state, meta: &[(&str, &str)]| {
+            let mut r = rec(meta);
+            r.id = id.into();
+            r.state = state;
+            r
+        };
+        let running = SandboxState::Running;
+        for r in [
+            add("awake", running, &[]),
+            add("woken", running, &[]),
+            add("asleep", running, &[]),
+            add("held", SandboxState::Paused, &[]),
+            add("build", running, &[("kiln.template.build", "b1")]),
+            add("gone", SandboxState::Killed, &[]),
+        ] {
+            store.insert_sandbox(&r).await.unwrap();
+        }
+        for (id, kind) in [
+            ("woken", "standby"),
+            ("woken", "wake"),
+            ("asleep", "wake"),
+            ("asleep", "standby"),
+            ("asleep", "exec"),
+        ] {
+            store.add_event(id, kind, "").await.unwrap();
+        }
+        let c = census(&store).await.unwrap();
+        assert_eq!(
+            c,
+            Census {
+                running: 2,
+                standby: 1,
+                paused: 1
+            }
+        );
     }
 
     #[test]

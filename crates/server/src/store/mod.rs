@@ -50,6 +50,11 @@ pub enum StoreError {
          upgrade kiln, or point --state-dir at another directory"
     )]
     TooNew { found: i64, known: i64 },
+    #[error(
+        "the state database has schema version {found} and this kiln reads version {known}: \
+         run the kiln that matches it, or start `kiln serve` to migrate it"
+    )]
+    OtherVersion { found: i64, known: i64 },
     #[error("migrating the state database to schema version {version}: {source}")]
     Migration {
         version: i64,

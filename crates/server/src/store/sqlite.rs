@@ -39,6 +39,29 @@ impl SqliteStore {
         Ok(Self::wrap(conn))
     }
 
+    /// Opens an existing database for reading only (`kiln doctor` beside a running server):
+    /// nothing is created or migrated, and a database at another schema version is refused.
+    pub fn open_read_only(path: &Path) -> Result<Self> {
+        use rusqlite::OpenFlags;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let found = migrations::version(&conn)?;
+        if found != migrations::CURRENT_VERSION {
+            return Err(StoreError::OtherVersion {
+                found,
+                known: migrations::CURRENT_VERSION,
+            });
+        }
+        Ok(Self::wrap(conn))
+    }
+
     /// An in-memory database (tests).
     pub fn open_in_memory() -> Result<Self> {
         let mut conn = Connection::open_in_memory()?;

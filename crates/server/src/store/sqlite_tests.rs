@@ -259,3 +259,36 @@ fn a_database_from_a_newer_kiln_is_refused_untouched() {
         .unwrap();
     assert_eq!(v, CURRENT_VERSION + 5, "left as it was");
 }
+
+#[tokio::test]
+async fn a_read_only_open_reads_and_never_writes_or_migrates() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let rw = SqliteStore::open(&db).unwrap();
+    rw.insert_sandbox(&sample("a", SandboxState::Running))
+        .await
+        .unwrap();
+    let ro = SqliteStore::open_read_only(&db).unwrap();
+    assert_eq!(ro.list_sandboxes(&[]).await.unwrap().len(), 1);
+    assert!(ro.add_event("a", "exec", "").await.is_err(), "read only");
+    drop((rw, ro));
+
+    // A database at another version is refused and left as it was.
+    let old = dir.path().join("old.db");
+    rusqlite::Connection::open(&old)
+        .unwrap()
+        .pragma_update(None, "user_version", CURRENT_VERSION - 1)
+        .unwrap();
+    let err = SqliteStore::open_read_only(&old)
+        .err()
+        .expect("must refuse");
+    assert!(matches!(err, StoreError::OtherVersion { .. }), "{err}");
+    let v: i64 = rusqlite::Connection::open(&old)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, CURRENT_VERSION - 1);
+    // No file is made where none was.
+    assert!(SqliteStore::open_read_only(&dir.path().join("none.db")).is_err());
+    assert!(!dir.path().join("none.db").exists());
+}
