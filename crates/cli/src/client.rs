@@ -10,12 +10,10 @@ use serde_json::{json, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("request to {url} failed: {source}")]
-    Http {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
+    /// The whole cause chain is in the message (and no `source`), so `{e}` and `{e:#}` both
+    /// say it once.
+    #[error("request to {url} failed: {}", causes(error))]
+    Http { url: String, error: reqwest::Error },
     #[error("{status}: {message}")]
     Api { status: u16, message: String },
     #[error("bad answer from the server: {0}")]
@@ -27,6 +25,23 @@ pub enum ClientError {
 }
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// `e` and its causes, joined by ": ", a cause repeating the previous one's text said once.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut last = out.clone();
+    let mut next = e.source();
+    while let Some(c) = next {
+        let text = c.to_string();
+        if text != last {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        last = text;
+        next = c.source();
+    }
+    out
+}
 
 /// A sandbox as returned by create or get.
 #[derive(Debug, Clone)]
@@ -57,9 +72,9 @@ impl Client {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
-            .map_err(|source| ClientError::Http {
+            .map_err(|error| ClientError::Http {
                 url: base.to_string(),
-                source,
+                error,
             })?;
         Ok(Self {
             http,
@@ -114,15 +129,15 @@ impl Client {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req.send().await.map_err(|source| ClientError::Http {
+        let resp = req.send().await.map_err(|error| ClientError::Http {
             url: url.clone(),
-            source,
+            error,
         })?;
         let status = resp.status().as_u16();
         let text = resp
             .text()
             .await
-            .map_err(|source| ClientError::Http { url, source })?;
+            .map_err(|error| ClientError::Http { url, error })?;
         let v = if text.trim().is_empty() {
             Value::Null
         } else {
@@ -163,7 +178,7 @@ impl Client {
         let resp = req
             .send()
             .await
-            .map_err(|source| ClientError::Http { url, source })?;
+            .map_err(|error| ClientError::Http { url, error })?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let text = resp.text().await.unwrap_or_default();
@@ -328,6 +343,23 @@ mod tests {
             sandbox_ref(&json!({})),
             Err(ClientError::Protocol(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_failed_request_says_its_cause_once() {
+        // A port nothing listens on (bound, then closed).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}/x");
+        let error = reqwest::get(&url).await.unwrap_err();
+        let e = ClientError::Http { url, error };
+        let (plain, alt) = (e.to_string(), format!("{:#}", anyhow::Error::from(e)));
+        assert_eq!(plain, alt);
+        assert!(plain.contains("refused"), "{plain}");
+        assert_eq!(plain.matches("error sending request").count(), 1, "{plain}");
     }
 
     #[tokio::test]

@@ -52,6 +52,10 @@ pub struct Args {
     /// inside (a `sleep 0.001`) may fire that much late. Default: the kernel's (50 µs).
     #[arg(long, env = "KILN_SENTRY_TIMER_SLACK_MS")]
     sentry_timer_slack_ms: Option<f64>,
+    /// gVisor: timer slack (milliseconds) of the host tasks of a sandbox hinted idle (see
+    /// --idle-hint-after).
+    #[arg(long, env = "KILN_IDLE_TIMER_SLACK_MS", default_value_t = 50.0)]
+    idle_timer_slack_ms: f64,
     /// Timeout (seconds) of sandboxes whose create request names none.
     #[arg(long, default_value_t = 300)]
     default_timeout: u64,
@@ -114,6 +118,17 @@ pub struct Args {
         value_name = "DURATION"
     )]
     standby_after: String,
+    /// A running sandbox unused this long whose runtime is quiet is hinted idle to its driver
+    /// (gVisor: --idle-timer-slack-ms of timer slack on its host tasks, taken back before its
+    /// first use goes on): `off`, or e.g. `30s` (docs/density.md). Per sandbox, metadata
+    /// `kiln.standby=off` opts out.
+    #[arg(
+        long,
+        env = "KILN_IDLE_HINT_AFTER",
+        default_value = "30s",
+        value_name = "DURATION"
+    )]
+    idle_hint_after: String,
     /// Seconds between two metrics samples of each running sandbox.
     #[arg(long, env = "KILN_METRICS_INTERVAL", default_value_t = 5.0)]
     metrics_interval: f64,
@@ -355,6 +370,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .sentry_timer_slack_ms
             .map(|ms| secs(ms / 1000.0, "--sentry-timer-slack-ms"))
             .transpose()?;
+        d.gvisor.idle_timer_slack = Some(secs(
+            a.idle_timer_slack_ms / 1000.0,
+            "--idle-timer-slack-ms",
+        )?);
         d
     };
     let cfg = ServerConfig {
@@ -390,6 +409,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             metrics_interval: secs(a.metrics_interval, "--metrics-interval")?,
             standby_after: kiln_server::manager::parse_standby_after(&a.standby_after)
                 .map_err(|e| anyhow::anyhow!("--standby-after: {e}"))?,
+            idle_hint_after: kiln_server::manager::parse_standby_after(&a.idle_hint_after)
+                .map_err(|e| anyhow::anyhow!("--idle-hint-after: {e}"))?,
             webhooks: kiln_server::obs::webhooks::WebhookConfig {
                 retry_base: secs(a.webhook_retry_base, "--webhook-retry-base")?,
                 allow_private: a.webhook_allow_private,

@@ -164,6 +164,12 @@ pub trait Driver: Send + Sync + 'static {
     /// Periodic upkeep of running sandboxes' host files (e.g. rotating console logs); called
     /// by the watcher about once a second.
     async fn housekeep(&self, _ids: &[String]) {}
+    /// Hints that a running sandbox is idle (`true`: nobody has used it for a while and its
+    /// runtime is quiet) or in use again (`false`, said before the work that ends the
+    /// idleness goes on). A driver whose runtime costs host CPU while idle may make it cheaper
+    /// (gVisor: a large timer slack on its host tasks); the default does nothing. Cheap and
+    /// synchronous: it is on the path of the first request after idleness.
+    fn set_idle(&self, _id: &str, _idle: bool) {}
     /// Why a sandbox [`Self::dead`] reported died, when the driver itself ended it (e.g. its
     /// host memory reserve ran out); None for a runtime that exited on its own.
     fn death_cause(&self, _id: &str) -> Option<&'static str> {

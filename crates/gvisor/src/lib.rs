@@ -99,6 +99,7 @@ pub struct GvisorDriver {
     holds: generation::Holds,
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
     slack: Option<slack::SentrySlack>,
+    idle_slack: Option<slack::IdleSlack>,
     /// Host-side pressure of each sandbox (the fork-bomb backstop).
     pressure: std::sync::Arc<pressure::HostPressure>,
     /// Frozen layers captures are making (the layer clean-up skips them).
@@ -170,6 +171,9 @@ impl GvisorDriver {
             .clone()
             .map(|n| network::Network::new(n, cfg.dir.join("sandboxes")));
         let slack = cfg.timer_slack.map(slack::SentrySlack::new);
+        let idle_slack = cfg
+            .idle_timer_slack
+            .map(|idle| slack::IdleSlack::new(idle, cfg.timer_slack));
         let cfg_dir = cfg.dir.clone();
         Ok(Self {
             cfg,
@@ -180,6 +184,7 @@ impl GvisorDriver {
             holds: Default::default(),
             syscalls: Default::default(),
             slack,
+            idle_slack,
             pressure: Default::default(),
             making: Default::default(),
             disks: std::sync::Arc::new(disk_pool::DiskPool::new(cfg_dir.join("disk-pool"))),
@@ -449,6 +454,12 @@ impl Driver for GvisorDriver {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
             // Host limits near: the agent kills its biggest command (kiln_agent::relief).
             self.pressure.tick(&self.runsc, id, &self.cid(id)).await;
+        }
+    }
+
+    fn set_idle(&self, id: &str, idle: bool) {
+        if let Some(s) = &self.idle_slack {
+            s.apply(&self.cid(id), idle);
         }
     }
 

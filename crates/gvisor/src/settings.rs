@@ -16,6 +16,9 @@ pub struct GvisorSettings {
     pub network: Option<kiln_net::NetConfig>,
     /// Timer slack of the sandboxes' host tasks (`None`: the kernel's; see [`slack`]).
     pub timer_slack: Option<std::time::Duration>,
+    /// Timer slack of an idle sandbox's host tasks (`None`: idle hints change nothing; see
+    /// [`slack::IdleSlack`]).
+    pub idle_timer_slack: Option<std::time::Duration>,
 }
 
 /// Resolved settings of one gVisor driver instance.
@@ -35,6 +38,8 @@ pub struct GvisorConfig {
     pub network: Option<kiln_net::NetConfig>,
     /// Timer slack of the sandboxes' host tasks (see [`crate::slack`]).
     pub timer_slack: Option<std::time::Duration>,
+    /// Timer slack of an idle sandbox's host tasks (see [`crate::slack::IdleSlack`]).
+    pub idle_timer_slack: Option<std::time::Duration>,
 }
 
 impl GvisorConfig {
@@ -54,6 +59,7 @@ impl GvisorConfig {
             agent_args: Vec::new(),
             network: s.network.clone(),
             timer_slack: s.timer_slack,
+            idle_timer_slack: s.idle_timer_slack,
         }
     }
 }

@@ -10,6 +10,9 @@
 //! wake-ups) are not delayed. Threads and stub processes created later inherit the slack of
 //! the thread creating them, so setting it once on every task of a started sandbox covers it.
 //!
+//! Separately, [`IdleSlack`] gives a large slack only to sandboxes the server finds idle and
+//! takes it back at their first use (`kiln serve --idle-hint-after`, on by default).
+//!
 //! The server's watcher tick ([`kiln_driver::Driver::housekeep`]) applies it to each running
 //! sandbox not yet tuned; a sandbox that stops running (pause) is forgotten, so its restored sentry
 //! is tuned again.
@@ -46,6 +49,45 @@ impl SentrySlack {
     }
 }
 
+/// The kernel's default timer slack of a task (50 µs).
+pub const KERNEL_DEFAULT_NS: u64 = 50_000;
+
+/// Adaptive timer slack: the driver's answer to idle hints
+/// ([`kiln_driver::Driver::set_idle`]). A sandbox the server finds idle gets `idle_ns` on its
+/// host tasks, which coalesces the systrap controller's wake-ups as the opt-in slack does
+/// (docs/density.md); the first use after that sets the slack back before the use goes on,
+/// so only timers inside a sandbox nobody is using fire late.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleSlack {
+    idle_ns: u64,
+    awake_ns: u64,
+}
+
+impl IdleSlack {
+    /// `idle` on idle sandboxes; awake ones get `awake` (the opt-in slack) or the kernel's.
+    pub fn new(idle: Duration, awake: Option<Duration>) -> Self {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Self {
+            idle_ns: ns(idle),
+            awake_ns: awake.map_or(KERNEL_DEFAULT_NS, ns),
+        }
+    }
+
+    /// The slack a sandbox gets when `idle` (or not).
+    pub fn slack_ns(&self, idle: bool) -> u64 {
+        if idle {
+            self.idle_ns
+        } else {
+            self.awake_ns
+        }
+    }
+
+    /// Sets the slack of container `cid`'s host tasks for `idle`; how many were set.
+    pub fn apply(&self, cid: &str, idle: bool) -> usize {
+        set_slack(cid, self.slack_ns(idle))
+    }
+}
+
 /// The host task ids in container `id`'s cgroup (a sandbox's current runsc container) (v1 pids `tasks`, or v2 `cgroup.threads`).
 pub fn host_tasks(id: &str) -> Vec<i32> {
     let candidates = [
@@ -75,4 +117,18 @@ pub fn slack_of(tid: i32) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_and_awake_slacks() {
+        let s = IdleSlack::new(Duration::from_millis(50), None);
+        assert_eq!(s.slack_ns(true), 50_000_000);
+        assert_eq!(s.slack_ns(false), KERNEL_DEFAULT_NS);
+        let s = IdleSlack::new(Duration::from_millis(50), Some(Duration::from_millis(5)));
+        assert_eq!(s.slack_ns(false), 5_000_000, "the opt-in slack when awake");
+    }
 }

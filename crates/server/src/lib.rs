@@ -224,7 +224,7 @@ impl Server {
         let _sampler = self.manager.spawn_sampler();
         let _webhooks = self.manager.webhooks().spawn(self.manager.subscribe());
         let _watcher = self.manager.spawn_watcher();
-        let _standby = self.manager.spawn_standby();
+        let _idle = self.manager.spawn_idle_tick();
         // Pools start once recovery is over (until then, their sandboxes would look like
         // leftovers of the previous run).
         let (m, recovery) = (self.manager.clone(), self.recovery.clone());

@@ -50,6 +50,14 @@ pub struct Args {
     /// Timer slack (ms) of the sandboxes' host tasks, as `kiln serve --sentry-timer-slack-ms`.
     #[arg(long)]
     timer_slack_ms: Option<f64>,
+    /// Seconds of quiet after which a sandbox is hinted idle, as `kiln serve
+    /// --idle-hint-after` (gVisor: its host tasks get --idle-timer-slack-ms of timer slack);
+    /// default: no hints. Each step then measures idle CPU once the hints are given.
+    #[arg(long)]
+    idle_hint_after: Option<f64>,
+    /// Timer slack (ms) of a sandbox hinted idle, as `kiln serve --idle-timer-slack-ms`.
+    #[arg(long, default_value_t = 50.0)]
+    idle_timer_slack_ms: f64,
     /// Directory for the bench's temporary state (default: the kiln state dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -71,16 +79,31 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .timer_slack_ms
         .filter(|ms| ms.is_finite() && *ms > 0.0)
         .map(|ms| Duration::from_secs_f64(ms / 1000.0));
-    let cfg = super::server_config(work.path(), driver, Default::default())?;
+    let hint_after = a
+        .idle_hint_after
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64);
+    if hint_after.is_some() {
+        driver.gvisor.idle_timer_slack = Some(Duration::from_secs_f64(
+            a.idle_timer_slack_ms.clamp(0.001, 1000.0) / 1000.0,
+        ));
+    }
+    let mut cfg = super::server_config(work.path(), driver, Default::default())?;
+    cfg.server.lifecycle.idle_hint_after = hint_after;
     println!(
         "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \
-         in steps of {}, {} creates at once, sentry timer slack {}):",
+         in steps of {}, {} creates at once, sentry timer slack {}, idle hints {}):",
         a.template,
         a.count,
         a.step,
         a.concurrency,
         a.timer_slack_ms
-            .map_or("the kernel's".to_string(), |ms| format!("{ms} ms"))
+            .map_or("the kernel's".to_string(), |ms| format!("{ms} ms")),
+        hint_after.map_or("off".to_string(), |d| format!(
+            "after {:.1} s quiet ({} ms slack)",
+            d.as_secs_f64(),
+            a.idle_timer_slack_ms
+        ))
     );
     println!(
         "  per sandbox: RSS (shared pages counted in each process), PSS (shared pages split) and \
@@ -99,7 +122,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let m = server.manager.clone();
         // What `kiln serve` runs beside the API: the metrics sampler and the dead-runtime
         // watcher (whose upkeep also applies --timer-slack-ms), so their cost is measured.
-        let upkeep = [m.spawn_sampler(), m.spawn_watcher()];
+        let mut upkeep = vec![m.spawn_sampler(), m.spawn_watcher()];
+        upkeep.extend(m.spawn_idle_tick());
         let r = steps(&a, &m, &root).await;
         upkeep.iter().for_each(|h| h.abort());
         drop(server);
@@ -149,6 +173,15 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
         let usage = runsc_usage(root);
         let exec = exec_round_trips(m, a.exec_samples).await?;
         let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
+        if let Some(after) = m.config().idle_hint_after {
+            // The exec'd sandboxes were used just now: measure once they are hinted again.
+            tokio::time::sleep(after + Duration::from_secs(2)).await;
+            println!(
+                "  ({} of {} sandboxes hinted idle)",
+                m.idle_hinted_count(),
+                ids.len()
+            );
+        }
         let window = Duration::from_secs_f64(a.idle_window.max(0.5));
         let (idle, cost) =
             tokio::join!(cpu_idle_pct(window), super::idle_cpu::measure(&ids, window));
@@ -263,6 +296,8 @@ async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Result<Percent
             stdin: Some(false),
         };
         let t = Instant::now();
+        // As a proxied request would: a sandbox hinted idle is told otherwise first.
+        let _use = m.use_sandbox(&rec.id, "bench").await?;
         let mut stream = agent
             .start(&req, None)
             .await

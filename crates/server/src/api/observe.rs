@@ -265,6 +265,16 @@ pub async fn prometheus(State(st): St, headers: HeaderMap) -> Response {
         "gauge",
     );
     w.sample("kiln_sandboxes_standby", &[], m.standby_count() as f64);
+    w.family(
+        "kiln_sandboxes_idle_hinted",
+        "Awake sandboxes hinted idle to their driver (gVisor: a large timer slack).",
+        "gauge",
+    );
+    w.sample(
+        "kiln_sandboxes_idle_hinted",
+        &[],
+        m.idle_hinted_count() as f64,
+    );
     let samples = m.latest_samples();
     let sum = |f: fn(&crate::manager::MetricSample) -> u64| -> f64 {
         samples.iter().map(|(_, s)| f(s)).sum::<u64>() as f64

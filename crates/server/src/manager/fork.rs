@@ -48,7 +48,7 @@ impl Manager {
                 )));
             }
             self.wake_locked(id, "a fork").await?;
-            self.idle.touch(id);
+            self.used(id);
             let snap_id = super::new_sandbox_id();
             self.driver
                 .capture_for_fork(id, &SnapshotRef(snap_id.clone()))

@@ -1,8 +1,8 @@
-//! Idle bookkeeping for standby (see `standby.rs`): per running sandbox, when it was last
-//! used, how many proxied requests and connections are open on it, its last host-CPU reading,
-//! and whether (since when) it is in standby. Nothing here polls: the proxy marks use as it
-//! forwards, and the standby tick reads the CPU of the sandboxes that have been quiet long
-//! enough.
+//! Idle bookkeeping for idle hints and standby (see `standby.rs`): per running sandbox, when
+//! it was last used, how many proxied requests and connections are open on it, its last
+//! host-CPU reading, whether its driver has been told it is idle, and whether (since when) it
+//! is in standby. Nothing here polls: the proxy marks use as it forwards, and the idle tick
+//! reads the CPU of the sandboxes that have been quiet long enough or are hinted idle.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,8 @@ struct Idle {
     cpu: Option<(Instant, u64)>,
     /// In standby since (Unix ms); None while awake.
     since_ms: Option<i64>,
+    /// The driver has been told the sandbox is idle ([`kiln_driver::Driver::set_idle`]).
+    hinted: bool,
 }
 
 /// What the CPU readings say.
@@ -76,8 +78,9 @@ pub struct IdleTable {
 
 /// What [`IdleTable::begin_use`] found.
 pub enum Use {
-    /// The sandbox is awake; the guard keeps it so until dropped.
-    Awake(InUse),
+    /// The sandbox is awake; the guard keeps it so until dropped. `was_idle`: its driver had
+    /// been told it is idle, and must hear it is not before the use goes on.
+    Awake { guard: InUse, was_idle: bool },
     /// The sandbox is in standby: wake it, then ask again.
     Standby,
 }
@@ -113,15 +116,55 @@ impl IdleTable {
         }
         e.in_use += 1;
         e.last_active = Some(Instant::now());
-        Use::Awake(InUse {
-            table: self.clone(),
-            id: id.to_string(),
-        })
+        Use::Awake {
+            guard: InUse {
+                table: self.clone(),
+                id: id.to_string(),
+            },
+            was_idle: std::mem::take(&mut e.hinted),
+        }
     }
 
-    /// `id` was used now (an API call on it).
-    pub fn touch(&self, id: &str) {
-        self.lock().entry(id.to_string()).or_default().last_active = Some(Instant::now());
+    /// `id` was used now (an API call on it); true when its driver had been told it is idle.
+    pub fn touch(&self, id: &str) -> bool {
+        let mut map = self.lock();
+        let e = map.entry(id.to_string()).or_default();
+        e.last_active = Some(Instant::now());
+        std::mem::take(&mut e.hinted)
+    }
+
+    /// Marks awake `id` as hinted idle if it is still unused and quiet for `after`; false
+    /// (nothing changed) otherwise.
+    pub fn begin_hint(&self, id: &str, now: Instant, after: Duration) -> bool {
+        let mut map = self.lock();
+        let Some(e) = map.get_mut(id) else {
+            return false;
+        };
+        if e.hinted || e.since_ms.is_some() || !quiet_for(e.last_active, e.in_use, now, after) {
+            return false;
+        }
+        e.hinted = true;
+        true
+    }
+
+    /// Clears `id`'s idle hint; true when it had one.
+    pub fn end_hint(&self, id: &str) -> bool {
+        self.lock()
+            .get_mut(id)
+            .is_some_and(|e| std::mem::take(&mut e.hinted))
+    }
+
+    /// Whether `id`'s driver has been told it is idle.
+    pub fn hinted(&self, id: &str) -> bool {
+        self.lock().get(id).is_some_and(|e| e.hinted)
+    }
+
+    /// How many awake sandboxes are hinted idle.
+    pub fn hinted_count(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|e| e.hinted && e.since_ms.is_none())
+            .count()
     }
 
     /// Whether `id` has been quiet for `after` at `now` (and is awake). A sandbox seen for
@@ -180,12 +223,14 @@ impl IdleTable {
         self.lock().entry(id.to_string()).or_default().since_ms = Some(since_ms);
     }
 
-    /// `id` is awake (woken, or its standby failed): used now, CPU measured afresh.
+    /// `id` is awake (woken, or its standby failed): used now, CPU measured afresh; a woken
+    /// runtime starts without the idle hint.
     pub fn set_awake(&self, id: &str) {
         let mut map = self.lock();
         let e = map.entry(id.to_string()).or_default();
         e.since_ms = None;
         e.cpu = None;
+        e.hinted = false;
         e.last_active = Some(Instant::now());
     }
 
@@ -297,7 +342,7 @@ mod tests {
     fn open_use_blocks_standby_and_its_end_restarts_the_clock() {
         let t = Arc::new(IdleTable::default());
         let guard = match t.begin_use("a") {
-            Use::Awake(g) => g,
+            Use::Awake { guard, .. } => guard,
             Use::Standby => panic!("awake"),
         };
         let later = Instant::now() + 10 * S;
@@ -319,7 +364,40 @@ mod tests {
         );
         t.set_awake("a");
         assert_eq!(t.standby_since("a"), None);
-        assert!(matches!(t.begin_use("a"), Use::Awake(_)));
+        assert!(matches!(t.begin_use("a"), Use::Awake { .. }));
+    }
+
+    #[test]
+    fn an_idle_hint_is_given_once_and_taken_back_by_the_first_use() {
+        let t = Arc::new(IdleTable::default());
+        let t0 = Instant::now();
+        assert!(!t.quiet("a", t0, S));
+        assert!(!t.begin_hint("a", t0 + S / 2, S), "not quiet long enough");
+        assert!(t.begin_hint("a", t0 + S, S));
+        assert!(!t.begin_hint("a", t0 + 2 * S, S), "already hinted");
+        assert!(t.hinted("a") && t.hinted_count() == 1);
+        // The first use says the hint must be taken back; the next does not.
+        match t.begin_use("a") {
+            Use::Awake { was_idle, .. } => assert!(was_idle),
+            Use::Standby => panic!("awake"),
+        }
+        match t.begin_use("a") {
+            Use::Awake { was_idle, .. } => assert!(!was_idle),
+            Use::Standby => panic!("awake"),
+        }
+        assert_eq!(t.hinted_count(), 0);
+        // An API call takes it back too, and a busy runtime's hint ends once.
+        let later = Instant::now() + 5 * S;
+        assert!(t.begin_hint("a", later, S));
+        assert!(t.touch("a") && !t.touch("a"));
+        assert!(t.begin_hint("a", Instant::now() + 5 * S, S));
+        assert!(t.end_hint("a") && !t.end_hint("a"));
+        // In standby it does not count; woken, the runtime is new and unhinted.
+        assert!(t.begin_hint("a", Instant::now() + 5 * S, S));
+        assert!(t.begin_standby("a", Instant::now() + 5 * S, S, 1));
+        assert_eq!(t.hinted_count(), 0);
+        t.set_awake("a");
+        assert!(!t.hinted("a"));
     }
 
     #[test]
@@ -363,7 +441,7 @@ mod tests {
     fn forgetting_keeps_entries_with_open_use() {
         let t = Arc::new(IdleTable::default());
         let g = match t.begin_use("a") {
-            Use::Awake(g) => g,
+            Use::Awake { guard, .. } => guard,
             Use::Standby => panic!("awake"),
         };
         t.touch("b");

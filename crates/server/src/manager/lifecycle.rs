@@ -42,6 +42,9 @@ impl Manager {
             // A pause of the disk only must not keep the processes: woken, then paused so.
             self.wake_locked(id, "a filesystem pause").await?;
         }
+        // A pause is a use: a runtime hinted idle is told otherwise first (a resumed one
+        // starts afresh).
+        self.used(id);
         if require_healthy_guest {
             let health = self.agent(id, rec.envd_token.clone()).health().await;
             if let Err(e) = health {
@@ -180,7 +183,7 @@ impl Manager {
         }
         // A client that connects is about to use the sandbox.
         self.wake(id, "connect").await?;
-        self.idle.touch(id);
+        self.used(id);
         Ok((self.extend(id, secs, "connected").await?, false))
     }
 

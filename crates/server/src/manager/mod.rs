@@ -18,6 +18,7 @@ mod admission;
 mod create;
 mod fork;
 mod idle;
+mod idle_tick;
 pub mod kills;
 mod lifecycle;
 mod network;
@@ -51,6 +52,7 @@ use crate::templates::Templates;
 pub use admission::AdmissionConfig;
 pub use fork::MAX_FORK;
 pub use idle::InUse;
+pub use idle_tick::TickReport;
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use pool::parse_pool;
 pub use pool_demand::PoolPolicy;
@@ -107,6 +109,9 @@ pub struct LifecycleConfig {
     pub volume_mb: u32,
     /// A running sandbox unused this long enters standby (see `standby.rs`); None: never.
     pub standby_after: Option<Duration>,
+    /// A running sandbox unused this long, its runtime quiet, is hinted idle to its driver
+    /// (see `idle_tick.rs`); None: never.
+    pub idle_hint_after: Option<Duration>,
 }
 
 impl Default for LifecycleConfig {
@@ -129,6 +134,7 @@ impl Default for LifecycleConfig {
             webhooks: Default::default(),
             volume_mb: 10240,
             standby_after: None,
+            idle_hint_after: None,
         }
     }
 }

@@ -192,6 +192,8 @@ impl Manager {
                 rec.state = SandboxState::Running;
             }
             let id = rec.id.clone();
+            // The previous run may have hinted it idle; this run's idle table starts awake.
+            self.driver.set_idle(&id, false);
             self.registry.insert(rec);
             self.event(&id, "recovered", "still running after a server restart")
                 .await;

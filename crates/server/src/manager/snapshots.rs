@@ -93,7 +93,7 @@ impl Manager {
             )));
         }
         self.wake_locked(id, "a snapshot").await?;
-        self.idle.touch(id);
+        self.used(id);
         let snap_id = super::new_sandbox_id();
         let t = Instant::now();
         let size = self

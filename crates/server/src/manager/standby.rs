@@ -14,11 +14,9 @@
 //! The store keeps a standby sandbox as `running` while the driver has it paused: after a
 //! restart, recovery adopts such a sandbox in standby (`recovery.rs`).
 
-use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::idle::{Cpu, InUse, Use};
+use super::idle::{InUse, Use};
 use super::Manager;
 use crate::error::{Error, Result};
 use crate::store::{now_ms, EventQuery, PauseMode, SandboxRecord, SandboxState, StateStore};
@@ -135,7 +133,12 @@ impl Manager {
         // unless it went back to standby meanwhile, which takes `standby_after` of quiet.
         for _ in 0..3 {
             match self.idle.begin_use(id) {
-                Use::Awake(g) => return Ok(g),
+                Use::Awake { guard, was_idle } => {
+                    if was_idle {
+                        self.driver.set_idle(id, false);
+                    }
+                    return Ok(guard);
+                }
                 Use::Standby => self.wake(id, why).await?,
             }
         }
@@ -223,44 +226,8 @@ impl Manager {
         Ok(left_in_standby(self.store.as_ref(), id).await?)
     }
 
-    /// One round of idle detection: every running sandbox that may stand by and has been
-    /// quiet for `standby_after` has its host CPU read; those not busy enter standby. Returns
-    /// the ids that did.
-    pub async fn standby_tick(&self) -> Vec<String> {
-        let Some(after) = self.cfg.standby_after else {
-            return Vec::new();
-        };
-        let live = self.registry.list();
-        {
-            let ids: HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
-            self.idle.retain(&ids);
-        }
-        let mut quiet = Vec::new();
-        for r in live
-            .iter()
-            .filter(|r| r.state == SandboxState::Running && may_stand_by(r))
-        {
-            if !self.idle.quiet(&r.id, Instant::now(), after) {
-                continue;
-            }
-            let Ok(stats) = self.driver.stats(&r.id).await else {
-                continue;
-            };
-            if self.idle.cpu_reading(&r.id, Instant::now(), stats.cpu_ns) == Cpu::Quiet {
-                quiet.push(r.id.clone());
-            }
-        }
-        let mut entered = Vec::new();
-        for id in quiet {
-            if self.enter_standby(&id, after).await {
-                entered.push(id);
-            }
-        }
-        entered
-    }
-
     /// Puts running `id` in standby if it is still quiet; true when it did.
-    async fn enter_standby(&self, id: &str, after: Duration) -> bool {
+    pub(super) async fn enter_standby(&self, id: &str, after: Duration) -> bool {
         let _guard = self.lifecycle_lock.lock().await;
         if self.registry.get(id).map(|r| r.state) != Some(SandboxState::Running) {
             return false;
@@ -301,20 +268,6 @@ impl Manager {
                 false
             }
         }
-    }
-
-    /// Runs [`Self::standby_tick`] forever (nothing when standby is off).
-    pub fn spawn_standby(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
-        let after = self.cfg.standby_after?;
-        let me = Arc::clone(self);
-        Some(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(tick_for(after));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                me.standby_tick().await;
-            }
-        }))
     }
 }
 
