@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
-use super::query::Filter;
+use super::filter::Filter;
 use super::record::{AuditRecord, Kind};
 use super::{AuditError, AuditLog};
 

@@ -2,7 +2,7 @@
 //! operation, connection, DNS query, lifecycle transition and API call that touched it.
 //!
 //! - [`record`]: kinds and the stored record; [`chain`]: hashing and verification;
-//! - [`query`]: query filters and verifying a stored chain;
+//! - [`filter`]: what a query asks for; [`query`]: verifying a stored chain;
 //! - `writer`: the single writer thread behind a bounded channel, with retention;
 //! - [`tap`]: what the sandbox proxy records of the envd traffic it forwards;
 //! - [`net`]: what kiln-net's egress proxy and DNS forwarder report;
@@ -15,6 +15,7 @@
 
 pub mod api;
 pub mod chain;
+pub mod filter;
 pub mod net;
 pub mod query;
 pub mod record;
@@ -33,7 +34,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::store::{AuditStore, SqliteAuditStore};
 
-pub use query::{Filter, Report};
+pub use filter::Filter;
+pub use query::Report;
 pub use record::{AuditRecord, Kind, NewRecord};
 pub use writer::{Retention, RulesTap};
 

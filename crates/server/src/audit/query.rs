@@ -1,28 +1,10 @@
-//! Reading the audit log: what a query asks for ([`Filter`]) and verifying a chain as stored
-//! ([`verify`] → [`Report`]) over any [`AuditStore`].
+//! Verifying a chain as stored ([`verify`] → [`Report`]) over any [`AuditStore`].
 
 use serde_json::Value;
 
 use super::chain::{self, Break, Start, GENESIS};
-use super::record::{AuditRecord, Kind};
+use super::record::AuditRecord;
 use crate::store::{AuditStore, Result};
-
-/// What a query asks for.
-#[derive(Debug, Clone, Default)]
-pub struct Filter {
-    pub sandbox_id: Option<String>,
-    /// Only the sandboxes of this team (running, paused or ended).
-    pub team: Option<String>,
-    /// Any of these kinds (all when empty).
-    pub kinds: Vec<Kind>,
-    /// Records at or after this time (ms).
-    pub since_ms: Option<i64>,
-    /// Records before this time (ms).
-    pub until_ms: Option<i64>,
-    /// Records after this cursor.
-    pub after: Option<i64>,
-    pub limit: usize,
-}
 
 /// The outcome of verifying one sandbox's chain.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -4,8 +4,8 @@
 //! [`super::metrics_sql`]; [`super::StateDb`] hands them out.
 
 use crate::audit::chain::Head;
+use crate::audit::filter::Filter;
 use crate::audit::record::{Append, AuditRecord};
-use crate::audit::Filter;
 use crate::obs::ring::MetricSample;
 
 use super::alerts_sql::{AlertFilter, AlertRecord};

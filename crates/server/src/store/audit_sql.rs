@@ -10,8 +10,8 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use crate::audit::chain::{self, Head, GENESIS};
+use crate::audit::filter::Filter;
 use crate::audit::record::{Append, AuditRecord};
-use crate::audit::Filter;
 
 use super::aggregates::{AuditStore, StoredChain};
 use super::alerts_sql::{self, AlertFilter, AlertRecord};

@@ -62,3 +62,31 @@ impl SideDb {
             .map_err(|e| StoreError::Task(e.to_string()))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_wal_with_a_busy_timeout_and_their_synchronous_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln.db");
+        crate::store::StateDb::open(&path).unwrap();
+        // synchronous: FULL is 2, NORMAL is 1.
+        for (sync, want) in [(Synchronous::Default, 2), (Synchronous::Normal, 1)] {
+            let c = connect(&path, sync).unwrap();
+            let journal: String = c
+                .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap();
+            let synchronous: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+            let busy: i64 = c
+                .query_row("PRAGMA busy_timeout", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(
+                (journal.as_str(), synchronous, busy),
+                ("wal", want, 10_000),
+                "{sync:?}"
+            );
+        }
+    }
+}

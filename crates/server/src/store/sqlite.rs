@@ -533,4 +533,4 @@ impl StateStore for SqliteStore {
 
 #[cfg(test)]
 #[path = "sqlite_tests.rs"]
-mod tests;
+pub(super) mod tests;
