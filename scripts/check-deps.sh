@@ -3,7 +3,7 @@
 # - kiln-server does not depend on kiln-gvisor (the binary wires the driver; kiln-server's tests
 #   may use it as a dev-dependency);
 # - no gVisor/runsc names in crates/server/src and crates/cli/src outside the allowed files;
-# - rusqlite only under crates/server/src/store/ (known exceptions listed below).
+# - rusqlite only under crates/server/src/store/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -29,10 +29,9 @@ hits=$(grep -rniE 'gvisor|runsc' crates/server/src crates/cli/src --include='*.r
 [ -z "$hits" ] || bad "gVisor names outside the allowed files:
 $hits"
 
-# rusqlite belongs to the state store. Known exceptions, until the audit chain and the metrics
-# history move behind the store (issue 24, "one state seam"):
-known_sqlite='^crates/server/src/(audit/(mod|store|writer)\.rs|obs/persist\.rs):'
-hits=$(grep -rn 'rusqlite' crates/server/src --include='*.rs' | grep -v '^crates/server/src/store/' | grep -vE "$known_sqlite" || true)
+# rusqlite belongs to the state store: every other module reaches the database through the
+# store's traits and handles.
+hits=$(grep -rn 'rusqlite' crates/server/src --include='*.rs' | grep -v '^crates/server/src/store/' || true)
 [ -z "$hits" ] || bad "rusqlite outside crates/server/src/store/:
 $hits"
 

@@ -142,13 +142,10 @@ impl Server {
         templates: Arc<dyn templates::Templates>,
     ) -> Result<Self, ServerError> {
         prepare_state_dir(&cfg.state_dir)?;
-        let store: Arc<dyn store::StateStore> =
-            Arc::new(store::SqliteStore::open(&cfg.state_dir.join("kiln.db"))?);
+        let db = store::StateDb::open(&cfg.state_dir.join("kiln.db"))?;
+        let store = db.state();
         let first_key = auth::ensure_first_key(store.as_ref()).await?;
-        let vault = Arc::new(vault::Vault::open(
-            &cfg.state_dir,
-            store::SecretsDb::open(&cfg.state_dir.join("kiln.db"))?,
-        )?);
+        let vault = Arc::new(vault::Vault::open(&cfg.state_dir, db.secrets()?)?);
         let interceptor = match kiln_net::intercept::Interceptor::open(
             &cfg.state_dir,
             &kiln_net::intercept::Interceptor::extra_trust_from_env(),
@@ -160,18 +157,16 @@ impl Server {
             }
         };
         let manager = Manager::new(cfg.lifecycle.clone(), store, driver, templates);
-        manager.set_audit(audit::AuditLog::open(
-            &cfg.state_dir.join("kiln.db"),
-            &cfg.audit,
-        )?);
-        manager.set_volumes_db(store::VolumesDb::open(&cfg.state_dir.join("kiln.db"))?);
+        manager.set_audit(if cfg.audit.enabled {
+            audit::AuditLog::start(db.audit()?, &cfg.audit)?
+        } else {
+            audit::AuditLog::disabled()
+        });
+        manager.set_volumes_db(db.volumes()?);
         manager.mount_volumes().await;
-        manager.set_metrics_db(
-            obs::persist::MetricsDb::open(&cfg.state_dir.join("kiln.db"))
-                .map_err(store::StoreError::from)?,
-        );
-        let builds = tplbuild::Builds::open(&cfg.state_dir, manager.clone()).await?;
-        let console_db = console::ConsoleDb::open(&cfg.state_dir.join("kiln.db"))?;
+        manager.set_metrics_db(obs::persist::MetricsDb::new(db.metrics()?));
+        let builds = tplbuild::Builds::open(&cfg.state_dir, db.builds()?, manager.clone()).await?;
+        let console_db = db.console()?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {

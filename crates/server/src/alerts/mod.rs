@@ -130,10 +130,7 @@ pub fn start(
         }
     };
     let rules = set.rules.len();
-    let handler = actions::Handler::new(
-        manager.clone(),
-        AlertsDb::open(db).map_err(crate::store::StoreError::from)?,
-    );
+    let handler = actions::Handler::new(manager.clone(), AlertsDb::open(db)?);
     let (tx, rx) = mpsc::channel(QUEUE);
     tap.set(tx);
     tokio::spawn(run(Engine::new(set), rx, watched, handler, manager.clone()));

@@ -6,8 +6,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
+use super::filter::Filter;
 use super::record::{AuditRecord, Kind};
-use super::store::Filter;
 use super::{AuditError, AuditLog};
 
 /// Most records one page returns.

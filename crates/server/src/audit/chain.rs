@@ -9,7 +9,7 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::record::AuditRecord;
+use super::record::{AuditRecord, Kind, NewRecord};
 
 /// `prev_hash` of the first record of a chain without a parent.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -66,6 +66,54 @@ pub fn hash(prev: &str, seq: i64, sandbox_id: &str, ts_ms: i64, kind: &str, body
         h.update(part);
     }
     hex::encode(h.finalize())
+}
+
+/// The record `rec` becomes when appended after `prev` (its chain's head; None: the first
+/// record of a chain starting from `start`). Its `cursor` is the store's to set.
+pub fn seal(rec: &NewRecord, prev: Option<&Head>, start: &str) -> AuditRecord {
+    let (seq, prev_hash) = match prev {
+        Some(h) => (h.seq + 1, h.hash.clone()),
+        None => (1, start.to_string()),
+    };
+    let body = canonical(&rec.body);
+    let kind = rec.kind.as_str();
+    let hash = hash(&prev_hash, seq, &rec.sandbox_id, rec.ts_ms, kind, &body);
+    AuditRecord {
+        cursor: 0,
+        sandbox_id: rec.sandbox_id.clone(),
+        seq,
+        ts_ms: rec.ts_ms,
+        kind: kind.to_string(),
+        body,
+        prev_hash,
+        hash,
+    }
+}
+
+/// The lifecycle record starting `child`'s chain at `parent`'s head (None: the parent has no
+/// chain), and the hash that chain starts from. `body` (an object) gains `event`, `parent` and
+/// `parentSeq`.
+pub fn link(
+    child: &str,
+    parent: &str,
+    ts_ms: i64,
+    body: &Value,
+    parent_head: Option<&Head>,
+) -> (NewRecord, String) {
+    let mut body = body.clone();
+    if let Value::Object(o) = &mut body {
+        o.insert("event".into(), "chain_start".into());
+        o.insert("parent".into(), parent.into());
+        o.insert("parentSeq".into(), parent_head.map_or(0, |h| h.seq).into());
+    }
+    let start = parent_head.map_or(GENESIS.to_string(), |h| h.hash.clone());
+    let rec = NewRecord {
+        sandbox_id: child.to_string(),
+        ts_ms,
+        kind: Kind::Lifecycle,
+        body,
+    };
+    (rec, start)
 }
 
 /// The hash `r` should have, recomputed from its fields.

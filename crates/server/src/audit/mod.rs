@@ -2,21 +2,23 @@
 //! operation, connection, DNS query, lifecycle transition and API call that touched it.
 //!
 //! - [`record`]: kinds and the stored record; [`chain`]: hashing and verification;
-//! - [`store`]: the tables (migration 4), queries, verification and retention;
-//! - `writer`: the single writer thread behind a bounded channel;
+//! - [`filter`]: what a query asks for; [`query`]: verifying a stored chain;
+//! - `writer`: the single writer thread behind a bounded channel, with retention;
 //! - [`tap`]: what the sandbox proxy records of the envd traffic it forwards;
 //! - [`net`]: what kiln-net's egress proxy and DNS forwarder report;
 //! - [`api`]: the HTTP routes (`/sandboxes/{id}/audit`, `/audit`, `/audit/verify`).
 //!
 //! Records come from what the server itself routes or decides (the proxy, the API, the
 //! manager, kiln-net's egress proxy and DNS forwarder), so a sandbox cannot forge or suppress
-//! them. See docs/audit.md.
+//! them. The records are kept by a [`crate::store::AuditStore`] (SQLite: the state
+//! database's audit tables, `store/audit_sql.rs`). See docs/audit.md.
 
 pub mod api;
 pub mod chain;
+pub mod filter;
 pub mod net;
+pub mod query;
 pub mod record;
-pub mod store;
 pub mod tap;
 mod tap_body;
 mod tap_parse;
@@ -27,12 +29,14 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::Connection;
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::store::{AuditStore, SqliteAuditStore};
+
+pub use filter::Filter;
+pub use query::Report;
 pub use record::{AuditRecord, Kind, NewRecord};
-pub use store::{Filter, Report};
 pub use writer::{Retention, RulesTap};
 
 /// `kiln serve` settings of the audit log.
@@ -57,7 +61,7 @@ impl Default for AuditConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
     #[error("audit log: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Store(#[from] crate::store::StoreError),
     #[error("audit log: {0}")]
     Task(String),
     #[error("the audit log is off on this server (kiln serve --audit off)")]
@@ -66,7 +70,7 @@ pub enum AuditError {
 
 pub(crate) struct Inner {
     tx: mpsc::Sender<writer::Msg>,
-    reader: Mutex<Connection>,
+    store: Arc<dyn AuditStore>,
     live: broadcast::Sender<Arc<AuditRecord>>,
     /// The API key that created each sandbox (recorded on its process records); None: looked
     /// up and not known (e.g. created by a pool or a bench, not through the API).
@@ -79,14 +83,6 @@ pub(crate) struct Inner {
 #[derive(Clone, Default)]
 pub struct AuditLog(Option<Arc<Inner>>);
 
-fn open(db: &Path) -> rusqlite::Result<Connection> {
-    let c = Connection::open(db)?;
-    c.busy_timeout(std::time::Duration::from_secs(10))?;
-    c.pragma_update(None, "journal_mode", "WAL")?;
-    c.pragma_update(None, "synchronous", "NORMAL")?;
-    Ok(c)
-}
-
 impl AuditLog {
     /// A log that records nothing (`--audit off`).
     pub fn disabled() -> Self {
@@ -98,11 +94,19 @@ impl AuditLog {
         if !cfg.enabled {
             return Ok(Self::disabled());
         }
+        Self::start(Arc::new(SqliteAuditStore::open(db)?), cfg)
+    }
+
+    /// Starts the audit log's writer over `store` (a disabled log when `cfg` says so).
+    pub fn start(store: Arc<dyn AuditStore>, cfg: &AuditConfig) -> Result<Self, AuditError> {
+        if !cfg.enabled {
+            return Ok(Self::disabled());
+        }
         let (tx, rx) = mpsc::channel(cfg.queue.max(1));
         let (live, _) = broadcast::channel(4096);
         let rules_tap = Arc::new(RulesTap::default());
         let w = writer::Writer {
-            conn: open(db)?,
+            store: store.clone(),
             rx,
             live: live.clone(),
             retention: cfg.retention,
@@ -114,7 +118,7 @@ impl AuditLog {
             .map_err(|e| AuditError::Task(format!("starting the writer: {e}")))?;
         Ok(Self(Some(Arc::new(Inner {
             tx,
-            reader: Mutex::new(open(db)?),
+            store,
             live,
             owners: Mutex::new(HashMap::new()),
             rules_tap,
@@ -213,11 +217,7 @@ impl AuditLog {
             return k;
         }
         let id = sandbox_id.to_string();
-        let k = self
-            .read(move |c| store::owner(c, &id))
-            .await
-            .ok()
-            .flatten();
+        let k = self.read(move |s| s.owner(&id)).await.ok().flatten();
         if let Some(i) = &self.0 {
             let mut o = i.owners.lock().unwrap_or_else(|p| p.into_inner());
             o.entry(sandbox_id.to_string()).or_insert(k.clone());
@@ -227,23 +227,20 @@ impl AuditLog {
 
     async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        f: impl FnOnce(&dyn AuditStore) -> crate::store::Result<T> + Send + 'static,
     ) -> Result<T, AuditError> {
         let Some(i) = self.0.clone() else {
             return Err(AuditError::Off);
         };
-        tokio::task::spawn_blocking(move || {
-            let c = i.reader.lock().unwrap_or_else(|p| p.into_inner());
-            f(&c).map_err(AuditError::from)
-        })
-        .await
-        .map_err(|e| AuditError::Task(e.to_string()))?
+        tokio::task::spawn_blocking(move || f(i.store.as_ref()).map_err(AuditError::from))
+            .await
+            .map_err(|e| AuditError::Task(e.to_string()))?
     }
 
     /// Stored records matching `f` (everything recorded before the call is included).
     pub async fn query(&self, f: Filter) -> Result<Vec<AuditRecord>, AuditError> {
         self.flush().await;
-        self.read(move |c| store::query(c, &f)).await
+        self.read(move |s| s.query(&f)).await
     }
 
     /// Stored alerts matching `f` (the rule engine's `alerts` table is in the same database).
@@ -251,14 +248,13 @@ impl AuditLog {
         &self,
         f: crate::store::alerts_sql::AlertFilter,
     ) -> Result<Vec<crate::store::alerts_sql::AlertRecord>, AuditError> {
-        self.read(move |c| crate::store::alerts_sql::query(c, &f))
-            .await
+        self.read(move |s| s.alerts(&f)).await
     }
 
     /// The team sandbox `id` belongs (or belonged) to, if known.
     pub async fn team_of(&self, id: &str) -> Result<Option<String>, AuditError> {
         let id = id.to_string();
-        self.read(move |c| store::team_of(c, &id)).await
+        self.read(move |s| s.team_of(&id)).await
     }
 
     /// Verifies one sandbox's chain, or every chain (of `team`'s sandboxes only, when given).
@@ -268,12 +264,12 @@ impl AuditLog {
         team: Option<String>,
     ) -> Result<Vec<Report>, AuditError> {
         self.flush().await;
-        self.read(move |c| {
+        self.read(move |s| {
             let ids = match sandbox_id {
-                Some(s) => vec![s],
-                None => store::chains(c, team.as_deref())?,
+                Some(id) => vec![id],
+                None => s.chains(team.as_deref())?,
             };
-            ids.iter().map(|s| store::verify(c, s)).collect()
+            ids.iter().map(|id| query::verify(s, id)).collect()
         })
         .await
     }
@@ -290,7 +286,7 @@ pub(crate) mod tests_support {
         let (live, _) = broadcast::channel(1);
         Inner {
             tx,
-            reader: Mutex::new(Connection::open_in_memory().expect("in-memory SQLite")),
+            store: Arc::new(SqliteAuditStore::open_in_memory().expect("in-memory SQLite")),
             live,
             owners: Mutex::new(HashMap::new()),
             rules_tap: Arc::default(),

@@ -67,6 +67,21 @@ pub struct NewRecord {
     pub body: Value,
 }
 
+/// One entry of an append to the audit chain.
+#[derive(Debug, Clone)]
+pub enum Append {
+    /// A record after its chain's head.
+    Record(NewRecord),
+    /// Starts `child`'s chain with a lifecycle record linking to `parent`'s head (fork, create
+    /// from a snapshot); `body` says how.
+    Link {
+        child: String,
+        parent: String,
+        ts_ms: i64,
+        body: Value,
+    },
+}
+
 /// A stored record. `cursor` is its position in the whole log (the store's row id), `seq` its
 /// position in its sandbox's chain (1, 2, 3 … with no gaps).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

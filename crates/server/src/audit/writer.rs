@@ -1,20 +1,16 @@
-//! The one writer of the audit log: a thread that owns a connection to the state database,
-//! takes records from a bounded channel (a full channel makes senders wait: records are never
-//! dropped), appends them to their chains in batches of one transaction, then publishes them
-//! to followers, hands them to the rule engine's tap (without waiting: see [`RulesTap`]) and
-//! answers flushes.
+//! The one writer of the audit log: a thread that takes records from a bounded channel (a full
+//! channel makes senders wait: records are never dropped), appends them to their chains in
+//! the [`AuditStore`] in batches of one atomic write, then publishes them to followers, hands
+//! them to the rule engine's tap (without waiting: see [`RulesTap`]) and answers flushes.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::chain::{Head, GENESIS};
-use super::record::{AuditRecord, Kind, NewRecord};
-use super::store;
+use super::record::{Append, AuditRecord, NewRecord};
+use crate::store::AuditStore;
 
 /// Most messages written in one transaction.
 const BATCH: usize = 1024;
@@ -83,7 +79,7 @@ impl RulesTap {
 }
 
 pub(super) struct Writer {
-    pub conn: Connection,
+    pub store: Arc<dyn AuditStore>,
     pub rx: mpsc::Receiver<Msg>,
     pub live: broadcast::Sender<Arc<AuditRecord>>,
     pub retention: Retention,
@@ -92,7 +88,6 @@ pub(super) struct Writer {
 
 impl Writer {
     pub fn run(mut self) {
-        let mut heads: HashMap<String, Head> = HashMap::new();
         let mut last_prune = Instant::now();
         let mut batch = Vec::with_capacity(BATCH);
         while let Some(first) = self.rx.blocking_recv() {
@@ -103,35 +98,28 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            // A failed batch is retried (a record is never dropped while the database can
-            // still be written); each attempt waits for SQLite's lock up to the busy timeout.
-            let mut attempt = 0;
-            let written = loop {
-                match self.write(&batch, &mut heads) {
-                    Ok(w) => break w,
-                    Err(e) => {
-                        // The cached heads may be ahead of what was committed.
-                        heads.clear();
-                        attempt += 1;
-                        if attempt >= RETRIES {
-                            tracing::error!(error = %e, records = batch.len(), "writing audit records failed for good; they are lost");
-                            break Vec::new();
-                        }
-                        tracing::warn!(error = %e, attempt, "writing audit records; retrying");
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
-            };
+            let mut appends = Vec::with_capacity(batch.len());
             let mut flushes = Vec::new();
             let mut prunes = Vec::new();
             for m in batch.drain(..) {
                 match m {
+                    Msg::Record(r) => appends.push(Append::Record(r)),
+                    Msg::Link {
+                        child,
+                        parent,
+                        ts_ms,
+                        body,
+                    } => appends.push(Append::Link {
+                        child,
+                        parent,
+                        ts_ms,
+                        body,
+                    }),
                     Msg::Flush(f) => flushes.push(f),
                     Msg::Prune(p) => prunes.push(p),
-                    _ => {}
                 }
             }
-            for r in written {
+            for r in self.write(&appends) {
                 let r = Arc::new(r);
                 self.rules_tap.offer(&r);
                 let _ = self.live.send(r);
@@ -150,76 +138,38 @@ impl Writer {
         }
     }
 
-    fn write(
-        &mut self,
-        batch: &[Msg],
-        heads: &mut HashMap<String, Head>,
-    ) -> rusqlite::Result<Vec<AuditRecord>> {
-        // IMMEDIATE: take the write lock up front (waiting for it), so reading a head and then
-        // appending never fails on another connection's write in between.
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let mut out = Vec::new();
-        for m in batch {
-            let linked;
-            let (rec, start) = match m {
-                Msg::Record(r) => (r, GENESIS.to_string()),
-                Msg::Link {
-                    child,
-                    parent,
-                    ts_ms,
-                    body,
-                } => {
-                    let ph = cached_head(&tx, heads, parent)?;
-                    let mut body = body.clone();
-                    if let Value::Object(o) = &mut body {
-                        o.insert("event".into(), "chain_start".into());
-                        o.insert("parent".into(), parent.clone().into());
-                        o.insert("parentSeq".into(), ph.as_ref().map_or(0, |h| h.seq).into());
-                    }
-                    let start = ph.map_or(GENESIS.to_string(), |h| h.hash);
-                    linked = NewRecord {
-                        sandbox_id: child.clone(),
-                        ts_ms: *ts_ms,
-                        kind: Kind::Lifecycle,
-                        body,
-                    };
-                    (&linked, start)
-                }
-                Msg::Flush(_) | Msg::Prune(_) => continue,
-            };
-            let prev = cached_head(&tx, heads, &rec.sandbox_id)?;
-            let stored = store::append(&tx, rec, prev.as_ref(), &start)?;
-            heads.insert(
-                stored.sandbox_id.clone(),
-                Head {
-                    seq: stored.seq,
-                    hash: stored.hash.clone(),
-                },
-            );
-            out.push(stored);
+    /// Appends `appends` in one write. A failed write is retried (a record is never dropped
+    /// while the database can still be written); each attempt waits for the store's lock up
+    /// to its busy timeout.
+    fn write(&self, appends: &[Append]) -> Vec<AuditRecord> {
+        if appends.is_empty() {
+            return Vec::new();
         }
-        tx.commit()?;
-        Ok(out)
+        let mut attempt = 0;
+        loop {
+            match self.store.append(appends) {
+                Ok(w) => return w,
+                Err(e) => {
+                    attempt += 1;
+                    if attempt >= RETRIES {
+                        tracing::error!(error = %e, records = appends.len(), "writing audit records failed for good; they are lost");
+                        return Vec::new();
+                    }
+                    tracing::warn!(error = %e, attempt, "writing audit records; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
     }
 
-    fn prune(&mut self) -> usize {
+    fn prune(&self) -> usize {
         let r = self.retention;
         if r.max_age.is_none() && r.max_records.is_none() {
             return 0;
         }
         let now = crate::store::now_ms();
         let before = r.max_age.map(|a| now - a.as_millis() as i64);
-        let res = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .and_then(|tx| {
-                let n = store::prune(&tx, before, r.max_records, now)?;
-                tx.commit()?;
-                Ok(n)
-            });
-        match res {
+        match self.store.prune(before, r.max_records, now) {
             Ok(n) => {
                 if n > 0 {
                     tracing::info!(records = n, "audit retention pruned old records");
@@ -232,19 +182,4 @@ impl Writer {
             }
         }
     }
-}
-
-fn cached_head(
-    c: &Connection,
-    heads: &mut HashMap<String, Head>,
-    id: &str,
-) -> rusqlite::Result<Option<Head>> {
-    if let Some(h) = heads.get(id) {
-        return Ok(Some(h.clone()));
-    }
-    let h = store::head(c, id)?;
-    if let Some(h) = &h {
-        heads.insert(id.to_string(), h.clone());
-    }
-    Ok(h)
 }

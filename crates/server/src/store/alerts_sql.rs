@@ -250,10 +250,8 @@ pub fn query(c: &Connection, f: &AlertFilter) -> Result<Vec<AlertRecord>> {
 pub struct AlertsDb(Arc<Mutex<Connection>>);
 
 impl AlertsDb {
-    pub fn open(path: &Path) -> Result<Self> {
-        let c = Connection::open(path)?;
-        c.busy_timeout(std::time::Duration::from_secs(10))?;
-        c.pragma_update(None, "journal_mode", "WAL")?;
+    pub fn open(path: &Path) -> super::Result<Self> {
+        let c = super::side_db::connect(path, super::side_db::Synchronous::Default)?;
         Ok(Self(Arc::new(Mutex::new(c))))
     }
 

@@ -1,15 +1,23 @@
-//! kiln's state behind one async trait, [`StateStore`]: sandboxes, templates, API keys and
-//! lifecycle events. The embedded default is SQLite ([`SqliteStore`], one file
-//! `<state>/kiln.db`, versioned migrations in [`migrations`]); a clustered store implements the
-//! same trait later.
+//! kiln's state, the one place that speaks SQL. [`StateStore`] (one async trait) holds
+//! sandboxes, snapshots, templates, API keys, teams, lifecycle events and webhooks; the audit
+//! chain and the metrics history sit behind traits of their own ([`AuditStore`],
+//! [`MetricsStore`] in `aggregates`). The embedded default is SQLite: one file
+//! `<state>/kiln.db` that [`StateDb`] opens and migrates once (versioned migrations in
+//! `migrations`) and that hands out each aggregate — [`SqliteStore`], `audit_sql`,
+//! `metrics_sql`, and the side tables (`secrets_sql`, `volumes_sql`, `tplbuild*_sql`,
+//! `console_sql`; `alerts_sql` for the rule engine) on connections made by `side_db`. A
+//! clustered store implements the same traits.
 //!
 //! The store is the authority on which sandboxes exist, their state and when they end; the
 //! manager's in-memory registry is a cache of it that [`crate::manager::Manager::recover`]
 //! rebuilds.
 
+mod aggregates;
 pub mod alerts_sql;
+mod audit_sql;
 mod console_sql;
 mod idempotency_sql;
+mod metrics_sql;
 mod migrations;
 mod obs_sql;
 mod records;
@@ -17,17 +25,22 @@ mod rows;
 mod secrets_sql;
 mod side_db;
 mod sqlite;
+mod state_db;
 mod teams;
 mod tplbuild_gc_sql;
 mod tplbuild_sql;
 mod tplbuild_tags_sql;
 mod volumes_sql;
 
+pub use aggregates::{AuditStore, MetricsStore, StoredChain};
+pub use audit_sql::SqliteAuditStore;
 pub use console_sql::{BuildSummary, ConsoleDb, SessionRow, MAX_BUILDS};
+pub use metrics_sql::SqliteMetricsStore;
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use records::*;
 pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;
+pub use state_db::StateDb;
 pub use tplbuild_gc_sql::GcPlan;
 pub use tplbuild_sql::{BuildLogRow, BuildRow, BuildsDb, TagRow, TplRow, LEVELS};
 pub use tplbuild_tags_sql::AssignmentRow;

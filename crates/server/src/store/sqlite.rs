@@ -556,4 +556,4 @@ impl StateStore for SqliteStore {
 
 #[cfg(test)]
 #[path = "sqlite_tests.rs"]
-mod tests;
+pub(super) mod tests;

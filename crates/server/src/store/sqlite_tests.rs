@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::store::{CURRENT_VERSION, MIGRATIONS};
 
-fn sample(id: &str, state: SandboxState) -> SandboxRecord {
+pub(crate) fn sample(id: &str, state: SandboxState) -> SandboxRecord {
     SandboxRecord {
         id: id.into(),
         template_id: "base".into(),

@@ -175,13 +175,13 @@ pub fn split_tag(s: &str) -> (&str, Option<&str>) {
 }
 
 impl Builds {
-    /// The service over the state database under `state_dir`; builds the previous server
-    /// left running end as `error`.
+    /// The service over the build tables `db`, its files under `state_dir`; builds the previous
+    /// server left running end as `error`.
     pub async fn open(
         state_dir: &Path,
+        db: BuildsDb,
         manager: Arc<Manager>,
     ) -> std::result::Result<Arc<Self>, crate::store::StoreError> {
-        let db = BuildsDb::open(&state_dir.join("kiln.db"))?;
         let interrupted = db.fail_unfinished(RESTART_REASON, now_ms()).await?;
         for id in &interrupted {
             let _ = db

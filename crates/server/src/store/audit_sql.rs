@@ -1,0 +1,350 @@
+//! The audit tables (migration 4: `audit`, `audit_heads`, `audit_anchors`) behind
+//! [`AuditStore`]: two connections of their own to the state database, one for the audit
+//! writer's appends and pruning (with the chain heads it has seen), one for readers, so a
+//! reader never waits behind a batch being written.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+
+use crate::audit::chain::{self, Head, GENESIS};
+use crate::audit::filter::Filter;
+use crate::audit::record::{Append, AuditRecord};
+
+use super::aggregates::{AuditStore, StoredChain};
+use super::alerts_sql::{self, AlertFilter, AlertRecord};
+use super::side_db::{connect, Synchronous};
+use super::Result;
+
+const COLUMNS: &str = "id, sandbox_id, seq, ts, kind, body, prev_hash, hash";
+
+/// The writer's connection and the heads of the chains it has appended to or read.
+struct Writer {
+    conn: Connection,
+    heads: HashMap<String, Head>,
+}
+
+/// The SQLite [`AuditStore`].
+pub struct SqliteAuditStore {
+    writer: Mutex<Writer>,
+    reader: Mutex<Connection>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SqliteAuditStore {
+    /// Opens the audit tables of the (already migrated) state database at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        Ok(Self::wrap(
+            connect(path, Synchronous::Normal)?,
+            connect(path, Synchronous::Normal)?,
+        ))
+    }
+
+    /// A store over an empty in-memory database (tests that never read it).
+    #[cfg(test)]
+    pub(crate) fn open_in_memory() -> Result<Self> {
+        Ok(Self::wrap(
+            Connection::open_in_memory()?,
+            Connection::open_in_memory()?,
+        ))
+    }
+
+    fn wrap(writer: Connection, reader: Connection) -> Self {
+        Self {
+            writer: Mutex::new(Writer {
+                conn: writer,
+                heads: HashMap::new(),
+            }),
+            reader: Mutex::new(reader),
+        }
+    }
+}
+
+impl AuditStore for SqliteAuditStore {
+    fn append(&self, batch: &[Append]) -> Result<Vec<AuditRecord>> {
+        let mut w = lock(&self.writer);
+        let Writer { conn, heads } = &mut *w;
+        let r = append(conn, heads, batch);
+        if r.is_err() {
+            // The cached heads may be ahead of what was committed.
+            heads.clear();
+        }
+        r
+    }
+
+    fn prune(&self, before_ms: Option<i64>, keep: Option<u64>, now_ms: i64) -> Result<usize> {
+        let mut w = lock(&self.writer);
+        let tx = w
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = prune(&tx, before_ms, keep, now_ms)?;
+        tx.commit()?;
+        Ok(n)
+    }
+
+    fn query(&self, f: &Filter) -> Result<Vec<AuditRecord>> {
+        Ok(query(&lock(&self.reader), f)?)
+    }
+
+    fn chains(&self, team: Option<&str>) -> Result<Vec<String>> {
+        let c = lock(&self.reader);
+        let mut st = c.prepare(
+            "SELECT h.sandbox_id FROM audit_heads h
+             LEFT JOIN (SELECT sandbox_id, MIN(id) AS first FROM audit GROUP BY sandbox_id) a
+             ON a.sandbox_id = h.sandbox_id
+             WHERE ?1 IS NULL OR h.sandbox_id IN (SELECT id FROM sandboxes WHERE team = ?1)
+             ORDER BY a.first, h.sandbox_id",
+        )?;
+        let rows = st.query_map([team], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn chain(&self, sandbox_id: &str) -> Result<StoredChain> {
+        let c = lock(&self.reader);
+        let records = {
+            let mut st = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM audit WHERE sandbox_id = ?1 ORDER BY seq"
+            ))?;
+            let rows = st.query_map([sandbox_id], from_row)?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        let anchor = c
+            .query_row(
+                "SELECT seq, hash FROM audit_anchors WHERE sandbox_id = ?1",
+                [sandbox_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let head = head(&c, sandbox_id)?;
+        Ok(StoredChain {
+            records,
+            anchor,
+            head,
+        })
+    }
+
+    fn record_hash(&self, sandbox_id: &str, seq: i64) -> Result<Option<String>> {
+        Ok(lock(&self.reader)
+            .query_row(
+                "SELECT hash FROM audit WHERE sandbox_id = ?1 AND seq = ?2",
+                params![sandbox_id, seq],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    fn owner(&self, sandbox_id: &str) -> Result<Option<String>> {
+        Ok(lock(&self.reader)
+            .query_row(
+                "SELECT json_extract(body, '$.key') FROM audit
+                 WHERE sandbox_id = ?1 AND kind = 'api' AND json_extract(body, '$.key') IS NOT NULL
+                 ORDER BY seq LIMIT 1",
+                [sandbox_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    fn team_of(&self, id: &str) -> Result<Option<String>> {
+        Ok(lock(&self.reader)
+            .query_row("SELECT team FROM sandboxes WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
+    fn alerts(&self, f: &AlertFilter) -> Result<Vec<AlertRecord>> {
+        Ok(alerts_sql::query(&lock(&self.reader), f)?)
+    }
+}
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<AuditRecord> {
+    Ok(AuditRecord {
+        cursor: r.get(0)?,
+        sandbox_id: r.get(1)?,
+        seq: r.get(2)?,
+        ts_ms: r.get(3)?,
+        kind: r.get(4)?,
+        body: r.get(5)?,
+        prev_hash: r.get(6)?,
+        hash: r.get(7)?,
+    })
+}
+
+/// The head of `sandbox_id`'s chain as recorded (None: no chain yet).
+fn head(c: &Connection, sandbox_id: &str) -> rusqlite::Result<Option<Head>> {
+    c.query_row(
+        "SELECT seq, hash FROM audit_heads WHERE sandbox_id = ?1",
+        [sandbox_id],
+        |r| {
+            Ok(Head {
+                seq: r.get(0)?,
+                hash: r.get(1)?,
+            })
+        },
+    )
+    .optional()
+}
+
+/// The head of `id`'s chain: from `heads`, else as recorded (then remembered).
+fn cached_head(
+    c: &Connection,
+    heads: &mut HashMap<String, Head>,
+    id: &str,
+) -> rusqlite::Result<Option<Head>> {
+    if let Some(h) = heads.get(id) {
+        return Ok(Some(h.clone()));
+    }
+    let h = head(c, id)?;
+    if let Some(h) = &h {
+        heads.insert(id.to_string(), h.clone());
+    }
+    Ok(h)
+}
+
+fn append(
+    conn: &mut Connection,
+    heads: &mut HashMap<String, Head>,
+    batch: &[Append],
+) -> Result<Vec<AuditRecord>> {
+    // IMMEDIATE: take the write lock up front (waiting for it), so reading a head and then
+    // appending never fails on another connection's write in between.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut out = Vec::with_capacity(batch.len());
+    for a in batch {
+        let linked;
+        let (rec, start) = match a {
+            Append::Record(r) => (r, GENESIS.to_string()),
+            Append::Link {
+                child,
+                parent,
+                ts_ms,
+                body,
+            } => {
+                let ph = cached_head(&tx, heads, parent)?;
+                let (rec, start) = chain::link(child, parent, *ts_ms, body, ph.as_ref());
+                linked = rec;
+                (&linked, start)
+            }
+        };
+        let prev = cached_head(&tx, heads, &rec.sandbox_id)?;
+        let mut stored = chain::seal(rec, prev.as_ref(), &start);
+        insert(&tx, &mut stored)?;
+        heads.insert(
+            stored.sandbox_id.clone(),
+            Head {
+                seq: stored.seq,
+                hash: stored.hash.clone(),
+            },
+        );
+        out.push(stored);
+    }
+    tx.commit()?;
+    Ok(out)
+}
+
+/// Stores `r` (sealed: its place in the chain and its hash set), sets its cursor, and moves
+/// its chain's head to it.
+fn insert(c: &Connection, r: &mut AuditRecord) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO audit (sandbox_id, seq, ts, kind, body, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        r.sandbox_id,
+        r.seq,
+        r.ts_ms,
+        r.kind,
+        r.body,
+        r.prev_hash,
+        r.hash
+    ])?;
+    r.cursor = c.last_insert_rowid();
+    c.prepare_cached(
+        "INSERT INTO audit_heads (sandbox_id, seq, hash) VALUES (?1, ?2, ?3)
+         ON CONFLICT(sandbox_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+    )?
+    .execute(params![r.sandbox_id, r.seq, r.hash])?;
+    Ok(())
+}
+
+fn query(c: &Connection, f: &Filter) -> rusqlite::Result<Vec<AuditRecord>> {
+    let mut sql = format!("SELECT {COLUMNS} FROM audit WHERE id > ?1");
+    let mut args: Vec<rusqlite::types::Value> = vec![f.after.unwrap_or(0).into()];
+    if let Some(s) = &f.sandbox_id {
+        args.push(s.clone().into());
+        sql.push_str(&format!(" AND sandbox_id = ?{}", args.len()));
+    }
+    if let Some(t) = &f.team {
+        args.push(t.clone().into());
+        sql.push_str(&format!(
+            " AND sandbox_id IN (SELECT id FROM sandboxes WHERE team = ?{})",
+            args.len()
+        ));
+    }
+    if !f.kinds.is_empty() {
+        let mut marks = Vec::new();
+        for k in &f.kinds {
+            args.push(k.as_str().to_string().into());
+            marks.push(format!("?{}", args.len()));
+        }
+        sql.push_str(&format!(" AND kind IN ({})", marks.join(",")));
+    }
+    if let Some(t) = f.since_ms {
+        args.push(t.into());
+        sql.push_str(&format!(" AND ts >= ?{}", args.len()));
+    }
+    if let Some(t) = f.until_ms {
+        args.push(t.into());
+        sql.push_str(&format!(" AND ts < ?{}", args.len()));
+    }
+    args.push((f.limit.max(1) as i64).into());
+    sql.push_str(&format!(" ORDER BY id LIMIT ?{}", args.len()));
+    let mut st = c.prepare_cached(&sql)?;
+    let rows = st.query_map(rusqlite::params_from_iter(args), from_row)?;
+    rows.collect()
+}
+
+fn prune(
+    c: &Connection,
+    before_ms: Option<i64>,
+    keep: Option<u64>,
+    now_ms: i64,
+) -> rusqlite::Result<usize> {
+    let mut cut: i64 = 0;
+    if let Some(t) = before_ms {
+        let by_age: Option<i64> =
+            c.query_row("SELECT MAX(id) FROM audit WHERE ts < ?1", [t], |r| r.get(0))?;
+        cut = cut.max(by_age.unwrap_or(0));
+    }
+    if let Some(n) = keep {
+        let by_size: Option<i64> = c
+            .query_row(
+                "SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?1",
+                [n as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        cut = cut.max(by_size.unwrap_or(0));
+    }
+    if cut == 0 {
+        return Ok(0);
+    }
+    // Ids grow along each chain, so what goes is a prefix of every chain it touches.
+    c.execute(
+        "INSERT INTO audit_anchors (sandbox_id, seq, hash, pruned_at)
+         SELECT a.sandbox_id, a.seq, a.hash, ?2 FROM audit a
+         JOIN (SELECT sandbox_id, MAX(seq) AS m FROM audit WHERE id <= ?1 GROUP BY sandbox_id) x
+           ON a.sandbox_id = x.sandbox_id AND a.seq = x.m
+         WHERE true
+         ON CONFLICT(sandbox_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,
+           pruned_at = excluded.pruned_at",
+        params![cut, now_ms],
+    )?;
+    c.execute("DELETE FROM audit WHERE id <= ?1", [cut])
+}
