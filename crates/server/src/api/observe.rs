@@ -267,7 +267,7 @@ pub async fn prometheus(State(st): St, headers: HeaderMap) -> Response {
     w.sample("kiln_sandboxes_standby", &[], m.standby_count() as f64);
     w.family(
         "kiln_sandboxes_idle_hinted",
-        "Awake sandboxes hinted idle to their driver (gVisor: a large timer slack).",
+        "Awake sandboxes hinted idle to their driver (which may make their runtime cheaper).",
         "gauge",
     );
     w.sample(

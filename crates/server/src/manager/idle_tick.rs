@@ -2,7 +2,7 @@
 //! `--standby-after`): every running sandbox that may stand by is looked at once, its host CPU
 //! read at most once, and then
 //! - one quiet for the hint period and not busy is hinted idle to its driver
-//!   ([`kiln_driver::Driver::set_idle`]; gVisor: a large timer slack), and a hinted one whose
+//!   ([`kiln_driver::Driver::set_idle`]: the driver may make its runtime cheaper), and a hinted one whose
 //!   runtime got busy is hinted in use again (its first request, API call or connection takes
 //!   the hint back before it goes on: [`Manager::use_sandbox`], [`Manager::used`]);
 //! - one quiet for the standby period and not busy enters standby (`standby.rs`).
