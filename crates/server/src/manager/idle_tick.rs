@@ -71,11 +71,9 @@ impl Manager {
                 continue;
             };
             match self.idle.cpu_reading(&r.id, Instant::now(), stats.cpu_ns) {
-                Cpu::Busy if hinted => {
-                    if self.idle.end_hint(&r.id) {
-                        self.driver.set_idle(&r.id, false);
-                        report.unhinted.push(r.id.clone());
-                    }
+                Cpu::Busy if hinted && self.idle.end_hint(&r.id) => {
+                    self.driver.set_idle(&r.id, false);
+                    report.unhinted.push(r.id.clone());
                 }
                 Cpu::Quiet => {
                     if standby_due {
