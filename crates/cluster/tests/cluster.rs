@@ -74,7 +74,8 @@ async fn store_contract_on_etcd() {
 /// Two replicas (two clients) race one revision-checked state change: exactly one wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_state_changes_have_exactly_one_winner() {
-    let Some(cluster) = EtcdCluster::start("racing_state_changes", 3).await else {
+    let Some(cluster) = EtcdCluster::start("racing_state_changes_have_exactly_one_winner", 3).await
+    else {
         return;
     };
     let a = cluster.store("/kiln-race").await;
@@ -194,7 +195,8 @@ async fn next_event(w: &mut kiln_cluster::NodeWatch, within: Duration) -> NodeEv
 
 #[tokio::test]
 async fn a_node_whose_lease_expires_is_reported_lost() {
-    let Some(cluster) = EtcdCluster::start("node_leases", 3).await else {
+    let Some(cluster) = EtcdCluster::start("a_node_whose_lease_expires_is_reported_lost", 3).await
+    else {
         return;
     };
     let store = cluster.store("/kiln-nodes").await;
@@ -235,8 +237,9 @@ async fn a_node_whose_lease_expires_is_reported_lost() {
         next_event(&mut watch, Duration::from_secs(15)).await,
         NodeEvent::Lost("n1".into())
     );
+    // The last renewal came at most a third of the TTL before the drop.
     assert!(
-        started.elapsed() >= Duration::from_millis(1500),
+        started.elapsed() >= Duration::from_secs(1),
         "not before its TTL"
     );
     // n2 kept renewing all that time (longer than its TTL).
@@ -287,7 +290,8 @@ where
 /// One of three members (the leader) is killed: reads and writes go on.
 #[tokio::test]
 async fn service_continues_when_one_member_stops() {
-    let Some(mut cluster) = EtcdCluster::start("one_member_down", 3).await else {
+    let Some(mut cluster) = EtcdCluster::start("service_continues_when_one_member_stops", 3).await
+    else {
         return;
     };
     let store = cluster.store("/kiln-ha").await;

@@ -81,9 +81,22 @@ fn spawn(etcd: &Path, args: &[String], log: &Path) -> Child {
 
 impl EtcdCluster {
     /// Starts `n` members and waits until the cluster serves writes; None when the test is
-    /// skipped (see [`etcd_binary`]).
+    /// skipped (see [`etcd_binary`]). A member that exits at once (another process took its
+    /// port between the choice and etcd's bind) makes the whole start go again.
     pub async fn start(test: &str, n: usize) -> Option<Self> {
         let etcd = etcd_binary(test)?;
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let mut cluster = Self::spawn_members(&etcd, n);
+            match cluster.wait_serving(Duration::from_secs(30)).await {
+                Ok(()) => return Some(cluster),
+                Err(why) => failures.push(why),
+            }
+        }
+        panic!("etcd did not start:\n{}", failures.join("\n"));
+    }
+
+    fn spawn_members(etcd: &Path, n: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ports = free_ports(2 * n);
         let peer = |i: usize| format!("http://127.0.0.1:{}", ports[2 * i + 1]);
@@ -123,7 +136,7 @@ impl EtcdCluster {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            let child = spawn(&etcd, &args, &log);
+            let child = spawn(etcd, &args, &log);
             members.push(Member {
                 name,
                 client_url,
@@ -131,9 +144,7 @@ impl EtcdCluster {
                 child: Some(child),
             });
         }
-        let mut cluster = Self { members, _dir: dir };
-        cluster.wait_serving(Duration::from_secs(30)).await;
-        Some(cluster)
+        Self { members, _dir: dir }
     }
 
     /// The client URLs of the members still running.
@@ -184,7 +195,9 @@ impl EtcdCluster {
             .expect("connecting to etcd")
     }
 
-    async fn wait_serving(&mut self, within: Duration) {
+    /// Waits until a write succeeds; the reason and the logs when a member exits or time
+    /// runs out.
+    async fn wait_serving(&mut self, within: Duration) -> Result<(), String> {
         let start = Instant::now();
         let mut last = String::new();
         while start.elapsed() < within {
@@ -193,21 +206,21 @@ impl EtcdCluster {
                 Some(format!("etcd member {} exited: {status}", m.name))
             });
             if let Some(why) = exited {
-                panic!("{why}\n{}", self.logs());
+                return Err(format!("{why}\n{}", self.logs()));
             }
             match etcd_client::Client::connect(self.endpoints(), None).await {
                 Ok(mut c) => match c.put("/kiln-test/ready", "1", None).await {
-                    Ok(_) => return,
+                    Ok(_) => return Ok(()),
                     Err(e) => last = e.to_string(),
                 },
                 Err(e) => last = e.to_string(),
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        panic!(
+        Err(format!(
             "etcd did not serve within {within:?}: {last}\n{}",
             self.logs()
-        );
+        ))
     }
 }
 
