@@ -8,7 +8,7 @@
 //! | `expiry/{end_at}/{id}` | empty; exists while the sandbox is running |
 //! | `snapshots/{id}` | the snapshot (JSON) |
 //! | `snapshot-names/{name}` | the snapshot id |
-//! | `events/{sandbox}/{ts}-{uuid}` | one event (JSON); its sequence number is the key's create revision |
+//! | `events/{sandbox}/{ts}-{uuid}` | one event (JSON); its seq is the key's create revision |
 //! | `webhooks/{id}` | one webhook (JSON, with its team) |
 //! | `keys/{id}` | an API key (JSON) |
 //! | `key-hashes/{hash}` | the API key's id |
