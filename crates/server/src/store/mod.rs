@@ -25,6 +25,7 @@ mod volumes_sql;
 
 pub use console_sql::{BuildSummary, ConsoleDb, SessionRow, MAX_BUILDS};
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
+pub use obs_sql::{event_payload, wants as webhook_wants};
 pub use records::*;
 pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;
