@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use kiln_server::store::{
-    Event, IdempotentAnswer, KeyRecord, PauseMode, SandboxRecord, SandboxState, SnapshotRecord,
-    TeamRecord, TemplateRecord, WebhookRecord,
+    DeliveryRecord, DeliveryStatus, Event, IdempotentAnswer, KeyRecord, PauseMode, SandboxRecord,
+    SandboxState, SnapshotRecord, TeamRecord, TemplateRecord, WebhookRecord,
 };
 use serde::{Deserialize, Serialize};
 
@@ -432,5 +432,41 @@ impl IdempotentDoc {
             body,
             created_at_ms: self.created_at_ms,
         })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeliveryDoc {
+    pub id: i64,
+    pub webhook_id: String,
+    pub event_seq: Option<i64>,
+    pub kind: String,
+    pub payload: String,
+    /// `pending`, `delivered` or `failed` (the status's own names).
+    pub status: String,
+    pub attempts: u32,
+    pub next_attempt_ms: i64,
+    pub created_at_ms: i64,
+    pub last_attempt_ms: Option<i64>,
+    pub last_status_code: Option<u16>,
+    pub last_error: Option<String>,
+}
+
+impl From<DeliveryDoc> for DeliveryRecord {
+    fn from(d: DeliveryDoc) -> Self {
+        Self {
+            id: d.id,
+            webhook_id: d.webhook_id,
+            event_seq: d.event_seq,
+            kind: d.kind,
+            payload: d.payload,
+            status: DeliveryStatus::parse(&d.status),
+            attempts: d.attempts,
+            next_attempt_ms: d.next_attempt_ms,
+            created_at_ms: d.created_at_ms,
+            last_attempt_ms: d.last_attempt_ms,
+            last_status_code: d.last_status_code,
+            last_error: d.last_error,
+        }
     }
 }

@@ -18,9 +18,6 @@ pub enum ClusterError {
     /// A revision-checked write that lost to other writers every time it was retried.
     #[error("etcd key {key} kept changing under a revision-checked write ({tries} tries)")]
     Contended { key: String, tries: u32 },
-    /// A trait method the etcd store does not implement yet (it never fakes success).
-    #[error("the etcd state store does not support {0} yet")]
-    Unsupported(&'static str),
     /// A node name held by a live lease of another node.
     #[error("node {0} is already registered with a live lease")]
     NodeTaken(String),

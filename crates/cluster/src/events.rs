@@ -91,7 +91,7 @@ impl EtcdStore {
     }
 
     /// The team of sandbox `id` at `revision` (None: no such sandbox).
-    async fn team_of(&self, id: &str, revision: i64) -> Result<Option<String>> {
+    pub(crate) async fn team_of(&self, id: &str, revision: i64) -> Result<Option<String>> {
         let key = self.keys().sandbox(id);
         let mut r = self
             .get(&key, etcd_client::GetOptions::new().with_revision(revision))
@@ -149,7 +149,9 @@ impl EtcdStore {
             if w.team != team {
                 return Ok(Step::Done(false));
             }
-            Ok(Step::Write(vec![TxnOp::delete(key.as_str(), None)], true))
+            // The webhook and its queue go together.
+            let ops = vec![TxnOp::delete(key.as_str(), None), self.drop_queue_op(id)];
+            Ok(Step::Write(ops, true))
         })
         .await
     }

@@ -16,6 +16,11 @@
 //! | `teams/{name}` | a team's quotas (JSON) |
 //! | `idempotency/{scope}/{key}` | an idempotent answer (JSON, body in base64) |
 //! | `idempotency-at/{created_at}/{scope}/{key}` | empty; finds old answers without a scan |
+//! | `deliveries/{webhook}/{id}` | one webhook delivery (JSON) |
+//! | `delivery-ids/{id}` | the delivery's webhook id |
+//! | `due/{next_attempt}/{id}` | the delivery's webhook id; exists while it is pending |
+//! | `delivery-seq` | the last delivery id given out |
+//! | `webhook-cursor` | the sequence number of the last event queued for the webhooks |
 //! | `nodes/{name}` | a node (JSON), attached to its lease |
 
 /// Builds the keys of one store (one prefix).
@@ -119,6 +124,36 @@ impl Keys {
         let (_at, scope, key) = (parts.next()?, parts.next()?, parts.next()?);
         Some((unescape(scope)?, unescape(key)?))
     }
+    pub fn deliveries_of(&self, webhook_id: &str) -> String {
+        format!("{}/", self.one("deliveries", webhook_id))
+    }
+    pub fn delivery(&self, webhook_id: &str, id: i64) -> String {
+        format!("{}{}", self.deliveries_of(webhook_id), ordered(id))
+    }
+    pub fn delivery_id(&self, id: i64) -> String {
+        format!("{}{}", self.dir("delivery-ids"), ordered(id))
+    }
+    pub fn due(&self, next_attempt_ms: i64, id: i64) -> String {
+        format!(
+            "{}{}/{}",
+            self.dir("due"),
+            ordered(next_attempt_ms),
+            ordered(id)
+        )
+    }
+    /// The first `due` key after every attempt time at or before `now_ms`.
+    pub fn due_end(&self, now_ms: i64) -> String {
+        match now_ms.checked_add(1) {
+            Some(next) => format!("{}{}", self.dir("due"), ordered(next)),
+            None => range_end(&self.dir("due")),
+        }
+    }
+    pub fn delivery_seq(&self) -> String {
+        format!("{}/delivery-seq", self.prefix)
+    }
+    pub fn webhook_cursor(&self) -> String {
+        format!("{}/webhook-cursor", self.prefix)
+    }
     pub fn node(&self, name: &str) -> String {
         self.one("nodes", name)
     }
@@ -140,6 +175,12 @@ pub fn range_end(prefix: &str) -> String {
 /// An i64 as 20 digits whose text order is the numbers' order (negative ones included).
 pub fn ordered(v: i64) -> String {
     format!("{:020}", (v as u64) ^ (1 << 63))
+}
+
+/// The number an [`ordered`] text stands for.
+pub fn from_ordered(text: &str) -> Option<i64> {
+    let n: u64 = text.parse().ok()?;
+    Some((n ^ (1 << 63)) as i64)
 }
 
 /// A key segment with `%` and `/` (and control bytes) escaped as `%XX`.
@@ -185,6 +226,7 @@ mod tests {
         v.sort();
         assert_eq!(texts, v.iter().map(|&n| ordered(n)).collect::<Vec<_>>());
         assert!(texts.iter().all(|t| t.len() == 20));
+        assert!(v.iter().all(|&n| from_ordered(&ordered(n)) == Some(n)));
     }
 
     #[test]

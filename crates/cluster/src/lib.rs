@@ -1,9 +1,10 @@
 //! kiln's cluster state on etcd v3. [`EtcdStore`] implements the server's
-//! [`kiln_server::store::StateStore`] on an etcd cluster (one txn per method, revision-checked
-//! writes where replicas can race); [`nodes`] keeps node membership on etcd leases. The key
+//! [`kiln_server::store::StateStore`] on an etcd cluster (each method's change one txn,
+//! revision-checked where replicas can race); [`nodes`] keeps node membership on etcd leases. The key
 //! layout is in [`keys`].
 
 mod catalog;
+mod deliveries;
 mod docs;
 pub mod error;
 mod events;
@@ -17,5 +18,4 @@ mod store;
 pub use error::ClusterError;
 pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeWatch};
 pub use sandboxes::Transition;
-pub use state::UNSUPPORTED;
 pub use store::EtcdStore;

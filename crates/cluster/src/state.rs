@@ -1,6 +1,6 @@
-//! [`StateStore`] on etcd: each method is one read or one etcd txn (see the modules that
-//! build them). The webhook delivery queue has no etcd form yet: its methods return
-//! [`ClusterError::Unsupported`] as the store's error, never a silent success.
+//! [`StateStore`] on etcd: what a method changes, it changes in one etcd txn (see the
+//! modules that build them); only housekeeping (old idempotent answers, due keys of deleted
+//! webhooks) takes txns of its own.
 
 use kiln_server::store::{
     Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, KeyRecord, PauseMode, Result,
@@ -8,21 +8,7 @@ use kiln_server::store::{
     TemplateRecord, WebhookRecord,
 };
 
-use crate::error::ClusterError;
 use crate::store::EtcdStore;
-
-/// The trait methods the etcd store does not implement yet.
-pub const UNSUPPORTED: &[&str] = &[
-    "queue_deliveries",
-    "enqueue_delivery",
-    "due_deliveries",
-    "record_attempt",
-    "deliveries",
-];
-
-fn unsupported<T>(method: &'static str) -> Result<T> {
-    Err(ClusterError::Unsupported(method).into())
-}
 
 #[async_trait::async_trait]
 impl StateStore for EtcdStore {
@@ -86,29 +72,29 @@ impl StateStore for EtcdStore {
     async fn delete_webhook(&self, team: &str, id: &str) -> Result<bool> {
         Ok(self.delete_webhook_doc(team, id).await?)
     }
-    async fn queue_deliveries(&self, _now_ms: i64, _max_events: u32) -> Result<usize> {
-        unsupported("queue_deliveries")
+    async fn queue_deliveries(&self, now_ms: i64, max_events: u32) -> Result<usize> {
+        Ok(self.queue_delivery_docs(now_ms, max_events).await?)
     }
-    async fn enqueue_delivery(&self, _webhook: &str, _kind: &str, _payload: &str) -> Result<i64> {
-        unsupported("enqueue_delivery")
+    async fn enqueue_delivery(&self, webhook_id: &str, kind: &str, payload: &str) -> Result<i64> {
+        Ok(self.enqueue_delivery_doc(webhook_id, kind, payload).await?)
     }
     async fn due_deliveries(
         &self,
-        _now_ms: i64,
-        _limit: u32,
+        now_ms: i64,
+        limit: u32,
     ) -> Result<Vec<(DeliveryRecord, WebhookRecord)>> {
-        unsupported("due_deliveries")
+        Ok(self.due_delivery_docs(now_ms, limit).await?)
     }
-    async fn record_attempt(&self, _id: i64, _a: &Attempt) -> Result<()> {
-        unsupported("record_attempt")
+    async fn record_attempt(&self, id: i64, a: &Attempt) -> Result<()> {
+        Ok(self.record_attempt_doc(id, a).await?)
     }
     async fn deliveries(
         &self,
-        _webhook_id: &str,
-        _before: Option<i64>,
-        _limit: u32,
+        webhook_id: &str,
+        before: Option<i64>,
+        limit: u32,
     ) -> Result<Vec<DeliveryRecord>> {
-        unsupported("deliveries")
+        Ok(self.delivery_docs(webhook_id, before, limit).await?)
     }
 
     async fn insert_key(&self, k: &KeyRecord) -> Result<()> {

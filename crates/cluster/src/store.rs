@@ -14,7 +14,7 @@ use crate::retry::{self, Kind};
 
 /// How often a revision-checked write is tried before it gives up with
 /// [`ClusterError::Contended`].
-const MAX_TRIES: u32 = 64;
+pub(crate) const MAX_TRIES: u32 = 64;
 
 /// kiln's state in an etcd v3 cluster, under one key prefix (see [`crate::keys`]).
 #[derive(Clone)]
@@ -170,6 +170,28 @@ impl EtcdStore {
         Ok(())
     }
 
+    /// Commits `ops` in one txn, provided each of `keys` still is as `seen` (same mod
+    /// revision, or still absent); false when one changed.
+    pub(crate) async fn commit_guarded(
+        &self,
+        keys: &[String],
+        seen: &[Option<KeyValue>],
+        ops: Vec<TxnOp>,
+    ) -> Result<bool> {
+        let cmp: Vec<Compare> = keys
+            .iter()
+            .zip(seen)
+            .map(|(k, kv)| match kv {
+                Some(kv) => Compare::mod_revision(k.as_str(), CompareOp::Equal, kv.mod_revision()),
+                None => Compare::create_revision(k.as_str(), CompareOp::Equal, 0),
+            })
+            .collect();
+        let r = self
+            .txn(Kind::Write, Txn::new().when(cmp).and_then(ops))
+            .await?;
+        Ok(r.succeeded())
+    }
+
     /// Reads `keys` at one revision, lets `plan` decide what to write from what it saw, and
     /// commits that in one txn guarded by the mod revision of every key read (or its absence).
     /// When another writer got in between, reads and plans again.
@@ -184,20 +206,7 @@ impl EtcdStore {
                 Step::Done(out) => return Ok(out),
                 Step::Write(ops, out) => (ops, out),
             };
-            let cmp: Vec<Compare> = keys
-                .iter()
-                .zip(&seen)
-                .map(|(k, kv)| match kv {
-                    Some(kv) => {
-                        Compare::mod_revision(k.as_str(), CompareOp::Equal, kv.mod_revision())
-                    }
-                    None => Compare::create_revision(k.as_str(), CompareOp::Equal, 0),
-                })
-                .collect();
-            let r = self
-                .txn(Kind::Write, Txn::new().when(cmp).and_then(ops))
-                .await?;
-            if r.succeeded() {
+            if self.commit_guarded(keys, &seen, ops).await? {
                 return Ok(out);
             }
             tokio::time::sleep(backoff(attempt)).await;
@@ -210,7 +219,7 @@ impl EtcdStore {
 }
 
 /// A short wait that grows with the attempt and differs between racing writers.
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0] % 8);
     Duration::from_millis((u64::from(attempt.min(10)) * 3 + jitter).min(40))
 }
