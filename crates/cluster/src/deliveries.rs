@@ -165,54 +165,56 @@ impl EtcdStore {
         .await
     }
 
-    /// Pending deliveries due at `now`, by due time then id, with their webhooks. Due keys
-    /// left by a deleted webhook are skipped and deleted.
+    /// Pending deliveries due at `now`, by due time then id, with their webhooks: a range
+    /// read of the due keys, in batches. Due keys left by a deleted webhook are skipped and
+    /// deleted.
     pub(crate) async fn due_delivery_docs(
         &self,
         now: i64,
         limit: u32,
     ) -> Result<Vec<(DeliveryRecord, WebhookRecord)>> {
         let k = self.keys();
-        let due = self
-            .get_range(&k.dir("due"), &k.due_end(now), 0, false)
-            .await?;
+        let (mut from, end) = (k.dir("due"), k.due_end(now));
+        let batch = i64::from(limit).clamp(16, 256);
         let mut hooks: HashMap<String, Option<WebhookRecord>> = HashMap::new();
         let mut out = Vec::new();
-        for kv in due {
-            if out.len() == limit as usize {
+        while out.len() < limit as usize {
+            let due = self.get_range(&from, &end, batch, false).await?;
+            let full = due.len() as i64 == batch;
+            for kv in due {
+                if out.len() == limit as usize {
+                    break;
+                }
+                from = format!("{}\0", String::from_utf8_lossy(kv.key()));
+                let webhook_id = String::from_utf8_lossy(kv.value()).into_owned();
+                if !hooks.contains_key(&webhook_id) {
+                    let w = match self.get_one(&k.webhook(&webhook_id)).await? {
+                        Some(w) => Some(parse::<WebhookDoc>(w.key(), w.value())?.into()),
+                        None => None,
+                    };
+                    hooks.insert(webhook_id.clone(), w);
+                }
+                let d = match due_id(kv.key()) {
+                    Some(id) => self.get_one(&k.delivery(&webhook_id, id)).await?,
+                    None => None,
+                };
+                match (d, &hooks[&webhook_id]) {
+                    (Some(d), Some(w)) => {
+                        let d: DeliveryDoc = parse(d.key(), d.value())?;
+                        out.push((d.into(), w.clone()));
+                    }
+                    // The webhook (and so its deliveries) is gone: drop the stale due key,
+                    // unless it changed meanwhile.
+                    _ => {
+                        let key = String::from_utf8_lossy(kv.key()).into_owned();
+                        let delete = vec![TxnOp::delete(key.as_str(), None)];
+                        self.commit_guarded(std::slice::from_ref(&key), &[Some(kv)], delete)
+                            .await?;
+                    }
+                }
+            }
+            if !full {
                 break;
-            }
-            let webhook_id = String::from_utf8_lossy(kv.value()).into_owned();
-            let id = due_id(kv.key());
-            let d = match id {
-                Some(id) => self.get_one(&k.delivery(&webhook_id, id)).await?,
-                None => None,
-            };
-            if !hooks.contains_key(&webhook_id) {
-                let w = self.get_one(&k.webhook(&webhook_id)).await?;
-                let w = w
-                    .map(|kv| {
-                        Ok::<_, ClusterError>(parse::<WebhookDoc>(kv.key(), kv.value())?.into())
-                    })
-                    .transpose()?;
-                hooks.insert(webhook_id.clone(), w);
-            }
-            match (d, &hooks[&webhook_id]) {
-                (Some(d), Some(w)) => {
-                    let d: DeliveryDoc = parse(d.key(), d.value())?;
-                    out.push((d.into(), w.clone()));
-                }
-                // The webhook (and so its deliveries) is gone: drop the stale due key, unless
-                // it changed meanwhile.
-                _ => {
-                    let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    self.commit_guarded(
-                        std::slice::from_ref(&key),
-                        &[Some(kv)],
-                        vec![TxnOp::delete(key.as_str(), None)],
-                    )
-                    .await?;
-                }
             }
         }
         Ok(out)

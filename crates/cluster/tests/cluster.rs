@@ -166,6 +166,49 @@ async fn racing_state_changes_have_exactly_one_winner() {
     }
 }
 
+/// Two replicas queue webhook deliveries at once: every event is queued exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_dispatchers_queue_each_event_once() {
+    let name = "racing_dispatchers_queue_each_event_once";
+    let Some(cluster) = EtcdCluster::start(name, 3).await else {
+        return;
+    };
+    let a = cluster.store("/kiln-queue").await;
+    let b = EtcdStore::connect(&cluster.all_endpoints(), "/kiln-queue")
+        .await
+        .unwrap();
+    let hook = kiln_server::store::WebhookRecord {
+        id: "h".into(),
+        team: kiln_server::store::DEFAULT_TEAM.into(),
+        url: "http://198.51.100.9/hook".into(),
+        secret: "s".into(),
+        events: vec![],
+        created_at_ms: 1,
+    };
+    a.insert_webhook(&hook).await.unwrap();
+    for i in 0..60 {
+        a.add_event(&format!("q{i}"), "created", "").await.unwrap();
+    }
+    // Small batches, so that the two interleave.
+    async fn drain(s: EtcdStore) -> usize {
+        let mut total = 0;
+        loop {
+            match s.queue_deliveries(1, 4).await.unwrap() {
+                0 => return total,
+                n => total += n,
+            }
+        }
+    }
+    let (na, nb) = tokio::join!(tokio::spawn(drain(a.clone())), tokio::spawn(drain(b)));
+    let (na, nb) = (na.unwrap(), nb.unwrap());
+    assert_eq!(na + nb, 60, "a queued {na}, b queued {nb}");
+    let log = a.deliveries("h", None, 100).await.unwrap();
+    let mut seqs: Vec<i64> = log.iter().map(|d| d.event_seq.unwrap()).collect();
+    seqs.sort();
+    seqs.dedup();
+    assert_eq!((log.len(), seqs.len()), (60, 60));
+}
+
 /// The name of a node that joined (empty for any other event).
 fn joined(e: NodeEvent) -> String {
     match e {

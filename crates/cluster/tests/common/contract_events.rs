@@ -302,10 +302,25 @@ pub async fn large_batches_are_queued_in_parts_exactly_once(s: &dyn StateStore) 
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 200, "ids are unique");
-    for i in 0..10 {
+    assert_eq!(s.due_deliveries(i64::MAX, 300).await.unwrap().len(), 200);
+    assert_eq!(s.due_deliveries(i64::MAX, 30).await.unwrap().len(), 30);
+    let drop_hook = |i: usize| async move {
         assert!(s
             .delete_webhook(DEFAULT_TEAM, &format!("bulk{i}"))
             .await
             .unwrap());
+    };
+    for i in 0..5 {
+        drop_hook(i).await;
     }
+    let due = s.due_deliveries(i64::MAX, 300).await.unwrap();
+    assert_eq!(due.len(), 100, "the deleted webhooks' queues are gone");
+    assert!(
+        due.windows(2).all(|w| w[0].0.id < w[1].0.id),
+        "due together: by id"
+    );
+    for i in 5..10 {
+        drop_hook(i).await;
+    }
+    assert!(s.due_deliveries(i64::MAX, 300).await.unwrap().is_empty());
 }
