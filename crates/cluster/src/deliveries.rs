@@ -53,14 +53,6 @@ impl EtcdStore {
         ops
     }
 
-    async fn all_webhooks(&self) -> Result<Vec<WebhookRecord>> {
-        let mut out = Vec::new();
-        for kv in self.get_prefix(&self.keys().dir("webhooks"), 0).await? {
-            out.push(parse::<WebhookDoc>(kv.key(), kv.value())?.into());
-        }
-        Ok(out)
-    }
-
     /// Turns the events after the webhook cursor into pending deliveries and advances the
     /// cursor, in one txn checked against the cursor and the id counter (a replica that
     /// queued meanwhile makes this one read and plan again), so each event is queued once.

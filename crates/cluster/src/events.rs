@@ -114,14 +114,18 @@ impl EtcdStore {
         Ok(())
     }
 
-    pub(crate) async fn list_webhook_docs(&self, team: &str) -> Result<Vec<WebhookRecord>> {
-        let mut out: Vec<WebhookRecord> = Vec::new();
+    /// Every webhook of every team.
+    pub(crate) async fn all_webhooks(&self) -> Result<Vec<WebhookRecord>> {
+        let mut out = Vec::new();
         for kv in self.get_prefix(&self.keys().dir("webhooks"), 0).await? {
-            let w: WebhookDoc = parse(kv.key(), kv.value())?;
-            if w.team == team {
-                out.push(w.into());
-            }
+            out.push(parse::<WebhookDoc>(kv.key(), kv.value())?.into());
         }
+        Ok(out)
+    }
+
+    pub(crate) async fn list_webhook_docs(&self, team: &str) -> Result<Vec<WebhookRecord>> {
+        let mut out = self.all_webhooks().await?;
+        out.retain(|w| w.team == team);
         out.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         Ok(out)
     }
