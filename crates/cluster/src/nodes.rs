@@ -260,33 +260,35 @@ impl EtcdStore {
 
 /// Renews lease `id` every third of its TTL, reopening the keep-alive stream when a member
 /// goes away. Reports the lease lost when etcd says it is gone, or when no renewal was
-/// answered for a whole TTL (then it may be gone without this node hearing of it).
+/// answered for a whole TTL counted from when that renewal was sent (etcd cannot have
+/// extended the lease past that). Every wait is bounded, so the report comes at most about a
+/// third of the TTL late.
 async fn keep_alive(mut client: Client, id: i64, ttl_s: i64, alive: watch::Sender<bool>) {
+    use tokio::time::{sleep, timeout};
     let ttl = Duration::from_secs(ttl_s as u64);
     let period = ttl / 3;
     let mut last_ok = Instant::now();
     'reconnect: while last_ok.elapsed() < ttl {
-        let Ok((mut keeper, mut stream)) = client.lease_keep_alive(id).await else {
-            tokio::time::sleep(period / 4).await;
+        let Ok(Ok((mut keeper, mut stream))) = timeout(period, client.lease_keep_alive(id)).await
+        else {
+            sleep(period / 4).await;
             continue;
         };
-        loop {
-            if keeper.keep_alive().await.is_err() {
-                tokio::time::sleep(period / 4).await;
+        while last_ok.elapsed() < ttl {
+            let sent = Instant::now();
+            if !matches!(timeout(period, keeper.keep_alive()).await, Ok(Ok(()))) {
+                sleep(period / 4).await;
                 continue 'reconnect;
             }
-            match tokio::time::timeout(period, stream.message()).await {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => last_ok = Instant::now(),
+            match timeout(period, stream.message()).await {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => last_ok = sent,
                 Ok(Ok(Some(_))) => break 'reconnect,
                 _ => {
-                    tokio::time::sleep(period / 4).await;
+                    sleep(period / 4).await;
                     continue 'reconnect;
                 }
             }
-            tokio::time::sleep(period).await;
-            if last_ok.elapsed() >= ttl {
-                break 'reconnect;
-            }
+            sleep(period).await;
         }
     }
     let _ = alive.send(false);

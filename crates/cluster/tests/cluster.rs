@@ -238,7 +238,7 @@ async fn a_node_whose_lease_expires_is_reported_lost() {
         disk_mb: 100_000,
         max_sandboxes: 50,
     };
-    let ttl = Duration::from_secs(2);
+    let ttl = Duration::from_secs(3);
     let mut watch = store.watch_nodes().await.unwrap();
     assert!(watch.initial().is_empty());
     let n1 = store.register_node("n1", cap.clone(), ttl).await.unwrap();
@@ -379,7 +379,37 @@ async fn service_continues_when_one_member_stops() {
         .register_node("survivor", NodeCapacity::default(), Duration::from_secs(2))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // past its TTL
     assert!(lease.is_alive(), "keep-alives go to the remaining members");
     assert_eq!(store.live_nodes().await.unwrap().len(), 1);
+}
+
+/// A node that cannot reach a quorum stops hearing its lease renewed and, within a TTL or
+/// so, knows it lost the lease (the signal a node fences itself on).
+#[tokio::test]
+async fn a_node_cut_off_from_a_quorum_knows_its_lease_is_lost() {
+    let name = "a_node_cut_off_from_a_quorum_knows_its_lease_is_lost";
+    let Some(mut cluster) = EtcdCluster::start(name, 3).await else {
+        return;
+    };
+    let store = cluster.store("/kiln-fence").await;
+    let ttl = Duration::from_secs(3);
+    let mut lease = store
+        .register_node("n", NodeCapacity::default(), ttl)
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+    assert!(lease.is_alive(), "renewed past its TTL while etcd is whole");
+    cluster.kill(0);
+    cluster.kill(1);
+    let cut = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .expect("the lease was still taken for alive 10 s after the quorum went");
+    assert!(!lease.is_alive());
+    assert!(
+        cut.elapsed() <= ttl + Duration::from_secs(3),
+        "{:?}",
+        cut.elapsed()
+    );
 }
