@@ -1,10 +1,11 @@
 //! API keys, templates, teams and idempotent answers on etcd.
 
-use etcd_client::TxnOp;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use kiln_server::store::{now_ms, IdempotentAnswer, KeyRecord, TeamRecord, TemplateRecord};
 
 use crate::docs::{json, parse, IdempotentDoc, KeyDoc, TeamDoc, TemplateDoc};
 use crate::error::{ClusterError, Result};
+use crate::retry::Kind;
 use crate::store::{EtcdStore, Step};
 
 /// How many old idempotent answers one lookup deletes at most.
@@ -169,19 +170,25 @@ impl EtcdStore {
     /// winner's answer.
     pub async fn claim_idempotent(&self, a: &IdempotentAnswer) -> Result<Option<IdempotentAnswer>> {
         let key = self.keys().idempotent(&a.scope, &a.key);
-        loop {
-            if self
-                .create(std::slice::from_ref(&key), self.idempotent_ops(a))
-                .await?
-            {
-                return Ok(None);
-            }
-            // Taken; the winner's answer (unless it was deleted meanwhile: then try again).
-            if let Some(kv) = self.get_one(&key).await? {
-                let doc: IdempotentDoc = parse(kv.key(), kv.value())?;
-                return Ok(Some(doc.into_answer(kv.key())?));
-            }
+        // One txn: record when absent, else read the answer that is there.
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then(self.idempotent_ops(a))
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let r = self.txn(Kind::Write, txn).await?;
+        if r.succeeded() {
+            return Ok(None);
         }
+        // The compare failed because the key existed at the txn's revision, which the read in
+        // the same txn sees: a missing answer here is etcd misbehaving, reported as contention.
+        let Some(TxnOpResponse::Get(mut got)) = r.op_responses().into_iter().next() else {
+            return Err(ClusterError::Contended { key, tries: 1 });
+        };
+        let Some(kv) = got.take_kvs().into_iter().next() else {
+            return Err(ClusterError::Contended { key, tries: 1 });
+        };
+        let doc: IdempotentDoc = parse(kv.key(), kv.value())?;
+        Ok(Some(doc.into_answer(kv.key())?))
     }
 
     /// The answer for `scope` and `key` recorded at or after `since_ms`. Answers older than
