@@ -3,7 +3,8 @@
 # - kiln-server does not depend on kiln-gvisor (the binary wires the driver; kiln-server's tests
 #   may use it as a dev-dependency);
 # - no gVisor/runsc names in crates/server/src and crates/cli/src outside the allowed files;
-# - rusqlite only under crates/server/src/store/.
+# - rusqlite only under crates/server/src/store/;
+# - kiln-server does not depend on kiln-cluster (the etcd store), which keeps no SQLite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -17,6 +18,10 @@ if grep -q '^kiln-gvisor ' <<<"$server_deps"; then
 fi
 if grep -qE '^kiln-(server|gvisor|microvm) ' <<<"$driver_deps"; then
   bad "kiln-driver depends on a driver or on the server"
+fi
+# kiln-cluster implements the server's store seam on etcd: the arrow goes cluster -> server.
+if grep -q '^kiln-cluster ' <<<"$server_deps"; then
+  bad "kiln-server depends on kiln-cluster (the binary wires the etcd store into the server)"
 fi
 
 # gVisor names may appear in the doctor, `kiln runtime`, and the binary's wiring (`kiln serve`,
@@ -33,6 +38,10 @@ $hits"
 # store's traits and handles.
 hits=$(grep -rn 'rusqlite' crates/server/src --include='*.rs' | grep -v '^crates/server/src/store/' || true)
 [ -z "$hits" ] || bad "rusqlite outside crates/server/src/store/:
+$hits"
+
+hits=$(grep -rn 'rusqlite' crates/cluster/src --include='*.rs' || true)
+[ -z "$hits" ] || bad "rusqlite in the etcd store (crates/cluster/src):
 $hits"
 
 [ $fail -eq 0 ] && echo "check-deps: ok"

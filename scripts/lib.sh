@@ -35,6 +35,17 @@ install_packages() {
   fi
 }
 
+# stop_system_etcd — the etcd-server package starts a system etcd on port 2379 where an init
+# system runs one; kiln's tests start their own members on free ports and need none.
+stop_system_etcd() {
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet etcd 2>/dev/null; then
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+  fi
+  if [ -x /etc/init.d/etcd ] && [ -f /run/etcd.pid ]; then  # started by the sysv script
+    /etc/init.d/etcd stop >/dev/null 2>&1 || true
+  fi
+}
+
 # The agent runs inside root filesystems whose libc kiln does not control: build it static.
 build_static_agent() {
   local profile_flag=(--release)

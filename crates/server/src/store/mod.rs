@@ -37,6 +37,7 @@ pub use audit_sql::SqliteAuditStore;
 pub use console_sql::{BuildSummary, ConsoleDb, SessionRow, MAX_BUILDS};
 pub use metrics_sql::SqliteMetricsStore;
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
+pub use obs_sql::{event_payload, wants as webhook_wants};
 pub use records::*;
 pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;

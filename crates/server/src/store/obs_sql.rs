@@ -145,7 +145,8 @@ pub fn event_payload(w: &WebhookRecord, e: &StoredEvent) -> String {
     .to_string()
 }
 
-fn wants(w: &WebhookRecord, kind: &str) -> bool {
+/// Whether webhook `w` receives events of `kind`.
+pub fn wants(w: &WebhookRecord, kind: &str) -> bool {
     if w.events.is_empty() {
         LIFECYCLE_KINDS.contains(&kind)
     } else {

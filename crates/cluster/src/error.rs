@@ -1,0 +1,39 @@
+//! What can go wrong talking to etcd, as one typed error.
+
+/// An error of the etcd-backed store or of node membership.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    /// A value under kiln's prefix that does not parse as the record it should hold.
+    #[error("corrupt value at etcd key {key}: {source}")]
+    Corrupt {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An insert whose id (or unique name) is taken.
+    #[error("{what} {id} already exists")]
+    Exists { what: &'static str, id: String },
+    /// A revision-checked write that lost to other writers every time it was retried.
+    #[error("etcd key {key} kept changing under a revision-checked write ({tries} tries)")]
+    Contended { key: String, tries: u32 },
+    /// A node name held by a live lease of another node.
+    #[error("node {0} is already registered with a live lease")]
+    NodeTaken(String),
+    /// etcd ended a stream kiln was reading (a watch or a lease keep-alive).
+    #[error("etcd closed the {0} stream")]
+    StreamClosed(&'static str),
+}
+
+/// The trait's error type has no etcd variant: the typed error travels as its message.
+impl From<ClusterError> for kiln_server::store::StoreError {
+    fn from(e: ClusterError) -> Self {
+        match e {
+            ClusterError::Corrupt { source, .. } => kiln_server::store::StoreError::Json(source),
+            other => kiln_server::store::StoreError::Task(other.to_string()),
+        }
+    }
+}
+
+pub type Result<T, E = ClusterError> = std::result::Result<T, E>;

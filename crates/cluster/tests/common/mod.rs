@@ -1,0 +1,3 @@
+pub mod contract;
+pub mod contract_events;
+pub mod etcd;
