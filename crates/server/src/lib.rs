@@ -1,8 +1,9 @@
 //! kiln-server: the E2B-compatible control plane. See docs/architecture.md for the create path
 //! through these modules.
 //!
-//! - [`api`]: the REST API the `e2b` SDK talks to, with API-key auth, in front of it the
-//!   [`proxy`] that forwards sandbox-addressed traffic ([`routing`]) into each sandbox;
+//! - [`front`]: what a request reaches: the [`proxy`] that forwards sandbox-addressed traffic
+//!   ([`routing`]) into each sandbox, or [`api`] (the REST API the `e2b` SDK talks to, with
+//!   API-key auth) or [`console`];
 //! - [`manager`]: sandbox lifecycle (create, timeouts, kill, recovery after a restart) — the
 //!   only thing handlers call;
 //! - [`driver`]: the isolation seam (kiln-driver's traits); the binary builds the driver and
@@ -18,6 +19,7 @@ pub mod console;
 pub mod driver;
 pub mod edge;
 pub mod error;
+pub mod front;
 pub mod manager;
 pub mod obs;
 pub mod proxy;
@@ -248,7 +250,7 @@ impl Server {
                 api::reapply_networks(&st).await;
             }
         });
-        let app = api::router(state);
+        let app = front::router(state);
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));
         tokio::select! {
             r = &mut serving => {

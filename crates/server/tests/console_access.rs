@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http::{header, StatusCode};
 use serde_json::Value;
 
-use kiln_server::api::{self, ApiConfig, AppState};
+use kiln_server::api::{ApiConfig, AppState};
 use kiln_server::console::ConsoleDb;
 
 use common::requests::{csrf_of_page, send, send_from, sign_in, FORM, JSON};
@@ -229,7 +229,7 @@ fn served_app(state: &std::path::Path) -> axum::Router {
         kiln_server::LifecycleConfig::default(),
     );
     let db = ConsoleDb::open(&state.join("kiln.db")).unwrap();
-    api::router(Arc::new(
+    kiln_server::front::router(Arc::new(
         AppState::new(
             manager,
             ApiConfig {

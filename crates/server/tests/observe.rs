@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
-use kiln_server::api::{self, ApiConfig, AppState};
+use kiln_server::api::{ApiConfig, AppState};
 use kiln_server::obs::sign;
 use kiln_server::obs::webhooks::WebhookConfig;
 use kiln_server::templates::FixedTemplates;
@@ -47,7 +47,7 @@ async fn fixture_with(metrics_token: Option<&str>, allow_private: bool) -> Fixtu
         cfg,
     );
     let (_, key) = common::app(manager.clone(), dir.path()).await;
-    let app = api::router(Arc::new(AppState::new(
+    let app = kiln_server::front::router(Arc::new(AppState::new(
         manager.clone(),
         ApiConfig {
             domain: "kiln.test".into(),

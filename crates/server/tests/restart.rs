@@ -70,7 +70,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
         .clone()
         .expect("first start makes a key")
         .secret;
-    let app = kiln_server::api::router(Arc::new(kiln_server::api::AppState::new(
+    let app = kiln_server::front::router(Arc::new(kiln_server::api::AppState::new(
         manager.clone(),
         kiln_server::api::ApiConfig {
             domain: "kiln.test".into(),

@@ -193,7 +193,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let app = kiln_server::api::router(state);
+    let app = kiln_server::front::router(state);
     tokio::spawn(async move { axum_serve(listener, app).await });
     let client = reqwest::Client::new();
 

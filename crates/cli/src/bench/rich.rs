@@ -378,7 +378,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let proxy_addr = listener.local_addr()?;
-    let app = kiln_server::api::router(state);
+    let app = kiln_server::front::router(state);
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

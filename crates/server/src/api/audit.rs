@@ -99,13 +99,18 @@ fn sandbox_of(path: &str) -> Option<&str> {
     (!id.is_empty() && id != "metrics").then_some(id)
 }
 
+/// Marks a console read (a page refreshing its view): the API's audit layer does not record
+/// it; the console's state-changing calls are recorded like any API call.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewRead;
+
 /// Records every API call naming a sandbox (key, route, status) on that sandbox's chain, and
 /// a create on the new sandbox's chain (its key becomes the sandbox's owner).
 pub async fn record_api(State(st): St, req: Request, next: Next) -> Response {
     let log = st.manager.audit().clone();
     // The web console's reads refresh its views every few seconds: not recorded (what it
     // changes is, as the signed-in key).
-    let console_read = req.extensions().get::<crate::console::ViewRead>().is_some()
+    let console_read = req.extensions().get::<ViewRead>().is_some()
         && matches!(*req.method(), http::Method::GET | http::Method::HEAD);
     if !log.enabled() || console_read {
         return next.run(req).await;

@@ -28,6 +28,8 @@ mod volumes;
 mod webhooks;
 pub mod wire;
 
+pub use audit::ViewRead;
+
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -150,7 +152,7 @@ pub struct AppState {
     /// Templates built through E2B's Template API; `None`: those routes answer 501.
     pub builds: Option<Arc<crate::tplbuild::Builds>>,
     /// Where the web console keeps its sessions; `None`: in memory (a restart ends them).
-    pub console_db: Option<crate::console::ConsoleDb>,
+    pub console_db: Option<crate::store::ConsoleDb>,
 }
 
 impl AppState {
@@ -167,7 +169,7 @@ impl AppState {
     }
 
     /// With the console's sessions kept in `db`.
-    pub fn with_console_db(mut self, db: crate::console::ConsoleDb) -> Self {
+    pub fn with_console_db(mut self, db: crate::store::ConsoleDb) -> Self {
         self.console_db = Some(db);
         self
     }
@@ -298,7 +300,9 @@ fn count_body(
     }))
 }
 
-async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Response {
+/// Sends sandbox-addressed requests (routing headers, `{port}-{id}.{domain}` hosts, signed
+/// file URLs) to the [`crate::proxy`]; everything else goes on to the API and the console.
+pub async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> Response {
     let routed = match routing::target_of_request(req.headers(), req.uri(), &st.cfg.domain) {
         // A signed file URL names no sandbox: the signature's token finds it.
         Ok(None) => match signed::signed_files_query(req.method(), req.uri()) {
@@ -340,11 +344,12 @@ async fn await_recovery(State(st): St, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// The whole HTTP service: envd proxy in front, then auth, then the API routes.
-pub fn router(state: Arc<AppState>) -> Router {
+/// The REST API's routes with their layers (key check, recovery wait, audit, body limit);
+/// [`crate::front::router`] composes them with the console and the sandbox traffic.
+pub fn routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
     use sandboxes as s;
     let sbx = "/sandboxes/{sandboxID}";
-    let api = Router::new()
+    Router::new()
         .route("/health", get(health))
         .route("/openapi.json", get(openapi))
         .route("/sandboxes", post(s::create_sandbox).get(list::list_v1))
@@ -411,15 +416,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
-        ));
-    let console = crate::console::router(state.clone(), api.clone().with_state(state.clone()));
-    // The volume-content API authorises with each volume's token and streams its bodies.
-    api.merge(template_api::upload_routes())
-        .merge(volume_content::routes())
-        .nest_service("/console", console)
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            route_sandbox_traffic,
         ))
-        .with_state(state)
+}
+
+/// Routes that authorise with their own tokens instead of an API key: template uploads
+/// (signed, single-use URLs) and the volume-content API (each volume's token; it streams its
+/// bodies).
+pub fn token_routes() -> Router<Arc<AppState>> {
+    template_api::upload_routes().merge(volume_content::routes())
 }

@@ -38,10 +38,7 @@ use session::{same_origin, same_token, Session, Sessions, SignInError};
 pub const APP_JS: &str = include_str!("../../console/dist/app.js");
 pub const APP_CSS: &str = include_str!("../../console/dist/app.css");
 
-/// Marks a console read (a page refreshing its view): the API's audit layer does not record
-/// it; the console's state-changing calls are recorded like any API call.
-#[derive(Debug, Clone, Copy)]
-pub struct ViewRead;
+pub use crate::api::ViewRead;
 
 /// What the console's handlers share.
 pub struct ConsoleState {

@@ -147,7 +147,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use kiln_server::api::{self, ApiConfig, AppState};
+use kiln_server::api::{ApiConfig, AppState};
 use kiln_server::driver::Driver;
 use kiln_server::store::{SqliteStore, StateStore};
 use kiln_server::templates::Templates;
@@ -305,7 +305,7 @@ pub async fn app(manager: Arc<Manager>, state: &Path) -> (axum::Router, String) 
         .await
         .unwrap()
         .secret;
-    let app = api::router(Arc::new(AppState::new(
+    let app = kiln_server::front::router(Arc::new(AppState::new(
         manager,
         ApiConfig {
             domain: "kiln.test".into(),
