@@ -33,6 +33,11 @@ pub struct Args {
     /// State directory (database, sandbox layers). Default: KILN_STATE_DIR or /var/lib/kiln/state.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// `iss` of the workload identity tokens sandboxes' network rules inject (`iam.tokens`),
+    /// the URL upstreams find `/.well-known/jwks.json` under. Default: `https://api.<domain>`
+    /// with --tls-cert, else `http://<listen address>`.
+    #[arg(long, env = "KILN_IDENTITY_ISSUER", value_name = "URL")]
+    identity_issuer: Option<String>,
     /// Isolation driver: gvisor, microvm, or auto (what `kiln doctor` recommends here).
     #[arg(long, env = "KILN_DRIVER", default_value = "auto")]
     driver: DriverKind,
@@ -415,6 +420,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             },
             ..Default::default()
         },
+        identity_issuer: a.identity_issuer.clone(),
     };
     let rules = a.rules.clone();
     rt.block_on(async move {

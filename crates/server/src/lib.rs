@@ -18,6 +18,7 @@ pub mod console;
 pub mod driver;
 pub mod edge;
 pub mod error;
+pub mod identity;
 pub mod manager;
 pub mod obs;
 pub mod proxy;
@@ -56,6 +57,9 @@ pub struct ServerConfig {
     pub edge: edge::EdgeConfig,
     /// The audit log (on by default; `--audit off`).
     pub audit: audit::AuditConfig,
+    /// `iss` of workload identity tokens (None: `https://api.<domain>` with TLS, else
+    /// `http://<listen address>`).
+    pub identity_issuer: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +78,8 @@ pub enum ServerError {
     Audit(#[from] audit::AuditError),
     #[error(transparent)]
     Vault(#[from] vault::VaultError),
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
     #[error("recovering sandboxes from the previous run: {0}")]
     Recover(Error),
     #[error("listening on {addr}: {source}")]
@@ -128,6 +134,7 @@ pub struct Server {
     edge: edge::EdgeConfig,
     vault: Arc<vault::Vault>,
     interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
+    identity: Arc<identity::Issuer>,
     builds: Arc<tplbuild::Builds>,
     console_db: console::ConsoleDb,
 }
@@ -184,6 +191,18 @@ impl Server {
                 addr: cfg.listen,
                 source,
             })?;
+        let issuer = cfg
+            .identity_issuer
+            .clone()
+            .unwrap_or_else(|| match cfg.edge.tls {
+                Some(_) => format!("https://api.{}", cfg.domain),
+                None => format!("http://{local_addr}"),
+            });
+        let identity = Arc::new(identity::Issuer::open(
+            &cfg.state_dir,
+            &issuer,
+            &cfg.domain,
+        )?);
         let pending = manager
             .begin_recovery()
             .await
@@ -212,6 +231,7 @@ impl Server {
             edge: cfg.edge,
             vault,
             interceptor,
+            identity,
             builds,
             console_db,
         })
@@ -240,6 +260,7 @@ impl Server {
             },
         )
         .with_vault(self.vault.clone())
+        .with_identity(self.identity.clone())
         .with_builds(self.builds.clone())
         .with_console_db(self.console_db.clone());
         let state = Arc::new(match &self.interceptor {

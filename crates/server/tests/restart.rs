@@ -51,6 +51,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             metrics_token: None,
             edge: Default::default(),
             audit: Default::default(),
+            identity_issuer: None,
         },
         common::driver(state.path()),
         templates.clone(),

@@ -159,6 +159,7 @@ pub(crate) fn server_config(
         metrics_token: None,
         edge: Default::default(),
         audit,
+        identity_issuer: None,
     };
     Ok(crate::drivers::ServerSetup { server, driver })
 }

@@ -9,6 +9,7 @@ mod alerts;
 mod audit;
 pub mod error;
 pub mod idempotency;
+mod jwks;
 mod keys;
 mod list;
 mod net_persist;
@@ -123,6 +124,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/volumecontent/{volumeID}/dir"),
     ("GET", "/volumecontent/{volumeID}/file"),
     ("PUT", "/volumecontent/{volumeID}/file"),
+    ("GET", "/.well-known/jwks.json"),
+    ("GET", "/.well-known/openid-configuration"),
     ("GET", "/api-keys"),
     ("POST", "/api-keys"),
     ("DELETE", "/api-keys/{apiKeyID}"),
@@ -147,6 +150,8 @@ pub struct AppState {
     pub vault: Option<Arc<crate::vault::Vault>>,
     /// TLS interception for `network.rules`; `None`: rules answer 501.
     pub interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
+    /// The workload identity token issuer (`iam.tokens`); `None`: those answer 501.
+    pub identity: Option<Arc<crate::identity::Issuer>>,
     /// Templates built through E2B's Template API; `None`: those routes answer 501.
     pub builds: Option<Arc<crate::tplbuild::Builds>>,
     /// Where the web console keeps its sessions; `None`: in memory (a restart ends them).
@@ -161,6 +166,7 @@ impl AppState {
             cfg,
             vault: None,
             interceptor: None,
+            identity: None,
             builds: None,
             console_db: None,
         }
@@ -175,6 +181,12 @@ impl AppState {
     /// With `network.rules` applied through `interceptor`.
     pub fn with_interceptor(mut self, i: Arc<kiln_net::intercept::Interceptor>) -> Self {
         self.interceptor = Some(i);
+        self
+    }
+
+    /// With workload identity tokens minted by `issuer`.
+    pub fn with_identity(mut self, issuer: Arc<crate::identity::Issuer>) -> Self {
+        self.identity = Some(issuer);
         self
     }
 
@@ -416,6 +428,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     // The volume-content API authorises with each volume's token and streams its bodies.
     api.merge(template_api::upload_routes())
         .merge(volume_content::routes())
+        .merge(jwks::routes())
         .nest_service("/console", console)
         .layer(middleware::from_fn_with_state(
             state.clone(),
