@@ -81,6 +81,10 @@ pub struct Args {
     /// the sandboxes that mount it and 507 from the volume-content API).
     #[arg(long, default_value_t = 10240, value_parser = clap::value_parser!(u32).range(16..))]
     volume_mb: u32,
+    /// Most volumes one team may hold: creating one more answers 429. 0: no cap.
+    #[arg(long, env = "KILN_TEAM_MAX_VOLUMES",
+          default_value_t = kiln_server::manager::DEFAULT_TEAM_MAX_VOLUMES)]
+    team_max_volumes: u32,
     /// At most this many sandboxes at once; further creates get 429 with Retry-After
     /// (default: as many as the host's capacity allows — those get 503).
     #[arg(long, env = "KILN_MAX_SANDBOXES")]
@@ -374,6 +378,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             pids_limit: a.pids_limit,
             default_disk_mb: a.disk_mb,
             volume_mb: a.volume_mb,
+            team_max_volumes: (a.team_max_volumes > 0).then_some(a.team_max_volumes),
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
                 state_dir: Some(state_dir),
