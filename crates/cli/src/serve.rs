@@ -38,6 +38,14 @@ pub struct Args {
     /// with --tls-cert, else `http://<listen address>`.
     #[arg(long, env = "KILN_IDENTITY_ISSUER", value_name = "URL")]
     identity_issuer: Option<String>,
+    /// Trust the host's extra CA certificates (the `*.crt` files of --host-ca-dir) inside
+    /// every sandbox, so sandboxes work behind the same TLS-inspecting proxy as the host.
+    #[arg(long, env = "KILN_HOST_CAS", default_value = "on", value_parser = ["on", "off"])]
+    host_cas: String,
+    /// Where the host's extra CA certificates are.
+    #[arg(long, env = "KILN_HOST_CA_DIR", value_name = "DIR",
+          default_value = kiln_server::api::host_trust::DEFAULT_DIR)]
+    host_ca_dir: PathBuf,
     /// Isolation driver: gvisor, microvm, or auto (what `kiln doctor` recommends here).
     #[arg(long, env = "KILN_DRIVER", default_value = "auto")]
     driver: DriverKind,
@@ -426,6 +434,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ..Default::default()
         },
         identity_issuer: a.identity_issuer.clone(),
+        host_ca_dir: (a.host_cas == "on").then(|| a.host_ca_dir.clone()),
     };
     let rules = a.rules.clone();
     rt.block_on(async move {

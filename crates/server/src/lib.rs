@@ -60,6 +60,9 @@ pub struct ServerConfig {
     /// `iss` of workload identity tokens (None: `https://api.<domain>` with TLS, else
     /// `http://<listen address>`).
     pub identity_issuer: Option<String>,
+    /// Where the host's extra CA certificates are (`*.crt`), trusted in every sandbox; None:
+    /// off (`kiln serve --host-cas off`).
+    pub host_ca_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +138,7 @@ pub struct Server {
     vault: Arc<vault::Vault>,
     interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
     identity: Arc<identity::Issuer>,
+    host_cas: Option<Arc<api::host_trust::HostCas>>,
     builds: Arc<tplbuild::Builds>,
     console_db: console::ConsoleDb,
 }
@@ -203,6 +207,21 @@ impl Server {
             &issuer,
             &cfg.domain,
         )?);
+        let host_cas = match &cfg.host_ca_dir {
+            None => None,
+            Some(dir) => match api::host_trust::HostCas::read(dir) {
+                Ok(c) => {
+                    tracing::info!(certificates = c.certs.len(), dir = %dir.display(),
+                        "the host's CA certificates are trusted in sandboxes");
+                    Some(Arc::new(c))
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e,
+                        "the host's CA certificates are not trusted in sandboxes");
+                    None
+                }
+            },
+        };
         let pending = manager
             .begin_recovery()
             .await
@@ -232,6 +251,7 @@ impl Server {
             vault,
             interceptor,
             identity,
+            host_cas,
             builds,
             console_db,
         })
@@ -263,6 +283,10 @@ impl Server {
         .with_identity(self.identity.clone())
         .with_builds(self.builds.clone())
         .with_console_db(self.console_db.clone());
+        let state = match &self.host_cas {
+            Some(c) => state.with_host_cas(c.clone()),
+            None => state,
+        };
         let state = Arc::new(match &self.interceptor {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,

@@ -90,6 +90,7 @@ fn server_config(state: &std::path::Path, cap: usize) -> ServerConfig {
         edge: Default::default(),
         audit: Default::default(),
         identity_issuer: None,
+        host_ca_dir: None,
     }
 }
 

@@ -52,6 +52,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             edge: Default::default(),
             audit: Default::default(),
             identity_issuer: None,
+            host_ca_dir: None,
         },
         common::driver(state.path()),
         templates.clone(),

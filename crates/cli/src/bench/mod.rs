@@ -160,6 +160,7 @@ pub(crate) fn server_config(
         edge: Default::default(),
         audit,
         identity_issuer: None,
+        host_ca_dir: None,
     };
     Ok(crate::drivers::ServerSetup { server, driver })
 }

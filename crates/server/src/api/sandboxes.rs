@@ -69,6 +69,9 @@ async fn create_inner(
     if rules {
         super::rules::trust_env(&mut env_vars);
     }
+    if let Some(cas) = &st.host_cas {
+        cas.trust_env(&mut env_vars);
+    }
     let asked = super::volumes::mounts_of(req.volume_mounts.as_ref())?;
     let volume_mounts = st.manager.resolve_mounts(&c.team, &asked).await?;
     // Run the creation in its own task: a client that disconnects mid-create must not leave a
@@ -108,6 +111,7 @@ async fn create_inner(
     if let Some(b) = &built {
         super::template_api::apply_defaults(&st, &rec, b).await?;
     }
+    super::host_trust::install(&st, &rec.id, rec.envd_token.clone()).await?;
     if rules {
         super::rules::install_ca(&st, &rec.id, rec.envd_token.clone()).await?;
     }
