@@ -89,7 +89,8 @@ pub struct Args {
     /// the sandboxes that mount it and 507 from the volume-content API).
     #[arg(long, default_value_t = 10240, value_parser = clap::value_parser!(u32).range(16..))]
     volume_mb: u32,
-    /// Most volumes one team may hold: creating one more answers 429. 0: no cap.
+    /// Most volumes one team may hold (`kiln team set T --max-volumes N` overrides it for a
+    /// team): creating one more answers 429. 0: no cap.
     #[arg(long, env = "KILN_TEAM_MAX_VOLUMES",
           default_value_t = kiln_server::manager::DEFAULT_TEAM_MAX_VOLUMES)]
     team_max_volumes: u32,
@@ -386,7 +387,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             pids_limit: a.pids_limit,
             default_disk_mb: a.disk_mb,
             volume_mb: a.volume_mb,
-            team_max_volumes: (a.team_max_volumes > 0).then_some(a.team_max_volumes),
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
                 state_dir: Some(state_dir),
@@ -394,6 +394,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     max_sandboxes: a.team_max_sandboxes,
                     max_timeout_secs: a.team_max_timeout,
                     creates_per_minute: a.team_creates_per_minute,
+                    max_volumes: (a.team_max_volumes > 0).then_some(a.team_max_volumes),
                 },
                 ..Default::default()
             },

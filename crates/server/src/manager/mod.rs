@@ -105,8 +105,6 @@ pub struct LifecycleConfig {
     pub webhooks: crate::obs::webhooks::WebhookConfig,
     /// Size of each new volume, MiB (writes beyond it get ENOSPC).
     pub volume_mb: u32,
-    /// Most volumes one team may hold (`kiln serve --team-max-volumes`); None: no cap.
-    pub team_max_volumes: Option<u32>,
     /// A running sandbox unused this long enters standby (see `standby.rs`); None: never.
     pub standby_after: Option<Duration>,
 }
@@ -133,7 +131,6 @@ impl Default for LifecycleConfig {
             metrics_capacity: crate::obs::ring::DEFAULT_CAPACITY,
             webhooks: Default::default(),
             volume_mb: 10240,
-            team_max_volumes: Some(DEFAULT_TEAM_MAX_VOLUMES),
             standby_after: None,
         }
     }

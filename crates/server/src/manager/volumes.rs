@@ -71,7 +71,7 @@ impl Manager {
     }
 
     /// Creates volume `name` of `team`: 409 when the team has one of that name, 429 when it
-    /// holds as many volumes as the server allows a team.
+    /// holds as many volumes as its quota allows.
     pub async fn create_volume(&self, team: &str, name: &str) -> Result<VolumeRecord> {
         check_name(name)?;
         let db = self.volumes_db()?;
@@ -83,7 +83,8 @@ impl Manager {
             size_mb: self.cfg.volume_mb,
             created_at_ms: now_ms(),
         };
-        match db.insert_capped(&v, self.cfg.team_max_volumes).await? {
+        let cap = self.team_quota(team).await?.max_volumes;
+        match db.insert_capped(&v, cap).await? {
             Inserted::Done => {}
             Inserted::NameTaken => {
                 return Err(Error::Conflict(format!(
@@ -91,12 +92,12 @@ impl Manager {
                 )))
             }
             Inserted::Full(held) => {
-                let cap = self.cfg.team_max_volumes.unwrap_or_default();
+                let cap = cap.unwrap_or_default();
                 return Err(Error::Limit(format!(
-                    "team \"{team}\" holds {held} volumes, the most a team may hold on this \
-                     server ({cap}); delete one (DELETE /volumes/{{volumeID}}, kiln volumes rm), \
-                     or have the operator raise the cap (kiln serve --team-max-volumes N, 0 for \
-                     none)"
+                    "team \"{team}\" holds {held} volumes, its cap ({cap}); delete one \
+                     (DELETE /volumes/{{volumeID}}, kiln volumes rm), or have the operator raise \
+                     the cap: kiln team set {team} --max-volumes N for this team, kiln serve \
+                     --team-max-volumes N for every team's default"
                 )));
             }
         }
