@@ -16,6 +16,7 @@ Nothing here sends traffic off this machine."""
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -143,7 +144,9 @@ def test_identity_tokens_are_minted_per_request_and_verify(srv, idnet):
         assert (code, status) == (0, "200"), body
         token = bearer(body)
         claims = verify(srv, token, keys)
-        assert claims["sub"] == f"spiffe://localhost/team/default/sandbox/{sbx.sandbox_id}", claims
+        # The trust domain is the server's --domain (localhost unless the run sets one).
+        assert re.fullmatch(rf"spiffe://[a-z0-9._-]+/team/default/sandbox/{sbx.sandbox_id}",
+                            claims["sub"]), claims
         assert claims["aud"] == AUD and claims["iss"] == srv.url, claims
         assert claims["exp"] - claims["iat"] == 300 and claims["exp"] > time.time(), claims
         # A new token for each request (keep-alive included).
