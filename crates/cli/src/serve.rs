@@ -33,6 +33,19 @@ pub struct Args {
     /// State directory (database, sandbox layers). Default: KILN_STATE_DIR or /var/lib/kiln/state.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// `iss` of the workload identity tokens sandboxes' network rules inject (`iam.tokens`),
+    /// the URL upstreams find `/.well-known/jwks.json` under. Default: `https://api.<domain>`
+    /// with --tls-cert, else `http://<listen address>`.
+    #[arg(long, env = "KILN_IDENTITY_ISSUER", value_name = "URL")]
+    identity_issuer: Option<String>,
+    /// Trust the host's extra CA certificates (the `*.crt` files of --host-ca-dir) inside
+    /// every sandbox, so sandboxes work behind the same TLS-inspecting proxy as the host.
+    #[arg(long, env = "KILN_HOST_CAS", default_value = "on", value_parser = ["on", "off"])]
+    host_cas: String,
+    /// Where the host's extra CA certificates are.
+    #[arg(long, env = "KILN_HOST_CA_DIR", value_name = "DIR",
+          default_value = kiln_server::api::host_trust::DEFAULT_DIR)]
+    host_ca_dir: PathBuf,
     /// Isolation driver: gvisor, microvm, or auto (what `kiln doctor` recommends here).
     #[arg(long, env = "KILN_DRIVER", default_value = "auto")]
     driver: DriverKind,
@@ -80,6 +93,11 @@ pub struct Args {
     /// the sandboxes that mount it and 507 from the volume-content API).
     #[arg(long, default_value_t = 10240, value_parser = clap::value_parser!(u32).range(16..))]
     volume_mb: u32,
+    /// Most volumes one team may hold (`kiln team set T --max-volumes N` overrides it for a
+    /// team): creating one more answers 429. 0: no cap.
+    #[arg(long, env = "KILN_TEAM_MAX_VOLUMES",
+          default_value_t = kiln_server::manager::DEFAULT_TEAM_MAX_VOLUMES)]
+    team_max_volumes: u32,
     /// At most this many sandboxes at once; further creates get 429 with Retry-After
     /// (default: as many as the host's capacity allows — those get 503).
     #[arg(long, env = "KILN_MAX_SANDBOXES")]
@@ -395,6 +413,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     max_sandboxes: a.team_max_sandboxes,
                     max_timeout_secs: a.team_max_timeout,
                     creates_per_minute: a.team_creates_per_minute,
+                    max_volumes: (a.team_max_volumes > 0).then_some(a.team_max_volumes),
                 },
                 ..Default::default()
             },
@@ -436,6 +455,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             },
             ..Default::default()
         },
+        identity_issuer: a.identity_issuer.clone(),
+        host_ca_dir: (a.host_cas == "on").then(|| a.host_ca_dir.clone()),
     };
     let rules = a.rules.clone();
     rt.block_on(async move {

@@ -20,6 +20,9 @@ pub enum Cmd {
         /// Creates accepted per minute.
         #[arg(long)]
         creates_per_minute: Option<Limit>,
+        /// Volumes the team may hold.
+        #[arg(long)]
+        max_volumes: Option<Limit>,
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
@@ -68,6 +71,7 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             max_sandboxes,
             max_timeout,
             creates_per_minute,
+            max_volumes,
             state_dir,
         } => {
             kiln_server::tenancy::check_team_name(&team)?;
@@ -91,12 +95,17 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
             if let Some(l) = creates_per_minute {
                 t.creates_per_minute = small(l)?;
             }
+            if let Some(l) = max_volumes {
+                t.max_volumes = small(l)?;
+            }
             store.upsert_team(&t).await?;
             println!(
-                "team {team}: max sandboxes {}, max timeout {}, creates per minute {}",
+                "team {team}: max sandboxes {}, max timeout {}, creates per minute {}, \
+                 max volumes {}",
                 show(t.max_sandboxes.map(u64::from)),
                 show(t.max_timeout_secs),
-                show(t.creates_per_minute.map(u64::from))
+                show(t.creates_per_minute.map(u64::from)),
+                show(t.max_volumes.map(u64::from))
             );
             Ok(0)
         }
@@ -119,6 +128,7 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
                             "maxSandboxes": t.and_then(|t| t.max_sandboxes),
                             "maxTimeoutSecs": t.and_then(|t| t.max_timeout_secs),
                             "createsPerMinute": t.and_then(|t| t.creates_per_minute),
+                            "maxVolumes": t.and_then(|t| t.max_volumes),
                         })
                     })
                     .collect();
@@ -126,8 +136,8 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
                 return Ok(0);
             }
             println!(
-                "{:<24} {:>6} {:>13} {:>12} {:>14}",
-                "TEAM", "KEYS", "MAX SANDBOXES", "MAX TIMEOUT", "CREATES/MIN"
+                "{:<24} {:>6} {:>13} {:>12} {:>14} {:>11}",
+                "TEAM", "KEYS", "MAX SANDBOXES", "MAX TIMEOUT", "CREATES/MIN", "MAX VOLUMES"
             );
             for n in names {
                 let t = teams.iter().find(|t| t.name == n);
@@ -136,12 +146,13 @@ async fn run_async(c: Cmd) -> anyhow::Result<i32> {
                     .filter(|k| k.team == n && k.revoked_at_ms.is_none())
                     .count();
                 println!(
-                    "{:<24} {:>6} {:>13} {:>12} {:>14}",
+                    "{:<24} {:>6} {:>13} {:>12} {:>14} {:>11}",
                     n,
                     active,
                     show(t.and_then(|t| t.max_sandboxes).map(u64::from)),
                     show(t.and_then(|t| t.max_timeout_secs)),
-                    show(t.and_then(|t| t.creates_per_minute).map(u64::from))
+                    show(t.and_then(|t| t.creates_per_minute).map(u64::from)),
+                    show(t.and_then(|t| t.max_volumes).map(u64::from))
                 );
             }
             Ok(0)

@@ -23,6 +23,9 @@ pub enum Error {
     /// kiln is not able to take this right now (503).
     #[error("{0}")]
     Unavailable(String),
+    /// A cap on what a team may hold, which waiting does not lift (429).
+    #[error("{0}")]
+    Limit(String),
     /// A create refused up front: a configured quota (429) or the host's capacity (503).
     #[error("cannot create another sandbox now: {limit}; retry in {retry_after_secs}s")]
     Capacity {

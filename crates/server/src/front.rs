@@ -2,7 +2,7 @@
 //! its connection (connection cap, TLS, header limits). Sandbox-addressed traffic goes to the
 //! [`crate::proxy`] (through [`api::route_sandbox_traffic`]); the rest to one of three siblings
 //! composed here — the REST API ([`api::routes`], behind the API-key check), the routes that
-//! carry their own tokens ([`api::token_routes`]: uploads, volume content) and the web console
+//! take no API key ([`api::token_routes`]: uploads, volume content, the JWKS) and the web console
 //! under `/console` ([`crate::console::router`], which hands its `/console/api/` calls to the
 //! API's own router).
 

@@ -20,6 +20,7 @@ pub mod driver;
 pub mod edge;
 pub mod error;
 pub mod front;
+pub mod identity;
 pub mod manager;
 pub mod obs;
 pub mod proxy;
@@ -58,6 +59,12 @@ pub struct ServerConfig {
     pub edge: edge::EdgeConfig,
     /// The audit log (on by default; `--audit off`).
     pub audit: audit::AuditConfig,
+    /// `iss` of workload identity tokens (None: `https://api.<domain>` with TLS, else
+    /// `http://<listen address>`).
+    pub identity_issuer: Option<String>,
+    /// Where the host's extra CA certificates are (`*.crt`), trusted in every sandbox; None:
+    /// off (`kiln serve --host-cas off`).
+    pub host_ca_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +83,8 @@ pub enum ServerError {
     Audit(#[from] audit::AuditError),
     #[error(transparent)]
     Vault(#[from] vault::VaultError),
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
     #[error("recovering sandboxes from the previous run: {0}")]
     Recover(Error),
     #[error("listening on {addr}: {source}")]
@@ -130,6 +139,8 @@ pub struct Server {
     edge: edge::EdgeConfig,
     vault: Arc<vault::Vault>,
     interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
+    identity: Arc<identity::Issuer>,
+    host_cas: Option<Arc<api::host_trust::HostCas>>,
     builds: Arc<tplbuild::Builds>,
     console_db: console::ConsoleDb,
 }
@@ -181,6 +192,33 @@ impl Server {
                 addr: cfg.listen,
                 source,
             })?;
+        let issuer = cfg
+            .identity_issuer
+            .clone()
+            .unwrap_or_else(|| match cfg.edge.tls {
+                Some(_) => format!("https://api.{}", cfg.domain),
+                None => format!("http://{local_addr}"),
+            });
+        let identity = Arc::new(identity::Issuer::open(
+            &cfg.state_dir,
+            &issuer,
+            &cfg.domain,
+        )?);
+        let host_cas = match &cfg.host_ca_dir {
+            None => None,
+            Some(dir) => match api::host_trust::HostCas::read(dir) {
+                Ok(c) => {
+                    tracing::info!(certificates = c.certs.len(), dir = %dir.display(),
+                        "the host's CA certificates are trusted in sandboxes");
+                    Some(Arc::new(c))
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e,
+                        "the host's CA certificates are not trusted in sandboxes");
+                    None
+                }
+            },
+        };
         let pending = manager
             .begin_recovery()
             .await
@@ -209,6 +247,8 @@ impl Server {
             edge: cfg.edge,
             vault,
             interceptor,
+            identity,
+            host_cas,
             builds,
             console_db,
         })
@@ -237,8 +277,13 @@ impl Server {
             },
         )
         .with_vault(self.vault.clone())
+        .with_identity(self.identity.clone())
         .with_builds(self.builds.clone())
         .with_console_db(self.console_db.clone());
+        let state = match &self.host_cas {
+            Some(c) => state.with_host_cas(c.clone()),
+            None => state,
+        };
         let state = Arc::new(match &self.interceptor {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,

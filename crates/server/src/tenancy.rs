@@ -49,6 +49,8 @@ pub struct TeamQuota {
     pub max_timeout_secs: Option<u64>,
     /// Creates accepted per minute (a sliding window).
     pub creates_per_minute: Option<u32>,
+    /// Volumes held.
+    pub max_volumes: Option<u32>,
 }
 
 impl TeamQuota {
@@ -59,6 +61,7 @@ impl TeamQuota {
             max_sandboxes: t.max_sandboxes.or(self.max_sandboxes),
             max_timeout_secs: t.max_timeout_secs.or(self.max_timeout_secs),
             creates_per_minute: t.creates_per_minute.or(self.creates_per_minute),
+            max_volumes: t.max_volumes.or(self.max_volumes),
         }
     }
 }
@@ -83,12 +86,14 @@ mod tests {
             max_sandboxes: Some(10),
             max_timeout_secs: Some(3600),
             creates_per_minute: None,
+            max_volumes: Some(100),
         };
         assert_eq!(defaults.for_team(None), defaults);
         let row = TeamRecord {
             name: "t".into(),
             max_sandboxes: Some(2),
             creates_per_minute: Some(5),
+            max_volumes: Some(1),
             ..Default::default()
         };
         assert_eq!(
@@ -97,6 +102,7 @@ mod tests {
                 max_sandboxes: Some(2),
                 max_timeout_secs: Some(3600),
                 creates_per_minute: Some(5),
+                max_volumes: Some(1),
             }
         );
     }

@@ -89,6 +89,8 @@ fn server_config(state: &std::path::Path, cap: usize) -> ServerConfig {
         metrics_token: None,
         edge: Default::default(),
         audit: Default::default(),
+        identity_issuer: None,
+        host_ca_dir: None,
     }
 }
 

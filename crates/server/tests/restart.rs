@@ -51,6 +51,8 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             metrics_token: None,
             edge: Default::default(),
             audit: Default::default(),
+            identity_issuer: None,
+            host_ca_dir: None,
         },
         common::driver(state.path()),
         templates.clone(),

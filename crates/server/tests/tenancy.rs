@@ -168,6 +168,7 @@ async fn quotas_and_idempotent_creates() {
             max_sandboxes: Some(2),
             max_timeout_secs: Some(600),
             creates_per_minute: None,
+            max_volumes: None,
         },
         ..Default::default()
     }));

@@ -27,7 +27,7 @@ def test_team_keys_and_quotas_from_the_cli(server):
     r = kiln("team", "list", *state)
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("sdk-red"))
-    assert row.split()[1:] == ["1", "0", "60", "default"], r.stdout
+    assert row.split()[1:] == ["1", "0", "60", "default", "default"], r.stdout
 
     # The running server applies it at once.
     status, body, headers = server.request(

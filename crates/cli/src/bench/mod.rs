@@ -159,6 +159,8 @@ pub(crate) fn server_config(
         metrics_token: None,
         edge: Default::default(),
         audit,
+        identity_issuer: None,
+        host_ca_dir: None,
     };
     Ok(crate::drivers::ServerSetup { server, driver })
 }

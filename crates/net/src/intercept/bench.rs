@@ -134,6 +134,7 @@ pub async fn measure(dir: &Path, requests: usize) -> Result<(Vec<Duration>, Vec<
         rules,
         team: "bench".into(),
         secrets: Arc::new(Fixed),
+        tokens: None,
         interceptor: interceptor.clone(),
     });
     let l = TcpListener::bind("127.0.0.1:0").await?;

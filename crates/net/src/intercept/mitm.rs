@@ -195,7 +195,12 @@ where
                 to_http1(&mut req);
             }
             if let Err(e) = host
-                .apply(req.headers_mut(), &t.team, t.secrets.as_ref())
+                .apply(
+                    req.headers_mut(),
+                    &t.team,
+                    t.secrets.as_ref(),
+                    t.tokens.as_deref(),
+                )
                 .await
             {
                 tracing::warn!(rule = %host.key, error = %e, "egress transform not applied");

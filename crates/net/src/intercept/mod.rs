@@ -2,8 +2,9 @@
 //! and only those, the egress proxy terminates the sandbox's TLS with a leaf of the server's
 //! own CA ([`ca`]), verifies the upstream's certificate against the host's trust store,
 //! sets the rule's headers on every request ([`transform`]) and relays HTTP ([`mitm`]).
-//! Secret placeholders are resolved per request from a [`SecretSource`] (the server's vault):
-//! the value exists only in the proxy, on its way to the upstream.
+//! Secret placeholders are resolved per request from a [`SecretSource`] (the server's vault),
+//! workload identity placeholders minted per request by a [`TokenSource`] (the server's
+//! token issuer): the value exists only in the proxy, on its way to the upstream.
 
 pub mod bench;
 pub mod ca;
@@ -32,6 +33,15 @@ pub trait SecretSource: Send + Sync {
         team: &'a str,
         name: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<Option<String>, String>> + Send + 'a>>;
+}
+
+/// Where a sandbox's workload identity tokens come from (E2B's `iam.tokens`).
+pub trait TokenSource: Send + Sync {
+    /// A freshly minted token named `name`; an error says why there is none.
+    fn mint(&self, name: &str) -> Result<String, String>;
+    /// Tells the source which sandbox the policy holding it was put in force for (the
+    /// tokens' subject); called before the sandbox runs and on every update.
+    fn bind(&self, _sandbox: &str) {}
 }
 
 /// The host's usual CA bundles (Debian/Ubuntu/Alpine, RHEL family, others).
@@ -116,13 +126,15 @@ impl Interceptor {
     }
 }
 
-/// A sandbox's rules, with what applying them needs: its team, the secrets and the
-/// interceptor. Two are equal when their rules and team are.
+/// A sandbox's rules, with what applying them needs: its team, the secrets, its workload
+/// identity tokens (if it has any) and the interceptor. Two are equal when their rules and
+/// team are.
 #[derive(Clone)]
 pub struct Transforms {
     pub rules: RuleSet,
     pub team: String,
     pub secrets: Arc<dyn SecretSource>,
+    pub tokens: Option<Arc<dyn TokenSource>>,
     pub interceptor: Arc<Interceptor>,
 }
 

@@ -1,7 +1,8 @@
 //! E2B's `network.rules`: per host (a domain, `*.domain`, an IPv4 address or CIDR), an ordered
 //! list of rules whose `transform.headers` are set on every HTTPS request to that host (a
 //! header of the same name is replaced). Header values may hold `${e2b.secrets.NAME}`
-//! placeholders, resolved per team when a request is sent.
+//! placeholders, resolved per team when a request is sent, and
+//! `${e2b.identity.tokens.NAME}` placeholders, a workload identity token minted per request.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -9,17 +10,33 @@ use std::net::Ipv4Addr;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Map, Value};
 
-use super::SecretSource;
+use super::{SecretSource, TokenSource};
 use crate::target::{domain_matches, Target};
 
 const SECRET_PREFIX: &str = "${e2b.secrets.";
 const IDENTITY_PREFIX: &str = "${e2b.identity.";
+const TOKEN_PREFIX: &str = "${e2b.identity.tokens.";
 
 /// A piece of a header value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seg {
     Text(String),
     Secret(String),
+    Token(String),
+}
+
+/// The name of a placeholder starting `t` (after its prefix), and what follows it.
+fn placeholder<'a>(raw: &str, t: &'a str, what: &str) -> Result<(&'a str, &'a str), String> {
+    let end = t
+        .find('}')
+        .ok_or_else(|| format!("{raw:?}: a ${{{what}…}} placeholder has no closing '}}'"))?;
+    let name = &t[..end];
+    if name.is_empty() || name.chars().any(|c| c.is_control() || c == '{') {
+        return Err(format!(
+            "{raw:?}: {name:?} is not a usable name in ${{{what}…}}"
+        ));
+    }
+    Ok((name, &t[end + 1..]))
 }
 
 /// A header value with its placeholders.
@@ -38,34 +55,28 @@ impl ValueTemplate {
             if !head.is_empty() {
                 segs.push(Seg::Text(head.into()));
             }
-            if tail.starts_with(IDENTITY_PREFIX) {
+            if let Some(t) = tail.strip_prefix(TOKEN_PREFIX) {
+                let (name, after) = placeholder(raw, t, "e2b.identity.tokens.")?;
+                segs.push(Seg::Token(name.into()));
+                rest = after;
+            } else if tail.starts_with(IDENTITY_PREFIX) {
                 return Err(format!(
-                    "{raw:?}: workload identity placeholders (${{e2b.identity…}}) are not \
-                     supported by kiln"
+                    "{raw:?}: the only workload identity placeholder is \
+                     ${{e2b.identity.tokens.NAME}}"
                 ));
-            }
-            match tail.strip_prefix(SECRET_PREFIX) {
-                Some(t) => {
-                    let end = t.find('}').ok_or_else(|| {
-                        format!("{raw:?}: a ${{e2b.secrets.…}} placeholder has no closing '}}'")
-                    })?;
-                    let name = &t[..end];
-                    if name.is_empty() || name.chars().any(|c| c.is_control() || c == '{') {
-                        return Err(format!("{raw:?}: {name:?} is not a secret name"));
-                    }
-                    segs.push(Seg::Secret(name.to_lowercase()));
-                    rest = &t[end + 1..];
-                }
-                None => {
-                    segs.push(Seg::Text("${".into()));
-                    rest = &tail[2..];
-                }
+            } else if let Some(t) = tail.strip_prefix(SECRET_PREFIX) {
+                let (name, after) = placeholder(raw, t, "e2b.secrets.")?;
+                segs.push(Seg::Secret(name.to_lowercase()));
+                rest = after;
+            } else {
+                segs.push(Seg::Text("${".into()));
+                rest = &tail[2..];
             }
         }
         if !rest.is_empty() {
             segs.push(Seg::Text(rest.into()));
         }
-        if !segs.iter().any(|s| matches!(s, Seg::Secret(_))) {
+        if segs.iter().all(|s| matches!(s, Seg::Text(_))) {
             HeaderValue::from_str(raw)
                 .map_err(|_| format!("{raw:?} is not a valid header value"))?;
         }
@@ -75,12 +86,25 @@ impl ValueTemplate {
         })
     }
 
-    /// The value with its placeholders resolved for `team`.
-    async fn resolve(&self, team: &str, secrets: &dyn SecretSource) -> Result<HeaderValue, String> {
+    /// The value with its placeholders resolved for `team` (tokens minted by `tokens`).
+    async fn resolve(
+        &self,
+        team: &str,
+        secrets: &dyn SecretSource,
+        tokens: Option<&dyn TokenSource>,
+    ) -> Result<HeaderValue, String> {
         let mut out = String::new();
         for s in &self.segs {
             match s {
                 Seg::Text(t) => out.push_str(t),
+                Seg::Token(name) => match tokens {
+                    Some(t) => out.push_str(&t.mint(name)?),
+                    None => {
+                        return Err(format!(
+                            "workload identity token {name:?}: the sandbox has no iam tokens"
+                        ))
+                    }
+                },
                 Seg::Secret(name) => match secrets.value(team, name).await? {
                     Some(v) => out.push_str(&v),
                     None => return Err(format!("secret {name:?} does not exist (any more)")),
@@ -123,16 +147,18 @@ impl HostRules {
         seen
     }
 
-    /// Sets the rules' headers on `h` (later rules win), placeholders resolved for `team`.
+    /// Sets the rules' headers on `h` (later rules win), placeholders resolved for `team`
+    /// and workload identity tokens minted by `tokens`.
     pub async fn apply(
         &self,
         h: &mut HeaderMap,
         team: &str,
         secrets: &dyn SecretSource,
+        tokens: Option<&dyn TokenSource>,
     ) -> Result<(), String> {
         for (name, tmpl) in self.rules.iter().flat_map(|r| &r.headers) {
             let v = tmpl
-                .resolve(team, secrets)
+                .resolve(team, secrets, tokens)
                 .await
                 .map_err(|e| format!("header {name}: {e}"))?;
             h.insert(name.clone(), v);
@@ -191,7 +217,21 @@ impl RuleSet {
             .flat_map(|(_, t)| &t.segs)
             .filter_map(|s| match s {
                 Seg::Secret(n) => Some(n.clone()),
-                Seg::Text(_) => None,
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every workload identity token a placeholder names.
+    pub fn token_names(&self) -> BTreeSet<String> {
+        self.hosts
+            .iter()
+            .flat_map(|h| &h.rules)
+            .flat_map(|r| &r.headers)
+            .flat_map(|(_, t)| &t.segs)
+            .filter_map(|s| match s {
+                Seg::Token(n) => Some(n.clone()),
+                _ => None,
             })
             .collect()
     }
@@ -310,6 +350,49 @@ mod tests {
         }
     }
 
+    struct Minted;
+    impl TokenSource for Minted {
+        fn mint(&self, name: &str) -> Result<String, String> {
+            match name {
+                "aws" => Ok("jwt.for.aws".into()),
+                _ => Err(format!("no token {name:?}")),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn identity_placeholders_mint_per_request() {
+        let v = json!({"id.test": [{"transform": {"headers": {
+            "Authorization": "Bearer ${e2b.identity.tokens.aws}",
+            "X-Both": "${e2b.secrets.svc}/${e2b.identity.tokens.aws}"}}}]});
+        let rs = RuleSet::parse(&v).unwrap();
+        assert_eq!(rs.token_names().into_iter().collect::<Vec<_>>(), ["aws"]);
+        assert_eq!(rs.secret_names().into_iter().collect::<Vec<_>>(), ["svc"]);
+        let h = rs
+            .matching(Some("id.test"), Ipv4Addr::new(198, 51, 100, 1))
+            .unwrap();
+        let mut hm = HeaderMap::new();
+        h.apply(&mut hm, "red", &Fixed, Some(&Minted))
+            .await
+            .unwrap();
+        assert_eq!(hm["authorization"], "Bearer jwt.for.aws");
+        assert_eq!(hm["x-both"], "s3cr3t/jwt.for.aws");
+        assert!(hm["authorization"].is_sensitive());
+        let e = h.apply(&mut hm, "red", &Fixed, None).await.unwrap_err();
+        assert!(e.contains("no iam tokens"), "{e}");
+        let echo = rs.to_json().to_string();
+        assert!(echo.contains("${e2b.identity.tokens.aws}") && !echo.contains("jwt.for"));
+        for bad in [
+            "${e2b.identity.tokens.}",
+            "${e2b.identity.tokens.aws",
+            "${e2b.identity.other.aws}",
+            "${e2b.identity.tokens.a{b}",
+        ] {
+            let v = json!({"a.test": [{"transform": {"headers": {"X": bad}}}]});
+            assert!(RuleSet::parse(&v).is_err(), "{bad}");
+        }
+    }
+
     #[tokio::test]
     async fn rules_parse_match_and_resolve() {
         let v = json!({
@@ -330,12 +413,12 @@ mod tests {
             .is_none());
         let mut hm = HeaderMap::new();
         hm.insert("authorization", HeaderValue::from_static("mine"));
-        h.apply(&mut hm, "red", &Fixed).await.unwrap();
+        h.apply(&mut hm, "red", &Fixed, None).await.unwrap();
         assert_eq!(hm["authorization"], "Bearer s3cr3t");
         assert!(hm["authorization"].is_sensitive());
         assert_eq!(hm["x-a"], "2 ${not.a.secret}");
         assert!(h
-            .apply(&mut hm, "blue", &Fixed)
+            .apply(&mut hm, "blue", &Fixed, None)
             .await
             .unwrap_err()
             .contains("\"svc\""));
@@ -350,7 +433,7 @@ mod tests {
             json!({"a.test": [{"transform": {"headers": {"bad name": "x"}}}]}),
             json!({"a.test": [{"transform": {"headers": {"Host": "x"}}}]}),
             json!({"a.test": [{"transform": {"headers": {"X": "${e2b.secrets.x"}}}]}),
-            json!({"a.test": [{"transform": {"headers": {"X": "${e2b.identity.tokens.x}"}}}]}),
+            json!({"a.test": [{"transform": {"headers": {"X": "${e2b.identity.x}"}}}]}),
             json!({"a.test": [{"transform": {"body": {}}}]}),
             json!({"not a host!": []}),
         ] {

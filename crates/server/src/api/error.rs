@@ -112,6 +112,7 @@ fn status_of(e: &Error) -> StatusCode {
         Error::SandboxNotFound(_) | Error::NotFound(_) => StatusCode::NOT_FOUND,
         Error::Conflict(_) => StatusCode::CONFLICT,
         Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Error::Limit(_) => StatusCode::TOO_MANY_REQUESTS,
         Error::Capacity { quota: true, .. } => StatusCode::TOO_MANY_REQUESTS,
         Error::Capacity { quota: false, .. } => StatusCode::SERVICE_UNAVAILABLE,
         Error::Template(TemplateError::InvalidName(_)) => StatusCode::BAD_REQUEST,

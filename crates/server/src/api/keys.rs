@@ -183,6 +183,7 @@ pub async fn teams(State(st): St, Extension(c): Extension<Caller>) -> ApiResult<
                 "maxSandboxes": q.max_sandboxes,
                 "maxTimeoutSecs": q.max_timeout_secs,
                 "createsPerMinute": q.creates_per_minute,
+                "maxVolumes": q.max_volumes,
             },
             "usage": {
                 "sandboxes": sandboxes.len(),

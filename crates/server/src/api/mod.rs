@@ -8,7 +8,9 @@
 mod alerts;
 mod audit;
 pub mod error;
+pub mod host_trust;
 pub mod idempotency;
+mod jwks;
 mod keys;
 mod list;
 mod net_persist;
@@ -125,6 +127,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/volumecontent/{volumeID}/dir"),
     ("GET", "/volumecontent/{volumeID}/file"),
     ("PUT", "/volumecontent/{volumeID}/file"),
+    ("GET", "/.well-known/jwks.json"),
+    ("GET", "/.well-known/openid-configuration"),
     ("GET", "/api-keys"),
     ("POST", "/api-keys"),
     ("DELETE", "/api-keys/{apiKeyID}"),
@@ -149,6 +153,10 @@ pub struct AppState {
     pub vault: Option<Arc<crate::vault::Vault>>,
     /// TLS interception for `network.rules`; `None`: rules answer 501.
     pub interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
+    /// The host's extra CA certificates, trusted in every sandbox; `None`: off.
+    pub host_cas: Option<Arc<host_trust::HostCas>>,
+    /// The workload identity token issuer (`iam.tokens`); `None`: those answer 501.
+    pub identity: Option<Arc<crate::identity::Issuer>>,
     /// Templates built through E2B's Template API; `None`: those routes answer 501.
     pub builds: Option<Arc<crate::tplbuild::Builds>>,
     /// Where the web console keeps its sessions; `None`: in memory (a restart ends them).
@@ -163,6 +171,8 @@ impl AppState {
             cfg,
             vault: None,
             interceptor: None,
+            identity: None,
+            host_cas: None,
             builds: None,
             console_db: None,
         }
@@ -177,6 +187,18 @@ impl AppState {
     /// With `network.rules` applied through `interceptor`.
     pub fn with_interceptor(mut self, i: Arc<kiln_net::intercept::Interceptor>) -> Self {
         self.interceptor = Some(i);
+        self
+    }
+
+    /// With the host's CA certificates `cas` trusted in every sandbox.
+    pub fn with_host_cas(mut self, cas: Arc<host_trust::HostCas>) -> Self {
+        self.host_cas = Some(cas);
+        self
+    }
+
+    /// With workload identity tokens minted by `issuer`.
+    pub fn with_identity(mut self, issuer: Arc<crate::identity::Issuer>) -> Self {
+        self.identity = Some(issuer);
         self
     }
 
@@ -419,9 +441,11 @@ pub fn routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
         ))
 }
 
-/// Routes that authorise with their own tokens instead of an API key: template uploads
-/// (signed, single-use URLs) and the volume-content API (each volume's token; it streams its
-/// bodies).
+/// Routes that take no API key: template uploads (signed, single-use URLs), the
+/// volume-content API (each volume's token; it streams its bodies) and the identity tokens'
+/// public keys (`/.well-known/jwks.json`, OIDC discovery; public by design).
 pub fn token_routes() -> Router<Arc<AppState>> {
-    template_api::upload_routes().merge(volume_content::routes())
+    template_api::upload_routes()
+        .merge(volume_content::routes())
+        .merge(jwks::routes())
 }

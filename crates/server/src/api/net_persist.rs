@@ -1,9 +1,11 @@
-//! Keeping a sandbox's `network.rules` and `egressProxy` across a server restart. The driver
-//! restores the rest of its egress policy from its own files, but rules need the server's
-//! vault and interception CA and the proxy's password must not sit in clear on disk: the two
-//! objects, as the request gave them (placeholders, never secret values), are sealed by the
-//! vault and stored per sandbox ([`remember`]); once recovery is over, [`reapply`] puts them
-//! back on every running sandbox's policy. Until then (the first moments after a restart) the
+//! Keeping a sandbox's `network.rules`, `egressProxy` and `iam` (workload identity tokens)
+//! across a server restart and between updates. The driver restores the rest of its egress
+//! policy from its own files, but rules need the server's vault, interception CA and identity
+//! key and the proxy's password must not sit in clear on disk: the objects, as the requests
+//! gave them (placeholders, never secret values), are sealed by the vault and stored per
+//! sandbox ([`remember`]); an update, which carries no `iam`, reads the sandbox's from there
+//! ([`stored_iam`]); once recovery is over, [`reapply`] puts them back on every running
+//! sandbox's policy. Until then (the first moments after a restart) the
 //! sandbox's egress runs on the policy's lists alone.
 
 use serde_json::{json, Map, Value};
@@ -27,8 +29,15 @@ fn present(v: Option<&Value>) -> bool {
 }
 
 /// Records the `rules` and `egressProxy` of `net` (a create's `network` object, or the body
-/// of `PUT .../network`) for sandbox `id` of `team`; neither: forgets what was recorded.
-pub async fn remember(st: &AppState, id: &str, team: &str, net: Option<&Value>) -> ApiResult<()> {
+/// of `PUT .../network`) and the `iam` of its create for sandbox `id` of `team`; none of
+/// them: forgets what was recorded.
+pub async fn remember(
+    st: &AppState,
+    id: &str,
+    team: &str,
+    net: Option<&Value>,
+    iam: Option<&Value>,
+) -> ApiResult<()> {
     let Some(vault) = &st.vault else {
         return Ok(());
     };
@@ -37,6 +46,9 @@ pub async fn remember(st: &AppState, id: &str, team: &str, net: Option<&Value>) 
         if let Some(v) = net.and_then(|n| n.get(k)).filter(|v| present(Some(v))) {
             kept.insert(k.to_string(), v.clone());
         }
+    }
+    if let Some(v) = iam.filter(|v| present(Some(v))) {
+        kept.insert("iam".to_string(), v.clone());
     }
     let sealed = (!kept.is_empty()).then(|| {
         vault.seal(
@@ -52,15 +64,37 @@ pub async fn remember(st: &AppState, id: &str, team: &str, net: Option<&Value>) 
         .map_err(|e| ApiError::internal(format!("storing the sandbox's network settings: {e}")))
 }
 
-/// Puts the recorded rules and egress proxy back on sandbox `id`'s policy.
-async fn apply_one(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiResult<()> {
+/// The recorded settings of sandbox `id` of `team`, opened.
+fn open(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiResult<Value> {
     let Some(vault) = &st.vault else {
-        return Ok(());
+        return Ok(Value::Null);
     };
     let clear = vault
         .unseal(team, &seal_id(id), sealed)
         .map_err(|e| ApiError::internal(format!("opening the stored settings: {e}")))?;
-    let v: Value = serde_json::from_slice(&clear)
+    serde_json::from_slice(&clear)
+        .map_err(|e| ApiError::internal(format!("reading the stored settings: {e}")))
+}
+
+/// The `iam` sandbox `id` of `team` was created with (`None`: none).
+pub async fn stored_iam(st: &AppState, id: &str, team: &str) -> ApiResult<Option<Value>> {
+    let Some(vault) = &st.vault else {
+        return Ok(None);
+    };
+    let row =
+        vault.db().get_network(id).await.map_err(|e| {
+            ApiError::internal(format!("reading the sandbox's network settings: {e}"))
+        })?;
+    match row {
+        Some((t, sealed)) if t == team => Ok(open(st, id, team, &sealed)?.get("iam").cloned()),
+        _ => Ok(None),
+    }
+}
+
+/// Puts the recorded rules, egress proxy and identity tokens back on sandbox `id`'s policy.
+async fn apply_one(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiResult<()> {
+    let v = open(st, id, team, sealed)?;
+    let tokens = crate::identity::parse_iam(v.get("iam"))
         .map_err(|e| ApiError::internal(format!("reading the stored settings: {e}")))?;
     let n: NetworkJson = serde_json::from_value(json!({
         "rules": v.get("rules"), "egressProxy": v.get("egressProxy")
@@ -70,7 +104,7 @@ async fn apply_one(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiRes
         return Ok(());
     };
     let extra = policy_of(Some(base.allow_internet_access), Some(&n))?;
-    let extra = super::rules::with_rules(st, team, Some(&n), extra).await?;
+    let extra = super::rules::with_rules(st, team, Some(&n), &tokens, extra).await?;
     let extra = extra.unwrap_or_default();
     base.transforms = extra.transforms;
     base.egress_proxy = extra.egress_proxy;

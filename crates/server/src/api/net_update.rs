@@ -23,7 +23,11 @@ pub async fn update(
     let current = st.manager.network(&id).await?;
     let internet = current.as_ref().map(|p| p.allow_internet_access);
     let policy = policy_of(Some(internet.unwrap_or(false)), Some(&n))?;
-    let mut policy = super::rules::with_rules(&st, &c.team, Some(&n), policy)
+    // The update carries no `iam`: the sandbox keeps the tokens it was created with.
+    let iam = super::net_persist::stored_iam(&st, &id, &c.team).await?;
+    let tokens = crate::identity::parse_iam(iam.as_ref())
+        .map_err(|e| ApiError::internal(format!("the sandbox's stored iam: {e}")))?;
+    let mut policy = super::rules::with_rules(&st, &c.team, Some(&n), &tokens, policy)
         .await?
         .ok_or_else(|| ApiError::internal("no policy for a network update"))?;
     if n.https_ports.is_none() {
@@ -40,7 +44,7 @@ pub async fn update(
     let rules = policy.transforms.is_some();
     st.manager.set_network(&id, policy).await?;
     let raw = serde_json::from_slice::<Value>(&body).ok();
-    super::net_persist::remember(&st, &id, &c.team, raw.as_ref()).await?;
+    super::net_persist::remember(&st, &id, &c.team, raw.as_ref(), iam.as_ref()).await?;
     if rules {
         let token = st.manager.get_for(&id, &c.team)?.envd_token;
         super::rules::install_ca(&st, &id, token).await?;

@@ -1,6 +1,7 @@
 //! `network.rules` at create and in `PUT /sandboxes/{id}/network`: parsed, every
-//! `${e2b.secrets.NAME}` checked against the caller's team (an unknown one is a 400 naming
-//! it), and attached to the egress policy with what the egress proxy needs to apply them
+//! `${e2b.secrets.NAME}` checked against the caller's team and every
+//! `${e2b.identity.tokens.NAME}` against the sandbox's `iam.tokens` (an unknown one is a 400
+//! naming it), and attached to the egress policy with what the egress proxy needs to apply them
 //! ([`kiln_net::intercept`]). A sandbox with rules trusts the server's interception CA: the
 //! CA is added to its system bundle (`/etc/ssl/certs/ca-certificates.crt`, plus
 //! `/usr/local/share/ca-certificates/kiln-egress-ca.crt`), and a create with rules sets
@@ -10,11 +11,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kiln_net::intercept::{RuleSet, SecretSource, Transforms};
+use kiln_net::intercept::{RuleSet, SecretSource, TokenSource, Transforms};
 use kiln_net::EgressPolicy;
 
 use super::network::NetworkJson;
 use super::{ApiError, ApiResult, AppState};
+use crate::identity::{SandboxTokens, TokenSpec};
 use crate::vault::Vault;
 
 /// Where the CA goes in a sandbox (Debian's layout, which `update-ca-certificates` keeps).
@@ -46,12 +48,14 @@ fn rules_of(net: Option<&NetworkJson>) -> ApiResult<Option<RuleSet>> {
     Ok((!rules.is_empty()).then_some(rules))
 }
 
-/// `policy` with the request's `network.rules` attached (checked for `team`), its
-/// `egressProxy` (if any) checked to resolve to a public address.
+/// `policy` with the request's `network.rules` attached (checked for `team` and for the
+/// sandbox's workload identity `tokens`), its `egressProxy` (if any) checked to resolve to a
+/// public address.
 pub async fn with_rules(
     st: &AppState,
     team: &str,
     net: Option<&NetworkJson>,
+    tokens: &BTreeMap<String, TokenSpec>,
     policy: Option<EgressPolicy>,
 ) -> ApiResult<Option<EgressPolicy>> {
     if let Some(p) = policy.as_ref().and_then(|p| p.egress_proxy.as_ref()) {
@@ -79,11 +83,35 @@ pub async fn with_rules(
             )));
         }
     }
+    for name in rules.token_names() {
+        if !tokens.contains_key(&name) {
+            let defined: Vec<&String> = tokens.keys().collect();
+            return Err(ApiError::bad_request(format!(
+                "network.rules: workload identity token {name:?} is not defined in the \
+                 sandbox's iam.tokens (defined: {defined:?}); define it at create: \
+                 iam: {{tokens: {{{name:?}: {{audience, tokenType: \"JWT-SVID\"}}}}}}"
+            )));
+        }
+    }
+    let minter: Option<Arc<dyn TokenSource>> = match (tokens.is_empty(), &st.identity) {
+        (true, _) => None,
+        (false, Some(issuer)) => Some(Arc::new(SandboxTokens::new(
+            issuer.clone(),
+            team,
+            tokens.clone(),
+        ))),
+        (false, None) => {
+            return Err(ApiError::not_implemented(
+                "workload identity tokens on a server without its identity key",
+            ))
+        }
+    };
     let mut policy = policy.unwrap_or_default();
     policy.transforms = Some(Arc::new(Transforms {
         rules,
         team: team.to_string(),
         secrets: vault.clone(),
+        tokens: minter,
         interceptor: interceptor.clone(),
     }));
     Ok(Some(policy))

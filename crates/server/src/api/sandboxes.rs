@@ -44,12 +44,20 @@ async fn create_inner(
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
     let network = super::network::policy_of(req.allow_internet_access, req.network.as_ref())?;
-    let network = super::rules::with_rules(&st, &c.team, req.network.as_ref(), network).await?;
+    let tokens = crate::identity::parse_iam(req.iam.as_ref()).map_err(ApiError::bad_request)?;
+    if !tokens.is_empty() && st.identity.is_none() {
+        return Err(ApiError::not_implemented(
+            "workload identity tokens on a server without its identity key",
+        ));
+    }
+    let network =
+        super::rules::with_rules(&st, &c.team, req.network.as_ref(), &tokens, network).await?;
     let rules = network.as_ref().is_some_and(|p| p.transforms.is_some());
     let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
-    let keep_network = network
-        .as_ref()
-        .is_some_and(|p| p.transforms.is_some() || p.egress_proxy.is_some());
+    let keep_network = !tokens.is_empty()
+        || network
+            .as_ref()
+            .is_some_and(|p| p.transforms.is_some() || p.egress_proxy.is_some());
     let team = c.team.clone();
     let mcp = req.mcp.clone().filter(|m| !m.is_null());
     if mcp.as_ref().is_some_and(|m| !m.is_object()) {
@@ -60,6 +68,9 @@ async fn create_inner(
     let mut env_vars = req.env_vars.unwrap_or_default();
     if rules {
         super::rules::trust_env(&mut env_vars);
+    }
+    if let Some(cas) = &st.host_cas {
+        cas.trust_env(&mut env_vars);
     }
     let asked = super::volumes::mounts_of(req.volume_mounts.as_ref())?;
     let volume_mounts = st.manager.resolve_mounts(&c.team, &asked).await?;
@@ -100,6 +111,7 @@ async fn create_inner(
     if let Some(b) = &built {
         super::template_api::apply_defaults(&st, &rec, b).await?;
     }
+    super::host_trust::install(&st, &rec.id, rec.envd_token.clone()).await?;
     if rules {
         super::rules::install_ca(&st, &rec.id, rec.envd_token.clone()).await?;
     }
@@ -112,7 +124,8 @@ async fn create_inner(
         let raw = serde_json::from_slice::<Value>(&body)
             .ok()
             .and_then(|v| v.get("network").cloned());
-        super::net_persist::remember(&st, &rec.id, &team, raw.as_ref()).await?;
+        let iam = req.iam.as_ref().filter(|_| !tokens.is_empty());
+        super::net_persist::remember(&st, &rec.id, &team, raw.as_ref(), iam).await?;
     }
     let mut created = sandbox_json(&rec, &st.cfg.domain);
     created.traffic_access_token = traffic_token;

@@ -54,6 +54,8 @@ pub struct NewSandbox {
     pub network: Option<super::network::NetworkJson>,
     pub mcp: Option<Value>,
     pub volume_mounts: Option<Vec<Value>>,
+    /// Workload identity tokens (`{tokens: {NAME: {audience, tokenType}}}`).
+    pub iam: Option<Value>,
 }
 
 /// `autoResume` of a create request.

@@ -114,6 +114,9 @@ pub struct LifecycleConfig {
     pub idle_hint_after: Option<Duration>,
 }
 
+/// Most volumes a team may hold unless `kiln serve --team-max-volumes` says otherwise.
+pub const DEFAULT_TEAM_MAX_VOLUMES: u32 = 100;
+
 impl Default for LifecycleConfig {
     fn default() -> Self {
         Self {

@@ -32,6 +32,10 @@ impl Manager {
     /// Puts `policy` in force for sandbox `id` (created or running). A driver without
     /// networking accepts a policy that denies everything (its sandboxes reach nothing anyway).
     pub(super) async fn apply_network(&self, id: &str, policy: &EgressPolicy) -> Result<()> {
+        // Workload identity tokens name the sandbox they are minted for.
+        if let Some(t) = policy.transforms.as_ref().and_then(|t| t.tokens.as_ref()) {
+            t.bind(id);
+        }
         match self.driver.set_network(id, policy).await {
             Err(DriverError::NotImplemented(_)) if no_network_suffices(policy) => Ok(()),
             r => Ok(r?),

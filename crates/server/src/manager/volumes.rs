@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use super::Manager;
 use crate::driver::VolumeMount;
 use crate::error::{Error, Result};
-use crate::store::{now_ms, MountRecord, VolumeRecord, VolumesDb};
+use crate::store::{now_ms, Inserted, MountRecord, VolumeRecord, VolumesDb};
 
 /// Most volumes one sandbox mounts.
 pub const MAX_MOUNTS: usize = 16;
@@ -70,7 +70,8 @@ impl Manager {
         })
     }
 
-    /// Creates volume `name` of `team`: 409 when the team has one of that name.
+    /// Creates volume `name` of `team`: 409 when the team has one of that name, 429 when it
+    /// holds as many volumes as its quota allows.
     pub async fn create_volume(&self, team: &str, name: &str) -> Result<VolumeRecord> {
         check_name(name)?;
         let db = self.volumes_db()?;
@@ -82,10 +83,23 @@ impl Manager {
             size_mb: self.cfg.volume_mb,
             created_at_ms: now_ms(),
         };
-        if !db.insert(&v).await? {
-            return Err(Error::Conflict(format!(
-                "volume \"{name}\" exists already; pick another name or delete it first"
-            )));
+        let cap = self.team_quota(team).await?.max_volumes;
+        match db.insert_capped(&v, cap).await? {
+            Inserted::Done => {}
+            Inserted::NameTaken => {
+                return Err(Error::Conflict(format!(
+                    "volume \"{name}\" exists already; pick another name or delete it first"
+                )))
+            }
+            Inserted::Full(held) => {
+                let cap = cap.unwrap_or_default();
+                return Err(Error::Limit(format!(
+                    "team \"{team}\" holds {held} volumes, its cap ({cap}); delete one \
+                     (DELETE /volumes/{{volumeID}}, kiln volumes rm), or have the operator raise \
+                     the cap: kiln team set {team} --max-volumes N for this team, kiln serve \
+                     --team-max-volumes N for every team's default"
+                )));
+            }
         }
         if let Err(e) = self.driver.create_volume(&v.id, v.size_mb).await {
             let _ = db.delete_unused(&v.id).await;

@@ -374,6 +374,11 @@ pub const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX console_sessions_expiry ON console_sessions(expires_at);
     ",
+    // 16: a team's own volume cap (`kiln team set T --max-volumes N`; NULL: the server's
+    // `--team-max-volumes`).
+    "
+    ALTER TABLE teams ADD COLUMN max_volumes INTEGER;
+    ",
 ];
 
 /// Schema version this kiln writes.

@@ -45,7 +45,7 @@ pub use state_db::StateDb;
 pub use tplbuild_gc_sql::GcPlan;
 pub use tplbuild_sql::{BuildLogRow, BuildRow, BuildsDb, TagRow, TplRow, LEVELS};
 pub use tplbuild_tags_sql::AssignmentRow;
-pub use volumes_sql::{MountRecord, VolumeRecord, VolumesDb};
+pub use volumes_sql::{Inserted, MountRecord, VolumeRecord, VolumesDb};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

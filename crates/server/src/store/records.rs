@@ -171,6 +171,8 @@ pub struct TeamRecord {
     pub max_timeout_secs: Option<u64>,
     /// Creates accepted per minute.
     pub creates_per_minute: Option<u32>,
+    /// Volumes the team may hold.
+    pub max_volumes: Option<u32>,
     pub created_at_ms: i64,
 }
 

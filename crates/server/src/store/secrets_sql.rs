@@ -227,6 +227,20 @@ impl SecretsDb {
         .await
     }
 
+    /// Sandbox `id`'s sealed `network` settings, if it has any: (team, sealed).
+    pub async fn get_network(&self, id: &str) -> Result<Option<(String, Vec<u8>)>> {
+        let id = id.to_string();
+        self.run(move |c| {
+            Ok(c.query_row(
+                "SELECT team, sealed FROM sandbox_network WHERE sandbox_id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
     /// Sandbox `id`'s `mcp` configuration, if it was created with one.
     pub async fn get_mcp(&self, id: &str) -> Result<Option<serde_json::Value>> {
         let id = id.to_string();

@@ -12,22 +12,25 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<TeamRecord> {
             .get::<_, Option<i64>>("max_timeout_secs")?
             .map(|v| v.max(0) as u64),
         creates_per_minute: r.get("creates_per_minute")?,
+        max_volumes: r.get("max_volumes")?,
         created_at_ms: r.get("created_at")?,
     })
 }
 
 pub(super) fn upsert(c: &Connection, t: &TeamRecord) -> Result<()> {
     c.execute(
-        "INSERT INTO teams (name, max_sandboxes, max_timeout_secs, creates_per_minute, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)
+        "INSERT INTO teams (name, max_sandboxes, max_timeout_secs, creates_per_minute, created_at,
+           max_volumes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT(name) DO UPDATE SET max_sandboxes = ?2, max_timeout_secs = ?3,
-           creates_per_minute = ?4",
+           creates_per_minute = ?4, max_volumes = ?6",
         params![
             t.name,
             t.max_sandboxes,
             t.max_timeout_secs.map(|v| v.min(i64::MAX as u64) as i64),
             t.creates_per_minute,
             t.created_at_ms,
+            t.max_volumes,
         ],
     )?;
     Ok(())
@@ -59,11 +62,13 @@ mod tests {
             max_sandboxes: Some(3),
             max_timeout_secs: Some(u64::MAX),
             creates_per_minute: None,
+            max_volumes: Some(4),
             created_at_ms: 7,
         };
         s.upsert_team(&t).await.unwrap();
         let got = s.get_team("red").await.unwrap().unwrap();
         assert_eq!(got.max_sandboxes, Some(3));
+        assert_eq!(got.max_volumes, Some(4));
         assert_eq!(
             got.max_timeout_secs,
             Some(i64::MAX as u64),

@@ -48,6 +48,16 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<VolumeRecord> {
     })
 }
 
+/// What [`VolumesDb::insert_capped`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    Done,
+    /// The team has a volume of that name.
+    NameTaken,
+    /// The team holds this many volumes, the cap or more.
+    Full(u64),
+}
+
 impl VolumesDb {
     /// Opens the state database at `path` (already migrated by the state store).
     pub fn open(path: &Path) -> Result<Self> {
@@ -68,14 +78,36 @@ impl VolumesDb {
 
     /// Stores a new volume; false when its team already has one of that name.
     pub async fn insert(&self, v: &VolumeRecord) -> Result<bool> {
+        Ok(self.insert_capped(v, None).await? == Inserted::Done)
+    }
+
+    /// Stores a new volume unless its team already has one of that name or holds `cap`
+    /// volumes (checked and inserted in one transaction).
+    pub async fn insert_capped(&self, v: &VolumeRecord, cap: Option<u32>) -> Result<Inserted> {
         let v = v.clone();
         self.run(move |c| {
-            let n = c.execute(
+            let tx = c.transaction()?;
+            if let Some(cap) = cap {
+                let held: i64 = tx.query_row(
+                    "SELECT COUNT(*) FROM volumes WHERE team = ?1",
+                    [&v.team],
+                    |r| r.get(0),
+                )?;
+                if held >= i64::from(cap) {
+                    return Ok(Inserted::Full(held.max(0) as u64));
+                }
+            }
+            let n = tx.execute(
                 "INSERT INTO volumes (id, team, name, token, size_mb, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (team, name) DO NOTHING",
                 params![v.id, v.team, v.name, v.token, v.size_mb, v.created_at_ms],
             )?;
-            Ok(n == 1)
+            tx.commit()?;
+            Ok(if n == 1 {
+                Inserted::Done
+            } else {
+                Inserted::NameTaken
+            })
         })
         .await
     }
@@ -228,6 +260,22 @@ mod tests {
         );
         assert!(db.get_for("t2", "vol_a").await.unwrap().is_none());
         assert_eq!(db.list(Some("t1")).await.unwrap().len(), 1);
+        // The cap counts the team's own volumes, checked before the name.
+        for (team, name, want) in [
+            ("t1", "other", Inserted::Full(1)),
+            ("t1", "data", Inserted::Full(1)),
+            ("t3", "data", Inserted::Done),
+        ] {
+            let v = vol("vol_d", team, name);
+            assert_eq!(db.insert_capped(&v, Some(1)).await.unwrap(), want);
+        }
+        assert_eq!(
+            db.insert_capped(&vol("vol_e", "t3", "data"), None)
+                .await
+                .unwrap(),
+            Inserted::NameTaken
+        );
+        assert!(db.delete_unused("vol_d").await.unwrap().is_some());
         assert_eq!(db.list(None).await.unwrap().len(), 2);
         let m = MountRecord {
             volume_id: "vol_a".into(),
