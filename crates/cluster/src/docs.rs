@@ -355,6 +355,9 @@ pub struct TeamDoc {
     pub max_sandboxes: Option<u32>,
     pub max_timeout_secs: Option<u64>,
     pub creates_per_minute: Option<u32>,
+    /// Absent in documents written before teams had a volume cap.
+    #[serde(default)]
+    pub max_volumes: Option<u32>,
     pub created_at_ms: i64,
 }
 
@@ -365,6 +368,7 @@ impl From<&TeamRecord> for TeamDoc {
             max_sandboxes,
             max_timeout_secs,
             creates_per_minute,
+            max_volumes,
             created_at_ms,
         } = t.clone();
         Self {
@@ -372,6 +376,7 @@ impl From<&TeamRecord> for TeamDoc {
             max_sandboxes,
             max_timeout_secs,
             creates_per_minute,
+            max_volumes,
             created_at_ms,
         }
     }
@@ -384,6 +389,7 @@ impl From<TeamDoc> for TeamRecord {
             max_sandboxes: d.max_sandboxes,
             max_timeout_secs: d.max_timeout_secs,
             creates_per_minute: d.creates_per_minute,
+            max_volumes: d.max_volumes,
             created_at_ms: d.created_at_ms,
         }
     }

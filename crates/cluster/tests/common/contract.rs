@@ -249,6 +249,7 @@ async fn teams(s: &dyn StateStore) {
         max_sandboxes: Some(3),
         max_timeout_secs: Some(3600),
         creates_per_minute: None,
+        max_volumes: Some(5),
         created_at_ms: 7,
     };
     s.upsert_team(&t).await.unwrap();
