@@ -453,11 +453,15 @@ def test_rules_and_egress_proxy_survive_a_restart(srv, secnet):
     rules = {"api.sec.test": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
     proxy = {"address": f"{SOCKS_ADDR}:1082", "username": "kiln", "password": pw}
     sbx = Sandbox.create(timeout=300, **opts, network={"rules": rules, "egress_proxy": proxy})
+    # Paused across the restart: its rules come back when it resumes.
+    held = Sandbox.create(timeout=300, **opts, network={"rules": rules})
     try:
         code, status, body = curl(sbx, "https://api.sec.test/before")
         assert (code, status) == (0, "200") and f"Bearer {value}" in body, body
         tunnels = open(log).read().count("CONNECT")
         assert tunnels >= 1
+        assert f"Bearer {value}" in curl(held, "https://api.sec.test/held")[2]
+        held.pause()
 
         srv.kill9()
         srv.start()  # on a new port; recovery adopts the sandbox, then its rules come back
@@ -474,6 +478,17 @@ def test_rules_and_egress_proxy_survive_a_restart(srv, secnet):
         info = sbx.get_info().network
         assert info["egress_proxy"] == {"address": f"{SOCKS_ADDR}:1082", "username": "kiln"}, info
         assert "api.sec.test" in info["rules"], info
+
+        held = Sandbox.connect(held.sandbox_id, **opts)
+        deadline = time.time() + 30
+        while True:
+            code, status, body = curl(held, "https://api.sec.test/resumed")
+            if (code, status) == (0, "200") and f"Bearer {value}" in body:
+                break
+            assert time.time() < deadline, (code, status, body, srv.log()[-3000:])
+            time.sleep(0.5)
+        assert "api.sec.test" in held.get_info().network["rules"]
     finally:
         sbx.kill()
+        held.kill()
     assert value not in srv.log() and pw not in srv.log()

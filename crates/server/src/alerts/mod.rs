@@ -33,7 +33,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::audit::AuditRecord;
-use crate::manager::Manager;
+use crate::manager::{Manager, END_EVENTS};
 use crate::store::alerts_sql::AlertsDb;
 
 /// Where the rules come from.
@@ -61,8 +61,6 @@ pub const QUEUE: usize = 16384;
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
 /// How often the metrics sampler's newest samples are looked at.
 pub const SAMPLES_EVERY: Duration = Duration::from_secs(1);
-/// Lifecycle events after which a sandbox's incidents are closed.
-const END_EVENTS: &[&str] = &["killed", "timed-out", "died", "failed"];
 
 /// The stored alert id of one incident, once its first firing is stored.
 pub type Slot = Arc<tokio::sync::Mutex<Option<i64>>>;

@@ -5,13 +5,15 @@
 //! gave them (placeholders, never secret values), are sealed by the vault and stored per
 //! sandbox ([`remember`]); an update, which carries no `iam`, reads the sandbox's from there
 //! ([`stored_iam`]); once recovery is over, [`reapply`] puts them back on every running
-//! sandbox's policy. Until then (the first moments after a restart) the
-//! sandbox's egress runs on the policy's lists alone.
+//! sandbox's policy, and on each sandbox paused across the restart as it resumes. Until then
+//! (the first moments after a restart or a resume) the sandbox's egress runs on the policy's
+//! lists alone.
 
 use serde_json::{json, Map, Value};
 
 use super::network::{policy_of, NetworkJson};
 use super::{ApiError, ApiResult, AppState};
+use crate::manager::END_EVENTS;
 use crate::store::SandboxState;
 
 /// The id the seal of sandbox `id`'s settings is bound to.
@@ -113,9 +115,12 @@ async fn apply_one(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiRes
 }
 
 /// Applies the recorded rules and egress proxies to the running sandboxes (after recovery),
-/// and forgets those of sandboxes that are gone.
+/// forgets those of sandboxes that are gone, and puts those of sandboxes paused across the
+/// restart back when each resumes (watching the lifecycle events until none is left).
 pub async fn reapply(st: &AppState) {
     let Some(vault) = &st.vault else { return };
+    // Subscribed before the table is read, so no resume falls between.
+    let mut events = st.manager.subscribe();
     let all = match vault.db().networks().await {
         Ok(a) => a,
         Err(e) => {
@@ -123,19 +128,56 @@ pub async fn reapply(st: &AppState) {
             return;
         }
     };
+    let mut paused = std::collections::HashMap::new();
     for (id, team, sealed) in all {
         match st.manager.get(&id).map(|r| r.state) {
-            Ok(SandboxState::Running) => {
-                if let Err(e) = apply_one(st, &id, &team, &sealed).await {
-                    tracing::warn!(sandbox = %id, error = %e.body().message,
-                        "network rules and egress proxy not applied again after the restart");
-                }
+            Ok(SandboxState::Running) => apply_logged(st, &id, &team, &sealed).await,
+            Ok(_) => {
+                paused.insert(id, (team, sealed));
             }
-            // Paused: its settings wait in the table (see docs/secrets.md).
-            Ok(_) => {}
             Err(_) => {
                 let _ = vault.db().put_network(&id, &team, None).await;
             }
         }
+    }
+    while !paused.is_empty() {
+        let id = match events.recv().await {
+            Ok(e) if e.kind == "resumed" || END_EVENTS.contains(&e.kind.as_str()) => e.sandbox_id,
+            Ok(_) => continue,
+            // Events were missed: look at every sandbox still waiting.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                let ids: Vec<String> = paused.keys().cloned().collect();
+                for id in ids {
+                    settle_paused(st, &mut paused, &id).await;
+                }
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        settle_paused(st, &mut paused, &id).await;
+    }
+}
+
+type Waiting = std::collections::HashMap<String, (String, Vec<u8>)>;
+
+/// Sandbox `id`, paused across the restart: once it runs again its settings are applied;
+/// once it is gone they are no longer waited for (the table forgets them when it is killed).
+async fn settle_paused(st: &AppState, paused: &mut Waiting, id: &str) {
+    let state = st.manager.get(id).map(|r| r.state);
+    if matches!(state, Ok(SandboxState::Paused)) {
+        return;
+    }
+    let Some((team, sealed)) = paused.remove(id) else {
+        return;
+    };
+    if matches!(state, Ok(SandboxState::Running)) {
+        apply_logged(st, id, &team, &sealed).await;
+    }
+}
+
+async fn apply_logged(st: &AppState, id: &str, team: &str, sealed: &[u8]) {
+    if let Err(e) = apply_one(st, id, team, sealed).await {
+        tracing::warn!(sandbox = %id, error = %e.body().message,
+            "network rules and egress proxy not applied again after the restart");
     }
 }

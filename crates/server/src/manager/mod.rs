@@ -142,6 +142,9 @@ impl Default for LifecycleConfig {
     }
 }
 
+/// Event kinds after which a sandbox is gone for good (it never resumes).
+pub const END_EVENTS: &[&str] = &["killed", "timed-out", "died", "failed"];
+
 /// A lifecycle event, as stored and as shown by `kiln serve`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LifecycleEvent {
