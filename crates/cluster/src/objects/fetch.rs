@@ -5,13 +5,14 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::ObjectStoreExt;
 use tokio::io::AsyncWriteExt;
 
 use super::error::{ObjectError, Result};
 use super::manifest::{chunk_key, is_sha256_hex, manifest_key, sha256_hex, Manifest};
-use super::store::ChunkStore;
+use super::store::{ChunkStore, IN_FLIGHT};
 
 /// What `get_file` did: chunks (and bytes) downloaded vs taken from the local cache.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,22 +68,24 @@ impl ChunkStore {
             size: manifest.size,
             ..GetReport::default()
         };
-        for (index, hash) in manifest.chunks.iter().enumerate() {
+        // Chunks are fetched (or read from the cache) IN_FLIGHT at a time, written in order.
+        let chunks = manifest.chunks.iter().enumerate().map(|(index, hash)| {
             let len = manifest.chunk_len(index);
-            let bytes = match cached(cache_dir, hash, len).await? {
-                Some(bytes) => {
-                    report.chunks_reused += 1;
-                    report.bytes_reused += len;
-                    bytes
-                }
-                None => {
-                    let bytes = self.fetch_chunk(id, index, hash, len).await?;
-                    store_cached(cache_dir, hash, &bytes).await?;
-                    report.chunks_fetched += 1;
-                    report.bytes_fetched += len;
-                    bytes
-                }
-            };
+            async move {
+                let got = self.chunk(id, cache_dir, index, hash, len).await?;
+                Ok::<_, ObjectError>((got, len))
+            }
+        });
+        let mut chunks = futures::stream::iter(chunks).buffered(IN_FLIGHT);
+        while let Some(got) = chunks.next().await {
+            let ((bytes, fetched), len) = got?;
+            if fetched {
+                report.chunks_fetched += 1;
+                report.bytes_fetched += len;
+            } else {
+                report.chunks_reused += 1;
+                report.bytes_reused += len;
+            }
             out.write_all(&bytes)
                 .await
                 .map_err(|e| ObjectError::io("writing the destination", &tmp, e))?;
@@ -109,6 +112,24 @@ impl ChunkStore {
             None => return Err(ObjectError::ManifestNotFound(id.to_string())),
         };
         Manifest::parse(id, &bytes)
+    }
+
+    /// Chunk `index` of manifest `id`: from the cache when intact (false), else from the
+    /// bucket, checked and then cached (true).
+    async fn chunk(
+        &self,
+        id: &str,
+        cache_dir: &Path,
+        index: usize,
+        hash: &str,
+        len: u64,
+    ) -> Result<(Bytes, bool)> {
+        if let Some(bytes) = cached(cache_dir, hash, len).await? {
+            return Ok((bytes, false));
+        }
+        let bytes = self.fetch_chunk(id, index, hash, len).await?;
+        store_cached(cache_dir, hash, &bytes).await?;
+        Ok((bytes, true))
     }
 
     /// Chunk `index` of manifest `id` from the bucket, checked against its name and length.
@@ -170,18 +191,27 @@ async fn cached(cache_dir: &Path, hash: &str, len: u64) -> Result<Option<Bytes>>
     }
 }
 
-/// Adds a checked chunk to the cache (a temporary file renamed into place, so readers never
-/// see half a chunk).
-async fn store_cached(cache_dir: &Path, hash: &str, bytes: &[u8]) -> Result<()> {
-    let tmp = cache_dir.join(format!(".{hash}.part-{}", uuid::Uuid::new_v4().simple()));
-    let mut partial = Partial(Some(tmp.clone()));
-    tokio::fs::write(&tmp, bytes)
-        .await
-        .map_err(|e| ObjectError::io("writing the chunk cache", &tmp, e))?;
+/// Adds a checked chunk to the cache: a temporary file renamed into place, so readers never
+/// see half a chunk, written by one blocking task that finishes even when the caller is
+/// cancelled (so no temporary file outlives it).
+async fn store_cached(cache_dir: &Path, hash: &str, bytes: &Bytes) -> Result<()> {
     let path = cache_dir.join(hash);
-    tokio::fs::rename(&tmp, &path)
-        .await
-        .map_err(|e| ObjectError::io("writing the chunk cache", path, e))?;
-    partial.0 = None;
-    Ok(())
+    let tmp = cache_dir.join(format!(".{hash}.part-{}", uuid::Uuid::new_v4().simple()));
+    let bytes = bytes.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let mut partial = Partial(Some(tmp.clone()));
+        std::fs::write(&tmp, &bytes)
+            .map_err(|e| ObjectError::io("writing the chunk cache", &tmp, e))?;
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| ObjectError::io("writing the chunk cache", &path, e))?;
+        partial.0 = None;
+        Ok(())
+    });
+    task.await.map_err(|e| {
+        ObjectError::io(
+            "writing the chunk cache",
+            cache_dir,
+            std::io::Error::other(e.to_string()),
+        )
+    })?
 }

@@ -6,6 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
@@ -16,6 +19,9 @@ use super::manifest::{chunk_key, manifest_key, sha256_hex, Manifest};
 
 /// The default chunk size: 4 MiB.
 pub const DEFAULT_CHUNK_SIZE: usize = 4 << 20;
+
+/// Chunk requests in flight at once, per `put_file` or `get_file`.
+pub(super) const IN_FLIGHT: usize = 4;
 
 /// Where the bucket is and how to sign requests to it. Credentials are required: the client
 /// never falls back to the environment or an instance metadata service.
@@ -145,6 +151,7 @@ impl ChunkStore {
             chunks_present: 0,
         };
         let mut seen = std::collections::HashSet::new();
+        let mut pending = FuturesUnordered::new();
         loop {
             let n = fill(&mut file, &mut buf)
                 .await
@@ -152,24 +159,26 @@ impl ChunkStore {
             if n == 0 {
                 break;
             }
-            let chunk = &buf[..n];
-            let hash = sha256_hex(chunk);
-            let key = chunk_key(&hash);
-            if seen.insert(hash.clone()) && !self.holds(&key, n as u64).await? {
-                self.bucket
-                    .put(&Key::from(key.as_str()), PutPayload::from(chunk.to_vec()))
-                    .await
-                    .map_err(|e| ObjectError::request(key, e))?;
-                report.chunks_uploaded += 1;
-                report.bytes_uploaded += n as u64;
+            let chunk = Bytes::copy_from_slice(&buf[..n]);
+            let hash = sha256_hex(&chunk);
+            report.manifest.size += n as u64;
+            report.manifest.chunks.push(hash.clone());
+            if seen.insert(hash.clone()) {
+                if pending.len() >= IN_FLIGHT {
+                    if let Some(done) = pending.next().await {
+                        tally(&mut report, done?);
+                    }
+                }
+                pending.push(self.upload_missing(hash, chunk));
             } else {
                 report.chunks_present += 1;
             }
-            report.manifest.size += n as u64;
-            report.manifest.chunks.push(hash);
             if n < buf.len() {
                 break;
             }
+        }
+        while let Some(done) = pending.next().await {
+            tally(&mut report, done?);
         }
         report.id = report.manifest.id();
         let key = manifest_key(&report.id);
@@ -183,13 +192,32 @@ impl ChunkStore {
         Ok(report)
     }
 
-    /// Whether the bucket holds `key` with `len` bytes.
-    async fn holds(&self, key: &str, len: u64) -> Result<bool> {
-        match self.bucket.head(&Key::from(key)).await {
-            Ok(meta) => Ok(meta.size == len),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(ObjectError::request(key, e)),
+    /// Uploads chunk `hash` unless the bucket holds it with its length (a HEAD first); the
+    /// bytes sent, None when it was there.
+    async fn upload_missing(&self, hash: String, chunk: Bytes) -> Result<Option<u64>> {
+        let key = chunk_key(&hash);
+        let len = chunk.len() as u64;
+        match self.bucket.head(&Key::from(key.as_str())).await {
+            Ok(meta) if meta.size == len => return Ok(None),
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(ObjectError::request(key, e)),
         }
+        self.bucket
+            .put(&Key::from(key.as_str()), PutPayload::from(chunk))
+            .await
+            .map_err(|e| ObjectError::request(key, e))?;
+        Ok(Some(len))
+    }
+}
+
+/// Counts one chunk's upload (its bytes) or its being found in the bucket (None).
+fn tally(report: &mut PutReport, uploaded: Option<u64>) {
+    match uploaded {
+        Some(bytes) => {
+            report.chunks_uploaded += 1;
+            report.bytes_uploaded += bytes;
+        }
+        None => report.chunks_present += 1,
     }
 }
 
