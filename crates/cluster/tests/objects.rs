@@ -164,6 +164,33 @@ async fn one_changed_chunk_is_uploaded_and_fetched_alone() {
 }
 
 #[tokio::test]
+async fn repeated_and_zero_chunks_are_sent_and_fetched_once() {
+    let Some(moto) = Moto::start("repeated_and_zero_chunks_are_sent_and_fetched_once") else {
+        return;
+    };
+    let store = store(&moto, "repeats").await;
+    let dir = tempfile::tempdir().unwrap();
+    let zeros = vec![0u8; CHUNK];
+    let one = data(CHUNK, 5);
+    let file = [&zeros, &one, &zeros, &one, &zeros, &data(100, 6)[..]].concat();
+    std::fs::write(dir.path().join("src"), &file).unwrap();
+
+    let put = store.put_file(&dir.path().join("src")).await.unwrap();
+    assert_eq!(put.manifest.chunks.len(), 6);
+    assert_eq!((put.chunks_uploaded, put.chunks_present), (3, 3));
+    assert_eq!(put.bytes_uploaded, 2 * CHUNK as u64 + 100);
+
+    let got = store
+        .get_file(&put.id, &dir.path().join("out"), &dir.path().join("cache"))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(dir.path().join("out")).unwrap(), file);
+    assert_eq!((got.chunks_fetched, got.chunks_reused), (3, 3));
+    assert_eq!(got.bytes_fetched, 2 * CHUNK as u64 + 100);
+    assert_eq!(got.bytes_reused, 3 * CHUNK as u64);
+}
+
+#[tokio::test]
 async fn a_corrupted_chunk_fails_naming_it_and_leaves_no_file() {
     let Some(moto) = Moto::start("a_corrupted_chunk_fails_naming_it_and_leaves_no_file") else {
         return;

@@ -2,13 +2,15 @@
 //! local chunk cache lacks, checking every chunk's hash, and writing the destination
 //! atomically (a temporary file beside it, renamed over it when complete).
 
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::ObjectStoreExt;
-use tokio::io::AsyncWriteExt;
 
 use super::error::{ObjectError, Result};
 use super::manifest::{chunk_key, is_sha256_hex, manifest_key, sha256_hex, Manifest};
@@ -22,6 +24,39 @@ pub struct GetReport {
     pub bytes_fetched: u64,
     pub chunks_reused: usize,
     pub bytes_reused: u64,
+}
+
+/// Each distinct chunk of `manifest` with its length and the indexes it occupies, in the order
+/// of first occurrence.
+fn places<'m>(id: &str, manifest: &'m Manifest) -> Result<Vec<(&'m str, u64, Vec<usize>)>> {
+    let mut places: Vec<(&str, u64, Vec<usize>)> = Vec::new();
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    for (index, hash) in manifest.chunks.iter().enumerate() {
+        let len = manifest.chunk_len(index);
+        match first.get(hash.as_str()) {
+            Some(&at) if places[at].1 == len => places[at].2.push(index),
+            Some(_) => {
+                return Err(ObjectError::CorruptManifest {
+                    id: id.to_string(),
+                    reason: format!("chunk {hash} appears with two lengths"),
+                });
+            }
+            None => {
+                first.insert(hash, places.len());
+                places.push((hash, len, vec![index]));
+            }
+        }
+    }
+    Ok(places)
+}
+
+/// `f` on tokio's blocking pool (it runs to its end even when the caller is cancelled).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
 }
 
 /// A temporary file removed when dropped, unless it was renamed into place.
@@ -61,36 +96,51 @@ impl ChunkStore {
             uuid::Uuid::new_v4().simple()
         ));
         let mut partial = Partial(Some(tmp.clone()));
-        let mut out = tokio::fs::File::create(&tmp)
+        let out = tokio::fs::File::create(&tmp)
             .await
             .map_err(|e| ObjectError::io("creating the destination", &tmp, e))?;
+        out.set_len(manifest.size)
+            .await
+            .map_err(|e| ObjectError::io("sizing the destination", &tmp, e))?;
+        let out = Arc::new(out.into_std().await);
         let mut report = GetReport {
             size: manifest.size,
             ..GetReport::default()
         };
-        // Chunks are fetched (or read from the cache) IN_FLIGHT at a time, written in order.
-        let chunks = manifest.chunks.iter().enumerate().map(|(index, hash)| {
-            let len = manifest.chunk_len(index);
-            async move {
-                let got = self.chunk(id, cache_dir, index, hash, len).await?;
-                Ok::<_, ObjectError>((got, len))
-            }
-        });
-        let mut chunks = futures::stream::iter(chunks).buffered(IN_FLIGHT);
-        while let Some(got) = chunks.next().await {
-            let ((bytes, fetched), len) = got?;
+        // Each distinct chunk is got once (IN_FLIGHT at a time) and written at every offset it
+        // occupies; an all-zero chunk is left as the hole `set_len` made.
+        let fetches = places(id, &manifest)?
+            .into_iter()
+            .map(|(hash, len, at)| async move {
+                let (bytes, fetched) = self.chunk(id, cache_dir, at[0], hash, len).await?;
+                Ok::<_, ObjectError>((bytes, fetched, at))
+            });
+        let mut fetches = futures::stream::iter(fetches).buffer_unordered(IN_FLIGHT);
+        while let Some(got) = fetches.next().await {
+            let (bytes, fetched, at) = got?;
+            let len = bytes.len() as u64;
+            let again = at.len() - usize::from(fetched);
             if fetched {
                 report.chunks_fetched += 1;
                 report.bytes_fetched += len;
-            } else {
-                report.chunks_reused += 1;
-                report.bytes_reused += len;
             }
-            out.write_all(&bytes)
-                .await
-                .map_err(|e| ObjectError::io("writing the destination", &tmp, e))?;
+            report.chunks_reused += again;
+            report.bytes_reused += len * again as u64;
+            if bytes.iter().all(|&b| b == 0) {
+                continue;
+            }
+            let file = out.clone();
+            let offsets: Vec<u64> = at.iter().map(|&i| i as u64 * manifest.chunk_size).collect();
+            blocking(move || {
+                offsets
+                    .into_iter()
+                    .try_for_each(|off| file.write_all_at(&bytes, off))
+            })
+            .await
+            .map_err(|e| ObjectError::io("writing the destination", &tmp, e))?;
         }
-        out.sync_all()
+        let file = out.clone();
+        blocking(move || file.sync_all())
             .await
             .map_err(|e| ObjectError::io("syncing the destination", &tmp, e))?;
         drop(out);
