@@ -16,7 +16,9 @@ use super::error::{ObjectError, Result};
 use super::manifest::{chunk_key, is_sha256_hex, manifest_key, sha256_hex, Manifest};
 use super::store::{ChunkStore, IN_FLIGHT};
 
-/// What `get_file` did: chunks (and bytes) downloaded vs taken from the local cache.
+/// What `get_file` did, by chunk position: downloaded by this call (each distinct chunk at most
+/// once) vs taken from the local cache or from an earlier position. `bytes_fetched +
+/// bytes_reused` is the file's size.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GetReport {
     pub size: u64,

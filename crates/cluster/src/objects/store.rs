@@ -232,3 +232,39 @@ async fn fill(file: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usi
     }
     Ok(filled)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> S3Config {
+        S3Config {
+            endpoint: "http://127.0.0.1:9".into(),
+            bucket: "kiln".into(),
+            region: "us-east-1".into(),
+            access_key_id: "id".into(),
+            secret_access_key: "secret".into(),
+            path_style: true,
+        }
+    }
+
+    #[test]
+    fn settings_without_credentials_or_an_http_endpoint_are_refused() {
+        assert!(ChunkStore::connect(&config()).is_ok());
+        let mut c = config();
+        c.secret_access_key.clear();
+        let err = ChunkStore::connect(&c).unwrap_err();
+        assert!(
+            err.to_string().contains("secret access key is empty"),
+            "{err}"
+        );
+        let mut c = config();
+        c.endpoint = "127.0.0.1:9".into();
+        assert!(matches!(
+            ChunkStore::connect(&c),
+            Err(ObjectError::Config(_))
+        ));
+        let store = ChunkStore::connect(&config()).unwrap().with_chunk_size(0);
+        assert_eq!(store.chunk_size(), 1);
+    }
+}
