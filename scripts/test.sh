@@ -61,6 +61,8 @@ for t in desktop browser; do
 done
 
 say "python venv for SDK tests"
+# It also holds moto[server], the S3 server kiln-cluster's object-storage tests start on loopback
+# (through KILN_PYTHON, exported before the rust tests).
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/kiln
 req_hash=$( (cat tests/sdk/requirements.txt; python3 --version) | sha256sum | cut -c1-16)
 venv="$cache/venv-$req_hash"

@@ -1,7 +1,8 @@
 //! kiln's cluster state on etcd v3. [`EtcdStore`] implements the server's
 //! [`kiln_server::store::StateStore`] on an etcd cluster (each method's change one txn,
 //! revision-checked where replicas can race); [`nodes`] keeps node membership on etcd leases. The key
-//! layout is in [`keys`].
+//! layout is in [`keys`]. [`objects`] stores checkpoint bytes in an S3-compatible bucket as
+//! content-addressed chunks.
 
 mod catalog;
 mod deliveries;
@@ -10,6 +11,7 @@ pub mod error;
 mod events;
 pub mod keys;
 pub mod nodes;
+pub mod objects;
 mod retry;
 mod sandboxes;
 mod state;

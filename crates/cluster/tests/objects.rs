@@ -1,0 +1,267 @@
+//! Checkpoint bytes in object storage: `ChunkStore` against a real S3 server (moto, started by
+//! the test on 127.0.0.1): round trips, uploads and fetches of only the missing chunks, and a
+//! corrupted chunk refused without leaving a partial file.
+
+#[path = "common/moto.rs"]
+mod moto;
+
+use std::path::Path;
+
+use kiln_cluster::objects::{ChunkStore, GetReport, ObjectError};
+use moto::Moto;
+use object_store::path::Path as Key;
+use object_store::{ObjectStoreExt, PutPayload};
+
+const CHUNK: usize = 64 * 1024;
+
+/// `len` bytes that differ from chunk to chunk (and from seed to seed).
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+async fn store(moto: &Moto, bucket: &str) -> ChunkStore {
+    ChunkStore::connect(&moto.bucket(bucket))
+        .unwrap()
+        .with_chunk_size(CHUNK)
+}
+
+/// Every object key under `prefix` in the bucket.
+async fn keys(store: &ChunkStore, prefix: &str) -> Vec<String> {
+    use futures::TryStreamExt;
+    let mut keys: Vec<String> = store
+        .bucket()
+        .list(Some(&Key::from(prefix)))
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn files_round_trip_and_a_second_put_uploads_nothing() {
+    let Some(moto) = Moto::start("files_round_trip_and_a_second_put_uploads_nothing") else {
+        return;
+    };
+    let store = store(&moto, "round-trip").await;
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = [0, 1, CHUNK - 1, CHUNK, 3 * CHUNK + 5];
+    for (i, &size) in sizes.iter().enumerate() {
+        let src = dir.path().join(format!("src-{i}"));
+        let bytes = data(size, i as u64 + 1);
+        std::fs::write(&src, &bytes).unwrap();
+        let chunks = size.div_ceil(CHUNK);
+
+        let put = store.put_file(&src).await.unwrap();
+        assert_eq!(put.manifest.size, size as u64);
+        assert_eq!(put.manifest.chunk_size, CHUNK as u64);
+        assert_eq!(put.manifest.chunks.len(), chunks, "size {size}");
+        assert_eq!(
+            (put.chunks_uploaded, put.bytes_uploaded),
+            (chunks, size as u64)
+        );
+
+        let again = store.put_file(&src).await.unwrap();
+        assert_eq!(again.id, put.id, "one file, one manifest id");
+        assert_eq!((again.chunks_uploaded, again.bytes_uploaded), (0, 0));
+        assert_eq!(again.chunks_present, chunks);
+
+        let dest = dir.path().join(format!("dest-{i}"));
+        let cache = dir.path().join(format!("cache-{i}"));
+        let got = store.get_file(&put.id, &dest, &cache).await.unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), bytes, "size {size}");
+        assert_eq!(
+            got,
+            GetReport {
+                size: size as u64,
+                chunks_fetched: chunks,
+                bytes_fetched: size as u64,
+                chunks_reused: 0,
+                bytes_reused: 0,
+            }
+        );
+        assert_eq!(entries(&cache).len(), chunks, "the cache holds each chunk");
+    }
+    // The bucket's layout: one object per distinct chunk, one manifest per file.
+    let chunk_keys = keys(&store, "chunks").await;
+    assert_eq!(chunk_keys.len(), 1 + 1 + 1 + 4);
+    assert_eq!(keys(&store, "manifests").await.len(), sizes.len());
+    // Nothing but the sources, destinations and caches in the directory: no temporary files.
+    assert!(entries(dir.path()).iter().all(|n| !n.starts_with('.')));
+}
+
+#[tokio::test]
+async fn one_changed_chunk_is_uploaded_and_fetched_alone() {
+    let Some(moto) = Moto::start("one_changed_chunk_is_uploaded_and_fetched_alone") else {
+        return;
+    };
+    let store = store(&moto, "one-chunk").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let first = data(5 * CHUNK + 100, 7);
+    let mut second = first.clone();
+    second[2 * CHUNK + 10] ^= 0xff;
+    std::fs::write(dir.path().join("a"), &first).unwrap();
+    std::fs::write(dir.path().join("b"), &second).unwrap();
+
+    let a = store.put_file(&dir.path().join("a")).await.unwrap();
+    assert_eq!(a.chunks_uploaded, 6);
+    let b = store.put_file(&dir.path().join("b")).await.unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!((b.chunks_uploaded, b.bytes_uploaded), (1, CHUNK as u64));
+    assert_eq!(b.chunks_present, 5);
+    let differ: Vec<usize> = (0..6)
+        .filter(|&i| a.manifest.chunks[i] != b.manifest.chunks[i])
+        .collect();
+    assert_eq!(differ, [2]);
+
+    let got_a = store
+        .get_file(&a.id, &dir.path().join("a-out"), &cache)
+        .await
+        .unwrap();
+    assert_eq!((got_a.chunks_fetched, got_a.chunks_reused), (6, 0));
+    let got_b = store
+        .get_file(&b.id, &dir.path().join("b-out"), &cache)
+        .await
+        .unwrap();
+    assert_eq!(
+        (got_b.chunks_fetched, got_b.bytes_fetched),
+        (1, CHUNK as u64)
+    );
+    assert_eq!(
+        (got_b.chunks_reused, got_b.bytes_reused),
+        (5, 4 * CHUNK as u64 + 100)
+    );
+    assert_eq!(std::fs::read(dir.path().join("a-out")).unwrap(), first);
+    assert_eq!(std::fs::read(dir.path().join("b-out")).unwrap(), second);
+
+    // A damaged cache entry is not trusted: it is fetched again.
+    std::fs::write(cache.join(&b.manifest.chunks[0]), b"not the chunk").unwrap();
+    let again = store
+        .get_file(&b.id, &dir.path().join("b-out"), &cache)
+        .await
+        .unwrap();
+    assert_eq!((again.chunks_fetched, again.chunks_reused), (1, 5));
+    assert_eq!(std::fs::read(dir.path().join("b-out")).unwrap(), second);
+}
+
+#[tokio::test]
+async fn repeated_and_zero_chunks_are_sent_and_fetched_once() {
+    let Some(moto) = Moto::start("repeated_and_zero_chunks_are_sent_and_fetched_once") else {
+        return;
+    };
+    let store = store(&moto, "repeats").await;
+    let dir = tempfile::tempdir().unwrap();
+    let zeros = vec![0u8; CHUNK];
+    let one = data(CHUNK, 5);
+    let file = [&zeros, &one, &zeros, &one, &zeros, &data(100, 6)[..]].concat();
+    std::fs::write(dir.path().join("src"), &file).unwrap();
+
+    let put = store.put_file(&dir.path().join("src")).await.unwrap();
+    assert_eq!(put.manifest.chunks.len(), 6);
+    assert_eq!((put.chunks_uploaded, put.chunks_present), (3, 3));
+    assert_eq!(put.bytes_uploaded, 2 * CHUNK as u64 + 100);
+
+    let got = store
+        .get_file(&put.id, &dir.path().join("out"), &dir.path().join("cache"))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(dir.path().join("out")).unwrap(), file);
+    assert_eq!((got.chunks_fetched, got.chunks_reused), (3, 3));
+    assert_eq!(got.bytes_fetched, 2 * CHUNK as u64 + 100);
+    assert_eq!(got.bytes_reused, 3 * CHUNK as u64);
+}
+
+#[tokio::test]
+async fn a_corrupted_chunk_fails_naming_it_and_leaves_no_file() {
+    let Some(moto) = Moto::start("a_corrupted_chunk_fails_naming_it_and_leaves_no_file") else {
+        return;
+    };
+    let store = store(&moto, "corrupt").await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let src = dir.path().join("src");
+    std::fs::write(&src, data(3 * CHUNK + 1, 3)).unwrap();
+    let put = store.put_file(&src).await.unwrap();
+    let bad = put.manifest.chunks[1].clone();
+    store
+        .bucket()
+        .put(
+            &Key::from(format!("chunks/{bad}")),
+            PutPayload::from(data(CHUNK, 99)),
+        )
+        .await
+        .unwrap();
+
+    let cache = dir.path().join("cache");
+    let err = store
+        .get_file(&put.id, &out.join("file"), &cache)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ObjectError::CorruptChunk { hash, .. } if *hash == bad),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&bad), "{err}");
+    assert!(!err.to_string().contains(&dir.path().display().to_string()));
+    assert_eq!(entries(&out), Vec::<String>::new(), "no partial file");
+    assert!(
+        !entries(&cache).contains(&bad),
+        "the bad chunk is not cached"
+    );
+
+    // An existing destination stays as it was.
+    std::fs::write(out.join("file"), b"old").unwrap();
+    store
+        .get_file(&put.id, &out.join("file"), &cache)
+        .await
+        .unwrap_err();
+    assert_eq!(std::fs::read(out.join("file")).unwrap(), b"old");
+    assert_eq!(entries(&out), ["file"]);
+
+    // A chunk gone from the bucket, an unknown manifest, and an id that is no hash.
+    store
+        .bucket()
+        .delete(&Key::from(format!("chunks/{bad}")))
+        .await
+        .unwrap();
+    let err = store
+        .get_file(&put.id, &out.join("file"), &dir.path().join("cold"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ObjectError::ChunkMissing(h) if *h == bad),
+        "{err}"
+    );
+    let unknown = "0".repeat(64);
+    let err = store
+        .get_file(&unknown, &out.join("file"), &cache)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ObjectError::ManifestNotFound(_)), "{err}");
+    let err = store
+        .get_file("../manifests", &out.join("file"), &cache)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ObjectError::BadManifestId(_)), "{err}");
+    assert_eq!(entries(&out), ["file"]);
+}
