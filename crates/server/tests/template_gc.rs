@@ -19,6 +19,7 @@ fn version(root: &Path, key: &str, at: u64) {
         name: "t".into(),
         key: key.into(),
         recipe_hash: format!("r-{key}"),
+        base_stage: None,
         agent_sha256: "a".into(),
         dir: Default::default(),
         rootfs: Default::default(),

@@ -25,6 +25,11 @@ pub struct Template {
     /// Content hash of recipe + agent binary + builder version.
     pub key: String,
     pub recipe_hash: String,
+    /// The base stage (`.base/<hash>`: the unpacked image or the mmdebstrap root with the
+    /// recipe's steps) this version was built on, which a rebuild (a new agent, new sizes or
+    /// commands) reuses; None in versions built before it was recorded (then `recipe_hash`).
+    #[serde(default)]
+    pub base_stage: Option<String>,
     pub agent_sha256: String,
     /// Directory holding this template.
     #[serde(skip)]
@@ -208,7 +213,7 @@ impl Store {
                     kept_others <= keep
                 };
                 if kept {
-                    live_bases.insert(v.recipe_hash.clone());
+                    live_bases.insert(v.base_stage.clone().unwrap_or(v.recipe_hash.clone()));
                     continue;
                 }
                 remove_tree(&v.dir);
@@ -267,6 +272,7 @@ mod tests {
             name: name.into(),
             key: key.into(),
             recipe_hash: "r".into(),
+            base_stage: None,
             agent_sha256: "a".into(),
             dir: PathBuf::new(),
             rootfs: PathBuf::new(),
@@ -379,6 +385,18 @@ mod tests {
         assert_eq!(s.gc(1, |_| false).unwrap().len(), 2);
         assert!(s.get("x", "k2").unwrap().is_none());
         assert_eq!(s.lookup("x").unwrap().key, "k1");
+        // A version records the stage it was built on when that differs from its recipe's
+        // hash (a recipe with sizes or commands): that stage is the one kept.
+        let mut m = meta("y", "y1");
+        m.recipe_hash = "full-recipe".into();
+        m.base_stage = Some("stage-only".into());
+        std::fs::create_dir_all(s.base_dir("stage-only").join("rootfs")).unwrap();
+        s.publish(&staged(&s, "y1"), &m).unwrap();
+        s.gc(0, |_| false).unwrap();
+        assert!(
+            s.base_dir("stage-only").exists(),
+            "the stage a current version uses"
+        );
     }
 
     #[test]

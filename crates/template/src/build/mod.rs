@@ -191,6 +191,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             name: recipe.name.clone(),
             key: key.clone(),
             recipe_hash: recipe_hash.clone(),
+            base_stage: Some(stage_hash.clone()),
             agent_sha256: agent_sha256.clone(),
             dir: PathBuf::new(),
             rootfs: PathBuf::new(),

@@ -267,6 +267,7 @@ pub fn build_from_image(
             name: name.clone(),
             key: key.clone(),
             recipe_hash: stage.clone(),
+            base_stage: Some(stage.clone()),
             agent_sha256: agent_sha256.clone(),
             dir: PathBuf::new(),
             rootfs: PathBuf::new(),
