@@ -133,9 +133,10 @@ impl IdleTable {
         std::mem::take(&mut e.hinted)
     }
 
-    /// Marks awake `id` as hinted idle if it is still unused and quiet for `after`; false
-    /// (nothing changed) otherwise.
-    pub fn begin_hint(&self, id: &str, now: Instant, after: Duration) -> bool {
+    /// Marks awake `id` as hinted idle if it is still unused and quiet for `after`, running
+    /// `tell` (which gives the driver the hint) first, under the table's lock: a use that
+    /// takes the hint back comes after it; false (nothing changed) otherwise.
+    pub fn begin_hint(&self, id: &str, now: Instant, after: Duration, tell: impl FnOnce()) -> bool {
         let mut map = self.lock();
         let Some(e) = map.get_mut(id) else {
             return false;
@@ -143,6 +144,7 @@ impl IdleTable {
         if e.hinted || e.since_ms.is_some() || !quiet_for(e.last_active, e.in_use, now, after) {
             return false;
         }
+        tell();
         e.hinted = true;
         true
     }
@@ -372,9 +374,17 @@ mod tests {
         let t = Arc::new(IdleTable::default());
         let t0 = Instant::now();
         assert!(!t.quiet("a", t0, S));
-        assert!(!t.begin_hint("a", t0 + S / 2, S), "not quiet long enough");
-        assert!(t.begin_hint("a", t0 + S, S));
-        assert!(!t.begin_hint("a", t0 + 2 * S, S), "already hinted");
+        assert!(
+            !t.begin_hint("a", t0 + S / 2, S, || ()),
+            "not quiet long enough"
+        );
+        let mut told = 0;
+        assert!(t.begin_hint("a", t0 + S, S, || told += 1));
+        assert!(
+            !t.begin_hint("a", t0 + 2 * S, S, || told += 1),
+            "already hinted"
+        );
+        assert_eq!(told, 1, "the driver hears the hint once");
         assert!(t.hinted("a") && t.hinted_count() == 1);
         // The first use says the hint must be taken back; the next does not.
         match t.begin_use("a") {
@@ -388,12 +398,12 @@ mod tests {
         assert_eq!(t.hinted_count(), 0);
         // An API call takes it back too, and a busy runtime's hint ends once.
         let later = Instant::now() + 5 * S;
-        assert!(t.begin_hint("a", later, S));
+        assert!(t.begin_hint("a", later, S, || ()));
         assert!(t.touch("a") && !t.touch("a"));
-        assert!(t.begin_hint("a", Instant::now() + 5 * S, S));
+        assert!(t.begin_hint("a", Instant::now() + 5 * S, S, || ()));
         assert!(t.end_hint("a") && !t.end_hint("a"));
         // In standby it does not count; woken, the runtime is new and unhinted.
-        assert!(t.begin_hint("a", Instant::now() + 5 * S, S));
+        assert!(t.begin_hint("a", Instant::now() + 5 * S, S, || ()));
         assert!(t.begin_standby("a", Instant::now() + 5 * S, S, 1));
         assert_eq!(t.hinted_count(), 0);
         t.set_awake("a");

@@ -54,10 +54,11 @@ impl Manager {
             self.idle.retain(&ids);
         }
         let mut to_standby = Vec::new();
-        for r in live
-            .iter()
-            .filter(|r| r.state == SandboxState::Running && may_stand_by(r))
-        {
+        for r in live.iter().filter(|r| {
+            r.state == SandboxState::Running
+                && may_stand_by(r)
+                && self.idle.standby_since(&r.id).is_none()
+        }) {
             let now = Instant::now();
             let hinted = self.idle.hinted(&r.id);
             let quiet_for =
@@ -79,8 +80,8 @@ impl Manager {
                     if standby_due {
                         to_standby.push(r.id.clone());
                     } else if let Some(after) = hint_after.filter(|_| hint_due) {
-                        if self.idle.begin_hint(&r.id, Instant::now(), after) {
-                            self.driver.set_idle(&r.id, true);
+                        let tell = || self.driver.set_idle(&r.id, true);
+                        if self.idle.begin_hint(&r.id, Instant::now(), after, tell) {
                             report.hinted.push(r.id.clone());
                         }
                     }
