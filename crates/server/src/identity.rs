@@ -8,8 +8,7 @@
 //! `GET /.well-known/jwks.json` ([`crate::api::jwks`]). The token never enters the sandbox.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -80,18 +79,7 @@ fn load_or_make_key(path: &Path, rng: &SystemRandom) -> Result<Vec<u8>, Identity
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let doc = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, rng)
                 .map_err(|_| err(std::io::Error::other("no system randomness")))?;
-            let tmp = path.with_extension("key.tmp");
-            let _ = std::fs::remove_file(&tmp);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(err)?;
-            f.write_all(doc.as_ref())
-                .and_then(|()| f.sync_all())
-                .map_err(err)?;
-            std::fs::rename(&tmp, path).map_err(err)?;
+            crate::vault::write_key_file(path, doc.as_ref()).map_err(err)?;
             Ok(doc.as_ref().to_vec())
         }
         Err(e) => Err(err(e)),

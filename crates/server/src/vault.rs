@@ -40,6 +40,21 @@ pub struct Vault {
     db: SecretsDb,
 }
 
+/// Writes a new key file at `path`: owner-only (0600) from its creation, synced, and put in
+/// place by a rename, so a crash never leaves half a key under its name. The vault's and the
+/// identity issuer's keys are written so.
+pub(crate) fn write_key_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("key.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes).and_then(|()| f.sync_all())?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Reads the key at `path`, making a new random one (mode 0600) when there is none.
 fn load_or_make_key(path: &Path) -> Result<Vec<u8>, VaultError> {
     let err = |source| VaultError::Key {
@@ -57,16 +72,7 @@ fn load_or_make_key(path: &Path) -> Result<Vec<u8>, VaultError> {
             SystemRandom::new()
                 .fill(&mut k)
                 .map_err(|_| err(std::io::Error::other("no system randomness")))?;
-            let tmp = path.with_extension("key.tmp");
-            let _ = std::fs::remove_file(&tmp);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(err)?;
-            f.write_all(&k).and_then(|()| f.sync_all()).map_err(err)?;
-            std::fs::rename(&tmp, path).map_err(err)?;
+            write_key_file(path, &k).map_err(err)?;
             Ok(k)
         }
         Err(e) => Err(err(e)),
