@@ -208,32 +208,32 @@ impl RuleSet {
         self.hosts.is_empty()
     }
 
-    /// Every secret a placeholder names.
-    pub fn secret_names(&self) -> BTreeSet<String> {
+    /// The names `pick` takes from the placeholders of every header value.
+    fn names(&self, pick: fn(&Seg) -> Option<&String>) -> BTreeSet<String> {
         self.hosts
             .iter()
             .flat_map(|h| &h.rules)
             .flat_map(|r| &r.headers)
             .flat_map(|(_, t)| &t.segs)
-            .filter_map(|s| match s {
-                Seg::Secret(n) => Some(n.clone()),
-                _ => None,
-            })
+            .filter_map(pick)
+            .cloned()
             .collect()
+    }
+
+    /// Every secret a placeholder names.
+    pub fn secret_names(&self) -> BTreeSet<String> {
+        self.names(|s| match s {
+            Seg::Secret(n) => Some(n),
+            _ => None,
+        })
     }
 
     /// Every workload identity token a placeholder names.
     pub fn token_names(&self) -> BTreeSet<String> {
-        self.hosts
-            .iter()
-            .flat_map(|h| &h.rules)
-            .flat_map(|r| &r.headers)
-            .flat_map(|(_, t)| &t.segs)
-            .filter_map(|s| match s {
-                Seg::Token(n) => Some(n.clone()),
-                _ => None,
-            })
-            .collect()
+        self.names(|s| match s {
+            Seg::Token(n) => Some(n),
+            _ => None,
+        })
     }
 
     /// The domain keys (they make the egress proxy see HTTPS connections).
