@@ -6,6 +6,7 @@ Everything started here is torn down even when a test fails: sandboxes are kille
 API, then any runsc container, mount or directory left under the state dir is removed.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -232,6 +233,37 @@ class KilnServer:
                     self.request("DELETE", f"/sandboxes/{s['sandboxID']}")
         except Exception as e:
             print(f"cleanup: listing sandboxes: {e}")
+
+
+@contextlib.contextmanager
+def own_server(prefix: str, args=(), env=None, after=None):
+    """A `kiln serve` of a test module's own, on a fresh state dir: started with `args` and
+    KILN_SERVE_EXTRA_ARGS, with `env` in this process's environment while it runs (the server
+    inherits it); afterwards its sandboxes are killed, it stops, its log's tail is printed,
+    its state is removed, `after` runs (e.g. removing network slots), and a panic in its log
+    fails the module."""
+    base = tempfile.mkdtemp(prefix=prefix)
+    env = env or {}
+    s, log = None, ""
+    os.environ.update(env)
+    try:
+        s = KilnServer(os.path.join(base, "state"),
+                       list(args) + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
+        s.start()
+        yield s
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+        if s:
+            s.kill_all_sandboxes()
+            s.stop()
+            log = s.log()
+            print(f"---- kiln serve ({prefix}) log (tail) ----\n" + log[-6000:])
+            cleanup_state(s.state_dir)
+        if after:
+            after()
+        shutil.rmtree(base, ignore_errors=True)
+        assert "panicked" not in log, log[-8000:]
 
 
 @pytest.fixture(scope="session")

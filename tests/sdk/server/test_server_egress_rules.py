@@ -26,7 +26,7 @@ import uuid
 import pytest
 from e2b import Sandbox, Secret
 
-from .conftest import KilnServer, cleanup_state
+from .conftest import own_server
 from .internet import remove_slots_in_range, require_root, run
 from .testnet import NetNs, sh
 
@@ -222,26 +222,11 @@ def secnet():
 
 @pytest.fixture(scope="module")
 def srv(secnet):
-    base = tempfile.mkdtemp(prefix="kiln-rules-")
-    s, log = None, ""
-    os.environ["KILN_EGRESS_TRUST"] = secnet[0]
-    try:
-        s = KilnServer(os.path.join(base, "state"),
-                       ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS_ADDR]
-                       + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
-        s.start()
+    with own_server("kiln-rules-",
+                    ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS_ADDR],
+                    env={"KILN_EGRESS_TRUST": secnet[0]},
+                    after=lambda: remove_slots_in_range(RANGE.rsplit(".", 1)[0] + ".")) as s:
         yield s
-    finally:
-        os.environ.pop("KILN_EGRESS_TRUST", None)
-        if s:
-            s.kill_all_sandboxes()
-            s.stop()
-            log = s.log()
-            print("---- kiln serve (rules) log (tail) ----\n" + log[-6000:])
-            cleanup_state(s.state_dir)
-        remove_slots_in_range(RANGE.rsplit(".", 1)[0] + ".")
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log
 
 
 def curl(sbx, args):

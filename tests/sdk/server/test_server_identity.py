@@ -22,13 +22,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 
 import jwt
 import pytest
 from e2b import Sandbox, Secret
 
-from .conftest import KilnServer, cleanup_state
+from .conftest import own_server
 from .internet import remove_slots_in_range, require_root, run
 from .test_server_egress_rules import ECHO, SEARCH, curl
 from .testnet import NetNs, sh
@@ -79,26 +78,11 @@ def idnet():
 
 @pytest.fixture(scope="module")
 def srv(idnet):
-    base = tempfile.mkdtemp(prefix="kiln-idt-")
-    s, log = None, ""
-    os.environ["KILN_EGRESS_TRUST"] = idnet
-    try:
-        s = KilnServer(os.path.join(base, "state"),
-                       ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS_ADDR]
-                       + os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split())
-        s.start()
+    with own_server("kiln-idt-",
+                    ["--net-range", RANGE, "--net-pool", "2", "--dns-upstream", DNS_ADDR],
+                    env={"KILN_EGRESS_TRUST": idnet},
+                    after=lambda: remove_slots_in_range(RANGE.rsplit(".", 1)[0] + ".")) as s:
         yield s
-    finally:
-        os.environ.pop("KILN_EGRESS_TRUST", None)
-        if s:
-            s.kill_all_sandboxes()
-            s.stop()
-            log = s.log()
-            print("---- kiln serve (identity) log (tail) ----\n" + log[-6000:])
-            cleanup_state(s.state_dir)
-        remove_slots_in_range(RANGE.rsplit(".", 1)[0] + ".")
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log
 
 
 def jwks(srv):

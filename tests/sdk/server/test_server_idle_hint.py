@@ -6,14 +6,12 @@ command takes the slack back before it runs; a CPU-busy sandbox and one created 
 
 import glob
 import os
-import shutil
-import tempfile
 import time
 
 import pytest
 from e2b import Sandbox
 
-from .conftest import KilnServer, cleanup_state
+from .conftest import KilnServer, own_server
 from .test_server_standby import start_detached
 
 IDLE_SLACK_NS = 40_000_000
@@ -23,21 +21,9 @@ TOKEN = "idle-hint-metrics-token-0123"
 
 @pytest.fixture(scope="module")
 def srv():
-    base = tempfile.mkdtemp(prefix="kiln-idle-hint-")
-    state = os.path.join(base, "state")
-    extra = os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split()
-    s = KilnServer(state, extra + ["--pool-off", "--idle-hint-after", "3s",
-                                   "--idle-timer-slack-ms", "40", "--metrics-token", TOKEN])
-    try:
-        s.start()
+    with own_server("kiln-idle-hint-", ["--pool-off", "--idle-hint-after", "3s",
+                                        "--idle-timer-slack-ms", "40", "--metrics-token", TOKEN]) as s:
         yield s
-    finally:
-        s.kill_all_sandboxes()
-        s.stop()
-        log = s.log()
-        cleanup_state(state)
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log[-8000:]
 
 
 def slacks(sid: str) -> list:

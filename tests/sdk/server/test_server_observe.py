@@ -11,8 +11,6 @@ import hmac
 import http.server
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
 
@@ -20,7 +18,7 @@ import pytest
 from e2b import Sandbox
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import KilnServer, cleanup_state
+from .conftest import own_server
 
 TOKEN = "obs-metrics-token-0123"
 SECRET = "obs-webhook-secret-0123456789"
@@ -31,24 +29,11 @@ LIFECYCLE = {"created", "paused", "resumed", "killed", "timed-out", "oom", "pids
 
 @pytest.fixture(scope="module")
 def srv():
-    base = tempfile.mkdtemp(prefix="kiln-obs-")
-    state = os.path.join(base, "state")
-    extra = os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split() + [
-        "--metrics-token", TOKEN, "--metrics-interval", "0.5", "--webhook-retry-base", "0.5",
-        # The test's receivers listen on 127.0.0.1 (refused by default: SSRF filter).
-        "--webhook-allow-private"]
-    s = KilnServer(state, extra)
-    try:
-        s.start()
+    with own_server("kiln-obs-", [
+            "--metrics-token", TOKEN, "--metrics-interval", "0.5", "--webhook-retry-base", "0.5",
+            # The test's receivers listen on 127.0.0.1 (refused by default: SSRF filter).
+            "--webhook-allow-private"]) as s:
         yield s
-    finally:
-        s.kill_all_sandboxes()
-        s.stop()
-        log = s.log()
-        print("---- kiln serve log (tail) ----\n" + log[-6000:])
-        cleanup_state(state)
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log
 
 
 def ts_of(m) -> float:

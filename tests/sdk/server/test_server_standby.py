@@ -9,9 +9,7 @@ them."""
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -19,33 +17,24 @@ import urllib.request
 import pytest
 from e2b import CommandExitException, PtySize, Sandbox
 
-from .conftest import KilnServer, cleanup_state, kiln_bin, runsc_processes_for
+from .conftest import KilnServer, kiln_bin, own_server, runsc_processes_for
 
 STANDBY_AFTER = "2s"
 METRICS_TOKEN = "standby-metrics-token-0123"
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.5; done"
 
 
+SERVE_ARGS = ["--pool-off", "--standby-after", STANDBY_AFTER, "--metrics-token", METRICS_TOKEN]
+
+
 def serve_args() -> list:
-    return os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split() + [
-        "--pool-off", "--standby-after", STANDBY_AFTER, "--metrics-token", METRICS_TOKEN]
+    return os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split() + SERVE_ARGS
 
 
 @pytest.fixture(scope="module")
 def srv():
-    base = tempfile.mkdtemp(prefix="kiln-standby-")
-    state = os.path.join(base, "state")
-    s = KilnServer(state, serve_args())
-    try:
-        s.start()
+    with own_server("kiln-standby-", SERVE_ARGS) as s:
         yield s
-    finally:
-        s.kill_all_sandboxes()
-        s.stop()
-        log = s.log()
-        cleanup_state(state)
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log[-8000:]
 
 
 def detail(s: KilnServer, sid: str) -> dict:

@@ -5,14 +5,12 @@ on the host — no runtime process, mount, network slot or server file descripto
 last cycle than after the first."""
 
 import os
-import shutil
-import tempfile
 import time
 
 import pytest
 from e2b import Sandbox
 
-from .conftest import (KilnServer, cleanup_state, mounts_under, net_prefix,
+from .conftest import (KilnServer, mounts_under, net_prefix, own_server,
                        runsc_processes_for)
 from .test_server_standby import count, events, start_detached, wait_standby
 
@@ -25,20 +23,8 @@ FD_SLACK = 8
 
 @pytest.fixture(scope="module")
 def srv():
-    base = tempfile.mkdtemp(prefix="kiln-standby-cycles-")
-    state = os.path.join(base, "state")
-    extra = os.environ.get("KILN_SERVE_EXTRA_ARGS", "").split()
-    s = KilnServer(state, extra + ["--pool-off", "--standby-after", "300ms"])
-    try:
-        s.start()
+    with own_server("kiln-standby-cycles-", ["--pool-off", "--standby-after", "300ms"]) as s:
         yield s
-    finally:
-        s.kill_all_sandboxes()
-        s.stop()
-        log = s.log()
-        cleanup_state(state)
-        shutil.rmtree(base, ignore_errors=True)
-        assert "panicked" not in log, log[-8000:]
 
 
 def host_footprint(s: KilnServer, sid: str) -> dict:
