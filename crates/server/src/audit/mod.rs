@@ -36,6 +36,7 @@ use crate::store::{AuditStore, SqliteAuditStore};
 
 pub use filter::Filter;
 pub use query::Report;
+use record::Append;
 pub use record::{AuditRecord, Kind, NewRecord};
 pub use writer::{Retention, RulesTap};
 
@@ -138,7 +139,11 @@ impl AuditLog {
             kind,
             body,
         };
-        if i.tx.send(writer::Msg::Record(r)).await.is_err() {
+        if i.tx
+            .send(writer::Msg::Append(Append::Record(r)))
+            .await
+            .is_err()
+        {
             tracing::error!(sandbox = sandbox_id, "the audit writer has stopped");
         }
     }
@@ -155,7 +160,7 @@ impl AuditLog {
         if let Some(Some(k)) = self.owner_cached(parent) {
             self.set_owner(child, &k);
         }
-        let m = writer::Msg::Link {
+        let m = writer::Msg::Append(Append::Link {
             child: child.to_string(),
             parent: parent.to_string(),
             ts_ms: crate::store::now_ms(),
@@ -164,7 +169,7 @@ impl AuditLog {
             } else {
                 serde_json::json!({})
             },
-        };
+        });
         let _ = i.tx.send(m).await;
     }
 

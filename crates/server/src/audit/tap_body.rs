@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
-use super::record::{Kind, NewRecord};
+use super::record::{Append, Kind, NewRecord};
 use super::tap_record::{Counter, Recorded, EDGE};
 use super::writer::Msg;
 
@@ -39,7 +39,7 @@ fn drain(
         match ready!(s.poll_reserve(cx)) {
             Ok(()) => {
                 if let Some(r) = pending.pop_front() {
-                    let _ = s.send_item(Msg::Record(r));
+                    let _ = s.send_item(Msg::Append(Append::Record(r)));
                 }
             }
             Err(_) => {
@@ -57,7 +57,9 @@ fn send_detached(tx: &mpsc::Sender<Msg>, pending: &mut VecDeque<NewRecord>) {
     let tx = tx.clone();
     let mut rest = Vec::new();
     for r in pending.drain(..) {
-        if let Err(tokio::sync::mpsc::error::TrySendError::Full(m)) = tx.try_send(Msg::Record(r)) {
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(m)) =
+            tx.try_send(Msg::Append(Append::Record(r)))
+        {
             rest.push(m);
         }
     }

@@ -11,7 +11,7 @@ use kiln_proto::framing::EnvelopeDecoder;
 use kiln_proto::process::{self as pb, process_event};
 use serde_json::{Map, Value};
 
-use super::record::{Kind, NewRecord};
+use super::record::{Append, Kind, NewRecord};
 use super::writer::Msg;
 use super::AuditLog;
 
@@ -52,7 +52,7 @@ impl Recorded {
     pub(super) async fn emit(&self, kind: Kind) {
         if let Some(tx) = self.log.sender() {
             let r = self.record(kind, Value::Object(self.fields.clone()));
-            let _ = tx.send(Msg::Record(r)).await;
+            let _ = tx.send(Msg::Append(Append::Record(r))).await;
         }
     }
 

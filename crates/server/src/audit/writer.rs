@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::record::{Append, AuditRecord, NewRecord};
+use super::record::{Append, AuditRecord};
 use crate::store::AuditStore;
 
 /// Most messages written in one transaction.
@@ -20,14 +19,8 @@ const RETRIES: u32 = 50;
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 pub(super) enum Msg {
-    Record(NewRecord),
-    /// Starts `child`'s chain with a record linking to `parent`'s head.
-    Link {
-        child: String,
-        parent: String,
-        ts_ms: i64,
-        body: Value,
-    },
+    /// A record, or a chain's start linking to another chain's head.
+    Append(Append),
     /// Answered once everything sent before it is stored.
     Flush(oneshot::Sender<()>),
     /// Runs retention now; answers how many records went.
@@ -103,18 +96,7 @@ impl Writer {
             let mut prunes = Vec::new();
             for m in batch.drain(..) {
                 match m {
-                    Msg::Record(r) => appends.push(Append::Record(r)),
-                    Msg::Link {
-                        child,
-                        parent,
-                        ts_ms,
-                        body,
-                    } => appends.push(Append::Link {
-                        child,
-                        parent,
-                        ts_ms,
-                        body,
-                    }),
+                    Msg::Append(a) => appends.push(a),
                     Msg::Flush(f) => flushes.push(f),
                     Msg::Prune(p) => prunes.push(p),
                 }
