@@ -88,20 +88,14 @@ impl EtcdStore {
                     .filter(|w| &w.team == team && webhook_wants(w, &e.event.kind))
                 {
                     id += 1;
-                    let d = DeliveryDoc {
+                    let d = DeliveryDoc::pending(
                         id,
-                        webhook_id: w.id.clone(),
-                        event_seq: Some(e.seq),
-                        kind: e.event.kind.clone(),
-                        payload: event_payload(w, e),
-                        status: DeliveryStatus::Pending.as_str().into(),
-                        attempts: 0,
-                        next_attempt_ms: now,
-                        created_at_ms: now,
-                        last_attempt_ms: None,
-                        last_status_code: None,
-                        last_error: None,
-                    };
+                        &w.id,
+                        Some(e.seq),
+                        &e.event.kind,
+                        event_payload(w, e),
+                        now,
+                    );
                     these.extend(self.delivery_ops(None, &d));
                 }
                 // The rest waits for the next call (the cursor stops before it).
@@ -136,20 +130,7 @@ impl EtcdStore {
         let now = now_ms();
         self.read_modify_write(std::slice::from_ref(&seq), |seen| {
             let id = number(&seen[0]) + 1;
-            let d = DeliveryDoc {
-                id,
-                webhook_id: webhook_id.to_string(),
-                event_seq: None,
-                kind: kind.to_string(),
-                payload: payload.to_string(),
-                status: DeliveryStatus::Pending.as_str().into(),
-                attempts: 0,
-                next_attempt_ms: now,
-                created_at_ms: now,
-                last_attempt_ms: None,
-                last_status_code: None,
-                last_error: None,
-            };
+            let d = DeliveryDoc::pending(id, webhook_id, None, kind, payload.to_string(), now);
             let mut ops = self.delivery_ops(None, &d);
             ops.push(TxnOp::put(seq.as_str(), id.to_string(), None));
             Ok(Step::Write(ops, id))

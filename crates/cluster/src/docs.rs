@@ -458,6 +458,34 @@ pub struct DeliveryDoc {
     pub last_error: Option<String>,
 }
 
+impl DeliveryDoc {
+    /// A new delivery `id` of `payload` to webhook `webhook_id`, due at `now` (`event_seq`: the
+    /// event it carries; None for a test delivery).
+    pub fn pending(
+        id: i64,
+        webhook_id: &str,
+        event_seq: Option<i64>,
+        kind: &str,
+        payload: String,
+        now: i64,
+    ) -> Self {
+        Self {
+            id,
+            webhook_id: webhook_id.to_string(),
+            event_seq,
+            kind: kind.to_string(),
+            payload,
+            status: DeliveryStatus::Pending.as_str().into(),
+            attempts: 0,
+            next_attempt_ms: now,
+            created_at_ms: now,
+            last_attempt_ms: None,
+            last_status_code: None,
+            last_error: None,
+        }
+    }
+}
+
 impl From<DeliveryDoc> for DeliveryRecord {
     fn from(d: DeliveryDoc) -> Self {
         Self {
