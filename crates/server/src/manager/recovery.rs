@@ -165,7 +165,10 @@ impl Manager {
         if rec.state != SandboxState::Starting
             && self.driver.is_paused(&rec.id).await.unwrap_or(false)
         {
-            if rec.state == SandboxState::Running && self.left_in_standby(&rec.id).await? {
+            // Found paused on the host while the store says running: left in standby?
+            if rec.state == SandboxState::Running
+                && super::standby::left_in_standby(self.store.as_ref(), &rec.id).await?
+            {
                 let id = rec.id.clone();
                 self.registry.insert(rec);
                 self.idle.set_standby(&id, crate::store::now_ms());

@@ -220,12 +220,6 @@ impl Manager {
         Ok(())
     }
 
-    /// Whether the store's running sandbox `id`, found paused on the host after a restart,
-    /// was left in standby (see [`left_in_standby`]).
-    pub(super) async fn left_in_standby(&self, id: &str) -> Result<bool> {
-        Ok(left_in_standby(self.store.as_ref(), id).await?)
-    }
-
     /// Puts running `id` in standby if it is still quiet; true when it did.
     pub(super) async fn enter_standby(&self, id: &str, after: Duration) -> bool {
         let _guard = self.lifecycle_lock.lock().await;
