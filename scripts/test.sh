@@ -5,6 +5,8 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$KILN_ROOT"
 need_cargo
+# One build per run: incremental caches would only take disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 say "host packages"
 install_packages cc:gcc mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs debugfs:e2fsprogs \
