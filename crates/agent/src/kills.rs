@@ -1,7 +1,8 @@
 //! The agent's record of the processes it killed to keep the sandbox alive (the OOM pass,
-//! the fork-bomb killer, the host-pressure relief): each kill is a console line, as before,
-//! and an entry of a short log the agent's `/metrics` answer carries (`kiln_kills`), from
-//! which the server's metrics sampler makes `oom`, `pids-limit` and `host-limit` events.
+//! the fork-bomb killer, the host-pressure relief) and of the sudo requests its broker
+//! refused: each is a console line and an entry of a short log the agent's `/metrics` answer
+//! carries (`kiln_kills`), from which the server's metrics sampler makes `oom`, `pids-limit`,
+//! `host-limit` and `sudo-refused` events.
 //!
 //! The log keeps the newest [`KEEP`] kills. Each has the wall-clock time it happened: the
 //! server reports the kills newer than what it reported before (or than the sandbox's start,
@@ -24,6 +25,8 @@ pub enum Reason {
     Pids,
     /// The server saw the sandbox's host side near its limits (`SIGURG`).
     Host,
+    /// Not a kill: the sudo broker refused a request (the sandbox's sudoers does not allow it).
+    SudoRefused,
 }
 
 impl Reason {
@@ -33,6 +36,7 @@ impl Reason {
             Reason::Memory => "oom",
             Reason::Pids => "pids",
             Reason::Host => "host",
+            Reason::SudoRefused => "sudo",
         }
     }
 }

@@ -52,7 +52,7 @@ const DUP_POINTS: [&str; 2] = ["syscall/dup2/exit", "syscall/dup3/exit"];
 
 /// Writes the sandbox's pod init config (its syscalls are audited from its start).
 pub fn write_config(dir: &Path) -> Result<()> {
-    let ctx = json!(["group_id", "process_name"]);
+    let ctx = json!(["group_id", "process_name", "credentials"]);
     let mut points: Vec<Value> = POINTS
         .iter()
         .map(|p| json!({"name": p, "context_fields": ctx}))
@@ -179,6 +179,8 @@ pub fn decode(msg: &[u8]) -> Option<Value> {
     let ctx = f.iter().find_map(|x| x.msg(1)).unwrap_or_default();
     let process = ctx.iter().find_map(|x| x.str(9)).unwrap_or_default();
     let pid = ctx.iter().find_map(|x| x.int(4));
+    // Credentials (context field 7): real uid 1, effective uid 2; a zero is not on the wire.
+    let creds = ctx.iter().find_map(|x| x.msg(7));
     // The agent is PID 1; the name is its thread's (`tokio-rt-worker` for most of its calls),
     // so the pid is what tells.
     if process == AGENT_COMM || pid == Some(1) {
@@ -215,6 +217,10 @@ pub fn decode(msg: &[u8]) -> Option<Value> {
     };
     b["pid"] = json!(pid);
     b["process"] = json!(process);
+    if let Some(c) = creds {
+        b["uid"] = json!(c.iter().find_map(|x| x.int(1)).unwrap_or(0));
+        b["euid"] = json!(c.iter().find_map(|x| x.int(2)).unwrap_or(0));
+    }
     if exit.is_some() {
         b["result"] = json!(result.unwrap_or(0));
         if let Some(e) = errno {
@@ -308,5 +314,21 @@ mod tests {
         assert_eq!(b["call"], "execve");
         assert_eq!(b["argv"], json!(["cat", "/x"]));
         assert!(b.get("result").is_none());
+        assert!(b.get("uid").is_none(), "no credentials, no uid");
+    }
+
+    #[test]
+    fn credentials_give_the_real_and_effective_uid() {
+        // Context: group_id 9, credentials {real_uid 1000, effective_uid 0 (absent)}, process su.
+        let p = b"\n\x0b\x20\x09\x3a\x03\x08\xe8\x07J\x02su\x32\x01/";
+        let b = decode(&message(7, p)).unwrap();
+        assert_eq!(
+            (b["pid"].as_i64(), b["uid"].as_i64(), b["euid"].as_i64()),
+            (Some(9), Some(1000), Some(0))
+        );
+        // An empty credentials message: root all through.
+        let p = b"\n\x08\x20\x09\x3a\x00J\x02id\x32\x01/";
+        let b = decode(&message(7, p)).unwrap();
+        assert_eq!((b["uid"].as_i64(), b["euid"].as_i64()), (Some(0), Some(0)));
     }
 }

@@ -100,6 +100,55 @@ fn bind_shell_stdio_socket() {
 }
 
 #[test]
+fn root_without_the_broker() {
+    // Syscall records carry the caller's real and effective uid (gVisor's credentials).
+    let mut f = Feed::new();
+    let open = |f: &mut Feed, process: &str, uid: i64, euid: i64| {
+        f.rec(
+            5,
+            "syscall",
+            json!({"call": "openat", "pid": 700, "process": process,
+                                   "path": "/etc/ld.so.cache", "flags": 0o2000000, "result": 3,
+                                   "uid": uid, "euid": euid}),
+        )
+    };
+    // A setuid-root program run by the user.
+    only(open(&mut f, "su", 1000, 0), "root_without_the_broker");
+    // Root through the API or the broker: real uid root too.
+    assert!(open(&mut f, "apt-get", 0, 0).is_empty());
+    // The user's own processes, and a record without credentials.
+    assert!(open(&mut f, "python3", 1000, 1000).is_empty());
+    assert!(f
+        .rec(
+            5,
+            "syscall",
+            json!({"call": "openat", "pid": 700, "process": "x", "path": "/x", "result": 3})
+        )
+        .is_empty());
+    // Root dropping to a user (setuid programs that drop at once) is not an escalation.
+    assert!(open(&mut f, "sshd", 0, 1000).is_empty());
+}
+
+#[test]
+fn sudo_refused() {
+    let mut f = Feed::new();
+    let ev = |f: &mut Feed, event: &str, detail: &str| {
+        f.rec(5, "lifecycle", json!({"event": event, "detail": detail}))
+    };
+    only(
+        ev(
+            &mut f,
+            "sudo-refused",
+            "sudo refused: user user (uid 1000) asked to run /usr/bin/id as root (no rule allows it)",
+        ),
+        "sudo_refused",
+    );
+    assert!(ev(&mut f, "oom", "Out of memory: Killed process 7 (hog)").is_empty());
+    // A granted sudo leaves no such record: the benign suite's `sudo apt-get` raises nothing.
+    assert!(f.cmd("sudo apt-get install -y jq").is_empty());
+}
+
+#[test]
 fn a_reverse_shell_is_one_incident() {
     // bash's /dev/tcp shell as the records show it with syscall auditing: the agent's start,
     // the execve, the shell's connect, its dup2s onto 0-2; and a shadow read in between.

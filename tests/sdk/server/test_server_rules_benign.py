@@ -168,7 +168,7 @@ def pkg_net():
 @pytest.fixture(scope="module")
 def srv(pkg_net):
     with net_server_in("rules benign", RANGE, dns=DNS) as s:
-        assert "anomaly detection: 29 rules (Builtin)" in s.log(), s.log()
+        assert "anomaly detection: 31 rules (Builtin)" in s.log(), s.log()
         yield s
 
 

@@ -73,7 +73,7 @@ def srv(net):
         f.write(pack)
     try:
         with net_server_in("rules more", RANGE, ["--rules", path, "--metrics-interval", "1"], DNS) as s:
-            assert "anomaly detection: 29 rules" in s.log(), s.log()
+            assert "anomaly detection: 31 rules" in s.log(), s.log()
             yield s
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -278,5 +278,63 @@ def test_own_environ_is_not_another_process_environ(srv):
         got = wait_alerts(srv, sbx.sandbox_id, lambda a: a)
         assert [a["rule"] for a in got] == ["other_process_environ"], got
         assert "/environ" in got[0]["output"], got
+    finally:
+        sbx.kill()
+
+
+MIXED_CREDS = """
+import os
+os.setresuid(1000, 0, 0)
+open("/etc/hostname").close()
+"""
+
+
+def test_root_that_did_not_come_from_the_api_or_the_broker(srv):
+    """A process whose effective uid is root while its real uid is the user's (what a setuid-root
+    program is) alerts; root from the API and from kiln's sudo broker (real uid root as well)
+    does not. This gVisor does not honour setuid bits (a setuid-root `su` keeps the user's
+    uids), so the mixed credentials are made the other way round: a root process sets its
+    real uid to the user's and keeps root's effective uid."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=120, metadata=AUDIT_SYSCALLS, **srv.opts())
+    try:
+        assert sbx.commands.run("sudo id -u && id -u", user="user").stdout.split() == ["0", "1000"]
+        sbx.commands.run("id -u && cat /etc/hostname", user="root")
+        sbx.commands.run("su --version", user="user")
+        time.sleep(2.0)
+        assert alerts(srv, sbx.sandbox_id) == []
+        status, page, _ = srv.request("GET", f"/sandboxes/{sbx.sandbox_id}/audit?kind=syscall&limit=1000")
+        assert status == 200, page
+        su = [r["body"] for r in page["records"] if r["body"].get("process") == "su"]
+        assert su and all((b["uid"], b["euid"]) == (1000, 1000) for b in su), su[:3]
+        sbx.files.write("/tmp/mixed.py", MIXED_CREDS)
+        sbx.commands.run("python3 /tmp/mixed.py", user="root")
+        got = wait_alerts(srv, sbx.sandbox_id, lambda a: a)
+        assert [(a["rule"], a["incident"], a["priority"]) for a in got] == \
+            [("root_without_the_broker", "privilege_escalation", "critical")], got
+        assert got[0]["output"].startswith("python3 (pid "), got
+        assert "runs as root with real uid 1000" in got[0]["output"], got
+        assert "(openat /etc/hostname)" in got[0]["output"], got
+    finally:
+        sbx.kill()
+
+
+def test_a_refused_sudo(srv):
+    """The broker's refusals reach the server as `sudo-refused` events and alert, with no
+    syscall auditing; a granted sudo raises nothing."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=120, **srv.opts())
+    try:
+        assert sbx.commands.run("sudo -n true && echo granted", user="user").stdout.strip() == "granted"
+        r = sbx.commands.run("sudo -n id -u; echo rc=$?", user="nobody")
+        print(r.stdout, r.stderr)
+        assert "rc=1" in r.stdout, r
+        got = wait_alerts(srv, sbx.sandbox_id, lambda a: a)
+        assert [(a["rule"], a["priority"]) for a in got] == [("sudo_refused", "warning")], got
+        assert "user nobody" in got[0]["output"] and "as root (no rule allows it)" in got[0]["output"], got
+        status, ev, _ = srv.request("GET", f"/events?sandboxId={sbx.sandbox_id}&type=sudo-refused")
+        assert status == 200 and len(ev["events"]) == 1, ev
     finally:
         sbx.kill()

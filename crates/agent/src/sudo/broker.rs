@@ -196,17 +196,32 @@ fn start_command(conn: &OwnedFd, body: &[u8], fds: Vec<OwnedFd>, cred: Cred) -> 
         &target.name,
         &program,
     );
-    match verdict {
-        Verdict::Allow => {}
-        Verdict::NeedsPassword => return Err("a password is required".into()),
-        Verdict::Deny => {
-            return Err(format!(
-                "Sorry, user {} is not allowed to execute '{}' as {} in this sandbox.",
+    let why = match verdict {
+        Verdict::Allow => None,
+        Verdict::NeedsPassword => Some("a password is required".to_string()),
+        Verdict::Deny => Some(format!(
+            "Sorry, user {} is not allowed to execute '{}' as {} in this sandbox.",
+            caller.name,
+            program.display(),
+            target.name
+        )),
+    };
+    if let Some(why) = why {
+        let detail = match verdict {
+            Verdict::NeedsPassword => "the rule wants a password",
+            _ => "no rule allows it",
+        };
+        crate::kills::record(
+            crate::kills::Reason::SudoRefused,
+            format!(
+                "sudo refused: user {} (uid {}) asked to run {} as {} ({detail})",
                 caller.name,
+                caller.uid,
                 program.display(),
                 target.name
-            ))
-        }
+            ),
+        );
+        return Err(why);
     }
     if req.check_only {
         send(conn, &Msg::Exit(0));

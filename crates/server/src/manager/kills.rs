@@ -3,7 +3,8 @@
 //! metrics sampler turns each one it has not reported yet into an event — `oom` (the
 //! sandbox's memory was exceeded), `pids-limit` (a command forked past its process cap) or
 //! `host-limit` (the sandbox's host side neared its limits) — which the events API, webhooks
-//! and the audit log then carry like any other.
+//! and the audit log then carry like any other. The same log carries the sudo requests the
+//! agent's broker refused, which become `sudo-refused` events (the rules' `sudo_refused`).
 //!
 //! What "not reported yet" means: kills newer than the newest one this server reported for
 //! the sandbox. The first time, the mark is the sandbox's start (so a fork, or a sandbox
@@ -19,13 +20,14 @@ use super::Manager;
 use crate::store::{EventQuery, SandboxRecord};
 
 /// The event kinds kills become, by the agent's reason.
-pub const KILL_EVENT_KINDS: &[&str] = &["oom", "pids-limit", "host-limit"];
+pub const KILL_EVENT_KINDS: &[&str] = &["oom", "pids-limit", "host-limit", "sudo-refused"];
 
 /// The event kind of a kill of the agent's reason `kind` (`oom`, `pids`, `host`).
 pub fn event_kind(kind: &str) -> &'static str {
     match kind {
         "oom" => "oom",
         "pids" => "pids-limit",
+        "sudo" => "sudo-refused",
         _ => "host-limit",
     }
 }
@@ -124,7 +126,8 @@ mod tests {
         assert_eq!(event_kind("oom"), "oom");
         assert_eq!(event_kind("pids"), "pids-limit");
         assert_eq!(event_kind("host"), "host-limit");
-        for k in ["oom", "pids", "host"] {
+        assert_eq!(event_kind("sudo"), "sudo-refused");
+        for k in ["oom", "pids", "host", "sudo"] {
             assert!(KILL_EVENT_KINDS.contains(&event_kind(k)));
         }
     }
