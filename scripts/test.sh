@@ -7,6 +7,8 @@ cd "$KILN_ROOT"
 need_cargo
 # One build per run: incremental caches would only take disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The build, the templates and the sandboxes share one disk; say what the run starts with.
+say "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where kiln builds"
 
 say "host packages"
 install_packages cc:gcc mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs debugfs:e2fsprogs \

@@ -467,8 +467,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let server = setup.prepare(templates).await?;
         if let Some(src) = kiln_server::alerts::RulesSource::parse(&rules) {
             if cfg.audit.enabled {
-                let db = cfg.state_dir.join("kiln.db");
-                let st = kiln_server::alerts::start(&server.manager, &db, src)?;
+                let st = server.start_alerts(src)?;
                 println!("kiln: anomaly detection: {} rules ({:?})", st.rules, st.source);
             } else if rules != "builtin" {
                 anyhow::bail!("--rules {rules} needs the audit log (--audit on)");

@@ -143,6 +143,7 @@ pub struct Server {
     host_cas: Option<Arc<api::host_trust::HostCas>>,
     builds: Arc<tplbuild::Builds>,
     console_db: console::ConsoleDb,
+    alerts_db: store::alerts_sql::AlertsDb,
 }
 
 impl Server {
@@ -180,6 +181,7 @@ impl Server {
         manager.set_metrics_db(obs::persist::MetricsDb::new(db.metrics()?));
         let builds = tplbuild::Builds::open(&cfg.state_dir, db.builds()?, manager.clone()).await?;
         let console_db = db.console()?;
+        let alerts_db = db.alerts()?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| ServerError::Listen {
@@ -251,7 +253,17 @@ impl Server {
             host_cas,
             builds,
             console_db,
+            alerts_db,
         })
+    }
+
+    /// Starts anomaly detection: the rules of `source` evaluate the audit stream of this
+    /// server's sandboxes, and their alerts go to the state database.
+    pub fn start_alerts(
+        &self,
+        source: alerts::RulesSource,
+    ) -> Result<alerts::Started, alerts::AlertsError> {
+        alerts::start(&self.manager, self.alerts_db.clone(), source)
     }
 
     /// Serves until SIGTERM or SIGINT (sandboxes keep running across restarts by design; what

@@ -72,7 +72,11 @@ async fn alerts_are_team_scoped_filtered_and_never_loop() {
         .set_audit(AuditLog::open(&db, &AuditConfig::default()).unwrap());
     let rules = rig.path().join("rules.yaml");
     std::fs::write(&rules, RULES).unwrap();
-    let st = start(&rig.manager, &db, RulesSource::File(rules.clone())).unwrap();
+    let alerts_db = kiln_server::store::StateDb::open(&db)
+        .unwrap()
+        .alerts()
+        .unwrap();
+    let st = start(&rig.manager, alerts_db, RulesSource::File(rules.clone())).unwrap();
     assert_eq!(st.rules, 2);
     let (app, operator) = rig.app().await;
     let red = common::team_key(rig.path(), "red").await;

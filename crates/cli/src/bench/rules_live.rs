@@ -86,11 +86,7 @@ pub fn run(l: Live) -> anyhow::Result<()> {
                     .unwrap_or_else(|e| e.into_inner())
                     .push(manager.clone());
                 if rules {
-                    kiln_server::alerts::start(
-                        &manager,
-                        &dir.join("kiln.db"),
-                        kiln_server::alerts::RulesSource::Builtin,
-                    )?;
+                    server.start_alerts(kiln_server::alerts::RulesSource::Builtin)?;
                 }
                 let addr = server.local_addr;
                 tokio::spawn(server.serve());

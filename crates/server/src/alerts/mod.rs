@@ -23,7 +23,7 @@
 pub mod actions;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,10 +104,10 @@ pub struct Started {
 }
 
 /// Loads the rules and starts evaluating the audit stream of `manager`'s sandboxes; alerts go
-/// to the state database at `db`.
+/// to `db`.
 pub fn start(
     manager: &Arc<Manager>,
-    db: &Path,
+    db: AlertsDb,
     source: RulesSource,
 ) -> Result<Started, AlertsError> {
     let log = manager.audit().clone();
@@ -128,7 +128,7 @@ pub fn start(
         }
     };
     let rules = set.rules.len();
-    let handler = actions::Handler::new(manager.clone(), AlertsDb::open(db)?);
+    let handler = actions::Handler::new(manager.clone(), db);
     let (tx, rx) = mpsc::channel(QUEUE);
     tap.set(tx);
     tokio::spawn(run(Engine::new(set), rx, watched, handler, manager.clone()));

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::aggregates::{AuditStore, MetricsStore};
+use super::alerts_sql::AlertsDb;
 use super::audit_sql::SqliteAuditStore;
 use super::metrics_sql::SqliteMetricsStore;
 use super::{BuildsDb, ConsoleDb, Result, SecretsDb, SqliteStore, StateStore, VolumesDb};
@@ -61,6 +62,11 @@ impl StateDb {
 
     pub fn console(&self) -> Result<ConsoleDb> {
         ConsoleDb::open(&self.path)
+    }
+
+    /// The rule engine's alerts and incidents.
+    pub fn alerts(&self) -> Result<AlertsDb> {
+        AlertsDb::open(&self.path)
     }
 }
 
