@@ -33,6 +33,7 @@ impl RegistryArgs {
             }),
             quiet: false,
             parallel: 0,
+            progress: None,
         })
     }
 }
