@@ -195,6 +195,34 @@ pub struct Args {
         value_name = "FILE|builtin|off"
     )]
     rules: String,
+    /// Pull a registry's images from a mirror in Template API builds (`fromImage`):
+    /// `REGISTRY=URL` (e.g. `docker.io=http://127.0.0.1:5000`); repeatable; adds to
+    /// $KILN_REGISTRY_MIRRORS (comma-separated), as `kiln template build --from-image` does.
+    #[arg(long = "registry-mirror", value_name = "REGISTRY=URL")]
+    registry_mirrors: Vec<String>,
+    /// How often built templates are collected by themselves (as `kiln template gc` does with
+    /// its defaults: never a version a sandbox, snapshot or running build uses), with the
+    /// uploaded COPY archives nothing names: e.g. `1h`, `10m`, or `off`.
+    #[arg(
+        long,
+        env = "KILN_TEMPLATE_GC_INTERVAL",
+        default_value = "1h",
+        value_name = "DURATION"
+    )]
+    template_gc_interval: String,
+    /// Uploaded COPY archives younger than this (since uploaded or last reported present to
+    /// a client) are never collected.
+    #[arg(
+        long,
+        env = "KILN_TEMPLATE_FILES_GRACE",
+        default_value = "1h",
+        value_name = "DURATION"
+    )]
+    template_files_grace: String,
+    /// Whether the automatic collection also removes the template store's old versions and
+    /// unused image layers (`kiln template gc` without `--built`, keeping one older version).
+    #[arg(long, env = "KILN_TEMPLATE_GC_STORE", default_value = "on", value_parser = ["on", "off"])]
+    template_gc_store: String,
     /// Extra template made of a bare rootfs directory, NAME=DIR (repeatable; for tests).
     #[arg(long = "template-dir", value_name = "NAME=DIR")]
     template_dirs: Vec<String>,
@@ -311,6 +339,39 @@ fn template_source(a: &Args) -> anyhow::Result<Arc<dyn Templates>> {
     )))
 }
 
+/// The Template API builds' settings: registry mirrors, the automatic collection.
+fn template_builds(
+    a: &Args,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<kiln_server::tplbuild::BuildsConfig> {
+    use kiln_server::tplbuild::gc::StoreGc;
+    let registry_mirrors = kiln_template::oci::Mirrors::from_env_and(&a.registry_mirrors)
+        .context("--registry-mirror / KILN_REGISTRY_MIRRORS")?;
+    let gc_interval = kiln_server::manager::parse_standby_after(&a.template_gc_interval)
+        .map_err(|e| anyhow::anyhow!("--template-gc-interval: {e}"))?;
+    let files_grace = kiln_server::manager::parse_standby_after(&a.template_files_grace)
+        .map_err(|e| anyhow::anyhow!("--template-files-grace: {e}"))?
+        .unwrap_or_default();
+    let state_dir = state_dir.to_path_buf();
+    let store_gc = (a.template_gc_store == "on").then(|| {
+        StoreGc(Arc::new(move || {
+            let store = kiln_template::Store::open_default().map_err(|e| e.to_string())?;
+            let refs = crate::drivers::TemplateRefs::of_state(&state_dir);
+            let mut removed = store.gc(1, |d| refs.uses(d)).map_err(|e| e.to_string())?;
+            removed.extend(
+                kiln_template::oci::template::gc_blobs(&store).map_err(|e| e.to_string())?,
+            );
+            Ok(removed.iter().map(|p| p.display().to_string()).collect())
+        }))
+    });
+    Ok(kiln_server::tplbuild::BuildsConfig {
+        registry_mirrors,
+        gc_interval,
+        files_grace,
+        store_gc,
+    })
+}
+
 /// Raises host limits that are merely defaults (kernel.pid_max), saying so.
 fn raise_host_limits() {
     match kiln_host::capacity::raise_pid_max() {
@@ -408,7 +469,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             volume_mb: a.volume_mb,
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
-                state_dir: Some(state_dir),
+                state_dir: Some(state_dir.clone()),
                 team_defaults: kiln_server::tenancy::TeamQuota {
                     max_sandboxes: a.team_max_sandboxes,
                     max_timeout_secs: a.team_max_timeout,
@@ -457,6 +518,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         },
         identity_issuer: a.identity_issuer.clone(),
         host_ca_dir: (a.host_cas == "on").then(|| a.host_ca_dir.clone()),
+        template_builds: template_builds(&a, &state_dir)?,
     };
     let rules = a.rules.clone();
     rt.block_on(async move {

@@ -161,6 +161,7 @@ pub(crate) fn server_config(
         audit,
         identity_issuer: None,
         host_ca_dir: None,
+        template_builds: Default::default(),
     };
     Ok(crate::drivers::ServerSetup { server, driver })
 }
