@@ -358,9 +358,8 @@ fn template_builds(
             let store = kiln_template::Store::open_default().map_err(|e| e.to_string())?;
             let refs = crate::drivers::TemplateRefs::of_state(&state_dir);
             let mut removed = store.gc(1, |d| refs.uses(d)).map_err(|e| e.to_string())?;
-            removed.extend(
-                kiln_template::oci::template::gc_blobs(&store).map_err(|e| e.to_string())?,
-            );
+            removed
+                .extend(kiln_template::oci::template::gc_blobs(&store).map_err(|e| e.to_string())?);
             Ok(removed.iter().map(|p| p.display().to_string()).collect())
         }))
     });

@@ -328,8 +328,12 @@ mod tests {
             .await
             .unwrap();
         build(&db, &t.id, "v1", "ready", Some("s-v1")).await;
-        db.put_layer("red", "k0", "s-base", "v1", None, 1).await.unwrap();
-        db.put_layer("red", "k1", "s-v1", "v1", None, 1).await.unwrap();
+        db.put_layer("red", "k0", "s-base", "v1", None, 1)
+            .await
+            .unwrap();
+        db.put_layer("red", "k1", "s-v1", "v1", None, 1)
+            .await
+            .unwrap();
         db.assign_tags(&t.id, &["default".into()], "v1", 1)
             .await
             .unwrap();
@@ -338,12 +342,16 @@ mod tests {
             db.use_layer("red", "k0", "v2xx").await.unwrap().as_deref(),
             Some("s-base")
         );
-        db.put_layer("red", "k2", "s-v2", "v2xx", None, 2).await.unwrap();
+        db.put_layer("red", "k2", "s-v2", "v2xx", None, 2)
+            .await
+            .unwrap();
         db.assign_tags(&t.id, &["default".into()], "v2xx", 2)
             .await
             .unwrap();
         build(&db, &t.id, "bad", "error", None).await;
-        db.put_layer("red", "k3", "s-bad", "bad", None, 3).await.unwrap();
+        db.put_layer("red", "k3", "s-bad", "bad", None, 3)
+            .await
+            .unwrap();
 
         let protect: HashSet<String> = ["s-v1".to_string()].into();
         let p = db.collect("red", protect).await.unwrap();

@@ -117,7 +117,11 @@ impl Builds {
             }
         }
         if !gone.is_empty() {
-            tracing::info!(team, archives = gone.len(), "template gc: uploaded archives");
+            tracing::info!(
+                team,
+                archives = gone.len(),
+                "template gc: uploaded archives"
+            );
         }
         Ok(gone)
     }

@@ -213,7 +213,10 @@ mod tests {
             answer: "401 Unauthorized".into(),
         });
         let r = reason("x:1", e);
-        assert!(r.contains("docker.io/library/x:1") && r.contains("\"u\""), "{r}");
+        assert!(
+            r.contains("docker.io/library/x:1") && r.contains("\"u\""),
+            "{r}"
+        );
         assert!(!r.contains("--registry-user"), "{r}");
         let e = kiln_template::Error::Io {
             what: "writing /var/lib/kiln/cache/x".into(),

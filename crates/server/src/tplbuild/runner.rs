@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
-use super::steps::{absolute, sh_quote, StepFailure};
 use super::image::E2B_BASE_IMAGE;
+use super::steps::{absolute, sh_quote, StepFailure};
 use super::{Builds, Env, StartSpec, Step, BUILD_META};
 use crate::manager::CreateParams;
 use crate::store::{now_ms, BuildRow, TplRow};
@@ -368,9 +368,16 @@ async fn step(
         .snapshot_with(&sid, team, None, false)
         .await
         .map_err(|e| fail(label, format!("step {label}: saving its layer: {e}")))?;
-    b.db.put_layer(team, &w.key, &snap.id, build, s.files_hash.as_deref(), now_ms())
-        .await
-        .map_err(|e| fail(label, e.to_string()))?;
+    b.db.put_layer(
+        team,
+        &w.key,
+        &snap.id,
+        build,
+        s.files_hash.as_deref(),
+        now_ms(),
+    )
+    .await
+    .map_err(|e| fail(label, e.to_string()))?;
     b.log(
         build,
         "debug",
