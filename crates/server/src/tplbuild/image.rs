@@ -1,7 +1,8 @@
 //! Images a build starts `fromImage`: the kiln template `kiln template build --from-image`
 //! makes of the image (same name, same template store, so the CLI's and the builds' are one),
 //! pulled by the build itself when it is missing, was made from another image of the same
-//! name, or the build is forced. Pulls go through the server's registry mirrors
+//! name, or the build is forced. A kiln template of that name not made from an image (`base`
+//! for a Dockerfile's `FROM base`, a recipe's) is used as it is, never pulled. Pulls go through the server's registry mirrors
 //! (`--registry-mirror`, `KILN_REGISTRY_MIRRORS`) with the build's `fromImageRegistry`
 //! credentials; their progress goes to the build log (step `base`). Two builds of one image
 //! at once pull once: the second waits on the first's lock, then finds the template made.
@@ -105,7 +106,7 @@ impl Builds {
         let lock = self.image_locks.of(&name);
         let _held = lock.lock().await;
         let full = resolved.full.clone();
-        if !force {
+        if self.manager.template(&name).await.is_ok() {
             let n = name.clone();
             let made_from = tokio::task::spawn_blocking(move || {
                 kiln_template::Store::open_default().and_then(|s| oci::template::image_of(&s, &n))
@@ -113,7 +114,10 @@ impl Builds {
             .await
             .map_err(|e| format!("image {img:?}: {e}"))?;
             match made_from {
-                Ok(Some(made)) if made.source == full => {
+                // A kiln template of that name not made from an image (`FROM base`, a recipe,
+                // a `--template-dir`): the image name means it, and nothing is pulled.
+                Ok(None) => return Ok(name),
+                Ok(Some(made)) if made.source == full && !force => {
                     let Some(creds) = credentials(registry) else {
                         return Ok(name);
                     };
