@@ -339,38 +339,6 @@ fn template_source(a: &Args) -> anyhow::Result<Arc<dyn Templates>> {
     )))
 }
 
-/// The Template API builds' settings: registry mirrors, the automatic collection.
-fn template_builds(
-    a: &Args,
-    state_dir: &std::path::Path,
-) -> anyhow::Result<kiln_server::tplbuild::BuildsConfig> {
-    use kiln_server::tplbuild::gc::StoreGc;
-    let registry_mirrors = kiln_template::oci::Mirrors::from_env_and(&a.registry_mirrors)
-        .context("--registry-mirror / KILN_REGISTRY_MIRRORS")?;
-    let gc_interval = kiln_server::manager::parse_standby_after(&a.template_gc_interval)
-        .map_err(|e| anyhow::anyhow!("--template-gc-interval: {e}"))?;
-    let files_grace = kiln_server::manager::parse_standby_after(&a.template_files_grace)
-        .map_err(|e| anyhow::anyhow!("--template-files-grace: {e}"))?
-        .unwrap_or_default();
-    let state_dir = state_dir.to_path_buf();
-    let store_gc = (a.template_gc_store == "on").then(|| {
-        StoreGc(Arc::new(move || {
-            let store = kiln_template::Store::open_default().map_err(|e| e.to_string())?;
-            let refs = crate::drivers::TemplateRefs::of_state(&state_dir);
-            let mut removed = store.gc(1, |d| refs.uses(d)).map_err(|e| e.to_string())?;
-            removed
-                .extend(kiln_template::oci::template::gc_blobs(&store).map_err(|e| e.to_string())?);
-            Ok(removed.iter().map(|p| p.display().to_string()).collect())
-        }))
-    });
-    Ok(kiln_server::tplbuild::BuildsConfig {
-        registry_mirrors,
-        gc_interval,
-        files_grace,
-        store_gc,
-    })
-}
-
 /// Raises host limits that are merely defaults (kernel.pid_max), saying so.
 fn raise_host_limits() {
     match kiln_host::capacity::raise_pid_max() {
@@ -517,7 +485,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         },
         identity_issuer: a.identity_issuer.clone(),
         host_ca_dir: (a.host_cas == "on").then(|| a.host_ca_dir.clone()),
-        template_builds: template_builds(&a, &state_dir)?,
+        template_builds: crate::template::serve_builds_config(
+            &a.registry_mirrors,
+            &a.template_gc_interval,
+            &a.template_files_grace,
+            a.template_gc_store == "on",
+            &state_dir,
+        )?,
     };
     let rules = a.rules.clone();
     rt.block_on(async move {
