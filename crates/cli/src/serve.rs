@@ -195,6 +195,34 @@ pub struct Args {
         value_name = "FILE|builtin|off"
     )]
     rules: String,
+    /// Pull a registry's images from a mirror in Template API builds (`fromImage`):
+    /// `REGISTRY=URL` (e.g. `docker.io=http://127.0.0.1:5000`); repeatable; adds to
+    /// $KILN_REGISTRY_MIRRORS (comma-separated), as `kiln template build --from-image` does.
+    #[arg(long = "registry-mirror", value_name = "REGISTRY=URL")]
+    registry_mirrors: Vec<String>,
+    /// How often built templates are collected by themselves (as `kiln template gc` does with
+    /// its defaults: never a version a sandbox, snapshot or running build uses), with the
+    /// uploaded COPY archives nothing names: e.g. `1h`, `10m`, or `off`.
+    #[arg(
+        long,
+        env = "KILN_TEMPLATE_GC_INTERVAL",
+        default_value = "1h",
+        value_name = "DURATION"
+    )]
+    template_gc_interval: String,
+    /// Uploaded COPY archives younger than this (since uploaded or last reported present to
+    /// a client) are never collected.
+    #[arg(
+        long,
+        env = "KILN_TEMPLATE_FILES_GRACE",
+        default_value = "1h",
+        value_name = "DURATION"
+    )]
+    template_files_grace: String,
+    /// Whether the automatic collection also removes the template store's old versions and
+    /// unused image layers (`kiln template gc` without `--built`, keeping one older version).
+    #[arg(long, env = "KILN_TEMPLATE_GC_STORE", default_value = "on", value_parser = ["on", "off"])]
+    template_gc_store: String,
     /// Extra template made of a bare rootfs directory, NAME=DIR (repeatable; for tests).
     #[arg(long = "template-dir", value_name = "NAME=DIR")]
     template_dirs: Vec<String>,
@@ -408,7 +436,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             volume_mb: a.volume_mb,
             admission: kiln_server::manager::AdmissionConfig {
                 max_sandboxes: a.max_sandboxes,
-                state_dir: Some(state_dir),
+                state_dir: Some(state_dir.clone()),
                 team_defaults: kiln_server::tenancy::TeamQuota {
                     max_sandboxes: a.team_max_sandboxes,
                     max_timeout_secs: a.team_max_timeout,
@@ -457,6 +485,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         },
         identity_issuer: a.identity_issuer.clone(),
         host_ca_dir: (a.host_cas == "on").then(|| a.host_ca_dir.clone()),
+        template_builds: crate::template::serve_builds_config(
+            &a.registry_mirrors,
+            &a.template_gc_interval,
+            &a.template_files_grace,
+            a.template_gc_store == "on",
+            &state_dir,
+        )?,
     };
     let rules = a.rules.clone();
     rt.block_on(async move {

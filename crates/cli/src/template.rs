@@ -33,6 +33,7 @@ impl RegistryArgs {
             }),
             quiet: false,
             parallel: 0,
+            progress: None,
         })
     }
 }
@@ -289,4 +290,41 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `kiln serve`'s Template API build settings: registry mirrors (`--registry-mirror`s after
+/// $KILN_REGISTRY_MIRRORS), the automatic collection's period, the uploaded archives' grace
+/// period, and whether it collects the template store too (as `kiln template gc`).
+pub fn serve_builds_config(
+    mirrors: &[String],
+    gc_interval: &str,
+    files_grace: &str,
+    store_gc: bool,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<kiln_server::tplbuild::BuildsConfig> {
+    use kiln_server::tplbuild::gc::StoreGc;
+    let registry_mirrors = Mirrors::from_env_and(mirrors)
+        .map_err(|e| anyhow::anyhow!("--registry-mirror / KILN_REGISTRY_MIRRORS: {e}"))?;
+    let gc_interval = kiln_server::manager::parse_standby_after(gc_interval)
+        .map_err(|e| anyhow::anyhow!("--template-gc-interval: {e}"))?;
+    let files_grace = kiln_server::manager::parse_standby_after(files_grace)
+        .map_err(|e| anyhow::anyhow!("--template-files-grace: {e}"))?
+        .unwrap_or_default();
+    let state_dir = state_dir.to_path_buf();
+    let store_gc = store_gc.then(|| {
+        StoreGc(std::sync::Arc::new(move || {
+            let store = kiln_template::Store::open_default().map_err(|e| e.to_string())?;
+            let refs = crate::drivers::TemplateRefs::of_state(&state_dir);
+            let mut removed = store.gc(1, |d| refs.uses(d)).map_err(|e| e.to_string())?;
+            removed
+                .extend(kiln_template::oci::template::gc_blobs(&store).map_err(|e| e.to_string())?);
+            Ok(removed.iter().map(|p| p.display().to_string()).collect())
+        }))
+    });
+    Ok(kiln_server::tplbuild::BuildsConfig {
+        registry_mirrors,
+        gc_interval,
+        files_grace,
+        store_gc,
+    })
 }

@@ -65,6 +65,8 @@ pub struct ServerConfig {
     /// Where the host's extra CA certificates are (`*.crt`), trusted in every sandbox; None:
     /// off (`kiln serve --host-cas off`).
     pub host_ca_dir: Option<PathBuf>,
+    /// Template API builds: registry mirrors of `fromImage` pulls, the automatic collection.
+    pub template_builds: tplbuild::BuildsConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,7 +181,13 @@ impl Server {
         manager.set_volumes_db(db.volumes()?);
         manager.mount_volumes().await;
         manager.set_metrics_db(obs::persist::MetricsDb::new(db.metrics()?));
-        let builds = tplbuild::Builds::open(&cfg.state_dir, db.builds()?, manager.clone()).await?;
+        let builds = tplbuild::Builds::open(
+            &cfg.state_dir,
+            db.builds()?,
+            manager.clone(),
+            cfg.template_builds.clone(),
+        )
+        .await?;
         let console_db = db.console()?;
         let alerts_db = db.alerts()?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -280,6 +288,13 @@ impl Server {
         let pools = tokio::spawn(async move {
             let _ = recovery.done().await;
             m.run_pools().await;
+        });
+        // The collection of built templates counts recovered sandboxes as users.
+        let (b, recovery) = (self.builds.clone(), self.recovery.clone());
+        let _template_gc = tokio::spawn(async move {
+            if recovery.done().await.is_ok() {
+                b.run_gc_timer().await;
+            }
         });
         let state = api::AppState::new(
             self.manager.clone(),

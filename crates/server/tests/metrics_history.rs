@@ -91,6 +91,7 @@ fn server_config(state: &std::path::Path, cap: usize) -> ServerConfig {
         audit: Default::default(),
         identity_issuer: None,
         host_ca_dir: None,
+        template_builds: Default::default(),
     }
 }
 

@@ -53,6 +53,7 @@ async fn restart_listens_at_once_and_adopts_in_parallel() {
             audit: Default::default(),
             identity_issuer: None,
             host_ca_dir: None,
+            template_builds: Default::default(),
         },
         common::driver(state.path()),
         templates.clone(),

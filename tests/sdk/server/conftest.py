@@ -158,7 +158,10 @@ class KilnServer:
             [kiln_bin(), "serve", *([] if self.prepare else ["--no-prepare"]), "--listen", "127.0.0.1:0",
              "--state-dir", self.state_dir, *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "KILN_LOG": os.environ.get("KILN_LOG", "info"), "NO_COLOR": "1"},
+            # The template store is the host's shared cache: test servers leave its collection
+            # to `kiln template gc` (KILN_TEMPLATE_GC_STORE=on in the environment turns it on).
+            env={**os.environ, "KILN_LOG": os.environ.get("KILN_LOG", "info"), "NO_COLOR": "1",
+                 "KILN_TEMPLATE_GC_STORE": os.environ.get("KILN_TEMPLATE_GC_STORE", "off")},
         )
         deadline = time.time() + timeout
         offset = os.path.getsize(self.log_path) if self.url else 0

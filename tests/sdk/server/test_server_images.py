@@ -3,8 +3,14 @@ of the base template's rootfs (bash and the C library, an /etc without the user 
 marker layer), pushes it with skopeo to Debian's docker-registry on loopback, runs `kiln
 template build --from-image` with `--registry-mirror docker.io=…` (so a Docker Hub-style name
 resolves to the local registry), and the real e2b SDK runs commands in `Sandbox.create(name)`.
+
+The same images pulled by the server itself in Template API builds: a server started with
+`--registry-mirror docker.io=…`, the SDK's `Template().from_image(...)` with RUN steps (two
+builds of one image at once pull it once), an unknown tag, and a registry behind Basic auth
+with `from_image(..., username=, password=)` and a wrong password.
 """
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -15,12 +21,15 @@ import socket
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
+import uuid
 
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException
 
-from .conftest import kiln_bin
+from .conftest import kiln_bin, own_server
 
 TEMPLATE = "kiln-test-image"
 
@@ -39,18 +48,26 @@ def base_rootfs() -> str:
     return p
 
 
-@pytest.fixture(scope="module")
-def registry():
-    need("docker-registry", "skopeo")
+@contextlib.contextmanager
+def run_registry(creds=None):
+    """Debian's docker-registry on a free loopback port; with `creds` (user, password) every
+    request needs them (Basic auth, a bcrypt htpasswd entry)."""
+    need("docker-registry", "skopeo", *(["htpasswd"] if creds else []))
     d = tempfile.mkdtemp(prefix="kiln-registry-")
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     addr = "127.0.0.1:%d" % s.getsockname()[1]
     s.close()
+    auth = ""
+    if creds:
+        pw = subprocess.run(["htpasswd", "-Bbn", *creds], capture_output=True, text=True, check=True)
+        with open(os.path.join(d, "htpasswd"), "w") as f:
+            f.write(pw.stdout)
+        auth = f"auth:\n  htpasswd:\n    realm: kiln-test\n    path: {d}/htpasswd\n"
     cfg = os.path.join(d, "config.yml")
     with open(cfg, "w") as f:
         f.write(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {d}/data\n"
-                f"http:\n  addr: {addr}\n")
+                f"http:\n  addr: {addr}\n" + auth)
     proc = subprocess.Popen(["docker-registry", "serve", cfg], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
@@ -67,6 +84,12 @@ def registry():
         proc.terminate()
         proc.wait(timeout=10)
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    with run_registry() as addr:
+        yield addr
 
 
 def layer(build) -> tuple:
@@ -105,7 +128,11 @@ def write_layout(d: str, layers: list, config: dict, tag: str):
         f.write('{"imageLayoutVersion":"1.0.0"}')
 
 
-def test_sandbox_from_a_registry_image(server, registry, tmp_path):
+def small_image(layout: str, tag: str, ident: str = ""):
+    """An OCI layout at `layout` of a two-layer image made from the base template's rootfs:
+    bash and the C library, an /etc without the user `user` and a marker whited out by the
+    second layer, which adds /srv/app/marker (and /srv/app/id with `ident`, so a fresh image
+    has a layer no cache holds); Env FOO=bar, WorkingDir /srv/app."""
     root = base_rootfs()
     libs = "usr/lib/x86_64-linux-gnu"
     wanted = ["bin", "lib", "lib64", "usr/bin/bash", "usr/lib64", f"{libs}/ld-linux-x86-64.so.2"] + [
@@ -123,17 +150,30 @@ def test_sandbox_from_a_registry_image(server, registry, tmp_path):
     def marker(t):
         add_bytes(t, "etc/.wh.image-marker", b"")
         add_bytes(t, "srv/app/marker", b"from-registry\n")
+        if ident:
+            add_bytes(t, "srv/app/id", ident.encode() + b"\n")
 
     layers = [layer(system), layer(marker)]
     config = {"architecture": "amd64", "os": "linux",
               "config": {"Env": ["PATH=/usr/bin:/bin", "FOO=bar"], "WorkingDir": "/srv/app"},
               "rootfs": {"type": "layers", "diff_ids": [d for _, d in layers]}}
+    write_layout(layout, layers, config, tag)
+
+
+def push(layout: str, tag: str, dest: str, creds=None):
+    """skopeo copy of the layout's `tag` to `docker://dest`."""
+    cmd = ["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"]
+    if creds:
+        cmd.append("--dest-creds=%s:%s" % creds)
+    r = subprocess.run(cmd + [f"oci:{layout}:{tag}", f"docker://{dest}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_sandbox_from_a_registry_image(server, registry, tmp_path):
     layout = str(tmp_path / "layout")
-    write_layout(layout, layers, config, "1")
-    push = subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false",
-                           f"oci:{layout}:1", f"docker://{registry}/library/kiln-e2e:1"],
-                          capture_output=True, text=True, timeout=120)
-    assert push.returncode == 0, push.stderr
+    small_image(layout, "1")
+    push(layout, "1", f"{registry}/library/kiln-e2e:1")
 
     build = subprocess.run([kiln_bin(), "template", "build", "--from-image", "kiln-e2e:1",
                             "--registry-mirror", f"docker.io=http://{registry}", "--name", TEMPLATE, "--force"],
@@ -149,3 +189,116 @@ def test_sandbox_from_a_registry_image(server, registry, tmp_path):
         assert r.stdout.strip() == "0", (r.stdout, r.stderr)
     finally:
         sbx.kill()
+
+
+# ---- images pulled by Template API builds ----
+
+CREDS = ("kiln", "s3cret-pass")
+
+
+@pytest.fixture(scope="module")
+def auth_registry():
+    with run_registry(CREDS) as addr:
+        yield addr
+
+
+@pytest.fixture(scope="module")
+def pull_server(registry, auth_registry):
+    """A server whose Docker Hub is the test registry (and no automatic store collection: it
+    shares the host's template cache)."""
+    with own_server("kiln-img-pull-", ["--registry-mirror", f"docker.io=http://{registry}",
+                                       "--template-gc-store", "off"]) as s:
+        yield s
+
+
+def _build(srv, tpl, name):
+    logs = []
+    try:
+        Template.build(tpl, name, on_build_logs=logs.append, **srv.opts())
+    finally:
+        text = "\n".join(str(l.message) for l in logs)
+    return text
+
+
+def test_sdk_from_image_pulls_through_the_mirror(pull_server, registry, tmp_path):
+    ident = uuid.uuid4().hex[:8]
+    layout = str(tmp_path / "layout")
+    small_image(layout, ident, ident)
+    push(layout, ident, f"{registry}/library/kiln-sdk-pull:{ident}")
+
+    def tpl():
+        return (Template().from_image(f"kiln-sdk-pull:{ident}")
+                .run_cmd("echo built-as-root > /srv/app/root.txt", user="root")
+                .run_cmd("echo $EUID > ~/who.txt"))
+
+    # Two builds of the image at once: one pulls it, the other waits and uses the result.
+    names = [f"kt-pull-{ident}-a", f"kt-pull-{ident}-b"]
+    out, errors = {}, []
+
+    def run(n):
+        try:
+            out[n] = _build(pull_server, tpl(), n)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"{n}: {e!r}")
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    pulls = [n for n in names if f"Pulling image docker.io/library/kiln-sdk-pull:{ident}" in out[n]]
+    assert len(pulls) == 1, out
+    text = out[pulls[0]]
+    assert "layer sha256:" in text and "fetched" in text, text
+    assert f"kiln-sdk-pull-{ident}" in text, text
+
+    for n in names:
+        sbx = Sandbox.create(n, timeout=120, **pull_server.opts())
+        try:
+            # The image has bash and no coreutils: bash's own `$(< f)` reads the files.
+            r = sbx.commands.run("for f in /srv/app/marker /srv/app/id /srv/app/root.txt ~/who.txt; "
+                                 "do echo \"$(< $f)\"; done")
+            assert r.stdout.split("\n")[:4] == ["from-registry", ident, "built-as-root", "1000"], r.stdout
+        finally:
+            sbx.kill()
+
+
+def test_sdk_from_image_unknown_tag_names_the_image(pull_server):
+    with pytest.raises(BuildException) as e:
+        _build(pull_server, Template().from_image("kiln-sdk-pull:no-such-tag").run_cmd("true"),
+               f"kt-pull-missing-{uuid.uuid4().hex[:6]}")
+    msg = str(e.value)
+    assert "docker.io/library/kiln-sdk-pull:no-such-tag" in msg, msg
+    assert "MANIFEST_UNKNOWN" in msg or "NAME_UNKNOWN" in msg, msg
+
+
+def test_sdk_from_image_with_registry_credentials(pull_server, auth_registry, tmp_path):
+    ident = uuid.uuid4().hex[:8]
+    layout = str(tmp_path / "layout")
+    small_image(layout, ident, ident)
+    image = f"{auth_registry}/private/kiln-sdk-auth:{ident}"
+    push(layout, ident, image, CREDS)
+
+    def tpl(password):
+        return (Template().from_image(image, username=CREDS[0], password=password)
+                .run_cmd("echo private > ~/p.txt"))
+
+    with pytest.raises(BuildException) as e:
+        _build(pull_server, tpl("wrong-pass"), f"kt-auth-bad-{ident}")
+    msg = str(e.value)
+    assert image.split("/", 1)[1] in msg and "refused" in msg and '"kiln"' in msg, msg
+
+    name = f"kt-auth-{ident}"
+    _build(pull_server, tpl(CREDS[1]), name)
+    sbx = Sandbox.create(name, timeout=120, **pull_server.opts())
+    try:
+        r = sbx.commands.run('echo "$(< /srv/app/id)"; echo "$(< ~/p.txt)"')
+        assert r.stdout.split("\n")[:2] == [ident, "private"], r.stdout
+    finally:
+        sbx.kill()
+
+    # The template now exists; wrong credentials still fail (the registry is asked).
+    with pytest.raises(BuildException) as e:
+        _build(pull_server, tpl("wrong-again"), f"kt-auth-bad2-{ident}")
+    assert "refused" in str(e.value), str(e.value)

@@ -19,6 +19,8 @@ mod served;
 mod side;
 mod stale;
 mod stats;
+mod template_api;
+mod template_bench;
 mod tti;
 mod tti_raw;
 mod tti_stats;
@@ -51,6 +53,9 @@ pub enum Cmd {
     /// The rule engine: audit records per second through the built-in pack on one core; attack
     /// → alert latency and exec round trip with the pack on vs off, with sandboxes.
     Rules(rules::Args),
+    /// Template API builds: cold build, rebuild of a changed last step, create from a template
+    /// that starts running, and pulling an image from a loopback registry, each beside raw.
+    Template(template_bench::Args),
     /// ComputeSDK's time-to-interactive through the e2b SDK (sequential, staggered, burst),
     /// plus exec round trip, resume, fork and idle MiB, each beside raw runsc.
     Tti(tti::Args),
@@ -74,6 +79,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Net(a) => net::run(a),
         Cmd::Rich(a) => rich::run(a),
         Cmd::Vmm(a) => vmm::run(a),
+        Cmd::Template(a) => template_bench::run(a),
         Cmd::Tti(a) => tti::run(a),
         Cmd::Volume(a) => volume::run(a),
     }
@@ -161,6 +167,7 @@ pub(crate) fn server_config(
         audit,
         identity_issuer: None,
         host_ca_dir: None,
+        template_builds: Default::default(),
     };
     Ok(crate::drivers::ServerSetup { server, driver })
 }

@@ -379,6 +379,12 @@ pub const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE teams ADD COLUMN max_volumes INTEGER;
     ",
+    // 17: the uploaded COPY archive a step-cache entry was made from (its `filesHash`), so
+    // the template collection keeps the archives cache entries name
+    // (crates/server/src/store/tplbuild_gc_sql.rs).
+    "
+    ALTER TABLE tpl_layers ADD COLUMN files_hash TEXT;
+    ",
 ];
 
 /// Schema version this kiln writes.

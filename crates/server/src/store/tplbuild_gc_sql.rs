@@ -74,24 +74,28 @@ impl BuildsDb {
         .await
     }
 
-    /// Caches `snap` as `team`'s layer of step `key`, made by `build`.
+    /// Caches `snap` as `team`'s layer of step `key`, made by `build` (from the uploaded
+    /// archive `files_hash`, for a COPY).
     pub async fn put_layer(
         &self,
         team: &str,
         key: &str,
         snap: &str,
         build: &str,
+        files_hash: Option<&str>,
         now_ms: i64,
     ) -> Result<()> {
         let (team, key) = (team.to_string(), key.to_string());
         let (snap, build) = (snap.to_string(), build.to_string());
+        let files_hash = files_hash.map(str::to_string);
         self.run(move |c| {
             let tx = c.transaction()?;
             tx.execute(
-                "INSERT INTO tpl_layers (team, key, snapshot_id, created_at)
-                 VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (team, key) DO UPDATE SET snapshot_id = ?3, created_at = ?4",
-                params![team, key, snap, now_ms],
+                "INSERT INTO tpl_layers (team, key, snapshot_id, created_at, files_hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (team, key) DO UPDATE SET snapshot_id = ?3, created_at = ?4,
+                   files_hash = ?5",
+                params![team, key, snap, now_ms, files_hash],
             )?;
             tx.execute(
                 "INSERT OR IGNORE INTO tpl_build_layers (build_id, snapshot_id) VALUES (?1, ?2)",
@@ -99,6 +103,70 @@ impl BuildsDb {
             )?;
             tx.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Teams with anything a collection looks at: templates, cache entries, deleted
+    /// templates' snapshots or uploaded archives.
+    pub async fn teams_with_builds(&self) -> Result<Vec<String>> {
+        self.run(move |c| {
+            let mut st = c.prepare(
+                "SELECT team FROM tpl_templates UNION SELECT team FROM tpl_layers
+                 UNION SELECT team FROM tpl_orphans UNION SELECT team FROM tpl_files",
+            )?;
+            let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    /// Forgets `team`'s uploaded archives stored before `cutoff_ms` that no step-cache entry
+    /// and no running build (its request's COPY steps) name; returns their hashes (the caller
+    /// removes the files).
+    pub async fn collect_files(&self, team: &str, cutoff_ms: i64) -> Result<Vec<String>> {
+        let team = team.to_string();
+        self.run(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let mut named: HashSet<String> = strings(
+                &tx,
+                "SELECT files_hash FROM tpl_layers WHERE team = ?1 AND files_hash IS NOT NULL",
+                &team,
+            )?
+            .into_iter()
+            .collect();
+            for spec in strings(
+                &tx,
+                "SELECT b.spec FROM tpl_builds b JOIN tpl_templates t ON t.id = b.template_id
+                 WHERE t.team = ?1 AND b.status IN ('waiting', 'building')
+                   AND b.spec IS NOT NULL",
+                &team,
+            )? {
+                let v: serde_json::Value = serde_json::from_str(&spec).unwrap_or_default();
+                let steps = v.get("steps").and_then(|s| s.as_array());
+                named.extend(
+                    steps
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|s| s.get("filesHash")?.as_str().map(str::to_string)),
+                );
+            }
+            let old = {
+                let mut st =
+                    tx.prepare("SELECT hash FROM tpl_files WHERE team = ?1 AND created_at < ?2")?;
+                let rows = st.query_map(params![team, cutoff_ms], |r| r.get::<_, String>(0))?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            let mut gone = Vec::new();
+            for h in old.into_iter().filter(|h| !named.contains(h)) {
+                tx.execute(
+                    "DELETE FROM tpl_files WHERE team = ?1 AND hash = ?2",
+                    params![team, h],
+                )?;
+                gone.push(h);
+            }
+            tx.commit()?;
+            Ok(gone)
         })
         .await
     }
@@ -260,8 +328,12 @@ mod tests {
             .await
             .unwrap();
         build(&db, &t.id, "v1", "ready", Some("s-v1")).await;
-        db.put_layer("red", "k0", "s-base", "v1", 1).await.unwrap();
-        db.put_layer("red", "k1", "s-v1", "v1", 1).await.unwrap();
+        db.put_layer("red", "k0", "s-base", "v1", None, 1)
+            .await
+            .unwrap();
+        db.put_layer("red", "k1", "s-v1", "v1", None, 1)
+            .await
+            .unwrap();
         db.assign_tags(&t.id, &["default".into()], "v1", 1)
             .await
             .unwrap();
@@ -270,12 +342,16 @@ mod tests {
             db.use_layer("red", "k0", "v2xx").await.unwrap().as_deref(),
             Some("s-base")
         );
-        db.put_layer("red", "k2", "s-v2", "v2xx", 2).await.unwrap();
+        db.put_layer("red", "k2", "s-v2", "v2xx", None, 2)
+            .await
+            .unwrap();
         db.assign_tags(&t.id, &["default".into()], "v2xx", 2)
             .await
             .unwrap();
         build(&db, &t.id, "bad", "error", None).await;
-        db.put_layer("red", "k3", "s-bad", "bad", 3).await.unwrap();
+        db.put_layer("red", "k3", "s-bad", "bad", None, 3)
+            .await
+            .unwrap();
 
         let protect: HashSet<String> = ["s-v1".to_string()].into();
         let p = db.collect("red", protect).await.unwrap();
@@ -307,5 +383,39 @@ mod tests {
         // Another team's collection touches nothing of this one.
         let other = db.collect("blue", HashSet::new()).await.unwrap();
         assert_eq!(other, GcPlan::default());
+    }
+
+    /// Archives a cache entry or a running build names stay; others go once older than the
+    /// cutoff; another team's are not touched.
+    #[tokio::test]
+    async fn unnamed_old_archives_are_collected() {
+        let db = BuildsDb::open_in_memory().unwrap();
+        let t = db
+            .ensure_template("red", "app", "tid", None, None, 1)
+            .await
+            .unwrap();
+        for h in ["cached", "running", "old", "young"] {
+            let at = if h == "young" { 50 } else { 1 };
+            db.put_file("red", h, 1, at).await.unwrap();
+        }
+        db.put_file("blue", "old", 1, 1).await.unwrap();
+        db.put_layer("red", "k", "s", "b0", Some("cached"), 1)
+            .await
+            .unwrap();
+        build(&db, &t.id, "b1", "waiting", None).await;
+        let spec = r#"{"steps":[{"type":"COPY","args":["a","b"],"filesHash":"running"}]}"#;
+        assert!(db.start_build("b1", spec).await.unwrap());
+        assert_eq!(
+            db.teams_with_builds().await.unwrap(),
+            ["blue".to_string(), "red".to_string()]
+        );
+        assert_eq!(db.collect_files("red", 10).await.unwrap(), ["old"]);
+        assert!(!db.file_present("red", "old").await.unwrap());
+        assert!(db.file_present("blue", "old").await.unwrap());
+        for h in ["cached", "running", "young"] {
+            assert!(db.file_present("red", h).await.unwrap(), "{h}");
+        }
+        db.touch_file("red", "young", 5).await.unwrap();
+        assert_eq!(db.collect_files("red", 10).await.unwrap(), ["young"]);
     }
 }

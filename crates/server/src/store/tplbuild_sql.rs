@@ -508,6 +508,20 @@ impl BuildsDb {
         .await
     }
 
+    /// Restarts the grace period of `team`'s archive `hash` (a client was just told it is
+    /// present, so its build will need it).
+    pub async fn touch_file(&self, team: &str, hash: &str, now_ms: i64) -> Result<()> {
+        let (team, hash) = (team.to_string(), hash.to_string());
+        self.run(move |c| {
+            c.execute(
+                "UPDATE tpl_files SET created_at = ?3 WHERE team = ?1 AND hash = ?2",
+                params![team, hash, now_ms],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn put_file(&self, team: &str, hash: &str, size: u64, now_ms: i64) -> Result<()> {
         let (team, hash) = (team.to_string(), hash.to_string());
         self.run(move |c| {

@@ -13,6 +13,7 @@
 
 pub mod files;
 pub mod gc;
+mod image;
 mod runner;
 mod start;
 mod steps;
@@ -84,8 +85,37 @@ pub struct Resolved {
     pub workdir: Option<String>,
 }
 
+/// How the build service is set up (`kiln serve` flags).
+#[derive(Debug, Clone)]
+pub struct BuildsConfig {
+    /// Where `fromImage` images are pulled from instead of their registries.
+    pub registry_mirrors: kiln_template::oci::Mirrors,
+    /// Period of the automatic collection ([`gc`]); `None`: only on request.
+    pub gc_interval: Option<std::time::Duration>,
+    /// Uploaded COPY archives younger than this are never collected.
+    pub files_grace: std::time::Duration,
+    /// The template store's part of the automatic collection (`kiln serve` installs it).
+    pub store_gc: Option<gc::StoreGc>,
+}
+
+impl Default for BuildsConfig {
+    fn default() -> Self {
+        Self {
+            registry_mirrors: Default::default(),
+            gc_interval: Some(gc::DEFAULT_INTERVAL),
+            files_grace: gc::DEFAULT_FILES_GRACE,
+            store_gc: None,
+        }
+    }
+}
+
 /// The template-build service.
 pub struct Builds {
+    config: BuildsConfig,
+    image_locks: image::ImageLocks,
+    /// Held shared while an image becomes a template, exclusively while the template store
+    /// is collected (which would take a half-made template's image layers for unused).
+    store_lock: tokio::sync::RwLock<()>,
     db: BuildsDb,
     manager: Arc<Manager>,
     files_dir: PathBuf,
@@ -181,6 +211,7 @@ impl Builds {
         state_dir: &Path,
         db: BuildsDb,
         manager: Arc<Manager>,
+        config: BuildsConfig,
     ) -> std::result::Result<Arc<Self>, crate::store::StoreError> {
         let interrupted = db.fail_unfinished(RESTART_REASON, now_ms()).await?;
         for id in &interrupted {
@@ -200,6 +231,9 @@ impl Builds {
             .map(|mb| mb << 20)
             .unwrap_or(DEFAULT_UPLOAD_MAX);
         let b = Arc::new(Self {
+            config,
+            image_locks: Default::default(),
+            store_lock: Default::default(),
             db,
             manager,
             files_dir: state_dir.join("template-files"),

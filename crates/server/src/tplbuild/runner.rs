@@ -15,13 +15,11 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
+use super::image::E2B_BASE_IMAGE;
 use super::steps::{absolute, sh_quote, StepFailure};
 use super::{Builds, Env, StartSpec, Step, BUILD_META};
 use crate::manager::CreateParams;
 use crate::store::{now_ms, BuildRow, TplRow};
-
-/// The image name the SDK sends for `Template()` and `from_base_image()`.
-const E2B_BASE_IMAGE: &str = "e2bdev/base";
 
 /// A build failure: the step it names (`base`, `"1"`…, `finalize`) and why.
 struct Failed {
@@ -131,7 +129,7 @@ pub(super) async fn run(
 }
 
 /// The base of a build: what its first sandbox starts from, its cache key, user and workdir.
-async fn base(b: &Builds, team: &str, spec: &StartSpec) -> Result<Walk, Failed> {
+async fn base(b: &Builds, team: &str, build: &str, spec: &StartSpec) -> Result<Walk, Failed> {
     let name = match (&spec.from_template, &spec.from_image) {
         (Some(t), _) => {
             if let Some(r) = b
@@ -154,15 +152,22 @@ async fn base(b: &Builds, team: &str, spec: &StartSpec) -> Result<Walk, Failed> 
             let (n, _) = super::split_tag(t);
             n.to_string()
         }
-        (None, Some(img)) => image_template(img)?,
+        (None, Some(img)) => b
+            .image_template(
+                build,
+                img,
+                spec.from_image_registry.as_ref(),
+                spec.force.unwrap_or(false),
+            )
+            .await
+            .map_err(|m| fail("base", m))?,
         (None, None) => "base".to_string(),
     };
     let view = b.manager.template(&name).await.map_err(|e| {
         let what = match &spec.from_image {
-            Some(img) if spec.from_template.is_none() => format!(
-                "image {img:?} is not available on this kiln server ({e}); make it a template \
-                 with `kiln template build --from-image {img}` first"
-            ),
+            Some(img) if spec.from_template.is_none() => {
+                format!("image {img:?}: its template {name:?}: {e}")
+            }
             _ => format!("template {name:?}: {e}"),
         };
         fail("base", what)
@@ -179,22 +184,6 @@ async fn base(b: &Builds, team: &str, spec: &StartSpec) -> Result<Walk, Failed> 
     })
 }
 
-/// The kiln template an image name stands for: E2B's base image is kiln's `base`; other
-/// images are the templates `kiln template build --from-image` made of them.
-fn image_template(img: &str) -> Result<String, Failed> {
-    let (repo, _) = img
-        .rsplit_once(':')
-        .filter(|(r, _)| !r.contains('/') || !r.ends_with('/'))
-        .unwrap_or((img, ""));
-    if repo == E2B_BASE_IMAGE || repo == format!("docker.io/{E2B_BASE_IMAGE}") {
-        return Ok("base".into());
-    }
-    let mirrors = kiln_template::oci::Mirrors::default();
-    let r = kiln_template::oci::reference::resolve(img, &mirrors)
-        .map_err(|e| fail("base", format!("image {img:?}: {e}")))?;
-    Ok(kiln_template::oci::reference::template_name_for(&r))
-}
-
 async fn walk_steps(
     b: &Arc<Builds>,
     team: &str,
@@ -202,7 +191,7 @@ async fn walk_steps(
     spec: &StartSpec,
     slot: &mut Option<Walk>,
 ) -> Result<(), Failed> {
-    let w = slot.insert(base(b, team, spec).await?);
+    let w = slot.insert(base(b, team, build, spec).await?);
     if w.parent_is_snapshot {
         // The template built before that this one stacks on stays while this build is kept.
         b.db.add_build_layer(build, &w.parent)
@@ -379,9 +368,16 @@ async fn step(
         .snapshot_with(&sid, team, None, false)
         .await
         .map_err(|e| fail(label, format!("step {label}: saving its layer: {e}")))?;
-    b.db.put_layer(team, &w.key, &snap.id, build, now_ms())
-        .await
-        .map_err(|e| fail(label, e.to_string()))?;
+    b.db.put_layer(
+        team,
+        &w.key,
+        &snap.id,
+        build,
+        s.files_hash.as_deref(),
+        now_ms(),
+    )
+    .await
+    .map_err(|e| fail(label, e.to_string()))?;
     b.log(
         build,
         "debug",

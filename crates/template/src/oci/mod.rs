@@ -23,7 +23,7 @@ pub mod users;
 
 pub use image::Image;
 pub use reference::Mirrors;
-pub use registry::{Credentials, PullOptions};
+pub use registry::{Credentials, Progress, PullOptions};
 pub use template::{build_from_image, ImageBuildOptions, ImageSource};
 
 /// Errors from pulling, importing and unpacking images.

@@ -47,21 +47,32 @@ impl Credentials {
     }
 }
 
+/// Where progress lines go besides the terminal (e.g. a server's build log).
+#[derive(Clone)]
+pub struct Progress(pub std::sync::Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
+
 /// How to pull.
 #[derive(Debug, Clone, Default)]
 pub struct PullOptions {
     pub mirrors: Mirrors,
     pub credentials: Option<Credentials>,
-    /// No progress output.
+    /// No progress output on the terminal.
     pub quiet: bool,
     /// Layers fetched at once (default 3).
     pub parallel: usize,
+    /// Receives every progress line (quiet or not).
+    pub progress: Option<Progress>,
 }
 
-/// Pulls `name` (its linux/amd64 image) into `blobs`.
-pub async fn pull(blobs: &Blobs, name: &str, opts: &PullOptions) -> Result<Image, OciError> {
+/// A client for `img`'s registry and the auth `opts` give.
+fn client_for(img: &ImageName, opts: &PullOptions) -> (Client, RegistryAuth) {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let img = resolve(name, &opts.mirrors)?;
     let client = Client::new(ClientConfig {
         protocol: if img.plain_http {
             ClientProtocol::HttpsExcept(vec![img.host().to_string()])
@@ -78,6 +89,31 @@ pub async fn pull(blobs: &Blobs, name: &str, opts: &PullOptions) -> Result<Image
         Some(c) => RegistryAuth::Basic(c.user.clone(), c.password.clone()),
         None => RegistryAuth::Anonymous,
     };
+    (client, auth)
+}
+
+/// The digest of `name`'s linux/amd64 manifest as the registry serves it now (what
+/// [`Image::digest`] of a pull is), with `opts`' credentials: a check that the registry still
+/// grants access and whether an image pulled before is current.
+pub async fn manifest_digest(name: &str, opts: &PullOptions) -> Result<String, OciError> {
+    let img = resolve(name, &opts.mirrors)?;
+    let (client, auth) = client_for(&img, opts);
+    let fail = |e: OciDistributionError| registry_error(&img, opts.credentials.as_ref(), e);
+    client
+        .auth(&img.pull, &auth, RegistryOperation::Pull)
+        .await
+        .map_err(fail)?;
+    let (_, digest) = client
+        .pull_image_manifest(&img.pull, &auth)
+        .await
+        .map_err(fail)?;
+    Ok(digest)
+}
+
+/// Pulls `name` (its linux/amd64 image) into `blobs`.
+pub async fn pull(blobs: &Blobs, name: &str, opts: &PullOptions) -> Result<Image, OciError> {
+    let img = resolve(name, &opts.mirrors)?;
+    let (client, auth) = client_for(&img, opts);
     let fail = |e: OciDistributionError| registry_error(&img, opts.credentials.as_ref(), e);
     client
         .auth(&img.pull, &auth, RegistryOperation::Pull)
@@ -113,7 +149,7 @@ pub async fn pull(blobs: &Blobs, name: &str, opts: &PullOptions) -> Result<Image
         )));
     }
 
-    let ui = Bars::new(opts.quiet);
+    let ui = Bars::new(opts.quiet, opts.progress.clone());
     ui.line(&format!(
         "pulling {} from {} ({} layers, manifest {})",
         img.full,
@@ -331,24 +367,37 @@ fn mib(b: u64) -> String {
 struct Bars {
     multi: Option<MultiProgress>,
     quiet: bool,
+    sink: Option<Progress>,
 }
 
 struct LayerBar {
     bar: Option<ProgressBar>,
     quiet: bool,
+    sink: Option<Progress>,
+    /// For the sink: the layer, its size, bytes so far and when they were last reported.
+    label: String,
+    size: u64,
+    seen: std::sync::Mutex<(u64, Instant)>,
 }
 
+/// How often a layer's progress goes to the sink while it is fetched.
+const SINK_EVERY: Duration = Duration::from_secs(2);
+
 impl Bars {
-    fn new(quiet: bool) -> Bars {
+    fn new(quiet: bool, sink: Option<Progress>) -> Bars {
         let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
         Bars {
             multi: (!quiet && tty).then(MultiProgress::new),
             quiet,
+            sink,
         }
     }
 
     fn line(&self, s: &str) {
         tracing::info!("{}", s.trim());
+        if let Some(p) = &self.sink {
+            (p.0)(s.trim());
+        }
         if self.quiet {
             return;
         }
@@ -383,6 +432,10 @@ impl Bars {
         LayerBar {
             bar,
             quiet: self.quiet,
+            sink: self.sink.clone(),
+            label: short(digest).to_string(),
+            size,
+            seen: std::sync::Mutex::new((0, Instant::now())),
         }
     }
 }
@@ -392,10 +445,26 @@ impl LayerBar {
         if let Some(b) = &self.bar {
             b.inc(n);
         }
+        if let Some(p) = &self.sink {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            seen.0 += n;
+            if seen.1.elapsed() >= SINK_EVERY {
+                seen.1 = Instant::now();
+                (p.0)(&format!(
+                    "layer {}: {} of {}",
+                    self.label,
+                    mib(seen.0),
+                    mib(self.size)
+                ));
+            }
+        }
     }
 
     fn finish(&self, line: &str) {
         tracing::info!("{}", line.trim());
+        if let Some(p) = &self.sink {
+            (p.0)(line.trim());
+        }
         match &self.bar {
             Some(b) => b.finish_with_message(line.to_string()),
             None if !self.quiet => eprintln!("{line}"),

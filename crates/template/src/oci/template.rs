@@ -371,6 +371,24 @@ fn image_stage(
     }
 }
 
+/// The image (its full name as [`Image::source`], `docker.io/library/python:3.12`, and its
+/// digest) the current version of template `name` was made from; `None` when there is no
+/// such template or it was not made from an image.
+pub fn image_of(store: &Store, name: &str) -> Result<Option<Image>> {
+    let t = match store.lookup(name) {
+        Ok(t) => t,
+        Err(Error::NotBuilt(_)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Some(stage) = t.base_stage else {
+        return Ok(None);
+    };
+    let Ok(bytes) = std::fs::read(store.base_dir(&stage).join("image.json")) else {
+        return Ok(None);
+    };
+    Ok(serde_json::from_slice::<Image>(&bytes).ok())
+}
+
 /// Removes cached blobs no image stage in the cache uses (run after [`Store::gc`], which
 /// removes the stages no kept template stacks on). Returns the files removed.
 pub fn gc_blobs(store: &Store) -> Result<Vec<PathBuf>> {

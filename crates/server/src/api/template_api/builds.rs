@@ -95,6 +95,13 @@ pub async fn files_link(
         .await
         .map_err(store_err)?
         && files::archive_path(b.files_dir(), &c.team, &hash).is_file();
+    if present {
+        // The collection of uploaded archives gives it its grace period again.
+        b.db()
+            .touch_file(&c.team, &hash, crate::store::now_ms())
+            .await
+            .map_err(store_err)?;
+    }
     let token = b.tokens().issue(files::Upload {
         team: c.team.clone(),
         hash: hash.clone(),
