@@ -52,7 +52,6 @@ async fn create_inner(
     }
     let network =
         super::rules::with_rules(&st, &c.team, req.network.as_ref(), &tokens, network).await?;
-    let rules = network.as_ref().is_some_and(|p| p.transforms.is_some());
     let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
     let keep_network = !tokens.is_empty()
         || network
@@ -66,12 +65,7 @@ async fn create_inner(
         ));
     }
     let mut env_vars = req.env_vars.unwrap_or_default();
-    if rules {
-        super::rules::trust_env(&mut env_vars);
-    }
-    if let Some(cas) = &st.host_cas {
-        cas.trust_env(&mut env_vars);
-    }
+    super::host_trust::trust_env(st.manager.extra_cas(), &mut env_vars);
     let asked = super::volumes::mounts_of(req.volume_mounts.as_ref())?;
     let volume_mounts = st.manager.resolve_mounts(&c.team, &asked).await?;
     // Run the creation in its own task: a client that disconnects mid-create must not leave a
@@ -111,10 +105,7 @@ async fn create_inner(
     if let Some(b) = &built {
         super::template_api::apply_defaults(&st, &rec, b).await?;
     }
-    super::host_trust::install(&st, &rec.id, rec.envd_token.clone()).await?;
-    if rules {
-        super::rules::install_ca(&st, &rec.id, rec.envd_token.clone()).await?;
-    }
+    super::host_trust::install(&st.manager, &rec.id, rec.envd_token.clone()).await?;
     if let (Some(m), Some(v)) = (&mcp, &st.vault) {
         v.db().put_mcp(&rec.id, m).await.map_err(|e| {
             ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))

@@ -65,6 +65,16 @@ impl Manager {
         Ok(())
     }
 
+    /// Sets the CA certificates (PEM) every sandbox trusts besides its template's roots.
+    pub fn set_extra_cas(&self, cas: Vec<String>) {
+        let _ = self.extra_cas.set(cas);
+    }
+
+    /// The CA certificates every sandbox trusts besides its template's roots.
+    pub fn extra_cas(&self) -> &[String] {
+        self.extra_cas.get().map(Vec::as_slice).unwrap_or_default()
+    }
+
     /// The egress policy in force (`None`: the sandbox has no network).
     pub async fn network(&self, id: &str) -> Result<Option<EgressPolicy>> {
         self.get(id)?;
