@@ -13,6 +13,7 @@ pub mod idempotency;
 mod jwks;
 mod keys;
 mod list;
+mod net_inherit;
 mod net_persist;
 mod net_update;
 mod network;

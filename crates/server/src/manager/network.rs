@@ -75,6 +75,21 @@ impl Manager {
         self.extra_cas.get().map(Vec::as_slice).unwrap_or_default()
     }
 
+    /// The egress policy a child of sandbox `id` (a fork) starts with: its parent's, lists,
+    /// rules, egress proxy and ingress settings alike, without the parent's workload identity
+    /// tokens (children mint none: a rule naming one fails its requests closed). `None`: the
+    /// parent has no network.
+    pub(super) async fn network_for_child(&self, id: &str) -> Option<EgressPolicy> {
+        let mut p = self.driver.network(id).await?;
+        if let Some(t) = p.transforms.as_ref().filter(|t| t.tokens.is_some()) {
+            p.transforms = Some(std::sync::Arc::new(kiln_net::intercept::Transforms {
+                tokens: None,
+                ..(**t).clone()
+            }));
+        }
+        Some(p)
+    }
+
     /// The egress policy in force (`None`: the sandbox has no network).
     pub async fn network(&self, id: &str) -> Result<Option<EgressPolicy>> {
         self.get(id)?;
