@@ -157,9 +157,7 @@ pub async fn install(
     }
     let agent = manager.agent(id, token);
     let fail = |e: kiln_envd::EnvdError| {
-        crate::error::Error::create("adding the extra CA certificates to its trust store")(
-            e.into(),
-        )
+        crate::error::Error::create("adding the extra CA certificates to its trust store")(e.into())
     };
     // The two calls are independent: one round trip for both.
     let (written, bundle) = tokio::join!(
