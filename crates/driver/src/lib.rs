@@ -41,6 +41,10 @@ pub struct SandboxSpec {
     pub disk_mb: u32,
     /// Volumes mounted read-write into the sandbox (see [`Driver::create_volume`]).
     pub volumes: Vec<VolumeMount>,
+    /// The egress policy the sandbox's network starts with (`None`: the default, internet on):
+    /// in force before anything in the sandbox runs, as a restored snapshot's processes run
+    /// at once.
+    pub network: Option<kiln_net::EgressPolicy>,
 }
 
 /// One volume mounted into a sandbox.

@@ -70,7 +70,9 @@ impl GvisorDriver {
             trace::write_config(&dir)?;
         }
         if let Some(net) = &self.net {
-            let ns = net.attach(&spec.id, &dir.join("rootfs")).await?;
+            let ns = net
+                .attach(&spec.id, &dir.join("rootfs"), spec.network.as_ref())
+                .await?;
             network::set_netns_path(&mut config, &ns);
         }
         let text = serde_json::to_vec_pretty(&config)

@@ -252,12 +252,18 @@ impl Network {
         Ok((dns, egress, flows))
     }
 
-    /// Gives sandbox `id` a slot (default policy), its DNS forwarder and egress proxy; writes its
-    /// resolv.conf into `rootfs`. Returns the namespace path for the OCI spec.
-    pub async fn attach(&self, id: &str, rootfs: &Path) -> Result<PathBuf> {
+    /// Gives sandbox `id` a slot under `policy` (`None`: the default), its DNS forwarder and
+    /// egress proxy; writes its resolv.conf into `rootfs`. Returns the namespace path for the
+    /// OCI spec.
+    pub async fn attach(
+        &self,
+        id: &str,
+        rootfs: &Path,
+        policy: Option<&EgressPolicy>,
+    ) -> Result<PathBuf> {
         let t0 = std::time::Instant::now();
         let pool = self.pool().await?;
-        let policy = EgressPolicy::default();
+        let policy = policy.cloned().unwrap_or_default();
         let slot = pool.acquire(&policy).await.map_err(net_err)?;
         let t_slot = t0.elapsed();
         let services = self.services(id, pool, &slot, &policy).await;

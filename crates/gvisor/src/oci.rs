@@ -238,6 +238,7 @@ mod tests {
             syscall_audit: false,
             disk_mb: 0,
             volumes: vec![],
+            network: None,
         };
         let v = oci_spec(
             &spec,

@@ -103,6 +103,9 @@ struct Ctx {
 impl Ctx {
     async fn handle(&self, mut s: TcpStream) -> std::io::Result<()> {
         let orig = original_dst(&s)?;
+        // Answers go out as written: a small write waiting for the sandbox's delayed ACK
+        // (Nagle) would stall a kept-alive request by tens of milliseconds.
+        s.set_nodelay(true)?;
         let src = match s.peer_addr()? {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(_) => return Ok(()),

@@ -142,7 +142,6 @@ pub struct Server {
     vault: Arc<vault::Vault>,
     interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
     identity: Arc<identity::Issuer>,
-    host_cas: Option<Arc<api::host_trust::HostCas>>,
     builds: Arc<tplbuild::Builds>,
     console_db: console::ConsoleDb,
     alerts_db: store::alerts_sql::AlertsDb,
@@ -214,13 +213,13 @@ impl Server {
             &issuer,
             &cfg.domain,
         )?);
-        let host_cas = match &cfg.host_ca_dir {
+        let host_cas: Option<api::host_trust::HostCas> = match &cfg.host_ca_dir {
             None => None,
             Some(dir) => match api::host_trust::HostCas::read(dir) {
                 Ok(c) => {
                     tracing::info!(certificates = c.certs.len(), dir = %dir.display(),
                         "the host's CA certificates are trusted in sandboxes");
-                    Some(Arc::new(c))
+                    Some(c)
                 }
                 Err(e) => {
                     tracing::warn!(dir = %dir.display(), error = %e,
@@ -229,6 +228,10 @@ impl Server {
                 }
             },
         };
+        manager.set_extra_cas(api::host_trust::extra_cas(
+            host_cas.as_ref(),
+            interceptor.as_ref().map(|i| i.ca.cert_pem()),
+        ));
         let pending = manager
             .begin_recovery()
             .await
@@ -258,7 +261,6 @@ impl Server {
             vault,
             interceptor,
             identity,
-            host_cas,
             builds,
             console_db,
             alerts_db,
@@ -307,10 +309,6 @@ impl Server {
         .with_identity(self.identity.clone())
         .with_builds(self.builds.clone())
         .with_console_db(self.console_db.clone());
-        let state = match &self.host_cas {
-            Some(c) => state.with_host_cas(c.clone()),
-            None => state,
-        };
         let state = Arc::new(match &self.interceptor {
             Some(i) => state.with_interceptor(i.clone()),
             None => state,

@@ -278,7 +278,7 @@ def test_rules_inject_secrets_that_never_enter_the_sandbox(srv, secnet):
         assert code == 0 and f"Bearer {value}" in out, out
         env = run(sbx, "env")[1]
         assert "REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt" in env, env
-        assert "NODE_EXTRA_CA_CERTS=/usr/local/share/ca-certificates/kiln-egress-ca.crt" in env
+        assert "NODE_EXTRA_CA_CERTS=/usr/local/share/ca-certificates/kiln-extra-cas.crt" in env
 
         # The rule host is intercepted: pinned to the test CA, curl refuses kiln's leaf ...
         code, status, _ = curl(sbx, "--cacert /tmp/testca.pem https://api.sec.test/")

@@ -1,8 +1,8 @@
 """Host trust for egress: `kiln serve` trusts the host's extra CA certificates (the `*.crt`
 files of `--host-ca-dir`, here a temporary directory holding a test CA, never the host's real
-/usr/local/share/ca-certificates) inside every sandbox, and `--host-cas off` does not. The
-HTTPS server the sandbox calls runs inside the sandbox itself (127.0.0.1), with a leaf of the
-test CA: no traffic leaves the sandbox."""
+/usr/local/share/ca-certificates) inside every sandbox, beside kiln's own interception CA, and
+`--host-cas off` trusts only kiln's. The HTTPS server the sandbox calls runs inside the sandbox
+itself (127.0.0.1), with a leaf of the test CA: no traffic leaves the sandbox."""
 
 import os
 import shutil
@@ -100,10 +100,11 @@ def test_sandboxes_trust_the_hosts_extra_cas(pki):
             assert (code, out.strip()) == (0, "ok"), out
             env = run(sbx, "env")[1]
             assert "REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt" in env, env
-            assert "NODE_EXTRA_CA_CERTS=/usr/local/share/ca-certificates/kiln-host-cas.crt" in env
+            assert "NODE_EXTRA_CA_CERTS=/usr/local/share/ca-certificates/kiln-extra-cas.crt" in env
             assert "PIP_CERT=/mine.pem" in env, env  # the request's own value wins
-            got = sbx.files.read("/usr/local/share/ca-certificates/kiln-host-cas.crt")
-            assert got.strip() == pki["ca"].strip(), got
+            # One file for every extra CA (Node reads one): the host's, then kiln's own.
+            got = sbx.files.read("/usr/local/share/ca-certificates/kiln-extra-cas.crt")
+            assert got.startswith(pki["ca"].strip()) and got.count("BEGIN CERTIFICATE") == 2, got
             bundle = sbx.files.read("/etc/ssl/certs/ca-certificates.crt")
             assert bundle.count(pki["ca"].strip()) == 1
             assert "PRIVATE KEY" not in got and "PRIVATE KEY" not in bundle
@@ -120,7 +121,10 @@ def test_host_cas_off_trusts_nothing_extra(pki):
         try:
             code, out = https_in(sbx, pki)
             assert code != 0 and "certificate" in out.lower(), (code, out)
-            assert "REQUESTS_CA_BUNDLE" not in run(sbx, "env")[1]
+            # Only kiln's interception CA is added.
+            got = sbx.files.read("/usr/local/share/ca-certificates/kiln-extra-cas.crt")
+            assert got.count("BEGIN CERTIFICATE") == 1 and pki["ca"].strip() not in got, got
+            assert pki["ca"].strip() not in sbx.files.read("/etc/ssl/certs/ca-certificates.crt")
         finally:
             sbx.kill()
     finally:

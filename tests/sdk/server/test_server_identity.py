@@ -8,7 +8,8 @@ KILN_EGRESS_TRUST):
   auth (`/.well-known/jwks.json`), with the requested `aud`, a SPIFFE `sub` naming the team and
   the sandbox, `exp` five minutes after `iat` and a new `jti` each time;
 - the token is nowhere in the sandbox (environment, files, /proc) nor in any API answer;
-- a fork's request carries no token; `update_network` keeps the sandbox's tokens;
+- a fork keeps the rule but mints no token (its request fails closed); `update_network`
+  keeps the sandbox's tokens;
 - bad input (a placeholder naming no defined token, a blank audience, another token type)
   is a 400 saying what is wrong;
 - the identity key survives a restart: tokens minted after it verify against the same JWKS.
@@ -168,12 +169,11 @@ def test_identity_tokens_are_minted_per_request_and_verify(srv, idnet):
             HOST: [{"transform": {"headers": {"A": "${e2b.identity.tokens.nope}"}}}]}})
         assert status == 400 and '"nope"' in err["message"], err
 
-        # A fork does not inherit the tokens.
+        # A fork inherits the rule but not the tokens: its request fails closed.
         child = sbx.fork()[0]
         assert not isinstance(child, Exception), child
-        code, status, body = curl(child, f"--cacert /tmp/testca.pem https://{HOST}/child")
-        assert (code, status) == (0, "200"), body
-        assert "authorization" not in json.loads(body)["headers"], body
+        code, status, body = curl(child, f"https://{HOST}/child")
+        assert status == "502" and "no iam tokens" in body, (code, status, body)
         # The parent still gets its own.
         code, status, body = curl(sbx, f"https://{HOST}/parent")
         assert verify(srv, bearer(body), keys)["sub"].endswith(sbx.sandbox_id)

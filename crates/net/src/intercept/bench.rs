@@ -1,8 +1,9 @@
 //! What interception costs a request, measured on loopback (for `kiln bench net`): an HTTPS
 //! upstream of its own (certificate from a CA made here), a keep-alive client sending small
-//! GETs to it directly, and the same client through [`super::mitm::relay`] with a rule that
-//! injects a secret header. Both connections are reused for every request (E2B's clients keep
-//! them alive), and the requests alternate, so both see the same machine.
+//! GETs to it directly, through a plain TCP relay (what the egress proxy does for a host
+//! without a rule: the same request without a rule), and through [`super::mitm::relay`] with a
+//! rule that injects a secret header. The connections are reused for every request (E2B's
+//! clients keep them alive), and the requests alternate, so all see the same machine.
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -120,8 +121,8 @@ async fn get(s: &mut Sender) -> Result<(Duration, u8), Err> {
     Ok((t.elapsed(), b.first().copied().unwrap_or(0)))
 }
 
-/// `requests` small GETs each way: (direct, intercepted) times. `dir` holds the CAs.
-pub async fn measure(dir: &Path, requests: usize) -> Result<(Vec<Duration>, Vec<Duration>), Err> {
+/// `requests` small GETs each way. `dir` holds the CAs.
+pub async fn measure(dir: &Path, requests: usize) -> Result<Times, Err> {
     let up = upstream(dir).await?;
     let interceptor = Arc::new(Interceptor::open(
         &dir.join("kiln"),
@@ -143,31 +144,57 @@ pub async fn measure(dir: &Path, requests: usize) -> Result<(Vec<Duration>, Vec<
         while let Ok((s, _)) = l.accept().await {
             let (t, host) = (t.clone(), host.clone());
             tokio::spawn(async move {
+                // As the egress proxy dials it; the sandbox's side is the relay's to set.
                 let upstream = TcpStream::connect(up).await;
                 if let Ok(u) = &upstream {
                     let _ = u.set_nodelay(true);
                 }
-                let _ = s.set_nodelay(true);
                 let n = || Arc::new(AtomicU64::new(0));
                 let _ = super::mitm::relay(t, host, NAME, s, Vec::new(), upstream, n(), n()).await;
             });
         }
     });
+    let relay = TcpListener::bind("127.0.0.1:0").await?;
+    let plain_front = relay.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = relay.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut u) = TcpStream::connect(up).await {
+                    let _ = (s.set_nodelay(true), u.set_nodelay(true));
+                    let _ = tokio::io::copy_bidirectional(&mut s, &mut u).await;
+                }
+            });
+        }
+    });
     let upstream_ca = std::fs::read_to_string(dir.join("upstream-ca.pem"))?;
     let mut direct = client(up, &upstream_ca).await?;
+    let mut plain = client(plain_front, &upstream_ca).await?;
     let mut through = client(front, interceptor.ca.cert_pem()).await?;
-    let (mut d, mut i) = (Vec::new(), Vec::new());
+    let mut times = Times::default();
     for k in 0..requests + 5 {
         let (td, cd) = get(&mut direct).await?;
+        let (tp, cp) = get(&mut plain).await?;
         let (ti, ci) = get(&mut through).await?;
-        if (cd, ci) != (b'-', b'A') {
+        if (cd, cp, ci) != (b'-', b'-', b'A') {
             return Err("the intercepted request did not carry the injected header".into());
         }
-        // The first few warm both connections up.
+        // The first few warm the connections up.
         if k >= 5 {
-            d.push(td);
-            i.push(ti);
+            times.direct.push(td);
+            times.relayed.push(tp);
+            times.intercepted.push(ti);
         }
     }
-    Ok((d, i))
+    Ok(times)
+}
+
+/// The request times of [`measure`].
+#[derive(Debug, Default)]
+pub struct Times {
+    /// Straight to the upstream.
+    pub direct: Vec<Duration>,
+    /// Through a plain TCP relay (a host without a rule).
+    pub relayed: Vec<Duration>,
+    /// Through the interception relay with a rule.
+    pub intercepted: Vec<Duration>,
 }

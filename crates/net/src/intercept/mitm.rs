@@ -145,6 +145,8 @@ where
     }
     .await
     .map_err(|e| io::Error::other(format!("upstream {name}: {e}")));
+    // Each answer leaves as soon as it is written (see the egress proxy).
+    client.set_nodelay(true)?;
     let (rd, wr) = client.into_split();
     let stream = Counted {
         inner: tokio::io::join(std::io::Cursor::new(peeked).chain(rd), wr),

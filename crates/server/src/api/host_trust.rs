@@ -1,13 +1,18 @@
-//! Host trust for egress: the CA certificates the host added to its own trust store (the
-//! `*.crt` files under `/usr/local/share/ca-certificates`, `kiln serve --host-ca-dir`; a
-//! TLS-inspecting proxy's, a company CA) are trusted inside every sandbox too, so a sandbox
-//! works behind the same proxy as its host. On by default (`kiln serve --host-cas off`).
+//! Trust for egress: the CA certificates a sandbox trusts besides its template's roots.
 //!
-//! The server reads them at start ([`HostCas::read`]: certificates only, re-encoded from their
-//! DER, anything else in the files ignored). Each create puts them in the sandbox's trust
-//! store before answering: [`HOST_FILE`] holds them, and those the system bundle lacks are
-//! appended to it; the create also sets `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT`
-//! (the bundle) and `NODE_EXTRA_CA_CERTS` ([`HOST_FILE`]) unless the request sets them.
+//! Two kinds: the host's extra CAs (the `*.crt` files under `/usr/local/share/ca-certificates`,
+//! `kiln serve --host-ca-dir`; a TLS-inspecting proxy's, a company CA), so a sandbox works
+//! behind the same proxy as its host (on by default, `kiln serve --host-cas off`), and kiln's
+//! interception CA (`network.rules`), trusted from create on so rules added later by `PUT
+//! /sandboxes/{id}/network` need no change inside the sandbox.
+//!
+//! The server reads the host's at start ([`HostCas::read`]: certificates only, re-encoded from
+//! their DER, anything else in the files ignored) and gives the manager the list
+//! ([`extra_cas`]). Every create, the API's and a template build's alike ([`create`]), puts
+//! them in the sandbox's trust store before answering: [`EXTRA_FILE`] holds them all (Node's
+//! `NODE_EXTRA_CA_CERTS` reads one file), and those the system bundle lacks are appended to
+//! it; the create also sets `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT` (the bundle) and
+//! `NODE_EXTRA_CA_CERTS` ([`EXTRA_FILE`]) unless the request sets them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,10 +22,12 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use super::rules::BUNDLE;
-use super::{ApiError, ApiResult, AppState};
+use crate::manager::{CreateParams, Manager};
+use crate::store::SandboxRecord;
 
-/// Where the host's CAs go in a sandbox (Debian's layout).
-pub const HOST_FILE: &str = "/usr/local/share/ca-certificates/kiln-host-cas.crt";
+/// Where the extra CAs go in a sandbox, all in one file (Debian's layout:
+/// `update-ca-certificates` keeps them in the bundle it rebuilds).
+pub const EXTRA_FILE: &str = "/usr/local/share/ca-certificates/kiln-extra-cas.crt";
 /// The directory `update-ca-certificates` reads on Debian-family hosts.
 pub const DEFAULT_DIR: &str = "/usr/local/share/ca-certificates";
 /// Most files and certificates read (a directory is not a dumping ground).
@@ -93,47 +100,74 @@ impl HostCas {
     pub fn is_empty(&self) -> bool {
         self.certs.is_empty()
     }
+}
 
-    /// Environment a create adds (where the request does not set it).
-    pub fn trust_env(&self, env: &mut BTreeMap<String, String>) {
-        if self.is_empty() {
-            return;
+/// Every CA a sandbox trusts besides its template's roots: the host's (`host`, when on) and
+/// kiln's interception CA (`interception`, PEM), each once.
+pub fn extra_cas(host: Option<&HostCas>, interception: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = host.map(|h| h.certs.clone()).unwrap_or_default();
+    if let Some(pem) = interception {
+        let pem = format!("{}\n", pem.trim());
+        if !out.iter().any(|c| c.trim() == pem.trim()) {
+            out.push(pem);
         }
-        for (k, v) in [
-            ("SSL_CERT_FILE", BUNDLE),
-            ("REQUESTS_CA_BUNDLE", BUNDLE),
-            ("PIP_CERT", BUNDLE),
-            ("NODE_EXTRA_CA_CERTS", HOST_FILE),
-        ] {
-            env.entry(k.to_string()).or_insert_with(|| v.to_string());
-        }
+    }
+    out
+}
+
+/// Environment a create adds when there are extra CAs (where the request does not set it).
+pub fn trust_env(cas: &[String], env: &mut BTreeMap<String, String>) {
+    if cas.is_empty() {
+        return;
+    }
+    for (k, v) in [
+        ("SSL_CERT_FILE", BUNDLE),
+        ("REQUESTS_CA_BUNDLE", BUNDLE),
+        ("PIP_CERT", BUNDLE),
+        ("NODE_EXTRA_CA_CERTS", EXTRA_FILE),
+    ] {
+        env.entry(k.to_string()).or_insert_with(|| v.to_string());
     }
 }
 
-/// Puts the host's CAs in sandbox `id`'s trust store.
-pub async fn install(st: &AppState, id: &str, token: Option<String>) -> ApiResult<()> {
-    let Some(cas) = st.host_cas.as_ref().filter(|c| !c.is_empty()) else {
+/// Creates a sandbox that trusts the manager's extra CAs: its environment names them and its
+/// trust store holds them before this returns. A failure to install them ends the sandbox.
+pub async fn create(manager: &Manager, mut p: CreateParams) -> crate::error::Result<SandboxRecord> {
+    trust_env(manager.extra_cas(), &mut p.env_vars);
+    let rec = manager.create(p).await?;
+    if let Err(e) = install(manager, &rec.id, rec.envd_token.clone()).await {
+        let _ = manager
+            .kill(&rec.id, "its trust store could not be set up")
+            .await;
+        return Err(e);
+    }
+    Ok(rec)
+}
+
+/// Puts the manager's extra CAs in sandbox `id`'s trust store: [`EXTRA_FILE`], and the
+/// system bundle where it lacks them (read and written once at most).
+pub async fn install(
+    manager: &Manager,
+    id: &str,
+    token: Option<String>,
+) -> crate::error::Result<()> {
+    let cas = manager.extra_cas();
+    if cas.is_empty() {
         return Ok(());
-    };
-    let agent = st.manager.agent(id, token);
-    let fail = |what: &str, e: kiln_envd::EnvdError| {
-        ApiError::bad_gateway(format!(
-            "adding the host's CA certificates to the sandbox's trust store ({what}): {e}"
-        ))
+    }
+    let agent = manager.agent(id, token);
+    let fail = |e: kiln_envd::EnvdError| {
+        crate::error::Error::create("adding the extra CA certificates to its trust store")(e.into())
     };
     // The two calls are independent: one round trip for both.
     let (written, bundle) = tokio::join!(
-        agent.write_file(HOST_FILE, cas.certs.concat().into_bytes(), Some("root")),
+        agent.write_file(EXTRA_FILE, cas.concat().into_bytes(), Some("root")),
         agent.read_file(BUNDLE, Some("root")),
     );
-    written.map_err(|e| fail(HOST_FILE, e))?;
+    written.map_err(fail)?;
     let mut bundle = bundle.unwrap_or_default();
     let have = String::from_utf8_lossy(&bundle).replace("\r\n", "\n");
-    let missing: Vec<&String> = cas
-        .certs
-        .iter()
-        .filter(|c| !have.contains(c.trim()))
-        .collect();
+    let missing: Vec<&String> = cas.iter().filter(|c| !have.contains(c.trim())).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -146,7 +180,7 @@ pub async fn install(st: &AppState, id: &str, token: Option<String>) -> ApiResul
     agent
         .write_file(BUNDLE, bundle, Some("root"))
         .await
-        .map_err(|e| fail(BUNDLE, e))
+        .map_err(fail)
 }
 
 #[cfg(test)]
@@ -171,10 +205,28 @@ mod tests {
         assert_eq!(cas.certs.len(), 1);
         assert_eq!(cas.certs[0].trim(), cert.trim());
         let mut env = BTreeMap::from([("PIP_CERT".to_string(), "mine".to_string())]);
-        cas.trust_env(&mut env);
+        trust_env(&cas.certs, &mut env);
         assert_eq!(env["PIP_CERT"], "mine");
         assert_eq!(env["REQUESTS_CA_BUNDLE"], BUNDLE);
+        assert_eq!(env["NODE_EXTRA_CA_CERTS"], EXTRA_FILE);
         assert!(HostCas::read(&dir.path().join("none")).unwrap().is_empty());
+        let mut none = BTreeMap::new();
+        trust_env(&[], &mut none);
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn one_list_with_the_interception_ca_last_and_once() {
+        let host = HostCas {
+            certs: vec![pem_of(&[1, 2, 3]), pem_of(&[4, 5, 6])],
+        };
+        let kiln = pem_of(&[7, 8, 9]);
+        let all = extra_cas(Some(&host), Some(kiln.trim()));
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[2].trim(), kiln.trim());
+        assert_eq!(extra_cas(Some(&host), Some(&host.certs[0])).len(), 2);
+        assert_eq!(extra_cas(None, Some(&kiln)), vec![kiln.clone()]);
+        assert!(extra_cas(None, None).is_empty());
     }
 
     /// A certificate in PEM, 64-column lines (as `pem_of` writes them).

@@ -13,6 +13,7 @@ pub mod idempotency;
 mod jwks;
 mod keys;
 mod list;
+mod net_inherit;
 mod net_persist;
 mod net_update;
 mod network;
@@ -153,8 +154,6 @@ pub struct AppState {
     pub vault: Option<Arc<crate::vault::Vault>>,
     /// TLS interception for `network.rules`; `None`: rules answer 501.
     pub interceptor: Option<Arc<kiln_net::intercept::Interceptor>>,
-    /// The host's extra CA certificates, trusted in every sandbox; `None`: off.
-    pub host_cas: Option<Arc<host_trust::HostCas>>,
     /// The workload identity token issuer (`iam.tokens`); `None`: those answer 501.
     pub identity: Option<Arc<crate::identity::Issuer>>,
     /// Templates built through E2B's Template API; `None`: those routes answer 501.
@@ -172,7 +171,6 @@ impl AppState {
             vault: None,
             interceptor: None,
             identity: None,
-            host_cas: None,
             builds: None,
             console_db: None,
         }
@@ -187,12 +185,6 @@ impl AppState {
     /// With `network.rules` applied through `interceptor`.
     pub fn with_interceptor(mut self, i: Arc<kiln_net::intercept::Interceptor>) -> Self {
         self.interceptor = Some(i);
-        self
-    }
-
-    /// With the host's CA certificates `cas` trusted in every sandbox.
-    pub fn with_host_cas(mut self, cas: Arc<host_trust::HostCas>) -> Self {
-        self.host_cas = Some(cas);
         self
     }
 

@@ -130,6 +130,10 @@ pub async fn reapply(st: &AppState) {
     };
     let mut paused = std::collections::HashMap::new();
     for (id, team, sealed) in all {
+        // A snapshot's settings wait for creates from it.
+        if super::net_inherit::is_snapshot_row(&id) {
+            continue;
+        }
         match st.manager.get(&id).map(|r| r.state) {
             Ok(SandboxState::Running) => apply_logged(st, &id, &team, &sealed).await,
             Ok(_) => {

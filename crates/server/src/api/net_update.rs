@@ -1,5 +1,6 @@
 //! `PUT /sandboxes/{id}/network`: a running sandbox's egress policy replaced, remembered
-//! (sealed) for a restart, and its interception CA installed when the rules need one.
+//! (sealed) for a restart, and its trust store checked to hold the interception CA when the
+//! rules need it.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -46,8 +47,9 @@ pub async fn update(
     let raw = serde_json::from_slice::<Value>(&body).ok();
     super::net_persist::remember(&st, &id, &c.team, raw.as_ref(), iam.as_ref()).await?;
     if rules {
+        // Trusted since create; a sandbox from an older snapshot may lack it.
         let token = st.manager.get_for(&id, &c.team)?.envd_token;
-        super::rules::install_ca(&st, &id, token).await?;
+        super::host_trust::install(&st.manager, &id, token).await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -2,11 +2,8 @@
 //! `${e2b.secrets.NAME}` checked against the caller's team and every
 //! `${e2b.identity.tokens.NAME}` against the sandbox's `iam.tokens` (an unknown one is a 400
 //! naming it), and attached to the egress policy with what the egress proxy needs to apply them
-//! ([`kiln_net::intercept`]). A sandbox with rules trusts the server's interception CA: the
-//! CA is added to its system bundle (`/etc/ssl/certs/ca-certificates.crt`, plus
-//! `/usr/local/share/ca-certificates/kiln-egress-ca.crt`), and a create with rules sets
-//! `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE` and `NODE_EXTRA_CA_CERTS` (unless the request
-//! sets them) so Python's requests and Node trust it too.
+//! ([`kiln_net::intercept`]). Every sandbox trusts the server's interception CA from create
+//! on, rules or not ([`super::host_trust`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,9 +16,7 @@ use super::{ApiError, ApiResult, AppState};
 use crate::identity::{SandboxTokens, TokenSpec};
 use crate::vault::Vault;
 
-/// Where the CA goes in a sandbox (Debian's layout, which `update-ca-certificates` keeps).
-pub const CA_FILE: &str = "/usr/local/share/ca-certificates/kiln-egress-ca.crt";
-/// The system bundle the CA is appended to.
+/// The system bundle of a sandbox (Debian's layout), where the extra CAs are appended.
 pub const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 impl SecretSource for Vault {
@@ -115,48 +110,4 @@ pub async fn with_rules(
         interceptor: interceptor.clone(),
     }));
     Ok(Some(policy))
-}
-
-/// Environment a create with rules adds (where the request does not set it).
-pub fn trust_env(env: &mut BTreeMap<String, String>) {
-    for (k, v) in [
-        ("SSL_CERT_FILE", BUNDLE),
-        ("REQUESTS_CA_BUNDLE", BUNDLE),
-        ("NODE_EXTRA_CA_CERTS", CA_FILE),
-    ] {
-        env.entry(k.to_string()).or_insert_with(|| v.to_string());
-    }
-}
-
-/// Adds the interception CA to sandbox `id`'s trust store (once).
-pub async fn install_ca(st: &AppState, id: &str, token: Option<String>) -> ApiResult<()> {
-    let Some(i) = &st.interceptor else {
-        return Ok(());
-    };
-    let pem = i.ca.cert_pem();
-    let agent = st.manager.agent(id, token);
-    let fail = |what: &str, e: kiln_envd::EnvdError| {
-        ApiError::bad_gateway(format!(
-            "adding kiln's interception CA to the sandbox's trust store ({what}): {e}"
-        ))
-    };
-    agent
-        .write_file(CA_FILE, pem.as_bytes().to_vec(), Some("root"))
-        .await
-        .map_err(|e| fail(CA_FILE, e))?;
-    let mut bundle = agent
-        .read_file(BUNDLE, Some("root"))
-        .await
-        .unwrap_or_default();
-    if !String::from_utf8_lossy(&bundle).contains(pem.trim()) {
-        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
-            bundle.push(b'\n');
-        }
-        bundle.extend_from_slice(pem.as_bytes());
-        agent
-            .write_file(BUNDLE, bundle, Some("root"))
-            .await
-            .map_err(|e| fail(BUNDLE, e))?;
-    }
-    Ok(())
 }

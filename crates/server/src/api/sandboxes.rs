@@ -43,7 +43,28 @@ async fn create_inner(
 ) -> ApiResult<Response> {
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
-    let network = super::network::policy_of(req.allow_internet_access, req.network.as_ref())?;
+    // A create from a snapshot naming no network settings of its own gets the snapshot's.
+    let inherited = match (req.allow_internet_access, &req.network) {
+        (None, None) => super::net_inherit::of_snapshot(&st, &c.team, &req.template_id).await?,
+        _ => None,
+    };
+    let (internet, net_raw) = match &inherited {
+        Some((i, v)) => (Some(*i), Some(v.clone())),
+        None => (
+            req.allow_internet_access,
+            serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| v.get("network").cloned()),
+        ),
+    };
+    let net_req = match &inherited {
+        Some((_, v)) => Some(
+            serde_json::from_value::<super::network::NetworkJson>(v.clone())
+                .map_err(|e| ApiError::internal(format!("the snapshot's network settings: {e}")))?,
+        ),
+        None => req.network,
+    };
+    let network = super::network::policy_of(internet, net_req.as_ref())?;
     let tokens = crate::identity::parse_iam(req.iam.as_ref()).map_err(ApiError::bad_request)?;
     if !tokens.is_empty() && st.identity.is_none() {
         return Err(ApiError::not_implemented(
@@ -51,8 +72,7 @@ async fn create_inner(
         ));
     }
     let network =
-        super::rules::with_rules(&st, &c.team, req.network.as_ref(), &tokens, network).await?;
-    let rules = network.as_ref().is_some_and(|p| p.transforms.is_some());
+        super::rules::with_rules(&st, &c.team, net_req.as_ref(), &tokens, network).await?;
     let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
     let keep_network = !tokens.is_empty()
         || network
@@ -66,12 +86,7 @@ async fn create_inner(
         ));
     }
     let mut env_vars = req.env_vars.unwrap_or_default();
-    if rules {
-        super::rules::trust_env(&mut env_vars);
-    }
-    if let Some(cas) = &st.host_cas {
-        cas.trust_env(&mut env_vars);
-    }
+    super::host_trust::trust_env(st.manager.extra_cas(), &mut env_vars);
     let asked = super::volumes::mounts_of(req.volume_mounts.as_ref())?;
     let volume_mounts = st.manager.resolve_mounts(&c.team, &asked).await?;
     // Run the creation in its own task: a client that disconnects mid-create must not leave a
@@ -98,7 +113,7 @@ async fn create_inner(
         auto_pause: req.auto_pause.unwrap_or(false),
         auto_resume: req.auto_resume.as_ref().is_some_and(|a| a.enabled),
         auto_pause_filesystem_only: req.auto_pause_memory == Some(false),
-        allow_internet_access: req.allow_internet_access,
+        allow_internet_access: internet,
         network,
         team: c.team,
         volume_mounts,
@@ -111,21 +126,15 @@ async fn create_inner(
     if let Some(b) = &built {
         super::template_api::apply_defaults(&st, &rec, b).await?;
     }
-    super::host_trust::install(&st, &rec.id, rec.envd_token.clone()).await?;
-    if rules {
-        super::rules::install_ca(&st, &rec.id, rec.envd_token.clone()).await?;
-    }
+    super::host_trust::install(&st.manager, &rec.id, rec.envd_token.clone()).await?;
     if let (Some(m), Some(v)) = (&mcp, &st.vault) {
         v.db().put_mcp(&rec.id, m).await.map_err(|e| {
             ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))
         })?;
     }
     if keep_network {
-        let raw = serde_json::from_slice::<Value>(&body)
-            .ok()
-            .and_then(|v| v.get("network").cloned());
         let iam = req.iam.as_ref().filter(|_| !tokens.is_empty());
-        super::net_persist::remember(&st, &rec.id, &team, raw.as_ref(), iam).await?;
+        super::net_persist::remember(&st, &rec.id, &team, net_raw.as_ref(), iam).await?;
     }
     let mut created = sandbox_json(&rec, &st.cfg.domain);
     created.traffic_access_token = traffic_token;
@@ -424,10 +433,12 @@ async fn snapshot_inner(
     let b: SnapshotBody = parse_json(&body, true)?.unwrap_or_default();
     let manager = st.manager.clone();
     let memory = b.memory.unwrap_or(true);
+    let (sid, team) = (id.clone(), c.team.clone());
     let snap =
-        tokio::spawn(async move { manager.snapshot_with(&id, &c.team, b.name, memory).await })
+        tokio::spawn(async move { manager.snapshot_with(&sid, &team, b.name, memory).await })
             .await
             .map_err(|e| ApiError::internal(format!("snapshot task: {e}")))??;
+    super::net_inherit::snapshot_taken(&st, &id, &snap.id, &c.team).await?;
     Ok((StatusCode::CREATED, Json(super::wire::snapshot_json(&snap))).into_response())
 }
 
@@ -455,11 +466,15 @@ pub async fn fork(
         .await?;
     let manager = st.manager.clone();
     let t = std::time::Instant::now();
+    let parent = id.clone();
     let children =
         tokio::spawn(async move { manager.fork(&id, b.count.unwrap_or(1), b.timeout).await })
             .await
             .map_err(|e| ApiError::internal(format!("fork task: {e}")))??;
     st.manager.telemetry().observe("fork", t.elapsed());
+    for child in children.iter().flatten() {
+        super::net_inherit::fork_child(&st, &parent, &child.id, &c.team).await?;
+    }
     let list: Vec<Value> = children
         .into_iter()
         .map(|c| match c {

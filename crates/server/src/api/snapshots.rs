@@ -77,6 +77,10 @@ pub async fn delete_template(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
+    let snap = st.manager.snapshot_for(&id, &c.team).await?;
     st.manager.delete_snapshot(&id, &c.team).await?;
+    if let Some(s) = snap {
+        super::net_inherit::snapshot_deleted(&st, &s.id, &c.team).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -2,7 +2,8 @@
 //!
 //! The parent is captured once (a snapshot that is never listed and is deleted afterwards),
 //! then each child is restored from it like a sandbox created from a snapshot: own id, own
-//! token, own layer. Each child succeeds or fails alone.
+//! token, own layer, and its parent's egress policy in force before it runs (without the
+//! parent's workload identity tokens). Each child succeeds or fails alone.
 
 use std::time::Instant;
 
@@ -70,6 +71,8 @@ impl Manager {
         // driver restores it in the background, and requests to it wait for that), or when
         // this call ends in any other way.
         let release = Release(self.driver.as_ref(), id);
+        // A child never escapes its parent's egress policy.
+        let network = self.network_for_child(id).await;
         let children = (0..count).map(|_| {
             let p = CreateParams {
                 template_id: parent.template_id.clone(),
@@ -80,6 +83,7 @@ impl Manager {
                 auto_resume: parent.auto_resume,
                 auto_pause_filesystem_only: !parent.auto_pause_memory,
                 team: parent.team.clone(),
+                network: network.clone(),
                 ..Default::default()
             };
             let (snap, alias) = (snap.clone(), parent.alias.clone());

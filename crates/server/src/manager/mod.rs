@@ -221,6 +221,9 @@ pub struct Manager {
     volumes: std::sync::OnceLock<crate::store::VolumesDb>,
     /// When each running sandbox was last used, and which are in standby.
     idle: Arc<idle::IdleTable>,
+    /// CA certificates (PEM) every sandbox trusts besides its template's roots (set once by
+    /// the server; see `api::host_trust`).
+    extra_cas: std::sync::OnceLock<Vec<String>>,
 }
 
 /// Random lowercase alphanumeric id (E2B sandbox ids look like this).
@@ -291,6 +294,7 @@ impl Manager {
             kill_marks: kills::KillMarks::default(),
             volumes: std::sync::OnceLock::new(),
             idle: Arc::default(),
+            extra_cas: std::sync::OnceLock::new(),
         })
     }
 

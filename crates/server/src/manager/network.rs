@@ -65,6 +65,31 @@ impl Manager {
         Ok(())
     }
 
+    /// Sets the CA certificates (PEM) every sandbox trusts besides its template's roots.
+    pub fn set_extra_cas(&self, cas: Vec<String>) {
+        let _ = self.extra_cas.set(cas);
+    }
+
+    /// The CA certificates every sandbox trusts besides its template's roots.
+    pub fn extra_cas(&self) -> &[String] {
+        self.extra_cas.get().map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// The egress policy a child of sandbox `id` (a fork) starts with: its parent's, lists,
+    /// rules, egress proxy and ingress settings alike, without the parent's workload identity
+    /// tokens (children mint none: a rule naming one fails its requests closed). `None`: the
+    /// parent has no network.
+    pub(super) async fn network_for_child(&self, id: &str) -> Option<EgressPolicy> {
+        let mut p = self.driver.network(id).await?;
+        if let Some(t) = p.transforms.as_ref().filter(|t| t.tokens.is_some()) {
+            p.transforms = Some(std::sync::Arc::new(kiln_net::intercept::Transforms {
+                tokens: None,
+                ..(**t).clone()
+            }));
+        }
+        Some(p)
+    }
+
     /// The egress policy in force (`None`: the sandbox has no network).
     pub async fn network(&self, id: &str) -> Result<Option<EgressPolicy>> {
         self.get(id)?;

@@ -149,6 +149,7 @@ impl Manager {
             syscall_audit: false,
             disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
             volumes: Vec::new(),
+            network: None,
         }
     }
 

@@ -179,6 +179,14 @@ impl Manager {
     }
 
     /// The snapshot of `team` a create request's `templateID` names, if it names one.
+    pub async fn snapshot_for(
+        &self,
+        template_id: &str,
+        team: &str,
+    ) -> Result<Option<SnapshotRecord>> {
+        self.find_snapshot(template_id, team).await
+    }
+
     pub(super) async fn find_snapshot(
         &self,
         template_id: &str,
@@ -192,7 +200,8 @@ impl Manager {
     }
 
     /// Creates a sandbox continuing from `snap`: its processes and files as they were, with
-    /// its own id and access token, and the request's environment added.
+    /// its own id and access token, the request's environment added and its egress policy
+    /// (`p.network`; `None`: the default) in force before anything runs.
     pub(super) async fn create_from_snapshot(
         &self,
         p: CreateParams,
@@ -238,6 +247,15 @@ impl Manager {
         };
         self.store.insert_sandbox(&record).await?;
         let mut spec = self.spec_for(&id, &tpl);
+        // The restored processes run at once: the egress policy is in force from the start.
+        if self.driver.has_network() {
+            if let Some(t) = p.network.as_ref().and_then(|n| n.transforms.as_ref()) {
+                if let Some(tokens) = &t.tokens {
+                    tokens.bind(&id);
+                }
+            }
+            spec.network = p.network.clone();
+        }
         // Audited system calls, as for a create (a fork child has its parent's metadata).
         spec.syscall_audit = self.audit().enabled()
             && p.metadata

@@ -403,18 +403,20 @@ async fn ensure_sandbox(
     }
     let mut metadata = std::collections::BTreeMap::new();
     metadata.insert(BUILD_META.to_string(), build.to_string());
-    let rec = b
-        .manager
-        .create(CreateParams {
+    // Trusting what every sandbox trusts (a `RUN pip install` behind the host's proxy).
+    let rec = crate::api::host_trust::create(
+        &b.manager,
+        CreateParams {
             template_id: w.parent.clone(),
             timeout_secs: Some(3600),
             metadata,
             secure: false,
             team: team.to_string(),
             ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("starting the build sandbox: {e}"))?;
+        },
+    )
+    .await
+    .map_err(|e| format!("starting the build sandbox: {e}"))?;
     w.sandbox = Some(rec.id.clone());
     Ok(rec.id)
 }

@@ -275,6 +275,7 @@ pub fn driver_spec(id: &str, rootfs: &Path) -> kiln_server::driver::SandboxSpec 
         syscall_audit: false,
         disk_mb: 0,
         volumes: vec![],
+        network: None,
     }
 }
 

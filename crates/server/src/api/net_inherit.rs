@@ -1,0 +1,124 @@
+//! Network settings that carry over to a sandbox's descendants. A fork child starts under its
+//! parent's egress policy (the manager puts it in force before the child runs); here its rules
+//! and egress proxy are also recorded for a server restart ([`fork_child`]). A snapshot records
+//! its source's settings at capture ([`snapshot_taken`]): internet access, `allowOut`,
+//! `denyOut`, `dnsServers`, `httpsPorts`, `allowPublicTraffic`, `maskRequestHost`, `rules` and
+//! `egressProxy` (sealed by the vault, as a sandbox's are), and a create from the snapshot that
+//! names no `allowInternetAccess` and no `network` of its own gets them ([`of_snapshot`]).
+//! Workload identity tokens (`iam`) never carry over.
+
+use serde_json::{json, Map, Value};
+
+use super::{ApiError, ApiResult, AppState};
+
+/// The row id of snapshot `id`'s settings (beside the sandboxes' in the same table).
+pub fn snapshot_row(id: &str) -> String {
+    format!("snapshot:{id}")
+}
+
+/// Whether a settings row is a snapshot's.
+pub fn is_snapshot_row(id: &str) -> bool {
+    id.starts_with("snapshot:")
+}
+
+fn seal_id(row: &str) -> String {
+    format!("network/{row}")
+}
+
+fn internal(what: &str) -> impl Fn(String) -> ApiError + '_ {
+    move |e| ApiError::internal(format!("{what}: {e}"))
+}
+
+/// The opened settings recorded under `row` for `team` (`None`: none, or another team's).
+async fn read(st: &AppState, row: &str, team: &str) -> ApiResult<Option<Value>> {
+    let Some(vault) = &st.vault else {
+        return Ok(None);
+    };
+    let got = vault
+        .db()
+        .get_network(row)
+        .await
+        .map_err(|e| internal("reading network settings")(e.to_string()))?;
+    let Some((t, sealed)) = got.filter(|(t, _)| t == team) else {
+        return Ok(None);
+    };
+    let clear = vault
+        .unseal(&t, &seal_id(row), &sealed)
+        .map_err(|e| internal("opening stored network settings")(e.to_string()))?;
+    serde_json::from_slice(&clear)
+        .map(Some)
+        .map_err(|e| internal("reading stored network settings")(e.to_string()))
+}
+
+async fn write(st: &AppState, row: &str, team: &str, v: Option<&Value>) -> ApiResult<()> {
+    let Some(vault) = &st.vault else {
+        return Ok(());
+    };
+    let sealed = v.map(|v| vault.seal(team, &seal_id(row), v.to_string().as_bytes()));
+    vault
+        .db()
+        .put_network(row, team, sealed)
+        .await
+        .map_err(|e| internal("storing network settings")(e.to_string()))
+}
+
+/// Records the rules and egress proxy of fork `parent` (of `team`) for its `child`, so a
+/// restarted server applies them again; never its `iam`.
+pub async fn fork_child(st: &AppState, parent: &str, child: &str, team: &str) -> ApiResult<()> {
+    let Some(mut v) = read(st, parent, team).await? else {
+        return Ok(());
+    };
+    if let Some(m) = v.as_object_mut() {
+        m.remove("iam");
+    }
+    super::net_persist::remember(st, child, team, Some(&v), None).await
+}
+
+/// Records the network settings of sandbox `source` (of `team`) for its snapshot `snap`.
+pub async fn snapshot_taken(st: &AppState, source: &str, snap: &str, team: &str) -> ApiResult<()> {
+    let Ok(Some(policy)) = st.manager.network(source).await else {
+        return Ok(());
+    };
+    let (internet, mut net) = super::network::info(Some(&policy));
+    // The rules and egress proxy as the requests gave them (placeholders; the password).
+    let stored = read(st, source, team).await?.unwrap_or(Value::Null);
+    if let Some(m) = net.as_object_mut() {
+        for k in ["rules", "egressProxy"] {
+            m.remove(k);
+            if let Some(x) = stored.get(k).filter(|x| !x.is_null()) {
+                m.insert(k.to_string(), x.clone());
+            }
+        }
+    }
+    let v = json!({ "allowInternetAccess": internet, "network": net });
+    write(st, &snapshot_row(snap), team, Some(&v)).await
+}
+
+/// Forgets the settings of snapshot `snap`.
+pub async fn snapshot_deleted(st: &AppState, snap: &str, team: &str) -> ApiResult<()> {
+    write(st, &snapshot_row(snap), team, None).await
+}
+
+/// The `(allowInternetAccess, network)` a create from `template_id` inherits, when it names a
+/// snapshot of `team` with recorded settings.
+pub async fn of_snapshot(
+    st: &AppState,
+    team: &str,
+    template_id: &str,
+) -> ApiResult<Option<(bool, Value)>> {
+    let Some(snap) = st.manager.snapshot_for(template_id, team).await? else {
+        return Ok(None);
+    };
+    let Some(v) = read(st, &snapshot_row(&snap.id), team).await? else {
+        return Ok(None);
+    };
+    let internet = v
+        .get("allowInternetAccess")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let net = v
+        .get("network")
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Map::new()));
+    Ok(Some((internet, net)))
+}
