@@ -302,3 +302,10 @@ def test_sdk_from_image_with_registry_credentials(pull_server, auth_registry, tm
     with pytest.raises(BuildException) as e:
         _build(pull_server, tpl("wrong-again"), f"kt-auth-bad2-{ident}")
     assert "refused" in str(e.value), str(e.value)
+
+    # Nor does a build without credentials get the private image through the template made
+    # with them (it could be another team's): the registry is asked anonymously and refuses.
+    with pytest.raises(BuildException) as e:
+        _build(pull_server, Template().from_image(image).run_cmd("true"), f"kt-auth-anon-{ident}")
+    msg = str(e.value)
+    assert "refused anonymous access" in msg, msg

@@ -9,17 +9,8 @@
 
 use serde_json::{json, Map, Value};
 
+use super::net_persist::snapshot_row;
 use super::{ApiError, ApiResult, AppState};
-
-/// The row id of snapshot `id`'s settings (beside the sandboxes' in the same table).
-pub fn snapshot_row(id: &str) -> String {
-    format!("snapshot:{id}")
-}
-
-/// Whether a settings row is a snapshot's.
-pub fn is_snapshot_row(id: &str) -> bool {
-    id.starts_with("snapshot:")
-}
 
 fn seal_id(row: &str) -> String {
     format!("network/{row}")

@@ -16,6 +16,17 @@ use super::{ApiError, ApiResult, AppState};
 use crate::manager::END_EVENTS;
 use crate::store::SandboxState;
 
+/// The row id of snapshot `id`'s settings, beside the sandboxes' in the same table (see
+/// `net_inherit`).
+pub fn snapshot_row(id: &str) -> String {
+    format!("snapshot:{id}")
+}
+
+/// Whether a settings row is a snapshot's.
+pub fn is_snapshot_row(id: &str) -> bool {
+    id.starts_with("snapshot:")
+}
+
 /// The id the seal of sandbox `id`'s settings is bound to.
 fn seal_id(id: &str) -> String {
     format!("network/{id}")
@@ -131,7 +142,7 @@ pub async fn reapply(st: &AppState) {
     let mut paused = std::collections::HashMap::new();
     for (id, team, sealed) in all {
         // A snapshot's settings wait for creates from it.
-        if super::net_inherit::is_snapshot_row(&id) {
+        if is_snapshot_row(&id) {
             continue;
         }
         match st.manager.get(&id).map(|r| r.state) {

@@ -7,7 +7,9 @@
 //! credentials; their progress goes to the build log (step `base`). Two builds of one image
 //! at once pull once: the second waits on the first's lock, then finds the template made.
 //! A build with credentials asks the registry for the image's manifest even when its template
-//! exists, so wrong credentials fail whatever was pulled before.
+//! exists, so wrong credentials fail whatever was pulled before; so does a build without
+//! credentials of an image that was pulled with some (it asks anonymously), so one team's
+//! private image is no other team's through the shared template.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -118,14 +120,17 @@ impl Builds {
                 // a `--template-dir`): the image name means it, and nothing is pulled.
                 Ok(None) => return Ok(name),
                 Ok(Some(made)) if made.source == full && !force => {
-                    let Some(creds) = credentials(registry) else {
+                    let creds = credentials(registry);
+                    if creds.is_none() && !made.with_credentials {
+                        // A public image's template, made before: used as it is (offline too).
                         return Ok(name);
-                    };
-                    // With credentials, the registry decides whether they may read the image
-                    // (and whether the one made before is still its current version).
+                    }
+                    // With credentials, or for an image somebody pulled with theirs (another
+                    // team's private image), the registry decides whether this build may read
+                    // it (and whether the one made before is still its current version).
                     let opts = PullOptions {
                         mirrors: self.config.registry_mirrors.clone(),
-                        credentials: Some(creds),
+                        credentials: creds,
                         quiet: true,
                         ..Default::default()
                     };

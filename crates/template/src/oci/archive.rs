@@ -262,6 +262,7 @@ fn from_oci_layout(blobs: &Blobs, c: &Contents, label: &str) -> Result<Image, Oc
         config_digest: config_desc.digest,
         layers,
         config: parsed.run,
+        with_credentials: false,
     })
 }
 
@@ -310,5 +311,6 @@ fn from_docker_save(blobs: &Blobs, c: &Contents, label: &str) -> Result<Image, O
         config_digest,
         layers,
         config: parsed.run,
+        with_credentials: false,
     })
 }

@@ -38,6 +38,10 @@ pub struct Image {
     pub config_digest: String,
     pub layers: Vec<Layer>,
     pub config: RunConfig,
+    /// Pulled with registry credentials: whoever later uses it without credentials of their
+    /// own must first show that the registry lets them read it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub with_credentials: bool,
 }
 
 /// The part of the image config a sandbox uses.

@@ -189,6 +189,7 @@ pub async fn pull(blobs: &Blobs, name: &str, opts: &PullOptions) -> Result<Image
         config_digest: manifest.config.digest.clone(),
         layers,
         config: parsed.run,
+        with_credentials: opts.credentials.is_some(),
     })
 }
 
