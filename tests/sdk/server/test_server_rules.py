@@ -124,6 +124,8 @@ def test_attacks_raise_exactly_the_expected_alerts(rules_server):
         req = urllib.request.Request(srv.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
         text = urllib.request.urlopen(req, timeout=30).read().decode()
         assert 'kiln_alerts_total{rule="reverse_shell_dev_tcp",priority="critical"}' in text
+        # Nothing was left unevaluated (the engine kept up), and that is on record.
+        assert "\nkiln_rules_records_dropped_total 0\n" in text, text
         assert sbx.is_running(), "an alert-only rule leaves the sandbox alone"
 
         # The stored records replayed through the built-in pack find the same two.

@@ -316,6 +316,19 @@ pub async fn prometheus(State(st): St, headers: HeaderMap) -> Response {
         &[("verdict", "denied")],
         denied as f64,
     );
+    if let Some(tap) = m.audit().rules_tap() {
+        w.family(
+            "kiln_rules_records_dropped_total",
+            "Audit records the rule engine could not take (its queue was full), so not \
+             evaluated by any rule.",
+            "counter",
+        );
+        w.sample(
+            "kiln_rules_records_dropped_total",
+            &[],
+            tap.dropped() as f64,
+        );
+    }
     m.telemetry().write(&mut w);
     (
         [(

@@ -165,3 +165,42 @@ impl Writer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(cursor: i64) -> Arc<AuditRecord> {
+        Arc::new(AuditRecord {
+            cursor,
+            sandbox_id: "sbx".into(),
+            seq: cursor,
+            ts_ms: cursor,
+            kind: "api".into(),
+            body: "{}".into(),
+            prev_hash: String::new(),
+            hash: String::new(),
+        })
+    }
+
+    #[test]
+    fn a_full_tap_counts_what_it_could_not_take() {
+        let tap = RulesTap::default();
+        // No engine: nothing is offered, nothing is counted.
+        tap.offer(&record(1));
+        assert_eq!(tap.dropped(), 0);
+        let (tx, mut rx) = mpsc::channel(2);
+        tap.set(tx);
+        for c in 2..=5 {
+            tap.offer(&record(c));
+        }
+        assert_eq!(tap.dropped(), 2, "a queue of 2 takes two of four");
+        assert_eq!(rx.try_recv().unwrap().cursor, 2);
+        tap.offer(&record(6));
+        assert_eq!(tap.dropped(), 2, "room again");
+        // An engine that stopped is not a backlog.
+        drop(rx);
+        tap.offer(&record(7));
+        assert_eq!(tap.dropped(), 2);
+    }
+}
