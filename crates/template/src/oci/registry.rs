@@ -11,7 +11,7 @@ use futures::{StreamExt, TryStreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
-use oci_client::manifest::OciDescriptor;
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, RegistryOperation};
 
@@ -98,16 +98,26 @@ fn client_for(img: &ImageName, opts: &PullOptions) -> (Client, RegistryAuth) {
 pub async fn manifest_digest(name: &str, opts: &PullOptions) -> Result<String, OciError> {
     let img = resolve(name, &opts.mirrors)?;
     let (client, auth) = client_for(&img, opts);
-    let fail = |e: OciDistributionError| registry_error(&img, opts.credentials.as_ref(), e);
-    client
-        .auth(&img.pull, &auth, RegistryOperation::Pull)
-        .await
-        .map_err(fail)?;
-    let (_, digest) = client
-        .pull_image_manifest(&img.pull, &auth)
-        .await
-        .map_err(fail)?;
+    let (_, digest) = manifest_of(&img, &client, &auth, opts).await?;
     Ok(digest)
+}
+
+/// Signs in for pulling `img` and fetches its linux/amd64 manifest and that manifest's digest.
+async fn manifest_of(
+    img: &ImageName,
+    client: &Client,
+    auth: &RegistryAuth,
+    opts: &PullOptions,
+) -> Result<(OciImageManifest, String), OciError> {
+    let fail = |e: OciDistributionError| registry_error(img, opts.credentials.as_ref(), e);
+    client
+        .auth(&img.pull, auth, RegistryOperation::Pull)
+        .await
+        .map_err(fail)?;
+    client
+        .pull_image_manifest(&img.pull, auth)
+        .await
+        .map_err(fail)
 }
 
 /// Pulls `name` (its linux/amd64 image) into `blobs`.
@@ -115,14 +125,7 @@ pub async fn pull(blobs: &Blobs, name: &str, opts: &PullOptions) -> Result<Image
     let img = resolve(name, &opts.mirrors)?;
     let (client, auth) = client_for(&img, opts);
     let fail = |e: OciDistributionError| registry_error(&img, opts.credentials.as_ref(), e);
-    client
-        .auth(&img.pull, &auth, RegistryOperation::Pull)
-        .await
-        .map_err(fail)?;
-    let (manifest, digest) = client
-        .pull_image_manifest(&img.pull, &auth)
-        .await
-        .map_err(fail)?;
+    let (manifest, digest) = manifest_of(&img, &client, &auth, opts).await?;
     let mut config = Vec::new();
     client
         .pull_blob(&img.pull, &manifest.config, &mut config)
