@@ -61,6 +61,16 @@ def wait_http(url: str, timeout: float = 30):
     pytest.fail(f"test host {url} did not come up")
 
 
+def wait_command(args, what: str, tries: int = 150):
+    """Runs the probe `args` every 0.2 s until it succeeds (`tries` times at most), else fails
+    the test saying `what` did not come up."""
+    for _ in range(tries):
+        if sh(*args, check=False).returncode == 0:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{what} did not come up")
+
+
 @pytest.fixture(scope="module")
 def internet():
     require_root()

@@ -27,7 +27,7 @@ import pytest
 from e2b import Sandbox, Secret
 
 from .conftest import own_server
-from .internet import remove_slots_in_range, require_root, run
+from .internet import remove_slots_in_range, require_root, run, wait_command
 from .testnet import NetNs, sh
 
 RANGE = "10.167.0.0/24"
@@ -207,13 +207,7 @@ def secnet():
                 continue
             args = ["curl", "-s", "-m", "2", "--resolve", f"{name}:443:{ip}", f"https://{name}/up"]
             args[1:1] = ["-k"] if name == "bad.sec.test" else ["--cacert", ca]
-            for _ in range(150):
-                if sh(*args, check=False).returncode == 0:
-                    break
-                import time
-                time.sleep(0.2)
-            else:
-                pytest.fail(f"the test host {name} did not come up")
+            wait_command(args, f"the test host {name}")
         yield ca, ns, d
     finally:
         ns.down()

@@ -29,7 +29,7 @@ import pytest
 from e2b import Sandbox, Secret
 
 from .conftest import own_server
-from .internet import remove_slots_in_range, require_root, run
+from .internet import remove_slots_in_range, require_root, run, wait_command
 from .test_server_egress_rules import ECHO, SEARCH, curl
 from .testnet import NetNs, sh
 
@@ -65,12 +65,7 @@ def idnet():
         ns.spawn(sys.executable, "-c", ECHO, ECHO_ADDR, cert, key)
         up = ["curl", "-s", "-m", "2", "--cacert", ca, "--resolve", f"{HOST}:443:{ECHO_ADDR}",
               f"https://{HOST}/up"]
-        for _ in range(150):
-            if sh(*up, check=False).returncode == 0:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the echo host did not come up")
+        wait_command(up, "the echo host")
         yield ca
     finally:
         ns.down()

@@ -26,7 +26,7 @@ import pytest
 from e2b import Sandbox, Secret
 
 from .conftest import own_server
-from .internet import remove_slots_in_range, require_root, run
+from .internet import remove_slots_in_range, require_root, run, wait_command
 from .test_server_egress_rules import ECHO
 from .testnet import NetNs, sh
 
@@ -87,12 +87,7 @@ def net():
         for name, ip in HOSTS.items():
             args = ["curl", "-s", "-m", "2", "--cacert", ca, "--resolve", f"{name}:443:{ip}",
                     f"https://{name}/up"]
-            for _ in range(150):
-                if sh(*args, check=False).returncode == 0:
-                    break
-                time.sleep(0.2)
-            else:
-                pytest.fail(f"the test host {name} did not come up")
+            wait_command(args, f"the test host {name}")
         yield {"dir": cas, "ca": ca}
     finally:
         ns.down()
