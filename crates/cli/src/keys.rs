@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kiln_server::store::{SqliteStore, StateStore};
+use kiln_server::store::{AccessStore, SqliteStore};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kiln_server::store::{StateStore, TeamRecord};
+use kiln_server::store::{AccessStore, TeamRecord};
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {

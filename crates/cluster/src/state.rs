@@ -1,17 +1,18 @@
-//! [`StateStore`] on etcd: what a method changes, it changes in one etcd txn (see the
+//! [`kiln_server::store::StateStore`] on etcd, one impl per aggregate trait: what a method changes, it changes in one etcd txn (see the
 //! modules that build them); only housekeeping (old idempotent answers, due keys of deleted
 //! webhooks) takes txns of its own.
 
+use kiln_server::store::{AccessStore, EventStore, IdempotencyStore, SandboxStore, TemplateStore};
 use kiln_server::store::{
     Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, KeyRecord, PauseMode, Result,
-    SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoredEvent, TeamRecord,
-    TemplateRecord, WebhookRecord,
+    SandboxRecord, SandboxState, SnapshotRecord, StoredEvent, TeamRecord, TemplateRecord,
+    WebhookRecord,
 };
 
 use crate::store::EtcdStore;
 
 #[async_trait::async_trait]
-impl StateStore for EtcdStore {
+impl SandboxStore for EtcdStore {
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<()> {
         Ok(self.insert_sandbox_doc(s).await?)
     }
@@ -36,7 +37,6 @@ impl StateStore for EtcdStore {
     async fn expired(&self, now_ms: i64) -> Result<Vec<String>> {
         Ok(self.expired_ids(now_ms).await?)
     }
-
     async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<()> {
         Ok(self.insert_snapshot_doc(s).await?)
     }
@@ -49,7 +49,10 @@ impl StateStore for EtcdStore {
     async fn delete_snapshot(&self, id: &str) -> Result<bool> {
         Ok(self.delete_snapshot_doc(id).await?)
     }
+}
 
+#[async_trait::async_trait]
+impl EventStore for EtcdStore {
     async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()> {
         Ok(self.add_event_doc(sandbox_id, kind, detail).await?)
     }
@@ -59,7 +62,6 @@ impl StateStore for EtcdStore {
     async fn events_page(&self, q: &EventQuery) -> Result<Vec<StoredEvent>> {
         Ok(self.events_page_docs(q).await?)
     }
-
     async fn insert_webhook(&self, w: &WebhookRecord) -> Result<()> {
         Ok(self.insert_webhook_doc(w).await?)
     }
@@ -96,7 +98,10 @@ impl StateStore for EtcdStore {
     ) -> Result<Vec<DeliveryRecord>> {
         Ok(self.delivery_docs(webhook_id, before, limit).await?)
     }
+}
 
+#[async_trait::async_trait]
+impl AccessStore for EtcdStore {
     async fn insert_key(&self, k: &KeyRecord) -> Result<()> {
         Ok(self.insert_key_doc(k).await?)
     }
@@ -112,14 +117,6 @@ impl StateStore for EtcdStore {
     async fn revoke_key(&self, id: &str) -> Result<bool> {
         Ok(self.revoke_key_doc(id).await?)
     }
-
-    async fn upsert_template(&self, t: &TemplateRecord) -> Result<()> {
-        Ok(self.upsert_template_doc(t).await?)
-    }
-    async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>> {
-        Ok(self.get_template_doc(name).await?)
-    }
-
     async fn upsert_team(&self, t: &TeamRecord) -> Result<()> {
         Ok(self.upsert_team_doc(t).await?)
     }
@@ -129,7 +126,20 @@ impl StateStore for EtcdStore {
     async fn list_teams(&self) -> Result<Vec<TeamRecord>> {
         Ok(self.list_team_docs().await?)
     }
+}
 
+#[async_trait::async_trait]
+impl TemplateStore for EtcdStore {
+    async fn upsert_template(&self, t: &TemplateRecord) -> Result<()> {
+        Ok(self.upsert_template_doc(t).await?)
+    }
+    async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>> {
+        Ok(self.get_template_doc(name).await?)
+    }
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for EtcdStore {
     async fn put_idempotent(&self, a: &IdempotentAnswer) -> Result<()> {
         Ok(self.put_idempotent_doc(a).await?)
     }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use common::contract;
 use common::etcd::EtcdCluster;
 use kiln_cluster::{ClusterError, EtcdStore, NodeCapacity, NodeEvent, Transition};
-use kiln_server::store::{IdempotentAnswer, SandboxState, SqliteStore, StateStore};
+use kiln_server::store::{
+    EventStore, IdempotencyStore, IdempotentAnswer, SandboxState, SandboxStore, SqliteStore,
+};
 
 /// The contract on SQLite, the reference the etcd store is held to.
 #[tokio::test]

@@ -3,7 +3,7 @@
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use crate::store::{now_ms, KeyRecord, StateStore, StoreError};
+use crate::store::{now_ms, AccessStore, KeyRecord, StoreError};
 use crate::tenancy::{Caller, DEFAULT_TEAM};
 
 /// Header carrying the API key (as E2B).
@@ -28,14 +28,14 @@ pub fn random_hex(bytes: usize) -> String {
 }
 
 /// Generates a key named `name` for the default team and stores its hash.
-pub async fn create_key(store: &dyn StateStore, name: &str) -> Result<NewKey, StoreError> {
+pub async fn create_key(store: &dyn AccessStore, name: &str) -> Result<NewKey, StoreError> {
     create_team_key(store, name, DEFAULT_TEAM).await
 }
 
 /// Generates a key named `name` acting for `team` and stores its hash (the team name is
 /// checked by the caller, see [`crate::tenancy::check_team_name`]).
 pub async fn create_team_key(
-    store: &dyn StateStore,
+    store: &dyn AccessStore,
     name: &str,
     team: &str,
 ) -> Result<NewKey, StoreError> {
@@ -55,7 +55,7 @@ pub async fn create_team_key(
 }
 
 /// Creates the first key when the database has none yet (first start).
-pub async fn ensure_first_key(store: &dyn StateStore) -> Result<Option<NewKey>, StoreError> {
+pub async fn ensure_first_key(store: &dyn AccessStore) -> Result<Option<NewKey>, StoreError> {
     if store.list_keys().await?.is_empty() {
         return create_key(store, "first key").await.map(Some);
     }
@@ -76,7 +76,7 @@ pub enum AuthError {
 /// Checks `presented` against the stored hashes; returns who is calling (the key's id and
 /// team).
 pub async fn verify(
-    store: &dyn StateStore,
+    store: &dyn AccessStore,
     presented: Option<&str>,
 ) -> Result<Result<Caller, AuthError>, StoreError> {
     let Some(secret) = presented.map(str::trim).filter(|s| !s.is_empty()) else {

@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use super::{ApiError, ApiResult};
-use crate::store::{now_ms, IdempotentAnswer, StateStore};
+use crate::store::{now_ms, IdempotencyStore, IdempotentAnswer};
 
 /// Header naming a request's idempotency key.
 pub const HEADER: &str = "idempotency-key";
@@ -76,7 +76,7 @@ struct Entry {
 #[derive(Clone, Default)]
 pub struct Idempotency {
     inner: Arc<Mutex<State>>,
-    store: Option<Arc<dyn StateStore>>,
+    store: Option<Arc<dyn IdempotencyStore>>,
 }
 
 #[derive(Default)]
@@ -102,7 +102,7 @@ pub fn key_of(headers: &HeaderMap) -> ApiResult<Option<String>> {
 
 impl Idempotency {
     /// Keys kept in memory and in `store` (answers survive a restart).
-    pub fn with_store(store: Arc<dyn StateStore>) -> Self {
+    pub fn with_store(store: Arc<dyn IdempotencyStore>) -> Self {
         Self {
             inner: Default::default(),
             store: Some(store),
@@ -370,7 +370,7 @@ mod tests {
         let db = dir.path().join("kiln.db");
         let n = Arc::new(AtomicUsize::new(0));
         {
-            let store: Arc<dyn StateStore> =
+            let store: Arc<dyn IdempotencyStore> =
                 Arc::new(crate::store::SqliteStore::open(&db).unwrap());
             let idem = Idempotency::with_store(store);
             let first = call(&idem, "t/c", b"{}", &n, StatusCode::CREATED).await;
@@ -380,7 +380,8 @@ mod tests {
             );
         }
         // A new server process: nothing in memory, the same database.
-        let store: Arc<dyn StateStore> = Arc::new(crate::store::SqliteStore::open(&db).unwrap());
+        let store: Arc<dyn IdempotencyStore> =
+            Arc::new(crate::store::SqliteStore::open(&db).unwrap());
         let idem = Idempotency::with_store(store);
         let again = call(&idem, "t/c", b"{}", &n, StatusCode::CREATED).await;
         assert_eq!(

@@ -10,7 +10,7 @@ use http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 
 use crate::auth::{hash_key, random_hex};
-use crate::store::{now_ms, ConsoleDb, SessionRow, StateStore, StoreError};
+use crate::store::{now_ms, AccessStore, ConsoleDb, SessionRow, StoreError};
 use crate::tenancy::Caller;
 
 /// Name of the session cookie.
@@ -75,7 +75,7 @@ impl Sessions {
     /// Checks `key` exactly as the API does and opens a session for it; the session id.
     pub async fn sign_in(
         &self,
-        store: &dyn StateStore,
+        store: &dyn AccessStore,
         key: &str,
     ) -> Result<(String, Session), SignInError> {
         let caller = match crate::auth::verify(store, Some(key)).await? {
@@ -99,7 +99,7 @@ impl Sessions {
 
     /// The live session named by the request's cookie, if any: not expired, and its key
     /// neither revoked nor deleted (else the session is dropped).
-    pub async fn current(&self, store: &dyn StateStore, headers: &HeaderMap) -> Option<Session> {
+    pub async fn current(&self, store: &dyn AccessStore, headers: &HeaderMap) -> Option<Session> {
         let id = cookie_value(headers, COOKIE)?;
         let row = match self.db.get(&id_hash(&id)).await {
             Ok(r) => r?,

@@ -268,6 +268,7 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{EventStore, SandboxStore};
 
     fn rec(meta: &[(&str, &str)]) -> SandboxRecord {
         SandboxRecord {

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use super::sign::{sign, SIGNATURE_HEADER};
 use super::Telemetry;
-use crate::store::{now_ms, Attempt, DeliveryRecord, StateStore, WebhookRecord};
+use crate::store::{now_ms, Attempt, DeliveryRecord, EventStore, WebhookRecord};
 
 /// Delivery settings.
 #[derive(Debug, Clone)]
@@ -70,7 +70,7 @@ const MAX_ERROR_LEN: usize = 300;
 
 /// The webhook delivery service (one per server).
 pub struct Webhooks {
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn EventStore>,
     telemetry: Arc<Telemetry>,
     cfg: WebhookConfig,
     client: reqwest::Client,
@@ -78,7 +78,7 @@ pub struct Webhooks {
 }
 
 impl Webhooks {
-    pub fn new(store: Arc<dyn StateStore>, telemetry: Arc<Telemetry>, cfg: WebhookConfig) -> Self {
+    pub fn new(store: Arc<dyn EventStore>, telemetry: Arc<Telemetry>, cfg: WebhookConfig) -> Self {
         let mut builder = reqwest::Client::builder()
             .timeout(cfg.attempt_timeout)
             .redirect(reqwest::redirect::Policy::none())

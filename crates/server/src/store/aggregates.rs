@@ -1,7 +1,10 @@
-//! The aggregates kept beside [`super::StateStore`], each behind a trait of its own so that
-//! another backend can carry them too: the audit chain ([`AuditStore`]) and the metrics
-//! history ([`MetricsStore`]). Their SQLite implementations are [`super::audit_sql`] and
-//! [`super::metrics_sql`]; [`super::StateDb`] hands them out.
+//! The store's aggregates, each behind a trait of its own so that another backend (etcd in a
+//! cluster) carries each one whole: sandboxes and snapshots ([`SandboxStore`]), the event log
+//! and webhook queue ([`EventStore`]), keys and teams ([`AccessStore`]), templates
+//! ([`TemplateStore`]), idempotent answers ([`IdempotencyStore`]), the audit chain
+//! ([`AuditStore`]) and the metrics history ([`MetricsStore`]). [`super::StateStore`] is the
+//! first five together. The SQLite implementations are [`super::SqliteStore`],
+//! [`super::audit_sql`] and [`super::metrics_sql`]; [`super::StateDb`] hands them out.
 
 use crate::audit::chain::Head;
 use crate::audit::filter::Filter;
@@ -9,7 +12,11 @@ use crate::audit::record::{Append, AuditRecord};
 use crate::obs::ring::MetricSample;
 
 use super::alerts_sql::{AlertFilter, AlertRecord};
-use super::Result;
+use super::{
+    Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, KeyRecord, PauseMode, Result,
+    SandboxRecord, SandboxState, SnapshotRecord, StoredEvent, TeamRecord, TemplateRecord,
+    WebhookRecord,
+};
 
 /// What verifying one sandbox's chain reads.
 #[derive(Debug, Clone, Default)]
@@ -63,4 +70,107 @@ pub trait MetricsStore: Send + Sync + 'static {
     async fn delete_samples(&self, ids: Vec<String>) -> Result<()>;
     /// Deletes every history but those of `live` in one write.
     async fn keep_only(&self, live: Vec<String>) -> Result<()>;
+}
+
+/// Sandboxes and their snapshots: which exist, their state and when they end.
+#[async_trait::async_trait]
+pub trait SandboxStore: Send + Sync + 'static {
+    async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<()>;
+    async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>>;
+    /// Sandboxes in any of `states` (all when empty), oldest first.
+    async fn list_sandboxes(&self, states: &[SandboxState]) -> Result<Vec<SandboxRecord>>;
+    /// Moves a sandbox to `state`; ending states also record when and why.
+    async fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>) -> Result<()>;
+    /// Marks a sandbox paused, recording what its pause saved.
+    async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()>;
+    async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()>;
+    /// A created sandbox became usable: running until `end_at_ms`, and one more spawn of
+    /// `template` (one write, where a create used to make three).
+    async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()>;
+    /// Ids of running sandboxes whose end time is at or before `now_ms`.
+    async fn expired(&self, now_ms: i64) -> Result<Vec<String>>;
+
+    async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<()>;
+    /// The snapshot whose id or name is `key`.
+    async fn get_snapshot(&self, key: &str) -> Result<Option<SnapshotRecord>>;
+    /// Every snapshot, oldest first.
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>>;
+    /// Deletes the snapshot `id`; false when there is none.
+    async fn delete_snapshot(&self, id: &str) -> Result<bool>;
+}
+
+/// The lifecycle event log and the webhook queue fed from it.
+#[async_trait::async_trait]
+pub trait EventStore: Send + Sync + 'static {
+    async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()>;
+    async fn events(&self, sandbox_id: &str) -> Result<Vec<Event>>;
+    /// A page of the event log in sequence order (the events API).
+    async fn events_page(&self, q: &EventQuery) -> Result<Vec<StoredEvent>>;
+
+    async fn insert_webhook(&self, w: &WebhookRecord) -> Result<()>;
+    /// The webhooks of `team`, oldest first.
+    async fn list_webhooks(&self, team: &str) -> Result<Vec<WebhookRecord>>;
+    async fn get_webhook(&self, team: &str, id: &str) -> Result<Option<WebhookRecord>>;
+    /// Deletes a webhook and its deliveries; false when `team` has no such webhook.
+    async fn delete_webhook(&self, team: &str, id: &str) -> Result<bool>;
+    /// Turns events not yet seen by the webhook dispatcher into pending deliveries for every
+    /// webhook that wants them, and advances its cursor — in one transaction, so an event is
+    /// queued exactly once across restarts. Returns how many deliveries were queued.
+    async fn queue_deliveries(&self, now_ms: i64, max_events: u32) -> Result<usize>;
+    /// Queues one delivery of `payload` (a test delivery); returns its id.
+    async fn enqueue_delivery(&self, webhook_id: &str, kind: &str, payload: &str) -> Result<i64>;
+    /// Pending deliveries due at `now_ms`, with their webhook's URL and secret.
+    async fn due_deliveries(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(DeliveryRecord, WebhookRecord)>>;
+    /// Records one attempt of delivery `id`.
+    async fn record_attempt(&self, id: i64, a: &Attempt) -> Result<()>;
+    /// The deliveries of a webhook, newest first, before delivery id `before` when given.
+    async fn deliveries(
+        &self,
+        webhook_id: &str,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRecord>>;
+}
+
+/// API keys and the teams they belong to.
+#[async_trait::async_trait]
+pub trait AccessStore: Send + Sync + 'static {
+    async fn insert_key(&self, k: &KeyRecord) -> Result<()>;
+    async fn list_keys(&self) -> Result<Vec<KeyRecord>>;
+    async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRecord>>;
+    async fn touch_key(&self, id: &str) -> Result<()>;
+    /// Revokes the key whose id is `id`; false when no such unrevoked key exists.
+    async fn revoke_key(&self, id: &str) -> Result<bool>;
+
+    /// Records a team's quotas (replacing them when it exists; its creation time is kept).
+    async fn upsert_team(&self, t: &TeamRecord) -> Result<()>;
+    async fn get_team(&self, name: &str) -> Result<Option<TeamRecord>>;
+    /// Teams with quotas of their own, by name.
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>>;
+}
+
+/// The templates sandboxes are made from, with their spawn counters.
+#[async_trait::async_trait]
+pub trait TemplateStore: Send + Sync + 'static {
+    /// Records a template (keeps its spawn counters when it exists).
+    async fn upsert_template(&self, t: &TemplateRecord) -> Result<()>;
+    async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>>;
+}
+
+/// The answers of creates made with an idempotency key.
+#[async_trait::async_trait]
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Records the answer of a create made with an idempotency key.
+    async fn put_idempotent(&self, a: &IdempotentAnswer) -> Result<()>;
+    /// The answer recorded for `scope` and `key` at or after `since_ms` (older ones go).
+    async fn get_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        since_ms: i64,
+    ) -> Result<Option<IdempotentAnswer>>;
 }

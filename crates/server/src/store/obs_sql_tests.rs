@@ -1,7 +1,7 @@
 //! The event log's cursors and the webhook delivery queue, on a real (in-memory) SQLite.
 
 use crate::store::{
-    Attempt, DeliveryStatus, EventQuery, SqliteStore, StateStore, WebhookRecord, DEFAULT_TEAM,
+    Attempt, DeliveryStatus, EventQuery, EventStore, SqliteStore, WebhookRecord, DEFAULT_TEAM,
 };
 
 fn hook(id: &str, events: &[&str]) -> WebhookRecord {

@@ -10,9 +10,10 @@ use super::rows::{finish, finish_snapshot, key_from_row, sandbox_from_row, snaps
 use super::{idempotency_sql, migrations, obs_sql, IdempotentAnswer};
 use super::{
     now_ms, teams, Attempt, DeliveryRecord, Event, EventQuery, KeyRecord, PauseMode, Result,
-    SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoreError, StoredEvent, TeamRecord,
+    SandboxRecord, SandboxState, SnapshotRecord, StoreError, StoredEvent, TeamRecord,
     TemplateRecord, WebhookRecord,
 };
+use super::{AccessStore, EventStore, IdempotencyStore, SandboxStore, TemplateStore};
 
 /// The SQLite state database.
 #[derive(Clone)]
@@ -110,7 +111,7 @@ impl SqliteStore {
 }
 
 #[async_trait::async_trait]
-impl StateStore for SqliteStore {
+impl SandboxStore for SqliteStore {
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<()> {
         let s = s.clone();
         self.with(move |c| {
@@ -149,7 +150,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>> {
         let id = id.to_string();
         self.with(move |c| {
@@ -164,7 +164,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn list_sandboxes(&self, states: &[SandboxState]) -> Result<Vec<SandboxRecord>> {
         let states = states.to_vec();
         self.with(move |c| {
@@ -181,7 +180,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>) -> Result<()> {
         let (id, reason) = (id.to_string(), reason.map(str::to_string));
         self.with(move |c| {
@@ -195,7 +193,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()> {
         let id = id.to_string();
         self.with(move |c| {
@@ -207,7 +204,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()> {
         let id = id.to_string();
         self.with(move |c| {
@@ -219,7 +215,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()> {
         let (id, template) = (id.to_string(), template.to_string());
         self.with_mut(move |c| {
@@ -238,7 +233,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn expired(&self, now: i64) -> Result<Vec<String>> {
         self.with(move |c| {
             let mut stmt = c.prepare(
@@ -250,7 +244,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<()> {
         let s = s.clone();
         self.with(move |c| {
@@ -273,7 +266,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn get_snapshot(&self, key: &str) -> Result<Option<SnapshotRecord>> {
         let key = key.to_string();
         self.with(move |c| {
@@ -288,7 +280,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>> {
         self.with(|c| {
             let mut stmt = c.prepare("SELECT * FROM snapshots ORDER BY created_at, id")?;
@@ -301,13 +292,15 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn delete_snapshot(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
         self.with(move |c| Ok(c.execute("DELETE FROM snapshots WHERE id = ?1", [id])? > 0))
             .await
     }
+}
 
+#[async_trait::async_trait]
+impl EventStore for SqliteStore {
     async fn add_event(&self, sandbox_id: &str, kind: &str, detail: &str) -> Result<()> {
         let (sid, kind, detail) = (sandbox_id.to_string(), kind.to_string(), detail.to_string());
         self.with(move |c| {
@@ -319,7 +312,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn events(&self, sandbox_id: &str) -> Result<Vec<Event>> {
         let sid = sandbox_id.to_string();
         self.with(move |c| {
@@ -339,39 +331,32 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn events_page(&self, q: &EventQuery) -> Result<Vec<StoredEvent>> {
         let q = q.clone();
         self.with(move |c| obs_sql::events_page(c, &q)).await
     }
-
     async fn insert_webhook(&self, w: &WebhookRecord) -> Result<()> {
         let w = w.clone();
         self.with(move |c| obs_sql::insert_webhook(c, &w)).await
     }
-
     async fn list_webhooks(&self, team: &str) -> Result<Vec<WebhookRecord>> {
         let team = team.to_string();
         self.with(move |c| obs_sql::list_webhooks(c, &team)).await
     }
-
     async fn get_webhook(&self, team: &str, id: &str) -> Result<Option<WebhookRecord>> {
         let (team, id) = (team.to_string(), id.to_string());
         self.with(move |c| obs_sql::get_webhook(c, &team, &id))
             .await
     }
-
     async fn delete_webhook(&self, team: &str, id: &str) -> Result<bool> {
         let (team, id) = (team.to_string(), id.to_string());
         self.with_mut(move |c| obs_sql::delete_webhook(c, &team, &id))
             .await
     }
-
     async fn queue_deliveries(&self, now: i64, max_events: u32) -> Result<usize> {
         self.with_mut(move |c| obs_sql::queue_deliveries(c, now, max_events))
             .await
     }
-
     async fn enqueue_delivery(&self, webhook_id: &str, kind: &str, payload: &str) -> Result<i64> {
         let (w, k, p) = (
             webhook_id.to_string(),
@@ -381,7 +366,6 @@ impl StateStore for SqliteStore {
         self.with(move |c| obs_sql::enqueue_delivery(c, &w, &k, &p, now_ms()))
             .await
     }
-
     async fn due_deliveries(
         &self,
         now: i64,
@@ -390,12 +374,10 @@ impl StateStore for SqliteStore {
         self.with(move |c| obs_sql::due_deliveries(c, now, limit))
             .await
     }
-
     async fn record_attempt(&self, id: i64, a: &Attempt) -> Result<()> {
         let a = a.clone();
         self.with(move |c| obs_sql::record_attempt(c, id, &a)).await
     }
-
     async fn deliveries(
         &self,
         webhook_id: &str,
@@ -406,7 +388,10 @@ impl StateStore for SqliteStore {
         self.with(move |c| obs_sql::deliveries(c, &w, before, limit))
             .await
     }
+}
 
+#[async_trait::async_trait]
+impl AccessStore for SqliteStore {
     async fn insert_key(&self, k: &KeyRecord) -> Result<()> {
         let k = k.clone();
         self.with(move |c| {
@@ -428,7 +413,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn list_keys(&self) -> Result<Vec<KeyRecord>> {
         self.with(|c| {
             let mut stmt = c.prepare("SELECT * FROM api_keys ORDER BY created_at, id")?;
@@ -437,7 +421,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRecord>> {
         let hash = hash.to_string();
         self.with(move |c| {
@@ -450,7 +433,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn touch_key(&self, id: &str) -> Result<()> {
         let id = id.to_string();
         self.with(move |c| {
@@ -462,7 +444,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn revoke_key(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
         self.with(move |c| {
@@ -474,7 +455,21 @@ impl StateStore for SqliteStore {
         })
         .await
     }
+    async fn upsert_team(&self, t: &TeamRecord) -> Result<()> {
+        let t = t.clone();
+        self.with(move |c| teams::upsert(c, &t)).await
+    }
+    async fn get_team(&self, name: &str) -> Result<Option<TeamRecord>> {
+        let name = name.to_string();
+        self.with(move |c| teams::get(c, &name)).await
+    }
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>> {
+        self.with(teams::list).await
+    }
+}
 
+#[async_trait::async_trait]
+impl TemplateStore for SqliteStore {
     async fn upsert_template(&self, t: &TemplateRecord) -> Result<()> {
         let t = t.clone();
         self.with(move |c| {
@@ -498,7 +493,6 @@ impl StateStore for SqliteStore {
         })
         .await
     }
-
     async fn get_template(&self, name: &str) -> Result<Option<TemplateRecord>> {
         let name = name.to_string();
         self.with(move |c| {
@@ -522,26 +516,14 @@ impl StateStore for SqliteStore {
         })
         .await
     }
+}
 
-    async fn upsert_team(&self, t: &TeamRecord) -> Result<()> {
-        let t = t.clone();
-        self.with(move |c| teams::upsert(c, &t)).await
-    }
-
-    async fn get_team(&self, name: &str) -> Result<Option<TeamRecord>> {
-        let name = name.to_string();
-        self.with(move |c| teams::get(c, &name)).await
-    }
-
-    async fn list_teams(&self) -> Result<Vec<TeamRecord>> {
-        self.with(teams::list).await
-    }
-
+#[async_trait::async_trait]
+impl IdempotencyStore for SqliteStore {
     async fn put_idempotent(&self, a: &IdempotentAnswer) -> Result<()> {
         let a = a.clone();
         self.with(move |c| idempotency_sql::put(c, &a)).await
     }
-
     async fn get_idempotent(
         &self,
         s: &str,

@@ -51,7 +51,7 @@ pub(super) fn list(c: &Connection) -> Result<Vec<TeamRecord>> {
 
 #[cfg(test)]
 mod tests {
-    use crate::store::{KeyRecord, SqliteStore, StateStore, TeamRecord};
+    use crate::store::{AccessStore, KeyRecord, SqliteStore, TeamRecord};
 
     #[tokio::test]
     async fn teams_and_team_columns_round_trip() {
