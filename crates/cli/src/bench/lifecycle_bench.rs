@@ -203,3 +203,76 @@ async fn run(
         pool_concurrent: percentiles(&pool_conc),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The raw round on a sandbox kiln runs, whose `run/` the driver keeps sealed between its
+    /// own windows: twice in a row, then after a pause and resume (a new container), the agent
+    /// lets go of its socket, the runtime checkpoints and restores, and the agent answers again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn raw_rounds_on_a_sealed_sandbox() {
+        let skip = |why: String| {
+            assert!(
+                std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1"),
+                "{why}; set KILN_ALLOW_SKIPS=1 to skip"
+            );
+            eprintln!("skipped: {why}");
+        };
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return skip("sandboxes need root".into());
+        }
+        let runtime = match crate::drivers::RuntimeFlags::default().resolve() {
+            Ok(r) => r,
+            Err(e) => return skip(format!("no runtime: {e}")),
+        };
+        let store = kiln_template::Store::open_default().expect("the template store");
+        if Templates::lookup(&store, "base").ok().flatten().is_none() {
+            return skip("the base template is not built".into());
+        }
+        let work = tempfile::Builder::new()
+            .prefix("lb")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let bench = runtime
+            .driver(&runtime.driver_config(), work.path())
+            .unwrap();
+        let db = Arc::new(SqliteStore::open(&work.path().join("kiln.db")).unwrap());
+        let m = Manager::new(
+            LifecycleConfig::default(),
+            db,
+            bench.driver.clone(),
+            Arc::new(store),
+        );
+        let checked = async {
+            let sbx = m.create(params("base")).await.map_err(|e| e.to_string())?;
+            let round = |i: usize| {
+                let image = work.path().join(format!("raw-{i}"));
+                let (raw, m, id) = (bench.raw.clone(), m.clone(), sbx.id.clone());
+                async move { raw_round(raw.as_ref(), &m, &id, &image).await }
+            };
+            for i in 0..2 {
+                let (c, r) = round(i).await?;
+                assert!(c > Duration::ZERO && r > Duration::ZERO);
+            }
+            m.pause(&sbx.id, true).await.map_err(|e| e.to_string())?;
+            m.connect(&sbx.id, 600, true)
+                .await
+                .map_err(|e| e.to_string())?;
+            round(2).await?;
+            let out = m
+                .agent(&sbx.id, sbx.envd_token.clone())
+                .run("echo still here", Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            assert_eq!(out.stdout, b"still here\n");
+            Ok::<_, String>(())
+        }
+        .await;
+        m.kill_all("test done").await;
+        bench.driver.shutdown().await;
+        checked.unwrap();
+    }
+}
