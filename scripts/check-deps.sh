@@ -25,8 +25,8 @@ if grep -q '^kiln-cluster ' <<<"$server_deps"; then
 fi
 
 # gVisor names may appear in the doctor, `kiln runtime`, and the binary's wiring (`kiln serve`,
-# crates/cli/src/drivers.rs, the gVisor benches) only.
-allowed_gvisor='^crates/cli/src/(doctor|runtime|serve|drivers|main)\.rs:|^crates/cli/src/bench/'
+# crates/cli/src/drivers.rs, which also builds the benches' runtime and raw baseline) only.
+allowed_gvisor='^crates/cli/src/(doctor|runtime|serve|drivers|main)\.rs:'
 # Known exceptions: the manager's runsc workarounds (they move into the driver with issue 24's
 # "Manager as services"), and test data naming the driver or a driver's host path.
 known_gvisor='^crates/server/src/manager/(sampler|lifecycle)\.rs:|^crates/server/src/api/error\.rs:.*state/gvisor/sandboxes|^crates/server/src/store/sqlite_tests\.rs:.*gvisor'

@@ -1,13 +1,16 @@
 //! The binary's driver wiring: the isolation driver `kiln serve` and the benches run, built from
 //! `--driver` and each driver's settings and handed to the server as an `Arc<dyn Driver>`
 //! (kiln-server never names a driver). What `auto` resolves to is [`kiln_host::choose`]'s
-//! decision, the one `kiln doctor` reports.
+//! decision, the one `kiln doctor` reports. The benches get their runtime here too
+//! ([`RuntimeFlags`] → [`BenchRuntime`]): its drivers and its raw baseline.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use kiln_driver::baseline::{RawBaseline, SandboxBaseline};
 use kiln_driver::{Driver, DriverError, Result};
-use kiln_gvisor::GvisorSettings;
+use kiln_gvisor::{GvisorBaseline, GvisorConfig, GvisorDriver, GvisorSettings};
 pub use kiln_host::choose::DriverKind;
 use kiln_host::choose::{self, DriverChoice, HostProbe, KvmState};
 use kiln_microvm::MicrovmSettings;
@@ -74,6 +77,179 @@ impl TemplateRefs {
     pub fn uses(&self, dir: &Path) -> bool {
         kiln_gvisor::in_use::is_referenced(&self.0, dir)
     }
+}
+
+/// The runtime flags every `kiln bench` takes: the gVisor runtime its sandboxes and its raw
+/// baseline run on.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RuntimeFlags {
+    /// gVisor platform (default: the fastest that works, as `kiln serve`).
+    #[arg(long, env = "KILN_PLATFORM")]
+    pub platform: Option<String>,
+    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
+    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
+    pub runsc: Option<PathBuf>,
+}
+
+/// The flag of `kiln bench create` naming an older runtime to compare its workload with.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct CompareFlags {
+    /// Older runsc to compare the workload with (default: the host's /usr/bin/runsc when it is
+    /// older than kiln's minimum).
+    #[arg(long)]
+    pub old_runsc: Option<PathBuf>,
+}
+
+impl RuntimeFlags {
+    /// The given runsc and platform, else what `kiln serve` would use on this host (its
+    /// runsc; the fastest platform that works).
+    pub fn resolve(&self) -> anyhow::Result<BenchRuntime> {
+        let runsc = kiln_host::runsc::resolve(self.runsc.as_deref())?.path;
+        let platform = match self.platform.clone() {
+            Some(p) => p,
+            None => kiln_host::runsc::platform::pick(
+                &runsc,
+                kiln_host::runsc::platform::kvm_at_hardware_speed(),
+            )
+            .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
+        };
+        Ok(BenchRuntime(GvisorBaseline {
+            bin: runsc,
+            platform,
+        }))
+    }
+}
+
+/// The runtime a bench runs on: what its drivers use and what its raw baseline drives.
+#[derive(Debug, Clone)]
+pub struct BenchRuntime(GvisorBaseline);
+
+/// A bench's own driver, and the runtime's commands on its sandboxes.
+pub struct BenchDriver {
+    pub driver: Arc<dyn Driver>,
+    pub raw: Arc<dyn SandboxBaseline>,
+}
+
+impl BenchRuntime {
+    /// The runtime as a bench's heading names it ("gVisor, platform systrap").
+    pub fn label(&self) -> String {
+        format!("{}, platform {}", self.0.runtime(), self.0.platform)
+    }
+
+    pub fn platform(&self) -> &str {
+        &self.0.platform
+    }
+
+    /// The driver configuration of a server on this runtime.
+    pub fn driver_config(&self) -> DriverConfig {
+        let mut cfg = DriverConfig {
+            kind: DriverKind::Gvisor,
+            ..Default::default()
+        };
+        cfg.gvisor.runsc = Some(self.0.bin.clone());
+        cfg.gvisor.platform = Some(self.0.platform.clone());
+        cfg
+    }
+
+    /// The runtime driven directly.
+    pub fn baseline(&self) -> Arc<dyn RawBaseline> {
+        Arc::new(self.0.clone())
+    }
+
+    /// The variants a workload is compared across: this runtime on each of its platforms
+    /// (`new`), and `old` (the given older runtime, else the host's own runsc when it is older
+    /// than kiln's minimum) on the platform every version has.
+    pub fn workload_variants(
+        &self,
+        old: &CompareFlags,
+    ) -> Vec<(&'static str, Arc<dyn RawBaseline>)> {
+        let on = |bin: &Path, platform: &str| -> Arc<dyn RawBaseline> {
+            Arc::new(GvisorBaseline {
+                bin: bin.to_path_buf(),
+                platform: platform.to_string(),
+            })
+        };
+        let mut v = vec![
+            ("new", on(&self.0.bin, "systrap")),
+            ("new", on(&self.0.bin, "ptrace")),
+        ];
+        let host = PathBuf::from("/usr/bin/runsc");
+        let old = old.old_runsc.clone().or_else(|| {
+            matches!(kiln_host::runsc::probe_version(&host), Ok((v, _)) if !v.is_supported())
+                .then_some(host)
+        });
+        if let Some(o) = old {
+            v.push(("old", on(&o, "ptrace")));
+        }
+        v
+    }
+
+    /// A driver on this runtime with its state under `state_dir`, configured by `cfg` (a
+    /// [`Self::driver_config`] changed for the bench).
+    pub fn driver(&self, cfg: &DriverConfig, state_dir: &Path) -> Result<BenchDriver> {
+        let d = Arc::new(GvisorDriver::new(GvisorConfig::from_settings(
+            &cfg.gvisor,
+            state_dir,
+        ))?);
+        Ok(BenchDriver {
+            driver: d.clone(),
+            raw: d,
+        })
+    }
+
+    /// The environment of a `kiln serve` child that runs on this runtime.
+    pub fn serve_env(&self) -> [(&'static str, std::ffi::OsString); 2] {
+        [
+            (kiln_host::runsc::RUNSC_ENV, self.0.bin.clone().into()),
+            ("KILN_PLATFORM", self.0.platform.clone().into()),
+        ]
+    }
+
+    /// The runtime's entries of a benchmark file's `environment`.
+    pub fn environment(&self) -> serde_json::Value {
+        serde_json::json!({"gvisorPlatform": self.0.platform})
+    }
+}
+
+impl DriverConfig {
+    /// Sandbox networking of the driver (`None`: none).
+    pub fn set_network(&mut self, net: Option<kiln_net::NetConfig>) {
+        self.gvisor.network = net;
+    }
+
+    /// Timer slack of the sandboxes' host tasks, busy and hinted idle (`None`: the kernel's).
+    pub fn set_timer_slack(&mut self, busy: Option<Duration>, idle: Option<Duration>) {
+        self.gvisor.timer_slack = busy;
+        self.gvisor.idle_timer_slack = idle;
+    }
+}
+
+/// Sandbox networking of a bench's driver with state in `state_dir`: `range` on the host,
+/// `pool_size` slots kept ready, no operator rules or limits.
+pub fn bench_network(
+    state_dir: &Path,
+    range: &str,
+    pool_size: usize,
+    dns_upstreams: Vec<std::net::Ipv4Addr>,
+) -> anyhow::Result<kiln_net::NetConfig> {
+    Ok(kiln_net::NetConfig {
+        range: range.parse()?,
+        pool_size,
+        prefix: kiln_gvisor::net_config::prefix_for_state(state_dir),
+        operator_allow: Vec::new(),
+        dns_upstreams,
+        max_connections: 0,
+        egress_mib_per_sec: 0,
+        // (Set by the server from its audit setting.)
+        proxy_all_tcp: false,
+    })
+}
+
+/// How many sandboxes have a directory in the drivers' state under `state_dir`.
+pub fn sandboxes_on_disk(state_dir: &Path) -> usize {
+    std::fs::read_dir(state_dir.join("gvisor/sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// A server's configuration and the driver it runs on.

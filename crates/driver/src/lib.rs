@@ -13,6 +13,10 @@
 //! proxy. The lifecycle is split so that pools and snapshots fit: [`Driver::create`] prepares
 //! everything that does not depend on the request (writable layer, bundle) and
 //! [`Driver::start`] makes it run.
+//!
+//! [`baseline`] is what `kiln bench` measures kiln against: a driver's runtime driven directly.
+
+pub mod baseline;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

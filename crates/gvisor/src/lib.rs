@@ -17,8 +17,10 @@
 //! [`Driver::create`] prepares the layer and bundle; [`Driver::start`] is one `runsc run
 //! --detach`. The server is a child subreaper: stop SIGKILLs and reaps a sandbox's runsc
 //! processes itself before `runsc delete --force` (which would poll until init reaped them).
+//! [`baseline`] is runsc driven directly, what `kiln bench` measures the driver against.
 //! Modules: the README's crate map (`crates/gvisor`).
 
+pub mod baseline;
 mod checkpoint;
 mod console;
 mod container;
@@ -52,6 +54,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_proto::envd::ENVD_PORT;
 
+pub use baseline::GvisorBaseline;
 pub use mounts::is_mounted;
 pub use oci::oci_spec;
 pub use reap::reap_adopted_zombies;

@@ -11,7 +11,6 @@
 //! workload in a sandbox created with `kiln.audit.syscalls=true` vs the plain one, interleaved
 //! too.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,15 +61,8 @@ pub struct Args {
     /// The `python3 -c` workload.
     #[arg(long, default_value = "import json, os; open('/etc/hostname').read()")]
     py: String,
-    /// gVisor platform (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -78,17 +70,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         templates,
         work,
         driver,
-        platform,
-    } = super::server_bench(
-        a.work_dir.as_deref(),
-        "a",
-        a.runsc.as_deref(),
-        a.platform.clone(),
-    )?;
+        runtime,
+    } = super::server_bench(&a.rt, "a")?;
     println!(
-        "kiln bench audit (gVisor, platform {platform}, template {}): {}×{} exec round trips \
+        "kiln bench audit ({}, template {}): {}×{} exec round trips \
          and {} uploads of {} MiB per server, audit on vs off, interleaved",
-        a.template, a.exec_rounds, a.execs_per_round, a.uploads, a.upload_mib
+        runtime.label(),
+        a.template,
+        a.exec_rounds,
+        a.execs_per_round,
+        a.uploads,
+        a.upload_mib
     );
     let rt = tokio::runtime::Runtime::new()?;
     let code = rt.block_on(async move {
@@ -158,20 +150,10 @@ async fn start_sides(
     ] {
         let dir = work.join(name);
         let mut driver = driver.clone();
-        driver.gvisor.network = match a.egress_rounds {
+        driver.set_network(match a.egress_rounds {
             0 => None,
-            _ => Some(kiln_net::NetConfig {
-                range: range.parse()?,
-                pool_size: 1,
-                prefix: kiln_gvisor::net_config::prefix_for_state(&dir),
-                operator_allow: Vec::new(),
-                dns_upstreams: Vec::new(),
-                max_connections: 0,
-                egress_mib_per_sec: 0,
-                // (Set by the server from its audit setting.)
-                proxy_all_tcp: false,
-            }),
-        };
+            _ => Some(crate::drivers::bench_network(&dir, range, 1, Vec::new())?),
+        });
         let audit = AuditConfig {
             enabled: on,
             ..Default::default()

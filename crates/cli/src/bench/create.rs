@@ -1,5 +1,5 @@
 //! `kiln bench create`: sandbox create → first `echo` output (sequential and concurrent) vs the
-//! raw `runsc run` floor, in the same run.
+//! runtime's raw run, the floor, in the same run.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,25 +18,16 @@ pub struct Args {
     /// Concurrent creates (one wave).
     #[arg(long, default_value_t = 20)]
     concurrency: usize,
-    /// Raw `runsc run` samples (of each variant).
+    /// Raw run samples (of each variant).
     #[arg(long, default_value_t = 20)]
     raw: usize,
-    /// gVisor platform of the create part (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
-    /// Older runsc to compare the workload with (default: the host's /usr/bin/runsc when it is
-    /// older than kiln's minimum).
-    #[arg(long)]
-    old_runsc: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
+    #[command(flatten)]
+    compare: crate::drivers::CompareFlags,
     /// Rounds of the in-sandbox workload (fork+exec loop, python starts) per variant; 0 skips it.
     #[arg(long, default_value_t = 5)]
     workload_rounds: usize,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
     /// Disk quota of each sandbox, MiB, as `kiln serve --disk-mb` (0: none; compare the two to
     /// see what the quota costs a create).
     #[arg(long, default_value_t = 2048)]
@@ -59,34 +50,28 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         store,
         kiln_server::templates::FixedTemplates(extra),
     ));
-    let runsc = kiln_host::runsc::resolve(a.runsc.as_deref())?;
-    let platform = match a.platform.clone() {
-        Some(p) => p,
-        None => kiln_host::runsc::platform::pick(
-            &runsc.path,
-            kiln_host::runsc::platform::kvm_at_hardware_speed(),
-        )
-        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
-    };
-    let old_runsc = a.old_runsc.clone().or_else(default_old_runsc);
+    let runtime = a.rt.resolve()?;
+    let variants = runtime.workload_variants(&a.compare);
+    let work = a.rt.work("b")?;
     let opts = CreateBenchOptions {
-        runsc: Some(runsc.path.clone()),
-        old_runsc,
         workload_rounds: a.workload_rounds,
         disk_mb: a.disk_mb,
         template: a.template,
         sequential: a.n,
         concurrency: a.concurrency,
         raw: a.raw,
-        platform,
-        work_dir: a
-            .work_dir
-            .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench")),
     };
     let rt = tokio::runtime::Runtime::new()?;
     let r = rt
-        .block_on(create_bench(&opts, templates))
+        .block_on(create_bench(
+            &opts,
+            &runtime,
+            variants,
+            work.path(),
+            templates,
+        ))
         .map_err(|e| anyhow::anyhow!(e))?;
+    let tool = runtime.baseline().tool().to_string();
     let row =
         |name: &str, p: &super::stats::Percentiles, base: Option<&super::stats::Percentiles>| {
             let ratio = base
@@ -98,23 +83,24 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             );
         };
     println!(
-        "kiln bench create (gVisor, platform {}, template {}):",
-        opts.platform, opts.template
+        "kiln bench create ({}, template {}):",
+        runtime.label(),
+        opts.template
     );
     println!(
-        "  raw   = `runsc run` of the template rootfs (read-only, no overlay/cgroups/agent), \
+        "  raw   = `{tool} run` of the template rootfs (read-only, no overlay/cgroups/agent), \
          spawn → first stdout line"
     );
     println!(
-        "  kiln  = Manager::create (overlay, bundle, runsc, agent ready, /init) + Process.Start \
+        "  kiln  = Manager::create (overlay, bundle, {tool}, agent ready, /init) + Process.Start \
          through the agent, create call → first stdout bytes"
     );
     println!(
         "  shell = `/bin/bash -l -c 'echo kiln-bench'` as the template user (what the SDK sends); \
          exec = `/bin/echo kiln-bench`"
     );
-    row("raw   runsc run, shell", &r.raw_shell, None);
-    row("raw   runsc run, exec", &r.raw_exec, None);
+    row(&format!("raw   {tool} run, shell"), &r.raw_shell, None);
+    row(&format!("raw   {tool} run, exec"), &r.raw_exec, None);
     row(
         "kiln  create → first echo, shell, sequential",
         &r.sequential,
@@ -138,31 +124,22 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// The host's own runsc when it is older than kiln's minimum (Debian bookworm's 2022 build).
-fn default_old_runsc() -> Option<PathBuf> {
-    let p = PathBuf::from("/usr/bin/runsc");
-    match kiln_host::runsc::probe_version(&p) {
-        Ok((v, _)) if !v.is_supported() => Some(p),
-        _ => None,
-    }
-}
-
 fn print_workload(w: &[super::create_bench::WorkloadResult]) {
     if w.is_empty() {
         return;
     }
     println!(
-        "workload inside the sandbox (raw `runsc run`, median of {} rounds): \
+        "workload inside the sandbox (raw `{} run`, median of {} rounds): \
          200 × fork+exec /bin/true; 5 × python3 -c 'import json'",
-        w[0].rounds
+        w[0].tool, w[0].rounds
     );
     for x in w {
         println!(
-            "  {:<3} runsc {:<16} {:<8} fork+exec {:>8.1} ms   python {:>8.1} ms",
-            x.runsc, x.version, x.platform, x.fork_exec_ms, x.python_ms
+            "  {:<3} {} {:<16} {:<8} fork+exec {:>8.1} ms   python {:>8.1} ms",
+            x.variant, x.tool, x.version, x.platform, x.fork_exec_ms, x.python_ms
         );
     }
-    let find = |r: &str, p: &str| w.iter().find(|x| x.runsc == r && x.platform == p);
+    let find = |r: &str, p: &str| w.iter().find(|x| x.variant == r && x.platform == p);
     let ratio = |name: &str,
                  a: Option<&super::create_bench::WorkloadResult>,
                  b: Option<&super::create_bench::WorkloadResult>| {

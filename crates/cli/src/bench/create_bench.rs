@@ -1,16 +1,18 @@
-//! `kiln bench create`'s run, on its own gVisor driver and manager: sandbox create → first `echo` output, sequential and concurrent, against
-//! the raw floor measured in the same run (`runsc run` of the same rootfs printing `echo`).
+//! `kiln bench create`'s run, on its own driver and manager: sandbox create → first `echo`
+//! output, sequential and concurrent, against the raw floor measured in the same run (the
+//! runtime's raw run of the same rootfs printing `echo`, see [`RawBaseline::first_line`]).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_gvisor::{GvisorConfig, GvisorDriver};
+use kiln_driver::baseline::{RawBaseline, RawImage};
 use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
 use kiln_server::store::SqliteStore;
-use kiln_server::templates::Templates;
+use kiln_server::templates::{TemplateInfo, Templates};
 
 use super::stats::{median, percentiles, Percentiles};
+use crate::drivers::BenchRuntime;
 
 #[derive(Debug, Clone)]
 pub struct CreateBenchOptions {
@@ -19,21 +21,18 @@ pub struct CreateBenchOptions {
     pub sequential: usize,
     /// Concurrent creates (one wave).
     pub concurrency: usize,
-    /// Raw `runsc run` samples.
+    /// Raw samples.
     pub raw: usize,
-    pub platform: String,
-    /// Where the bench keeps its sandboxes (a fresh temp dir inside it).
-    pub work_dir: std::path::PathBuf,
-    /// runsc binary (default: what [`GvisorConfig::new`] finds).
-    pub runsc: Option<std::path::PathBuf>,
-    /// An older runsc to compare the workload with (e.g. the host's 2022 `/usr/bin/runsc`).
-    pub old_runsc: Option<std::path::PathBuf>,
     /// Rounds of the in-sandbox workload per variant (0: skip the workload part).
     pub workload_rounds: usize,
     /// Disk quota of the bench's sandboxes, MiB (0: no quota, the writable layer on the host's
     /// filesystem), as `kiln serve --disk-mb`.
     pub disk_mb: u32,
 }
+
+/// The runtime variants the workload runs under, by name (see
+/// [`BenchRuntime::workload_variants`]).
+pub type Variants = Vec<(&'static str, Arc<dyn RawBaseline>)>;
 
 /// What a sandbox runs for the measured output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +45,7 @@ pub enum EchoCommand {
 }
 
 impl EchoCommand {
-    fn argv(self) -> Vec<String> {
+    pub(crate) fn argv(self) -> Vec<String> {
         match self {
             EchoCommand::LoginShell => vec![
                 "/bin/bash".into(),
@@ -61,7 +60,7 @@ impl EchoCommand {
 
 #[derive(Debug, Clone)]
 pub struct CreateBenchReport {
-    /// Raw floor, login shell: `runsc run` → first output line.
+    /// Raw floor, login shell: the runtime's raw run → first output line.
     pub raw_shell: Percentiles,
     /// Raw floor, direct exec.
     pub raw_exec: Percentiles,
@@ -73,7 +72,7 @@ pub struct CreateBenchReport {
     pub concurrent: Percentiles,
     /// Killing a running sandbox (sequential part).
     pub kill: Percentiles,
-    /// The in-sandbox workload under each runsc/platform variant.
+    /// The in-sandbox workload under each runtime variant.
     pub workload: Vec<WorkloadResult>,
 }
 
@@ -150,112 +149,35 @@ async fn create_and_echo(
     Ok((first.unwrap_or_else(|| t.elapsed()), rec.id))
 }
 
-/// uid, gid and home of `user` in the rootfs's /etc/passwd.
-fn passwd_entry(rootfs: &Path, user: &str) -> Option<(u32, u32, String)> {
-    let text = std::fs::read_to_string(rootfs.join("etc/passwd")).ok()?;
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 6 && f[0] == user)
-            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?, f[5].to_string())))?
-    })
-}
-
-/// Writes an OCI bundle at `bundle` running `argv` on `tpl`'s rootfs (read-only, no overlay,
-/// no cgroup limits, no agent) as the template's user in its workdir: the raw runsc baseline.
-pub(crate) fn raw_bundle(
-    bundle: &Path,
-    tpl: &kiln_server::templates::TemplateInfo,
-    argv: Vec<String>,
-) -> Result<(), String> {
-    std::fs::create_dir_all(bundle).map_err(|e| e.to_string())?;
-    let (uid, gid, home) =
-        passwd_entry(&tpl.rootfs, &tpl.user).unwrap_or((0, 0, "/root".to_string()));
-    let spec = serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {"terminal": false, "user": {"uid": uid, "gid": gid},
-                    "args": argv,
-                    "env": ["PATH=/usr/local/bin:/usr/bin:/bin", format!("HOME={home}"),
-                            format!("USER={}", tpl.user)],
-                    "cwd": tpl.workdir},
-        "root": {"path": tpl.rootfs, "readonly": true},
-        "hostname": "raw",
-        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
-        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]}
-    });
-    std::fs::write(bundle.join("config.json"), spec.to_string()).map_err(|e| e.to_string())
-}
-
-/// Raw floor: `runsc run` (same runsc, platform and network flags as kiln) of the template's
-/// rootfs (read-only, no overlay, no cgroup limits, no agent) running `what` as the template's
-/// user in its workdir; timed from spawning runsc to the first stdout line (the container's
-/// teardown after that is not timed, as kiln's is not either).
-pub(crate) fn raw_runsc_echo(
-    runsc: &Path,
-    work: &Path,
-    tpl: &kiln_server::templates::TemplateInfo,
-    platform: &str,
-    what: EchoCommand,
-    i: usize,
-) -> Result<Duration, String> {
-    use std::io::BufRead;
-    let bundle = work.join(format!("raw-{i}"));
-    raw_bundle(&bundle, tpl, what.argv())?;
-    let root = work.join("raw-runsc-root");
-    let id = format!("kiln-bench-raw-{}-{i}", std::process::id());
-    let t = Instant::now();
-    let mut child = std::process::Command::new(runsc)
-        .arg(format!("--root={}", root.display()))
-        .arg(format!("--platform={platform}"))
-        .arg("--network=none")
-        .args(["run", "--bundle"])
-        .arg(&bundle)
-        .arg(&id)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("running runsc: {e}"))?;
-    let mut line = String::new();
-    let read = std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
-    let took = t.elapsed();
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for runsc: {e}"))?;
-    if read.is_err() || line.trim() != "kiln-bench" {
-        return Err(format!(
-            "raw runsc run printed {line:?} (stderr {:?})",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+/// The template's rootfs as the raw baseline boots it.
+pub(crate) fn raw_image(tpl: &TemplateInfo) -> RawImage {
+    RawImage {
+        rootfs: tpl.rootfs.clone(),
+        user: tpl.user.clone(),
+        workdir: tpl.workdir.clone(),
     }
-    Ok(took)
 }
 
-/// Runs the benchmark, printing progress to stderr. Raw and kiln samples are interleaved so
-/// both see the same machine load.
+/// Runs the benchmark on `runtime` in `work` (a fresh directory), printing progress to
+/// stderr. Raw and kiln samples are interleaved so both see the same machine load.
 pub async fn create_bench(
     opts: &CreateBenchOptions,
+    runtime: &BenchRuntime,
+    variants: Variants,
+    work: &Path,
     templates: Arc<dyn Templates>,
 ) -> Result<CreateBenchReport, String> {
     let tpl = templates
         .lookup(&opts.template)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("template {:?} is not built", opts.template))?;
-    std::fs::create_dir_all(&opts.work_dir).map_err(|e| e.to_string())?;
-    // Short names: agent socket paths under the work dir must fit in 108 bytes.
-    let work = tempfile::Builder::new()
-        .prefix("b")
-        .rand_bytes(4)
-        .tempdir_in(&opts.work_dir)
-        .map_err(|e| e.to_string())?;
-    let store =
-        Arc::new(SqliteStore::open(&work.path().join("kiln.db")).map_err(|e| e.to_string())?);
-    let mut gcfg = GvisorConfig::new(work.path());
-    gcfg.platform = opts.platform.clone();
-    if let Some(r) = &opts.runsc {
-        gcfg.runsc = r.clone();
-    }
-    let runsc = gcfg.runsc.clone();
-    let driver = Arc::new(GvisorDriver::new(gcfg).map_err(|e| e.to_string())?);
+    let store = Arc::new(SqliteStore::open(&work.join("kiln.db")).map_err(|e| e.to_string())?);
+    let driver = runtime
+        .driver(&runtime.driver_config(), work)
+        .map_err(|e| e.to_string())?
+        .driver;
+    let baseline = runtime.baseline();
+    let image = raw_image(&tpl);
     let lifecycle = LifecycleConfig {
         default_disk_mb: opts.disk_mb,
         ..LifecycleConfig::default()
@@ -263,16 +185,14 @@ pub async fn create_bench(
     let manager = Manager::new(lifecycle, store, driver, templates);
 
     let raw = |what: EchoCommand, i: usize| {
-        let (r, w, t, p) = (
-            runsc.clone(),
-            work.path().to_path_buf(),
-            tpl.clone(),
-            opts.platform.clone(),
-        );
+        let (b, w, img) = (baseline.clone(), work.to_path_buf(), image.clone());
         async move {
-            tokio::task::spawn_blocking(move || raw_runsc_echo(&r, &w, &t, &p, what, i))
-                .await
-                .map_err(|e| e.to_string())?
+            tokio::task::spawn_blocking(move || {
+                b.first_line(&w, &img, &what.argv(), "kiln-bench", i)
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| e.to_string())?
         }
     };
 
@@ -284,8 +204,10 @@ pub async fn create_bench(
 
         eprintln!(
             "sequential: {} × kiln create → echo (login shell and direct exec), interleaved with \
-             {} × raw runsc run …",
-            opts.sequential, opts.raw
+             {} × raw {} run …",
+            opts.sequential,
+            opts.raw,
+            baseline.tool()
         );
         let (mut seq, mut seq_exec, mut kill) = (Vec::new(), Vec::new(), Vec::new());
         let (mut raw_shell, mut raw_exec) = (Vec::new(), Vec::new());
@@ -332,14 +254,8 @@ pub async fn create_bench(
             return Err(e);
         }
         let workload = if opts.workload_rounds > 0 {
-            let (r, o, w, t, n) = (
-                runsc.clone(),
-                opts.old_runsc.clone(),
-                work.path().to_path_buf(),
-                tpl.clone(),
-                opts.workload_rounds,
-            );
-            tokio::task::spawn_blocking(move || workload_bench(&r, o.as_deref(), &w, &t, n))
+            let (w, r, n) = (work.to_path_buf(), tpl.rootfs.clone(), opts.workload_rounds);
+            tokio::task::spawn_blocking(move || workload_bench(&variants, &w, &r, n))
                 .await
                 .map_err(|e| e.to_string())??
         } else {
@@ -374,11 +290,13 @@ pub(crate) fn workload_script() -> String {
     )
 }
 
-/// One runsc/platform variant of the workload: medians over the rounds.
+/// One runtime variant of the workload: medians over the rounds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadResult {
-    /// `new` (kiln's runsc) or `old` (the comparison binary).
-    pub runsc: String,
+    /// `new` (kiln's runtime) or `old` (the comparison binary).
+    pub variant: String,
+    /// The runtime's tool, its version and its platform.
+    pub tool: String,
     pub version: String,
     pub platform: String,
     /// Median wall time of [`FORK_EXEC_LOOPS`] fork+exec of `/bin/true`, ms.
@@ -388,52 +306,30 @@ pub struct WorkloadResult {
     pub rounds: usize,
 }
 
-/// Runs the workload once with `runsc`/`platform` on the template rootfs (read-only) under
-/// `shell` (`/bin/sh` or `/bin/bash`: a fork in bash costs about three times one in dash under
-/// gVisor, so compare like with like); returns (fork+exec ms, python ms).
+/// Runs the workload once under `raw` on `rootfs` (read-only) under `shell` (`/bin/sh` or
+/// `/bin/bash`: a fork in bash costs about three times one in dash in a sandbox, so compare
+/// like with like); returns (fork+exec ms, python ms).
 pub(crate) fn workload_once(
-    runsc: &Path,
-    platform: &str,
+    raw: &dyn RawBaseline,
     work: &Path,
-    tpl: &kiln_server::templates::TemplateInfo,
+    rootfs: &Path,
     shell: &str,
     i: usize,
 ) -> Result<(f64, f64), String> {
-    let bundle = work.join(format!("workload-{i}"));
-    std::fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
-    let spec = serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {"terminal": false, "user": {"uid": 0, "gid": 0},
-                    "args": [shell, "-c", workload_script()],
-                    "env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "cwd": "/"},
-        "root": {"path": tpl.rootfs, "readonly": true},
-        "hostname": "workload",
-        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
-                   {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"}],
-        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]}
-    });
-    std::fs::write(bundle.join("config.json"), spec.to_string()).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new(runsc)
-        .arg(format!("--root={}", work.join("workload-root").display()))
-        .arg(format!("--platform={platform}"))
-        .args(["--network=none", "--ignore-cgroups", "run", "--bundle"])
-        .arg(&bundle)
-        .arg(format!("kiln-bench-wl-{}-{i}", std::process::id()))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", runsc.display()))?;
-    let _ = std::fs::remove_dir_all(&bundle);
-    let stamps: Vec<u128> = String::from_utf8_lossy(&out.stdout)
+    let out = raw
+        .script(work, rootfs, shell, &workload_script(), i)
+        .map_err(|e| format!("workload: {e}"))?;
+    let stamps: Vec<u128> = String::from_utf8_lossy(&out)
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect();
-    if !out.status.success() || stamps.len() != 3 {
+    if stamps.len() != 3 {
         return Err(format!(
-            "workload under {} --platform={platform} failed ({}): stdout {:?} stderr {:?}",
-            runsc.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            "workload under {} {} --platform={} printed {:?}",
+            raw.tool(),
+            raw.version(),
+            raw.platform(),
+            String::from_utf8_lossy(&out)
         ));
     }
     Ok(workload_times(&stamps))
@@ -445,27 +341,14 @@ pub(crate) fn workload_times(stamps: &[u128]) -> (f64, f64) {
     (ms(stamps[0], stamps[1]), ms(stamps[1], stamps[2]))
 }
 
-/// The workload under kiln's runsc with systrap and ptrace, and under `old` with ptrace when
-/// given; rounds are interleaved across variants so all see the same machine load.
+/// The workload under each variant; rounds are interleaved across variants so all see the
+/// same machine load.
 pub fn workload_bench(
-    runsc: &Path,
-    old: Option<&Path>,
+    variants: &Variants,
     work: &Path,
-    tpl: &kiln_server::templates::TemplateInfo,
+    rootfs: &Path,
     rounds: usize,
 ) -> Result<Vec<WorkloadResult>, String> {
-    let version = |p: &Path| {
-        kiln_host::runsc::probe_version(p)
-            .map(|(v, _)| v.to_string())
-            .unwrap_or_else(|e| e.to_string())
-    };
-    let mut variants = vec![
-        ("new", runsc.to_path_buf(), "systrap"),
-        ("new", runsc.to_path_buf(), "ptrace"),
-    ];
-    if let Some(o) = old {
-        variants.push(("old", o.to_path_buf(), "ptrace"));
-    }
     eprintln!(
         "workload: {rounds} round(s) × {} variant(s) of {FORK_EXEC_LOOPS} fork+exec and \
          {PYTHON_STARTS} python3 starts …",
@@ -473,19 +356,20 @@ pub fn workload_bench(
     );
     let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); variants.len()];
     for round in 0..rounds {
-        for (k, (_, bin, platform)) in variants.iter().enumerate() {
-            let (f, p) = workload_once(bin, platform, work, tpl, "/bin/sh", round * 10 + k)?;
+        for (k, (_, raw)) in variants.iter().enumerate() {
+            let (f, p) = workload_once(raw.as_ref(), work, rootfs, "/bin/sh", round * 10 + k)?;
             samples[k].0.push(f);
             samples[k].1.push(p);
         }
     }
     Ok(variants
-        .into_iter()
+        .iter()
         .zip(samples)
-        .map(|((name, bin, platform), (mut f, mut p))| WorkloadResult {
-            runsc: name.to_string(),
-            version: version(&bin),
-            platform: platform.to_string(),
+        .map(|((name, raw), (mut f, mut p))| WorkloadResult {
+            variant: name.to_string(),
+            tool: raw.tool().to_string(),
+            version: raw.version(),
+            platform: raw.platform().to_string(),
             fork_exec_ms: median(&mut f),
             python_ms: median(&mut p),
             rounds,

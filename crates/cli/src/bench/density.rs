@@ -1,12 +1,12 @@
 //! `kiln bench density`: how many idle sandboxes one host holds, and what each costs. Creates
 //! idle sandboxes in steps (through the same Server/Manager `kiln serve` runs, admission control
-//! included) and prints per step the runsc processes' RSS and host threads per sandbox (from
+//! included) and prints per step the runtime's host processes' RSS and threads per sandbox (from
 //! /proc), create p50/p99, exec round-trip p50 (against the first step's), host CPU idle, and
 //! the idle CPU each sandbox costs (its host cgroup's CPU time, and the server's, per
 //! sandbox-second: load-independent, see [`super::idle_cpu`]); then the restart time with every
 //! sandbox alive and the kill throughput.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use kiln_server::manager::CreateParams;
 use kiln_server::Manager;
 
 use crate::drivers::ServerSetup;
+use kiln_driver::baseline::{HostUsage, RawBaseline};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -41,26 +42,19 @@ pub struct Args {
     /// Seconds over which each step measures idle CPU (host idle and per-sandbox CPU time).
     #[arg(long, default_value_t = 5.0)]
     idle_window: f64,
-    /// gVisor platform (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
     /// Timer slack (ms) of the sandboxes' host tasks, as `kiln serve --sentry-timer-slack-ms`.
     #[arg(long)]
     timer_slack_ms: Option<f64>,
     /// Seconds of quiet after which a sandbox is hinted idle, as `kiln serve
-    /// --idle-hint-after` (gVisor: its host tasks get --idle-timer-slack-ms of timer slack);
+    /// --idle-hint-after` (its host tasks get --idle-timer-slack-ms of timer slack);
     /// default: no hints. Each step then measures idle CPU once the hints are given.
     #[arg(long)]
     idle_hint_after: Option<f64>,
     /// Timer slack (ms) of a sandbox hinted idle, as `kiln serve --idle-timer-slack-ms`.
     #[arg(long, default_value_t = 50.0)]
     idle_timer_slack_ms: f64,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -68,14 +62,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         templates,
         work,
         mut driver,
-        platform,
-    } = super::server_bench(
-        a.work_dir.as_deref(),
-        "d",
-        a.runsc.as_deref(),
-        a.platform.clone(),
-    )?;
-    driver.gvisor.timer_slack = a
+        runtime,
+    } = super::server_bench(&a.rt, "d")?;
+    let busy_slack = a
         .timer_slack_ms
         .filter(|ms| ms.is_finite() && *ms > 0.0)
         .map(|ms| Duration::from_secs_f64(ms / 1000.0));
@@ -83,16 +72,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .idle_hint_after
         .filter(|s| s.is_finite() && *s > 0.0)
         .map(Duration::from_secs_f64);
-    if hint_after.is_some() {
-        driver.gvisor.idle_timer_slack = Some(Duration::from_secs_f64(
-            a.idle_timer_slack_ms.clamp(0.001, 1000.0) / 1000.0,
-        ));
-    }
+    let idle_slack = hint_after
+        .map(|_| Duration::from_secs_f64(a.idle_timer_slack_ms.clamp(0.001, 1000.0) / 1000.0));
+    driver.set_timer_slack(busy_slack, idle_slack);
     let mut cfg = super::server_config(work.path(), driver, Default::default())?;
     cfg.server.lifecycle.idle_hint_after = hint_after;
     println!(
-        "kiln bench density (gVisor, platform {platform}, template {}, up to {} idle sandboxes \
+        "kiln bench density ({}, template {}, up to {} idle sandboxes \
          in steps of {}, {} creates at once, sentry timer slack {}, idle hints {}):",
+        runtime.label(),
         a.template,
         a.count,
         a.step,
@@ -105,9 +93,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             a.idle_timer_slack_ms
         ))
     );
+    let host = Host {
+        root: work.path().to_path_buf(),
+        raw: runtime.baseline(),
+    };
     println!(
         "  per sandbox: RSS (shared pages counted in each process), PSS (shared pages split) and \
-         threads of every runsc process of this bench, summed, / sandboxes; exec = `/bin/echo` through the agent ({} sandboxes per step)",
+         threads of every {} process of this bench, summed, / sandboxes; exec = `/bin/echo` through the agent ({} sandboxes per step)",
+        host.raw.tool(),
         a.exec_samples
     );
     println!(
@@ -116,7 +109,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         a.idle_window
     );
     let rt = tokio::runtime::Runtime::new()?;
-    let root = work.path().to_path_buf();
     let code = rt.block_on(async move {
         let server = cfg.clone().prepare(templates.clone()).await?;
         let m = server.manager.clone();
@@ -124,11 +116,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // watcher (whose upkeep also applies --timer-slack-ms), so their cost is measured.
         let mut upkeep = vec![m.spawn_sampler(), m.spawn_watcher()];
         upkeep.extend(m.spawn_idle_tick());
-        let r = steps(&a, &m, &root).await;
+        let r = steps(&a, &m, &host).await;
         upkeep.iter().for_each(|h| h.abort());
         drop(server);
         let r = match r {
-            Ok(()) => restart_and_kill(&a, m, cfg, templates, &root).await,
+            Ok(()) => restart_and_kill(&a, m, cfg, templates, &host).await,
             Err(e) => {
                 m.kill_all("bench density failed").await;
                 Err(e)
@@ -140,7 +132,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// Creates the sandboxes step by step, printing a row per step.
-async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
+async fn steps(a: &Args, m: &Arc<Manager>, host: &Host) -> anyhow::Result<()> {
     println!(
         "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6} {:>6} {:>6}",
         "count",
@@ -170,7 +162,7 @@ async fn steps(a: &Args, m: &Arc<Manager>, root: &Path) -> anyhow::Result<()> {
         // Let the new sandboxes settle to idle before measuring.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let live = m.list().len();
-        let usage = runsc_usage(root);
+        let usage = host.usage();
         let exec = exec_round_trips(m, a.exec_samples).await?;
         let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
         if let Some(after) = m.config().idle_hint_after {
@@ -329,7 +321,7 @@ async fn restart_and_kill(
     old: Arc<Manager>,
     cfg: ServerSetup,
     templates: Arc<dyn kiln_server::templates::Templates>,
-    root: &Path,
+    host: &Host,
 ) -> anyhow::Result<()> {
     let live = old.list().len();
     drop(old);
@@ -374,72 +366,26 @@ async fn restart_and_kill(
         a.kill_concurrency,
         n as f64 / took.as_secs_f64().max(1e-9)
     );
-    let left = runsc_usage(root);
+    let left = host.usage();
     anyhow::ensure!(
         left.processes == 0,
-        "{} runsc processes left after killing every sandbox",
-        left.processes
+        "{} {} processes left after killing every sandbox",
+        left.processes,
+        host.raw.tool()
     );
     Ok(())
 }
 
-/// Summed over the runsc processes whose command line names `root` (this bench's own).
-#[derive(Debug, Default)]
-pub(crate) struct Usage {
-    pub(crate) processes: usize,
-    pub(crate) rss_kib: u64,
-    /// Proportional set size: shared pages split between the processes that map them.
-    pub(crate) pss_kib: u64,
-    pub(crate) threads: u64,
+/// The runtime's host processes of this bench: those whose command line names `root`.
+struct Host {
+    root: PathBuf,
+    raw: Arc<dyn RawBaseline>,
 }
 
-pub(crate) fn runsc_usage(root: &Path) -> Usage {
-    let needle = root.to_string_lossy().into_owned();
-    let mut u = Usage::default();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return u;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let mut args = cmdline.split(|&b| b == 0);
-        let argv0 = String::from_utf8_lossy(args.next().unwrap_or_default());
-        let is_runsc = argv0
-            .rsplit('/')
-            .next()
-            .is_some_and(|b| b.starts_with("runsc"));
-        let ours = String::from_utf8_lossy(&cmdline).contains(&needle);
-        if !(is_runsc && ours) {
-            continue;
-        }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-            continue;
-        };
-        u.processes += 1;
-        if let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
-            u.pss_kib += proc_field(&rollup, "Pss:");
-        }
-        u.rss_kib += proc_field(&status, "VmRSS:");
-        u.threads += proc_field(&status, "Threads:");
+impl Host {
+    fn usage(&self) -> HostUsage {
+        self.raw.usage(&self.root)
     }
-    u
-}
-
-/// The number after `key` on its line of a /proc status-like file (0 when absent).
-fn proc_field(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Share of CPU time the host spent idle over `window` (from /proc/stat).

@@ -1,18 +1,16 @@
-//! `kiln bench exec`: what a command costs inside a kiln sandbox beside raw `runsc run` of the
-//! same rootfs in the same run — 200 fork+exec of `/bin/true` and 5 `python3` starts under
-//! `/bin/sh` and under `/bin/bash` (a bash fork costs about three times a dash fork under
-//! gVisor, so each shell is compared with itself), a login shell's start-up against a plain
+//! `kiln bench exec`: what a command costs inside a kiln sandbox beside the runtime's raw run of
+//! the same rootfs in the same run — 200 fork+exec of `/bin/true` and 5 `python3` starts under
+//! `/bin/sh` and under `/bin/bash` (a bash fork costs about three times a dash fork in a
+//! sandbox, so each shell is compared with itself), a login shell's start-up against a plain
 //! one, the `commands.run("true")` round trip (`/bin/bash -l -c true` through the agent, as the
 //! SDK sends it), and the kill as `DELETE /sandboxes/{id}` answers it. See docs/speed.md.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use kiln_envd::RunOptions;
-use kiln_gvisor::{GvisorConfig, GvisorDriver};
 use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
 use kiln_server::store::SqliteStore;
 
@@ -33,15 +31,8 @@ pub struct Args {
     /// Sandboxes created and killed for the kill latency.
     #[arg(long, default_value_t = 10)]
     kills: usize,
-    /// gVisor platform (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
 }
 
 /// Timed inside the sandbox: `n` login shells, then `n` plain ones (ns stamps).
@@ -62,26 +53,17 @@ fn stamps(out: &[u8]) -> Vec<u128> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let sb = super::server_bench(a.work_dir.as_deref(), "x", a.runsc.as_deref(), a.platform)?;
+    let sb = super::server_bench(&a.rt, "x")?;
     let tpl = sb
         .templates
         .lookup(&a.template)?
         .ok_or_else(|| anyhow!("template {:?} is not built", a.template))?;
-    let runsc = sb
-        .driver
-        .gvisor
-        .runsc
-        .clone()
-        .context("the bench's runsc")?;
-    let mut gcfg = GvisorConfig::new(sb.work.path());
-    gcfg.platform = sb.platform.clone();
-    gcfg.runsc = runsc.clone();
-    let driver = Arc::new(GvisorDriver::new(gcfg)?);
+    let driver = sb.runtime.driver(&sb.driver, sb.work.path())?.driver;
+    let baseline = sb.runtime.baseline();
     let store = Arc::new(SqliteStore::open(&sb.work.path().join("kiln.db"))?);
     let manager = Manager::new(LifecycleConfig::default(), store, driver, sb.templates);
     let rt = tokio::runtime::Runtime::new()?;
     let work = sb.work.path().to_path_buf();
-    let platform = sb.platform.clone();
     let result = rt.block_on(async {
         let create = || async {
             manager
@@ -117,21 +99,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let _ = run("true".into(), HashMap::new()).await?;
 
         eprintln!(
-            "workload: {} round(s) × /bin/sh and /bin/bash, kiln and raw runsc interleaved …",
-            a.rounds
+            "workload: {} round(s) × /bin/sh and /bin/bash, kiln and raw {} interleaved …",
+            a.rounds,
+            baseline.tool()
         );
         let mut work_ms: HashMap<(&str, &str), Vec<(f64, f64)>> = HashMap::new();
         for round in 0..a.rounds {
             for shell in ["/bin/sh", "/bin/bash"] {
-                let (r, p, w, t, s) = (
-                    runsc.clone(),
-                    platform.clone(),
-                    work.clone(),
-                    tpl.clone(),
-                    shell,
-                );
+                let (b, w, r, s) = (baseline.clone(), work.clone(), tpl.rootfs.clone(), shell);
                 let raw = tokio::task::spawn_blocking(move || {
-                    workload_once(&r, &p, &w, &t, s, round * 10 + s.len())
+                    workload_once(b.as_ref(), &w, &r, s, round * 10 + s.len())
                 })
                 .await?
                 .map_err(|e| anyhow!(e))?;
@@ -191,12 +168,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let (work_ms, login, plain, trips, kills, teardowns) = result?;
 
     println!(
-        "kiln bench exec (gVisor, platform {platform}, template {}):",
+        "kiln bench exec ({}, template {}):",
+        sb.runtime.label(),
         a.template
     );
     println!(
         "  workload = 200 × fork+exec /bin/true, 5 × python3 -c 'import json', timed inside; \
-         raw = `runsc run` of the template rootfs; kiln = through the agent; median of {} rounds",
+         raw = `{} run` of the template rootfs; kiln = through the agent; median of {} rounds",
+        baseline.tool(),
         a.rounds
     );
     for shell in ["/bin/sh", "/bin/bash"] {

@@ -1,8 +1,7 @@
 //! `kiln bench lifecycle`: pause, resume, fork (1 and 5 children) and create from a warm pool
-//! (sequential and 10 at once), beside the raw `runsc checkpoint` / `runsc restore` of the same
+//! (sequential and 10 at once), beside the runtime's raw checkpoint and restore of the same
 //! sandbox measured in the same run.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::lifecycle_bench::{lifecycle_bench, LifecycleBenchOptions};
@@ -23,35 +22,30 @@ pub struct Args {
     /// Sequential creates from the warm pool.
     #[arg(long, default_value_t = 20)]
     pool_creates: usize,
-    /// gVisor platform (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let store = kiln_template::Store::open_default().context("opening the template store")?;
-    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform)?;
+    let runtime = a.rt.resolve()?;
+    let work_root = a.rt.work_root()?;
     let opts = LifecycleBenchOptions {
         template: a.template,
         rounds: a.rounds.max(1),
         fork_rounds: a.fork_rounds.max(1),
         pool_creates: a.pool_creates.max(1),
-        platform,
-        runsc: Some(runsc),
-        work_dir: a
-            .work_dir
-            .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench")),
     };
     let rt = tokio::runtime::Runtime::new()?;
     let r = rt
-        .block_on(lifecycle_bench(&opts, Arc::new(store)))
+        .block_on(lifecycle_bench(
+            &opts,
+            &runtime,
+            &work_root,
+            Arc::new(store),
+        ))
         .map_err(|e| anyhow::anyhow!(e))?;
+    let tool = runtime.baseline().tool().to_string();
     let row = |name: &str, p: &Percentiles, base: Option<(&str, &Percentiles)>| {
         let ratio = base
             .map(|(what, b)| format!("{:>5.2}x raw {what}", p.p50_ms / b.p50_ms))
@@ -62,12 +56,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         );
     };
     println!(
-        "kiln bench lifecycle (gVisor, platform {}, template {}):",
-        opts.platform, opts.template
+        "kiln bench lifecycle ({}, template {}):",
+        runtime.label(),
+        opts.template
     );
-    println!("  raw = the runsc command alone on the same sandbox (agent detached beforehand)");
-    row("raw   runsc checkpoint", &r.raw_checkpoint, None);
-    row("raw   runsc restore", &r.raw_restore, None);
+    println!("  raw = the {tool} command alone on the same sandbox (agent detached beforehand)");
+    row(&format!("raw   {tool} checkpoint"), &r.raw_checkpoint, None);
+    row(&format!("raw   {tool} restore"), &r.raw_restore, None);
     row(
         "kiln  pause (memory)",
         &r.pause,

@@ -1,10 +1,10 @@
 //! `kiln bench lifecycle`: pause, resume, fork and create-from-pool latencies, each beside the
-//! raw `runsc checkpoint` / `runsc restore` of the same sandboxes measured in the same run.
+//! runtime's raw checkpoint and restore of the same sandboxes measured in the same run.
 //!
 //! - pause = `Manager::pause` (memory kept); resume = `Manager::connect` until the agent has
 //!   answered and is initialised;
-//! - raw checkpoint / restore = the runsc commands alone, on the same sandbox, after its agent
-//!   let go of its host socket (which gVisor cannot save);
+//! - raw checkpoint / restore = the runtime's commands alone, on the same sandbox, after its
+//!   agent let go of its host socket (see [`kiln_driver::baseline::SandboxBaseline`]);
 //! - fork = `Manager::fork` with count 1 and 5, until every child's agent has answered (the
 //!   parent continues after them: its downtime is measured too, until its agent answers);
 //! - pool = `Manager::create` with a warm pool of the template, sequential and 10 at once.
@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::stats::{percentiles, Percentiles};
-use kiln_gvisor::{GvisorConfig, GvisorDriver};
+use crate::drivers::BenchRuntime;
+use kiln_driver::baseline::SandboxBaseline;
 use kiln_server::manager::{CreateParams, LifecycleConfig, Manager};
 use kiln_server::store::SqliteStore;
 use kiln_server::templates::Templates;
@@ -27,9 +28,6 @@ pub struct LifecycleBenchOptions {
     pub fork_rounds: usize,
     /// Sequential creates from the pool.
     pub pool_creates: usize,
-    pub platform: String,
-    pub runsc: Option<std::path::PathBuf>,
-    pub work_dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -56,61 +54,16 @@ fn params(template: &str) -> CreateParams {
     }
 }
 
-/// The raw commands on sandbox `id`: its agent is detached, then `runsc checkpoint` and
-/// `runsc restore` are timed alone; the agent is attached again afterwards.
+/// The raw commands on sandbox `id` (see [`SandboxBaseline::checkpoint_restore`]), then its
+/// agent answering again through the manager (not timed).
 async fn raw_round(
-    driver: &GvisorDriver,
+    raw: &dyn SandboxBaseline,
     m: &Manager,
     id: &str,
     image: &std::path::Path,
 ) -> Result<(Duration, Duration), String> {
-    let dir = driver.config().dir.join("sandboxes").join(id);
-    let runsc = driver.runsc();
-    // The sandbox's current container (a resume made a new one); it is restored under the
-    // same id after its delete.
-    let cid = driver.cid(id);
-    let cid = cid.as_str();
-    let marker = dir.join("run/agent.sock.detached");
-    runsc
-        .output(&["kill", cid, "USR1"])
-        .await
-        .map_err(|e| e.to_string())?;
-    let t = Instant::now();
-    while !marker.exists() {
-        if t.elapsed() > Duration::from_secs(5) {
-            return Err("the agent did not detach".into());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let _ = std::fs::remove_dir_all(image);
-    std::fs::create_dir_all(image).map_err(|e| e.to_string())?;
-    let t = Instant::now();
-    runsc
-        .checkpoint(cid, image, false)
-        .await
-        .map_err(|e| e.to_string())?;
-    let checkpoint = t.elapsed();
-    // The checkpointed sandbox's processes exit; delete the container while reaping them
-    // (this process adopted them), as the driver does (not timed).
-    kiln_gvisor::halt_container(runsc, cid, &dir)
-        .await
-        .map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(dir.join("run/agent.sock"));
-    let t = Instant::now();
-    runsc
-        .restore_detached(
-            image,
-            &dir.join("bundle"),
-            cid,
-            &dir.join("console.log"),
-            false,
-            None,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let restore = t.elapsed();
-    runsc
-        .output(&["kill", cid, "USR2"])
+    let times = raw
+        .checkpoint_restore(id, image)
         .await
         .map_err(|e| e.to_string())?;
     let token = m.get(id).map_err(|e| e.to_string())?.envd_token;
@@ -118,24 +71,24 @@ async fn raw_round(
         .wait_ready(Duration::from_secs(30))
         .await
         .map_err(|e| e.to_string())?;
-    Ok((checkpoint, restore))
+    Ok(times)
 }
 
+/// Runs the bench on `runtime` in a fresh directory under `work_root`.
 pub async fn lifecycle_bench(
     opts: &LifecycleBenchOptions,
+    runtime: &BenchRuntime,
+    work_root: &std::path::Path,
     templates: Arc<dyn Templates>,
 ) -> Result<LifecycleBenchReport, String> {
-    std::fs::create_dir_all(&opts.work_dir).map_err(|e| e.to_string())?;
     let work = tempfile::Builder::new()
         .prefix("life")
-        .tempdir_in(&opts.work_dir)
+        .tempdir_in(work_root)
         .map_err(|e| e.to_string())?;
-    let mut gcfg = GvisorConfig::new(work.path());
-    gcfg.platform = opts.platform.clone();
-    if let Some(r) = &opts.runsc {
-        gcfg.runsc = r.clone();
-    }
-    let driver = Arc::new(GvisorDriver::new(gcfg).map_err(|e| e.to_string())?);
+    let bench = runtime
+        .driver(&runtime.driver_config(), work.path())
+        .map_err(|e| e.to_string())?;
+    let driver = bench.driver;
     let store =
         Arc::new(SqliteStore::open(&work.path().join("kiln.db")).map_err(|e| e.to_string())?);
     let cfg = LifecycleConfig {
@@ -143,22 +96,22 @@ pub async fn lifecycle_bench(
         ..LifecycleConfig::default()
     };
     let m = Manager::new(cfg, store, driver.clone(), templates);
-    let r = run(opts, &m, &driver, work.path()).await;
+    let r = run(opts, &m, bench.raw.as_ref(), work.path()).await;
     m.kill_all("bench done").await;
     // Pooled sandboxes are not the manager's yet: stop whatever is left on the host.
-    if let Ok(left) = kiln_server::driver::Driver::list_on_host(driver.as_ref()).await {
+    if let Ok(left) = driver.list_on_host().await {
         for h in left {
-            let _ = kiln_server::driver::Driver::stop(driver.as_ref(), &h.id).await;
+            let _ = driver.stop(&h.id).await;
         }
     }
-    kiln_server::driver::Driver::shutdown(driver.as_ref()).await;
+    driver.shutdown().await;
     r
 }
 
 async fn run(
     opts: &LifecycleBenchOptions,
     m: &Arc<Manager>,
-    driver: &GvisorDriver,
+    raw: &dyn SandboxBaseline,
     work: &std::path::Path,
 ) -> Result<LifecycleBenchReport, String> {
     let e = |e: kiln_server::Error| e.to_string();
@@ -174,7 +127,7 @@ async fn run(
         if !resumed {
             return Err("connect did not resume".into());
         }
-        let (c, r) = raw_round(driver, m, &sbx.id, &work.join(format!("raw-{i}"))).await?;
+        let (c, r) = raw_round(raw, m, &sbx.id, &work.join(format!("raw-{i}"))).await?;
         ckpt.push(c);
         restore.push(r);
     }
@@ -249,4 +202,77 @@ async fn run(
         pool_sequential: percentiles(&pool_seq),
         pool_concurrent: percentiles(&pool_conc),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The raw round on a sandbox kiln runs, whose `run/` the driver keeps sealed between its
+    /// own windows: twice in a row, then after a pause and resume (a new container), the agent
+    /// lets go of its socket, the runtime checkpoints and restores, and the agent answers again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn raw_rounds_on_a_sealed_sandbox() {
+        let skip = |why: String| {
+            assert!(
+                std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1"),
+                "{why}; set KILN_ALLOW_SKIPS=1 to skip"
+            );
+            eprintln!("skipped: {why}");
+        };
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return skip("sandboxes need root".into());
+        }
+        let runtime = match crate::drivers::RuntimeFlags::default().resolve() {
+            Ok(r) => r,
+            Err(e) => return skip(format!("no runtime: {e}")),
+        };
+        let store = kiln_template::Store::open_default().expect("the template store");
+        if Templates::lookup(&store, "base").ok().flatten().is_none() {
+            return skip("the base template is not built".into());
+        }
+        let work = tempfile::Builder::new()
+            .prefix("lb")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let bench = runtime
+            .driver(&runtime.driver_config(), work.path())
+            .unwrap();
+        let db = Arc::new(SqliteStore::open(&work.path().join("kiln.db")).unwrap());
+        let m = Manager::new(
+            LifecycleConfig::default(),
+            db,
+            bench.driver.clone(),
+            Arc::new(store),
+        );
+        let checked = async {
+            let sbx = m.create(params("base")).await.map_err(|e| e.to_string())?;
+            let round = |i: usize| {
+                let image = work.path().join(format!("raw-{i}"));
+                let (raw, m, id) = (bench.raw.clone(), m.clone(), sbx.id.clone());
+                async move { raw_round(raw.as_ref(), &m, &id, &image).await }
+            };
+            for i in 0..2 {
+                let (c, r) = round(i).await?;
+                assert!(c > Duration::ZERO && r > Duration::ZERO);
+            }
+            m.pause(&sbx.id, true).await.map_err(|e| e.to_string())?;
+            m.connect(&sbx.id, 600, true)
+                .await
+                .map_err(|e| e.to_string())?;
+            round(2).await?;
+            let out = m
+                .agent(&sbx.id, sbx.envd_token.clone())
+                .run("echo still here", Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            assert_eq!(out.stdout, b"still here\n");
+            Ok::<_, String>(())
+        }
+        .await;
+        m.kill_all("test done").await;
+        bench.driver.shutdown().await;
+        checked.unwrap();
+    }
 }

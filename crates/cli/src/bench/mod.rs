@@ -22,7 +22,6 @@ mod stats;
 mod template_api;
 mod template_bench;
 mod tti;
-mod tti_raw;
 mod tti_stats;
 mod vmm;
 mod volume;
@@ -33,15 +32,15 @@ pub enum Cmd {
     Agent(agent::Args),
     /// The audit log's cost: exec round trip and a large upload with auditing on vs off.
     Audit(audit::Args),
-    /// Sandbox create → first `echo` output, sequential and concurrent, vs raw `runsc run`.
+    /// Sandbox create → first `echo` output, sequential and concurrent, vs the runtime's raw run.
     Create(create::Args),
     /// Idle sandboxes per host in steps: MiB and threads per sandbox, create and exec latency,
     /// CPU idle; then restart time and kill throughput.
     Density(density::Args),
-    /// A command's cost inside a sandbox vs raw `runsc run`: fork+exec, python start, login
+    /// A command's cost inside a sandbox vs the runtime's raw run: fork+exec, python start, login
     /// shell, `commands.run("true")` round trip, kill.
     Exec(exec::Args),
-    /// Pause, resume, fork and create-from-pool vs raw `runsc checkpoint`/`restore`.
+    /// Pause, resume, fork and create-from-pool vs the runtime's raw checkpoint/restore.
     Lifecycle(lifecycle::Args),
     /// Sandbox networking: create p50 with vs without, proxied vs direct HTTP to a sandbox port.
     Net(net::Args),
@@ -57,7 +56,7 @@ pub enum Cmd {
     /// that starts running, and pulling an image from a loopback registry, each beside raw.
     Template(template_bench::Args),
     /// ComputeSDK's time-to-interactive through the e2b SDK (sequential, staggered, burst),
-    /// plus exec round trip, resume, fork and idle MiB, each beside raw runsc.
+    /// plus exec round trip, resume, fork and idle MiB, each beside the raw runtime.
     Tti(tti::Args),
     /// Volumes: read and write MB/s on a mounted volume vs the sandbox's own disk.
     Volume(volume::Args),
@@ -85,62 +84,62 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     }
 }
 
-/// The runsc binary and gVisor platform a bench uses: the given ones, else what `kiln serve`
-/// would use on this host (its runsc; the fastest platform that works).
-pub(crate) fn runtime(
-    runsc: Option<&std::path::Path>,
-    platform: Option<String>,
-) -> anyhow::Result<(std::path::PathBuf, String)> {
-    let runsc = kiln_host::runsc::resolve(runsc)?;
-    let platform = match platform {
-        Some(p) => p,
-        None => kiln_host::runsc::platform::pick(
-            &runsc.path,
-            kiln_host::runsc::platform::kvm_at_hardware_speed(),
-        )
-        .map_err(|e| anyhow::anyhow!("no gVisor platform works: {e}"))?,
-    };
-    Ok((runsc.path, platform))
+/// The runtime and work directory every bench takes (the runtime's flags, `--work-dir`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RuntimeArgs {
+    #[command(flatten)]
+    pub runtime: crate::drivers::RuntimeFlags,
+    /// Directory for the bench's temporary state (default: the kiln state dir).
+    #[arg(long)]
+    pub work_dir: Option<std::path::PathBuf>,
+}
+
+impl RuntimeArgs {
+    /// The runtime the bench runs on (see [`crate::drivers::RuntimeFlags::resolve`]).
+    pub fn resolve(&self) -> anyhow::Result<crate::drivers::BenchRuntime> {
+        self.runtime.resolve()
+    }
+
+    /// The directory the bench's work directories go in (created): `--work-dir`, else
+    /// `<state>/bench`.
+    pub fn work_root(&self) -> anyhow::Result<std::path::PathBuf> {
+        use anyhow::Context;
+        let base = self
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
+        std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+        Ok(base)
+    }
+
+    /// A fresh work directory `<prefix>XXXX` in [`Self::work_root`] (short names: agent socket
+    /// paths under it must fit in 108 bytes).
+    pub fn work(&self, prefix: &str) -> anyhow::Result<tempfile::TempDir> {
+        Ok(tempfile::Builder::new()
+            .prefix(prefix)
+            .rand_bytes(4)
+            .tempdir_in(self.work_root()?)?)
+    }
 }
 
 /// What a bench that runs kiln's own server needs: the template store, a fresh work dir named
-/// `<prefix>XXXX` under `work_dir` (default `<state>/bench`; short names: agent socket paths
-/// under it must fit in 108 bytes), and gVisor driver settings for the runtime the bench uses.
+/// `<prefix>XXXX` (see [`RuntimeArgs::work`]), the runtime, and the driver settings for it.
 pub(crate) struct ServerBench {
     pub templates: std::sync::Arc<dyn kiln_server::templates::Templates>,
     pub work: tempfile::TempDir,
     pub driver: crate::drivers::DriverConfig,
-    pub platform: String,
+    pub runtime: crate::drivers::BenchRuntime,
 }
 
-pub(crate) fn server_bench(
-    work_dir: Option<&std::path::Path>,
-    prefix: &str,
-    runsc: Option<&std::path::Path>,
-    platform: Option<String>,
-) -> anyhow::Result<ServerBench> {
+pub(crate) fn server_bench(args: &RuntimeArgs, prefix: &str) -> anyhow::Result<ServerBench> {
     use anyhow::Context;
     let store = kiln_template::Store::open_default().context("opening the template store")?;
-    let (runsc, platform) = runtime(runsc, platform)?;
-    let base = work_dir
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    let work = tempfile::Builder::new()
-        .prefix(prefix)
-        .rand_bytes(4)
-        .tempdir_in(&base)?;
-    let mut driver = crate::drivers::DriverConfig {
-        kind: crate::drivers::DriverKind::Gvisor,
-        ..Default::default()
-    };
-    driver.gvisor.runsc = Some(runsc);
-    driver.gvisor.platform = Some(platform.clone());
+    let runtime = args.resolve()?;
     Ok(ServerBench {
         templates: std::sync::Arc::new(store),
-        work,
-        driver,
-        platform,
+        work: args.work(prefix)?,
+        driver: runtime.driver_config(),
+        runtime,
     })
 }
 

@@ -1,5 +1,5 @@
 //! `kiln bench net`: what sandbox networking costs, in one run:
-//! - create p50 with networking (a pooled slot, `runsc --network=sandbox`) vs without
+//! - create p50 with networking (a pooled slot, the runtime's own network stack) vs without
 //!   (`--network=none`), interleaved;
 //! - an HTTP request to a server inside a sandbox through kiln's proxy vs the same request made
 //!   directly from the sandbox's router namespace (no proxy), p50 latency and throughput;
@@ -40,18 +40,11 @@ pub struct Args {
     /// does between real requests; 0 measures creates racing the refill).
     #[arg(long, default_value_t = 500)]
     gap_ms: u64,
-    /// gVisor platform (default: the one `kiln serve` would pick here).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
     /// Host-side range of the bench's network slots.
     #[arg(long, default_value = "10.149.0.0/24")]
     range: String,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
 }
 
 const PORT: u16 = 8000;
@@ -59,11 +52,7 @@ const PORT: u16 = 8000;
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let store = kiln_template::Store::open_default().context("opening the template store")?;
     let templates: Arc<dyn Templates> = Arc::new(store);
-    let work_root = a
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
-    std::fs::create_dir_all(&work_root)?;
+    let work_root = a.rt.work_root()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(bench(a, templates, work_root))
 }
@@ -125,13 +114,13 @@ fn row(name: &str, p: &Percentiles, base: &Percentiles) {
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
-    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
-    let plain = side(&work_root, "n", &runsc, &platform, None, &templates)?;
+    let runtime = a.rt.resolve()?;
+    let plain = side(&work_root, "n", &runtime, None, &templates)?;
     let net = Net {
         range: &a.range,
         pool_size: 4,
     };
-    let net = side(&work_root, "n", &runsc, &platform, Some(net), &templates)?;
+    let net = side(&work_root, "n", &runtime, Some(net), &templates)?;
     // Warm-up (and let the pool fill).
     timed_create(&plain, &a.template).await?;
     timed_create(&net, &a.template).await?;
@@ -221,13 +210,10 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
             bail!("blob sizes: proxied {n}, direct {m}");
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+    let median = super::stats::median;
     let (tpp, tpd) = (median(&mut tp_proxied), median(&mut tp_direct));
     let _ = net.manager.kill(&id, "bench").await;
-    net.gvisor.shutdown_network().await;
+    net.driver.shutdown().await;
 
     eprintln!(
         "https: {} × small GET, keep-alive, direct and intercepted (loopback) …",
@@ -240,8 +226,9 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
 
     let (w, wo) = (percentiles(&with), percentiles(&without));
     println!(
-        "kiln bench net (gVisor, platform {}, template {}):",
-        platform, a.template
+        "kiln bench net ({}, template {}):",
+        runtime.label(),
+        a.template
     );
     row("create, no network (baseline)", &wo, &wo);
     row("create, with network", &w, &wo);

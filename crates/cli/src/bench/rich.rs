@@ -26,18 +26,11 @@ pub struct Args {
     /// Samples of each measurement (creates are the slow ones: about 1-3 s each).
     #[arg(long, default_value_t = 5)]
     n: usize,
-    /// gVisor platform (default: the one `kiln serve` would pick here).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
     /// Host-side range of the bench's network slots (outside the 10.200-10.254 a server picks from).
     #[arg(long, default_value = "10.150.0.0/24")]
     range: String,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
 }
 
 const TEMPLATES: [&str; 4] = ["base", "code-interpreter-v1", "desktop", "browser"];
@@ -57,11 +50,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
     }
     let templates: Arc<dyn Templates> = Arc::new(store);
-    let work_root = a
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
-    std::fs::create_dir_all(&work_root)?;
+    let work_root = a.rt.work_root()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(bench(a, templates, work_root))
 }
@@ -290,12 +279,12 @@ async fn cdp_call<IO: AsyncRead + AsyncWrite + Unpin>(
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
-    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
+    let runtime = a.rt.resolve()?;
     let net = Net {
         range: &a.range,
         pool_size: 2,
     };
-    let s = side(&work_root, "r", &runsc, &platform, Some(net), &templates)?;
+    let s = side(&work_root, "r", &runtime, Some(net), &templates)?;
 
     // Create → first result.
     let (mut echo, mut code) = (Vec::new(), Vec::new());
@@ -401,9 +390,9 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
         direct.push(t.elapsed());
     }
     s.manager.kill(&b.id, "bench").await?;
-    s.gvisor.shutdown_network().await;
+    s.driver.shutdown().await;
 
-    println!("kiln bench rich (gVisor, platform {platform}, networking on):");
+    println!("kiln bench rich ({}, networking on):", runtime.label());
     let (e, c) = (percentiles(&echo), percentiles(&code));
     row("create → first echo, base (baseline)", &e, &e);
     row("create → first run_code(\"1+1\") result", &c, &e);

@@ -39,15 +39,8 @@ pub struct Args {
     /// Template of the sandboxes.
     #[arg(long, default_value = "base")]
     template: String,
-    /// gVisor platform (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<std::path::PathBuf>,
-    /// Directory for the sandbox part's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
 }
 
 fn recorded(p: &std::path::Path, n: usize) -> anyhow::Result<Vec<Raw>> {
@@ -113,9 +106,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             latency_runs: a.latency_runs,
             exec_rounds: a.exec_rounds,
             execs_per_round: a.execs_per_round,
-            platform: a.platform,
-            runsc: a.runsc,
-            work_dir: a.work_dir,
+            rt: a.rt,
         })?;
     }
     if cfg!(debug_assertions) {

@@ -30,9 +30,7 @@ pub struct Live {
     pub latency_runs: usize,
     pub exec_rounds: usize,
     pub execs_per_round: usize,
-    pub platform: Option<String>,
-    pub runsc: Option<std::path::PathBuf>,
-    pub work_dir: Option<std::path::PathBuf>,
+    pub rt: super::RuntimeArgs,
 }
 
 /// The trigger: a reverse shell's command line, only echoed.
@@ -53,17 +51,16 @@ pub fn run(l: Live) -> anyhow::Result<()> {
         templates,
         work,
         driver,
-        platform,
-    } = super::server_bench(
-        l.work_dir.as_deref(),
-        "r",
-        l.runsc.as_deref(),
-        l.platform.clone(),
-    )?;
+        runtime,
+    } = super::server_bench(&l.rt, "r")?;
     println!(
-        "\nwith sandboxes (gVisor, platform {platform}, template {}): {} attack → alert samples; \
+        "\nwith sandboxes ({}, template {}): {} attack → alert samples; \
          {}×{} exec round trips per server, the pack on vs off, interleaved",
-        l.template, l.latency_runs, l.exec_rounds, l.execs_per_round
+        runtime.label(),
+        l.template,
+        l.latency_runs,
+        l.exec_rounds,
+        l.execs_per_round
     );
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
@@ -76,9 +73,7 @@ pub fn run(l: Live) -> anyhow::Result<()> {
                     enabled: true,
                     ..Default::default()
                 };
-                let mut driver = driver.clone();
-                driver.gvisor.network = None;
-                let cfg = super::server_config(&dir, driver, audit)?;
+                let cfg = super::server_config(&dir, driver.clone(), audit)?;
                 let server = cfg.prepare(templates.clone()).await?;
                 let manager = server.manager.clone();
                 managers

@@ -1,21 +1,21 @@
-//! A bench's own gVisor driver and manager, in a temporary state directory under the bench
-//! work dir, with or without sandbox networking (the net and rich benches).
+//! A bench's own driver and manager, in a temporary state directory under the bench work dir,
+//! with or without sandbox networking (the net, rich and volume benches).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::bail;
-use kiln_gvisor::{GvisorConfig, GvisorDriver};
 use kiln_server::driver::Driver;
 use kiln_server::manager::CreateParams;
 use kiln_server::store::SqliteStore;
 use kiln_server::templates::Templates;
 use kiln_server::{LifecycleConfig, Manager};
 
+use crate::drivers::BenchRuntime;
+
 pub(crate) struct Side {
     pub manager: Arc<Manager>,
     pub driver: Arc<dyn Driver>,
-    pub gvisor: Arc<GvisorDriver>,
     _dir: tempfile::TempDir,
 }
 
@@ -32,13 +32,12 @@ pub(crate) struct Net<'a> {
     pub pool_size: usize,
 }
 
-/// A driver on `runsc`/`platform` with its manager; `prefix` names the state directory (short:
-/// agent socket paths under it must fit in 108 bytes).
+/// A driver on `runtime` with its manager; `prefix` names the state directory (short: agent
+/// socket paths under it must fit in 108 bytes).
 pub(crate) fn side(
     work_root: &Path,
     prefix: &str,
-    runsc: &Path,
-    platform: &str,
+    runtime: &BenchRuntime,
     net: Option<Net<'_>>,
     templates: &Arc<dyn Templates>,
 ) -> anyhow::Result<Side> {
@@ -47,24 +46,17 @@ pub(crate) fn side(
         .rand_bytes(4)
         .tempdir_in(work_root)?;
     let store = Arc::new(SqliteStore::open(&dir.path().join("kiln.db"))?);
-    let mut cfg = GvisorConfig::new(dir.path());
-    cfg.platform = platform.to_string();
-    cfg.runsc = runsc.to_path_buf();
+    let mut cfg = runtime.driver_config();
     let networked = net.is_some();
     if let Some(n) = net {
-        cfg.network = Some(kiln_net::NetConfig {
-            range: n.range.parse()?,
-            pool_size: n.pool_size,
-            prefix: kiln_gvisor::net_config::prefix_for_state(dir.path()),
-            operator_allow: Vec::new(),
-            dns_upstreams: kiln_net::dns::system_resolvers(),
-            max_connections: 0,
-            egress_mib_per_sec: 0,
-            proxy_all_tcp: false,
-        });
+        cfg.set_network(Some(crate::drivers::bench_network(
+            dir.path(),
+            n.range,
+            n.pool_size,
+            kiln_net::dns::system_resolvers(),
+        )?));
     }
-    let gvisor = Arc::new(GvisorDriver::new(cfg)?);
-    let driver: Arc<dyn Driver> = gvisor.clone();
+    let driver = runtime.driver(&cfg, dir.path())?.driver;
     if driver.has_network() != networked {
         bail!("sandbox networking could not be set up as the bench needs it");
     }
@@ -77,7 +69,6 @@ pub(crate) fn side(
     Ok(Side {
         manager,
         driver,
-        gvisor,
         _dir: dir,
     })
 }

@@ -1,5 +1,5 @@
 //! What interrupted benches left under the bench work root (`<state>/bench` by default): a
-//! bench killed mid-run leaves its sandboxes' runsc processes, overlay and disk mounts and
+//! bench killed mid-run leaves its sandboxes' runtime processes, overlay and disk mounts and
 //! files. Before a bench starts, and only when no other `kiln bench` runs, they go.
 
 use std::ffi::CString;
@@ -54,7 +54,7 @@ fn unmount_lazily(target: &Path) {
 }
 
 /// Removes the leftovers of interrupted benches under `work_root`: kills the processes that
-/// name a path under it (orphaned runsc sandboxes and gofers), unmounts what is mounted under
+/// name a path under it (orphaned sandbox processes of the runtime), unmounts what is mounted under
 /// it and removes its entries. Does nothing while another `kiln bench` runs. Returns how many
 /// entries it removed.
 pub fn sweep(work_root: &Path) -> usize {
@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn leftover_files_and_mounts_go() {
         let root = tempfile::tempdir().unwrap();
-        let left = root.path().join("lifeAbCd/gvisor/sandboxes/x/rootfs");
+        let left = root.path().join("lifeAbCd/driver/sandboxes/x/rootfs");
         std::fs::create_dir_all(&left).unwrap();
         std::fs::write(root.path().join("lifeAbCd/kiln.db"), b"x").unwrap();
         let (src, dst) = (

@@ -1,6 +1,6 @@
-//! The statistics the benches print: percentiles of latency samples, medians and the
-//! median's confidence interval. (`kiln bench tti` follows ComputeSDK's own definitions in
-//! [`super::tti_stats`].)
+//! The statistics every bench prints: percentiles of latency samples (nearest rank), medians
+//! and the median's confidence interval, and interpolated quantiles (the definition
+//! ComputeSDK's scores use, see [`super::tti_stats`]).
 
 use std::time::Duration;
 
@@ -27,6 +27,23 @@ pub(crate) fn percentiles(samples: &[Duration]) -> Percentiles {
         p50_ms: at(0.50),
         p99_ms: at(0.99),
     }
+}
+
+/// `v` sorted ascending (NaN last).
+pub(crate) fn sorted(v: &[f64]) -> Vec<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
+/// The `q` quantile of sorted `v` (linear interpolation between ranks; NaN when empty).
+pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
 /// The median of `v` (NaN when empty); sorts `v`.
@@ -74,5 +91,14 @@ mod tests {
         assert_eq!(median_ci(&v), (40.0, 60.0));
         let (lo, hi) = median_ci(&[1.0, 2.0, 3.0, 4.0, 5.0]);
         assert!(lo.is_nan() && hi.is_nan());
+    }
+
+    #[test]
+    fn interpolated_quantiles() {
+        let v = sorted(&[4.0, 1.0, 3.0, 2.0]);
+        assert_eq!(v, [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(quantile(&v, 0.5), 2.5);
+        assert_eq!(quantile(&v, 1.0), 4.0);
+        assert!(quantile(&[], 0.5).is_nan());
     }
 }

@@ -7,12 +7,11 @@
 //!   time (target ≤ 1.2×);
 //! - create → first command from a template with a start command (its running snapshot
 //!   restored), beside a cold boot of the base that runs the start command until ready
-//!   (target ≤ 1.3× raw `runsc restore`; the served server keeps its driver to itself, so
+//!   (target ≤ 1.3× the runtime's raw restore; the served server keeps its driver to itself, so
 //!   `kiln bench lifecycle` gives that raw number on the host);
 //! - pulling a 3-layer image from a loopback docker-registry (MB/s, target ≥ 200) beside
 //!   plain HTTP GETs of the same blobs.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -37,15 +36,8 @@ pub struct Args {
     /// MiB of each of the image's 3 layers.
     #[arg(long, default_value_t = 32)]
     layer_mib: usize,
-    /// gVisor platform (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
 }
 
 /// The start command of the started template: ready two seconds after it starts.
@@ -53,12 +45,7 @@ const START: &str = "sleep 2; touch /tmp/kiln-ready; sleep 100000";
 const READY: &str = "test -f /tmp/kiln-ready";
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let sb = super::server_bench(
-        a.work_dir.as_deref(),
-        "tpl",
-        a.runsc.as_deref(),
-        a.platform.clone(),
-    )?;
+    let sb = super::server_bench(&a.rt, "tpl")?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let reg = Registry::start(sb.work.path())?;
@@ -85,7 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         manager.kill_all("bench template done").await;
         manager.shutdown_driver().await;
         let r = r?;
-        print(&a, &sb.platform, &r);
+        print(&a, &sb.runtime, &r);
         Ok(0)
     })
 }
@@ -212,7 +199,7 @@ async fn measure(
     })
 }
 
-fn print(a: &Args, platform: &str, r: &Report) {
+fn print(a: &Args, runtime: &crate::drivers::BenchRuntime, r: &Report) {
     let row = |name: &str, p: &Percentiles, base: Option<(&str, &Percentiles)>| {
         let ratio = base
             .map(|(what, b)| format!("{:>5.2}x {what}", p.p50_ms / b.p50_ms))
@@ -223,7 +210,8 @@ fn print(a: &Args, platform: &str, r: &Report) {
         );
     };
     println!(
-        "kiln bench template (gVisor, platform {platform}; last step `sleep {}`):",
+        "kiln bench template ({}; last step `sleep {}`):",
+        runtime.label(),
         a.step_secs
     );
     row("raw   the 3 steps run in a sandbox", &r.steps_raw, None);
@@ -262,6 +250,7 @@ fn print(a: &Args, platform: &str, r: &Report) {
     );
     println!(
         "  targets: rebuild <= 1.2x the step's own run; create from a started template <= 1.3x raw \
-         runsc restore (see `kiln bench lifecycle`); pull >= 200 MB/s"
+         {} restore (see `kiln bench lifecycle`); pull >= 200 MB/s",
+        runtime.baseline().tool()
     );
 }

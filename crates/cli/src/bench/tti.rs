@@ -3,8 +3,8 @@
 //! create → first `echo` in the sequential, staggered and burst modes, summarised and scored as
 //! ComputeSDK does (`tti_stats.rs`) and written in its JSON shape (`--json`); then the SDK's
 //! `commands.run("true")` round trip, pause → resume → first command, fork → child's first
-//! command and idle MiB per sandbox, each beside its raw runsc counterpart (`tti_raw.rs`)
-//! measured in the same run. The server is this binary's `kiln serve` with its defaults (warm
+//! command and idle MiB per sandbox, each beside its counterpart on the raw runtime
+//! ([`kiln_driver::baseline::RawBaseline::interactive`]) measured in the same run. The server is this binary's `kiln serve` with its defaults (warm
 //! pool included) plus any `--serve-arg`.
 
 use std::io::{BufRead, Write};
@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use super::create_bench::{raw_image, EchoCommand};
 use super::tti_stats::{r2, result_entry, summarize, Summary};
+use crate::drivers::BenchRuntime;
+use kiln_driver::baseline::{InteractiveReport, RawBaseline};
+use kiln_server::templates::TemplateInfo;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,7 +35,7 @@ pub struct Args {
     /// Template the sandboxes start from.
     #[arg(long, default_value = "base")]
     template: String,
-    /// `commands.run("true")` round trips (and raw `runsc exec`s).
+    /// `commands.run("true")` round trips (and raw execs).
     #[arg(long, default_value_t = 40)]
     runs: usize,
     /// Pause/resume and fork rounds (and raw checkpoint/restore rounds).
@@ -40,7 +44,7 @@ pub struct Args {
     /// Idle sandboxes held while their memory is measured (0 skips it).
     #[arg(long, default_value_t = 10)]
     idle: usize,
-    /// Raw `runsc run` create → echo samples.
+    /// Raw create → echo samples.
     #[arg(long, default_value_t = 10)]
     raw: usize,
     /// Write ComputeSDK's result JSON (plus kiln's other figures under "kiln") here.
@@ -52,15 +56,8 @@ pub struct Args {
     /// Extra `kiln serve` flag for the measured server (repeatable), e.g. `--serve-arg=--pool-off`.
     #[arg(long = "serve-arg", allow_hyphen_values = true)]
     serve_args: Vec<String>,
-    /// gVisor platform (default: the fastest that works, as `kiln serve`).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
 }
 
 /// A `kiln serve` child; SIGTERM (then SIGKILL) when dropped.
@@ -88,7 +85,7 @@ impl Drop for Serve {
     }
 }
 
-fn start_serve(a: &Args, state: &Path, runsc: &Path, platform: &str) -> anyhow::Result<Serve> {
+fn start_serve(a: &Args, state: &Path, runtime: &BenchRuntime) -> anyhow::Result<Serve> {
     let log_path = state.with_extension("log");
     let log = std::fs::File::create(&log_path)?;
     let child = Command::new(std::env::current_exe()?)
@@ -101,8 +98,7 @@ fn start_serve(a: &Args, state: &Path, runsc: &Path, platform: &str) -> anyhow::
         ])
         .arg(state)
         .args(&a.serve_args)
-        .env(kiln_host::runsc::RUNSC_ENV, runsc)
-        .env("KILN_PLATFORM", platform)
+        .envs(runtime.serve_env())
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
@@ -141,7 +137,13 @@ fn start_serve(a: &Args, state: &Path, runsc: &Path, platform: &str) -> anyhow::
 }
 
 /// Runs the SDK client; answers its idle-ready line with the kiln sandboxes' PSS per sandbox.
-fn run_client(a: &Args, work: &Path, serve: &Serve, state: &Path) -> anyhow::Result<(Value, f64)> {
+fn run_client(
+    a: &Args,
+    work: &Path,
+    serve: &Serve,
+    state: &Path,
+    raw: &dyn RawBaseline,
+) -> anyhow::Result<(Value, f64)> {
     let script = work.join("tti.py");
     std::fs::write(&script, include_str!("tti.py"))?;
     let mut child = Command::new(&a.python)
@@ -166,10 +168,8 @@ fn run_client(a: &Args, work: &Path, serve: &Serve, state: &Path) -> anyhow::Res
         let line = line?;
         if line.starts_with("idle-ready ") {
             std::thread::sleep(Duration::from_secs(1));
-            let u = super::density::runsc_usage(state);
-            let sandboxes = std::fs::read_dir(state.join("gvisor/sandboxes"))
-                .map(|d| d.count())
-                .unwrap_or(0);
+            let u = raw.usage(state);
+            let sandboxes = crate::drivers::sandboxes_on_disk(state);
             if sandboxes > 0 {
                 idle_mib = u.pss_kib as f64 / 1024.0 / sandboxes as f64;
             }
@@ -192,6 +192,36 @@ fn run_client(a: &Args, work: &Path, serve: &Serve, state: &Path) -> anyhow::Res
     Ok((v, idle_mib))
 }
 
+/// The raw runtime's create → echo samples (ms), then its counterparts of the other figures
+/// on one idle container, in `work`.
+fn raw_counterparts(
+    a: &Args,
+    raw: &dyn RawBaseline,
+    tpl: &TemplateInfo,
+    work: &Path,
+) -> (Vec<f64>, InteractiveReport) {
+    let image = raw_image(tpl);
+    let mut tti = Vec::new();
+    let mut errors = Vec::new();
+    for i in 0..a.raw {
+        match raw.first_line(
+            work,
+            &image,
+            &EchoCommand::LoginShell.argv(),
+            "kiln-bench",
+            i,
+        ) {
+            Ok(d) => tti.push(d.as_secs_f64() * 1000.0),
+            Err(e) => errors.push(format!("raw create → echo: {e}")),
+        }
+    }
+    let login_true = ["/bin/bash", "-l", "-c", "true"].map(String::from);
+    let mut r = raw.interactive(work, &image, &login_true, a.runs, a.rounds);
+    errors.append(&mut r.errors);
+    r.errors = errors;
+    (tti, r)
+}
+
 fn ms_list(v: &Value) -> Vec<f64> {
     v.as_array()
         .map(|a| a.iter().filter_map(Value::as_f64).collect())
@@ -212,11 +242,10 @@ fn line(what: &str, kiln: &Summary, raw: &Summary) {
 /// Percentiles without ComputeSDK's trimming (for the side figures).
 fn plain(v: &[f64]) -> Summary {
     let mut s = summarize(v.len(), v);
-    let mut sorted = v.to_vec();
-    sorted.sort_by(|a, b| a.total_cmp(b));
-    s.median = super::tti_stats::quantile(&sorted, 0.5);
-    s.p95 = super::tti_stats::quantile(&sorted, 0.95);
-    s.p99 = super::tti_stats::quantile(&sorted, 0.99);
+    let sorted = super::stats::sorted(v);
+    s.median = super::stats::quantile(&sorted, 0.5);
+    s.p95 = super::stats::quantile(&sorted, 0.95);
+    s.p99 = super::stats::quantile(&sorted, 0.99);
     s
 }
 
@@ -226,48 +255,32 @@ fn pjson(s: &Summary) -> Value {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
+    let runtime = a.rt.resolve()?;
+    let baseline = runtime.baseline();
     let store = kiln_template::Store::open_default().context("opening the template store")?;
     let tpl = kiln_server::templates::Templates::lookup(&store, &a.template)?
         .with_context(|| format!("template {:?} is not built", a.template))?;
-    let base = a
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
-    std::fs::create_dir_all(&base)?;
-    // Short names: agent socket paths under the work dir must fit in 108 bytes.
-    let work = tempfile::Builder::new()
-        .prefix("tti")
-        .rand_bytes(4)
-        .tempdir_in(&base)?;
+    let work = a.rt.work("tti")?;
     let state = work.path().join("s");
     let (client, kiln_idle) = {
-        let serve = start_serve(&a, &state, &runsc, &platform)?;
-        eprintln!("kiln serve at {} ({platform})", serve.url);
-        run_client(&a, work.path(), &serve, &state)?
+        let serve = start_serve(&a, &state, &runtime)?;
+        eprintln!("kiln serve at {} ({})", serve.url, runtime.platform());
+        run_client(&a, work.path(), &serve, &state, baseline.as_ref())?
     };
-    eprintln!("raw runsc counterparts …");
-    let raw = super::tti_raw::measure(
-        &runsc,
-        &platform,
-        &tpl,
-        work.path(),
-        a.raw,
-        a.runs,
-        a.rounds,
-    );
+    eprintln!("raw {} counterparts …", baseline.tool());
+    let (tti, raw) = raw_counterparts(&a, baseline.as_ref(), &tpl, work.path());
     for e in &raw.errors {
         eprintln!("raw: {e}");
     }
 
-    let raw_tti = plain(&raw.tti);
+    let raw_tti = plain(&tti);
     let mut results = Vec::new();
     println!("create → first echo through the e2b SDK (ComputeSDK TTI; 5 % trimmed each end)");
     for m in client["modes"].as_array().cloned().unwrap_or_default() {
         let (entry, s) = result_entry(&m, a.n, a.stagger_ms);
         println!(
             "{:<11} {:>3}/{:<3} ok ({:>5.1} %)  min {:>7.1}  median {:>7.1}  p95 {:>7.1}  \
-             p99 {:>7.1} ms  composite {:>5.2}  (raw runsc p50 {:.1} ms: {:.2}x)",
+             p99 {:>7.1} ms  composite {:>5.2}  (raw {} p50 {:.1} ms: {:.2}x)",
             m["mode"].as_str().unwrap_or(""),
             s.ok,
             s.n,
@@ -277,6 +290,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             s.p95,
             s.p99,
             s.composite,
+            baseline.tool(),
             raw_tti.median,
             s.median / raw_tti.median
         );
@@ -299,11 +313,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     );
 
     if let Some(path) = &a.json {
+        let mut environment = json!({"client": "e2b python SDK", "platform": std::env::consts::OS,
+                                     "arch": std::env::consts::ARCH});
+        if let (Some(e), Some(r)) = (
+            environment.as_object_mut(),
+            runtime.environment().as_object(),
+        ) {
+            e.extend(r.clone());
+        }
         let out = json!({
             "version": "1.1",
             "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            "environment": {"client": "e2b python SDK", "platform": std::env::consts::OS,
-                            "arch": std::env::consts::ARCH, "gvisorPlatform": platform},
+            "environment": environment,
             "config": {"iterations": a.n, "timeoutMs": 120000},
             "results": results,
             "kiln": {

@@ -6,6 +6,8 @@
 
 use serde_json::{json, Value};
 
+use super::stats::quantile;
+
 /// The summary of one mode's iterations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
@@ -18,16 +20,6 @@ pub struct Summary {
     pub max: f64,
     pub success_rate: f64,
     pub composite: f64,
-}
-
-/// The `q` quantile of sorted `v` (linear interpolation between ranks; NaN when empty).
-pub fn quantile(v: &[f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let pos = q * (v.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
 /// ComputeSDK's score of one latency.
@@ -45,8 +37,7 @@ pub fn composite(median: f64, p95: f64, p99: f64, success_rate: f64) -> f64 {
 
 /// Summarises `n` iterations of which `ok_ms` (milliseconds) succeeded.
 pub fn summarize(n: usize, ok_ms: &[f64]) -> Summary {
-    let mut v = ok_ms.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
+    let v = super::stats::sorted(ok_ms);
     let trim = v.len() * 5 / 100;
     let kept = &v[trim..v.len() - trim];
     let success_rate = if n == 0 {

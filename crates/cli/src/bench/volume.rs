@@ -24,25 +24,14 @@ pub struct Args {
     /// Size of the file written and read, MiB.
     #[arg(long, default_value_t = 128)]
     mib: u32,
-    /// gVisor platform (default: the one `kiln serve` would pick here).
-    #[arg(long, env = "KILN_PLATFORM")]
-    platform: Option<String>,
-    /// runsc binary (default: the one `kiln serve` uses; see `kiln runtime show`).
-    #[arg(long, env = kiln_host::runsc::RUNSC_ENV)]
-    runsc: Option<PathBuf>,
-    /// Directory for the bench's temporary state (default: the kiln state dir).
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let store = kiln_template::Store::open_default().context("opening the template store")?;
     let templates: Arc<dyn Templates> = Arc::new(store);
-    let work_root = a
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| kiln_host::paths::state_dir().join("bench"));
-    std::fs::create_dir_all(&work_root)?;
+    let work_root = a.rt.work_root()?;
     tokio::runtime::Runtime::new()?.block_on(bench(a, templates, work_root))
 }
 
@@ -62,8 +51,7 @@ async fn timed(agent: &kiln_envd::EnvdClient, cmd: &str) -> anyhow::Result<f64> 
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
-    let (runsc, platform) = super::runtime(a.runsc.as_deref(), a.platform.clone())?;
-    let s = side(&work_root, "v", &runsc, &platform, None, &templates)?;
+    let s = side(&work_root, "v", &a.rt.resolve()?, None, &templates)?;
     s.manager
         .set_volumes_db(kiln_server::store::VolumesDb::open(
             &s.dir().join("kiln.db"),
