@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use super::provision::Origin;
 use super::{CreateParams, Manager};
 use crate::driver::SandboxSpec;
 use crate::error::{Error, Result};
-use crate::store::{now_ms, SandboxRecord, SandboxState, TemplateRecord};
+use crate::store::{SandboxRecord, TemplateRecord};
 use crate::templates::{self, TemplateInfo};
 
 /// The metadata key that turns on syscall-level auditing for a sandbox (`"true"`).
@@ -79,7 +80,7 @@ impl Manager {
         let pooled_ready = self.pool_ready(&name) > 0;
         let _ticket = self.admit(&admit_as, &quota, pooled_ready)?;
         if let Some(snap) = self.find_snapshot(&p.template_id, &team).await? {
-            return self.create_from_snapshot(p, snap, timeout).await;
+            return self.create_from_snapshot(&p, snap, timeout).await;
         }
         let tpl = self.lookup_template(&name).await?;
         // Recorded once per template version this server creates from (not on every create).
@@ -107,85 +108,22 @@ impl Manager {
             }
         }
 
-        // Syscall auditing and volumes start with the sandbox: never from a warm pool.
-        let syscalls = self.audit().enabled()
-            && p.metadata.get(SYSCALL_AUDIT_KEY).map(String::as_str) == Some("true");
-        // A warm pool's sandbox of this template, booted ahead of time, when there is one
-        // (never for a sandbox that mounts volumes); else a boot slot (waiting in the create
-        // queue for whichever comes first).
+        // Syscall auditing and volumes start with the sandbox: never from a warm pool. A warm
+        // pool's sandbox of this template, booted ahead of time, when there is one; else a
+        // boot slot (waiting in the create queue for whichever comes first).
         self.note_demand(&tpl.name);
-        let poolable = !syscalls && p.volume_mounts.is_empty();
-        let (pooled, permit) = match self.claim(&tpl.name, poolable).await? {
-            super::pool::Claim::Pooled(id) => (Some(id), None),
-            super::pool::Claim::Cold(permit) => (None, Some(permit)),
+        let poolable = !self.wants_syscall_audit(&p) && p.volume_mounts.is_empty();
+        let origin = match self.claim(&tpl.name, poolable).await? {
+            super::pool::Claim::Pooled(id) => Origin::Template {
+                pooled: Some(id),
+                permit: None,
+            },
+            super::pool::Claim::Cold(permit) => Origin::Template {
+                pooled: None,
+                permit: Some(permit),
+            },
         };
-        let id = pooled.clone().unwrap_or_else(super::new_sandbox_id);
-        let now = now_ms();
-        let mut record = SandboxRecord {
-            id: id.clone(),
-            template_id: tpl.name.clone(),
-            alias: Some(tpl.name.clone()),
-            client_id: "kiln".into(),
-            state: SandboxState::Starting,
-            metadata: p.metadata.clone(),
-            env_vars: p.env_vars.clone(),
-            cpu_count: self.cfg.default_cpu_count,
-            memory_mb: tpl.memory_mb.unwrap_or(self.cfg.default_memory_mb),
-            disk_size_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
-            envd_token: p.secure.then(|| crate::auth::random_hex(16)),
-            started_at_ms: now,
-            end_at_ms: now + (timeout as i64) * 1000,
-            ended_at_ms: None,
-            end_reason: None,
-            auto_pause: p.auto_pause,
-            driver: self.driver.name().to_string(),
-            pause_mode: None,
-            auto_resume: p.auto_resume,
-            auto_pause_memory: !p.auto_pause_filesystem_only,
-            team,
-        };
-        if let Err(e) = self.store.insert_sandbox(&record).await {
-            if pooled.is_some() {
-                let _ = self.driver.stop(&id).await;
-            }
-            return Err(e.into());
-        }
-        let mut spec = self.spec_for(&id, &tpl);
-        spec.syscall_audit = syscalls;
-        spec.volumes = match self.record_mounts(&id, &p.volume_mounts).await {
-            Ok(v) => v,
-            Err(e) => return Err(self.boot_failed(&id, e).await),
-        };
-        // A pooled sandbox is already booted: giving it its identity is not CPU-bound work and
-        // holds no boot slot; a cold boot holds its slot until the agent is initialised.
-        let network = p.network.as_ref();
-        let booted = self
-            .boot(&spec, &record, &tpl, pooled.is_some(), network)
-            .await;
-        drop(permit);
-        let phases = match booted {
-            Ok(p) => p,
-            Err(e) => return Err(self.boot_failed(&id, e).await),
-        };
-        record.state = SandboxState::Running;
-        // The clock starts when the sandbox is usable.
-        record.end_at_ms = now_ms() + (timeout as i64) * 1000;
-        self.store
-            .set_running(&id, record.end_at_ms, &tpl.name)
-            .await?;
-        self.registry.insert(record.clone());
-        self.event(
-            &id,
-            "created",
-            format!(
-                "template {} in {} ms ({phases}), timeout {}s",
-                tpl.name,
-                started.elapsed().as_millis(),
-                timeout
-            ),
-        )
-        .await;
-        Ok(record)
+        self.provision(&p, &tpl, origin, timeout, started).await
     }
 
     /// Gives a freshly booted agent the sandbox's identity and starts the template's start
@@ -227,7 +165,7 @@ impl Manager {
 
     /// Creates, starts and initialises the sandbox (a `pooled` one is already running: it is
     /// only initialised); returns how long each phase took.
-    async fn boot(
+    pub(super) async fn boot(
         &self,
         spec: &SandboxSpec,
         record: &SandboxRecord,

@@ -88,7 +88,7 @@ impl Manager {
             };
             let (snap, alias) = (snap.clone(), parent.alias.clone());
             async move {
-                let child = self.create_from_snapshot(p, snap, timeout).await;
+                let child = self.create_from_snapshot(&p, snap, timeout).await;
                 if let Ok(c) = &child {
                     self.registry.update(&c.id, |r| r.alias = alias);
                 }

@@ -1,7 +1,9 @@
 //! Sandbox lifecycle: the one service the API talks to.
 //!
-//! - [`create`](Manager::create) in `create.rs` (template lookup, driver create/start, agent
-//!   init, the template's start command in `start_cmd.rs` and its ready command in `ready.rs`);
+//! - [`create`](Manager::create) in `create.rs` (validation, admission, template lookup, the
+//!   warm-pool claim, driver create/start, agent init, the template's start command in
+//!   `start_cmd.rs` and its ready command in `ready.rs`); every create — fresh, pooled, from a
+//!   snapshot, a fork's child — passes the one pipeline in `provision.rs`;
 //! - timeouts, kill and the reaper here and in `reaper.rs`; runtimes that die on their own in
 //!   `watcher.rs`;
 //! - [`recover`](Manager::recover) after a restart in `recovery.rs`;
@@ -25,6 +27,7 @@ mod network;
 mod observe;
 mod pool;
 mod pool_demand;
+mod provision;
 mod ready;
 mod reaper;
 mod recovery;

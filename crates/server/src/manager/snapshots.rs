@@ -204,102 +204,24 @@ impl Manager {
     /// (`p.network`; `None`: the default) in force before anything runs.
     pub(super) async fn create_from_snapshot(
         &self,
-        p: CreateParams,
+        p: &CreateParams,
         snap: SnapshotRecord,
         timeout: u64,
     ) -> Result<SandboxRecord> {
-        let started = Instant::now();
         let tpl = self.lookup_template(&snap.template_id).await?;
-        let id = super::new_sandbox_id();
-        // The new sandbox's audit chain continues from its parent's.
-        self.audit()
-            .link(
-                &id,
-                &snap.sandbox_id,
-                serde_json::json!({ "snapshot": snap.id }),
-            )
-            .await;
-        let now = now_ms();
-        let mut env_vars = snap.env_vars.clone();
-        env_vars.extend(p.env_vars.clone());
-        let mut record = SandboxRecord {
-            id: id.clone(),
-            template_id: snap.template_id.clone(),
-            alias: Some(snap.name.clone().unwrap_or_else(|| tagged(&snap.id))),
-            client_id: "kiln".into(),
-            state: SandboxState::Starting,
-            metadata: p.metadata.clone(),
-            env_vars,
-            cpu_count: self.cfg.default_cpu_count,
-            memory_mb: tpl.memory_mb.unwrap_or(self.cfg.default_memory_mb),
-            disk_size_mb: self.cfg.default_disk_mb,
-            envd_token: p.secure.then(|| crate::auth::random_hex(16)),
-            started_at_ms: now,
-            end_at_ms: now + timeout as i64 * 1000,
-            ended_at_ms: None,
-            end_reason: None,
-            auto_pause: p.auto_pause,
-            driver: self.driver.name().to_string(),
-            pause_mode: None,
-            auto_resume: p.auto_resume,
-            auto_pause_memory: !p.auto_pause_filesystem_only,
-            team: p.team().to_string(),
-        };
-        self.store.insert_sandbox(&record).await?;
-        let mut spec = self.spec_for(&id, &tpl);
-        // The restored processes run at once: the egress policy is in force from the start.
-        if self.driver.has_network() {
-            if let Some(t) = p.network.as_ref().and_then(|n| n.transforms.as_ref()) {
-                if let Some(tokens) = &t.tokens {
-                    tokens.bind(&id);
-                }
-            }
-            spec.network = p.network.clone();
-        }
-        // Audited system calls, as for a create (a fork child has its parent's metadata).
-        spec.syscall_audit = self.audit().enabled()
-            && p.metadata
-                .get(super::create::SYSCALL_AUDIT_KEY)
-                .map(String::as_str)
-                == Some("true");
-        // The snapshot's memory holds its source's volume mounts: the new sandbox mounts the
-        // same volumes at the same paths.
-        let mounts = async {
-            let m = self.mounts_of(&snap.sandbox_id).await?;
-            self.record_mounts(&id, &m).await
-        };
-        spec.volumes = match mounts.await {
-            Ok(v) => v,
-            Err(e) => return Err(self.boot_failed(&id, e).await),
-        };
-        let restored = match self.boot_permit().await {
-            Ok(_permit) => self.restore_and_init(&snap, &spec, &record).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = restored {
-            return Err(self.boot_failed(&id, e).await);
-        }
-        record.state = SandboxState::Running;
-        record.end_at_ms = now_ms() + timeout as i64 * 1000;
-        self.store.set_end_at(&id, record.end_at_ms).await?;
-        self.store
-            .set_state(&id, SandboxState::Running, None)
-            .await?;
-        self.registry.insert(record.clone());
-        self.event(
-            &id,
-            "created",
-            format!(
-                "from snapshot {} in {} ms, timeout {timeout}s",
-                snap.id,
-                started.elapsed().as_millis()
-            ),
+        let started = Instant::now();
+        self.provision(
+            p,
+            &tpl,
+            super::provision::Origin::Snapshot(snap),
+            timeout,
+            started,
         )
-        .await;
-        Ok(record)
+        .await
     }
 
-    async fn restore_and_init(
+    /// Restores `snap` into the sandbox `spec` describes and gives its agent the new identity.
+    pub(super) async fn restore_and_init(
         &self,
         snap: &SnapshotRecord,
         spec: &SandboxSpec,
