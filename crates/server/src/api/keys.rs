@@ -80,7 +80,7 @@ pub async fn list(
         None if is_operator(&c) => None,
         None => Some(c.team.clone()),
     };
-    let keys = st.manager.store().list_keys().await.map_err(store_err)?;
+    let keys = st.access.list_keys().await.map_err(store_err)?;
     Ok(Json(
         keys.iter()
             .filter(|k| team.as_ref().is_none_or(|t| &k.team == t))
@@ -116,7 +116,7 @@ pub async fn create(
     if team != c.team && !is_operator(&c) {
         return Err(forbidden("creating a key for another team"));
     }
-    let k = crate::auth::create_team_key(st.manager.store().as_ref(), name, &team)
+    let k = crate::auth::create_team_key(st.access.as_ref(), name, &team)
         .await
         .map_err(store_err)?;
     tracing::info!(key = %k.record.id, team = %team, by = %c.key_id, "API key created");
@@ -131,7 +131,7 @@ pub async fn revoke(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let store = st.manager.store();
+    let store = &st.access;
     let keys = store.list_keys().await.map_err(store_err)?;
     let not_found = || ApiError::not_found(format!("API key {id:?} not found"));
     let k = keys
@@ -159,7 +159,7 @@ pub async fn revoke(
 
 /// `GET /teams`: the caller's team, or every team for the operator's, with quotas and use.
 pub async fn teams(State(st): St, Extension(c): Extension<Caller>) -> ApiResult<Json<Vec<Value>>> {
-    let store = st.manager.store();
+    let store = &st.access;
     let keys = store.list_keys().await.map_err(store_err)?;
     let mut names = vec![c.team.clone()];
     if is_operator(&c) {

@@ -147,6 +147,12 @@ pub struct ApiConfig {
 
 pub struct AppState {
     pub manager: Arc<Manager>,
+    /// Sandbox records, ended ones included (whose logs a team may read).
+    pub sandboxes: Arc<dyn crate::store::SandboxStore>,
+    /// API keys and teams (`/api-keys`, `/teams`, the console's sign-in).
+    pub access: Arc<dyn crate::store::AccessStore>,
+    /// The event log and the webhooks fed from it (`/events`, `/webhooks`).
+    pub events: Arc<dyn crate::store::EventStore>,
     pub cfg: ApiConfig,
     /// Idempotency keys of recent creates.
     pub idempotency: idempotency::Idempotency,
@@ -164,8 +170,12 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(manager: Arc<Manager>, cfg: ApiConfig) -> Self {
+        let store = manager.store().clone();
         Self {
-            idempotency: idempotency::Idempotency::with_store(manager.store().clone()),
+            idempotency: idempotency::Idempotency::with_store(store.clone()),
+            sandboxes: store.clone(),
+            access: store.clone(),
+            events: store,
             manager,
             cfg,
             vault: None,

@@ -164,8 +164,7 @@ async fn events_page(
         .unwrap_or_default();
     let sandbox_id = sandbox_id.or_else(|| q.get("sandboxId").or(q.get("sandboxID")).cloned());
     let page = st
-        .manager
-        .store()
+        .events
         .events_page(&EventQuery {
             after_seq: cursor,
             since_ms: since,

@@ -9,8 +9,7 @@ use crate::tenancy::{Caller, DEFAULT_TEAM};
 /// 404 unless sandbox `id` (running, paused or ended) belongs to `team`.
 pub(super) async fn check_owner(st: &AppState, id: &str, team: &str) -> ApiResult<()> {
     let rec = st
-        .manager
-        .store()
+        .sandboxes
         .get_sandbox(id)
         .await
         .map_err(crate::Error::from)?;

@@ -92,8 +92,7 @@ fn random_secret() -> String {
 }
 
 async fn find(st: &super::AppState, team: &str, id: &str) -> ApiResult<WebhookRecord> {
-    st.manager
-        .store()
+    st.events
         .get_webhook(team, id)
         .await
         .map_err(crate::Error::from)?
@@ -121,7 +120,7 @@ pub async fn create(State(st): St, Extension(c): Who, body: Bytes) -> ApiResult<
         Some(s) => s,
         None => random_secret(),
     };
-    let store = st.manager.store();
+    let store = &st.events;
     let team = c.team.as_str();
     if store
         .list_webhooks(team)
@@ -151,8 +150,7 @@ pub async fn create(State(st): St, Extension(c): Who, body: Bytes) -> ApiResult<
 /// `GET /webhooks`: the caller's team's webhooks (without secrets).
 pub async fn list(State(st): St, Extension(c): Who) -> ApiResult<Json<Vec<Value>>> {
     let list = st
-        .manager
-        .store()
+        .events
         .list_webhooks(&c.team)
         .await
         .map_err(crate::Error::from)?;
@@ -175,8 +173,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let gone = st
-        .manager
-        .store()
+        .events
         .delete_webhook(&c.team, &id)
         .await
         .map_err(crate::Error::from)?;
@@ -208,8 +205,7 @@ pub async fn deliveries(
         ),
     };
     let list = st
-        .manager
-        .store()
+        .events
         .deliveries(&id, before, limit)
         .await
         .map_err(crate::Error::from)?;
@@ -234,7 +230,7 @@ pub async fn test(State(st): St, Extension(c): Who, Path(id): Path<String>) -> A
         "event": {"timestamp": ts(crate::store::now_ms())},
     })
     .to_string();
-    let store = st.manager.store();
+    let store = &st.events;
     let did = store
         .enqueue_delivery(&w.id, "test", &payload)
         .await

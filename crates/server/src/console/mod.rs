@@ -56,7 +56,7 @@ impl ConsoleState {
     /// The request's live session.
     pub async fn current(&self, headers: &HeaderMap) -> Option<Session> {
         self.sessions
-            .current(self.app.manager.store().as_ref(), headers)
+            .current(self.app.access.as_ref(), headers)
             .await
     }
 }
@@ -165,7 +165,7 @@ async fn login(
     if key.is_empty() {
         return pages::sign_in(StatusCode::BAD_REQUEST, Some("Enter an API key."));
     }
-    let store = cs.app.manager.store().clone();
+    let store = cs.app.access.clone();
     match cs.sessions.sign_in(store.as_ref(), key).await {
         Ok((id, _)) => {
             let mut r = redirect("/console");
