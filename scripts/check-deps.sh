@@ -27,9 +27,8 @@ fi
 # gVisor names may appear in the doctor, `kiln runtime`, and the binary's wiring (`kiln serve`,
 # crates/cli/src/drivers.rs, which also builds the benches' runtime and raw baseline) only.
 allowed_gvisor='^crates/cli/src/(doctor|runtime|serve|drivers|main)\.rs:'
-# Known exceptions: the manager's runsc workarounds (they move into the driver with issue 24's
-# "Manager as services"), and test data naming the driver or a driver's host path.
-known_gvisor='^crates/server/src/manager/(sampler|lifecycle)\.rs:|^crates/server/src/api/error\.rs:.*state/gvisor/sandboxes|^crates/server/src/store/sqlite_tests\.rs:.*gvisor'
+# Test data naming the driver or a driver's host path is the one exception.
+known_gvisor='^crates/server/src/api/error\.rs:.*state/gvisor/sandboxes|^crates/server/src/store/sqlite_tests\.rs:.*gvisor'
 hits=$(grep -rniE 'gvisor|runsc' crates/server/src crates/cli/src --include='*.rs' | grep -vE "$allowed_gvisor" | grep -vE "$known_gvisor" || true)
 [ -z "$hits" ] || bad "gVisor names outside the allowed files:
 $hits"

@@ -62,7 +62,7 @@ impl Manager {
         };
         let t = Instant::now();
         if let Err(e) = self.driver.pause(id, memory).await {
-            // An older runsc stops the sandbox when its checkpoint fails: then it is gone.
+            // A runtime may stop the sandbox when its checkpoint fails: then it is gone.
             let running = self.driver.is_running(id).await.unwrap_or(false);
             if !running && !self.driver.is_paused(id).await.unwrap_or(false) {
                 drop(_guard);

@@ -74,10 +74,10 @@ impl Manager {
     /// while a pause, snapshot or fork detaches the agent's sockets; a sandbox no longer
     /// running is not asked (Conflict).
     ///
-    /// CPU and the memory size come from the driver (for gVisor: the host cgroup's files, no
-    /// process spawned); the memory in use is the guest's own view, which only the sentry
-    /// knows, through the agent (the sentry's `/proc/meminfo`), or the host's charge for the
-    /// sandbox when the agent does not answer.
+    /// CPU and the memory size come from the driver (read without spawning a process); the
+    /// memory in use is the guest's own view, which only the guest kernel knows, through the
+    /// agent (its `/proc/meminfo`), or the host's charge for the sandbox when the agent does
+    /// not answer.
     async fn take_sample(&self, r: &SandboxRecord) -> Result<(MetricSample, bool)> {
         let standby =
             || crate::error::Error::Conflict(format!("sandbox \"{}\" is in standby", r.id));
@@ -134,9 +134,9 @@ impl Manager {
             cpu_used_pct: pct,
             mem_used,
             mem_total,
-            // The guest's own page cache (gVisor keeps tmpfs and the file data it caches in
+            // The guest's own page cache (tmpfs and the file data the guest kernel caches in
             // its memory) and the host's cache of the sandbox's files (written through to the
-            // host by the runtime): disjoint, as the first is in the runtime's memfd.
+            // host by the runtime): disjoint, as the first is in the guest's memory.
             mem_cache: mem_cache.saturating_add(stats.mem_cache_bytes),
             disk_used,
             disk_total,
@@ -226,7 +226,7 @@ impl Manager {
                 .is_some_and(|r| r.state == SandboxState::Running)
                 && self.idle.standby_since(id).is_none();
             let mut stopped = running_here;
-            // Asked twice, a second apart, so one slow `runsc state` is not a death.
+            // Asked twice, a second apart, so one slow answer from the runtime is not a death.
             for i in 0..2 {
                 if !stopped {
                     break;
