@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use kiln_server::store::{
-    DeliveryRecord, DeliveryStatus, Event, IdempotentAnswer, KeyRecord, PauseMode, SandboxRecord,
-    SandboxState, SnapshotRecord, TeamRecord, TemplateRecord, WebhookRecord,
+    DeliveryRecord, DeliveryStatus, Event, IdempotentAnswer, Ingress, KeyRecord, PauseMode,
+    SandboxRecord, SandboxState, SnapshotRecord, TeamRecord, TemplateRecord, WebhookRecord,
 };
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +49,11 @@ pub struct SandboxDoc {
     pub auto_resume: bool,
     pub auto_pause_memory: bool,
     pub team: String,
+    /// Ingress (absent in the docs of kilns before it lived in the record: public).
+    #[serde(default)]
+    pub traffic_token: Option<String>,
+    #[serde(default)]
+    pub mask_request_host: Option<String>,
 }
 
 impl From<&SandboxRecord> for SandboxDoc {
@@ -75,6 +80,7 @@ impl From<&SandboxRecord> for SandboxDoc {
             auto_resume,
             auto_pause_memory,
             team,
+            ingress,
         } = s.clone();
         Self {
             id,
@@ -98,6 +104,8 @@ impl From<&SandboxRecord> for SandboxDoc {
             auto_resume,
             auto_pause_memory,
             team,
+            traffic_token: ingress.traffic_token,
+            mask_request_host: ingress.mask_request_host,
         }
     }
 }
@@ -126,6 +134,10 @@ impl From<SandboxDoc> for SandboxRecord {
             auto_resume: d.auto_resume,
             auto_pause_memory: d.auto_pause_memory,
             team: d.team,
+            ingress: Ingress {
+                traffic_token: d.traffic_token,
+                mask_request_host: d.mask_request_host,
+            },
         }
     }
 }

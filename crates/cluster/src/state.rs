@@ -3,8 +3,8 @@
 //! webhooks) takes txns of its own.
 
 use kiln_server::store::{
-    Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, KeyRecord, PauseMode, Result,
-    SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoredEvent, TeamRecord,
+    Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, Ingress, KeyRecord, PauseMode,
+    Result, SandboxRecord, SandboxState, SnapshotRecord, StateStore, StoredEvent, TeamRecord,
     TemplateRecord, WebhookRecord,
 };
 
@@ -29,6 +29,9 @@ impl StateStore for EtcdStore {
     }
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()> {
         Ok(self.set_end_at_doc(id, end_at_ms).await?)
+    }
+    async fn set_ingress(&self, id: &str, ingress: &Ingress) -> Result<()> {
+        Ok(self.set_ingress_doc(id, ingress).await?)
     }
     async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()> {
         Ok(self.set_running_doc(id, end_at_ms, template).await?)

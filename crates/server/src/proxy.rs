@@ -173,16 +173,14 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     };
     let mut host = HeaderValue::from_static("localhost");
     if target.port != kiln_proto::envd::ENVD_PORT {
-        let (required, mask) = match manager.network(id).await {
-            Ok(Some(p)) => (p.traffic_token, p.mask_request_host),
-            _ => (None, None),
-        };
-        if let Some(v) = mask.and_then(|m| {
-            HeaderValue::from_str(&m.replace("${PORT}", &target.port.to_string())).ok()
-        }) {
+        if let Some(v) = route
+            .ingress
+            .masked_host(target.port)
+            .and_then(|h| HeaderValue::from_str(&h).ok())
+        {
             host = v;
         }
-        if let Some(token) = required {
+        if let Some(token) = &route.ingress.traffic_token {
             let ok = req
                 .headers()
                 .get(TRAFFIC_TOKEN_HEADER)

@@ -143,6 +143,7 @@ impl Manager {
             auto_resume: p.auto_resume,
             auto_pause_memory: !p.auto_pause_filesystem_only,
             team,
+            ingress: p.ingress.clone(),
         };
         if let Err(e) = self.store.insert_sandbox(&record).await {
             if pooled.is_some() {

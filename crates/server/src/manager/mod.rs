@@ -170,6 +170,8 @@ pub struct CreateParams {
     pub allow_internet_access: Option<bool>,
     /// The egress policy asked for (`None`: the driver's default).
     pub network: Option<kiln_net::EgressPolicy>,
+    /// Who may reach the sandbox's ports, and the `Host` they see (default: public).
+    pub ingress: crate::store::Ingress,
     /// The team the sandbox will belong to (empty: [`crate::tenancy::DEFAULT_TEAM`]).
     pub team: String,
     /// Volumes to mount (see [`Manager::resolve_mounts`]).
@@ -192,6 +194,8 @@ impl CreateParams {
 pub struct Route {
     pub sandbox_id: String,
     pub envd_token: Option<String>,
+    /// Who may reach its other ports, and the `Host` they see.
+    pub ingress: crate::store::Ingress,
 }
 
 pub struct Manager {
@@ -451,6 +455,7 @@ impl Manager {
             .map(|r| Route {
                 sandbox_id: r.id,
                 envd_token: r.envd_token,
+                ingress: r.ingress,
             })
     }
 

@@ -244,6 +244,7 @@ impl Manager {
             auto_resume: p.auto_resume,
             auto_pause_memory: !p.auto_pause_filesystem_only,
             team: p.team().to_string(),
+            ingress: p.ingress.clone(),
         };
         self.store.insert_sandbox(&record).await?;
         let mut spec = self.spec_for(&id, &tpl);

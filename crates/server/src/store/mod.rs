@@ -99,6 +99,8 @@ pub trait StateStore: Send + Sync + 'static {
     /// Marks a sandbox paused, recording what its pause saved.
     async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()>;
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()>;
+    /// Records a sandbox's ingress settings (a sandbox of an older kiln, at recovery).
+    async fn set_ingress(&self, id: &str, ingress: &Ingress) -> Result<()>;
     /// A created sandbox became usable: running until `end_at_ms`, and one more spawn of
     /// `template` (one write, where a create used to make three).
     async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()>;
