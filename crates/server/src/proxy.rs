@@ -70,6 +70,28 @@ fn body_error(id: &str, e: axum::Error) -> Response {
     )
 }
 
+/// The answer when sandbox `id` takes no traffic.
+fn no_route(id: &str, why: crate::manager::NoRoute) -> Response {
+    use crate::manager::NoRoute;
+    match why {
+        NoRoute::WakeFailed => proxy_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            id,
+            format!("The sandbox {id} could not be woken from standby; retry"),
+        ),
+        NoRoute::Paused => proxy_error(
+            StatusCode::BAD_GATEWAY,
+            id,
+            format!("The sandbox {id} is paused: connect to it to resume it"),
+        ),
+        NoRoute::NotFound => proxy_error(
+            StatusCode::BAD_GATEWAY,
+            id,
+            format!("The sandbox {id} was not found: it does not exist, was killed or timed out"),
+        ),
+    }
+}
+
 fn proxy_error(status: StatusCode, sandbox_id: &str, message: String) -> Response {
     (
         status,
@@ -137,33 +159,14 @@ fn has_signature(uri: &http::Uri) -> bool {
 /// Forwards `req` to `target`.
 pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) -> Response {
     let id = target.sandbox_id.as_str();
-    manager.wait_adopted(id).await;
-    let why = match target.port {
-        kiln_proto::envd::ENVD_PORT => "an envd request".to_string(),
-        p => format!("traffic to port {p}"),
-    };
-    // `in_use` keeps the sandbox out of standby until the answer (or the upgraded
-    // connection) ends.
-    let Some((route, in_use)) = manager.route_resuming(id, &why).await else {
-        if manager.standby_since(id).is_some() {
-            return proxy_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                id,
-                format!("The sandbox {id} could not be woken from standby; retry"),
-            );
-        }
-        if manager.get(id).is_ok() {
-            return proxy_error(
-                StatusCode::BAD_GATEWAY,
-                id,
-                format!("The sandbox {id} is paused: connect to it to resume it"),
-            );
-        }
-        return proxy_error(
-            StatusCode::BAD_GATEWAY,
-            id,
-            format!("The sandbox {id} was not found: it does not exist, was killed or timed out"),
-        );
+    let crate::manager::PortRoute {
+        route,
+        client,
+        in_use,
+        audit,
+    } = match manager.open_route(id, target.port).await {
+        Ok(r) => r,
+        Err(why) => return no_route(id, why),
     };
     // The envd access token guards the agent's port; a sandbox's other ports are public
     // (E2B's default, allowPublicTraffic=true).
@@ -228,7 +231,6 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     let upgrade = wants_upgrade(req.headers());
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
-    let client = manager.port_client(id, target.port);
     let scheme = match req.extensions().get::<crate::edge::Https>() {
         Some(_) => "https",
         None => "http",
@@ -274,7 +276,7 @@ pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) 
     // Operations on the agent's port go on the sandbox's audit record.
     let mut tap = match target.port {
         kiln_proto::envd::ENVD_PORT if upgrade.is_none() => {
-            crate::audit::tap::Tap::begin(manager.audit(), id, &method, &parts.uri, &headers)
+            crate::audit::tap::Tap::begin(&audit, id, &method, &parts.uri, &headers)
         }
         _ => None,
     };

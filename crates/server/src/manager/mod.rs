@@ -11,6 +11,8 @@
 //! - standby of idle sandboxes (checkpointed to disk, woken by traffic) in `standby.rs`, their
 //!   idle bookkeeping in `idle.rs`.
 //!
+//! - what the proxy gets for each request (one call, [`Manager::open_route`]) in `route.rs`.
+//!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
 
@@ -29,6 +31,7 @@ mod ready;
 mod reaper;
 mod recovery;
 mod registry;
+mod route;
 mod sampler;
 mod snapshots;
 mod standby;
@@ -57,6 +60,7 @@ pub use observe::{Logs, MetricSample, TemplateView};
 pub use pool::parse_pool;
 pub use pool_demand::PoolPolicy;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
+pub use route::{NoRoute, PortRoute, Route};
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use standby::{census, parse_standby_after, Census, STANDBY_META};
 pub use start_cmd::START_CMD_EVENT;
@@ -187,15 +191,6 @@ impl CreateParams {
             &self.team
         }
     }
-}
-
-/// What the proxy needs to know about a sandbox before forwarding to it.
-#[derive(Debug, Clone)]
-pub struct Route {
-    pub sandbox_id: String,
-    pub envd_token: Option<String>,
-    /// Who may reach its other ports, and the `Host` they see.
-    pub ingress: crate::store::Ingress,
 }
 
 pub struct Manager {
@@ -445,27 +440,6 @@ impl Manager {
     /// Running and paused sandboxes, oldest first.
     pub fn list(&self) -> Vec<SandboxRecord> {
         self.registry.list()
-    }
-
-    /// Where the proxy sends traffic for `id` (None when it is not running).
-    pub fn route(&self, id: &str) -> Option<Route> {
-        self.registry
-            .get(id)
-            .filter(|r| r.state == SandboxState::Running)
-            .map(|r| Route {
-                sandbox_id: r.id,
-                envd_token: r.envd_token,
-                ingress: r.ingress,
-            })
-    }
-
-    /// A client for `port` inside sandbox `id` (raw HTTP through the driver's connect).
-    pub fn port_client(&self, id: &str, port: u16) -> kiln_envd::EnvdClient {
-        kiln_envd::EnvdClient::new(Arc::new(driver::SandboxConnector {
-            driver: self.driver.clone(),
-            id: id.to_string(),
-            port,
-        }))
     }
 
     /// A client for the agent of sandbox `id`, carrying its access token.
