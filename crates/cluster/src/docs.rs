@@ -516,3 +516,30 @@ impl From<DeliveryDoc> for DeliveryRecord {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox doc written by a kiln from before ingress settings lived in the record.
+    #[test]
+    fn a_sandbox_doc_without_ingress_fields_reads_as_public() {
+        let old = br#"{"id":"a","template_id":"base","alias":null,"client_id":"kiln",
+            "state":"running","metadata":{},"env_vars":{},"cpu_count":2,"memory_mb":512,
+            "disk_size_mb":1024,"envd_token":"t","started_at_ms":1,"end_at_ms":2,
+            "ended_at_ms":null,"end_reason":null,"auto_pause":false,"driver":"gvisor",
+            "pause_mode":null,"auto_resume":false,"auto_pause_memory":true,"team":"default"}"#;
+        let doc: SandboxDoc = parse(b"k", old).unwrap();
+        let rec = SandboxRecord::from(doc);
+        assert_eq!(rec.ingress, Ingress::default());
+        let private = SandboxRecord {
+            ingress: Ingress {
+                traffic_token: Some("tok".into()),
+                mask_request_host: Some("h:${PORT}".into()),
+            },
+            ..rec
+        };
+        let back: SandboxDoc = parse(b"k", &json(&SandboxDoc::from(&private))).unwrap();
+        assert_eq!(SandboxRecord::from(back), private);
+    }
+}
