@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use kiln_server::store::{
-    DeliveryRecord, DeliveryStatus, Event, IdempotentAnswer, KeyRecord, PauseMode, SandboxRecord,
-    SandboxState, SnapshotRecord, TeamRecord, TemplateRecord, WebhookRecord,
+    DeliveryRecord, DeliveryStatus, Event, IdempotentAnswer, Ingress, KeyRecord, PauseMode,
+    SandboxRecord, SandboxState, SnapshotRecord, TeamRecord, TemplateRecord, WebhookRecord,
 };
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +49,11 @@ pub struct SandboxDoc {
     pub auto_resume: bool,
     pub auto_pause_memory: bool,
     pub team: String,
+    /// Ingress (absent in the docs of kilns before it lived in the record: public).
+    #[serde(default)]
+    pub traffic_token: Option<String>,
+    #[serde(default)]
+    pub mask_request_host: Option<String>,
 }
 
 impl From<&SandboxRecord> for SandboxDoc {
@@ -75,6 +80,7 @@ impl From<&SandboxRecord> for SandboxDoc {
             auto_resume,
             auto_pause_memory,
             team,
+            ingress,
         } = s.clone();
         Self {
             id,
@@ -98,6 +104,8 @@ impl From<&SandboxRecord> for SandboxDoc {
             auto_resume,
             auto_pause_memory,
             team,
+            traffic_token: ingress.traffic_token,
+            mask_request_host: ingress.mask_request_host,
         }
     }
 }
@@ -126,6 +134,10 @@ impl From<SandboxDoc> for SandboxRecord {
             auto_resume: d.auto_resume,
             auto_pause_memory: d.auto_pause_memory,
             team: d.team,
+            ingress: Ingress {
+                traffic_token: d.traffic_token,
+                mask_request_host: d.mask_request_host,
+            },
         }
     }
 }
@@ -502,5 +514,32 @@ impl From<DeliveryDoc> for DeliveryRecord {
             last_status_code: d.last_status_code,
             last_error: d.last_error,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox doc written by a kiln from before ingress settings lived in the record.
+    #[test]
+    fn a_sandbox_doc_without_ingress_fields_reads_as_public() {
+        let old = br#"{"id":"a","template_id":"base","alias":null,"client_id":"kiln",
+            "state":"running","metadata":{},"env_vars":{},"cpu_count":2,"memory_mb":512,
+            "disk_size_mb":1024,"envd_token":"t","started_at_ms":1,"end_at_ms":2,
+            "ended_at_ms":null,"end_reason":null,"auto_pause":false,"driver":"gvisor",
+            "pause_mode":null,"auto_resume":false,"auto_pause_memory":true,"team":"default"}"#;
+        let doc: SandboxDoc = parse(b"k", old).unwrap();
+        let rec = SandboxRecord::from(doc);
+        assert_eq!(rec.ingress, Ingress::default());
+        let private = SandboxRecord {
+            ingress: Ingress {
+                traffic_token: Some("tok".into()),
+                mask_request_host: Some("h:${PORT}".into()),
+            },
+            ..rec
+        };
+        let back: SandboxDoc = parse(b"k", &json(&SandboxDoc::from(&private))).unwrap();
+        assert_eq!(SandboxRecord::from(back), private);
     }
 }

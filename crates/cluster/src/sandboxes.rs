@@ -2,7 +2,7 @@
 //! race on ([`EtcdStore::transition`]).
 
 use etcd_client::{KeyValue, TxnOp};
-use kiln_server::store::{now_ms, PauseMode, SandboxRecord, SandboxState, SnapshotRecord};
+use kiln_server::store::{now_ms, Ingress, PauseMode, SandboxRecord, SandboxState, SnapshotRecord};
 
 use crate::docs::{json, parse, SandboxDoc, SnapshotDoc, TemplateDoc};
 use crate::error::{ClusterError, Result};
@@ -123,6 +123,11 @@ impl EtcdStore {
 
     pub(crate) async fn set_end_at_doc(&self, id: &str, end_at_ms: i64) -> Result<()> {
         self.update_sandbox(id, |s| s.end_at_ms = end_at_ms).await
+    }
+
+    pub(crate) async fn set_ingress_doc(&self, id: &str, ingress: &Ingress) -> Result<()> {
+        self.update_sandbox(id, |s| s.ingress = ingress.clone())
+            .await
     }
 
     /// The sandbox becomes running until `end_at_ms` and its template counts one more spawn,

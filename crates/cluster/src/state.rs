@@ -4,8 +4,8 @@
 
 use kiln_server::store::{AccessStore, EventStore, IdempotencyStore, SandboxStore, TemplateStore};
 use kiln_server::store::{
-    Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, KeyRecord, PauseMode, Result,
-    SandboxRecord, SandboxState, SnapshotRecord, StoredEvent, TeamRecord, TemplateRecord,
+    Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, Ingress, KeyRecord, PauseMode,
+    Result, SandboxRecord, SandboxState, SnapshotRecord, StoredEvent, TeamRecord, TemplateRecord,
     WebhookRecord,
 };
 
@@ -30,6 +30,9 @@ impl SandboxStore for EtcdStore {
     }
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()> {
         Ok(self.set_end_at_doc(id, end_at_ms).await?)
+    }
+    async fn set_ingress(&self, id: &str, ingress: &Ingress) -> Result<()> {
+        Ok(self.set_ingress_doc(id, ingress).await?)
     }
     async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()> {
         Ok(self.set_running_doc(id, end_at_ms, template).await?)

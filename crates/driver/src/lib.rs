@@ -200,6 +200,11 @@ pub trait Driver: Send + Sync + 'static {
     async fn network(&self, _id: &str) -> Option<kiln_net::EgressPolicy> {
         None
     }
+    /// The ingress settings a kiln from before they lived in the sandbox record kept with
+    /// sandbox `id`'s network (`None`: none kept). Recovery carries them into the record.
+    async fn legacy_ingress(&self, _id: &str) -> Option<kiln_net::Ingress> {
+        None
+    }
     /// Tells `o` of every connection and DNS query of every sandbox's network (the audit
     /// log); set once, before or after sandboxes start.
     fn set_net_observer(&self, _o: NetObserver) {}

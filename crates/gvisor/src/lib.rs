@@ -492,6 +492,11 @@ impl Driver for GvisorDriver {
         self.net.as_ref()?.policy(id).await
     }
 
+    async fn legacy_ingress(&self, id: &str) -> Option<kiln_net::Ingress> {
+        check_id(id).ok()?;
+        self.net.as_ref()?.legacy_ingress(id)
+    }
+
     fn set_net_observer(&self, o: crate::driver::NetObserver) {
         if let Some(net) = &self.net {
             net.set_observer(o);

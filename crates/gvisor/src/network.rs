@@ -21,7 +21,7 @@ use std::time::Duration;
 use kiln_net::dns::DnsForwarder;
 use kiln_net::egress::EgressProxy;
 use kiln_net::flows::FlowLog;
-use kiln_net::{EgressPolicy, NetConfig, Slot, SlotPool, GATEWAY_ADDR, GUEST_ADDR};
+use kiln_net::{EgressPolicy, Ingress, NetConfig, Slot, SlotPool, GATEWAY_ADDR, GUEST_ADDR};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
@@ -43,9 +43,10 @@ struct NetFile {
     dns_servers: Vec<String>,
     #[serde(default)]
     https_ports: Vec<u16>,
-    #[serde(default)]
+    /// Ingress as kilns before the sandbox record held it wrote it: read, never written.
+    #[serde(default, skip_serializing)]
     traffic_token: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing)]
     mask_request_host: Option<String>,
 }
 
@@ -58,9 +59,17 @@ impl NetFile {
             deny_out: EgressPolicy::list_strings(&p.deny_out),
             dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
             https_ports: p.https_ports.clone(),
-            traffic_token: p.traffic_token.clone(),
-            mask_request_host: p.mask_request_host.clone(),
+            traffic_token: None,
+            mask_request_host: None,
         }
+    }
+    /// The ingress an older kiln recorded here (`None`: none).
+    fn legacy_ingress(&self) -> Option<Ingress> {
+        let i = Ingress {
+            traffic_token: self.traffic_token.clone(),
+            mask_request_host: self.mask_request_host.clone(),
+        };
+        (i != Ingress::default()).then_some(i)
     }
     fn policy(&self) -> Option<EgressPolicy> {
         EgressPolicy::from_lists(
@@ -72,8 +81,6 @@ impl NetFile {
         .ok()
         .map(|mut p| {
             p.https_ports = self.https_ports.clone();
-            p.traffic_token = self.traffic_token.clone();
-            p.mask_request_host = self.mask_request_host.clone();
             p
         })
     }
@@ -365,6 +372,12 @@ impl Network {
         self.leased(id, |l| l.policy.clone()).await
     }
 
+    /// The ingress settings an older kiln kept in sandbox `id`'s `net.json` (see
+    /// [`kiln_driver::Driver::legacy_ingress`]).
+    pub fn legacy_ingress(&self, id: &str) -> Option<Ingress> {
+        self.read_file(id)?.legacy_ingress()
+    }
+
     /// Frees the slot of sandbox `id` (whether this run or an earlier one leased it). Only the
     /// first of several detaches of one sandbox frees anything: the lease (or orphan record)
     /// is taken out atomically, so a repeated stop never tears down a slot that was rebuilt at
@@ -491,6 +504,21 @@ mod tests {
         set_netns_path(&mut v, Path::new("/run/netns/k1-0s"));
         assert_eq!(v["linux"]["namespaces"][1]["path"], "/run/netns/k1-0s");
         assert!(v["linux"]["namespaces"][0].get("path").is_none());
+    }
+
+    #[test]
+    fn ingress_is_read_from_an_older_net_json_and_never_written() {
+        let old = br#"{"slot":3,"allowInternetAccess":true,"allowOut":[],"denyOut":[],
+            "dnsServers":[],"trafficToken":"abc","maskRequestHost":"h:${PORT}"}"#;
+        let f: NetFile = serde_json::from_slice(old).unwrap();
+        let i = f.legacy_ingress().unwrap();
+        assert_eq!(i.traffic_token.as_deref(), Some("abc"));
+        assert_eq!(i.mask_request_host.as_deref(), Some("h:${PORT}"));
+        assert!(f.policy().is_some());
+        let new = serde_json::to_value(NetFile::new(3, &EgressPolicy::default())).unwrap();
+        assert!(new.get("trafficToken").is_none() && new.get("maskRequestHost").is_none());
+        let f: NetFile = serde_json::from_value(new).unwrap();
+        assert!(f.legacy_ingress().is_none());
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! byte-counting splice), [`flows`] (UDP and ICMP flows the ruleset decides, read as NFLOG
 //! packets and conntrack events with [`nfnl`]), [`observe`]
 //! (what the proxy and the forwarder tell the audit log), [`sweep`] (what killed servers left behind),
+//! [`ingress`] (who may reach a sandbox's ports; kept in the server's sandbox record),
 //! [`intercept`] (TLS interception for `network.rules` header transforms), [`upstream`] (an
 //! upstream SOCKS5 proxy for a sandbox's egress, E2B's `egressProxy`).
 
@@ -33,6 +34,7 @@ pub mod egress;
 mod egress_sock;
 pub mod flows;
 pub mod host;
+pub mod ingress;
 pub mod intercept;
 pub mod netns;
 pub mod nfnl;
@@ -51,6 +53,7 @@ pub mod upstream;
 use std::net::Ipv4Addr;
 
 pub use addr::Cidr;
+pub use ingress::Ingress;
 pub use policy::EgressPolicy;
 pub use pool::{NetConfig, SlotPool};
 pub use slot::Slot;

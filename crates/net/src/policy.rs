@@ -24,14 +24,6 @@ pub struct EgressPolicy {
     pub dns_servers: Vec<Ipv4Addr>,
     /// Ports besides 443 whose connections are named by TLS SNI (domain rules).
     pub https_ports: Vec<u16>,
-    /// Ingress, kept with the rest of the sandbox's network settings: the token traffic to
-    /// the sandbox's ports must carry (E2B's `allowPublicTraffic=false`); `None`: public.
-    #[serde(skip)]
-    pub traffic_token: Option<String>,
-    /// Ingress: the `Host` requests to the sandbox's ports carry (`${PORT}` is replaced by the
-    /// port; E2B's `maskRequestHost`); `None`: kiln's default.
-    #[serde(skip)]
-    pub mask_request_host: Option<String>,
     /// `network.rules` (header transforms) with what applying them needs; `None`: none.
     #[serde(skip)]
     pub transforms: Option<std::sync::Arc<crate::intercept::Transforms>>,
@@ -49,8 +41,6 @@ impl Default for EgressPolicy {
             deny_out: Vec::new(),
             dns_servers: Vec::new(),
             https_ports: Vec::new(),
-            traffic_token: None,
-            mask_request_host: None,
             transforms: None,
             egress_proxy: None,
         }
@@ -84,8 +74,6 @@ impl EgressPolicy {
             deny_out: parse(deny_out)?,
             dns_servers: dns,
             https_ports: Vec::new(),
-            traffic_token: None,
-            mask_request_host: None,
             transforms: None,
             egress_proxy: None,
         })

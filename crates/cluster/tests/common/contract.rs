@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use kiln_server::store::{
-    IdempotentAnswer, KeyRecord, PauseMode, SandboxRecord, SandboxState, SnapshotRecord,
+    IdempotentAnswer, Ingress, KeyRecord, PauseMode, SandboxRecord, SandboxState, SnapshotRecord,
     StateStore, TeamRecord, TemplateRecord,
 };
 
@@ -33,6 +33,7 @@ pub fn sample(id: &str, state: SandboxState) -> SandboxRecord {
         auto_resume: false,
         auto_pause_memory: true,
         team: "default".into(),
+        ingress: Default::default(),
     }
 }
 
@@ -40,6 +41,7 @@ pub fn sample(id: &str, state: SandboxState) -> SandboxRecord {
 pub async fn run(s: &dyn StateStore) {
     sandboxes_round_trip_and_change_state(s).await;
     pauses_are_recorded_with_their_mode(s).await;
+    ingress_settings_are_kept_and_replaced(s).await;
     expired_lists_only_running_sandboxes_past_their_end(s).await;
     keys_and_templates(s).await;
     teams(s).await;
@@ -133,6 +135,56 @@ async fn pauses_are_recorded_with_their_mode(s: &dyn StateStore) {
     );
     s.set_state("p", SandboxState::Killed, None).await.unwrap();
     assert!(s.expired(10_000).await.unwrap().is_empty());
+}
+
+async fn ingress_settings_are_kept_and_replaced(s: &dyn StateStore) {
+    let private = Ingress {
+        traffic_token: Some("traffic".into()),
+        mask_request_host: Some("app-${PORT}.local".into()),
+    };
+    let mut rec = sample("ing1", SandboxState::Running);
+    rec.ingress = private.clone();
+    s.insert_sandbox(&rec).await.unwrap();
+    s.insert_sandbox(&sample("ing2", SandboxState::Running))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get_sandbox("ing1").await.unwrap().unwrap().ingress,
+        private
+    );
+    assert!(s
+        .get_sandbox("ing2")
+        .await
+        .unwrap()
+        .unwrap()
+        .ingress
+        .is_public());
+    s.set_ingress("ing2", &private).await.unwrap();
+    s.set_ingress("ing1", &Ingress::default()).await.unwrap();
+    assert_eq!(
+        s.get_sandbox("ing2").await.unwrap().unwrap().ingress,
+        private
+    );
+    assert!(s
+        .get_sandbox("ing1")
+        .await
+        .unwrap()
+        .unwrap()
+        .ingress
+        .is_public());
+    // Only the ingress changed.
+    assert_eq!(
+        s.get_sandbox("ing1").await.unwrap().unwrap(),
+        sample("ing1", SandboxState::Running)
+    );
+    // A sandbox that does not exist: nothing changes, no error.
+    s.set_ingress("zzz", &private).await.unwrap();
+    assert!(s.get_sandbox("zzz").await.unwrap().is_none());
+    for id in ["ing1", "ing2"] {
+        s.set_state(id, SandboxState::Killed, Some("test"))
+            .await
+            .unwrap();
+    }
 }
 
 async fn expired_lists_only_running_sandboxes_past_their_end(s: &dyn StateStore) {

@@ -70,7 +70,12 @@ pub async fn snapshot_taken(st: &AppState, source: &str, snap: &str, team: &str)
     let Ok(Some(policy)) = st.manager.network(source).await else {
         return Ok(());
     };
-    let (internet, mut net) = super::network::info(Some(&policy));
+    let ingress = st
+        .manager
+        .get(source)
+        .map(|r| r.ingress)
+        .unwrap_or_default();
+    let (internet, mut net) = super::network::info(Some(&policy), &ingress);
     // The rules and egress proxy as the requests gave them (placeholders; the password).
     let stored = read(st, source, team).await?.unwrap_or(Value::Null);
     if let Some(m) = net.as_object_mut() {

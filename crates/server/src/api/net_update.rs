@@ -12,7 +12,8 @@ use super::wire::parse_json;
 use super::{ApiError, ApiResult, St};
 
 /// `PUT /sandboxes/{id}/network`: replaces `allowOut`, `denyOut`, `dnsServers` and `rules`
-/// (omitted ones are cleared); internet access and `httpsPorts` stay as created.
+/// (omitted ones are cleared); internet access and `httpsPorts` stay as created, and so do the
+/// ingress settings (the sandbox record's).
 pub async fn update(
     State(st): St,
     axum::Extension(c): axum::Extension<crate::tenancy::Caller>,
@@ -36,11 +37,6 @@ pub async fn update(
             .as_ref()
             .map(|p| p.https_ports.clone())
             .unwrap_or_default();
-    }
-    // Ingress is not part of the update: the traffic token and Host mask stay.
-    if let Some(c) = current {
-        policy.traffic_token = c.traffic_token;
-        policy.mask_request_host = c.mask_request_host;
     }
     let rules = policy.transforms.is_some();
     st.manager.set_network(&id, policy).await?;

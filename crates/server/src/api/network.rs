@@ -1,9 +1,9 @@
 //! The network part of E2B's API: create's `allow_internet_access` and `network` (the wire
-//! shape and the egress policy it makes), and what get_info reports. `PUT
+//! shape, the egress policy and the ingress settings it makes), and what get_info reports. `PUT
 //! /sandboxes/{id}/network` is [`super::net_update`].
 
 use kiln_net::upstream::EgressProxyConfig;
-use kiln_net::EgressPolicy;
+use kiln_net::{EgressPolicy, Ingress};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -57,22 +57,41 @@ pub fn policy_of(
     if policy.https_ports.contains(&0) {
         return Err(ApiError::bad_request("httpsPorts: 0 is not a port"));
     }
-    if n.allow_public_traffic == Some(false) {
-        policy.traffic_token = Some(crate::auth::random_hex(16));
-    }
-    if let Some(mask) = &n.mask_request_host {
-        if mask.is_empty() || http::HeaderValue::from_str(&mask.replace("${PORT}", "1")).is_err() {
-            return Err(ApiError::bad_request(format!(
-                "maskRequestHost {mask:?} is not a valid Host header value"
-            )));
-        }
-        policy.mask_request_host = Some(mask.clone());
-    }
+    check_mask(n)?;
     Ok(Some(policy))
 }
 
-/// `allowInternetAccess` and `network` of get_info.
-pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
+/// Refuses a `maskRequestHost` that does not make a valid `Host` header.
+fn check_mask(n: &NetworkJson) -> ApiResult<()> {
+    match &n.mask_request_host {
+        Some(mask)
+            if mask.is_empty()
+                || http::HeaderValue::from_str(&mask.replace("${PORT}", "1")).is_err() =>
+        {
+            Err(ApiError::bad_request(format!(
+                "maskRequestHost {mask:?} is not a valid Host header value"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The ingress settings of a create's `network`: `allowPublicTraffic=false` mints the
+/// sandbox's traffic access token; `maskRequestHost` must make a valid `Host` header.
+pub fn ingress_of(net: Option<&NetworkJson>) -> ApiResult<Ingress> {
+    let Some(n) = net else {
+        return Ok(Ingress::default());
+    };
+    check_mask(n)?;
+    Ok(Ingress {
+        traffic_token: (n.allow_public_traffic == Some(false)).then(|| crate::auth::random_hex(16)),
+        mask_request_host: n.mask_request_host.clone(),
+    })
+}
+
+/// `allowInternetAccess` and `network` of get_info, from the egress policy in force and the
+/// sandbox's ingress settings.
+pub fn info(policy: Option<&EgressPolicy>, ingress: &Ingress) -> (bool, Value) {
     match policy {
         None => (false, Value::Null),
         Some(p) => (p.allow_internet_access, {
@@ -80,9 +99,9 @@ pub fn info(policy: Option<&EgressPolicy>) -> (bool, Value) {
                 "allowOut": EgressPolicy::list_strings(&p.allow_out),
                 "denyOut": EgressPolicy::list_strings(&p.deny_out),
                 "dnsServers": p.dns_servers.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-                "allowPublicTraffic": p.traffic_token.is_none(),
+                "allowPublicTraffic": ingress.is_public(),
                 "httpsPorts": p.https_ports,
-                "maskRequestHost": p.mask_request_host,
+                "maskRequestHost": ingress.mask_request_host,
             });
             // Only when set: the SDK cannot parse a null `rules`.
             if let Some(t) = &p.transforms {
@@ -113,7 +132,8 @@ mod tests {
         };
         let p = policy_of(None, Some(&n)).unwrap().unwrap();
         assert!(p.allow_internet_access);
-        assert_eq!(info(Some(&p)).1["allowOut"][0], "198.51.100.0/24");
+        let public = Ingress::default();
+        assert_eq!(info(Some(&p), &public).1["allowOut"][0], "198.51.100.0/24");
         let bad = NetworkJson {
             deny_out: Some(vec!["not an address!".into()]),
             ..Default::default()
@@ -130,14 +150,47 @@ mod tests {
         let p = policy_of(None, Some(&dom)).unwrap().unwrap();
         assert_eq!(p.domains(), vec!["*.example.com"]);
         assert_eq!(p.https_ports, vec![8443]);
-        assert_eq!(info(Some(&p)).1["httpsPorts"][0], 8443);
-        assert_eq!(info(None), (false, Value::Null));
+        assert_eq!(info(Some(&p), &public).1["httpsPorts"][0], 8443);
+        assert_eq!(info(None, &public), (false, Value::Null));
         let private = NetworkJson {
             allow_public_traffic: Some(false),
             ..Default::default()
         };
         let p = policy_of(None, Some(&private)).unwrap().unwrap();
-        assert_eq!(p.traffic_token.as_ref().map(String::len), Some(32));
-        assert_eq!(info(Some(&p)).1["allowPublicTraffic"], false);
+        let i = ingress_of(Some(&private)).unwrap();
+        assert_eq!(i.traffic_token.as_ref().map(String::len), Some(32));
+        assert_eq!(info(Some(&p), &i).1["allowPublicTraffic"], false);
+        assert_eq!(info(Some(&p), &public).1["allowPublicTraffic"], true);
+    }
+
+    #[test]
+    fn request_ingress() {
+        assert_eq!(ingress_of(None).unwrap(), Ingress::default());
+        assert_eq!(
+            ingress_of(Some(&NetworkJson::default())).unwrap(),
+            Ingress::default()
+        );
+        let masked = NetworkJson {
+            mask_request_host: Some("app-${PORT}.local".into()),
+            allow_public_traffic: Some(true),
+            ..Default::default()
+        };
+        let i = ingress_of(Some(&masked)).unwrap();
+        assert!(i.is_public());
+        assert_eq!(i.masked_host(3000).as_deref(), Some("app-3000.local"));
+        assert_eq!(
+            info(Some(&EgressPolicy::default()), &i).1["maskRequestHost"],
+            "app-${PORT}.local"
+        );
+        for bad in ["", "bad\nhost"] {
+            let n = NetworkJson {
+                mask_request_host: Some(bad.replace("\\n", "\n")),
+                ..Default::default()
+            };
+            assert_eq!(
+                ingress_of(Some(&n)).unwrap_err().status,
+                StatusCode::BAD_REQUEST
+            );
+        }
     }
 }

@@ -73,7 +73,8 @@ async fn create_inner(
     }
     let network =
         super::rules::with_rules(&st, &c.team, net_req.as_ref(), &tokens, network).await?;
-    let traffic_token = network.as_ref().and_then(|p| p.traffic_token.clone());
+    let ingress = super::network::ingress_of(net_req.as_ref())?;
+    let traffic_token = ingress.traffic_token.clone();
     let keep_network = !tokens.is_empty()
         || network
             .as_ref()
@@ -115,6 +116,7 @@ async fn create_inner(
         auto_pause_filesystem_only: req.auto_pause_memory == Some(false),
         allow_internet_access: internet,
         network,
+        ingress,
         team: c.team,
         volume_mounts,
     };
@@ -148,7 +150,8 @@ pub async fn get_sandbox(
 ) -> ApiResult<Json<Value>> {
     let r = st.manager.get_for(&id, &c.team)?;
     let mut v = detail_json(&r, &st.cfg.domain, st.manager.standby_since(&id));
-    let (internet, network) = super::network::info(st.manager.network(&id).await?.as_ref());
+    let policy = st.manager.network(&id).await?;
+    let (internet, network) = super::network::info(policy.as_ref(), &r.ingress);
     v["allowInternetAccess"] = json!(internet);
     // No network: no `network` key (the e2b SDK cannot parse a null one).
     if !network.is_null() {

@@ -84,6 +84,7 @@ impl Manager {
                 auto_pause_filesystem_only: !parent.auto_pause_memory,
                 team: parent.team.clone(),
                 network: network.clone(),
+                ingress: parent.ingress.clone(),
                 ..Default::default()
             };
             let (snap, alias) = (snap.clone(), parent.alias.clone());

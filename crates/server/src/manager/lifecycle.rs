@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use super::create::init_request;
-use super::{InUse, Manager};
+use super::Manager;
 use crate::error::{Error, Result};
 use crate::store::{now_ms, PauseMode, SandboxRecord, SandboxState};
 
@@ -185,30 +185,5 @@ impl Manager {
         self.wake(id, "connect").await?;
         self.used(id);
         Ok((self.extend(id, secs, "connected").await?, false))
-    }
-
-    /// Where the proxy sends traffic for `id` (`why`: for the `wake` event), and the guard
-    /// that keeps it awake while the traffic flows: a sandbox paused with autoResume is resumed
-    /// first (for the default timeout), one in standby woken. None when it is neither running
-    /// nor resumable, or could not be woken.
-    pub async fn route_resuming(&self, id: &str, why: &str) -> Option<(super::Route, InUse)> {
-        if self.route(id).is_none() {
-            let rec = self.registry.get(id)?;
-            if rec.state != SandboxState::Paused || !rec.auto_resume {
-                return None;
-            }
-            let secs = self.cfg.default_timeout_secs as i64;
-            if let Err(e) = self.resume(id, true, secs).await {
-                tracing::warn!(sandbox = id, error = %e, "auto-resuming on traffic");
-            }
-        }
-        let route = self.route(id)?;
-        match self.use_sandbox(id, why).await {
-            Ok(guard) => Some((route, guard)),
-            Err(e) => {
-                tracing::warn!(sandbox = id, error = %e, "waking on traffic");
-                None
-            }
-        }
     }
 }

@@ -13,6 +13,8 @@
 //! - standby of idle sandboxes (checkpointed to disk, woken by traffic) in `standby.rs`, their
 //!   idle bookkeeping in `idle.rs`.
 //!
+//! - what the proxy gets for each request (one call, [`Manager::open_route`]) in `route.rs`.
+//!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
 
@@ -32,6 +34,7 @@ mod ready;
 mod reaper;
 mod recovery;
 mod registry;
+mod route;
 mod sampler;
 mod snapshots;
 mod standby;
@@ -60,6 +63,7 @@ pub use observe::{Logs, MetricSample, TemplateView};
 pub use pool::parse_pool;
 pub use pool_demand::PoolPolicy;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
+pub use route::{NoRoute, PortRoute, Route};
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use standby::{census, parse_standby_after, Census, STANDBY_META};
 pub use start_cmd::START_CMD_EVENT;
@@ -173,6 +177,8 @@ pub struct CreateParams {
     pub allow_internet_access: Option<bool>,
     /// The egress policy asked for (`None`: the driver's default).
     pub network: Option<kiln_net::EgressPolicy>,
+    /// Who may reach the sandbox's ports, and the `Host` they see (default: public).
+    pub ingress: crate::store::Ingress,
     /// The team the sandbox will belong to (empty: [`crate::tenancy::DEFAULT_TEAM`]).
     pub team: String,
     /// Volumes to mount (see [`Manager::resolve_mounts`]).
@@ -188,13 +194,6 @@ impl CreateParams {
             &self.team
         }
     }
-}
-
-/// What the proxy needs to know about a sandbox before forwarding to it.
-#[derive(Debug, Clone)]
-pub struct Route {
-    pub sandbox_id: String,
-    pub envd_token: Option<String>,
 }
 
 pub struct Manager {
@@ -444,26 +443,6 @@ impl Manager {
     /// Running and paused sandboxes, oldest first.
     pub fn list(&self) -> Vec<SandboxRecord> {
         self.registry.list()
-    }
-
-    /// Where the proxy sends traffic for `id` (None when it is not running).
-    pub fn route(&self, id: &str) -> Option<Route> {
-        self.registry
-            .get(id)
-            .filter(|r| r.state == SandboxState::Running)
-            .map(|r| Route {
-                sandbox_id: r.id,
-                envd_token: r.envd_token,
-            })
-    }
-
-    /// A client for `port` inside sandbox `id` (raw HTTP through the driver's connect).
-    pub fn port_client(&self, id: &str, port: u16) -> kiln_envd::EnvdClient {
-        kiln_envd::EnvdClient::new(Arc::new(driver::SandboxConnector {
-            driver: self.driver.clone(),
-            id: id.to_string(),
-            port,
-        }))
     }
 
     /// A client for the agent of sandbox `id`, carrying its access token.

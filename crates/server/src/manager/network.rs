@@ -1,5 +1,6 @@
 //! Sandbox egress policy: applied at create (before the sandbox runs), replaced while it
-//! runs, reported by get_info. The driver enforces it.
+//! runs, reported by get_info. The driver enforces it. (Ingress settings are the sandbox
+//! record's, see [`crate::store::Ingress`].)
 
 use kiln_net::EgressPolicy;
 
@@ -76,9 +77,9 @@ impl Manager {
     }
 
     /// The egress policy a child of sandbox `id` (a fork) starts with: its parent's, lists,
-    /// rules, egress proxy and ingress settings alike, without the parent's workload identity
-    /// tokens (children mint none: a rule naming one fails its requests closed). `None`: the
-    /// parent has no network.
+    /// rules and egress proxy alike, without the parent's workload identity tokens (children
+    /// mint none: a rule naming one fails its requests closed). `None`: the parent has no
+    /// network. (The child's record takes its parent's ingress settings.)
     pub(super) async fn network_for_child(&self, id: &str) -> Option<EgressPolicy> {
         let mut p = self.driver.network(id).await?;
         if let Some(t) = p.transforms.as_ref().filter(|t| t.tokens.is_some()) {

@@ -156,6 +156,7 @@ impl Manager {
             auto_resume: p.auto_resume,
             auto_pause_memory: !p.auto_pause_filesystem_only,
             team: p.team().to_string(),
+            ingress: p.ingress.clone(),
         }
     }
 

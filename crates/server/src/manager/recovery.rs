@@ -15,7 +15,7 @@ use futures::StreamExt;
 
 use super::Manager;
 use crate::error::{Error, Result};
-use crate::store::{PauseMode, SandboxRecord, SandboxState};
+use crate::store::{Ingress, PauseMode, SandboxRecord, SandboxState};
 
 /// Sandboxes looked at concurrently during recovery.
 pub const ADOPT_CONCURRENCY: usize = 16;
@@ -159,7 +159,25 @@ impl Manager {
         false
     }
 
+    /// A sandbox of a kiln from before ingress settings lived in the record has them only
+    /// with its driver: they go into the record before it is routed to (or its ports would be
+    /// public).
+    async fn carry_legacy_ingress(&self, rec: &mut SandboxRecord) -> Result<()> {
+        if rec.ingress != Ingress::default() {
+            return Ok(());
+        }
+        if let Some(ingress) = self.driver.legacy_ingress(&rec.id).await {
+            self.store.set_ingress(&rec.id, &ingress).await?;
+            tracing::info!(sandbox = %rec.id, "ingress settings carried into the sandbox record");
+            rec.ingress = ingress;
+        }
+        Ok(())
+    }
+
     async fn recover_one(&self, mut rec: SandboxRecord) -> Result<Outcome> {
+        if rec.state != SandboxState::Starting {
+            self.carry_legacy_ingress(&mut rec).await?;
+        }
         // Paused on the host (also when the server died between the driver's pause and the
         // store's update): it stays paused, or in standby when that is how it was left.
         if rec.state != SandboxState::Starting

@@ -296,6 +296,7 @@ mod tests {
             auto_resume: false,
             auto_pause_memory: true,
             team: String::new(),
+            ingress: Default::default(),
         }
     }
 

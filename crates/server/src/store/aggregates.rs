@@ -13,8 +13,8 @@ use crate::obs::ring::MetricSample;
 
 use super::alerts_sql::{AlertFilter, AlertRecord};
 use super::{
-    Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, KeyRecord, PauseMode, Result,
-    SandboxRecord, SandboxState, SnapshotRecord, StoredEvent, TeamRecord, TemplateRecord,
+    Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, Ingress, KeyRecord, PauseMode,
+    Result, SandboxRecord, SandboxState, SnapshotRecord, StoredEvent, TeamRecord, TemplateRecord,
     WebhookRecord,
 };
 
@@ -84,6 +84,8 @@ pub trait SandboxStore: Send + Sync + 'static {
     /// Marks a sandbox paused, recording what its pause saved.
     async fn set_paused(&self, id: &str, mode: PauseMode) -> Result<()>;
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()>;
+    /// Records a sandbox's ingress settings (a sandbox of an older kiln, at recovery).
+    async fn set_ingress(&self, id: &str, ingress: &Ingress) -> Result<()>;
     /// A created sandbox became usable: running until `end_at_ms`, and one more spawn of
     /// `template` (one write, where a create used to make three).
     async fn set_running(&self, id: &str, end_at_ms: i64, template: &str) -> Result<()>;

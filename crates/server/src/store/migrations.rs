@@ -385,6 +385,13 @@ pub const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE tpl_layers ADD COLUMN files_hash TEXT;
     ",
+    // 18: a sandbox's ingress settings (E2B's `trafficAccessToken` of `allowPublicTraffic=false`
+    // and `maskRequestHost`; NULL: public, kiln's Host), which the proxy reads from the record.
+    // A sandbox of an older kiln gets them from its driver at recovery.
+    "
+    ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;
+    ALTER TABLE sandboxes ADD COLUMN mask_request_host TEXT;
+    ",
 ];
 
 /// Schema version this kiln writes.

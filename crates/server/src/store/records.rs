@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use kiln_net::Ingress;
+
 /// Where a sandbox is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -101,6 +103,8 @@ pub struct SandboxRecord {
     pub auto_pause_memory: bool,
     /// The team that owns it (the team of the API key that created it).
     pub team: String,
+    /// Who may reach its ports other than the agent's, and the `Host` they see.
+    pub ingress: Ingress,
 }
 
 /// One API key row (the key itself is never stored, only its SHA-256).

@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::rows::{finish, finish_snapshot, key_from_row, sandbox_from_row, snapshot_from_row};
 use super::{idempotency_sql, migrations, obs_sql, IdempotentAnswer};
 use super::{
-    now_ms, teams, Attempt, DeliveryRecord, Event, EventQuery, KeyRecord, PauseMode, Result,
-    SandboxRecord, SandboxState, SnapshotRecord, StoreError, StoredEvent, TeamRecord,
+    now_ms, teams, Attempt, DeliveryRecord, Event, EventQuery, Ingress, KeyRecord, PauseMode,
+    Result, SandboxRecord, SandboxState, SnapshotRecord, StoreError, StoredEvent, TeamRecord,
     TemplateRecord, WebhookRecord,
 };
 use super::{AccessStore, EventStore, IdempotencyStore, SandboxStore, TemplateStore};
@@ -119,9 +119,9 @@ impl SandboxStore for SqliteStore {
                 "INSERT INTO sandboxes (id, template_id, alias, client_id, state, metadata,
                    env_vars, cpu_count, memory_mb, disk_size_mb, envd_token, started_at, end_at,
                    ended_at, end_reason, auto_pause, driver, pause_mode, auto_resume,
-                   auto_pause_memory, team)
+                   auto_pause_memory, team, traffic_token, mask_request_host)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                   ?17, ?18, ?19, ?20, ?21)",
+                   ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
                 params![
                     s.id,
                     s.template_id,
@@ -144,6 +144,8 @@ impl SandboxStore for SqliteStore {
                     s.auto_resume as i64,
                     s.auto_pause_memory as i64,
                     s.team,
+                    s.ingress.traffic_token,
+                    s.ingress.mask_request_host,
                 ],
             )?;
             Ok(())
@@ -204,6 +206,19 @@ impl SandboxStore for SqliteStore {
         })
         .await
     }
+
+    async fn set_ingress(&self, id: &str, ingress: &Ingress) -> Result<()> {
+        let (id, i) = (id.to_string(), ingress.clone());
+        self.with(move |c| {
+            c.execute(
+                "UPDATE sandboxes SET traffic_token = ?2, mask_request_host = ?3 WHERE id = ?1",
+                params![id, i.traffic_token, i.mask_request_host],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<()> {
         let id = id.to_string();
         self.with(move |c| {

@@ -26,7 +26,42 @@ pub(crate) fn sample(id: &str, state: SandboxState) -> SandboxRecord {
         auto_resume: false,
         auto_pause_memory: true,
         team: "default".into(),
+        ingress: Default::default(),
     }
+}
+
+#[tokio::test]
+async fn ingress_settings_are_kept_and_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let private = kiln_net::Ingress {
+        traffic_token: Some("traffic".into()),
+        mask_request_host: Some("app-${PORT}.local".into()),
+    };
+    {
+        let s = SqliteStore::open(&db).unwrap();
+        let mut rec = sample("i", SandboxState::Running);
+        rec.ingress = private.clone();
+        s.insert_sandbox(&rec).await.unwrap();
+        s.insert_sandbox(&sample("j", SandboxState::Running))
+            .await
+            .unwrap();
+    }
+    let s = SqliteStore::open(&db).unwrap();
+    assert_eq!(s.get_sandbox("i").await.unwrap().unwrap().ingress, private);
+    assert!(s
+        .get_sandbox("j")
+        .await
+        .unwrap()
+        .unwrap()
+        .ingress
+        .is_public());
+    s.set_ingress("j", &private).await.unwrap();
+    assert_eq!(s.get_sandbox("j").await.unwrap().unwrap().ingress, private);
+    s.set_ingress("i", &Default::default()).await.unwrap();
+    let listed = s.list_sandboxes(&[SandboxState::Running]).await.unwrap();
+    assert_eq!(listed[0].ingress, kiln_net::Ingress::default());
+    assert_eq!(listed[1].ingress, private);
 }
 
 #[tokio::test]
@@ -227,6 +262,7 @@ async fn upgrade_from_the_unversioned_schema_keeps_data() {
     assert_eq!(r.state, SandboxState::Running);
     assert_eq!(r.metadata.get("team").map(String::as_str), Some("a"));
     assert_eq!(r.envd_token.as_deref(), Some("tok"));
+    assert!(r.ingress.is_public(), "no ingress settings in an old row");
     let t = s.get_template("base").await.unwrap().unwrap();
     assert_eq!((t.spawn_count, t.image), (3, None));
     assert!(s.key_by_hash("hash1").await.unwrap().is_some());
