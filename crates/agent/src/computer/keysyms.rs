@@ -160,8 +160,8 @@ const NAMED: &[(&str, u32)] = &[
 ];
 
 /// The keysym of a character: Latin-1 characters are their own keysyms, others are Unicode
-/// keysyms (0x0100_0000 + code point); a newline is Return and a tab is Tab, as xdotool types
-/// them.
+/// keysyms (0x0100_0000 + code point); a newline (or carriage return) is Return, so typed lines
+/// end as Enter ends them in terminals, editors and dialogs alike, and a tab is Tab.
 pub fn of_char(c: char) -> u32 {
     match c {
         '\n' | '\r' => 0xff0d,
