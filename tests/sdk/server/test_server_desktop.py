@@ -302,6 +302,32 @@ def test_computer_use_actions(net_server, desk):
         h.kill()
 
 
+def test_actions_type_text_into_a_window(net_server, desk):
+    """Keys sent through the action API reach a window: text with characters outside the
+    keyboard layout (mapped onto a free keycode for the moment, then the keycode is given back)
+    is typed into kiln-notepad, saved with Ctrl+S and read back from its file."""
+    path = "/tmp/typed-actions.txt"
+    keymap = desk.commands.run("xmodmap -pke").stdout
+    desk.commands.run(f"rm -f {path}")
+    h = desk.commands.run(f"exec kiln-notepad {path}", background=True, timeout=0)
+    try:
+        wait_for(lambda: windows(desk, f"kiln-notepad: {path}"), "the text window")
+        time.sleep(0.5)
+        text = "Grüße, Zoë: 日本 € 3½\nline Two"
+        status, r = actions(net_server, desk, {"actions": [
+            {"action": "left_click", "coordinate": [200, 120]},
+            {"action": "type", "text": text},
+            {"type": "keypress", "keys": ["CTRL", "s"]},
+        ], "screenshot": True})
+        assert status == 200, r
+        saved = wait_for(lambda: desk.commands.run(f"cat {path} 2>/dev/null || true").stdout,
+                         "the saved text")
+        assert saved == text
+        assert desk.commands.run("xmodmap -pke").stdout == keymap, "the keyboard map changed"
+    finally:
+        h.kill()
+
+
 def test_desktop_chromium_is_driven_over_cdp(net_server, desk):
     """Chromium headful on the desktop, its DevTools fronted by `kiln-agent cdp` on 9222:
     Playwright on the host drives it through kiln, and the page shows on the desktop."""

@@ -18,10 +18,13 @@ import time
 import pytest
 from e2b_desktop import Sandbox
 
-from .rich_support import ensure_template, port_request, start_net_server, stop_net_server
+from .rich_support import (colour_share, ensure_template, port_request, start_net_server,
+                           stop_net_server)
 
 WIDTH, HEIGHT = 1024, 768
 ACTIONS_PORT = 49990
+# The desktop's background colour (templates/desktop.toml, xfce4-desktop.xml).
+BACKGROUND = (0x3B, 0x6E, 0xA5)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SHOTS = os.environ.get("KILN_SHOTS_DIR") or os.path.join(REPO, "target", "screenshots", "desktop")
 
@@ -119,7 +122,13 @@ def test_an_agent_works_across_the_desktops_applications(net_server, desk):
 
 
 def work(agent, desk):
-    agent.do({"action": "mouse_move", "coordinate": [WIDTH // 2, HEIGHT // 2]}, shot="0-desktop")
+    # The first action can come before the session has painted (the X root's weave): wait for
+    # the desktop's background on screen.
+    def painted():
+        r = agent.do({"action": "mouse_move", "coordinate": [WIDTH // 2, HEIGHT // 2]},
+                     shot="0-desktop")
+        return colour_share(base64.b64decode(r["screenshot"]["data"]), BACKGROUND) > 0.5
+    wait_for(painted, "the desktop's background on screen", timeout=120, interval=1)
     # The panel is there with its menu and task list (xfce4-panel), and the desktop's icons.
     assert window(desk, "xfce4-panel") and shell(desk, "pgrep -x xfce4-panel")
 

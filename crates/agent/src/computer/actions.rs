@@ -1,9 +1,10 @@
 //! Computer-use actions: one JSON object each, in Anthropic's or OpenAI's vocabulary (the
-//! `action` or `type` field), parsed into [`Action`] and carried out with xdotool.
+//! `action` or `type` field), parsed into [`Action`]; [`super::input`] turns input actions into
+//! the steps the X side plays.
 
 use serde_json::{Map, Value};
 
-use super::keys;
+use super::{input, keys};
 
 /// Mouse buttons as X numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +174,19 @@ fn modifiers(o: &Map<String, Value>) -> Vec<String> {
     Vec::new()
 }
 
+/// The combination of `key_list`, every key known (an unknown name is the request's error).
+fn known_combo(o: &Map<String, Value>) -> Result<String, String> {
+    let combo = keys::combo(&key_list(o)?);
+    input::combo_keysyms(&combo)?;
+    Ok(combo)
+}
+
+fn known_modifiers(o: &Map<String, Value>) -> Result<Vec<String>, String> {
+    let m = modifiers(o);
+    input::modifier_keysyms(&m)?;
+    Ok(m)
+}
+
 fn seconds(o: &Map<String, Value>) -> Result<f64, String> {
     let s = if let Some(v) = o.get("duration").or(o.get("seconds")) {
         num(v).ok_or("duration must be a number of seconds")?
@@ -211,7 +225,7 @@ impl Action {
                 at: point(o, "coordinate")?,
                 button,
                 count: count(o, n)?,
-                modifiers: modifiers(o),
+                modifiers: known_modifiers(o)?,
             })
         };
         Ok(match name {
@@ -287,7 +301,7 @@ impl Action {
                     at: point(o, "coordinate")?,
                     dx,
                     dy,
-                    modifiers: modifiers(o),
+                    modifiers: known_modifiers(o)?,
                 }
             }
             "type" => {
@@ -306,11 +320,11 @@ impl Action {
                 }
             }
             "key" | "keypress" => Action::Key {
-                combo: keys::combo(&key_list(o)?),
+                combo: known_combo(o)?,
                 repeat: count(o, 1)?,
             },
             "hold_key" => Action::HoldKey {
-                combo: keys::combo(&key_list(o)?),
+                combo: known_combo(o)?,
                 seconds: seconds(o)?,
             },
             "wait" => Action::Wait {
@@ -369,99 +383,6 @@ impl Action {
             }
             _ => {}
         }
-    }
-
-    /// The xdotool arguments of input actions (a chain of xdotool commands in one run), or
-    /// None for actions that are not input.
-    pub fn xdotool_args(&self) -> Option<Vec<String>> {
-        let mut a: Vec<String> = Vec::new();
-        let mut push = |parts: &[&str]| a.extend(parts.iter().map(|s| s.to_string()));
-        match self {
-            Action::Move(p) => push(&["mousemove", &p.x.to_string(), &p.y.to_string()]),
-            Action::Click {
-                at,
-                button,
-                count,
-                modifiers,
-            } => {
-                if let Some(p) = at {
-                    push(&["mousemove", &p.x.to_string(), &p.y.to_string()]);
-                }
-                for m in modifiers {
-                    push(&["keydown", m]);
-                }
-                let (b, n) = ((*button as u8).to_string(), count.to_string());
-                push(&["click", "--repeat", &n, "--delay", "80", &b]);
-                for m in modifiers.iter().rev() {
-                    push(&["keyup", m]);
-                }
-            }
-            Action::MouseDown(b) => push(&["mousedown", &(*b as u8).to_string()]),
-            Action::MouseUp(b) => push(&["mouseup", &(*b as u8).to_string()]),
-            Action::Drag { path, button } => {
-                let b = (*button as u8).to_string();
-                let first = path[0];
-                push(&["mousemove", &first.x.to_string(), &first.y.to_string()]);
-                push(&["mousedown", &b]);
-                for p in &path[1..] {
-                    push(&["sleep", "0.05"]);
-                    push(&["mousemove", &p.x.to_string(), &p.y.to_string()]);
-                }
-                push(&["sleep", "0.05"]);
-                push(&["mouseup", &b]);
-            }
-            Action::Scroll {
-                at,
-                dx,
-                dy,
-                modifiers,
-            } => {
-                if let Some(p) = at {
-                    push(&["mousemove", &p.x.to_string(), &p.y.to_string()]);
-                }
-                for m in modifiers {
-                    push(&["keydown", m]);
-                }
-                for (n, neg, pos) in [(*dy, "4", "5"), (*dx, "6", "7")] {
-                    if n != 0 {
-                        let b = if n < 0 { neg } else { pos };
-                        push(&[
-                            "click",
-                            "--repeat",
-                            &n.abs().to_string(),
-                            "--delay",
-                            "30",
-                            b,
-                        ]);
-                    }
-                }
-                for m in modifiers.iter().rev() {
-                    push(&["keyup", m]);
-                }
-            }
-            Action::Type { text, delay_ms } => {
-                push(&["type", "--delay", &delay_ms.to_string(), "--", text])
-            }
-            Action::Key { combo, repeat } => push(&[
-                "key",
-                "--repeat",
-                &repeat.to_string(),
-                "--delay",
-                "50",
-                "--",
-                combo,
-            ]),
-            Action::HoldKey { combo, seconds } => push(&[
-                "keydown",
-                combo,
-                "sleep",
-                &format!("{seconds:.3}"),
-                "keyup",
-                combo,
-            ]),
-            _ => return None,
-        }
-        Some(a)
     }
 }
 
@@ -564,6 +485,8 @@ mod tests {
             json!({"action": "wait", "duration": 1e9}),
             json!({"action": "zoom", "region": [10, 10, 5, 5]}),
             json!({"type": "drag", "path": [[1, 1]]}),
+            json!({"action": "key", "text": "ctrl+nosuchkey"}),
+            json!({"action": "left_click", "coordinate": [1, 1], "text": "hyperdrive"}),
             json!("click"),
         ] {
             assert!(Action::parse(&v).is_err(), "{v}");
@@ -571,12 +494,7 @@ mod tests {
     }
 
     #[test]
-    fn xdotool_chains() {
-        let a = p(json!({"action": "triple_click", "coordinate": [7, 8], "modifiers": ["ctrl"]}));
-        assert_eq!(
-            a.xdotool_args().unwrap().join(" "),
-            "mousemove 7 8 keydown ctrl click --repeat 3 --delay 80 1 keyup ctrl"
-        );
+    fn scaling() {
         let mut a = p(json!({"action": "mouse_move", "coordinate": [50, 50]}));
         a.scale(2.0, 0.5);
         assert_eq!(a, Action::Move(Point { x: 100, y: 25 }));

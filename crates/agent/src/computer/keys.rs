@@ -1,8 +1,8 @@
 //! Key names of the computer-use vendors (Anthropic's xdotool-style `ctrl+s`, OpenAI's
-//! `["CTRL", "S"]`, E2B's `enter`) mapped to X keysym names that xdotool accepts.
+//! `["CTRL", "S"]`, E2B's `enter`) mapped to the X keysym names of [`super::keysyms`].
 
-/// One key name to its X keysym name; unknown names pass through (xdotool knows every keysym,
-/// and single characters are their own keysyms).
+/// One key name to its X keysym name; other names pass through (keysym names as X spells
+/// them, and single characters, which are their own keysyms).
 pub fn keysym(name: &str) -> String {
     let lower = name.trim().to_ascii_lowercase();
     let mapped = match lower.as_str() {

@@ -10,7 +10,11 @@
 //!   coordinate_space?: {width, height}}` → `{results, cursor, screen, screenshot?}`
 
 pub mod actions;
+pub mod image;
+pub mod input;
+pub mod keymap;
 pub mod keys;
+pub mod keysyms;
 pub mod x11;
 
 use std::convert::Infallible;
@@ -41,6 +45,7 @@ pub const MAX_ACTIONS: usize = 200;
 pub struct ServeConfig {
     pub addr: SocketAddr,
     pub display: String,
+    /// A scratch directory (the service itself writes no files).
     pub tmp: PathBuf,
 }
 
@@ -61,10 +66,7 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         cfg.display
     );
     let svc = Arc::new(Service {
-        display: Display {
-            name: cfg.display,
-            tmp: cfg.tmp,
-        },
+        display: Display::new(cfg.display),
         busy: Mutex::new(()),
     });
     loop {
@@ -257,8 +259,8 @@ async fn run_batch(svc: &Service, v: &Value) -> (StatusCode, Value) {
 }
 
 async fn run_one(d: &Display, a: &Action, (w, h): (u32, u32)) -> Result<Value, String> {
-    if let Some(args) = a.xdotool_args() {
-        d.xdotool(&args).await?;
+    if let Some(steps) = input::steps(a)? {
+        d.input(steps).await?;
         return Ok(json!({"ok": true}));
     }
     Ok(match a {
