@@ -13,6 +13,9 @@ const CREATE: &str = r#"{"templateID":"t","timeout":120}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_host_refuses_up_front_and_recovers_after_a_kill() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(LifecycleConfig {
         default_memory_mb: 256,
         admission: AdmissionConfig {
@@ -93,6 +96,9 @@ async fn a_full_host_refuses_up_front_and_recovers_after_a_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_the_host_cannot_hold_gets_503_and_starts_nothing() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(LifecycleConfig {
         admission: AdmissionConfig {
             // More memory per sandbox than any host has available.

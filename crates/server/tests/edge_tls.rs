@@ -16,23 +16,9 @@ use tokio::io::AsyncReadExt;
 /// The domain of `common::app`.
 const DOMAIN: &str = "kiln.test";
 
-fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok()
-        || Command::new(tool).arg("version").output().is_ok()
-}
-
-/// Fails (or, with KILN_ALLOW_SKIPS=1, skips) when curl or openssl is missing.
+/// Whether curl and openssl are here, under the skip policy of [`kiln_testkit`].
 fn require_tools() -> bool {
-    for t in ["curl", "openssl"] {
-        if !have(t) {
-            if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-                eprintln!("SKIP: `{t}` is not installed");
-                return false;
-            }
-            panic!("`{t}` is needed by this test (or set KILN_ALLOW_SKIPS=1)");
-        }
-    }
-    true
+    kiln_testkit::needs().tools(&["curl", "openssl"]).ok()
 }
 
 fn sh(dir: &Path, args: &[&str]) {

@@ -20,6 +20,9 @@ fn spec(id: &str, rootfs: &std::path::Path) -> SandboxSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gvisor_sandbox_runs_agent_and_tears_down_completely() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let g = common::Ground::new();
     let (state, tpl, driver) = (&g.state, &g.tpl, g.driver.clone());
     let id = format!("drvtest{}", std::process::id());
@@ -112,7 +115,9 @@ async fn gvisor_sandbox_runs_agent_and_tears_down_completely() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_failure_leaves_nothing_behind() {
-    common::require_runsc_root();
+    if !common::sandboxes_run() {
+        return;
+    }
     let empty = tempfile::tempdir().unwrap(); // no agent inside: refused before anything starts
     let state = common::state_dir();
     let driver = common::driver(state.path());

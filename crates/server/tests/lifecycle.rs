@@ -31,6 +31,9 @@ const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_resume_keep_state_across_a_restart() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let mut rig = common::Rig::new(common::template_config());
     let driver = rig.driver.clone();
     let store = rig.store();
@@ -129,6 +132,9 @@ async fn pause_and_resume_keep_state_across_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_pause_at_timeout_then_connect() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(common::template_config());
     let m = rig.manager.clone();
     let reaper = m.spawn_reaper();
@@ -167,6 +173,9 @@ async fn auto_pause_at_timeout_then_connect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_outlive_their_source_and_start_sandboxes() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(common::template_config());
     let driver = rig.driver.clone();
     let m = rig.manager.clone();
@@ -280,6 +289,9 @@ async fn snapshots_outlive_their_source_and_start_sandboxes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_children_continue_from_the_parent_and_diverge() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(common::template_config());
     let m = rig.manager.clone();
     let mut params = common::params(600);
@@ -394,6 +406,9 @@ async fn fork_children_continue_from_the_parent_and_diverge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let mut rig = common::Rig::new(LifecycleConfig {
         default_memory_mb: 256,
         pools: vec![("t".into(), 2)],
@@ -463,6 +478,9 @@ async fn warm_pool_sandboxes_get_the_request_identity_and_are_refilled() {
 /// the sandbox is found paused, not lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_cut_short_by_a_crash_is_recovered_as_paused() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let mut rig = common::Rig::new(common::template_config());
     let driver = rig.driver.clone();
     let store = rig.store();

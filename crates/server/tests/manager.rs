@@ -11,6 +11,9 @@ use common::params;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_expiry_and_restart_recovery() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let mut rig = common::Rig::new(common::template_config());
     let driver = rig.driver.clone();
     let store = rig.store();
@@ -72,6 +75,9 @@ async fn timeout_expiry_and_restart_recovery() {
 /// error names no host path, and the next create works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_boot_is_marked_reported_and_leaves_nothing() {
+    if !common::sandboxes_run() {
+        return;
+    }
     use kiln_server::templates::{from_dir, FixedTemplates};
 
     let g = common::Ground::new();

@@ -25,6 +25,9 @@ async fn sample_now(m: &Manager, id: &str) -> MetricSample {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mem_cache_rises_when_a_big_file_is_written() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(LifecycleConfig {
         metrics_interval: Duration::from_millis(100),
         default_memory_mb: 512,
@@ -113,6 +116,9 @@ fn same_history(before: &[MetricSample], after: &[MetricSample]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_survives_a_restart_bounded_and_goes_with_the_sandbox() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let g = common::Ground::new();
     let (state, cleanup) = (&g.state, &g.cleanup);
     let templates = g.templates();

@@ -70,7 +70,9 @@ fn host_table_exists(prefix: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_create_kill_never_takes_a_live_sandbox_slot() {
-    common::require_runsc_root();
+    if !common::sandboxes_run() {
+        return;
+    }
     let rounds: usize = std::env::var("KILN_NET_CHURN")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -24,6 +24,9 @@ async fn wait(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_windows_and_died_timed_out_killed_events() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(LifecycleConfig {
         reap_interval: Duration::from_millis(50),
         metrics_interval: Duration::from_millis(200),

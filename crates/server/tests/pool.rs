@@ -37,6 +37,9 @@ fn config(pool: PoolPolicy) -> LifecycleConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_grows_with_a_burst_refills_claims_and_shrinks_when_idle() {
+    if !common::sandboxes_run() {
+        return;
+    }
     // Long enough for three boots on a loaded 2-core host, short enough for the suite.
     let idle = Duration::from_secs(10);
     let rig = common::Rig::new(config(PoolPolicy {
@@ -114,6 +117,9 @@ async fn the_pool_grows_with_a_burst_refills_claims_and_shrinks_when_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_off_means_no_pool_and_a_full_queue_is_refused_with_a_retry_hint() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(config(PoolPolicy {
         off: true,
         queue: Duration::from_millis(1),

@@ -44,6 +44,9 @@ async fn answers_health(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(common::template_config());
     let m = rig.manager.clone();
 
@@ -87,10 +90,13 @@ async fn a_filesystem_snapshot_keeps_the_disk_and_boots_fresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(common::template_config());
     let driver = rig.driver.clone();
     let m = rig.manager.clone();
-    let runsc = std::env::var("KILN_RUNSC").unwrap_or_else(|_| "runsc".into());
+    let runsc = kiln_testkit::host::runsc().unwrap_or_else(|e| panic!("{e}"));
     let root = rig.path().join("gvisor/runsc");
 
     let sb = m.create(params("t")).await.expect("create");

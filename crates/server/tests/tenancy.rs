@@ -30,6 +30,9 @@ const CREATE: &str = r#"{"templateID":"t","timeout":120,"metadata":{"who":"red"}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_team_sees_nothing_on_any_route() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(common::team_config(AdmissionConfig::default()));
     let (state, driver, cleanup, manager) = (&rig.state, &rig.driver, &rig.cleanup, &rig.manager);
     let (app, _) = common::app(manager.clone(), state.path()).await;
@@ -163,6 +166,9 @@ async fn another_team_sees_nothing_on_any_route() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quotas_and_idempotent_creates() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let rig = common::Rig::new(common::team_config(AdmissionConfig {
         team_defaults: TeamQuota {
             max_sandboxes: Some(2),
