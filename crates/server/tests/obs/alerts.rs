@@ -5,7 +5,7 @@
 //! never reads its own alert records); a changed rules file is reloaded, a bad one never
 //! replaces the rules in force.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! headers (431), the header read timeout (also closing idle keep-alive connections) and the
 //! connection cap (503 + Retry-After).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

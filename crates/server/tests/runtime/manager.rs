@@ -1,7 +1,7 @@
 //! Sandbox lifecycle with real gVisor sandboxes: timeout expiry, and recovery after the server
 //! goes away without cleaning up (adopting live sandboxes, cleaning dead ones).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

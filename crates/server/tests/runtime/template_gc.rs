@@ -2,7 +2,7 @@
 //! a running one stacks on stays until nothing uses it, even when it is neither current nor
 //! among the newest; the paused sandbox resumes on it.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! away without cleaning up leaves no stray mount once the next one has started and shut down
 //! (compared in /proc/self/mountinfo).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

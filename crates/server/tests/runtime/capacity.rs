@@ -3,7 +3,7 @@
 //! answering; after a kill a create succeeds again. A create the host cannot hold is refused
 //! with 503 before anything is started.
 
-mod common;
+use crate::common;
 
 use kiln_host::capacity::SandboxCost;
 use kiln_server::manager::AdmissionConfig;

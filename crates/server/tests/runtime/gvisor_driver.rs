@@ -2,7 +2,7 @@
 //! rootfs, reachable through a host Unix socket with the sandbox network off, limits applied,
 //! and nothing left behind after stop.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

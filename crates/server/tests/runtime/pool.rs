@@ -4,7 +4,7 @@
 //! sandbox and no boot slot within the create queue's time is refused with 503's error and a
 //! retry hint, not left hanging.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! up (as the template's user, in its workdir, with the template's env), its output shown by
 //! `GET /sandboxes/{id}/logs`; and killing the sandbox leaves nothing behind.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

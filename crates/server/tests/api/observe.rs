@@ -2,7 +2,7 @@
 //! (signature, retry after a 500, delivery log, test call) through the real router, SQLite
 //! store and a local HTTP receiver on 127.0.0.1. No sandbox is started (no runsc needed).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The REST API's routes, auth and error shapes, through the real router, SQLite store and
 //! driver (no sandbox is started, so no runsc is needed).
 
-mod common;
+use crate::common;
 
 use http::StatusCode;
 use kiln_server::api;

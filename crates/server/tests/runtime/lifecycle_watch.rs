@@ -3,7 +3,7 @@
 //! while a real gVisor sandbox goes through pause → resume → fork rounds, each round checked
 //! right after the resume (the moment a fork once found its parent gone).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 //!
 //! KILN_NET_CHURN sets the rounds per worker (default 6; 4 workers).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

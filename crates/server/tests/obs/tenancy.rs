@@ -3,7 +3,7 @@
 //! lists show only the caller's own), per-team quotas refuse with 429 + Retry-After naming the
 //! limit, and `Idempotency-Key` turns retried (also concurrent) creates into one sandbox.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! live sandboxes, re-adopts them in parallel in the background, and a request for a sandbox
 //! not yet adopted waits for it instead of answering 404.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! formula differed): the limit is rewritten here to a value the current formula cannot map
 //! back to a size, as an old server's would be.
 
-mod common;
+use crate::common;
 
 use kiln_server::LifecycleConfig;
 

@@ -2,7 +2,7 @@
 //! `mode: "filesystem"`) keeps the disk and boots fresh; `requireHealthyGuest` refuses to pause
 //! a sandbox whose agent does not answer; a pause leaves no container behind once settled.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

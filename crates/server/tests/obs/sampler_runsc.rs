@@ -2,7 +2,7 @@
 //! spawns no runsc process for them (it used to run `runsc events --stats` per sandbox per
 //! sample): runsc is a wrapper here that logs every invocation before running the real one.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;

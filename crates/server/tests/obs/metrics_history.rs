@@ -4,7 +4,7 @@
 //! and paused sandboxes survives a server restart (bounded per sandbox, deleted with the
 //! sandbox).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! on E2B (real gVisor sandbox with networking; needs root): the connection to the sandbox's
 //! address is refused, so the agent connects to 127.0.0.1:port inside and relays.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! paused; a filesystem-only pause keeps the files and boots again; autoPause pauses at
 //! timeout instead of killing.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

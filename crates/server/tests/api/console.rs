@@ -3,7 +3,7 @@
 //! team scoping of `/console/api/`, revocation ending the session, the embedded bundle.
 //! (Webhook URLs name the project's own test range, 198.51.100.0/24; no event is ever sent.)
 
-mod common;
+use crate::common;
 
 use http::{header, StatusCode};
 

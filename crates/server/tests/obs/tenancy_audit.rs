@@ -3,7 +3,7 @@
 //! /audit/verify`) and reads the lifecycle events (`GET /events`) of its own sandboxes and
 //! nothing of another team's; the operator's team sees all.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

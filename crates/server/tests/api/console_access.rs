@@ -3,7 +3,7 @@
 //! operator's team, `default`, sees and acts on every team's), the same calls from a console
 //! session, the sign-in rate limit per client address, and sessions outliving the server.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

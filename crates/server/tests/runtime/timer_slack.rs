@@ -2,7 +2,7 @@
 //! task of a running sandbox (the sentry's threads, the gofer, the platform's stubs), the
 //! sandbox keeps working, and processes started inside afterwards (new stubs) inherit it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! sandbox's history, windows select from it; a sandbox that stops on its own is noticed
 //! and recorded as `died`; an expired one as `timed-out`; a killed one as `killed`.
 
-mod common;
+use crate::common;
 
 use common::params;
 

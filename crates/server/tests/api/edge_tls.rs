@@ -3,7 +3,7 @@
 //! http/1.1 over TLS, h2c with prior knowledge and HTTP/1.1 in plain text on the same port; a
 //! name outside the certificate is refused by the client; a silent client is dropped.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;
