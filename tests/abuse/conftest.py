@@ -1,20 +1,20 @@
 """Fixtures of the abuse tests: a real `kiln serve` (gVisor, base template) with small limits,
-so that attacks hit them in seconds, and the real e2b SDK. Reuses the SDK tests' server
-helpers (tests/sdk/server/conftest.py)."""
+so that attacks hit them in seconds, and the real e2b SDK. The server and its clean-up come from
+tests/framework (shared with the SDK tests), as do the hooks that keep a failed test's server log.
+"""
 
-import importlib.util
 import os
 import shutil
 import tempfile
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "kiln_sdk_server_conftest",
-    os.path.join(os.path.dirname(__file__), "..", "sdk", "server", "conftest.py"),
+from framework.server import (  # noqa: F401  (hooks)
+    KilnServer,
+    cleanup_state,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
 )
-sdk = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sdk)
 
 # Small on purpose: a fork bomb reaches the pids limit and a memory hog the memory size fast.
 PIDS_LIMIT = 200
@@ -26,7 +26,7 @@ DISK_MB = 256
 @pytest.fixture(scope="session")
 def server():
     base = tempfile.mkdtemp(prefix="kiln-abuse-")
-    srv = sdk.KilnServer(
+    srv = KilnServer(
         os.path.join(base, "state"),
         ["--pids-limit", str(PIDS_LIMIT), "--memory-mb", str(MEMORY_MB),
          "--disk-mb", str(DISK_MB)],
@@ -43,7 +43,7 @@ def server():
         srv.stop()
         log = srv.log()
         print("---- kiln serve log (tail) ----\n" + log[-8000:])
-        sdk.cleanup_state(srv.state_dir)
+        cleanup_state(srv.state_dir)
         shutil.rmtree(base, ignore_errors=True)
         assert "panicked" not in log, f"the server panicked:\n{log}"
 

@@ -46,7 +46,7 @@ async fn run_env_cwd_and_init_env() {
 #[tokio::test]
 async fn run_as_other_user() {
     let (_a, c) = start().await;
-    if !common::need_root("run_as_other_user", "needs root to switch users") {
+    if !kiln_testkit::needs().root("switching users").ok() {
         return;
     }
     let mut o = opts();

@@ -5,7 +5,7 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 
-use common::{need_root, raw, raw_h, start};
+use common::{raw, raw_h, start};
 use kiln_proto::envd::InitRequest;
 use kiln_proto::filesystem as fspb;
 
@@ -34,10 +34,7 @@ fn basic(user: &str) -> String {
 
 #[tokio::test]
 async fn signed_url_with_empty_user_ignores_an_authorization_header() {
-    if !need_root(
-        "signed_url_with_empty_user_ignores_an_authorization_header",
-        "needs root to act as another user",
-    ) {
+    if !kiln_testkit::needs().root("acting as another user").ok() {
         return;
     }
     let (a, c) = start().await;

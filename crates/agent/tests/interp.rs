@@ -16,23 +16,14 @@ fn python() -> Option<PathBuf> {
     let py = std::env::var_os("KILN_INTERP_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/python3"));
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import ipykernel, matplotlib, pandas"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if ok {
-        return Some(py);
-    }
-    let msg = format!(
-        "{} lacks ipykernel/matplotlib/pandas (apt install python3-ipykernel python3-matplotlib python3-pandas)",
-        py.display()
-    );
-    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-        eprintln!("SKIP: {msg}");
-        return None;
-    }
-    panic!("{msg}");
+    kiln_testkit::needs()
+        .python_modules(
+            &py,
+            &["ipykernel", "matplotlib", "pandas"],
+            "apt install python3-ipykernel python3-matplotlib python3-pandas",
+        )
+        .ok()
+        .then_some(py)
 }
 
 struct Svc {
@@ -359,18 +350,8 @@ async fn contexts_bash_restart_and_interrupt() {
 async fn javascript_contexts() {
     let Some(svc) = start().await else { return };
     let a = svc.addr;
-    let ok = std::process::Command::new("node")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        let msg = "node is not installed (apt install nodejs)";
-        if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-            eprintln!("SKIP: {msg}");
-            return;
-        }
-        panic!("{msg}");
+    if !kiln_testkit::needs().tool("node").ok() {
+        return;
     }
     let l = exec(
         a,

@@ -37,13 +37,8 @@ fn the_runsc_under_test_is_at_least_the_pinned_version() {
 
 #[test]
 fn the_runsc_under_test_has_a_working_systrap_platform() {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-            eprintln!("skipped: runsc sandboxes need root");
-            return;
-        }
-        panic!("runsc sandboxes need root; set KILN_ALLOW_SKIPS=1 to skip");
+    if !kiln_testkit::needs().root("runsc sandboxes").ok() {
+        return;
     }
     let r = runsc::resolve(None).unwrap_or_else(|e| panic!("{e}"));
     let p = platform::try_platform(&r.path, "systrap");

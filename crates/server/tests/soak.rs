@@ -73,6 +73,9 @@ fn cgroups_of(ids: &[String]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_exec_kill_cycles_and_a_create_burst_leave_nothing_behind() {
+    if !common::sandboxes_run() {
+        return;
+    }
     let cycles = env_num("KILN_SOAK_CYCLES", 150);
     let burst = env_num("KILN_SOAK_CONCURRENT", 20);
     let rig = common::Rig::new(LifecycleConfig {

@@ -9,22 +9,13 @@ use kiln_template::{build, BuildOptions, Error, Recipe, Store};
 
 mod common;
 
-/// Why the real builder cannot run here, if it cannot. Such a host fails these tests (so they
-/// are never reported as passed) unless `KILN_ALLOW_SKIPS=1` asks for a printed skip instead.
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let why = if unsafe { libc::geteuid() } != 0 {
-        "mmdebstrap builds need root"
-    } else if kiln_host::prereq::which("mmdebstrap").is_none() {
-        "mmdebstrap is not installed"
-    } else {
-        return None;
-    };
-    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-        Some(why.to_string())
-    } else {
-        panic!("{why}; set KILN_ALLOW_SKIPS=1 to skip the real-build tests on this host")
-    }
+/// Whether the real builder runs here (root, mmdebstrap), under the skip policy of
+/// [`kiln_testkit`].
+fn runs_here() -> bool {
+    kiln_testkit::needs()
+        .root("mmdebstrap builds")
+        .tool("mmdebstrap")
+        .ok()
 }
 
 fn opts(agent: PathBuf) -> BuildOptions {
@@ -75,8 +66,7 @@ fn fake_agent_is_a_static_executable() {
 
 #[test]
 fn unknown_package_fails_and_caches_nothing() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    if !runs_here() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -96,8 +86,7 @@ fn unknown_package_fails_and_caches_nothing() {
 
 #[test]
 fn failing_run_step_is_named_with_log_tail() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    if !runs_here() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -132,8 +121,7 @@ fn debugfs_cat(image: &Path, path: &str) -> String {
 
 #[test]
 fn builds_then_is_cached_then_rebuilds_on_change() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    if !runs_here() {
         return;
     }
     let t = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use common::fake_static_agent;
 use common::oci::{config, sha, Layer, LayerTar, OciLayout};
-use common::registry::{base_rootfs, skip_reason, Registry};
+use common::registry::{base_rootfs, runs_here, Registry};
 use kiln_template::oci::template::fetch;
 use kiln_template::oci::{
     build_from_image, Credentials, ImageBuildOptions, ImageSource, Mirrors, PullOptions,
@@ -146,8 +146,8 @@ fn assert_nothing_cached(store: &Store) {
 
 #[test]
 fn image_through_mirror_becomes_a_template() {
-    if let Some(why) = skip_reason() {
-        return eprintln!("skipped: {why}");
+    if !runs_here() {
+        return;
     }
     let reg = Registry::start(None);
     let f = fixture();
@@ -226,8 +226,8 @@ fn image_through_mirror_becomes_a_template() {
 
 #[test]
 fn a_second_image_reuses_cached_layers() {
-    if let Some(why) = skip_reason() {
-        return eprintln!("skipped: {why}");
+    if !runs_here() {
+        return;
     }
     let reg = Registry::start(None);
     let f = fixture();
@@ -275,8 +275,8 @@ fn a_second_image_reuses_cached_layers() {
 
 #[test]
 fn basic_auth_and_wrong_credentials() {
-    if let Some(why) = skip_reason() {
-        return eprintln!("skipped: {why}");
+    if !runs_here() {
+        return;
     }
     let reg = Registry::start(Some(("kiln", "s3cret")));
     let f = fixture();
@@ -322,8 +322,8 @@ fn basic_auth_and_wrong_credentials() {
 
 #[test]
 fn unknown_image_or_tag_names_the_image_and_the_registry_answer() {
-    if let Some(why) = skip_reason() {
-        return eprintln!("skipped: {why}");
+    if !runs_here() {
+        return;
     }
     let reg = Registry::start(None);
     let f = fixture();
@@ -361,8 +361,8 @@ fn unknown_image_or_tag_names_the_image_and_the_registry_answer() {
 
 #[test]
 fn hostile_or_bashless_images_fail_and_cache_nothing() {
-    if let Some(why) = skip_reason() {
-        return eprintln!("skipped: {why}");
+    if !runs_here() {
+        return;
     }
     let reg = Registry::start(None);
     let f = fixture();
@@ -408,8 +408,8 @@ fn hostile_or_bashless_images_fail_and_cache_nothing() {
 
 #[test]
 fn docker_save_and_oci_layout_tarballs_import() {
-    if let Some(why) = skip_reason() {
-        return eprintln!("skipped: {why}");
+    if !runs_here() {
+        return;
     }
     let f = fixture();
     let dir = f._tmp.path();
@@ -506,8 +506,8 @@ fn docker_save_and_oci_layout_tarballs_import() {
 
 #[test]
 fn bearer_tokens_anonymous_and_with_credentials() {
-    if let Some(why) = skip_reason() {
-        return eprintln!("skipped: {why}");
+    if !runs_here() {
+        return;
     }
     let f = fixture();
     let tokens = common::token::TokenServer::start(f._tmp.path(), "kiln", "s3cret");

@@ -20,16 +20,12 @@ fn apply(
     apply_layer(root, f.path(), diff_id, "sha256:test").map_err(|e| e.to_string())
 }
 
+/// Whether this test runs here (root, to keep owners), under the skip policy of
+/// [`kiln_testkit`].
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root && std::env::var("KILN_ALLOW_SKIPS").as_deref() != Ok("1") {
-        panic!("layer tests keep owners and need root; set KILN_ALLOW_SKIPS=1 to skip them");
-    }
-    if !root {
-        eprintln!("skipped: not root");
-    }
-    root
+    kiln_testkit::needs()
+        .root("layer tests (they keep owners)")
+        .ok()
 }
 
 #[test]

@@ -16,20 +16,12 @@ use kiln_template::{build, BuildOptions, Recipe, Store};
 
 mod common;
 
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let why = if unsafe { libc::geteuid() } != 0 {
-        "template builds and runsc sandboxes need root"
-    } else if kiln_host::prereq::which("mmdebstrap").is_none() {
-        "mmdebstrap is not installed"
-    } else {
-        return None;
-    };
-    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-        Some(why.to_string())
-    } else {
-        panic!("{why}; set KILN_ALLOW_SKIPS=1 to skip the real-build tests on this host")
-    }
+/// Whether this test runs here (root, mmdebstrap), under the skip policy of [`kiln_testkit`].
+fn runs_here() -> bool {
+    kiln_testkit::needs()
+        .root("template builds and runsc sandboxes")
+        .tool("mmdebstrap")
+        .ok()
 }
 
 /// The `ls`/`stat` run inside the sandbox (coreutils' `ls -l` and `stat` use
@@ -92,8 +84,7 @@ fn build_template(store: &Store, agent: PathBuf) -> PathBuf {
 
 #[test]
 fn new_runsc_runs_ls_and_stat_without_the_compat_library() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    if !runs_here() {
         return;
     }
     let kiln_runsc = runsc::resolve(None).unwrap_or_else(|e| {

@@ -5,6 +5,7 @@ import pytest
 
 from e2b import CommandExitException
 from e2b.exceptions import AuthenticationException, SandboxException
+from framework.skip import need_root
 
 
 def test_stdout_stderr_exit_code(sbx):
@@ -34,8 +35,7 @@ def test_init_env_vars_and_default_workdir(sbx, agent):
 
 
 def test_user_selection(sbx):
-    if os.geteuid() != 0:
-        pytest.skip("switching users needs root (tests run as root in CI)")
+    need_root("switching users")
     assert sbx.commands.run("id -un", user="root").stdout == "root\n"
     r = sbx.commands.run("id -un; echo $HOME; id -u", user="nobody")
     name, home, uid = r.stdout.split()
@@ -108,8 +108,7 @@ def test_connect_unknown_pid(sbx):
 
 
 def test_default_user_from_init(sbx, agent):
-    if os.geteuid() != 0:
-        pytest.skip("switching users needs root (tests run as root in CI)")
+    need_root("switching users")
     agent.init(defaultUser="nobody")
     assert sbx.commands.run("id -un").stdout == "nobody\n"
     # an explicit user still wins

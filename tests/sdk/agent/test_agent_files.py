@@ -9,6 +9,7 @@ import pytest
 from e2b import FileType
 from e2b.exceptions import NotFoundException, InvalidArgumentException, SandboxException
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+from framework.skip import need_root
 
 
 
@@ -162,8 +163,7 @@ def test_watch_dir_stream_async(agent):
 
 
 def test_user_permissions_decide_paths(sbx, agent):
-    if os.geteuid() != 0:
-        pytest.skip("user switching needs root (tests run as root in CI)")
+    need_root("switching users")
     secret = os.path.join(agent.workdir, "secret")
     os.makedirs(secret)
     os.chmod(secret, 0o700)
@@ -196,8 +196,7 @@ def test_enospc_is_507(sbx, agent):
 
     from e2b.exceptions import NotEnoughSpaceException
 
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (tests run as root in CI)")
+    need_root("mounting a small tmpfs")
     small = os.path.join(agent.workdir, "small")
     os.makedirs(small)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small], capture_output=True)

@@ -10,17 +10,9 @@ import urllib.error
 import urllib.request
 import zlib
 
-import pytest
+from framework.skip import need  # noqa: F401  (the desktop and browser tests' guard)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def need(ok: bool, msg: str):
-    if ok:
-        return
-    if os.environ.get("KILN_ALLOW_SKIPS") == "1":
-        pytest.skip(msg)
-    pytest.fail(msg)
 
 
 def start_net_server(prefix: str, net_range: str):

@@ -3,12 +3,11 @@
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
 
-import pytest
+from framework.skip import need_tools
 
 from .conftest import kiln_bin
 
@@ -130,10 +129,7 @@ class Tmux:
     """A private tmux server (its own socket) whose one window runs a command."""
 
     def __init__(self, tmp_path, env):
-        if not shutil.which("tmux"):
-            if os.environ.get("KILN_ALLOW_SKIPS") == "1":
-                pytest.skip("tmux is not installed (Debian package tmux)")
-            pytest.fail("tmux is not installed (Debian package tmux)")
+        need_tools("tmux", hint="Debian package tmux")
         self.sock = str(tmp_path / "tmux.sock")
         self.env = env
 

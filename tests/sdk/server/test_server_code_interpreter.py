@@ -21,18 +21,13 @@ import pytest
 from e2b import TimeoutException
 from e2b_code_interpreter import Sandbox
 from e2b_code_interpreter.charts import ChartType
+from framework.skip import need
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TEMPLATE = "code-interpreter-v1"
 HOST_PYTHON = os.environ.get("KILN_INTERP_PYTHON", "/usr/bin/python3")
 
 
-def need(ok: bool, msg: str):
-    if ok:
-        return
-    if os.environ.get("KILN_ALLOW_SKIPS") == "1":
-        pytest.skip(msg)
-    pytest.fail(msg)
 
 
 def free_port() -> int:

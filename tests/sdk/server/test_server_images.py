@@ -28,6 +28,7 @@ import uuid
 import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
+from framework.skip import need_tools
 
 from .conftest import kiln_bin, own_server
 
@@ -35,9 +36,7 @@ TEMPLATE = "kiln-test-image"
 
 
 def need(*programs):
-    missing = [p for p in programs if shutil.which(p) is None]
-    if missing:
-        pytest.fail(f"{', '.join(missing)} not installed (scripts/test.sh installs docker-registry and skopeo)")
+    need_tools(*programs, hint="scripts/test.sh installs docker-registry and skopeo")
 
 
 def base_rootfs() -> str:

@@ -15,6 +15,7 @@ import time
 
 import pytest
 from e2b import Sandbox
+from framework.skip import need_root
 
 from .conftest import KilnServer, cleanup_state, mounts_under, net_prefix
 
@@ -61,10 +62,7 @@ def wait_for(cond, what: str, timeout: float = 60):
 
 @pytest.fixture
 def dirs():
-    if os.geteuid() != 0:
-        if os.environ.get("KILN_ALLOW_SKIPS") == "1":
-            pytest.skip("needs root (network namespaces, nftables)")
-        pytest.fail("needs root; KILN_ALLOW_SKIPS=1 to skip")
+    need_root("network namespaces and nftables")
     base = tempfile.mkdtemp(prefix="kiln-sweep-")
     a, b = os.path.join(base, "a"), os.path.join(base, "b")
     servers = []

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
+from framework.skip import need
 
 # An authoritative DNS server: argv = bind address, JSON {name: ipv4} ("*.d" also answers every
 # name under d), TTL. A records for known names, an empty NOERROR for their other types, NXDOMAIN
@@ -52,12 +52,8 @@ def sh(*args, check=True):
     return subprocess.run(list(args), capture_output=True, text=True, check=check)
 
 
-def require(cond: bool, why: str):
-    """Fails the test when `cond` is false, or skips it (printed) under KILN_ALLOW_SKIPS=1."""
-    if not cond:
-        if os.environ.get("KILN_ALLOW_SKIPS") == "1":
-            pytest.skip(why)
-        pytest.fail(f"{why}; KILN_ALLOW_SKIPS=1 to skip")
+# Fails the test when its condition is false, or skips it under KILN_ALLOW_SKIPS=1.
+require = need
 
 
 class NetNs:

@@ -26,18 +26,9 @@ impl Drop for Agent {
     }
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `$KILN_AGENT_BIN` (e.g. the static build) or the binary of this package.
 pub fn agent_bin() -> PathBuf {
-    std::env::var_os("KILN_AGENT_BIN")
-        .map(PathBuf::from)
+    kiln_testkit::agent::from_env()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kiln-agent")))
 }
 
@@ -45,7 +36,7 @@ pub fn agent_bin() -> PathBuf {
 pub async fn start() -> (Agent, EnvdClient) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("agent.sock");
-    let port = free_port();
+    let port = kiln_testkit::host::free_port();
     let child = Command::new(agent_bin())
         .args(["--port", &port.to_string(), "--listen-unix"])
         .arg(&sock)
@@ -150,17 +141,3 @@ pub trait DecodeMsg: prost::Message + Default {
     }
 }
 impl<T: prost::Message + Default> DecodeMsg for T {}
-
-/// Whether this process is root; when not, fails the test unless `KILN_ALLOW_SKIPS=1` (then it
-/// prints a skip and the caller returns).
-pub fn need_root(test: &str, why: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-        eprintln!("skipped: {test}: {why}");
-        return false;
-    }
-    panic!("{test}: {why}; set KILN_ALLOW_SKIPS=1 to skip it on this host");
-}

@@ -2,7 +2,6 @@
 //! with temporary data directories, killed when the cluster is dropped (and, through
 //! `PR_SET_PDEATHSIG`, when the test process dies).
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,27 +9,19 @@ use std::time::{Duration, Instant};
 
 use kiln_cluster::EtcdStore;
 
-/// The etcd binary: `$KILN_ETCD`, else `etcd` on PATH. Without one the test fails, unless
-/// `KILN_ALLOW_SKIPS=1` turns that into a printed skip (then None).
+/// The etcd binary: `$KILN_ETCD`, else `etcd` on PATH; None when `test` is skipped (the skip
+/// policy of [`kiln_testkit`]).
 pub fn etcd_binary(test: &str) -> Option<PathBuf> {
     let found = std::env::var_os("KILN_ETCD")
         .map(PathBuf::from)
-        .or_else(|| {
-            std::env::split_paths(&std::env::var_os("PATH")?)
-                .map(|d| d.join("etcd"))
-                .find(|p| p.is_file())
-        });
-    if found.is_none() {
-        if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-            eprintln!("SKIPPED {test}: no etcd binary (apt-get install etcd-server)");
-            return None;
-        }
-        panic!(
-            "{test} needs etcd (Debian's etcd-server; scripts/test.sh installs it) or \
-             KILN_ETCD=/path/to/etcd; set KILN_ALLOW_SKIPS=1 to skip it on this host"
-        );
-    }
-    found
+        .or_else(|| kiln_testkit::host::which("etcd"));
+    let ok = kiln_testkit::needs()
+        .that(
+            found.is_some(),
+            "no etcd (Debian's etcd-server; scripts/test.sh installs it) and no KILN_ETCD",
+        )
+        .ok_as(test);
+    found.filter(|_| ok)
 }
 
 struct Member {
@@ -44,16 +35,6 @@ struct Member {
 pub struct EtcdCluster {
     members: Vec<Member>,
     _dir: tempfile::TempDir,
-}
-
-/// `n` distinct free loopback ports (held until all are chosen, then released).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("binding a loopback port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
 }
 
 fn spawn(etcd: &Path, args: &[String], log: &Path) -> Child {
@@ -98,7 +79,7 @@ impl EtcdCluster {
 
     fn spawn_members(etcd: &Path, n: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let ports = free_ports(2 * n);
+        let ports = kiln_testkit::host::free_ports(2 * n);
         let peer = |i: usize| format!("http://127.0.0.1:{}", ports[2 * i + 1]);
         let initial: Vec<String> = (0..n).map(|i| format!("m{i}={}", peer(i))).collect();
         let token = format!("kiln-test-{}", std::process::id());

@@ -3,7 +3,7 @@
 //! through `PR_SET_PDEATHSIG`, when the test process dies).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -11,30 +11,21 @@ use std::time::{Duration, Instant};
 
 use kiln_cluster::objects::S3Config;
 
-/// The Python with moto: `$KILN_PYTHON`, else `python3`. Without moto the test fails, unless
-/// `KILN_ALLOW_SKIPS=1` turns that into a printed skip (then None).
+/// The Python with moto: `$KILN_PYTHON`, else `python3`; None when `test` is skipped (the
+/// skip policy of [`kiln_testkit`]).
 fn moto_python(test: &str) -> Option<PathBuf> {
     let python = std::env::var_os("KILN_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("python3"));
-    let has_moto = Command::new(&python)
-        .args(["-c", "import moto.server, flask"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_moto {
-        if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-            eprintln!("SKIPPED {test}: no moto[server] in {}", python.display());
-            return None;
-        }
-        panic!(
-            "{test} needs an S3 server: moto[server] (tests/sdk/requirements.txt) in the Python \
-             at $KILN_PYTHON (scripts/test.sh makes that venv); set KILN_ALLOW_SKIPS=1 to skip \
-             it on this host"
-        );
-    }
-    Some(python)
+    kiln_testkit::needs()
+        .python_modules(
+            &python,
+            &["moto.server", "flask"],
+            "an S3 server: moto[server] from tests/sdk/requirements.txt in the venv at \
+             $KILN_PYTHON, which scripts/test.sh makes",
+        )
+        .ok_as(test)
+        .then_some(python)
 }
 
 /// A running moto server on 127.0.0.1.
@@ -49,11 +40,7 @@ impl Moto {
     pub fn start(test: &str) -> Option<Moto> {
         let python = moto_python(test)?;
         let dir = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = kiln_testkit::host::free_port();
         let log = std::fs::File::create(dir.path().join("moto.log")).unwrap();
         let mut cmd = Command::new(&python);
         cmd.args([

@@ -1,4 +1,4 @@
-//! What the namespace tests share: running `ip`/`nft`, the root check, and a test "internet"
+//! What the namespace tests share: running `ip`/`nft`, their guard, and a test "internet"
 //! (a network namespace of hosts on documentation addresses behind a host veth).
 
 #![allow(dead_code)] // each test binary uses its own part
@@ -16,18 +16,12 @@ pub fn sh(args: &[&str]) {
     );
 }
 
-/// Whether the test can run (root); without root it fails unless `KILN_ALLOW_SKIPS=1` makes it
-/// a printed skip.
+/// Whether the test can run (root, `ip`, `nft`), under the skip policy of [`kiln_testkit`].
 pub fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1"),
-        "these tests need root (namespaces, nftables); KILN_ALLOW_SKIPS=1 to skip"
-    );
-    eprintln!("SKIP: not root");
-    false
+    kiln_testkit::needs()
+        .root("namespaces and nftables")
+        .tools(&["ip", "nft"])
+        .ok()
 }
 
 /// Test hosts: namespace `ns` whose `eth0` holds `addrs`, behind host veth `veth` holding

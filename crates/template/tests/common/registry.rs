@@ -2,36 +2,24 @@
 //! loopback port with filesystem storage, optionally behind Basic auth (a bcrypt htpasswd entry
 //! made by `htpasswd -B`) or a bearer-token issuer ([`super::token`]), and pushes with Debian's `skopeo` from an OCI layout directory.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Why the registry tests cannot run here, if they cannot (they fail unless `KILN_ALLOW_SKIPS=1`
-/// asks for printed skips instead).
-pub fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let why = if unsafe { libc::geteuid() } != 0 {
-        "image tests keep file owners and need root".to_string()
-    } else if let Some(missing) = [
-        "docker-registry",
-        "skopeo",
-        "htpasswd",
-        "openssl",
-        "mkfs.ext4",
-    ]
-    .iter()
-    .find(|p| kiln_host::prereq::which(p).is_none())
-    {
-        format!("{missing} is not installed (scripts/test.sh installs docker-registry, skopeo, apache2-utils, openssl)")
-    } else {
-        return None;
-    };
-    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-        Some(why)
-    } else {
-        panic!("{why}; set KILN_ALLOW_SKIPS=1 to skip the registry tests on this host")
-    }
+/// Whether the registry tests run here (root, to keep file owners; the registry and its tools,
+/// which scripts/test.sh installs), under the skip policy of [`kiln_testkit`].
+pub fn runs_here() -> bool {
+    kiln_testkit::needs()
+        .root("image tests (they keep file owners)")
+        .tools(&[
+            "docker-registry",
+            "skopeo",
+            "htpasswd",
+            "openssl",
+            "mkfs.ext4",
+        ])
+        .ok()
 }
 
 /// A running registry; stopped (and its storage removed) on drop.
@@ -49,14 +37,6 @@ impl Drop for Registry {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Registry {
     /// Starts a registry; with `creds`, every request needs them (Basic auth).
     pub fn start(creds: Option<(&str, &str)>) -> Registry {
@@ -71,7 +51,7 @@ impl Registry {
 
     fn start_with(creds: Option<(&str, &str)>, token_auth: Option<String>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = kiln_testkit::host::free_port();
         let addr = format!("127.0.0.1:{port}");
         let mut config = format!(
             "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",

@@ -120,38 +120,10 @@ pub fn host_listener(path: impl AsRef<Path>) -> UnixListener {
     l
 }
 
-/// Whether this host can run the VMM tests: KVM guests, as root (for the jail). Without them
-/// the tests fail, so a host that cannot run them never reports them as passed;
-/// `KILN_ALLOW_SKIPS=1` turns that into a printed skip for people who know their host lacks them.
+/// Whether this host can run the VMM tests: KVM guests, as root (the jail: mounts, a /dev/kvm
+/// node, a uid change, and ptrace of jailed VMMs), under the skip policy of [`kiln_testkit`].
 pub fn kvm_usable() -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => {}
-        Err(e) if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") => {
-            println!("skipped: /dev/kvm cannot be opened ({e}); these tests need KVM");
-            return false;
-        }
-        Err(e) => panic!(
-            "/dev/kvm cannot be opened ({e}): the kiln-vmm tests need KVM; \
-             set KILN_ALLOW_SKIPS=1 to skip them on this host"
-        ),
-    }
-    // The jail (mounts, a /dev/kvm node, a uid change) and ptrace of jailed VMMs need root.
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("KILN_ALLOW_SKIPS").as_deref() == Ok("1") {
-        println!("skipped: not root; these tests run the VMM jailed, which needs root");
-        return false;
-    }
-    panic!(
-        "the kiln-vmm tests run the VMM jailed, which needs root; \
-         set KILN_ALLOW_SKIPS=1 to skip them on this host"
-    )
+    kiln_testkit::needs().kvm().root("the VMM jail").ok()
 }
 
 pub fn guest64() -> &'static str {
