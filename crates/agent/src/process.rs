@@ -453,6 +453,7 @@ fn spawn_error(cmd: &str, cwd: &str, user: &str, e: &io::Error) -> RpcError {
 
 /// Read `fd` until EOF (or, once the process exited, until it stays quiet for a moment, so a
 /// grandchild holding the pipe open does not keep the command running) and fan out chunks.
+/// What a grandchild writes after that is read and dropped (see [`drain`]).
 async fn pump(
     p: Arc<Proc>,
     fd: Arc<CmdFd>,
@@ -464,7 +465,10 @@ async fn pump(
         let n = if *exited.borrow() {
             match tokio::time::timeout(Duration::from_millis(50), fd.read(&mut buf)).await {
                 Ok(r) => r,
-                Err(_) => break,
+                Err(_) => {
+                    tokio::spawn(drain(fd));
+                    break;
+                }
             }
         } else {
             tokio::select! {
@@ -480,6 +484,19 @@ async fn pump(
                 tracing::debug!(pid = p.pid, "output read failed: {e}");
                 break;
             }
+        }
+    }
+}
+
+/// Keeps reading a finished command's output pipe until its last writer closes it, dropping
+/// what comes. A program the command left running in the background (an application started
+/// by a launcher that returns at once) keeps writing to the command's stdout and stderr;
+/// closing them under it would kill it with SIGPIPE on its next write.
+async fn drain(fd: Arc<CmdFd>) {
+    let mut buf = vec![0u8; CHUNK];
+    while let Ok(n) = fd.read(&mut buf).await {
+        if n == 0 {
+            break;
         }
     }
 }

@@ -598,3 +598,29 @@ async fn late_request_end_does_not_reset_a_long_stream() {
     .unwrap();
     assert_eq!(total, "start\n".len() + 3_000_000);
 }
+
+/// A program a command leaves running (an application a launcher started) may write to the
+/// command's stdout after the command ended: it must not die of a closed pipe.
+#[tokio::test]
+async fn a_background_child_outlives_its_command_and_may_still_write() {
+    let (_a, c) = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let script = format!(
+        "(sleep 0.5; echo late; echo late >&2; touch {}) & echo started",
+        done.display()
+    );
+    let out = c.run(&script, opts()).await.unwrap();
+    assert_eq!(
+        (out.exit_code, out.stdout.as_slice()),
+        (0, &b"started\n"[..])
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background child died writing to its finished command's output"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -230,10 +230,11 @@ def work(agent, desk):
 
 def test_launch_and_open_reach_each_application(desk):
     """e2b-desktop's `launch(app)` (GTK's gtk-launch) and `open(path)` (xdg-open's MIME
-    lookup) for the desktop's applications: each gets its window. (LibreOffice started this
-    way does not come up yet: see docs/rich-sandboxes.md; started from the terminal it does,
-    as the task above shows.)"""
-    apps = [("xfce4-terminal", "Terminal"), ("thunar", "Thunar"), ("org.xfce.mousepad", "Mousepad")]
+    lookup) for the desktop's applications: each gets its window. LibreOffice's launcher
+    script outlives the `gtk-launch` command that started it and writes to that command's
+    output afterwards: it must not die of a closed pipe."""
+    apps = [("xfce4-terminal", "Terminal"), ("thunar", "Thunar"), ("org.xfce.mousepad", "Mousepad"),
+            ("libreoffice-writer", "LibreOffice Writer"), ("libreoffice-calc", "LibreOffice Calc")]
     try:
         for app, title in apps:
             desk.launch(app)
@@ -242,4 +243,4 @@ def test_launch_and_open_reach_each_application(desk):
         desk.open("/home/user/Desktop")
         wait_for(lambda: window(desk, "Desktop - Thunar"), "Thunar showing the folder")
     finally:
-        desk.commands.run("pkill -x mousepad; pkill -x xfce4-terminal; true")
+        desk.commands.run("pkill -x mousepad; pkill -x xfce4-terminal; pkill -x soffice.bin; pkill -x oosplash; true")

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{input, keys};
+use super::{keys, keysyms};
 
 /// Mouse buttons as X numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,13 +177,13 @@ fn modifiers(o: &Map<String, Value>) -> Vec<String> {
 /// The combination of `key_list`, every key known (an unknown name is the request's error).
 fn known_combo(o: &Map<String, Value>) -> Result<String, String> {
     let combo = keys::combo(&key_list(o)?);
-    input::combo_keysyms(&combo)?;
+    keysyms::combo_keysyms(&combo)?;
     Ok(combo)
 }
 
 fn known_modifiers(o: &Map<String, Value>) -> Result<Vec<String>, String> {
     let m = modifiers(o);
-    input::modifier_keysyms(&m)?;
+    keysyms::modifier_keysyms(&m)?;
     Ok(m)
 }
 

@@ -21,29 +21,6 @@ const SCROLL_GAP: Duration = Duration::from_millis(30);
 const KEY_REPEAT_GAP: Duration = Duration::from_millis(50);
 const DRAG_GAP: Duration = Duration::from_millis(50);
 
-/// The keysyms of a combination such as `"ctrl+shift+T"` (keys.rs names), in press order.
-pub fn combo_keysyms(combo: &str) -> Result<Vec<u32>, String> {
-    let mut names: Vec<&str> = combo.split('+').filter(|k| !k.is_empty()).collect();
-    if combo.ends_with("++") || combo == "+" {
-        names.push("plus");
-    }
-    if names.is_empty() {
-        return Err("an empty key combination".into());
-    }
-    names
-        .iter()
-        .map(|n| keysyms::from_name(n).ok_or_else(|| format!("unknown key {n:?}")))
-        .collect()
-}
-
-/// The keysyms of modifier names.
-pub fn modifier_keysyms(names: &[String]) -> Result<Vec<u32>, String> {
-    names
-        .iter()
-        .map(|n| keysyms::from_name(n).ok_or_else(|| format!("unknown key {n:?}")))
-        .collect()
-}
-
 struct Steps(Vec<Step>);
 
 impl Steps {
@@ -95,7 +72,7 @@ pub fn steps(a: &Action) -> Result<Option<Vec<Step>>, String> {
             count,
             modifiers,
         } => {
-            let mods = modifier_keysyms(modifiers)?;
+            let mods = keysyms::modifier_keysyms(modifiers)?;
             if let Some(p) = at {
                 s.move_to(*p);
             }
@@ -134,7 +111,7 @@ pub fn steps(a: &Action) -> Result<Option<Vec<Step>>, String> {
             dy,
             modifiers,
         } => {
-            let mods = modifier_keysyms(modifiers)?;
+            let mods = keysyms::modifier_keysyms(modifiers)?;
             if let Some(p) = at {
                 s.move_to(*p);
             }
@@ -169,7 +146,7 @@ pub fn steps(a: &Action) -> Result<Option<Vec<Step>>, String> {
             }
         }
         Action::Key { combo, repeat } => {
-            let ks = combo_keysyms(combo)?;
+            let ks = keysyms::combo_keysyms(combo)?;
             for i in 0..*repeat {
                 if i > 0 {
                     s.sleep(KEY_REPEAT_GAP);
@@ -179,7 +156,7 @@ pub fn steps(a: &Action) -> Result<Option<Vec<Step>>, String> {
             }
         }
         Action::HoldKey { combo, seconds } => {
-            let ks = combo_keysyms(combo)?;
+            let ks = keysyms::combo_keysyms(combo)?;
             s.keys(&ks, true);
             s.sleep(Duration::from_secs_f64(*seconds));
             s.keys(&ks, false);
@@ -265,9 +242,12 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(combo_keysyms("ctrl++").unwrap(), vec![0xffe3, 0x2b]);
-        assert_eq!(combo_keysyms("plus").unwrap(), vec![0x2b]);
-        assert!(combo_keysyms("ctrl+nosuchkey").is_err());
+        assert_eq!(
+            keysyms::combo_keysyms("ctrl++").unwrap(),
+            vec![0xffe3, 0x2b]
+        );
+        assert_eq!(keysyms::combo_keysyms("plus").unwrap(), vec![0x2b]);
+        assert!(keysyms::combo_keysyms("ctrl+nosuchkey").is_err());
     }
 
     #[test]

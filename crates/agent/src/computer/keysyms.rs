@@ -205,6 +205,29 @@ pub fn from_name(name: &str) -> Option<u32> {
         .map(|(_, v)| *v)
 }
 
+/// The keysyms of a combination such as `"ctrl+shift+T"` (keys.rs names), in press order.
+pub fn combo_keysyms(combo: &str) -> Result<Vec<u32>, String> {
+    let mut names: Vec<&str> = combo.split('+').filter(|k| !k.is_empty()).collect();
+    if combo.ends_with("++") || combo == "+" {
+        names.push("plus");
+    }
+    if names.is_empty() {
+        return Err("an empty key combination".into());
+    }
+    names
+        .iter()
+        .map(|n| from_name(n).ok_or_else(|| format!("unknown key {n:?}")))
+        .collect()
+}
+
+/// The keysyms of modifier names.
+pub fn modifier_keysyms(names: &[String]) -> Result<Vec<u32>, String> {
+    names
+        .iter()
+        .map(|n| from_name(n).ok_or_else(|| format!("unknown key {n:?}")))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,9 +10,6 @@ use crate::error::{Error, Result};
 use crate::store::{SandboxRecord, TemplateRecord};
 use crate::templates::{self, TemplateInfo};
 
-/// The metadata key that turns on syscall-level auditing for a sandbox (`"true"`).
-pub const SYSCALL_AUDIT_KEY: &str = "kiln.audit.syscalls";
-
 /// The `/init` that gives a freshly booted agent the sandbox's identity: environment (the
 /// template's, then the request's), access token, default user and working directory, clock.
 pub(super) fn init_request(

@@ -14,6 +14,9 @@ use crate::error::Result;
 use crate::store::{now_ms, SandboxRecord, SandboxState, SnapshotRecord};
 use crate::templates::TemplateInfo;
 
+/// The metadata key that turns on syscall-level auditing for a sandbox (`"true"`).
+pub const SYSCALL_AUDIT_KEY: &str = "kiln.audit.syscalls";
+
 /// Where a new sandbox's processes and files come from.
 pub(super) enum Origin<'a> {
     /// A template's sandbox: `pooled` names a warm-pool sandbox already booted; else `permit`
@@ -23,18 +26,15 @@ pub(super) enum Origin<'a> {
         permit: Option<SemaphorePermit<'a>>,
     },
     /// A sandbox continuing from a snapshot: its processes and files as they were, with its
-    /// own id and access token.
-    Snapshot(SnapshotRecord),
+    /// own id and access token; `alias` is the name it was created by.
+    Snapshot { snap: SnapshotRecord, alias: String },
 }
 
 impl Manager {
     /// Whether `p` asks for syscall-level auditing and this server records it.
     pub(super) fn wants_syscall_audit(&self, p: &CreateParams) -> bool {
         self.audit().enabled()
-            && p.metadata
-                .get(super::create::SYSCALL_AUDIT_KEY)
-                .map(String::as_str)
-                == Some("true")
+            && p.metadata.get(SYSCALL_AUDIT_KEY).map(String::as_str) == Some("true")
     }
 
     /// Provisions a sandbox of template `tpl` from `origin` for request `p` (a create that
@@ -49,10 +49,10 @@ impl Manager {
     ) -> Result<SandboxRecord> {
         let pooled = match &origin {
             Origin::Template { pooled, .. } => pooled.clone(),
-            Origin::Snapshot(_) => None,
+            Origin::Snapshot { .. } => None,
         };
         let id = pooled.clone().unwrap_or_else(super::new_sandbox_id);
-        if let Origin::Snapshot(snap) = &origin {
+        if let Origin::Snapshot { snap, .. } = &origin {
             // The new sandbox's audit chain continues from its parent's.
             self.audit()
                 .link(
@@ -75,7 +75,7 @@ impl Manager {
         };
         let label = match &origin {
             Origin::Template { .. } => format!("template {}", tpl.name),
-            Origin::Snapshot(snap) => format!("from snapshot {}", snap.id),
+            Origin::Snapshot { snap, .. } => format!("from snapshot {}", snap.id),
         };
         let booted = match origin {
             Origin::Template { pooled, permit } => {
@@ -88,7 +88,7 @@ impl Manager {
                 drop(permit);
                 r.map(|phases| format!(" ({phases})"))
             }
-            Origin::Snapshot(snap) => match self.boot_permit().await {
+            Origin::Snapshot { snap, .. } => match self.boot_permit().await {
                 Ok(_permit) => self
                     .restore_and_init(&snap, &spec, &record)
                     .await
@@ -124,11 +124,9 @@ impl Manager {
     ) -> SandboxRecord {
         let (template_id, alias, mut env_vars) = match origin {
             Origin::Template { .. } => (tpl.name.clone(), tpl.name.clone(), Default::default()),
-            Origin::Snapshot(snap) => (
+            Origin::Snapshot { snap, alias } => (
                 snap.template_id.clone(),
-                snap.name
-                    .clone()
-                    .unwrap_or_else(|| super::snapshots::tagged(&snap.id)),
+                alias.clone(),
                 snap.env_vars.clone(),
             ),
         };
@@ -175,10 +173,10 @@ impl Manager {
         spec.syscall_audit = self.wants_syscall_audit(p);
         let mounts = match origin {
             Origin::Template { .. } => p.volume_mounts.clone(),
-            Origin::Snapshot(snap) => self.mounts_of(&snap.sandbox_id).await?,
+            Origin::Snapshot { snap, .. } => self.mounts_of(&snap.sandbox_id).await?,
         };
         spec.volumes = self.record_mounts(id, &mounts).await?;
-        if matches!(origin, Origin::Snapshot(_)) && self.driver.has_network() {
+        if matches!(origin, Origin::Snapshot { .. }) && self.driver.has_network() {
             if let Some(t) = p.network.as_ref().and_then(|n| n.transforms.as_ref()) {
                 if let Some(tokens) = &t.tokens {
                     tokens.bind(id);

@@ -209,11 +209,12 @@ impl Manager {
         timeout: u64,
     ) -> Result<SandboxRecord> {
         let tpl = self.lookup_template(&snap.template_id).await?;
+        let alias = snap.name.clone().unwrap_or_else(|| tagged(&snap.id));
         let started = Instant::now();
         self.provision(
             p,
             &tpl,
-            super::provision::Origin::Snapshot(snap),
+            super::provision::Origin::Snapshot { snap, alias },
             timeout,
             started,
         )
