@@ -11,9 +11,11 @@ a page served inside the sandbox in Chromium.
 """
 
 import base64
+import io
 import json
 import os
 import time
+import zipfile
 
 import pytest
 from e2b_desktop import Sandbox
@@ -228,6 +230,28 @@ def work(agent, desk):
         desk.commands.run("pkill -x chromium || true")
 
 
+def minimal_docx(text):
+    """A one-paragraph Word document: the three parts a .docx needs."""
+    ns = "http://schemas.openxmlformats.org"
+    parts = {
+        "[Content_Types].xml": f'<Types xmlns="{ns}/package/2006/content-types">'
+        f'<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
+        f'<Default Extension="xml" ContentType="application/xml"/>'
+        f'<Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-'
+        f'officedocument.wordprocessingml.document.main+xml"/></Types>',
+        "_rels/.rels": f'<Relationships xmlns="{ns}/package/2006/relationships"><Relationship Id="rId1" '
+        f'Type="{ns}/officeDocument/2006/relationships/officeDocument" Target="word/document.xml"/>'
+        f'</Relationships>',
+        "word/document.xml": f'<w:document xmlns:w="{ns}/wordprocessingml/2006/main"><w:body><w:p><w:r>'
+        f'<w:t>{text}</w:t></w:r></w:p></w:body></w:document>',
+    }
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, body in parts.items():
+            z.writestr(name, '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>' + body)
+    return buf.getvalue()
+
+
 def test_launch_and_open_reach_each_application(desk):
     """e2b-desktop's `launch(app)` (GTK's gtk-launch) and `open(path)` (xdg-open's MIME
     lookup) for the desktop's applications: each gets its window. LibreOffice's launcher
@@ -239,8 +263,11 @@ def test_launch_and_open_reach_each_application(desk):
         for app, title in apps:
             desk.launch(app)
             wait_for(lambda: window(desk, title), f"{app}'s window", timeout=120)
-        # A folder opens in Thunar.
+        # A folder opens in Thunar, a Word document in LibreOffice Writer.
         desk.open("/home/user/Desktop")
         wait_for(lambda: window(desk, "Desktop - Thunar"), "Thunar showing the folder")
+        desk.files.write("/home/user/work/opened.docx", minimal_docx("opened through open()"))
+        desk.open("/home/user/work/opened.docx")
+        wait_for(lambda: window(desk, "opened.docx - LibreOffice Writer"), "Writer showing the document")
     finally:
         desk.commands.run("pkill -x mousepad; pkill -x xfce4-terminal; pkill -x soffice.bin; pkill -x oosplash; true")
