@@ -38,7 +38,8 @@ impl Manager {
     }
 
     /// Provisions a sandbox of template `tpl` from `origin` for request `p` (a create that
-    /// began at `started`); its record once it is running. A failure after the record is written ends the sandbox (`boot_failed`).
+    /// began at `started`); its record once it is running. A failure after the record is
+    /// written ends the sandbox (`boot_failed`).
     pub(super) async fn provision(
         &self,
         p: &CreateParams,
