@@ -64,16 +64,6 @@ pub struct Image {
     pub height: u32,
 }
 
-/// Width and height of a PNG from its IHDR chunk.
-pub fn png_size(b: &[u8]) -> Option<(u32, u32)> {
-    if b.len() < 24 || &b[..8] != b"\x89PNG\r\n\x1a\n" {
-        return None;
-    }
-    let w = u32::from_be_bytes(b[16..20].try_into().ok()?);
-    let h = u32::from_be_bytes(b[20..24].try_into().ok()?);
-    Some((w, h))
-}
-
 /// An open connection and what it needs from the server's setup.
 struct Conn {
     c: RustConnection,
