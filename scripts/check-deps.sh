@@ -4,7 +4,9 @@
 #   may use it as a dev-dependency);
 # - no gVisor/runsc names in crates/server/src and crates/cli/src outside the allowed files;
 # - rusqlite only under crates/server/src/store/;
-# - kiln-server does not depend on kiln-cluster (the etcd store), which keeps no SQLite.
+# - kiln-server does not depend on kiln-cluster (the etcd store), which keeps no SQLite;
+# - the server's front (api, proxy, console, template builds) reaches sandboxes through the
+#   `SandboxService` trait, never the concrete `Manager`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -41,6 +43,14 @@ $hits"
 
 hits=$(grep -rn 'rusqlite' crates/cluster/src --include='*.rs' || true)
 [ -z "$hits" ] || bad "rusqlite in the etcd store (crates/cluster/src):
+$hits"
+
+# The front names the lifecycle only by its trait; `AppState::new` (api/mod.rs) is where one
+# host's Manager is handed in.
+hits=$(grep -rnwE 'Manager' crates/server/src/{api,proxy,console,tplbuild} --include='*.rs' \
+  | grep -vE '^\S+:[0-9]+:\s*//' \
+  | grep -vE '^crates/server/src/api/mod\.rs:.*(use crate::manager::\{Manager, SandboxService\}|pub fn new\(manager: Arc<Manager>)' || true)
+[ -z "$hits" ] || bad "the concrete Manager named in the server's front (use SandboxService):
 $hits"
 
 [ $fail -eq 0 ] && echo "check-deps: ok"

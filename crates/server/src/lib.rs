@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 pub use api::{ApiError, ApiErrorBody};
 pub use error::Error;
-pub use manager::{LifecycleConfig, LifecycleEvent, Manager};
+pub use manager::{LifecycleConfig, LifecycleEvent, Manager, SandboxService};
 
 /// Default domain of sandbox host names: `{port}-{id}.localhost` resolves to the loopback
 /// address on the kiln host itself without any DNS set-up (RFC 6761; browsers, curl and
@@ -184,6 +184,7 @@ impl Server {
             &cfg.state_dir,
             db.builds()?,
             manager.clone(),
+            manager.store().clone(),
             cfg.template_builds.clone(),
         )
         .await?;

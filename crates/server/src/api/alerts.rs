@@ -84,7 +84,7 @@ pub async fn list(
     let mut f = q.filter().map_err(ApiError::bad_request)?;
     f.team = team;
     let after = f.after;
-    let alerts = st.0.manager.audit().alerts(f).await.map_err(|e| match e {
+    let alerts = st.0.audit.alerts(f).await.map_err(|e| match e {
         AuditError::Off => ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "alerts need the audit log, which is off on this server (kiln serve --audit off)",

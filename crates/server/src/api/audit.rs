@@ -32,7 +32,7 @@ async fn query(
     team: Option<String>,
     q: AuditQuery,
 ) -> ApiResult<Response> {
-    let log = st.0.manager.audit().clone();
+    let log = st.0.audit.clone();
     if !log.enabled() {
         return Err(audit_err(AuditError::Off));
     }
@@ -81,8 +81,7 @@ pub async fn verify(
 ) -> ApiResult<Response> {
     let team = super::scope::team_scope(&st.0, &c, q.sandbox_id.as_deref()).await?;
     let reports =
-        st.0.manager
-            .audit()
+        st.0.audit
             .verify(q.sandbox_id, team)
             .await
             .map_err(audit_err)?;
@@ -107,7 +106,7 @@ pub struct ViewRead;
 /// Records every API call naming a sandbox (key, route, status) on that sandbox's chain, and
 /// a create on the new sandbox's chain (its key becomes the sandbox's owner).
 pub async fn record_api(State(st): St, req: Request, next: Next) -> Response {
-    let log = st.manager.audit().clone();
+    let log = st.audit.clone();
     // The web console's reads refresh its views every few seconds: not recorded (what it
     // changes is, as the signed-in key).
     let console_read = req.extensions().get::<ViewRead>().is_some()

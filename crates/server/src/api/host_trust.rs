@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use super::rules::BUNDLE;
-use crate::manager::{CreateParams, Manager};
+use crate::manager::{CreateParams, SandboxService};
 use crate::store::SandboxRecord;
 
 /// Where the extra CAs go in a sandbox, all in one file (Debian's layout:
@@ -132,7 +132,10 @@ pub fn trust_env(cas: &[String], env: &mut BTreeMap<String, String>) {
 
 /// Creates a sandbox that trusts the manager's extra CAs: its environment names them and its
 /// trust store holds them before this returns. A failure to install them ends the sandbox.
-pub async fn create(manager: &Manager, mut p: CreateParams) -> crate::error::Result<SandboxRecord> {
+pub async fn create(
+    manager: &dyn SandboxService,
+    mut p: CreateParams,
+) -> crate::error::Result<SandboxRecord> {
     trust_env(manager.extra_cas(), &mut p.env_vars);
     let rec = manager.create(p).await?;
     if let Err(e) = install(manager, &rec.id, rec.envd_token.clone()).await {
@@ -147,7 +150,7 @@ pub async fn create(manager: &Manager, mut p: CreateParams) -> crate::error::Res
 /// Puts the manager's extra CAs in sandbox `id`'s trust store: [`EXTRA_FILE`], and the
 /// system bundle where it lacks them (read and written once at most).
 pub async fn install(
-    manager: &Manager,
+    manager: &dyn SandboxService,
     id: &str,
     token: Option<String>,
 ) -> crate::error::Result<()> {

@@ -96,7 +96,7 @@ pub async fn list_v1(
         .filter(|r| r.state == SandboxState::Running)
         .filter(|r| matches_metadata(r, &filter))
         .collect();
-    Ok(paging.respond(all, &st.manager))
+    Ok(paging.respond(all, st.manager.as_ref()))
 }
 
 /// How a list is paged: newest first (by start time, then id) unless `order=asc`, at most
@@ -151,7 +151,11 @@ impl Paging {
     /// `x-next-token` when more follow. The cursor is the (start time, id) key of the last
     /// item, so sandboxes that start or end between pages never make a page repeat or skip
     /// one that was listed before.
-    fn respond(&self, mut all: Vec<SandboxRecord>, m: &crate::manager::Manager) -> Response {
+    fn respond(
+        &self,
+        mut all: Vec<SandboxRecord>,
+        m: &dyn crate::manager::SandboxService,
+    ) -> Response {
         all.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
         if self.desc {
             all.reverse();
@@ -270,7 +274,7 @@ pub async fn list_v2(
         .filter(|r| q.template.as_deref().is_none_or(|t| r.template_id == t))
         .filter(|r| started_after.is_none_or(|ms| r.started_at_ms >= ms))
         .collect();
-    Ok(paging.respond(all, &st.manager))
+    Ok(paging.respond(all, st.manager.as_ref()))
 }
 
 #[cfg(test)]

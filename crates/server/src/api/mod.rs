@@ -47,7 +47,7 @@ pub use list::parse_metadata_filter;
 pub use net_persist::reapply as reapply_networks;
 
 use crate::auth;
-use crate::manager::Manager;
+use crate::manager::{Manager, SandboxService};
 use crate::obs::Telemetry;
 use crate::routing;
 
@@ -146,7 +146,14 @@ pub struct ApiConfig {
 }
 
 pub struct AppState {
-    pub manager: Arc<Manager>,
+    /// The sandboxes' lifecycle (the only way the API reaches a sandbox).
+    pub manager: Arc<dyn SandboxService>,
+    /// Request and lifecycle counters (`/metrics`).
+    pub telemetry: Arc<Telemetry>,
+    /// The audit log (`/sandboxes/{id}/audit`, alerts).
+    pub audit: crate::audit::AuditLog,
+    /// Webhook delivery (`/webhooks`).
+    pub webhooks: Arc<crate::obs::webhooks::Webhooks>,
     /// Sandbox records, ended ones included (whose logs a team may read).
     pub sandboxes: Arc<dyn crate::store::SandboxStore>,
     /// API keys and teams (`/api-keys`, `/teams`, the console's sign-in).
@@ -169,6 +176,7 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The API of one host's `manager`.
     pub fn new(manager: Arc<Manager>, cfg: ApiConfig) -> Self {
         let store = manager.store().clone();
         Self {
@@ -176,6 +184,9 @@ impl AppState {
             sandboxes: store.clone(),
             access: store.clone(),
             events: store,
+            telemetry: manager.telemetry().clone(),
+            audit: manager.audit().clone(),
+            webhooks: manager.webhooks().clone(),
             manager,
             cfg,
             vault: None,
@@ -296,7 +307,7 @@ async fn require_api_key(State(st): St, mut req: Request, next: Next) -> Respons
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::to_string)
         });
-    match st.manager.authenticate(key.as_deref()).await {
+    match auth::verify(st.access.as_ref(), key.as_deref()).await {
         Ok(Ok(caller)) => {
             req.extensions_mut()
                 .insert(audit::KeyId(caller.key_id.clone()));
@@ -304,7 +315,7 @@ async fn require_api_key(State(st): St, mut req: Request, next: Next) -> Respons
             next.run(req).await
         }
         Ok(Err(e)) => ApiError::unauthorized(e.to_string()).into_response(),
-        Err(e) => ApiError::from(e).into_response(),
+        Err(e) => ApiError::from(crate::error::Error::from(e)).into_response(),
     }
 }
 
@@ -330,7 +341,7 @@ pub async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> R
     let routed = match routing::target_of_request(req.headers(), req.uri(), &st.cfg.domain) {
         // A signed file URL names no sandbox: the signature's token finds it.
         Ok(None) => match signed::signed_files_query(req.method(), req.uri()) {
-            Some((q, op)) => match signed::route_signed(&st.manager, &q, op) {
+            Some((q, op)) => match signed::route_signed(st.manager.as_ref(), &q, op) {
                 Ok(t) => Ok(Some(t)),
                 Err(why) => return signed::unauthorized(why),
             },
@@ -340,9 +351,9 @@ pub async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> R
     };
     match routed {
         Ok(Some(target)) => {
-            let t = st.manager.telemetry().clone();
+            let t = st.telemetry.clone();
             let req = req.map(|b| count_body(b, &t, |t| &t.proxy_request_bytes));
-            let resp = crate::proxy::forward(&st.manager, target, req).await;
+            let resp = crate::proxy::forward(st.manager.as_ref(), target, req).await;
             Telemetry::add(&t.proxy_requests, 1);
             if resp.status().is_server_error() {
                 Telemetry::add(&t.proxy_errors, 1);

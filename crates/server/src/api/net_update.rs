@@ -45,7 +45,7 @@ pub async fn update(
     if rules {
         // Trusted since create; a sandbox from an older snapshot may lack it.
         let token = st.manager.get_for(&id, &c.team)?.envd_token;
-        super::host_trust::install(&st.manager, &id, token).await?;
+        super::host_trust::install(st.manager.as_ref(), &id, token).await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }

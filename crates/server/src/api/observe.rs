@@ -315,7 +315,7 @@ pub async fn prometheus(State(st): St, headers: HeaderMap) -> Response {
         &[("verdict", "denied")],
         denied as f64,
     );
-    if let Some(tap) = m.audit().rules_tap() {
+    if let Some(tap) = st.audit.rules_tap() {
         w.family(
             "kiln_rules_records_dropped_total",
             "Audit records the rule engine could not take (its queue was full), so not \
@@ -328,7 +328,7 @@ pub async fn prometheus(State(st): St, headers: HeaderMap) -> Response {
             tap.dropped() as f64,
         );
     }
-    m.telemetry().write(&mut w);
+    st.telemetry.write(&mut w);
     (
         [(
             header::CONTENT_TYPE,

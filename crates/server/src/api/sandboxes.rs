@@ -16,7 +16,7 @@ use super::wire::{detail_json, parse_json, sandbox_json, ts, NewSandbox};
 use super::{ApiError, ApiResult, AppState, St};
 use crate::manager::CreateParams;
 use crate::tenancy::Caller;
-use crate::Manager;
+use crate::SandboxService;
 
 /// The caller of a request (set by the auth layer).
 type Who = Extension<Caller>;
@@ -124,11 +124,11 @@ async fn create_inner(
     let rec = tokio::spawn(async move { manager.create(params).await })
         .await
         .map_err(|e| ApiError::internal(format!("create task: {e}")))??;
-    st.manager.telemetry().observe("create", t.elapsed());
+    st.telemetry.observe("create", t.elapsed());
     if let Some(b) = &built {
         super::template_api::apply_defaults(&st, &rec, b).await?;
     }
-    super::host_trust::install(&st.manager, &rec.id, rec.envd_token.clone()).await?;
+    super::host_trust::install(st.manager.as_ref(), &rec.id, rec.envd_token.clone()).await?;
     if let (Some(m), Some(v)) = (&mcp, &st.vault) {
         v.db().put_mcp(&rec.id, m).await.map_err(|e| {
             ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))
@@ -237,7 +237,7 @@ async fn resuming<F, Fut, T>(
     resume: F,
 ) -> ApiResult<T>
 where
-    F: FnOnce(Arc<Manager>, i64, bool) -> Fut,
+    F: FnOnce(Arc<dyn SandboxService>, i64, bool) -> Fut,
     Fut: std::future::Future<Output = Result<T, crate::Error>> + Send + 'static,
     T: Send + 'static,
 {
@@ -270,7 +270,7 @@ pub async fn connect(
     })
     .await?;
     if resumed {
-        st.manager.telemetry().observe("resume", t.elapsed());
+        st.telemetry.observe("resume", t.elapsed());
     }
     let status = if resumed {
         StatusCode::CREATED
@@ -373,7 +373,7 @@ pub async fn pause(
     tokio::spawn(async move { manager.pause_checked(&id, memory, healthy).await })
         .await
         .map_err(|e| ApiError::internal(format!("pause task: {e}")))??;
-    st.manager.telemetry().observe("pause", t.elapsed());
+    st.telemetry.observe("pause", t.elapsed());
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -392,7 +392,7 @@ pub async fn resume(
     })
     .await?;
     if resumed {
-        st.manager.telemetry().observe("resume", t.elapsed());
+        st.telemetry.observe("resume", t.elapsed());
     }
     if !resumed {
         return Err(ApiError::conflict(format!(
@@ -474,7 +474,7 @@ pub async fn fork(
         tokio::spawn(async move { manager.fork(&id, b.count.unwrap_or(1), b.timeout).await })
             .await
             .map_err(|e| ApiError::internal(format!("fork task: {e}")))??;
-    st.manager.telemetry().observe("fork", t.elapsed());
+    st.telemetry.observe("fork", t.elapsed());
     for child in children.iter().flatten() {
         super::net_inherit::fork_child(&st, &parent, &child.id, &c.team).await?;
     }

@@ -11,7 +11,7 @@ use http::{Method, StatusCode, Uri};
 use serde_json::json;
 use sha2::Digest;
 
-use crate::manager::Manager;
+use crate::manager::SandboxService;
 use crate::routing::Target;
 use crate::store::SandboxState;
 
@@ -112,7 +112,7 @@ pub(crate) fn unauthorized(message: &str) -> Response {
 /// [`unauthorized`]): a signature no sandbox's token made, or one past its expiry ("signature
 /// is already expired", as envd).
 pub(crate) fn route_signed(
-    manager: &Manager,
+    manager: &dyn SandboxService,
     q: &SignedQuery,
     op: &str,
 ) -> Result<Target, &'static str> {

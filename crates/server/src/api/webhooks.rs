@@ -77,8 +77,7 @@ async fn check_url(st: &super::AppState, url: &str) -> ApiResult<()> {
             "the webhook url must be an http:// or https:// URL with a host",
         ));
     }
-    st.manager
-        .webhooks()
+    st.webhooks
         .check_destination(&u)
         .await
         .map_err(ApiError::bad_request)
@@ -235,7 +234,7 @@ pub async fn test(State(st): St, Extension(c): Who, Path(id): Path<String>) -> A
         .enqueue_delivery(&w.id, "test", &payload)
         .await
         .map_err(crate::Error::from)?;
-    st.manager.webhooks().nudge();
+    st.webhooks.nudge();
     let deadline = tokio::time::Instant::now() + TEST_WAIT;
     loop {
         let d = store

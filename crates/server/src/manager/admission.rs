@@ -10,13 +10,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln_host::capacity::{self, SandboxCost};
 
-use super::Manager;
+use super::{is_build_sandbox, Manager};
 use crate::error::{Error, Result};
+use crate::store::AccessStore;
 use crate::tenancy::TeamQuota;
 
 /// Admission settings.
@@ -40,10 +41,30 @@ const RETRY_AFTER_SECS: u64 = 5;
 /// The window of the create-rate quota.
 const RATE_WINDOW: Duration = Duration::from_secs(60);
 
+/// The admission service: the server's cap, team quotas, host capacity and the create rate,
+/// the creates in flight they count, and the boot permits.
+pub(super) struct Admission {
+    cfg: AdmissionConfig,
+    /// Where team quotas are kept.
+    teams: Arc<dyn AccessStore>,
+    in_flight: InFlight,
+    /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
+    /// than CPUs only makes every one of them slower.
+    boots: tokio::sync::Semaphore,
+}
+
+/// What is alive when a create asks to be admitted.
+pub(super) struct Live {
+    /// Running, paused and tearing-down sandboxes plus those being provisioned.
+    pub total: usize,
+    /// The asking team's running and paused sandboxes (template builds' own not counted).
+    pub team: usize,
+}
+
 /// Creates in flight (in total and per team), so concurrent creates cannot all pass one
 /// check, and each team's recent creates for its rate quota.
 #[derive(Default)]
-pub(super) struct InFlight {
+struct InFlight {
     total: AtomicUsize,
     teams: Mutex<HashMap<String, usize>>,
     recent: Mutex<HashMap<String, VecDeque<Instant>>>,
@@ -85,15 +106,24 @@ fn quota_refusal(limit: String, retry_after_secs: u64) -> Error {
     }
 }
 
-impl Manager {
+impl Admission {
+    pub(super) fn new(cfg: AdmissionConfig, teams: Arc<dyn AccessStore>) -> Self {
+        Self {
+            cfg,
+            teams,
+            in_flight: InFlight::default(),
+            boots: tokio::sync::Semaphore::new(boots_total()),
+        }
+    }
+
     /// The quotas that apply to `team` (its own where set, else the server's defaults).
-    pub async fn team_quota(&self, team: &str) -> Result<TeamQuota> {
-        let own = self.store.get_team(team).await?;
-        Ok(self.cfg.admission.team_defaults.for_team(own.as_ref()))
+    pub(super) async fn team_quota(&self, team: &str) -> Result<TeamQuota> {
+        let own = self.teams.get_team(team).await?;
+        Ok(self.cfg.team_defaults.for_team(own.as_ref()))
     }
 
     /// Checks a timeout against `team`'s largest (400 naming the limit: retrying cannot help).
-    pub async fn check_team_timeout(&self, team: &str, secs: i64) -> Result<()> {
+    pub(super) async fn check_team_timeout(&self, team: &str, secs: i64) -> Result<()> {
         if let Some(max) = self.team_quota(team).await?.max_timeout_secs {
             if secs > 0 && secs as u64 > max {
                 return Err(Error::bad_request(format!(
@@ -104,11 +134,10 @@ impl Manager {
         Ok(())
     }
 
-    /// Whether `team` has room for `n` more sandboxes (a fork's children): 429 naming the
-    /// quota when not.
-    pub async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
+    /// Whether `team`, with `live` sandboxes, has room for `n` more (a fork's children): 429
+    /// naming the quota when not.
+    pub(super) async fn check_team_room(&self, team: &str, live: usize, n: usize) -> Result<()> {
         if let Some(max) = self.team_quota(team).await?.max_sandboxes {
-            let live = self.team_live(team);
             if live + n > max as usize {
                 return Err(quota_refusal(
                     format!(
@@ -122,24 +151,33 @@ impl Manager {
         Ok(())
     }
 
-    /// Running and paused sandboxes counted against `team`'s quota (template builds' own are
-    /// not).
-    fn team_live(&self, team: &str) -> usize {
-        self.registry
-            .list()
-            .iter()
-            .filter(|r| r.team == team && !super::is_build_sandbox(&r.metadata))
-            .count()
-    }
-
     /// Creates admitted and not finished yet.
     pub(super) fn creates_in_flight(&self) -> usize {
         self.in_flight.total.load(Ordering::SeqCst)
     }
 
+    /// How many sandboxes may boot at once.
+    pub(super) fn boots_total(&self) -> usize {
+        boots_total()
+    }
+
+    /// One of the boot permits, or 503 once the server shuts down.
+    pub(super) async fn boot_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.boots
+            .acquire()
+            .await
+            .map_err(|_| Error::Unavailable("the sandbox manager is shutting down".into()))
+    }
+
     /// Admits one more create for `team`, or says which limit refuses it. A create that will
     /// take a `pooled` sandbox (already booted) skips the host-capacity check.
-    pub(super) fn admit(&self, team: &str, quota: &TeamQuota, pooled: bool) -> Result<Ticket<'_>> {
+    pub(super) fn admit(
+        &self,
+        team: &str,
+        quota: &TeamQuota,
+        pooled: bool,
+        live: Live,
+    ) -> Result<Ticket<'_>> {
         let pending = self.in_flight.total.fetch_add(1, Ordering::SeqCst);
         let team_pending = {
             let mut teams = self.in_flight.teams();
@@ -151,9 +189,9 @@ impl Manager {
             flight: &self.in_flight,
             team: team.to_string(),
         };
-        let adm = &self.cfg.admission;
+        let adm = &self.cfg;
         if let Some(max) = adm.max_sandboxes {
-            let live = self.registry.len() + self.registry.pending_len();
+            let live = live.total;
             if live + pending >= max {
                 return Err(quota_refusal(
                     format!(
@@ -165,7 +203,7 @@ impl Manager {
             }
         }
         if let Some(max) = quota.max_sandboxes {
-            let live = self.team_live(team);
+            let live = live.team;
             if live + team_pending >= max as usize {
                 return Err(quota_refusal(
                     format!(
@@ -215,5 +253,49 @@ impl Manager {
             q.push_back(now);
         }
         Ok(ticket)
+    }
+}
+
+/// How many sandboxes may boot at once: one per CPU, at least two.
+fn boots_total() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(2)
+}
+
+impl Manager {
+    /// What is alive now, as admission counts it for `team`.
+    pub(super) fn live_for(&self, team: &str) -> Live {
+        Live {
+            total: self.registry.len() + self.registry.pending_len(),
+            team: self.team_live(team),
+        }
+    }
+
+    /// Running and paused sandboxes counted against `team`'s quota (template builds' own are
+    /// not).
+    fn team_live(&self, team: &str) -> usize {
+        self.registry
+            .list()
+            .iter()
+            .filter(|r| r.team == team && !is_build_sandbox(&r.metadata))
+            .count()
+    }
+
+    /// The quotas that apply to `team`.
+    pub async fn team_quota(&self, team: &str) -> Result<TeamQuota> {
+        self.admission.team_quota(team).await
+    }
+
+    /// Checks a timeout against `team`'s largest.
+    pub async fn check_team_timeout(&self, team: &str, secs: i64) -> Result<()> {
+        self.admission.check_team_timeout(team, secs).await
+    }
+
+    /// Whether `team` has room for `n` more sandboxes (a fork's children).
+    pub async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
+        let live = self.team_live(team);
+        self.admission.check_team_room(team, live, n).await
     }
 }

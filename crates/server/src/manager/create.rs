@@ -75,7 +75,9 @@ impl Manager {
         // Refused up front when the server, the team's quota or the host is full (warm-pool
         // sandboxes are booted ahead: a create that takes one needs no more room on the host).
         let pooled_ready = self.pool_ready(&name) > 0;
-        let _ticket = self.admit(&admit_as, &quota, pooled_ready)?;
+        let _ticket =
+            self.admission
+                .admit(&admit_as, &quota, pooled_ready, self.live_for(&admit_as))?;
         if let Some(snap) = self.find_snapshot(&p.template_id, &team).await? {
             return self.create_from_snapshot(&p, snap, timeout).await;
         }

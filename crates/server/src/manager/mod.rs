@@ -1,4 +1,12 @@
-//! Sandbox lifecycle: the one service the API talks to.
+//! Sandbox lifecycle on one host. The server's front (API, proxy, console, template builds)
+//! reaches it only through the [`SandboxService`] trait (`service.rs`), which [`Manager`]
+//! implements; the server's own wiring (recovery, reaper, pools, sampler, watcher, alerts)
+//! calls the Manager directly.
+//!
+//! The Manager owns its services: the [`registry::Registry`] of running sandboxes, admission
+//! (`admission.rs`: caps, team quotas, host capacity, create rate, boot permits), the warm
+//! pools (`pool.rs`), the idle table (`idle.rs`), the metrics history (`sampler.rs`) and the
+//! telemetry, webhook and audit outlets.
 //!
 //! - [`create`](Manager::create) in `create.rs` (validation, admission, template lookup, the
 //!   warm-pool claim, driver create/start, agent init, the template's start command in
@@ -13,7 +21,8 @@
 //! - standby of idle sandboxes (checkpointed to disk, woken by traffic) in `standby.rs`, their
 //!   idle bookkeeping in `idle.rs`.
 //!
-//! - what the proxy gets for each request (one call, [`Manager::open_route`]) in `route.rs`.
+//! - what the proxy gets for each request (one call, [`SandboxService::open_route`]) in
+//!   `route.rs`.
 //!
 //! The store is the authority on sandboxes and their end times; [`registry::Registry`] caches
 //! the running ones for routing.
@@ -36,6 +45,7 @@ mod recovery;
 mod registry;
 mod route;
 mod sampler;
+mod service;
 mod snapshots;
 mod standby;
 mod start_cmd;
@@ -64,6 +74,7 @@ pub use pool::parse_pool;
 pub use pool_demand::PoolPolicy;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
 pub use route::{NoRoute, PortRoute, Route};
+pub use service::SandboxService;
 pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
 pub use standby::{census, parse_standby_after, Census, STANDBY_META};
 pub use start_cmd::START_CMD_EVENT;
@@ -202,11 +213,8 @@ pub struct Manager {
     driver: Arc<dyn Driver>,
     templates: Arc<dyn Templates>,
     registry: registry::Registry,
-    in_flight: admission::InFlight,
+    admission: admission::Admission,
     events: broadcast::Sender<LifecycleEvent>,
-    /// Bounds how many sandboxes boot at once: booting is CPU-bound, so running more boots
-    /// than CPUs only makes every one of them slower.
-    boots: tokio::sync::Semaphore,
     /// Template versions (name, key) already recorded in the store by this server.
     recorded_templates: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
@@ -272,20 +280,15 @@ impl Manager {
             telemetry.clone(),
             cfg.webhooks.clone(),
         ));
+        let admission = admission::Admission::new(cfg.admission.clone(), store.clone());
         Arc::new(Self {
             cfg,
             store,
             driver,
             templates,
             registry: registry::Registry::default(),
-            in_flight: admission::InFlight::default(),
+            admission,
             events,
-            boots: tokio::sync::Semaphore::new(
-                std::thread::available_parallelism()
-                    .map(|n| n.get())
-                    .unwrap_or(2)
-                    .max(2),
-            ),
             recorded_templates: Default::default(),
             lifecycle_lock: tokio::sync::Mutex::new(()),
             pools: pool::Pools::default(),
@@ -324,22 +327,6 @@ impl Manager {
     /// Lifecycle events as they happen.
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.events.subscribe()
-    }
-
-    /// How many sandboxes may boot at once.
-    fn boots_total(&self) -> usize {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            .max(2)
-    }
-
-    /// One of the boot permits (see `boots`), or 503 once the manager shuts down.
-    async fn boot_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
-        self.boots
-            .acquire()
-            .await
-            .map_err(|_| Error::Unavailable("the sandbox manager is shutting down".into()))
     }
 
     /// A sandbox that failed to boot (or restore): its runtime is stopped, its record marked
@@ -386,14 +373,6 @@ impl Manager {
         self.audit
             .get()
             .unwrap_or_else(|| OFF.get_or_init(crate::audit::AuditLog::disabled))
-    }
-
-    /// Checks an API key; `Ok(Err(_))` says why it was refused.
-    pub async fn authenticate(
-        &self,
-        key: Option<&str>,
-    ) -> Result<std::result::Result<crate::tenancy::Caller, crate::auth::AuthError>> {
-        Ok(crate::auth::verify(self.store.as_ref(), key).await?)
     }
 
     /// Checks a requested timeout (seconds) against the limits.

@@ -174,7 +174,7 @@ impl Manager {
             }
             tokio::select! {
                 biased;
-                permit = self.boot_permit() => return permit.map(Claim::Cold),
+                permit = self.admission.boot_permit() => return permit.map(Claim::Cold),
                 Ok(()) = added.changed(), if pooled_ok => {}
                 () = tokio::time::sleep_until(deadline) => {
                     return Err(Error::Capacity {
@@ -208,7 +208,7 @@ impl Manager {
     /// stays for cold creates and the sandboxes' own growth).
     fn pool_room(&self) -> usize {
         let adm = &self.cfg.admission;
-        let pending = self.creates_in_flight();
+        let pending = self.admission.creates_in_flight();
         let mut room = usize::MAX;
         if let Some(max) = adm.max_sandboxes {
             let used = self.registry.len() + self.registry.pending_len() + pending;
@@ -234,7 +234,7 @@ impl Manager {
         let id = super::new_sandbox_id();
         let spec = self.spec_for(&id, &tpl);
         let booted = async {
-            let _permit = self.boot_permit().await?;
+            let _permit = self.admission.boot_permit().await?;
             self.driver.create(&spec).await?;
             self.driver.start(&id).await?;
             self.agent(&id, None)
@@ -264,7 +264,7 @@ impl Manager {
             n.extend(self.pools.lock().keys().cloned());
             n
         };
-        let parallel = self.boots_total();
+        let parallel = self.admission.boots_total();
         for template in names {
             let want = self.pool_target(&template, Instant::now());
             while self.pools.len(&template) > want {

@@ -89,7 +89,7 @@ impl Manager {
                 drop(permit);
                 r.map(|phases| format!(" ({phases})"))
             }
-            Origin::Snapshot { snap, .. } => match self.boot_permit().await {
+            Origin::Snapshot { snap, .. } => match self.admission.boot_permit().await {
                 Ok(_permit) => self
                     .restore_and_init(&snap, &spec, &record)
                     .await

@@ -2,7 +2,7 @@
 //! the driver's [`connect`](crate::driver::Driver::connect), streaming bodies both ways and
 //! passing WebSocket/HTTP upgrades through. A request passes, in order:
 //!
-//! - the manager's [`open_route`](crate::manager::Manager::open_route), one call: the sandbox
+//! - the lifecycle's [`open_route`](crate::manager::SandboxService::open_route), one call: the sandbox
 //!   settled by recovery, resumed or woken, its port's client, tokens and ingress settings,
 //!   the guard that keeps it awake and the audit log;
 //! - `access`: the envd access token on the agent's port, the traffic access token on the
@@ -23,14 +23,18 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{Request, StatusCode};
 
-use crate::manager::{Manager, PortRoute};
+use crate::manager::{PortRoute, SandboxService};
 use crate::routing::Target;
 
 pub(crate) use access::constant_time_eq;
 pub use access::{ACCESS_TOKEN_HEADER, TRAFFIC_TOKEN_HEADER};
 
 /// Forwards `req` to `target`.
-pub async fn forward(manager: &Manager, target: Target, mut req: Request<Body>) -> Response {
+pub async fn forward(
+    manager: &dyn SandboxService,
+    target: Target,
+    mut req: Request<Body>,
+) -> Response {
     let (id, port) = (target.sandbox_id.as_str(), target.port);
     let PortRoute {
         route,

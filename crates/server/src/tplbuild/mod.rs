@@ -25,7 +25,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::manager::Manager;
+use crate::manager::SandboxService;
 use crate::store::{now_ms, BuildRow, BuildsDb, TplRow};
 
 /// Builds running at once (each boots one build sandbox).
@@ -117,7 +117,9 @@ pub struct Builds {
     /// is collected (which would take a half-made template's image layers for unused).
     store_lock: tokio::sync::RwLock<()>,
     db: BuildsDb,
-    manager: Arc<Manager>,
+    manager: Arc<dyn SandboxService>,
+    /// Sandbox and snapshot records (a step's cached layer is a snapshot).
+    sandboxes: Arc<dyn crate::store::SandboxStore>,
     files_dir: PathBuf,
     tokens: files::Tokens,
     queue: tokio::sync::Semaphore,
@@ -210,7 +212,8 @@ impl Builds {
     pub async fn open(
         state_dir: &Path,
         db: BuildsDb,
-        manager: Arc<Manager>,
+        manager: Arc<dyn SandboxService>,
+        sandboxes: Arc<dyn crate::store::SandboxStore>,
         config: BuildsConfig,
     ) -> std::result::Result<Arc<Self>, crate::store::StoreError> {
         let interrupted = db.fail_unfinished(RESTART_REASON, now_ms()).await?;
@@ -236,6 +239,7 @@ impl Builds {
             store_lock: Default::default(),
             db,
             manager,
+            sandboxes,
             files_dir: state_dir.join("template-files"),
             tokens: files::Tokens::default(),
             queue: tokio::sync::Semaphore::new(MAX_CONCURRENT),

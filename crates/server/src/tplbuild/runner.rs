@@ -300,8 +300,7 @@ async fn step(
                 .map_err(|e| fail(label, e.to_string()))?
         {
             let exists = b
-                .manager
-                .store()
+                .sandboxes
                 .get_snapshot(&snap)
                 .await
                 .ok()
@@ -405,7 +404,7 @@ async fn ensure_sandbox(
     metadata.insert(BUILD_META.to_string(), build.to_string());
     // Trusting what every sandbox trusts (a `RUN pip install` behind the host's proxy).
     let rec = crate::api::host_trust::create(
-        &b.manager,
+        b.manager.as_ref(),
         CreateParams {
             template_id: w.parent.clone(),
             timeout_secs: Some(3600),
