@@ -6,7 +6,7 @@
 //! The Manager owns its services: the [`registry::Registry`] of running sandboxes, admission
 //! (`admission.rs`: caps, team quotas, host capacity, create rate, boot permits), the warm
 //! pools (`pool.rs`), the idle table (`idle.rs`), the metrics history (`sampler.rs`) and the
-//! telemetry, webhook and audit outlets.
+//! outlets (`outlets.rs`: lifecycle events, the audit log, counters, webhooks).
 //!
 //! - [`create`](Manager::create) in `create.rs` (validation, admission, template lookup, the
 //!   warm-pool claim, driver create/start, agent init, the template's start command in
@@ -36,6 +36,7 @@ pub mod kills;
 mod lifecycle;
 mod network;
 mod observe;
+mod outlets;
 mod pool;
 mod pool_demand;
 mod provision;
@@ -214,17 +215,14 @@ pub struct Manager {
     templates: Arc<dyn Templates>,
     registry: registry::Registry,
     admission: admission::Admission,
-    events: broadcast::Sender<LifecycleEvent>,
     /// Template versions (name, key) already recorded in the store by this server.
     recorded_templates: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
     lifecycle_lock: tokio::sync::Mutex<()>,
     pools: pool::Pools,
-    telemetry: Arc<crate::obs::Telemetry>,
+    /// Lifecycle events, the audit log, counters and webhooks.
+    outlets: Arc<outlets::Outlets>,
     history: sampler::History,
-    webhooks: Arc<crate::obs::webhooks::Webhooks>,
-    /// The audit log (set once by the server; unset: nothing is recorded).
-    audit: std::sync::OnceLock<crate::audit::AuditLog>,
     /// How far each sandbox's agent kills have been reported as events.
     kill_marks: kills::KillMarks,
     /// The volumes table (set once by the server; unset: volumes answer 501).
@@ -246,26 +244,6 @@ pub fn new_sandbox_id() -> String {
         .collect()
 }
 
-/// Records a lifecycle event in the store and tells subscribers.
-async fn record_event(
-    store: &dyn StateStore,
-    events: &broadcast::Sender<LifecycleEvent>,
-    id: &str,
-    kind: &str,
-    detail: String,
-) {
-    if let Err(e) = store.add_event(id, kind, &detail).await {
-        tracing::warn!(error = %e, "recording a lifecycle event");
-    }
-    tracing::info!(sandbox = id, event = kind, "{detail}");
-    let _ = events.send(LifecycleEvent {
-        ts_ms: now_ms(),
-        sandbox_id: id.to_string(),
-        kind: kind.to_string(),
-        detail,
-    });
-}
-
 impl Manager {
     pub fn new(
         cfg: LifecycleConfig,
@@ -273,7 +251,6 @@ impl Manager {
         driver: Arc<dyn Driver>,
         templates: Arc<dyn Templates>,
     ) -> Arc<Self> {
-        let (events, _) = broadcast::channel(1024);
         let telemetry: Arc<crate::obs::Telemetry> = Arc::default();
         let webhooks = Arc::new(crate::obs::webhooks::Webhooks::new(
             store.clone(),
@@ -281,6 +258,7 @@ impl Manager {
             cfg.webhooks.clone(),
         ));
         let admission = admission::Admission::new(cfg.admission.clone(), store.clone());
+        let outlets = Arc::new(outlets::Outlets::new(store.clone(), telemetry, webhooks));
         Arc::new(Self {
             cfg,
             store,
@@ -288,14 +266,11 @@ impl Manager {
             templates,
             registry: registry::Registry::default(),
             admission,
-            events,
             recorded_templates: Default::default(),
             lifecycle_lock: tokio::sync::Mutex::new(()),
             pools: pool::Pools::default(),
-            telemetry,
+            outlets,
             history: sampler::History::default(),
-            webhooks,
-            audit: std::sync::OnceLock::new(),
             kill_marks: kills::KillMarks::default(),
             volumes: std::sync::OnceLock::new(),
             idle: Arc::default(),
@@ -326,7 +301,7 @@ impl Manager {
 
     /// Lifecycle events as they happen.
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
-        self.events.subscribe()
+        self.outlets.subscribe()
     }
 
     /// A sandbox that failed to boot (or restore): its runtime is stopped, its record marked
@@ -343,15 +318,7 @@ impl Manager {
     }
 
     async fn event(&self, id: &str, kind: &str, detail: impl Into<String>) {
-        let detail = detail.into();
-        self.audit()
-            .record(
-                id,
-                crate::audit::Kind::Lifecycle,
-                serde_json::json!({ "event": kind, "detail": detail }),
-            )
-            .await;
-        record_event(self.store.as_ref(), &self.events, id, kind, detail).await;
+        self.outlets.event(id, kind, detail.into()).await;
     }
 
     /// Gives the manager its audit log (once; later calls are ignored).
@@ -364,15 +331,12 @@ impl Manager {
             self.driver
                 .set_syscall_observer(crate::audit::net::syscall_observer(log.clone()));
         }
-        let _ = self.audit.set(log);
+        self.outlets.set_audit(log);
     }
 
     /// The audit log (a disabled one when none was set).
     pub fn audit(&self) -> &crate::audit::AuditLog {
-        static OFF: std::sync::OnceLock<crate::audit::AuditLog> = std::sync::OnceLock::new();
-        self.audit
-            .get()
-            .unwrap_or_else(|| OFF.get_or_init(crate::audit::AuditLog::disabled))
+        self.outlets.audit()
     }
 
     /// Checks a requested timeout (seconds) against the limits.
@@ -431,7 +395,7 @@ impl Manager {
 
     /// The webhook delivery service.
     pub fn webhooks(&self) -> &Arc<crate::obs::webhooks::Webhooks> {
-        &self.webhooks
+        self.outlets.webhooks()
     }
 
     /// The state store (the events and webhooks APIs read it directly).

@@ -66,7 +66,7 @@ impl Manager {
 
     /// The server's counters (Prometheus `/metrics`).
     pub fn telemetry(&self) -> &Arc<Telemetry> {
-        &self.telemetry
+        self.outlets.telemetry()
     }
 
     /// Takes one sample of the running sandbox `r` (not recorded), and whether its agent
@@ -114,7 +114,7 @@ impl Manager {
                 },
             ),
             Err(_) => {
-                Telemetry::add(&self.telemetry.agent_errors, 1);
+                Telemetry::add(&self.telemetry().agent_errors, 1);
                 (0, u64::from(r.disk_size_mb) << 20, 0, stats.mem_used_bytes)
             }
         };

@@ -1,7 +1,7 @@
 //! The template's start command: started in the background through the agent once the
 //! sandbox is up; its output lines become `start_cmd` events, which the logs endpoints show.
 
-use super::{record_event, Manager};
+use super::Manager;
 use crate::error::Result;
 use crate::store::SandboxRecord;
 use crate::templates::TemplateInfo;
@@ -47,12 +47,12 @@ impl Manager {
             .await?;
         self.event(&record.id, START_CMD_EVENT, format!("started: {cmd}"))
             .await;
-        let (store, events, id) = (self.store.clone(), self.events.clone(), record.id.clone());
+        let (outlets, id) = (self.outlets.clone(), record.id.clone());
         // Output lines are recorded in order by one task fed through a channel.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         tokio::spawn(async move {
             while let Some(detail) = rx.recv().await {
-                record_event(store.as_ref(), &events, &id, START_CMD_EVENT, detail).await;
+                outlets.note(&id, START_CMD_EVENT, detail).await;
             }
         });
         let ev = move |detail: String| {
