@@ -105,12 +105,6 @@ pub fn drop_next_image(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(NEXT_IMAGE));
 }
 
-/// Whether `mkfs.ext4` is missing on this host (tests skip then, see KILN_ALLOW_SKIPS).
-#[cfg(test)]
-pub fn mkfs_missing() -> bool {
-    kiln_host::prereq::which("mkfs.ext4").is_none()
-}
-
 /// Loop-mounts `image` at `target` (the loop device goes away with the last unmount).
 pub async fn mount_image(image: &Path, target: &Path) -> Result<()> {
     std::fs::create_dir_all(target).map_err(io_err(format!("creating {}", target.display())))?;

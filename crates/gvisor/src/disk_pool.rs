@@ -245,16 +245,9 @@ fn discard(r: &Ready) {
 mod tests {
     use super::*;
 
+    /// True when the test cannot run here: `mkfs.ext4` missing (kiln-testkit's skip policy).
     fn skip_without_mkfs() -> bool {
-        if crate::disk::mkfs_missing() {
-            eprintln!("skipped: mkfs.ext4 is not installed");
-            assert!(
-                std::env::var_os("KILN_ALLOW_SKIPS").is_some(),
-                "mkfs.ext4 is missing"
-            );
-            return true;
-        }
-        false
+        !kiln_testkit::needs().tool("mkfs.ext4").ok()
     }
 
     /// The mount ids of the mounts at or under `dir`.

@@ -85,7 +85,9 @@ pub async fn forward(
             return reply::error(
                 StatusCode::BAD_GATEWAY,
                 id,
-                format!("cannot reach port {port} of sandbox {id}: {e}"),
+                crate::error::redact_host_paths(&format!(
+                    "cannot reach port {port} of sandbox {id}: {e}"
+                )),
             )
         }
     };
