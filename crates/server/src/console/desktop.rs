@@ -53,19 +53,32 @@ struct Target {
 
 type Cs = State<Arc<ConsoleState>>;
 
+/// A refused request: its status and what to tell the client.
+pub struct Refused(StatusCode, String);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        json_error(self.0, &self.1)
+    }
+}
+
+fn refused(status: StatusCode, message: impl Into<String>) -> Refused {
+    Refused(status, message.into())
+}
+
 /// The session's running sandbox `id`, or the answer refusing it.
-fn target(cs: &ConsoleState, s: &Session, id: &str) -> Result<Target, Response> {
+fn target(cs: &ConsoleState, s: &Session, id: &str) -> Result<Target, Refused> {
     let manager = &cs.app.manager;
     let rec = manager
         .get_for(id, &s.caller.team)
-        .map_err(|_| json_error(StatusCode::NOT_FOUND, &format!("sandbox {id} not found")))?;
+        .map_err(|_| refused(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
     let route = manager
         .route(id)
         .filter(|_| rec.state == SandboxState::Running)
         .ok_or_else(|| {
-            json_error(
+            refused(
                 StatusCode::CONFLICT,
-                &format!("sandbox {id} is not running: resume it first"),
+                format!("sandbox {id} is not running: resume it first"),
             )
         })?;
     Ok(Target {
@@ -77,7 +90,7 @@ fn target(cs: &ConsoleState, s: &Session, id: &str) -> Result<Target, Response> 
 
 impl Target {
     /// Runs `cmd` as the desktop's user; its exit code.
-    async fn run(&self, cmd: &str) -> Result<i32, Response> {
+    async fn run(&self, cmd: &str) -> Result<i32, Refused> {
         let opts = RunOptions {
             user: Some(DESKTOP_USER.to_string()),
             access_token: self.token.clone(),
@@ -88,15 +101,15 @@ impl Target {
             Ok(out) => Ok(out.exit_code),
             Err(e) => {
                 tracing::warn!(sandbox = %self.id, error = %e, "console desktop: running a command");
-                Err(json_error(
+                Err(refused(
                     StatusCode::BAD_GATEWAY,
-                    &format!("the agent of sandbox {} did not answer", self.id),
+                    format!("the agent of sandbox {} did not answer", self.id),
                 ))
             }
         }
     }
 
-    async fn is_desktop(&self) -> Result<bool, Response> {
+    async fn is_desktop(&self) -> Result<bool, Refused> {
         Ok(self.run(IS_DESKTOP).await? == 0)
     }
 
@@ -117,94 +130,82 @@ impl Target {
     }
 }
 
-fn not_desktop(id: &str) -> Response {
-    json_error(
+fn not_desktop(id: &str) -> Refused {
+    refused(
         StatusCode::CONFLICT,
-        &format!("sandbox {id} has no desktop (no X display :0 with x11vnc): only desktop sandboxes have a desktop view"),
+        format!("sandbox {id} has no desktop (no X display :0 with x11vnc): only desktop sandboxes have a desktop view"),
     )
 }
 
-async fn session_of(cs: &ConsoleState, headers: &HeaderMap) -> Result<Session, Response> {
+async fn session_of(cs: &ConsoleState, headers: &HeaderMap) -> Result<Session, Refused> {
     cs.current(headers)
         .await
-        .ok_or_else(|| json_error(StatusCode::UNAUTHORIZED, "sign in to the console first"))
+        .ok_or_else(|| refused(StatusCode::UNAUTHORIZED, "sign in to the console first"))
 }
 
-fn csrf_refused() -> Response {
-    json_error(
+fn csrf_refused() -> Refused {
+    refused(
         StatusCode::FORBIDDEN,
         "missing or wrong CSRF token: open the desktop from the console page",
     )
 }
 
 /// `GET /console/desktop/{id}`.
-pub async fn status(State(cs): Cs, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let s = match session_of(&cs, &headers).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let t = match target(&cs, &s, &id) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let desktop = match t.is_desktop().await {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
-    if !desktop {
-        return Json(json!({"desktop": false, "vnc": false})).into_response();
+pub async fn status(
+    State(cs): Cs,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Refused> {
+    let s = session_of(&cs, &headers).await?;
+    let t = target(&cs, &s, &id)?;
+    if !t.is_desktop().await? {
+        return Ok(Json(json!({"desktop": false, "vnc": false})).into_response());
     }
-    match t.vnc(&cs).await {
-        Ok(_) => Json(json!({"desktop": true, "vnc": true})).into_response(),
-        Err(why) => Json(json!({"desktop": true, "vnc": false, "reason": why})).into_response(),
+    Ok(match t.vnc(&cs).await {
+        Ok(_) => Json(json!({"desktop": true, "vnc": true})),
+        Err(why) => Json(json!({"desktop": true, "vnc": false, "reason": why})),
     }
+    .into_response())
 }
 
 /// `POST /console/desktop/{id}/stream`: starts x11vnc unless one listens already.
-pub async fn start_stream(State(cs): Cs, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let s = match session_of(&cs, &headers).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+pub async fn start_stream(
+    State(cs): Cs,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Refused> {
+    let s = session_of(&cs, &headers).await?;
     let token_ok = headers
         .get(CSRF_HEADER)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| same_token(t, &s.csrf));
     if !token_ok || !same_origin(&headers) {
-        return csrf_refused();
+        return Err(csrf_refused());
     }
-    let t = match target(&cs, &s, &id) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    match t.is_desktop().await {
-        Ok(true) => {}
-        Ok(false) => return not_desktop(&id),
-        Err(r) => return r,
+    let t = target(&cs, &s, &id)?;
+    if !t.is_desktop().await? {
+        return Err(not_desktop(&id));
     }
     if t.vnc(&cs).await.is_err() {
-        match t.run(START_VNC).await {
-            Ok(0) => {}
-            Ok(code) => {
-                return json_error(
-                    StatusCode::CONFLICT,
-                    &format!("x11vnc did not start in sandbox {id} (exit code {code}; see /tmp/x11vnc_stderr.log in the sandbox)"),
-                )
-            }
-            Err(r) => return r,
+        let code = t.run(START_VNC).await?;
+        if code != 0 {
+            return Err(refused(
+                StatusCode::CONFLICT,
+                format!("x11vnc did not start in sandbox {id} (exit code {code}; see /tmp/x11vnc_stderr.log in the sandbox)"),
+            ));
         }
         let until = tokio::time::Instant::now() + START_WAIT;
         while let Err(why) = t.vnc(&cs).await {
             if tokio::time::Instant::now() >= until {
-                return json_error(
+                return Err(refused(
                     StatusCode::CONFLICT,
-                    &format!("x11vnc started in sandbox {id}, but port {VNC_PORT} is not reachable: {why}"),
-                );
+                    format!("x11vnc started in sandbox {id}, but port {VNC_PORT} is not reachable: {why}"),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    Json(json!({"desktop": true, "vnc": true})).into_response()
+    Ok(Json(json!({"desktop": true, "vnc": true})).into_response())
 }
 
 /// `GET /console/vnc/{id}?csrf=` (WebSocket upgrade).
@@ -214,43 +215,32 @@ pub async fn open(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
-) -> Response {
-    let s = match session_of(&cs, &headers).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+) -> Result<Response, Refused> {
+    let s = session_of(&cs, &headers).await?;
     let csrf_ok = q.get("csrf").is_some_and(|t| same_token(t, &s.csrf));
     if !csrf_ok || !same_origin(&headers) {
-        return csrf_refused();
+        return Err(csrf_refused());
     }
-    let t = match target(&cs, &s, &id) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    match t.is_desktop().await {
-        Ok(true) => {}
-        Ok(false) => return not_desktop(&id),
-        Err(r) => return r,
+    let t = target(&cs, &s, &id)?;
+    if !t.is_desktop().await? {
+        return Err(not_desktop(&id));
     }
     let Ok(ws) = ws else {
-        return json_error(
+        return Err(refused(
             StatusCode::BAD_REQUEST,
             "this is a WebSocket endpoint: connect with a WebSocket client (noVNC)",
-        );
+        ));
     };
-    let (io, in_use) = match t.vnc(&cs).await {
-        Ok(c) => c,
-        Err(why) => {
-            return json_error(
-                StatusCode::CONFLICT,
-                &format!("no VNC server is reachable on port {VNC_PORT} in sandbox {id} ({why}): start the stream first"),
-            )
-        }
-    };
-    ws.protocols(["binary"]).on_upgrade(move |sock| async move {
+    let (io, in_use) = t.vnc(&cs).await.map_err(|why| {
+        refused(
+            StatusCode::CONFLICT,
+            format!("no VNC server is reachable on port {VNC_PORT} in sandbox {id} ({why}): start the stream first"),
+        )
+    })?;
+    Ok(ws.protocols(["binary"]).on_upgrade(move |sock| async move {
         bridge(sock, io).await;
         drop(in_use);
-    })
+    }))
 }
 
 /// Moves the RFB byte stream between the browser and the VNC server until either side ends.

@@ -46,7 +46,7 @@ pub struct ConsoleState {
     /// The REST API's router (with its own layers: body limit, audit, auth).
     api: Router,
     pub sessions: Sessions,
-    /// The console's connection to the state database (sessions, template builds).
+    /// The console's connection to the state database (its sessions).
     pub db: ConsoleDb,
     /// Failed sign-ins per client address.
     pub sign_in_limit: limit::SignInLimit,
