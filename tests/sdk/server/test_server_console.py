@@ -1,7 +1,9 @@
 """The web console at /console, used as a person would: Debian's Chromium driven by
 Playwright signs in with an API key, watches a sandbox made through the e2b SDK appear, opens
 its terminal and reads a command's output, watches the CPU plot move under load, sees an audit
-record and the kill event arrive; wrong keys, CSRF and keyboard/label basics are checked too.
+record and the kill event arrive; a desktop sandbox's live screen through noVNC (pixels read
+from the canvas, control taken, typing saved by an editor in the sandbox); wrong keys, CSRF and
+keyboard/label basics are checked too.
 Screenshots go to $KILN_CONSOLE_SHOTS (default /tmp/kiln-console-shots;
 `KILN_CONSOLE_SHOTS=docs/console` refreshes the ones in the docs).
 
