@@ -110,6 +110,16 @@ impl EnvdClient {
         self.inner.connector.describe()
     }
 
+    /// A fresh byte stream to the connector's target, for protocols other than HTTP (the
+    /// console's VNC bridge).
+    pub async fn connect_raw(&self) -> Result<BoxIo, EnvdError> {
+        self.inner
+            .connector
+            .connect()
+            .await
+            .map_err(|source| EnvdError::Connect { source })
+    }
+
     /// Sends one request over a fresh HTTP/1.1 connection, adding the [`with_header`]
     /// headers (the access token is not added: this is the raw path the proxy uses). The
     /// connection keeps running until the response body (or an upgraded stream) is done.

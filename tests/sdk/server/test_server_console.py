@@ -1,7 +1,9 @@
 """The web console at /console, used as a person would: Debian's Chromium driven by
 Playwright signs in with an API key, watches a sandbox made through the e2b SDK appear, opens
 its terminal and reads a command's output, watches the CPU plot move under load, sees an audit
-record and the kill event arrive; wrong keys, CSRF and keyboard/label basics are checked too.
+record and the kill event arrive; a desktop sandbox's live screen through noVNC (pixels read
+from the canvas, control taken, typing saved by an editor in the sandbox); wrong keys, CSRF and
+keyboard/label basics are checked too.
 Screenshots go to $KILN_CONSOLE_SHOTS (default /tmp/kiln-console-shots;
 `KILN_CONSOLE_SHOTS=docs/console` refreshes the ones in the docs).
 
@@ -14,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -281,3 +284,175 @@ def test_other_pages_and_sign_out(server, page):
     page.get_by_role("button", name="Sign out").click()
     page.get_by_label("API key").wait_for()
     assert page.request.get(server.url + "/console/api/sandboxes").status == 401
+
+
+# The desktop view: noVNC in the page, bridged by the server to the sandbox's x11vnc. Ports
+# other than the agent's are reached through the sandbox network, so this server has it on.
+DESK_W, DESK_H = 1024, 768
+DESK_BACKGROUND = (0x3B, 0x6E, 0xA5)
+
+CANVAS_STATS = """([bg]) => {
+    const c = document.querySelector('#desktop-screen canvas');
+    if (!c || !c.width) return null;
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    const seen = new Set();
+    let back = 0, n = 0, sum = 0;
+    for (let i = 0; i < d.length; i += 4 * 7) {
+        seen.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+        if (Math.abs(d[i] - bg[0]) < 8 && Math.abs(d[i + 1] - bg[1]) < 8 && Math.abs(d[i + 2] - bg[2]) < 8) back++;
+        n++;
+        sum = (sum * 31 + d[i] + d[i + 1] * 7 + d[i + 2] * 13) >>> 0;
+    }
+    return {w: c.width, h: c.height, colours: seen.size, background: back / n, sum};
+}"""
+
+
+@pytest.fixture(scope="module")
+def desk_server():
+    from .rich_support import start_net_server, stop_net_server
+
+    srv, base = start_net_server("kiln-console-desk-", "10.185.0.0/24")
+    try:
+        yield srv
+    finally:
+        stop_net_server(srv, base)
+
+
+def test_desktop_view_streams_the_screen_and_takes_control(desk_server, page):
+    from e2b import Sandbox as Plain
+    from e2b_desktop import Sandbox
+
+    from .rich_support import ensure_template
+
+    srv = desk_server
+    desk = Sandbox.create(template=ensure_template(srv, "desktop"), resolution=(DESK_W, DESK_H),
+                          timeout=600, **srv.opts())
+    plain = Plain.create(timeout=300, **srv.opts())
+    try:
+        sign_in_by_keyboard(page, srv, srv.api_key)
+        page.wait_for_selector("#main h1")
+
+        # A sandbox without a desktop: no desktop panel, and the routes say why.
+        with page.expect_response(lambda r: f"/console/desktop/{plain.sandbox_id}" in r.url,
+                                  timeout=30000) as r:
+            page.goto(f"{srv.url}/console#/sandboxes/{plain.sandbox_id}")
+        assert r.value.json() == {"desktop": False, "vnc": False}
+        page.wait_for_selector("#sbx-state:has-text('running')")
+        page.wait_for_timeout(500)
+        assert page.locator("#h-desktop").count() == 0
+
+        # The desktop sandbox: its stream is not started, the panel offers to start it.
+        page.goto(f"{srv.url}/console#/sandboxes/{desk.sandbox_id}")
+        start = page.locator("#desktop-start")
+        try:
+            start.wait_for(timeout=30000)
+        except Exception:
+            shot(page, "failed-desktop.png")
+            raise AssertionError(page.request.get(f"{srv.url}/console/desktop/{desk.sandbox_id}").text())
+        assert "Start the stream" in start.inner_text()
+        assert unlabelled_inputs(page) == []
+        start.focus()
+        page.keyboard.press("Enter")  # keyboard reachable
+        page.wait_for_selector("#desktop-status:has-text('connected')", timeout=30000)
+        assert "view only" in page.inner_text("#desktop-status")
+        assert "Live screen" in page.inner_text("#desktop-caption")
+        assert desk.commands.run("pgrep -x x11vnc").exit_code == 0
+
+        # The canvas shows the desktop: its size, the XFCE background and more than one colour.
+        wait_for(page, "a => { const s = (" + CANVAS_STATS + ")(a); return s && s.background > 0.2; }",
+                 [list(DESK_BACKGROUND)], timeout=30000)
+        stats = page.evaluate(CANVAS_STATS, [list(DESK_BACKGROUND)])
+        assert (stats["w"], stats["h"]) == (DESK_W, DESK_H), stats
+        assert stats["colours"] > 10, stats
+
+        # An editor window on a file, focused in the sandbox.
+        path = "/tmp/console-typed.txt"
+        desk.commands.run(f"printf 'start\\n' > {path}")
+        desk.launch("kiln-notepad", path)
+
+        def editor_focused():
+            try:
+                w = desk.get_current_window_id()
+                return w and desk.get_window_title(w) == f"kiln-notepad: {path}"
+            except Exception:
+                return False
+
+        deadline = time.time() + 40
+        while not editor_focused():
+            assert time.time() < deadline, "the editor never got the focus"
+            time.sleep(0.5)
+        page.wait_for_timeout(1000)
+        before = page.evaluate(CANVAS_STATS, [list(DESK_BACKGROUND)])
+
+        # View only: the pointer does not follow the page's mouse.
+        def point(fx, fy):
+            canvas = page.locator("#desktop-screen canvas")
+            canvas.scroll_into_view_if_needed()
+            box = canvas.bounding_box()
+            page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy)
+            page.wait_for_timeout(700)
+
+        def remote_pointer():
+            out = desk.commands.run("xdotool getmouselocation", envs={"DISPLAY": ":0"}).stdout
+            kv = dict(p.split(":") for p in out.split() if ":" in p)
+            return int(kv["x"]), int(kv["y"])
+        point(0.9, 0.9)
+        x, y = remote_pointer()
+        assert not (abs(x - DESK_W * 0.9) < 15 and abs(y - DESK_H * 0.9) < 15), (x, y)
+
+        # Taking control: the pointer follows, typed keys reach the editor, which saves them.
+        page.get_by_label("Take control (keyboard and mouse)").check()
+        assert "you control" in page.inner_text("#desktop-status")
+        point(0.25, 0.75)
+        x, y = remote_pointer()
+        assert abs(x - DESK_W * 0.25) < 15 and abs(y - DESK_H * 0.75) < 15, (x, y)
+        page.evaluate("() => document.querySelector('#desktop-screen canvas').focus()")
+        page.keyboard.press("Control+End")
+        page.keyboard.type("typed in the console")
+        page.keyboard.press("Control+s")
+        deadline = time.time() + 20
+        while desk.commands.run(f"cat {path}").stdout != "start\ntyped in the console":
+            assert time.time() < deadline, desk.commands.run(f"cat {path}").stdout
+            time.sleep(0.5)
+        wait_for(page, "a => (" + CANVAS_STATS + ")(a).sum !== a[1]",
+                 [list(DESK_BACKGROUND), before["sum"]], timeout=10000)
+        page.evaluate("() => document.getElementById('h-desktop').scrollIntoView()")
+        shot(page, "desktop.png")
+
+        # Refusals: a wrong token, a request without a WebSocket, a sandbox with no desktop,
+        # no such sandbox, no session.
+        csrf = page.get_attribute('meta[name="kiln-csrf"]', "content")
+        ws_open = """url => new Promise(done => {
+            const ws = new WebSocket(url, ['binary']);
+            ws.onopen = () => { ws.close(); done('open'); };
+            ws.onerror = () => done('refused');
+        })"""
+        ws = srv.url.replace("http://", "ws://") + f"/console/vnc/{desk.sandbox_id}?csrf="
+        assert page.evaluate(ws_open, ws + "0" * 64) == "refused"
+        assert page.evaluate(ws_open, ws + csrf) == "open"
+        req = page.request
+        vnc = f"{srv.url}/console/vnc/"
+        assert req.get(vnc + desk.sandbox_id).status == 403
+        r = req.get(f"{vnc}{desk.sandbox_id}?csrf={csrf}")
+        assert r.status == 400 and "WebSocket" in r.json()["message"]
+        r = req.get(f"{vnc}{plain.sandbox_id}?csrf={csrf}")
+        assert r.status == 409 and "has no desktop" in r.json()["message"], r.text()
+        assert req.get(f"{vnc}nosuchsandbox?csrf={csrf}").status == 404
+        stream = f"{srv.url}/console/desktop/{desk.sandbox_id}/stream"
+        assert req.post(stream).status == 403
+        r = req.post(f"{srv.url}/console/desktop/{plain.sandbox_id}/stream", headers={"x-csrf-token": csrf})
+        assert r.status == 409
+        for body in (r.text(),):
+            assert "panicked" not in body and "/var/lib" not in body
+        ctx = page.context.browser.new_context()
+        try:
+            assert ctx.request.get(f"{vnc}{desk.sandbox_id}?csrf={csrf}").status == 401
+            assert ctx.request.get(f"{srv.url}/console/desktop/{desk.sandbox_id}").status == 401
+        finally:
+            ctx.close()
+    finally:
+        for s in (desk, plain):
+            try:
+                s.kill()
+            except Exception:
+                pass

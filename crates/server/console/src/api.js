@@ -11,14 +11,14 @@ export class ApiError extends Error {
   }
 }
 
-export async function api(method, path, body) {
+async function call(method, url, body) {
   const opts = { method, headers: { accept: "application/json" }, credentials: "same-origin" };
   if (method !== "GET") opts.headers["x-csrf-token"] = session.csrf;
   if (body !== undefined) {
     opts.headers["content-type"] = "application/json";
     opts.body = JSON.stringify(body);
   }
-  const r = await fetch(`/console/api${path}`, opts);
+  const r = await fetch(url, opts);
   if (r.status === 401) {
     location.href = "/console";
     throw new ApiError(401, "signed out");
@@ -34,5 +34,9 @@ export async function api(method, path, body) {
   return data;
 }
 
+// The REST API's `path` as the session's caller.
+export const api = (method, path, body) => call(method, `/console/api${path}`, body);
+// The console's own routes (`/console${path}`).
+export const own = (method, path, body) => call(method, `/console${path}`, body);
 export const get = (path) => api("GET", path);
 export const enc = encodeURIComponent;

@@ -1,12 +1,13 @@
 // One sandbox: its state and actions (pause, resume, fork, kill), live CPU/memory/disk plots
 // from the metrics history, lifecycle events (kill events among them), alerts, the audit
-// stream with kind filters, a terminal, and for desktop sandboxes a link to the noVNC stream.
+// stream with kind filters, a terminal, and for desktop sandboxes the live desktop (noVNC).
 import { html } from "htm/preact";
 import { useState } from "preact/hooks";
 import { api, get, enc } from "./api.js";
 import { Plot, series } from "./chart.js";
 import { usePoll, age, time, ErrorNote } from "./util.js";
 import { TerminalView } from "./terminal.js";
+import { DesktopPanel } from "./desktop.js";
 
 const KINDS = ["process", "file", "net", "dns", "lifecycle", "api", "syscall"];
 const KEEP = 300;
@@ -149,8 +150,7 @@ export function SandboxPage({ id }) {
     }
   };
   usePoll(load, 2000, [id]);
-  const desktop = sbx && !gone && /desktop/.test(sbx.templateID);
-  const vnc = sbx && `${location.protocol}//6080-${sbx.sandboxID}.${sbx.domain}${location.port ? ":" + location.port : ""}/vnc.html?autoconnect=true&resize=scale`;
+  const running = sbx && !gone && sbx.state === "running";
   return html`<section aria-labelledby="h-one">
     <p><a href="#/sandboxes">← Sandboxes</a></p>
     <h1 id="h-one">Sandbox <code>${id}</code></h1>
@@ -168,12 +168,11 @@ export function SandboxPage({ id }) {
       <${Plot} id="plot-mem" label="Memory" unit=" MiB" xs=${m.xs} ys=${m.memMiB} color="#1f9d55" />
       <${Plot} id="plot-disk" label="Disk" unit=" MiB" xs=${m.xs} ys=${m.diskMiB} color="#b7791f" />
     </div>
-    ${sbx && !gone && sbx.state === "running" &&
+    ${running &&
     (term
       ? html`<${TerminalView} id=${id} onClose=${() => setTerm(false)} />`
       : html`<p><button type="button" id="open-terminal" onClick=${() => setTerm(true)}>Open terminal</button></p>`)}
-    ${desktop && html`<p><a href=${vnc} target="_blank" rel="noopener">Open the desktop (noVNC)</a>
-      — the desktop stream must be started (e2b-desktop's <code>stream.start()</code>).</p>`}
+    ${running && html`<${DesktopPanel} id=${id} />`}
     <div class="columns">
       <${Events} id=${id} />
       <${Audit} id=${id} />

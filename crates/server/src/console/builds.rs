@@ -1,5 +1,6 @@
 //! `GET /console/builds/{templateID}`: the builds of one of the session's team's templates
-//! (built through E2B's Template API), newest first, with their state; the console then reads
+//! (built through E2B's Template API), newest first, with their state, through the template
+//! builds service ([`crate::tplbuild::Builds::recent_builds`]); the console then reads
 //! a build's status and logs through the API's own
 //! `/templates/{templateID}/builds/{buildID}/status`.
 
@@ -26,12 +27,8 @@ pub async fn list(
     let Some(builds) = cs.app.builds.as_ref() else {
         return ApiError::not_implemented("template builds").into_response();
     };
-    let tpl = match builds.template_of(&s.caller.team, &id).await {
-        Ok(t) => t,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
-    match cs.db.template_builds(&tpl.id).await {
-        Ok(list) => Json(json!({
+    match builds.recent_builds(&s.caller.team, &id).await {
+        Ok((tpl, list)) => Json(json!({
             "templateID": tpl.id,
             "name": tpl.name,
             "builds": list.iter().map(|b| json!({
@@ -44,6 +41,6 @@ pub async fn list(
             })).collect::<Vec<_>>(),
         }))
         .into_response(),
-        Err(e) => ApiError::from(crate::Error::from(e)).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }

@@ -2,15 +2,15 @@
 //! ([`session`], kept hashed in the state database by [`ConsoleDb`]; failed sign-ins limited
 //! per client address by [`limit`]), the HTML pages ([`pages`]), the embedded front-end bundle
 //! (built from `crates/server/console/` by esbuild and committed under its `dist/`), a
-//! terminal over the sandbox agent's PTY API ([`terminal`]), a template's builds ([`builds`]),
+//! terminal over the sandbox agent's PTY API ([`terminal`]), a desktop sandbox's screen over
+//! noVNC bridged to its VNC server ([`desktop`]), a template's builds ([`builds`]),
 //! and `/console/api/*`, which hands each request to the REST API's own router as the
 //! session's caller: the console has no business logic of its own, and sees exactly what the
 //! session's key sees through the API.
 //!
-//! Every state-changing request (`POST`/`PUT`/`DELETE` under `/console/api/`, sign-out, the
-//! terminal's WebSocket) must carry the session's CSRF token and come from this origin.
 
 pub mod builds;
+pub mod desktop;
 pub mod limit;
 pub mod pages;
 pub mod session;
@@ -46,7 +46,7 @@ pub struct ConsoleState {
     /// The REST API's router (with its own layers: body limit, audit, auth).
     api: Router,
     pub sessions: Sessions,
-    /// The console's connection to the state database (sessions, template builds).
+    /// The console's connection to the state database (its sessions).
     pub db: ConsoleDb,
     /// Failed sign-ins per client address.
     pub sign_in_limit: limit::SignInLimit,
@@ -102,6 +102,9 @@ pub fn router(app: Arc<AppState>, api: Router) -> Router {
         .route("/login", post(login).get(|| async { redirect("/console") }))
         .route("/logout", post(logout))
         .route("/terminal/{sandboxID}", get(terminal::open))
+        .route("/desktop/{sandboxID}", get(desktop::status))
+        .route("/desktop/{sandboxID}/stream", post(desktop::start_stream))
+        .route("/vnc/{sandboxID}", get(desktop::open))
         .route("/builds/{templateID}", get(builds::list))
         .route("/api/{*rest}", any(to_api))
         .with_state(st)

@@ -102,7 +102,7 @@ pub fn app(s: &Session) -> Response {
 <meta name="kiln-key" content="{key}">
 <title>kiln console</title>
 <link rel="stylesheet" href="/console/app.css">
-<script src="/console/app.js" defer></script>
+<script type="module" src="/console/app.js"></script>
 </head><body>
 <div id="app"><p class="loading">Loading…</p></div>
 <noscript><p>The console needs JavaScript. The REST API and <code>kiln</code> CLI work without it.</p></noscript>

@@ -1,8 +1,7 @@
 //! SQL of the web console ([`crate::console`]): its sessions, in the `console_sessions` table
 //! (migration 15) — a row per open session, keyed by the SHA-256 of its id (the
 //! cookie's value, which is never stored), with the SHA-256 of the API key it was opened with
-//! and its end, so a restarted server finds them again — and the list of a template's builds
-//! (`tpl_builds`, written by [`crate::tplbuild`]; read only here).
+//! and its end, so a restarted server finds them again.
 
 use std::path::Path;
 
@@ -21,23 +20,6 @@ pub struct SessionRow {
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
 }
-
-/// One build of a template, as the console lists it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BuildSummary {
-    #[serde(rename = "buildID")]
-    pub build_id: String,
-    pub status: String,
-    pub tags: Vec<String>,
-    /// Why a failed build failed.
-    pub reason: Option<String>,
-    pub created_at_ms: i64,
-    pub finished_at_ms: Option<i64>,
-}
-
-/// Most builds a template's list shows.
-pub const MAX_BUILDS: u32 = 50;
 
 /// The console's connection to the state database.
 #[derive(Clone)]
@@ -127,31 +109,6 @@ impl ConsoleDb {
         .await
     }
 
-    /// The newest [`MAX_BUILDS`] builds of template `template_id` (its id, not a name),
-    /// newest first.
-    pub async fn template_builds(&self, template_id: &str) -> Result<Vec<BuildSummary>> {
-        let id = template_id.to_string();
-        self.run(move |c| {
-            let mut st = c.prepare(
-                "SELECT id, status, tags, reason, created_at, finished_at FROM tpl_builds
-                 WHERE template_id = ?1 ORDER BY created_at DESC, id DESC LIMIT ?2",
-            )?;
-            let rows = st.query_map(params![id, MAX_BUILDS], |r| {
-                let tags: String = r.get(2)?;
-                Ok(BuildSummary {
-                    build_id: r.get(0)?,
-                    status: r.get(1)?,
-                    tags: serde_json::from_str(&tags).unwrap_or_default(),
-                    reason: r.get(3)?,
-                    created_at_ms: r.get(4)?,
-                    finished_at_ms: r.get(5)?,
-                })
-            })?;
-            rows.collect()
-        })
-        .await
-    }
-
     /// Sessions stored (ended ones included until the next sign-in sweeps them).
     pub async fn count(&self) -> Result<usize> {
         self.run(|c| {
@@ -194,33 +151,6 @@ mod tests {
         assert!(db.delete("a").await.unwrap());
         assert!(!db.delete("a").await.unwrap());
         assert_eq!(db.count().await.unwrap(), 1);
-    }
-
-    #[tokio::test]
-    async fn a_templates_builds_newest_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kiln.db");
-        drop(crate::store::SqliteStore::open(&path).unwrap());
-        let builds = crate::store::BuildsDb::open(&path).unwrap();
-        for (id, at) in [("b1", 10), ("b2", 20)] {
-            builds
-                .insert_build(&crate::store::BuildRow {
-                    id: id.into(),
-                    template_id: "tpl".into(),
-                    status: "waiting".into(),
-                    tags: vec!["v1".into()],
-                    created_at_ms: at,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-        }
-        let db = ConsoleDb::open(&path).unwrap();
-        let got = db.template_builds("tpl").await.unwrap();
-        let ids: Vec<&str> = got.iter().map(|b| b.build_id.as_str()).collect();
-        assert_eq!(ids, ["b2", "b1"]);
-        assert_eq!(got[0].tags, ["v1"]);
-        assert!(db.template_builds("other").await.unwrap().is_empty());
     }
 
     #[tokio::test]

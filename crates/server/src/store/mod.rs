@@ -28,6 +28,7 @@ mod sqlite;
 mod state_db;
 mod teams;
 mod tplbuild_gc_sql;
+mod tplbuild_list_sql;
 mod tplbuild_sql;
 mod tplbuild_tags_sql;
 mod volumes_sql;
@@ -37,7 +38,7 @@ pub use aggregates::{
     TemplateStore,
 };
 pub use audit_sql::SqliteAuditStore;
-pub use console_sql::{BuildSummary, ConsoleDb, SessionRow, MAX_BUILDS};
+pub use console_sql::{ConsoleDb, SessionRow};
 pub use metrics_sql::SqliteMetricsStore;
 pub use migrations::{CURRENT_VERSION, MIGRATIONS};
 pub use obs_sql::{event_payload, wants as webhook_wants};
@@ -46,6 +47,7 @@ pub use secrets_sql::{SecretCursor, SecretRecord, SecretsDb};
 pub use sqlite::SqliteStore;
 pub use state_db::StateDb;
 pub use tplbuild_gc_sql::GcPlan;
+pub use tplbuild_list_sql::{BuildSummary, MAX_BUILDS};
 pub use tplbuild_sql::{BuildLogRow, BuildRow, BuildsDb, TagRow, TplRow, LEVELS};
 pub use tplbuild_tags_sql::AssignmentRow;
 pub use volumes_sql::{Inserted, MountRecord, VolumeRecord, VolumesDb};

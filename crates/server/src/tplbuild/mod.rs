@@ -299,6 +299,18 @@ impl Builds {
             .ok_or_else(|| Error::NotFound(format!("template {name:?} not found")))
     }
 
+    /// Template `key` of `team` (as [`Self::template_of`] finds it) and its newest builds,
+    /// newest first.
+    pub async fn recent_builds(
+        &self,
+        team: &str,
+        key: &str,
+    ) -> Result<(TplRow, Vec<crate::store::BuildSummary>)> {
+        let t = self.template_of(team, key).await?;
+        let list = self.db.recent_builds(&t.id).await?;
+        Ok((t, list))
+    }
+
     /// The build tag `tag` of template `t` names, if it has that tag.
     pub async fn tagged_build(&self, t: &TplRow, tag: &str) -> Result<Option<String>> {
         Ok(self

@@ -184,3 +184,59 @@ async fn the_bundle_is_embedded() {
     let (s, _, _) = send(&app, "GET", "/console/terminal/x", &[], "").await;
     assert!(s.is_client_error(), "{s}");
 }
+
+#[tokio::test]
+async fn desktop_routes_refuse_without_session_token_or_sandbox() {
+    let dir = common::state_dir();
+    let (app, _) = common::empty_app(dir.path()).await;
+    let red = common::team_key(dir.path(), "red").await;
+    let status = "/console/desktop/nosuch";
+    let start = "/console/desktop/nosuch/stream";
+    let vnc = "/console/vnc/nosuch";
+
+    // No session: 401 on every route, as JSON naming what to do.
+    for (m, p) in [("GET", status), ("POST", start), ("GET", vnc)] {
+        let (s, _, body) = send(&app, m, p, &[], "").await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{m} {p}: {body}");
+        assert!(body.contains("sign in"), "{body}");
+    }
+
+    let (cookie, csrf) = sign_in(&app, &red).await;
+    let c = ("cookie", cookie.as_str());
+    // The stream's start and the WebSocket need the token, and this origin.
+    let (s, _, body) = send(&app, "POST", start, &[c], "").await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("CSRF"), "{body}");
+    let (s, _, _) = send(&app, "GET", vnc, &[c], "").await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _, _) = send(
+        &app,
+        "GET",
+        &format!("{vnc}?csrf={}", "0".repeat(64)),
+        &[c],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let t = ("x-csrf-token", csrf.as_str());
+    let cross = [c, t, ("origin", "http://evil.test"), ("host", "kiln.local")];
+    let (s, _, _) = send(&app, "POST", start, &cross, "").await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let cross = [c, ("origin", "http://evil.test"), ("host", "kiln.local")];
+    let (s, _, _) = send(&app, "GET", &format!("{vnc}?csrf={csrf}"), &cross, "").await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    // With everything right, a sandbox the team does not have is not found.
+    for (m, p, h) in [
+        ("GET", status.to_string(), vec![c]),
+        ("POST", start.to_string(), vec![c, t]),
+        ("GET", format!("{vnc}?csrf={csrf}"), vec![c]),
+    ] {
+        let (s, _, body) = send(&app, m, &p, &h, "").await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{m} {p}: {body}");
+        assert!(
+            body.contains("sandbox nosuch not found") && !body.contains("/var"),
+            "{body}"
+        );
+    }
+}
