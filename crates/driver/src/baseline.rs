@@ -104,4 +104,10 @@ pub trait SandboxBaseline: Send + Sync {
     /// it, each timed alone (the agent lets go of its host socket before, which a checkpoint
     /// cannot save, and listens again after; neither is timed).
     async fn checkpoint_restore(&self, id: &str, image: &Path) -> Result<(Duration, Duration)>;
+
+    /// The runtime's restore alone of snapshot `snapshot`'s checkpoint into sandbox `id` (a
+    /// sandbox created from that snapshot), timed: its current container is stopped first and
+    /// the agent attached after (neither timed). The restored agent holds the snapshot's
+    /// access token, not the sandbox's.
+    async fn restore_snapshot(&self, id: &str, snapshot: &str) -> Result<Duration>;
 }

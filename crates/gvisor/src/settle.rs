@@ -45,6 +45,23 @@ impl Settling {
         });
     }
 
+    /// Marks work on sandbox `id` that the caller does itself until the returned guard is
+    /// dropped: [`Settling::settle`] waits for it as for background work.
+    pub fn hold(&self, id: &str) -> Held {
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let Ok(guard) = lock.clone().try_lock_owned() else {
+            // A fresh mutex is always free.
+            unreachable!("a new mutex is locked");
+        };
+        self.lock().insert(id.to_string(), lock.clone());
+        Held {
+            pending: self.pending.clone(),
+            id: id.to_string(),
+            lock,
+            _guard: guard,
+        }
+    }
+
     /// Whether background work for `id` is running.
     pub fn pending(&self, id: &str) -> bool {
         self.lock().contains_key(id)
@@ -60,6 +77,26 @@ impl Settling {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Work on a sandbox done in the foreground (see [`Settling::hold`]); done when dropped.
+pub struct Held {
+    pending: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    id: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if map
+            .get(&self.id)
+            .is_some_and(|l| Arc::ptr_eq(l, &self.lock))
+        {
+            map.remove(&self.id);
+        }
     }
 }
 
@@ -92,5 +129,27 @@ mod tests {
         assert_eq!(done.load(Ordering::SeqCst), 11);
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert!(!s.lock().contains_key("a"), "finished work is forgotten");
+    }
+
+    #[tokio::test]
+    async fn settle_waits_for_work_held_in_the_foreground() {
+        let s = Settling::default();
+        let held = s.hold("a");
+        assert!(s.pending("a"));
+        let waiter = tokio::spawn({
+            let s = s.clone();
+            async move { s.settle("a").await }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(
+            !waiter.is_finished(),
+            "settle returned while the work was held"
+        );
+        drop(held);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("settle returns once the guard is dropped")
+            .unwrap();
+        assert!(!s.pending("a"), "released work is forgotten");
     }
 }

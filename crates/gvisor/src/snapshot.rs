@@ -65,7 +65,7 @@ pub fn disk_usage(path: &Path) -> u64 {
 }
 
 impl GvisorDriver {
-    fn snapshot_dir(&self, snap: &SnapshotRef) -> Result<PathBuf> {
+    pub(crate) fn snapshot_dir(&self, snap: &SnapshotRef) -> Result<PathBuf> {
         check_id(&snap.0)?;
         Ok(self.cfg.dir.join("snapshots").join(&snap.0))
     }

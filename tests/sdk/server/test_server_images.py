@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -49,8 +50,8 @@ def base_rootfs() -> str:
 
 @contextlib.contextmanager
 def run_registry(creds=None):
-    """Debian's docker-registry on a free loopback port; with `creds` (user, password) every
-    request needs them (Basic auth, a bcrypt htpasswd entry)."""
+    """Debian's docker-registry on a free loopback port; with `creds` (a list of (user,
+    password)) every request needs one of them (Basic auth, bcrypt htpasswd entries)."""
     need("docker-registry", "skopeo", *(["htpasswd"] if creds else []))
     d = tempfile.mkdtemp(prefix="kiln-registry-")
     s = socket.socket()
@@ -59,9 +60,10 @@ def run_registry(creds=None):
     s.close()
     auth = ""
     if creds:
-        pw = subprocess.run(["htpasswd", "-Bbn", *creds], capture_output=True, text=True, check=True)
         with open(os.path.join(d, "htpasswd"), "w") as f:
-            f.write(pw.stdout)
+            for c in creds:
+                pw = subprocess.run(["htpasswd", "-Bbn", *c], capture_output=True, text=True, check=True)
+                f.write(pw.stdout.strip() + "\n")
         auth = f"auth:\n  htpasswd:\n    realm: kiln-test\n    path: {d}/htpasswd\n"
     cfg = os.path.join(d, "config.yml")
     with open(cfg, "w") as f:
@@ -193,11 +195,15 @@ def test_sandbox_from_a_registry_image(server, registry, tmp_path):
 # ---- images pulled by Template API builds ----
 
 CREDS = ("kiln", "s3cret-pass")
+# A Google service account key as `from_gcp_registry` sends it; Google's registries take it as
+# the password of user `_json_key` (htpasswd's bcrypt compares its first 72 bytes).
+GCP_KEY = {"type": "service_account", "project_id": "kiln-test", "private_key_id": "0123456789abcdef"}
+GCP_CREDS = ("_json_key", json.dumps(GCP_KEY))
 
 
 @pytest.fixture(scope="module")
 def auth_registry():
-    with run_registry(CREDS) as addr:
+    with run_registry([CREDS, GCP_CREDS]) as addr:
         yield addr
 
 
@@ -289,13 +295,25 @@ def test_sdk_from_image_with_registry_credentials(pull_server, auth_registry, tm
     assert image.split("/", 1)[1] in msg and "refused" in msg and '"kiln"' in msg, msg
 
     name = f"kt-auth-{ident}"
-    _build(pull_server, tpl(CREDS[1]), name)
+    text = _build(pull_server, tpl(CREDS[1]), name)
     sbx = Sandbox.create(name, timeout=120, **pull_server.opts())
     try:
         r = sbx.commands.run('echo "$(< /srv/app/id)"; echo "$(< ~/p.txt)"')
         assert r.stdout.split("\n")[:2] == [ident, "private"], r.stdout
     finally:
         sbx.kill()
+
+    # The image's own kiln template, named directly: a create carries no credentials, so the
+    # registry is asked anonymously and refuses — 404 for every team, the builder's included
+    # (it reaches the image through its build's name, above).
+    m = re.search(r"is kiln template (\S+)", text)
+    assert m, text
+    image_tpl = m.group(1)
+    status, body, _ = pull_server.request("POST", "/sandboxes", {"templateID": image_tpl})
+    assert status == 404 and "private image" in str(body), (status, body)
+    other = team_key(pull_server, "kt-img-other")
+    status, body, _ = pull_server.request("POST", "/sandboxes", {"templateID": image_tpl}, api_key=other)
+    assert status == 404, (status, body)
 
     # The template now exists; wrong credentials still fail (the registry is asked).
     with pytest.raises(BuildException) as e:
@@ -308,3 +326,57 @@ def test_sdk_from_image_with_registry_credentials(pull_server, auth_registry, tm
         _build(pull_server, Template().from_image(image).run_cmd("true"), f"kt-auth-anon-{ident}")
     msg = str(e.value)
     assert "refused anonymous access" in msg, msg
+
+
+def team_key(srv, team: str) -> str:
+    r = subprocess.run([kiln_bin(), "keys", "create", "--team", team, "--state-dir", srv.state_dir],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_sdk_from_image_public_template_is_created_by_its_own_name(pull_server, registry, tmp_path):
+    """A public image's kiln template is no secret: any team creates it by its own name."""
+    ident = uuid.uuid4().hex[:8]
+    layout = str(tmp_path / "layout")
+    small_image(layout, ident, ident)
+    push(layout, ident, f"{registry}/library/kiln-sdk-public:{ident}")
+    text = _build(pull_server, Template().from_image(f"kiln-sdk-public:{ident}").run_cmd("true"),
+                  f"kt-public-{ident}")
+    m = re.search(r"is kiln template (\S+)", text)
+    assert m and m.group(1) == f"kiln-sdk-public-{ident}", text
+    other = team_key(pull_server, "kt-img-public")
+    status, body, _ = pull_server.request("POST", "/sandboxes", {"templateID": m.group(1), "timeout": 60},
+                                          api_key=other)
+    assert status == 201, (status, body)
+    pull_server.request("DELETE", f"/sandboxes/{body['sandboxID']}", api_key=other)
+
+
+def test_sdk_from_gcp_registry_logs_in_with_the_service_account_key(pull_server, auth_registry, tmp_path):
+    ident = uuid.uuid4().hex[:8]
+    layout = str(tmp_path / "layout")
+    small_image(layout, ident, ident)
+    image = f"{auth_registry}/private/kiln-sdk-gcp:{ident}"
+    push(layout, ident, image, CREDS)
+    name = f"kt-gcp-{ident}"
+    _build(pull_server, Template().from_gcp_registry(image, service_account_json=GCP_KEY).run_cmd("true"), name)
+    sbx = Sandbox.create(name, timeout=120, **pull_server.opts())
+    try:
+        assert sbx.commands.run('echo "$(< /srv/app/id)"').stdout.strip() == ident
+    finally:
+        sbx.kill()
+    bad = dict(GCP_KEY, project_id="another-project")
+    with pytest.raises(BuildException) as e:
+        _build(pull_server, Template().from_gcp_registry(image, service_account_json=bad).run_cmd("true"),
+               f"kt-gcp-bad-{ident}")
+    assert "refused" in str(e.value) and "_json_key" in str(e.value), str(e.value)
+
+
+def test_sdk_from_aws_registry_says_what_to_do_instead(pull_server, auth_registry):
+    """kiln does not call AWS: a clear 400 naming the registry login that works instead."""
+    tpl = Template().from_aws_registry(f"{auth_registry}/private/kiln-sdk-aws:1", access_key_id="AKIAKILNTEST",
+                                       secret_access_key="not-a-secret", region="us-east-1").run_cmd("true")
+    with pytest.raises(Exception) as e:
+        _build(pull_server, tpl, f"kt-aws-{uuid.uuid4().hex[:6]}")
+    msg = str(e.value)
+    assert "not supported" in msg and "aws ecr get-login-password" in msg and 'username="AWS"' in msg, msg

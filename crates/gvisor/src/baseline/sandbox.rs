@@ -5,12 +5,16 @@
 //! detach: that opens the sealed `run/` directory, where the agent writes its `.detached`
 //! marker (a bare `runsc kill … USR1` into a sealed directory never gets the marker written).
 //! After the restore the driver's attach has the agent listen again and seals the directory.
+//!
+//! A snapshot's own checkpoint is restored the same way into a sandbox created from it, on
+//! that sandbox's bundle (the snapshot's layers under a writable layer), as the driver's
+//! restore does minus its preparation.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kiln_driver::baseline::SandboxBaseline;
-use kiln_driver::{io_err, Result};
+use kiln_driver::{io_err, DriverError, Result, SnapshotRef};
 
 use crate::{check_id, GvisorDriver, SOCKET_NAME};
 
@@ -52,5 +56,40 @@ impl SandboxBaseline for GvisorDriver {
         let restore = t.elapsed();
         self.attach_agent(id).await?;
         Ok((checkpoint, restore))
+    }
+
+    async fn restore_snapshot(&self, id: &str, snapshot: &str) -> Result<Duration> {
+        check_id(id)?;
+        self.settling.settle(id).await;
+        let image = self
+            .snapshot_dir(&SnapshotRef(snapshot.to_string()))?
+            .join("checkpoint");
+        if !image.join("checkpoint.img").exists() {
+            return Err(DriverError::NotFound(format!(
+                "snapshot {snapshot} has no memory checkpoint"
+            )));
+        }
+        let dir = self.sandbox_dir(id);
+        let cid = self.cid(id);
+        // Held as a pause's cleanup is: the server's watcher waits before it judges the
+        // sandbox, whose runtime is gone for the moment.
+        let _held = self.settling.hold(id);
+        crate::halt_container(&self.runsc, &cid, &dir).await?;
+        let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
+        let workaround = self.sysctl_workaround(id).await;
+        let t = Instant::now();
+        self.runsc
+            .restore_detached(
+                &image,
+                &dir.join("bundle"),
+                &cid,
+                &dir.join("console.log"),
+                workaround,
+                None,
+            )
+            .await?;
+        let restore = t.elapsed();
+        self.attach_agent(id).await?;
+        Ok(restore)
     }
 }

@@ -102,6 +102,9 @@ async fn create_inner(
     }
     // A template the team built through the Template API starts from its last layer.
     let built = super::template_api::resolve_for_create(&st, &c.team, &req.template_id).await?;
+    if built.is_none() {
+        super::template_api::check_direct_create(&st, &req.template_id).await?;
+    }
     let params = CreateParams {
         template_id: built
             .as_ref()

@@ -24,12 +24,16 @@ pub fn validate(spec: &StartSpec) -> Result<()> {
     }
     if let Some(reg) = &spec.from_image_registry {
         match reg.get("type").and_then(|t| t.as_str()) {
-            Some("registry") => {}
-            Some(t @ ("aws" | "gcp")) => {
-                return Err(Error::bad_request(format!(
-                    "fromImageRegistry type {t:?} is not supported by kiln; use type \"registry\" \
-                     with a username and password"
-                )))
+            Some("registry" | "gcp") => {}
+            Some("aws") => {
+                return Err(Error::bad_request(
+                    "fromImageRegistry type \"aws\" (from_aws_registry) is not supported by \
+                     kiln: kiln does not call AWS to turn access keys into a registry login. Use \
+                     from_image(image, username=\"AWS\", password=TOKEN) with TOKEN from \
+                     `aws ecr get-login-password --region REGION` (valid 12 hours), or copy the \
+                     image into a registry kiln reaches (`--registry-mirror`, `kiln template \
+                     import`)",
+                ))
             }
             other => {
                 return Err(Error::bad_request(format!(
@@ -308,10 +312,18 @@ mod tests {
         assert!(validate(&spec).is_err());
         spec.from_image = None;
         spec.from_image_registry = Some(serde_json::json!({"type": "aws"}));
-        assert!(validate(&spec)
-            .unwrap_err()
-            .to_string()
-            .contains("not supported"));
+        let e = validate(&spec).unwrap_err();
+        assert!(matches!(e, Error::BadRequest(_)), "{e:?}");
+        let e = e.to_string();
+        for what in [
+            "not supported",
+            "username=\"AWS\"",
+            "aws ecr get-login-password",
+        ] {
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        spec.from_image_registry = Some(serde_json::json!({"type": "gcp"}));
+        assert!(validate(&spec).is_ok());
         spec.from_image_registry = None;
         spec.steps = vec![Step {
             kind: "COPY".into(),

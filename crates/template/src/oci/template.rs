@@ -84,11 +84,12 @@ pub fn fetch(store: &Store, source: &ImageSource, opts: &PullOptions) -> Result<
     }
 }
 
-/// The template name used when none is given.
-pub fn default_name(source: &ImageSource, opts: &PullOptions) -> Result<String> {
+/// The template name used when none is given: for a registry image, its name in `store`
+/// ([`image_template_name`]).
+pub fn default_name(store: &Store, source: &ImageSource, opts: &PullOptions) -> Result<String> {
     Ok(match source {
         ImageSource::Registry(n) => {
-            super::reference::template_name_for(&super::reference::resolve(n, &opts.mirrors)?)
+            image_template_name(store, &super::reference::resolve(n, &opts.mirrors)?)?
         }
         ImageSource::Archive(f) => {
             let stem = f
@@ -102,6 +103,32 @@ pub fn default_name(source: &ImageSource, opts: &PullOptions) -> Result<String> 
             sanitize(&stem)
         }
     })
+}
+
+/// The kiln template registry image `image` is, in `store`: the readable name
+/// [`template_name_for`](super::reference::template_name_for) gives it (`python:3.12` →
+/// `python-3-12`), unless the current template of that name was made from another image
+/// (`ghcr.io/x/python:3.12` beside `python:3.12`); then that name with a hash of the image's
+/// full name, so two images never share a template. A template of that name not made from an
+/// image (`base`, a recipe's) is the image name's meaning, as a Dockerfile's `FROM base`.
+/// `kiln template build --from-image` and the server's `fromImage` builds both name with it.
+pub fn image_template_name(store: &Store, image: &super::reference::ImageName) -> Result<String> {
+    let readable = super::reference::template_name_for(image);
+    let made_from = image_of(store, &readable)?.map(|i| i.source);
+    Ok(name_beside(readable, made_from.as_deref(), &image.full))
+}
+
+/// `readable`, or `readable-<hash of full>` when the template of that name was made from an
+/// image other than `full`.
+fn name_beside(readable: String, made_from: Option<&str>, full: &str) -> String {
+    match made_from {
+        Some(other) if other != full => {
+            let h = hex::encode(&Sha256::digest(full.as_bytes())[..6]);
+            let keep = &readable[..readable.len().min(64 - h.len() - 1)];
+            format!("{}-{h}", keep.trim_end_matches('-'))
+        }
+        _ => readable,
+    }
 }
 
 fn sanitize(s: &str) -> String {
@@ -157,7 +184,7 @@ pub fn build_from_image(
     let started = Instant::now();
     let name = match name {
         Some(n) => n.to_string(),
-        None => default_name(source, &opts.pull)?,
+        None => default_name(store, source, &opts.pull)?,
     };
     check_name(&name)?;
     let agent = find_agent(opts.agent.as_deref())?;
@@ -466,9 +493,33 @@ mod tests {
         assert!(check_name("Bad").is_err());
         assert_ne!(stage_hash("sha256:a"), stage_hash("sha256:b"));
         let src = ImageSource::Archive(PathBuf::from("/x/Foo_bar.tar.gz"));
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
         assert_eq!(
-            default_name(&src, &PullOptions::default()).unwrap(),
+            default_name(&store, &src, &PullOptions::default()).unwrap(),
             "foo-bar"
         );
+    }
+
+    /// Two images whose readable names are one never share a template: the second gets the
+    /// name with a hash of its full name; the same image, or a template not made from an
+    /// image, keeps the readable name.
+    #[test]
+    fn two_images_never_share_a_template_name() {
+        let hub = "docker.io/library/python:3.12";
+        let ghcr = "ghcr.io/x/python:3.12";
+        let n = |made: Option<&str>, full: &str| name_beside("python-3-12".into(), made, full);
+        assert_eq!(n(None, ghcr), "python-3-12");
+        assert_eq!(n(Some(hub), hub), "python-3-12");
+        let other = n(Some(hub), ghcr);
+        assert!(
+            other.starts_with("python-3-12-") && other.len() == 24,
+            "{other}"
+        );
+        assert_ne!(other, n(Some(hub), "ghcr.io/y/python:3.12"));
+        assert_eq!(other, n(Some("x"), ghcr), "the hashed name is stable");
+        assert_eq!(n(Some(ghcr), hub).len(), 24);
+        let long = name_beside("a".repeat(64), Some(hub), ghcr);
+        assert!(long.len() <= 64 && check_name(&long).is_ok(), "{long}");
     }
 }

@@ -113,6 +113,15 @@ pub async fn resolve_for_create(
     }
 }
 
+/// A create naming a kiln template itself: refused when it is a private image's template
+/// the registry does not give anonymously (see [`crate::tplbuild::Builds::check_direct_create`]).
+pub async fn check_direct_create(st: &AppState, template_id: &str) -> Result<(), ApiError> {
+    match &st.builds {
+        Some(b) => Ok(b.check_direct_create(template_id).await?),
+        None => Ok(()),
+    }
+}
+
 /// Gives a sandbox created from a built template the build's last USER and WORKDIR as its
 /// defaults.
 pub async fn apply_defaults(
