@@ -1,21 +1,33 @@
 //! Secrets' values at rest: sealed with ChaCha20-Poly1305 (ring's AEAD) under a server key
 //! kept in `<state>/secrets.key` (32 random bytes, mode 0600, made at first start), with the
 //! team and the secret's id as associated data, so a sealed value moved to another row or
-//! team does not open. The clear value exists only while the egress proxy injects it
-//! ([`Vault::value`]); nothing answers it to a client.
+//! team does not open. The clear value exists only in the server's memory, for the egress proxy
+//! to inject ([`Vault::value`]); nothing answers it to a client. Opened values are kept in a
+//! small in-memory cache (zeroised when dropped), so an intercepted request costs no SQLite
+//! read and no AEAD open: every write through the vault ([`Vault::insert`],
+//! [`Vault::new_version`], [`Vault::delete`]) empties it, and an entry is read again after
+//! [`CACHE_TTL`] whatever happens, which bounds how long a change made past the vault (another
+//! process on the same database) can go unseen.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::store::SecretsDb;
+use zeroize::Zeroizing;
+
+use crate::store::{SecretRecord, SecretsDb};
 
 /// File name of the server key in the state directory.
 pub const KEY_FILE: &str = "secrets.key";
 const KEY_LEN: usize = 32;
+/// How long an opened value is used before it is read from the database again.
+pub const CACHE_TTL: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum VaultError {
@@ -38,6 +50,15 @@ pub struct Vault {
     key: LessSafeKey,
     rng: SystemRandom,
     db: SecretsDb,
+    cache: Mutex<Cache>,
+}
+
+/// Opened values by (team, lower-case name). `generation` moves on every write, so a read that
+/// began before a write does not put the value it read back after the write emptied the cache.
+#[derive(Default)]
+struct Cache {
+    generation: u64,
+    values: HashMap<(String, String), (Zeroizing<String>, Instant)>,
 }
 
 /// Writes a new key file at `path`: owner-only (0600) from its creation, synced, and put in
@@ -97,7 +118,48 @@ impl Vault {
             key: LessSafeKey::new(key),
             rng: SystemRandom::new(),
             db,
+            cache: Mutex::new(Cache::default()),
         })
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets every opened value (after a write: the key of the write may be an id).
+    fn changed(&self) {
+        let mut c = self.cache();
+        c.generation += 1;
+        c.values.clear();
+    }
+
+    /// Stores a new secret (false: its name is taken).
+    pub async fn insert(&self, s: &SecretRecord) -> Result<bool, VaultError> {
+        let r = self.db.insert(s).await;
+        self.changed();
+        Ok(r?)
+    }
+
+    /// Makes the value `seal` seals the next version of `team`'s secret `key` (id or name); see
+    /// [`SecretsDb::new_version`].
+    pub async fn new_version(
+        &self,
+        team: &str,
+        key: &str,
+        seal: impl FnOnce(&str) -> Vec<u8> + Send + 'static,
+        metadata: Option<BTreeMap<String, String>>,
+        now_ms: i64,
+    ) -> Result<Option<SecretRecord>, VaultError> {
+        let r = self.db.new_version(team, key, seal, metadata, now_ms).await;
+        self.changed();
+        Ok(r?)
+    }
+
+    /// Deletes `team`'s secret `key` (id or name); false when there is none.
+    pub async fn delete(&self, team: &str, key: &str) -> Result<bool, VaultError> {
+        let r = self.db.delete(team, key).await;
+        self.changed();
+        Ok(r?)
     }
 
     /// The secrets table.
@@ -142,14 +204,30 @@ impl Vault {
 
     /// The current value of `team`'s secret named `name`; `None` when it has none.
     pub async fn value(&self, team: &str, name: &str) -> Result<Option<String>, VaultError> {
-        let Some(s) = self.db.get(team, &name.to_ascii_lowercase()).await? else {
+        let key = (team.to_string(), name.to_ascii_lowercase());
+        let generation = {
+            let c = self.cache();
+            if let Some((v, at)) = c.values.get(&key) {
+                if at.elapsed() < CACHE_TTL {
+                    return Ok(Some(v.to_string()));
+                }
+            }
+            c.generation
+        };
+        let Some(s) = self.db.get(team, &key.1).await? else {
             return Ok(None);
         };
-        if s.name != name.to_ascii_lowercase() {
+        if s.name != key.1 {
             return Ok(None);
         }
-        let v = self.unseal(team, &s.id, &s.sealed)?;
-        Ok(Some(String::from_utf8_lossy(&v).into_owned()))
+        let clear = Zeroizing::new(self.unseal(team, &s.id, &s.sealed)?);
+        let v = Zeroizing::new(String::from_utf8_lossy(&clear).into_owned());
+        let out = v.to_string();
+        let mut c = self.cache();
+        if c.generation == generation {
+            c.values.insert(key, (v, Instant::now()));
+        }
+        Ok(Some(out))
     }
 }
 
@@ -179,5 +257,66 @@ mod tests {
             Vault::open(dir.path(), SecretsDb::open_in_memory().unwrap()),
             Err(VaultError::KeyLength(_))
         ));
+    }
+
+    fn record(v: &Vault, team: &str, id: &str, name: &str, value: &str) -> SecretRecord {
+        SecretRecord {
+            id: id.into(),
+            team: team.into(),
+            name: name.into(),
+            version: 1,
+            metadata: BTreeMap::new(),
+            sealed: v.seal(team, id, value.as_bytes()),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn opened_values_are_cached_until_a_write_through_the_vault() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Vault::open(dir.path(), SecretsDb::open_in_memory().unwrap()).unwrap();
+        assert!(v
+            .insert(&record(&v, "red", "sec_1", "svc", "one"))
+            .await
+            .unwrap());
+        assert_eq!(v.value("red", "SVC").await.unwrap().as_deref(), Some("one"));
+        assert_eq!(v.value("blue", "svc").await.unwrap(), None);
+        // A change made past the vault is not seen while the entry is fresh: the value comes
+        // from memory, not from the database.
+        let sealed = v.seal("red", "sec_1", b"two");
+        v.db()
+            .new_version("red", "svc", move |_| sealed, None, 2)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(v.value("red", "svc").await.unwrap().as_deref(), Some("one"));
+        // A write through the vault is seen at once, by id as by name.
+        let v2 = std::sync::Arc::new(v);
+        let sealer = v2.clone();
+        v2.new_version(
+            "red",
+            "sec_1",
+            move |id| sealer.seal("red", id, b"three"),
+            None,
+            3,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            v2.value("red", "svc").await.unwrap().as_deref(),
+            Some("three")
+        );
+        assert!(v2.delete("red", "sec_1").await.unwrap());
+        assert_eq!(v2.value("red", "svc").await.unwrap(), None);
+        assert!(v2
+            .insert(&record(&v2, "red", "sec_2", "svc", "four"))
+            .await
+            .unwrap());
+        assert_eq!(
+            v2.value("red", "svc").await.unwrap().as_deref(),
+            Some("four")
+        );
     }
 }

@@ -328,6 +328,10 @@ def test_rules_inject_secrets_that_never_enter_the_sandbox(srv, secnet):
         Secret.update(name, value + "-v2", **opts)
         code, status, body = curl(sbx, "https://api.sec.test/")
         assert f"Bearer {value}-v2" in body, body
+        # Deleted: the next request is answered by kiln, never sent on without the header.
+        Secret.destroy(name, **opts)
+        code, status, body = curl(sbx, "https://api.sec.test/")
+        assert status == "502" and "does not exist" in body and value not in body, body
     finally:
         sbx.kill()
     assert value not in srv.log()

@@ -12,6 +12,7 @@ mod idle_cpu;
 mod lifecycle;
 mod lifecycle_bench;
 mod net;
+mod net_rules;
 mod rich;
 mod rules;
 mod rules_live;

@@ -6,7 +6,9 @@
 //! - an HTTPS GET on a kept-alive connection through `network.rules` interception (kiln's CA,
 //!   a header injected from a secret) vs the same GET without a rule (through a plain TCP
 //!   relay, as the egress proxy carries it) and straight to the upstream, on loopback
-//!   ([`kiln_net::intercept::bench`]).
+//!   ([`kiln_net::intercept::bench`]);
+//! - the same from inside a sandbox to a host of the bench's own test internet, a name with a
+//!   rule vs another name of the same host without one ([`super::net_rules`]).
 //!
 //! The networked side uses its own host range (`--range`) so the bench can run next to a
 //! server.
@@ -40,6 +42,9 @@ pub struct Args {
     /// does between real requests; 0 measures creates racing the refill).
     #[arg(long, default_value_t = 500)]
     gap_ms: u64,
+    /// Only the loopback interception rows (no sandboxes).
+    #[arg(long)]
+    https_only: bool,
     #[command(flatten)]
     rt: super::RuntimeArgs,
     /// Host-side range of the bench's network slots.
@@ -114,6 +119,10 @@ fn row(name: &str, p: &Percentiles, base: &Percentiles) {
 }
 
 async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> anyhow::Result<i32> {
+    if a.https_only {
+        https_rows(&a, &work_root).await?;
+        return Ok(0);
+    }
     let runtime = a.rt.resolve()?;
     let plain = side(&work_root, "n", &runtime, None, &templates)?;
     let net = Net {
@@ -213,16 +222,13 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
     let median = super::stats::median;
     let (tpp, tpd) = (median(&mut tp_proxied), median(&mut tp_direct));
     let _ = net.manager.kill(&id, "bench").await;
-    net.driver.shutdown().await;
-
     eprintln!(
-        "https: {} × small GET, keep-alive, direct and intercepted (loopback) …",
+        "https from a sandbox: {} × small GET with and without a rule …",
         a.requests
     );
-    let dir = tempfile::tempdir_in(&work_root).context("a directory for the bench's CAs")?;
-    let https = kiln_net::intercept::bench::measure(dir.path(), a.requests)
-        .await
-        .map_err(|e| anyhow!("interception bench: {e}"))?;
+    let (in_rule, in_plain) =
+        super::net_rules::measure(&net, &a.template, a.requests, &work_root).await?;
+    net.driver.shutdown().await;
 
     let (w, wo) = (percentiles(&with), percentiles(&without));
     println!(
@@ -246,6 +252,21 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
         tpp,
         tpp / tpd
     );
+    super::net_rules::print_rows(&in_rule, &in_plain);
+    https_rows(&a, &work_root).await?;
+    Ok(0)
+}
+
+/// The loopback interception bench ([`kiln_net::intercept::bench`]) and its rows.
+async fn https_rows(a: &Args, work_root: &std::path::Path) -> anyhow::Result<()> {
+    eprintln!(
+        "https: {} × small GET, keep-alive, direct and intercepted (loopback) …",
+        a.requests
+    );
+    let dir = tempfile::tempdir_in(work_root).context("a directory for the bench's CAs")?;
+    let https = kiln_net::intercept::bench::measure(dir.path(), a.requests)
+        .await
+        .map_err(|e| anyhow!("interception bench: {e}"))?;
     let hd = percentiles(&https.direct);
     let (hr, hi) = (percentiles(&https.relayed), percentiles(&https.intercepted));
     row("HTTPS GET 100 B, keep-alive (loopback)", &hd, &hd);
@@ -255,7 +276,7 @@ async fn bench(a: Args, templates: Arc<dyn Templates>, work_root: PathBuf) -> an
         "  interception p50 vs the same request without a rule: {:.2}x (target: at most 1.3x)",
         hi.p50_ms / hr.p50_ms
     );
-    Ok(0)
+    Ok(())
 }
 
 async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) {

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
@@ -44,16 +44,27 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// An HTTPS server answering 100 bytes (`A` when the request carried the injected header).
-async fn upstream(dir: &Path) -> Result<std::net::SocketAddr, Err> {
+/// An HTTPS server on `l` answering 100 bytes (`A` when the request carried the injected
+/// header), its certificate for `names` signed by a CA made here (written to
+/// `dir/upstream-ca.pem`). Serves until the runtime ends.
+pub fn serve_upstream(dir: &Path, l: TcpListener, names: &[&str]) -> Result<(), Err> {
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::default();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // Names of their own: a leaf whose issuer reads as its subject looks self-signed to OpenSSL.
+    ca.distinguished_name
+        .push(DnType::CommonName, "kiln bench upstream CA");
     let ca_cert = ca.self_signed(&ca_key)?;
     std::fs::write(dir.join("upstream-ca.pem"), ca_cert.pem())?;
     let issuer = Issuer::new(ca, ca_key);
     let key = KeyPair::generate()?;
-    let leaf = CertificateParams::new(vec![NAME.to_string()])?.signed_by(&key, &issuer)?;
+    let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let mut leaf = CertificateParams::new(names.clone())?;
+    leaf.distinguished_name.push(
+        DnType::CommonName,
+        names.first().cloned().unwrap_or_default(),
+    );
+    let leaf = leaf.signed_by(&key, &issuer)?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
@@ -63,8 +74,6 @@ async fn upstream(dir: &Path) -> Result<std::net::SocketAddr, Err> {
         )?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
             let acceptor = acceptor.clone();
@@ -86,7 +95,21 @@ async fn upstream(dir: &Path) -> Result<std::net::SocketAddr, Err> {
             });
         }
     });
-    Ok(addr)
+    Ok(())
+}
+
+/// A rule for `name` injecting `Authorization: Bearer <a fixed secret>`, as a sandbox's
+/// policy carries it.
+pub fn rule_for(name: &str, interceptor: Arc<Interceptor>) -> Result<Transforms, Err> {
+    let rules = RuleSet::parse(&serde_json::json!({name: [{"transform": {"headers": {
+        "Authorization": "Bearer ${e2b.secrets.key}"}}}]}))?;
+    Ok(Transforms {
+        rules,
+        team: "bench".into(),
+        secrets: Arc::new(Fixed),
+        tokens: None,
+        interceptor,
+    })
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
@@ -123,21 +146,15 @@ async fn get(s: &mut Sender) -> Result<(Duration, u8), Err> {
 
 /// `requests` small GETs each way. `dir` holds the CAs.
 pub async fn measure(dir: &Path, requests: usize) -> Result<Times, Err> {
-    let up = upstream(dir).await?;
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let up = l.local_addr()?;
+    serve_upstream(dir, l, &[NAME])?;
     let interceptor = Arc::new(Interceptor::open(
         &dir.join("kiln"),
         &[dir.join("upstream-ca.pem")],
     )?);
-    let rules = RuleSet::parse(&serde_json::json!({NAME: [{"transform": {"headers": {
-        "Authorization": "Bearer ${e2b.secrets.key}"}}}]}))?;
-    let host = rules.hosts[0].clone();
-    let t = Arc::new(Transforms {
-        rules,
-        team: "bench".into(),
-        secrets: Arc::new(Fixed),
-        tokens: None,
-        interceptor: interceptor.clone(),
-    });
+    let t = Arc::new(rule_for(NAME, interceptor.clone())?);
+    let host = t.rules.hosts[0].clone();
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let front = l.local_addr()?;
     tokio::spawn(async move {

@@ -190,6 +190,8 @@ where
     let upstream_conn = tokio::spawn(conn);
     let sender = Arc::new(tokio::sync::Mutex::new(sender));
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    // Shared by every request of the connection (a clone per request would copy the rules).
+    let host = Arc::new(host);
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let (t, host, sender) = (t.clone(), host.clone(), sender.clone());
         async move {

@@ -197,7 +197,7 @@ async fn create(
         created_at_ms: now,
         updated_at_ms: now,
     };
-    if !v.db().insert(&rec).await.map_err(store_err)? {
+    if !v.insert(&rec).await.map_err(store_err)? {
         return Err(ApiError::conflict(format!(
             "a secret named {:?} exists; update it with POST /secrets/{0} or delete it first",
             rec.name
@@ -302,7 +302,6 @@ async fn new_version(
     let v2 = v.clone();
     let seal = move |id: &str| v2.seal(&team, id, value.as_bytes());
     let s = v
-        .db()
         .new_version(&c.team, &key, seal, u.metadata, now_ms())
         .await
         .map_err(store_err)?
@@ -317,12 +316,7 @@ async fn delete(
     Extension(c): Extension<Caller>,
     Path(key): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if vault(&st)?
-        .db()
-        .delete(&c.team, &key)
-        .await
-        .map_err(store_err)?
-    {
+    if vault(&st)?.delete(&c.team, &key).await.map_err(store_err)? {
         tracing::info!(team = %c.team, secret = %key, "secret deleted");
         Ok(StatusCode::NO_CONTENT)
     } else {
