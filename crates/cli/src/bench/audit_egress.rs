@@ -66,7 +66,8 @@ print("%.4f %.1f %d %.4f" % (lat[n // 2] * 1e3, got / d / 1e6, got, udp[n // 2] 
 /// The test host: a namespace with a TCP echo (one byte) and a bulk sender; removed on drop.
 pub(crate) struct TestHost;
 
-fn ip(args: &[&str]) -> anyhow::Result<()> {
+/// Runs `ip ARGS`, failing with its stderr.
+pub(crate) fn ip(args: &[&str]) -> anyhow::Result<()> {
     let out = Command::new("ip")
         .args(args)
         .output()

@@ -7,7 +7,6 @@
 //! sandbox. Nothing leaves this machine.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use base64::Engine;
 use kiln_net::intercept::{bench, Interceptor};
 use kiln_net::EgressPolicy;
 
+use super::audit_egress::ip;
 use super::side::{params, Side};
 
 const NS: &str = "kbnrules";
@@ -51,21 +51,6 @@ for i in range(n + 5):
             times[name].append(dt)
 print(json.dumps({"rule": times[rule], "plain": times[plain]}))
 "#;
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
 
 /// The test internet's namespace and veth pair; removed when dropped.
 struct TestNet;

@@ -23,7 +23,6 @@ impl SandboxBaseline for GvisorDriver {
     async fn checkpoint_restore(&self, id: &str, image: &Path) -> Result<(Duration, Duration)> {
         check_id(id)?;
         self.settling.settle(id).await;
-        let dir = self.sandbox_dir(id);
         // The sandbox's current container (a resume made a new one); it is restored under the
         // same id after its delete.
         let cid = self.cid(id);
@@ -38,23 +37,7 @@ impl SandboxBaseline for GvisorDriver {
         let checkpoint = t.elapsed();
         // The checkpointed sandbox's processes exit; the container is deleted while they are
         // reaped (this process adopted them), as a pause does (not timed).
-        crate::halt_container(&self.runsc, &cid, &dir).await?;
-        // The agent binds its socket again: the old socket file must be gone.
-        let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
-        let workaround = self.sysctl_workaround(id).await;
-        let t = Instant::now();
-        self.runsc
-            .restore_detached(
-                image,
-                &dir.join("bundle"),
-                &cid,
-                &dir.join("console.log"),
-                workaround,
-                None,
-            )
-            .await?;
-        let restore = t.elapsed();
-        self.attach_agent(id).await?;
+        let restore = self.halt_and_restore(id, &cid, image).await?;
         Ok((checkpoint, restore))
     }
 
@@ -69,20 +52,29 @@ impl SandboxBaseline for GvisorDriver {
                 "snapshot {snapshot} has no memory checkpoint"
             )));
         }
-        let dir = self.sandbox_dir(id);
         let cid = self.cid(id);
         // Held as a pause's cleanup is: the server's watcher waits before it judges the
         // sandbox, whose runtime is gone for the moment.
         let _held = self.settling.hold(id);
-        crate::halt_container(&self.runsc, &cid, &dir).await?;
+        self.halt_and_restore(id, &cid, &image).await
+    }
+}
+
+impl GvisorDriver {
+    /// Deletes container `cid` of sandbox `id` and times `runsc restore` of `image` under the
+    /// same id on its bundle (the delete is not timed); the agent listens again afterwards.
+    async fn halt_and_restore(&self, id: &str, cid: &str, image: &Path) -> Result<Duration> {
+        let dir = self.sandbox_dir(id);
+        crate::halt_container(&self.runsc, cid, &dir).await?;
+        // The agent binds its socket again: the old socket file must be gone.
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.sysctl_workaround(id).await;
         let t = Instant::now();
         self.runsc
             .restore_detached(
-                &image,
+                image,
                 &dir.join("bundle"),
-                &cid,
+                cid,
                 &dir.join("console.log"),
                 workaround,
                 None,
