@@ -176,7 +176,8 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The API of one host's `manager`.
+    /// The API of one host's `manager`, with its outlets as they are now (give the manager
+    /// its audit log with `Manager::set_audit` first).
     pub fn new(manager: Arc<Manager>, cfg: ApiConfig) -> Self {
         let store = manager.store().clone();
         Self {
