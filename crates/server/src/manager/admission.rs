@@ -151,6 +151,28 @@ impl Admission {
         Ok(())
     }
 
+    /// The server's cap on sandboxes at once (`--max-sandboxes`), if any.
+    pub(super) fn max_sandboxes(&self) -> Option<usize> {
+        self.cfg.max_sandboxes
+    }
+
+    /// The host limit with the least room left for sandboxes, read now; None when the host
+    /// check is off or no limit binds.
+    pub(super) fn host_headroom(&self) -> Option<capacity::Headroom> {
+        if self.cfg.skip_host_check {
+            return None;
+        }
+        let dir = self
+            .cfg
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let limits = capacity::read_limits(&dir);
+        capacity::headroom(&limits, &self.cfg.cost)
+            .into_iter()
+            .next()
+    }
+
     /// Creates admitted and not finished yet.
     pub(super) fn creates_in_flight(&self) -> usize {
         self.in_flight.total.load(Ordering::SeqCst)
@@ -214,11 +236,8 @@ impl Admission {
                 ));
             }
         }
-        if !adm.skip_host_check && !pooled {
-            let dir = adm.state_dir.clone().unwrap_or_else(|| PathBuf::from("/"));
-            let limits = capacity::read_limits(&dir);
-            let room = capacity::headroom(&limits, &adm.cost);
-            if let Some(tight) = room.first() {
+        if !pooled {
+            if let Some(tight) = self.host_headroom() {
                 // Creates already in flight will take their share too.
                 if tight.sandboxes <= pending as u64 {
                     return Err(Error::Capacity {

@@ -207,23 +207,15 @@ impl Manager {
     /// live, pending and pooled ones, and at most half of the host's remaining room (the rest
     /// stays for cold creates and the sandboxes' own growth).
     fn pool_room(&self) -> usize {
-        let adm = &self.cfg.admission;
         let pending = self.admission.creates_in_flight();
         let mut room = usize::MAX;
-        if let Some(max) = adm.max_sandboxes {
+        if let Some(max) = self.admission.max_sandboxes() {
             let used = self.registry.len() + self.registry.pending_len() + pending;
             room = max.saturating_sub(used + self.pools.total());
         }
-        if !adm.skip_host_check {
-            let dir = adm
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| std::path::PathBuf::from("/"));
-            let limits = kiln_host::capacity::read_limits(&dir);
-            if let Some(tight) = kiln_host::capacity::headroom(&limits, &adm.cost).first() {
-                let fits = (tight.sandboxes / 2).saturating_sub(pending as u64);
-                room = room.min(fits as usize);
-            }
+        if let Some(tight) = self.admission.host_headroom() {
+            let fits = (tight.sandboxes / 2).saturating_sub(pending as u64);
+            room = room.min(fits as usize);
         }
         room
     }
