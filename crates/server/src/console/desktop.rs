@@ -122,10 +122,13 @@ impl Target {
             .open_route(&self.id, VNC_PORT)
             .await
             .map_err(|_| format!("sandbox {} is not running", self.id))?;
+        // The reason goes to the client: no host path in it, as in the API's answers.
         match pr.client.connect_raw().await {
             Ok(io) => Ok((io, pr.in_use)),
-            Err(kiln_envd::EnvdError::Connect { source }) => Err(source.to_string()),
-            Err(e) => Err(e.to_string()),
+            Err(kiln_envd::EnvdError::Connect { source }) => {
+                Err(crate::error::redact_host_paths(&source.to_string()))
+            }
+            Err(e) => Err(crate::error::redact_host_paths(&e.to_string())),
         }
     }
 }
