@@ -78,6 +78,7 @@ impl Manager {
             Origin::Template { .. } => format!("template {}", tpl.name),
             Origin::Snapshot { snap, .. } => format!("from snapshot {}", snap.id),
         };
+        let before_boot = started.elapsed().as_millis();
         let booted = match origin {
             Origin::Template { pooled, permit } => {
                 // A pooled sandbox is already booted: giving it its identity is not CPU-bound
@@ -87,13 +88,10 @@ impl Manager {
                     .boot(&spec, &record, tpl, pooled.is_some(), p.network.as_ref())
                     .await;
                 drop(permit);
-                r.map(|phases| format!(" ({phases})"))
+                r
             }
             Origin::Snapshot { snap, .. } => match self.admission.boot_permit().await {
-                Ok(_permit) => self
-                    .restore_and_init(&snap, &spec, &record)
-                    .await
-                    .map(|()| String::new()),
+                Ok(_permit) => self.restore_and_init(&snap, &spec, &record).await,
                 Err(e) => Err(e),
             },
         };
@@ -109,7 +107,9 @@ impl Manager {
             .await?;
         self.registry.insert(record.clone());
         let ms = started.elapsed().as_millis();
-        let detail = format!("{label} in {ms} ms{phases}, timeout {timeout}s");
+        let detail = format!(
+            "{label} in {ms} ms (records and spec {before_boot} ms, {phases}), timeout {timeout}s"
+        );
         self.event(&id, "created", detail).await;
         Ok(record)
     }
