@@ -34,6 +34,7 @@ pub mod router;
 pub mod rpc;
 pub mod state;
 pub mod sudo;
+mod trust;
 mod users;
 mod watch;
 pub mod watchdog;

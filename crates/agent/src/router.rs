@@ -120,6 +120,21 @@ async fn init(agent: Arc<Agent>, req: Request<Incoming>) -> Response<Body> {
     if let Some(ts) = r.timestamp.as_deref() {
         crate::metrics::maybe_set_clock(ts);
     }
+    if let Some(cas) = r.extra_cas.filter(|c| !c.is_empty()) {
+        let installed = tokio::task::spawn_blocking(move || {
+            crate::trust::install(std::path::Path::new("/"), &cas)
+        })
+        .await;
+        if let Err(e) = installed
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            return api_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("installing the extra CA certificates: {e}"),
+            );
+        }
+    }
     {
         let mut s = agent.init.write().unwrap_or_else(|p| p.into_inner());
         if let Some(env) = r.env_vars {

@@ -12,6 +12,12 @@ pub const ENVD_PORT: u16 = 49983;
 /// upload, entry info in watch events).
 pub const ENVD_VERSION: &str = "0.6.4";
 
+/// Where `/init`'s `kilnExtraCas` go in a sandbox, all in one file (Debian's layout:
+/// `update-ca-certificates` keeps them in the bundle it rebuilds; Node reads this one file).
+pub const TRUST_EXTRA_FILE: &str = "/usr/local/share/ca-certificates/kiln-extra-cas.crt";
+/// The system bundle of a sandbox (Debian's layout), where the extra CAs are appended.
+pub const TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// Body of `POST /init`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -38,6 +44,15 @@ pub struct InitRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub hyperloop_ip: Option<String>,
+    /// kiln: CA certificates (PEM) the sandbox trusts besides its template's roots; the agent
+    /// puts them in [`TRUST_EXTRA_FILE`] and appends those [`TRUST_BUNDLE`] lacks before it
+    /// answers.
+    #[serde(
+        default,
+        rename = "kilnExtraCas",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub extra_cas: Option<Vec<String>>,
 }
 
 /// Body of `GET /metrics`.

@@ -94,6 +94,7 @@ fn init_request_field_names() {
         default_workdir: Some("/home/user".into()),
         timestamp: Some("2024-01-01T00:00:00Z".into()),
         hyperloop_ip: None,
+        extra_cas: Some(vec!["PEM".into()]),
     };
     let v = serde_json::to_value(&r).unwrap();
     for k in [
@@ -102,6 +103,7 @@ fn init_request_field_names() {
         "defaultUser",
         "defaultWorkdir",
         "timestamp",
+        "kilnExtraCas",
     ] {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }

@@ -9,10 +9,11 @@
 //! The server reads the host's at start ([`HostCas::read`]: certificates only, re-encoded from
 //! their DER, anything else in the files ignored) and gives the manager the list
 //! ([`extra_cas`]). Every create, the API's and a template build's alike ([`create`]), puts
-//! them in the sandbox's trust store before answering: [`EXTRA_FILE`] holds them all (Node's
-//! `NODE_EXTRA_CA_CERTS` reads one file), and those the system bundle lacks are appended to
-//! it; the create also sets `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT` (the bundle) and
-//! `NODE_EXTRA_CA_CERTS` ([`EXTRA_FILE`]) unless the request sets them.
+//! them in the sandbox's trust store before answering — the manager's `/init` carries them and
+//! the agent installs them: [`EXTRA_FILE`] holds them all (Node's `NODE_EXTRA_CA_CERTS` reads
+//! one file), and those the system bundle lacks are appended to it; the create also sets
+//! `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT` (the bundle) and `NODE_EXTRA_CA_CERTS`
+//! ([`EXTRA_FILE`]) unless the request sets them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,13 +22,13 @@ use base64::Engine;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
-use super::rules::BUNDLE;
 use crate::manager::{CreateParams, SandboxService};
 use crate::store::SandboxRecord;
 
-/// Where the extra CAs go in a sandbox, all in one file (Debian's layout:
-/// `update-ca-certificates` keeps them in the bundle it rebuilds).
-pub const EXTRA_FILE: &str = "/usr/local/share/ca-certificates/kiln-extra-cas.crt";
+/// Where the extra CAs go in a sandbox, all in one file.
+pub const EXTRA_FILE: &str = kiln_proto::envd::TRUST_EXTRA_FILE;
+/// The system bundle of a sandbox, where the extra CAs are appended.
+pub const BUNDLE: &str = kiln_proto::envd::TRUST_BUNDLE;
 /// The directory `update-ca-certificates` reads on Debian-family hosts.
 pub const DEFAULT_DIR: &str = "/usr/local/share/ca-certificates";
 /// Most files and certificates read (a directory is not a dumping ground).
@@ -130,25 +131,18 @@ pub fn trust_env(cas: &[String], env: &mut BTreeMap<String, String>) {
     }
 }
 
-/// Creates a sandbox that trusts the manager's extra CAs: its environment names them and its
-/// trust store holds them before this returns. A failure to install them ends the sandbox.
+/// Creates a sandbox that trusts the manager's extra CAs: its environment names them, and the
+/// manager's `/init` has put them in its trust store before this returns.
 pub async fn create(
     manager: &dyn SandboxService,
     mut p: CreateParams,
 ) -> crate::error::Result<SandboxRecord> {
     trust_env(manager.extra_cas(), &mut p.env_vars);
-    let rec = manager.create(p).await?;
-    if let Err(e) = install(manager, &rec.id, rec.envd_token.clone()).await {
-        let _ = manager
-            .kill(&rec.id, "its trust store could not be set up")
-            .await;
-        return Err(e);
-    }
-    Ok(rec)
+    manager.create(p).await
 }
 
-/// Puts the manager's extra CAs in sandbox `id`'s trust store: [`EXTRA_FILE`], and the
-/// system bundle where it lacks them (read and written once at most).
+/// Puts the manager's extra CAs in running sandbox `id`'s trust store (one `/init` that
+/// carries only them; the agent writes what is missing).
 pub async fn install(
     manager: &dyn SandboxService,
     id: &str,
@@ -158,32 +152,13 @@ pub async fn install(
     if cas.is_empty() {
         return Ok(());
     }
-    let agent = manager.agent(id, token);
-    let fail = |e: kiln_envd::EnvdError| {
-        crate::error::Error::create("adding the extra CA certificates to its trust store")(e.into())
+    let init = kiln_proto::envd::InitRequest {
+        extra_cas: Some(cas.to_vec()),
+        ..Default::default()
     };
-    // The two calls are independent: one round trip for both.
-    let (written, bundle) = tokio::join!(
-        agent.write_file(EXTRA_FILE, cas.concat().into_bytes(), Some("root")),
-        agent.read_file(BUNDLE, Some("root")),
-    );
-    written.map_err(fail)?;
-    let mut bundle = bundle.unwrap_or_default();
-    let have = String::from_utf8_lossy(&bundle).replace("\r\n", "\n");
-    let missing: Vec<&String> = cas.iter().filter(|c| !have.contains(c.trim())).collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    if !bundle.is_empty() && !bundle.ends_with(b"\n") {
-        bundle.push(b'\n');
-    }
-    for c in missing {
-        bundle.extend_from_slice(c.as_bytes());
-    }
-    agent
-        .write_file(BUNDLE, bundle, Some("root"))
-        .await
-        .map_err(fail)
+    manager.agent(id, token).init(&init).await.map_err(|e| {
+        crate::error::Error::create("adding the extra CA certificates to its trust store")(e.into())
+    })
 }
 
 #[cfg(test)]

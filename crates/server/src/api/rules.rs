@@ -16,9 +16,6 @@ use super::{ApiError, ApiResult, AppState};
 use crate::identity::{SandboxTokens, TokenSpec};
 use crate::vault::Vault;
 
-/// The system bundle of a sandbox (Debian's layout), where the extra CAs are appended.
-pub const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-
 impl SecretSource for Vault {
     fn value<'a>(
         &'a self,

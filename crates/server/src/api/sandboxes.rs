@@ -131,7 +131,6 @@ async fn create_inner(
     if let Some(b) = &built {
         super::template_api::apply_defaults(&st, &rec, b).await?;
     }
-    super::host_trust::install(st.manager.as_ref(), &rec.id, rec.envd_token.clone()).await?;
     if let (Some(m), Some(v)) = (&mcp, &st.vault) {
         v.db().put_mcp(&rec.id, m).await.map_err(|e| {
             ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))

@@ -11,10 +11,12 @@ use crate::store::{SandboxRecord, TemplateRecord};
 use crate::templates::{self, TemplateInfo};
 
 /// The `/init` that gives a freshly booted agent the sandbox's identity: environment (the
-/// template's, then the request's), access token, default user and working directory, clock.
+/// template's, then the request's), access token, default user and working directory, clock,
+/// and the extra CAs it trusts (`cas`, installed by the agent before it answers).
 pub(super) fn init_request(
     record: &SandboxRecord,
     tpl: &TemplateInfo,
+    cas: &[String],
 ) -> kiln_proto::envd::InitRequest {
     let mut env: std::collections::HashMap<String, String> = tpl.env.clone().into_iter().collect();
     env.extend(record.env_vars.clone());
@@ -24,6 +26,7 @@ pub(super) fn init_request(
         default_user: Some(tpl.user.clone()),
         default_workdir: Some(tpl.workdir.clone()),
         timestamp: Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        extra_cas: (!cas.is_empty()).then(|| cas.to_vec()),
         ..Default::default()
     }
 }
@@ -131,7 +134,7 @@ impl Manager {
         // The first /init of a fresh agent: no token is set yet, so none is sent. (A second
         // /init, e.g. on resume, must send the current token.)
         self.agent(&record.id, None)
-            .init(&init_request(record, tpl))
+            .init(&init_request(record, tpl, self.extra_cas()))
             .await
             .map_err(|e| Error::create("initialising the agent")(e.into()))?;
         if let Some(cmd) = &tpl.start_cmd {

@@ -158,7 +158,7 @@ impl Manager {
         let tpl = self.lookup_template(&rec.template_id).await?;
         // A rebooted agent has no token yet: its first /init goes without one.
         self.agent(&rec.id, None)
-            .init(&init_request(rec, &tpl))
+            .init(&init_request(rec, &tpl, self.extra_cas()))
             .await?;
         if let Some(cmd) = &tpl.start_cmd {
             self.start_cmd(rec, &tpl, cmd).await?;
