@@ -20,6 +20,7 @@ mod fsrpc;
 pub mod fuzz;
 pub mod interp;
 pub mod kills;
+mod launch;
 pub mod limits;
 pub mod listen;
 pub mod metastore;

@@ -2,11 +2,8 @@
 //! to attached streams, stdin, signals, resize, and exit status.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +12,7 @@ use kiln_proto::process::{process_event, ProcessConfig, ProcessInfo};
 use tokio::sync::{mpsc, watch};
 
 use crate::cmdfd::CmdFd;
+use crate::launch;
 use crate::reaper::{self, Exit};
 use crate::rpc::RpcError;
 use crate::users::User;
@@ -254,22 +252,19 @@ impl Table {
         if config.cmd.is_empty() {
             return Err(RpcError::invalid("process.cmd is empty"));
         }
-        let mut cmd = Command::new(&config.cmd);
-        cmd.args(&config.args).env_clear().envs(env);
-
-        let c_cwd =
-            CString::new(cwd.clone()).map_err(|_| RpcError::invalid("cwd contains a NUL byte"))?;
-        let groups: Vec<libc::gid_t> = user.groups.clone();
         // SAFETY: geteuid has no preconditions.
-        let switch = unsafe { libc::geteuid() } == 0;
-        let (uid, gid) = (user.uid, user.gid);
-        let is_pty = pty.is_some();
+        let creds = (unsafe { libc::geteuid() } == 0).then(|| launch::Creds {
+            uid: user.uid,
+            gid: user.gid,
+            groups: user.groups.clone(),
+        });
 
+        // The parent's ends (kept) and the child's (closed here once it has exec'd).
         let mut stdin_w = None;
         let mut out_r = None;
         let mut err_r = None;
         let mut master = None;
-        if let Some((cols, rows)) = pty {
+        let child_ends: [OwnedFd; 3] = if let Some((cols, rows)) = pty {
             let ws = nix::pty::Winsize {
                 ws_row: rows.max(1),
                 ws_col: cols.max(1),
@@ -278,71 +273,48 @@ impl Table {
             };
             let p = nix::pty::openpty(Some(&ws), None)
                 .map_err(|e| RpcError::internal(format!("cannot open a PTY: {e}")))?;
-            // SAFETY: marking our own fd close-on-exec.
-            unsafe { libc::fcntl(p.master.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-            let slave = p.slave;
-            let dup = |f: &OwnedFd| f.try_clone().map_err(|e| RpcError::io("dup PTY", &e));
-            cmd.stdin(Stdio::from(dup(&slave)?))
-                .stdout(Stdio::from(dup(&slave)?))
-                .stderr(Stdio::from(slave));
-            master = Some(p.master);
-        } else {
-            if stdin {
-                let (r, w) = pipe().map_err(|e| RpcError::io("create stdin pipe", &e))?;
-                cmd.stdin(Stdio::from(r));
-                stdin_w = Some(w);
-            } else {
-                cmd.stdin(Stdio::null());
+            for fd in [&p.master, &p.slave] {
+                // SAFETY: marking our own fd close-on-exec.
+                unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
             }
-            let (r, w) = pipe().map_err(|e| RpcError::io("create stdout pipe", &e))?;
-            cmd.stdout(Stdio::from(w));
+            let dup = |f: &OwnedFd| f.try_clone().map_err(|e| RpcError::io("dup PTY", &e));
+            master = Some(p.master);
+            [dup(&p.slave)?, dup(&p.slave)?, p.slave]
+        } else {
+            let stdin_r = if stdin {
+                let (r, w) = pipe().map_err(|e| RpcError::io("create stdin pipe", &e))?;
+                stdin_w = Some(w);
+                r
+            } else {
+                std::fs::File::open("/dev/null")
+                    .map_err(|e| RpcError::io("open /dev/null", &e))?
+                    .into()
+            };
+            let (r, out_w) = pipe().map_err(|e| RpcError::io("create stdout pipe", &e))?;
             out_r = Some(r);
-            let (r, w) = pipe().map_err(|e| RpcError::io("create stderr pipe", &e))?;
-            cmd.stderr(Stdio::from(w));
+            let (r, err_w) = pipe().map_err(|e| RpcError::io("create stderr pipe", &e))?;
             err_r = Some(r);
-        }
+            [stdin_r, out_w, err_w]
+        };
 
         let cgroup = crate::limits::CmdCgroup::create();
         // The fork-bomb pass resumes for it.
         crate::watchdog::command_started();
-        let cgroup_fd = cgroup.as_ref().map(|c| c.procs_fd());
-        // SAFETY: the closure only makes async-signal-safe syscalls with data prepared above.
-        unsafe {
-            cmd.pre_exec(move || {
-                if let Some(fd) = cgroup_fd {
-                    crate::limits::join_raw(fd)?;
-                }
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if is_pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if switch
-                    && (libc::setgroups(groups.len(), groups.as_ptr()) < 0
-                        || libc::setgid(gid) < 0
-                        || libc::setuid(uid) < 0)
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::chdir(c_cwd.as_ptr()) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // Restore default dispositions the agent may have changed.
-                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-                Ok(())
-            });
-        }
-
-        let (pid, _child, exit_rx) = reaper::spawn_registered(|| {
-            let child = cmd.spawn()?;
-            Ok((child.id(), child))
+        let (pid, (), exit_rx) = reaper::spawn_registered(|| {
+            let pid = launch::launch(&launch::Launch {
+                program: &config.cmd,
+                args: &config.args,
+                env: &env,
+                stdio: [0, 1, 2].map(|i| child_ends[i].as_raw_fd()),
+                cgroup_procs: cgroup.as_ref().map(|c| c.procs_fd()),
+                pty: master.is_some(),
+                creds: creds.as_ref(),
+                cwd: &cwd,
+            })?;
+            Ok((pid, ()))
         })
         .map_err(|e| spawn_error(&config.cmd, &cwd, &user.name, &e))?;
-        drop(cmd);
+        drop(child_ends);
         let cgroup = cgroup.map(|c| c.dir().to_path_buf());
 
         let register = |fd: OwnedFd| {
@@ -441,7 +413,7 @@ impl Table {
 
 fn spawn_error(cmd: &str, cwd: &str, user: &str, e: &io::Error) -> RpcError {
     let code = match e.kind() {
-        io::ErrorKind::NotFound => Code::InvalidArgument,
+        io::ErrorKind::NotFound | io::ErrorKind::InvalidInput => Code::InvalidArgument,
         io::ErrorKind::PermissionDenied => Code::PermissionDenied,
         _ => Code::Internal,
     };
