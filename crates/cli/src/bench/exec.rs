@@ -147,6 +147,33 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             run("true".into(), HashMap::new()).await?;
             trips.push(t.elapsed());
         }
+        // The same round trip without a shell: the agent's spawn and the stream alone.
+        let direct = kiln_proto::process::StartRequest {
+            process: Some(kiln_proto::process::ProcessConfig {
+                cmd: "/bin/true".into(),
+                ..Default::default()
+            }),
+            stdin: Some(false),
+            ..Default::default()
+        };
+        let mut direct_trips = Vec::new();
+        for _ in 0..a.runs {
+            let t = Instant::now();
+            let mut events = agent.start(&direct, None).await?;
+            while let Some(ev) = events.next_event().await? {
+                if matches!(ev, kiln_envd::ProcessEvent::Exited { .. }) {
+                    break;
+                }
+            }
+            direct_trips.push(t.elapsed());
+        }
+        // The transport alone: a request that starts nothing.
+        let mut health_trips = Vec::new();
+        for _ in 0..a.runs {
+            let t = Instant::now();
+            agent.health().await?;
+            health_trips.push(t.elapsed());
+        }
         let _ = manager.kill(&rec.id, "bench").await;
 
         eprintln!("kill: {} sandboxes …", a.kills);
@@ -159,13 +186,22 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             manager.teardowns_done(Duration::from_secs(60)).await;
             teardowns.push(t.elapsed());
         }
-        anyhow::Ok((work_ms, login, plain, trips, kills, teardowns))
+        anyhow::Ok((
+            work_ms,
+            login,
+            plain,
+            trips,
+            direct_trips,
+            health_trips,
+            kills,
+            teardowns,
+        ))
     });
     rt.block_on(async {
         manager.kill_all("bench done").await;
         manager.shutdown_driver().await;
     });
-    let (work_ms, login, plain, trips, kills, teardowns) = result?;
+    let (work_ms, login, plain, trips, direct_trips, health_trips, kills, teardowns) = result?;
 
     println!(
         "kiln bench exec ({}, template {}):",
@@ -202,6 +238,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let p = percentiles(&trips);
     println!(
         "  commands.run(\"true\") through the agent: n={} p50 {:.1} ms  p99 {:.1} ms",
+        p.n, p.p50_ms, p.p99_ms
+    );
+    let p = percentiles(&direct_trips);
+    println!(
+        "  /bin/true started directly (no shell) through the agent: n={} p50 {:.1} ms  p99 {:.1} ms",
+        p.n, p.p50_ms, p.p99_ms
+    );
+    let p = percentiles(&health_trips);
+    println!(
+        "  GET /health through the agent (the transport alone): n={} p50 {:.1} ms  p99 {:.1} ms",
         p.n, p.p50_ms, p.p99_ms
     );
     let (k, t) = (percentiles(&kills), percentiles(&teardowns));
