@@ -280,6 +280,15 @@ impl Server {
     /// Serves until SIGTERM or SIGINT (sandboxes keep running across restarts by design; what
     /// the driver keeps ready for new ones, e.g. network slots, is released).
     pub async fn serve(self) -> std::io::Result<()> {
+        self.serve_with(front::router).await
+    }
+
+    /// Serves like [`Server::serve`], with `app` made from the API's state answering every
+    /// request instead of the public front (a cluster node serves its internal API so).
+    pub async fn serve_with(
+        self,
+        app: impl FnOnce(Arc<api::AppState>) -> axum::Router,
+    ) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
         let _sampler = self.manager.spawn_sampler();
         let _webhooks = self.manager.webhooks().spawn(self.manager.subscribe());
@@ -321,7 +330,7 @@ impl Server {
                 api::reapply_networks(&st).await;
             }
         });
-        let app = front::router(state);
+        let app = app(state);
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));
         tokio::select! {
             r = &mut serving => {
