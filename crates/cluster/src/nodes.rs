@@ -34,6 +34,9 @@ pub struct NodeLoad {
     pub free_memory_mb: u64,
     /// Running and paused sandboxes.
     pub sandboxes: u32,
+    /// CPUs not busy (thousandths): the CPU count less the 1-minute load average.
+    #[serde(default)]
+    pub free_cpu_milli: u32,
 }
 
 /// A registered node.

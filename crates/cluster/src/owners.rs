@@ -1,63 +1,94 @@
 //! Which node runs which sandbox: a node publishes its sandboxes' records (and their events)
 //! under `sandboxes/` with `owners/{id}` naming itself, each write guarded by its own lease
 //! (a node whose lease is gone writes nothing); when a node is lost, its running sandboxes
-//! are ended as `died: node-lost` ([`EtcdStore::end_lost_node`]).
+//! are ended as `died: node-lost` ([`EtcdStore::end_lost_node`]), and a node's later
+//! publication never brings such a sandbox back.
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use kiln_server::manager::LifecycleEvent;
 use kiln_server::store::{SandboxRecord, SandboxState};
 
-use crate::docs::{json, EventDoc, SandboxDoc};
-use crate::error::Result;
+use crate::docs::{json, parse, EventDoc, SandboxDoc};
+use crate::error::{ClusterError, Result};
 use crate::retry::Kind;
 use crate::sandboxes::Transition;
-use crate::store::EtcdStore;
+use crate::store::{backoff, EtcdStore, MAX_TRIES};
+
+/// What became of a node's publication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Written at this etcd revision.
+    At(i64),
+    /// Not written: the cluster ended the sandbox already (its node was counted lost).
+    Ended,
+    /// Not written: the node no longer holds its lease.
+    LeaseGone,
+}
 
 /// The end reason of a sandbox whose node was lost.
 pub const NODE_LOST_REASON: &str = "died: node-lost";
 
 impl EtcdStore {
     /// Publishes node `node`'s sandbox `rec` (and the event `event`, when given) provided the
-    /// node still holds lease `lease`: the revision of the write, None when the lease is gone.
+    /// node still holds lease `lease`, and never brings back a sandbox the cluster ended (a
+    /// live `rec` over an ended record is refused).
     pub async fn publish_sandbox(
         &self,
         node: &str,
         lease: i64,
         rec: &SandboxRecord,
         event: Option<&LifecycleEvent>,
-    ) -> Result<Option<i64>> {
+    ) -> Result<Published> {
         let k = self.keys();
-        let mut ops = vec![
-            TxnOp::put(k.sandbox(&rec.id), json(&SandboxDoc::from(rec)), None),
-            TxnOp::put(k.owner(&rec.id), node.as_bytes(), None),
-        ];
-        if let Some(e) = event {
-            let doc = EventDoc {
-                ts_ms: e.ts_ms,
-                sandbox_id: e.sandbox_id.clone(),
-                kind: e.kind.clone(),
-                detail: e.detail.clone(),
+        let key = k.sandbox(&rec.id);
+        for attempt in 0..MAX_TRIES {
+            let seen = self.get_one(&key).await?;
+            if let Some(kv) = &seen {
+                let old: SandboxRecord = parse::<SandboxDoc>(kv.key(), kv.value())?.into();
+                if !old.state.is_live() && rec.state.is_live() {
+                    return Ok(Published::Ended);
+                }
+            }
+            let mut ops = vec![
+                TxnOp::put(key.as_str(), json(&SandboxDoc::from(rec)), None),
+                TxnOp::put(k.owner(&rec.id), node.as_bytes(), None),
+            ];
+            if let Some(e) = event {
+                let doc = EventDoc {
+                    ts_ms: e.ts_ms,
+                    sandbox_id: e.sandbox_id.clone(),
+                    kind: e.kind.clone(),
+                    detail: e.detail.clone(),
+                };
+                ops.push(TxnOp::put(
+                    k.new_event(&e.sandbox_id, e.ts_ms),
+                    json(&doc),
+                    None,
+                ));
+            }
+            let same = match &seen {
+                Some(kv) => {
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())
+                }
+                None => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
             };
-            ops.push(TxnOp::put(
-                k.new_event(&e.sandbox_id, e.ts_ms),
-                json(&doc),
-                None,
-            ));
+            let held = Compare::lease(k.node(node), CompareOp::Equal, lease);
+            let r = self
+                .txn(Kind::Write, Txn::new().when([same, held]).and_then(ops))
+                .await?;
+            if r.succeeded() {
+                return Ok(Published::At(r.header().map_or(0, |h| h.revision())));
+            }
+            let holder = self.get_one(&k.node(node)).await?.map(|kv| kv.lease());
+            if holder != Some(lease) {
+                return Ok(Published::LeaseGone);
+            }
+            tokio::time::sleep(backoff(attempt)).await;
         }
-        let held = Compare::lease(k.node(node), CompareOp::Equal, lease);
-        let r = self
-            .txn(Kind::Write, Txn::new().when([held]).and_then(ops))
-            .await?;
-        Ok(r.succeeded()
-            .then(|| r.header().map_or(0, |h| h.revision())))
-    }
-
-    /// The node that runs sandbox `id`, if one is recorded.
-    pub async fn owner_of(&self, id: &str) -> Result<Option<String>> {
-        Ok(self
-            .get_one(&self.keys().owner(id))
-            .await?
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+        Err(ClusterError::Contended {
+            key,
+            tries: MAX_TRIES,
+        })
     }
 
     /// Every sandbox recorded as run by `node`.

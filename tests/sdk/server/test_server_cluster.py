@@ -120,9 +120,9 @@ class Cluster:
         self.nodes[name] = p
         return p
 
-    def start_control(self, name: str) -> Proc:
+    def start_control(self, name: str, extra=()) -> Proc:
         p = self.spawn(name, [kiln_bin(), "control", *self.join(), "--replica", name,
-                              "--listen", "127.0.0.1:0", "--leader-ttl", "3"])
+                              "--listen", "127.0.0.1:0", "--leader-ttl", "3", *extra])
         p.wait_for(r"SDK settings")
         p.url = re.search(r"listening on (http://[0-9.:]+)", p.log()).group(1)
         k = re.search(r"first API key \(shown once, store it now\): (e2b_[0-9a-f]+)", p.log())
@@ -151,6 +151,20 @@ class Cluster:
             if n.proc.poll() is None and any(sandbox_id in c for c in runsc_processes_for(n.state_dir)):
                 return name
         return None
+
+    def gone(self, state_dir: str, ids, timeout: float = 60) -> bool:
+        """Whether no runsc process of `state_dir` names any of `ids` for a second on end
+        (a detached kill's teardown runs a little after the answer)."""
+        deadline, clear_since = time.time() + timeout, None
+        while time.time() < deadline:
+            if any(i in c for c in runsc_processes_for(state_dir) for i in ids):
+                clear_since = None
+            elif clear_since is None:
+                clear_since = time.time()
+            elif time.time() - clear_since >= 1:
+                return True
+            time.sleep(0.2)
+        return False
 
     def teardown(self):
         for c in self.controls.values():
@@ -219,16 +233,17 @@ def test_creates_spread_over_nodes_and_run_through_the_gateway(cluster):
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.2)
         assert body == f"data of {s.sandbox_id}", (host, body)
+        # And by host name (`{port}-{id}.<domain>`), as `get_host` gives it.
+        req = urllib.request.Request(cluster.controls["c1"].url + "/cluster.txt", headers={"Host": host})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.read().decode() == f"data of {s.sandbox_id}"
         # Killed through the API: gone from the list and from its node.
         victim = sbxs.pop()
         victim.kill()
         ids = {x["sandboxID"] for x in cluster.request("c1", "GET", "/sandboxes")[1]}
         assert victim.sandbox_id not in ids
         assert {s.sandbox_id for s in sbxs} <= ids
-        deadline = time.time() + 30
-        while cluster.node_of(victim.sandbox_id) and time.time() < deadline:
-            time.sleep(0.2)
-        assert cluster.node_of(victim.sandbox_id) is None
+        assert all(cluster.gone(n.state_dir, [victim.sandbox_id]) for n in cluster.nodes.values())
     finally:
         for s in sbxs:
             s.kill()
@@ -288,6 +303,85 @@ def test_a_killed_node_loses_its_sandboxes_and_creates_go_elsewhere(cluster):
         fresh = [Sandbox.create(timeout=60, **cluster.opts("c1")) for _ in range(2)]
         sbxs += fresh
         assert {cluster.node_of(s.sandbox_id) for s in fresh} == {"n2"}
+        # n1 comes back on its state dir: what it adopts, the cluster ended; it stops them
+        # instead of bringing them back.
+        n1 = cluster.start_node("n1")
+        assert cluster.gone(n1.state_dir, on_n1)
+        assert cluster.request("c2", "GET", f"/sandboxes/{on_n1[0]}")[0] == 404
+    finally:
+        for s in sbxs:
+            try:
+                s.kill()
+            except Exception:
+                pass
+
+
+def test_a_team_quota_counts_every_replicas_sandboxes(cluster):
+    from e2b import Sandbox
+
+    c3 = cluster.start_control("c3-quota", ["--team-max-sandboxes", "2"])
+    sbxs = []
+    try:
+        sbxs.append(Sandbox.create(timeout=60, **cluster.opts("c1")))
+        sbxs.append(Sandbox.create(timeout=60, **cluster.opts("c2")))
+        # Two live sandboxes of the team, made through the other replicas: c3 refuses a third.
+        req = urllib.request.Request(c3.url + "/sandboxes", method="POST",
+                                     data=json.dumps({"templateID": "base", "timeout": 60}).encode(),
+                                     headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=60)
+        assert e.value.code == 429, e.value.read()
+        assert b"quota" in e.value.read()
+        sbxs.pop().kill()
+        s = Sandbox.create(timeout=60, **cluster.opts("c3-quota"))
+        sbxs.append(s)
+        assert s.commands.run("echo via c3").stdout.strip() == "via c3"
+    finally:
+        for s in sbxs:
+            s.kill()
+        c3.stop()
+
+
+def etcd_json(cluster, path: str, body: dict) -> dict:
+    """A call to etcd's JSON gateway."""
+    req = urllib.request.Request(cluster.etcd_url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_a_node_whose_lease_is_gone_fences_itself(cluster):
+    import base64
+
+    from e2b import Sandbox
+
+    n3 = cluster.start_node("n3")
+    sbxs, on_n3 = [], None
+    try:
+        for _ in range(10):
+            s = Sandbox.create(timeout=120, **cluster.opts("c1"))
+            sbxs.append(s)
+            if cluster.node_of(s.sandbox_id) == "n3":
+                on_n3 = s
+                break
+        assert on_n3, "no create landed on the new node"
+        assert on_n3.commands.run("echo before").stdout.strip() == "before"
+        key = base64.b64encode(f"{cluster.prefix}/nodes/n3".encode()).decode()
+        kvs = etcd_json(cluster, "/v3/kv/range", {"key": key})["kvs"]
+        etcd_json(cluster, "/v3/lease/revoke", {"ID": kvs[0]["lease"]})
+        # The node hears its lease is gone, stops its sandboxes and exits with 3.
+        n3.proc.wait(timeout=60)
+        assert n3.proc.returncode == 3, n3.log()[-3000:]
+        assert cluster.gone(n3.state_dir, [on_n3.sandbox_id])
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            status, page = cluster.request("c2", "GET", f"/events?type=died&sandboxID={on_n3.sandbox_id}")
+            if any("node-lost" in e["detail"] for e in page["events"]):
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail(f"no node-lost event for {on_n3.sandbox_id}")
+        assert cluster.request("c1", "GET", f"/sandboxes/{on_n3.sandbox_id}")[0] == 404
     finally:
         for s in sbxs:
             try:

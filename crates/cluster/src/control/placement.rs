@@ -1,7 +1,8 @@
 //! Where a new sandbox goes: best of k. Of the live nodes that can take one more sandbox
 //! (not leaving, reachable, under their own cap, with memory for it), `k` are sampled at
-//! random and the one with the most free memory per sandbox it would then run is chosen, so
-//! load spreads without every replica piling onto the same "best" node at once.
+//! random and the one with the most free memory per sandbox it would then run is chosen (free
+//! CPU breaks ties), so load spreads without every replica piling onto the same "best" node
+//! at once.
 
 use crate::nodes::NodeInfo;
 
@@ -16,14 +17,18 @@ pub fn eligible(n: &NodeInfo, memory_mb: u64) -> bool {
         && (n.load.free_memory_mb == 0 || n.load.free_memory_mb >= memory_mb)
 }
 
-/// The higher, the better a home for one more sandbox.
-pub fn score(n: &NodeInfo) -> u64 {
+/// The higher, the better a home for one more sandbox: free memory per sandbox it would run,
+/// then free CPU.
+pub fn score(n: &NodeInfo) -> (u64, u32) {
     let free = if n.load.free_memory_mb > 0 {
         n.load.free_memory_mb
     } else {
         n.capacity.memory_mb
     };
-    free / (u64::from(n.load.sandboxes) + 1)
+    (
+        free / (u64::from(n.load.sandboxes) + 1),
+        n.load.free_cpu_milli,
+    )
 }
 
 /// The node for a sandbox of `memory_mb` among `nodes`: the best of `k` sampled with
@@ -76,6 +81,7 @@ mod tests {
             load: NodeLoad {
                 free_memory_mb: free,
                 sandboxes,
+                free_cpu_milli: 1000,
             },
             joined_at_ms: 0,
             leaving: false,
@@ -112,6 +118,14 @@ mod tests {
         }
         assert!(place(&nodes[..4], 256, 2, random_index).is_none());
         assert!(place(&[], 256, 2, random_index).is_none());
+    }
+
+    #[test]
+    fn free_cpu_breaks_a_tie_in_memory() {
+        let mut busy = node("busy", 4000, 1);
+        busy.load.free_cpu_milli = 100;
+        let nodes = [busy, node("idle", 4000, 1)];
+        assert_eq!(place(&nodes, 256, 2, random_index).unwrap().name, "idle");
     }
 
     #[test]

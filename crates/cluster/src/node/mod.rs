@@ -63,16 +63,12 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         manager.subscribe(),
     );
     let mut alive = lease.alive();
-    let (recovery, p) = (server.recovery.clone(), publisher.clone());
-    let m = manager.clone();
-    tokio::spawn(async move {
-        // What recovery adopted from a previous run is the node's again.
-        if recovery.done().await.is_ok() {
-            for r in SandboxService::list(m.as_ref()) {
-                p.sandbox(&r.id).await;
-            }
-        }
-    });
+    tokio::spawn(adopt(
+        server.recovery.clone(),
+        manager.clone(),
+        etcd.clone(),
+        publisher.clone(),
+    ));
     let node_api = api::NodeApi {
         service: manager.clone(),
         secret: cfg.secret.clone(),
@@ -95,6 +91,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
                 let load = NodeLoad {
                     free_memory_mb: meminfo("MemAvailable:").unwrap_or(0),
                     sandboxes: SandboxService::list(manager.as_ref()).len() as u32,
+                    free_cpu_milli: free_cpu_milli(),
                 };
                 if let Err(e) = lease.report_load(load).await {
                     tracing::warn!(error = %e, "reporting the node's load");
@@ -112,6 +109,34 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
     Ok(NodeExit::Fenced)
 }
 
+/// Once recovery is over, what it adopted from a previous run is published again as this
+/// node's, except sandboxes the cluster ended meanwhile (their node was counted lost): those
+/// are stopped, so none runs that the cluster believes dead.
+async fn adopt(
+    recovery: kiln_server::Recovery,
+    manager: std::sync::Arc<kiln_server::Manager>,
+    etcd: EtcdStore,
+    publisher: Publisher,
+) {
+    use kiln_server::store::SandboxStore;
+    if recovery.done().await.is_err() {
+        return;
+    }
+    for r in SandboxService::list(manager.as_ref()) {
+        match etcd.get_sandbox(&r.id).await {
+            Ok(Some(known)) if !known.state.is_live() => {
+                tracing::warn!(sandbox = %r.id, "ended by the cluster while this node was away: stopping it");
+                if let Err(e) = manager.kill(&r.id, crate::owners::NODE_LOST_REASON).await {
+                    tracing::warn!(sandbox = %r.id, error = %e, "stopping an adopted sandbox");
+                }
+            }
+            _ => {
+                publisher.sandbox(&r.id).await;
+            }
+        }
+    }
+}
+
 /// What this host offers.
 fn capacity(max_sandboxes: u32) -> NodeCapacity {
     NodeCapacity {
@@ -120,6 +145,16 @@ fn capacity(max_sandboxes: u32) -> NodeCapacity {
         disk_mb: 0,
         max_sandboxes,
     }
+}
+
+/// The CPU count less the 1-minute load average, in thousandths of a CPU.
+fn free_cpu_milli() -> u32 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    ((cpus - load).max(0.0) * 1000.0) as u32
 }
 
 /// A `/proc/meminfo` field in MiB.

@@ -9,6 +9,7 @@ use kiln_server::manager::LifecycleEvent;
 use kiln_server::store::SandboxStore;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::owners::Published;
 use crate::store::EtcdStore;
 
 enum Job {
@@ -41,27 +42,7 @@ impl Publisher {
                     Job::Sandbox(id, done) => (id, None, Some(done)),
                     Job::Event(e) => (e.sandbox_id.clone(), Some(e), None),
                 };
-                let mut revision = 0;
-                match store.get_sandbox(&id).await {
-                    Ok(Some(rec)) => {
-                        match etcd
-                            .publish_sandbox(&node, lease, &rec, event.as_ref())
-                            .await
-                        {
-                            Ok(Some(rev)) => revision = rev,
-                            Ok(None) => {
-                                tracing::warn!(sandbox = %id, "not published: the node's lease is gone")
-                            }
-                            Err(e) => {
-                                tracing::warn!(sandbox = %id, error = %e, "publishing a sandbox")
-                            }
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(sandbox = %id, error = %e, "reading a sandbox to publish")
-                    }
-                }
+                let revision = publish_one(&etcd, store.as_ref(), &node, lease, &id, event).await;
                 if let Some(done) = done {
                     let _ = done.send(revision);
                 }
@@ -99,5 +80,43 @@ impl Publisher {
             return 0;
         }
         wait.await.unwrap_or(0)
+    }
+}
+
+/// Publishes sandbox `id` as `store` now has it (with `event`): the revision written, 0 when
+/// nothing was.
+async fn publish_one(
+    etcd: &EtcdStore,
+    store: &dyn SandboxStore,
+    node: &str,
+    lease: i64,
+    id: &str,
+    event: Option<LifecycleEvent>,
+) -> i64 {
+    let rec = match store.get_sandbox(id).await {
+        Ok(Some(rec)) => rec,
+        Ok(None) => return 0,
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "reading a sandbox to publish");
+            return 0;
+        }
+    };
+    match etcd
+        .publish_sandbox(node, lease, &rec, event.as_ref())
+        .await
+    {
+        Ok(Published::At(rev)) => rev,
+        Ok(Published::Ended) => {
+            tracing::warn!(sandbox = %id, "not published: the cluster ended it");
+            0
+        }
+        Ok(Published::LeaseGone) => {
+            tracing::warn!(sandbox = %id, "not published: the node's lease is gone");
+            0
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "publishing a sandbox");
+            0
+        }
     }
 }
