@@ -25,7 +25,7 @@ pub mod wire;
 
 pub use error::ClusterError;
 pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeWatch};
-pub use owners::NODE_LOST_REASON;
+pub use owners::{Published, NODE_LOST_REASON};
 pub use sandboxes::Transition;
 pub use secret::ClusterSecret;
 pub use store::EtcdStore;
