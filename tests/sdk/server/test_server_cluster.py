@@ -269,6 +269,29 @@ def test_a_second_replica_sees_and_reaches_the_same_sandboxes(cluster):
     assert status == 404
 
 
+def test_pause_and_connect_through_different_replicas(cluster):
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=120, **cluster.opts("c1"))
+    sid = s.sandbox_id
+    try:
+        home = cluster.node_of(sid)
+        s.files.write("/home/user/notes.txt", "before the pause")
+        assert Sandbox.pause(sid, **cluster.opts("c2")) is True
+        assert Sandbox.pause(sid, **cluster.opts("c1")) is False, "a second pause is a 409 from the node"
+        status, detail = cluster.request("c1", "GET", f"/sandboxes/{sid}")
+        assert status == 200 and detail["state"] == "paused", detail
+        status, lst = cluster.request("c2", "GET", "/v2/sandboxes?state=paused")
+        assert status == 200 and sid in {x["sandboxID"] for x in lst}, lst
+        again = Sandbox.connect(sid, timeout=120, **cluster.opts("c1"))
+        assert cluster.request("c2", "GET", f"/sandboxes/{sid}")[1]["state"] == "running"
+        assert again.files.read("/home/user/notes.txt") == "before the pause"
+        assert again.commands.run("echo resumed").stdout.strip() == "resumed"
+        assert cluster.node_of(sid) == home, "resumed on the node that holds its checkpoint"
+    finally:
+        Sandbox.kill(sid, **cluster.opts("c2"))
+
+
 def test_a_killed_node_loses_its_sandboxes_and_creates_go_elsewhere(cluster):
     from e2b import Sandbox
 
