@@ -126,6 +126,10 @@ pub struct ControlArgs {
     /// Seconds the leader of the replicas holds its lease between renewals.
     #[arg(long, default_value_t = 5)]
     leader_ttl: u64,
+    /// Let webhooks reach private and loopback addresses (refused by default, as in
+    /// `kiln serve`).
+    #[arg(long, env = "KILN_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
 }
 
 /// `kiln control`.
@@ -141,6 +145,7 @@ pub fn control(a: ControlArgs) -> anyhow::Result<i32> {
             ..LifecycleConfig::default()
         };
         lifecycle.admission.team_defaults.max_sandboxes = a.team_max_sandboxes;
+        lifecycle.webhooks.allow_private = a.webhook_allow_private;
         let replica = a
             .replica
             .clone()

@@ -8,6 +8,7 @@ the node left. Everything listens on 127.0.0.1 and is stopped and removed afterw
 Needs KILN_BIN, the base template, runsc, and etcd (Debian's etcd-server, or KILN_ETCD).
 """
 
+import http.server
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -122,7 +124,8 @@ class Cluster:
 
     def start_control(self, name: str, extra=()) -> Proc:
         p = self.spawn(name, [kiln_bin(), "control", *self.join(), "--replica", name,
-                              "--listen", "127.0.0.1:0", "--leader-ttl", "3", *extra])
+                              "--listen", "127.0.0.1:0", "--leader-ttl", "3", "--webhook-allow-private",
+                              *extra])
         p.wait_for(r"SDK settings")
         p.url = re.search(r"listening on (http://[0-9.:]+)", p.log()).group(1)
         k = re.search(r"first API key \(shown once, store it now\): (e2b_[0-9a-f]+)", p.log())
@@ -290,6 +293,52 @@ def test_pause_and_connect_through_different_replicas(cluster):
         assert cluster.node_of(sid) == home, "resumed on the node that holds its checkpoint"
     finally:
         Sandbox.kill(sid, **cluster.opts("c2"))
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    got = []  # (event type, sandboxID)
+    lock = threading.Lock()
+
+    def do_POST(self):
+        payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        with Receiver.lock:
+            Receiver.got.append((payload["type"], payload.get("event", {}).get("sandboxID")))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_webhooks_hear_what_the_nodes_did(cluster):
+    from e2b import Sandbox
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/hook"
+        req = urllib.request.Request(cluster.controls["c2"].url + "/webhooks", method="POST",
+                                     data=json.dumps({"url": url, "secret": "cluster-hook-secret-0123"}).encode(),
+                                     headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            hid = json.loads(r.read())["id"]
+        s = Sandbox.create(timeout=60, **cluster.opts("c1"))
+        s.kill()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with Receiver.lock:
+                kinds = {t.removeprefix("sandbox.") for (t, sid) in Receiver.got if sid == s.sandbox_id}
+            if {"created", "killed"} <= kinds:
+                break
+            time.sleep(0.2)
+        assert {"created", "killed"} <= kinds, Receiver.got
+        req = urllib.request.Request(cluster.controls["c1"].url + f"/webhooks/{hid}", method="DELETE",
+                                     headers={"X-API-Key": cluster.api_key})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 204
+    finally:
+        httpd.shutdown()
 
 
 def test_a_killed_node_loses_its_sandboxes_and_creates_go_elsewhere(cluster):

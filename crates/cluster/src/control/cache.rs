@@ -1,5 +1,6 @@
 //! A control replica's view of the cluster, fed by one etcd watch on the store's prefix:
-//! the live sandboxes (starting, running, paused), which node runs each, and the live nodes.
+//! the live sandboxes (starting, running, paused), which node runs each, and the live nodes;
+//! the lifecycle events nodes publish are passed on as they come ([`Cache::subscribe`]).
 //! The service's synchronous reads answer from it; after a call it forwarded, a replica waits
 //! until the watch has reached the revision the node published at ([`Cache::wait_for`]), so
 //! a client's next request sees what its last one did.
@@ -9,10 +10,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
+use kiln_server::manager::LifecycleEvent;
 use kiln_server::store::SandboxRecord;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
-use crate::docs::{parse, SandboxDoc};
+use crate::docs::{parse, EventDoc, SandboxDoc};
 use crate::nodes::{node_of, NodeInfo};
 use crate::store::EtcdStore;
 
@@ -28,6 +30,7 @@ enum Entry {
     Sandbox(String),
     Owner(String),
     Node,
+    Event,
     Other,
 }
 
@@ -35,7 +38,9 @@ enum Entry {
 pub struct Cache {
     view: RwLock<View>,
     revision: watch::Sender<i64>,
-    dirs: [String; 3],
+    /// Lifecycle events as nodes publish them.
+    events: broadcast::Sender<LifecycleEvent>,
+    dirs: [String; 4],
 }
 
 impl Cache {
@@ -45,7 +50,13 @@ impl Cache {
         let cache = Arc::new(Self {
             view: RwLock::new(View::default()),
             revision: watch::channel(0).0,
-            dirs: [k.dir("sandboxes"), k.dir("owners"), k.dir("nodes")],
+            events: broadcast::channel(256).0,
+            dirs: [
+                k.dir("sandboxes"),
+                k.dir("owners"),
+                k.dir("nodes"),
+                k.dir("events"),
+            ],
         });
         let rev = cache.load(&etcd).await?;
         let c = cache.clone();
@@ -77,6 +88,11 @@ impl Cache {
     pub fn owner(&self, id: &str) -> Option<NodeInfo> {
         let v = self.read();
         v.owners.get(id).and_then(|n| v.nodes.get(n)).cloned()
+    }
+
+    /// The cluster's lifecycle events from now on, as nodes publish them.
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.events.subscribe()
     }
 
     /// How many live sandboxes node `name` runs.
@@ -128,6 +144,8 @@ impl Cache {
             Entry::Owner(id)
         } else if key.starts_with(&self.dirs[2]) {
             Entry::Node
+        } else if key.starts_with(&self.dirs[3]) {
+            Entry::Event
         } else {
             Entry::Other
         }
@@ -167,7 +185,17 @@ impl Cache {
                     v.nodes.insert(n.name.clone(), n);
                 }
             }
-            Entry::Other => {}
+            Entry::Event if !deleted && kv.version() == 1 => {
+                if let Ok(e) = parse::<EventDoc>(kv.key(), kv.value()) {
+                    let _ = self.events.send(LifecycleEvent {
+                        ts_ms: e.ts_ms,
+                        sandbox_id: e.sandbox_id,
+                        kind: e.kind,
+                        detail: e.detail,
+                    });
+                }
+            }
+            Entry::Event | Entry::Other => {}
         }
     }
 
@@ -178,7 +206,7 @@ impl Cache {
             .await?;
         let rev = first.header().map_or(0, |h| h.revision());
         let mut kvs = first.kvs().to_vec();
-        for dir in &self.dirs[1..] {
+        for dir in &self.dirs[1..3] {
             kvs.extend(etcd.get_prefix(dir, rev).await?);
         }
         let mut v = View::default();

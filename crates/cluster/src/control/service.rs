@@ -40,7 +40,6 @@ pub struct ClusterService {
     etcd: EtcdStore,
     cache: Arc<Cache>,
     nodes: NodeClient,
-    events: broadcast::Sender<LifecycleEvent>,
 }
 
 impl ClusterService {
@@ -55,7 +54,6 @@ impl ClusterService {
             etcd,
             cache,
             nodes,
-            events: broadcast::channel(64).0,
         }
     }
 
@@ -213,7 +211,7 @@ impl SandboxService for ClusterService {
     }
     async fn wait_adopted(&self, _id: &str) {}
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
-        self.events.subscribe()
+        self.cache.subscribe()
     }
 
     async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
