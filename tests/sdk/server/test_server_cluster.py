@@ -295,6 +295,32 @@ def test_pause_and_connect_through_different_replicas(cluster):
         Sandbox.kill(sid, **cluster.opts("c2"))
 
 
+def test_fork_children_run_beside_their_parent(cluster):
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=120, **cluster.opts("c1"))
+    ids = [s.sandbox_id]
+    try:
+        s.files.write("/home/user/state.txt", "the parent's")
+        req = urllib.request.Request(cluster.controls["c1"].url + f"/sandboxes/{s.sandbox_id}/fork",
+                                     method="POST", data=json.dumps({"count": 2}).encode(),
+                                     headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert r.status == 201
+            children = [c["sandbox"]["sandboxID"] for c in json.loads(r.read())]
+        ids += children
+        assert len(children) == 2
+        listed = {x["sandboxID"] for x in cluster.request("c2", "GET", "/sandboxes")[1]}
+        assert set(ids) <= listed
+        for cid in children:
+            assert cluster.node_of(cid) == cluster.node_of(s.sandbox_id)
+            child = Sandbox.connect(cid, **cluster.opts("c2"))
+            assert child.files.read("/home/user/state.txt") == "the parent's"
+    finally:
+        for i in ids:
+            Sandbox.kill(i, **cluster.opts("c1"))
+
+
 class Receiver(http.server.BaseHTTPRequestHandler):
     got = []  # (event type, sandboxID)
     lock = threading.Lock()
