@@ -280,14 +280,19 @@ impl Server {
     /// Serves until SIGTERM or SIGINT (sandboxes keep running across restarts by design; what
     /// the driver keeps ready for new ones, e.g. network slots, is released).
     pub async fn serve(self) -> std::io::Result<()> {
-        self.serve_with(front::router).await
+        self.serve_with(front::router, async {
+            stop_signal().await;
+        })
+        .await
     }
 
     /// Serves like [`Server::serve`], with `app` made from the API's state answering every
-    /// request instead of the public front (a cluster node serves its internal API so).
+    /// request instead of the public front, until `stop` resolves (a cluster node serves its
+    /// internal API so, and stops when signalled or fenced).
     pub async fn serve_with(
         self,
         app: impl FnOnce(Arc<api::AppState>) -> axum::Router,
+        stop: impl std::future::Future<Output = ()> + Send,
     ) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
         let _sampler = self.manager.spawn_sampler();
@@ -337,7 +342,7 @@ impl Server {
                 r.map_err(std::io::Error::other)?;
                 return Ok(());
             }
-            _ = stop_signal() => {}
+            _ = stop => {}
         }
         // Stop accepting (connections in flight end with the process).
         serving.abort();

@@ -471,6 +471,8 @@ def test_a_node_whose_lease_is_gone_fences_itself(cluster):
         n3.proc.wait(timeout=60)
         assert n3.proc.returncode == 3, n3.log()[-3000:]
         assert cluster.gone(n3.state_dir, [on_n3.sandbox_id])
+        # Its warm pool went with it: nothing of n3 runs on the host.
+        assert cluster.gone(n3.state_dir, [n3.state_dir]), runsc_processes_for(n3.state_dir)
         deadline = time.time() + 30
         while time.time() < deadline:
             status, page = cluster.request("c2", "GET", f"/events?type=died&sandboxID={on_n3.sandbox_id}")

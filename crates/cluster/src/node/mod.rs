@@ -3,13 +3,15 @@
 //! lease with its internal address and capacity, its load refreshed; its listener serves the
 //! node-internal API ([`api`]) instead of the public one; its sandboxes' records and events
 //! are published to etcd ([`publish`]). When its lease is lost it fences itself: the API
-//! refuses everything, tunnels close, its sandboxes are stopped, and [`run`] returns
-//! [`NodeExit::Fenced`].
+//! refuses everything, tunnels close, its sandboxes are stopped, the server shuts down as on
+//! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`].
 
 mod api;
 mod publish;
 mod tunnel;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_server::{SandboxService, Server};
@@ -62,7 +64,6 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         lease.lease_id(),
         manager.subscribe(),
     );
-    let mut alive = lease.alive();
     tokio::spawn(adopt(
         server.recovery.clone(),
         manager.clone(),
@@ -72,10 +73,28 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
     let node_api = api::NodeApi {
         service: manager.clone(),
         secret: cfg.secret.clone(),
-        alive: alive.clone(),
+        alive: lease.alive(),
         publisher,
     };
-    let mut serving = tokio::spawn(server.serve_with(move |_| api::router(node_api)));
+    let fenced = Arc::new(AtomicBool::new(false));
+    let stop = {
+        let (mut alive, fenced, m) = (lease.alive(), fenced.clone(), manager.clone());
+        let name = cfg.name.clone();
+        async move {
+            let lost = async move {
+                let _ = alive.wait_for(|a| !*a).await;
+            };
+            tokio::select! {
+                _ = kiln_server::stop_signal() => {}
+                _ = lost => {
+                    tracing::error!(node = %name, "the node's cluster lease is lost: fencing");
+                    fenced.store(true, Ordering::SeqCst);
+                    fence(&m).await;
+                }
+            }
+        }
+    };
+    let mut serving = tokio::spawn(server.serve_with(move |_| api::router(node_api), stop));
     let mut tick = tokio::time::interval(cfg.load_every);
     loop {
         tokio::select! {
@@ -83,11 +102,9 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
                 if let Ok(Err(e)) = r {
                     tracing::error!(error = %e, "serving the node API");
                 }
-                lease.leave().await?;
-                return Ok(NodeExit::Stopped);
+                break;
             }
-            _ = alive.wait_for(|a| !*a) => break,
-            _ = tick.tick() => {
+            _ = tick.tick(), if lease.is_alive() => {
                 let load = NodeLoad {
                     free_memory_mb: meminfo("MemAvailable:").unwrap_or(0),
                     sandboxes: SandboxService::list(manager.as_ref()).len() as u32,
@@ -99,14 +116,20 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
             }
         }
     }
-    tracing::error!(node = %cfg.name, "the node's cluster lease is lost: fencing");
-    for r in SandboxService::list(manager.as_ref()) {
+    if fenced.load(Ordering::SeqCst) {
+        return Ok(NodeExit::Fenced);
+    }
+    lease.leave().await?;
+    Ok(NodeExit::Stopped)
+}
+
+/// Stops every sandbox of a node that lost its lease (the cluster counts them `node-lost`).
+async fn fence(manager: &kiln_server::Manager) {
+    for r in SandboxService::list(manager) {
         if let Err(e) = manager.kill(&r.id, crate::owners::NODE_LOST_REASON).await {
             tracing::warn!(sandbox = %r.id, error = %e, "stopping a fenced sandbox");
         }
     }
-    serving.abort();
-    Ok(NodeExit::Fenced)
 }
 
 /// Once recovery is over, what it adopted from a previous run is published again as this
@@ -114,7 +137,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
 /// are stopped, so none runs that the cluster believes dead.
 async fn adopt(
     recovery: kiln_server::Recovery,
-    manager: std::sync::Arc<kiln_server::Manager>,
+    manager: Arc<kiln_server::Manager>,
     etcd: EtcdStore,
     publisher: Publisher,
 ) {
