@@ -27,8 +27,8 @@ if grep -q '^kiln-cluster ' <<<"$server_deps"; then
 fi
 
 # gVisor names may appear in the doctor, `kiln runtime`, and the binary's wiring (`kiln serve`,
-# crates/cli/src/drivers.rs, which also builds the benches' runtime and raw baseline) only.
-allowed_gvisor='^crates/cli/src/(doctor|runtime|serve|drivers|main)\.rs:'
+# its network flags in serve_net.rs, crates/cli/src/drivers.rs, which also builds the benches' runtime and raw baseline) only.
+allowed_gvisor='^crates/cli/src/(doctor|runtime|serve|serve_net|drivers|main)\.rs:'
 # Test data naming the driver or a driver's host path is the one exception.
 known_gvisor='^crates/server/src/api/error\.rs:.*state/gvisor/sandboxes|^crates/server/src/store/sqlite_tests\.rs:.*gvisor'
 hits=$(grep -rniE 'gvisor|runsc' crates/server/src crates/cli/src --include='*.rs' | grep -vE "$allowed_gvisor" | grep -vE "$known_gvisor" || true)

@@ -8,6 +8,7 @@
 mod audit;
 mod bench;
 mod client;
+mod cluster;
 mod completions;
 mod dockerfile;
 mod doctor;
@@ -21,6 +22,7 @@ mod sandbox;
 mod sandbox_info;
 mod secrets;
 mod serve;
+mod serve_net;
 mod shell;
 mod team;
 mod template;
@@ -46,6 +48,11 @@ struct Cli {
 enum Cmd {
     /// Run the kiln server (REST API + sandbox proxy), preparing the host and base template first.
     Serve(Box<serve::Args>),
+    /// Run sandboxes for a cluster: this host's server, registered in etcd, serving the
+    /// node-internal API to control replicas (docs/cluster.md).
+    Node(Box<cluster::NodeArgs>),
+    /// Serve a cluster's E2B API and gateway over etcd and its nodes (a stateless replica).
+    Control(Box<cluster::ControlArgs>),
     /// Tell what this host can do (KVM speed, runsc, cgroups, nftables …) and which driver kiln will use.
     Doctor(doctor::Args),
     /// Build and inspect sandbox templates.
@@ -109,6 +116,8 @@ fn main() {
     init_tracing();
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(*a),
+        Cmd::Node(a) => cluster::node(*a),
+        Cmd::Control(a) => cluster::control(*a),
         Cmd::Doctor(a) => doctor::run(a),
         Cmd::Template(c) => template::run(c),
         Cmd::Sandbox(c) => sandbox::run(c),

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use kiln_gvisor::net_config::{resolve, NetOptions, NetSetup};
 use kiln_host::runsc::{self, platform};
 use kiln_server::templates::{self, Templates};
 use kiln_server::{LifecycleConfig, ServerConfig};
@@ -227,101 +226,7 @@ pub struct Args {
     #[arg(long = "template-dir", value_name = "NAME=DIR")]
     template_dirs: Vec<String>,
     #[command(flatten)]
-    net: NetArgs,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum OnOff {
-    #[value(alias = "1")]
-    On,
-    #[value(alias = "0")]
-    Off,
-}
-
-/// Sandbox networking (on by default, as on E2B).
-#[derive(clap::Args)]
-struct NetArgs {
-    /// Sandbox networking: internet egress under each sandbox's policy, ingress to any port.
-    /// With `off` (or on a host that cannot do it) sandboxes have no network and creates
-    /// asking for internet access get 501.
-    #[arg(long, env = "KILN_NETWORK", default_value = "on")]
-    network: OnOff,
-    /// Host-side range of the sandboxes' addresses (each takes a /31). Default: the range
-    /// this state directory used before, else a free 10.N.0.0/16 (N in 200..254).
-    #[arg(long, env = "KILN_NET_RANGE", value_name = "CIDR")]
-    net_range: Option<kiln_net::Cidr>,
-    /// Network slots kept ready (pre-created namespaces).
-    #[arg(long, env = "KILN_NET_POOL", default_value_t = 4)]
-    net_pool: usize,
-    /// Private range sandboxes may reach (on-prem services), subject to each sandbox's policy
-    /// (repeatable, or comma-separated).
-    #[arg(
-        long = "allow-private",
-        env = "KILN_NET_ALLOW_PRIVATE",
-        value_name = "CIDR",
-        value_delimiter = ','
-    )]
-    allow_private: Vec<kiln_net::Cidr>,
-    /// Upstream resolvers of the sandboxes' DNS forwarders (default: the host's).
-    #[arg(
-        long = "dns-upstream",
-        env = "KILN_DNS_UPSTREAM",
-        value_name = "IP",
-        value_delimiter = ','
-    )]
-    dns_upstream: Vec<std::net::Ipv4Addr>,
-    /// Most connections a sandbox may have open at once (0: no cap).
-    #[arg(long, env = "KILN_NET_MAX_CONNS", default_value_t = 0)]
-    net_max_conns: u32,
-    /// Egress bandwidth cap of each sandbox, MiB/s (0: no cap).
-    #[arg(long, env = "KILN_NET_EGRESS_MIBS", default_value_t = 0)]
-    net_egress_mibs: u32,
-}
-
-impl NetArgs {
-    fn options(&self) -> NetOptions {
-        NetOptions {
-            enabled: self.network == OnOff::On,
-            range: self.net_range,
-            pool_size: self.net_pool,
-            allow_private: self.allow_private.clone(),
-            dns_upstreams: self.dns_upstream.clone(),
-            max_connections: self.net_max_conns,
-            egress_mib_per_sec: self.net_egress_mibs,
-        }
-    }
-}
-
-/// Settles sandbox networking and says what it is (a host without it gets a warning, not a
-/// failed start).
-async fn network_config(
-    a: &NetArgs,
-    state_dir: &std::path::Path,
-) -> anyhow::Result<Option<kiln_net::NetConfig>> {
-    match resolve(&a.options(), state_dir)
-        .await
-        .map_err(|e| anyhow::anyhow!("sandbox networking: {e}"))?
-    {
-        NetSetup::On { config, range_note } => {
-            println!("kiln: sandbox networking on, host range {range_note}");
-            Ok(Some(config))
-        }
-        NetSetup::Off {
-            reason,
-            requested: true,
-        } => {
-            println!("kiln: sandbox networking off: {reason}");
-            Ok(None)
-        }
-        NetSetup::Off { reason, .. } => {
-            eprintln!(
-                "kiln: warning: sandbox networking is unavailable on this host: {reason}; \
-                 sandboxes run without a network and creates asking for internet access get \
-                 501 (see `kiln doctor`)"
-            );
-            Ok(None)
-        }
-    }
+    net: crate::serve_net::NetArgs,
 }
 
 fn template_source(a: &Args) -> anyhow::Result<Arc<dyn Templates>> {
@@ -352,7 +257,29 @@ fn raise_host_limits() {
     }
 }
 
+/// A host ready to run a server: the runtime, the server's settings, the driver's, the
+/// templates (what `kiln serve` and `kiln node` share).
+pub struct Prepared {
+    pub rt: tokio::runtime::Runtime,
+    pub cfg: ServerConfig,
+    pub setup: ServerSetup,
+    pub templates: Arc<dyn Templates>,
+    rules: String,
+}
+
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    let Prepared {
+        rt,
+        cfg,
+        setup,
+        templates,
+        rules,
+    } = prepare(&a)?;
+    serve(rt, cfg, setup, templates, rules)
+}
+
+/// Prepares the host (unless `--no-prepare`) and reads the server's settings from `a`.
+pub fn prepare(a: &Args) -> anyhow::Result<Prepared> {
     raise_host_limits();
     if a.no_prepare && a.disk_mb > 0 {
         // Without preparation nothing is installed, but a missing mkfs.ext4 or losetup would
@@ -391,7 +318,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         runsc.version,
         runsc.path.display()
     );
-    let templates = template_source(&a)?;
+    let templates = template_source(a)?;
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(c), Some(k)) => Some(kiln_server::tls::load(c, k).context("--tls-cert/--tls-key")?),
         _ => None,
@@ -401,7 +328,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(kiln_host::paths::state_dir);
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let network = rt.block_on(network_config(&a.net, &state_dir))?;
+    let network = rt.block_on(crate::serve_net::network_config(&a.net, &state_dir))?;
     let sandbox_ranges: Vec<kiln_net::Cidr> = network.iter().map(|n| n.range).collect();
     let driver = {
         let mut d = DriverConfig {
@@ -493,12 +420,28 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             &state_dir,
         )?,
     };
-    let rules = a.rules.clone();
+    let setup = ServerSetup {
+        server: cfg.clone(),
+        driver,
+    };
+    Ok(Prepared {
+        rt,
+        cfg,
+        setup,
+        templates,
+        rules: a.rules.clone(),
+    })
+}
+
+fn serve(
+    rt: tokio::runtime::Runtime,
+    cfg: ServerConfig,
+    setup: ServerSetup,
+    templates: Arc<dyn Templates>,
+    rules: String,
+) -> anyhow::Result<i32> {
+    let tls = cfg.edge.tls.is_some();
     rt.block_on(async move {
-        let setup = ServerSetup {
-            server: cfg.clone(),
-            driver,
-        };
         let server = setup.prepare(templates).await?;
         if let Some(src) = kiln_server::alerts::RulesSource::parse(&rules) {
             if cfg.audit.enabled {
@@ -525,7 +468,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             }
         });
         println!("kiln: listening on http://{}", server.local_addr);
-        if tls.is_some() {
+        if tls {
             println!(
                 "kiln: TLS on the same port: https://{} (clients starting a TLS handshake)",
                 server.local_addr
@@ -539,7 +482,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             "kiln: SDK settings: E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_API_KEY=<key>",
             server.local_addr
         );
-        if tls.is_some() {
+        if tls {
             println!(
                 "kiln: or, with api.{0} and *.{0} resolving to this server on port 443: \
                  E2B_DOMAIN={0} E2B_API_KEY=<key>",

@@ -24,6 +24,16 @@ pub enum ClusterError {
     /// etcd ended a stream kiln was reading (a watch or a lease keep-alive).
     #[error("etcd closed the {0} stream")]
     StreamClosed(&'static str),
+    /// The server's store seam failed (a control replica's first key).
+    #[error(transparent)]
+    Store(#[from] kiln_server::store::StoreError),
+    /// A control replica's or node's listener.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The trait's error type has no etcd variant: the typed error travels as its message.
@@ -31,6 +41,7 @@ impl From<ClusterError> for kiln_server::store::StoreError {
     fn from(e: ClusterError) -> Self {
         match e {
             ClusterError::Corrupt { source, .. } => kiln_server::store::StoreError::Json(source),
+            ClusterError::Store(e) => e,
             other => kiln_server::store::StoreError::Task(other.to_string()),
         }
     }

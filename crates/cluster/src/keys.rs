@@ -157,6 +157,14 @@ impl Keys {
     pub fn node(&self, name: &str) -> String {
         self.one("nodes", name)
     }
+    /// The name of the node that runs sandbox `id`.
+    pub fn owner(&self, id: &str) -> String {
+        self.one("owners", id)
+    }
+    /// The key of the control replica leading the cluster's singletons.
+    pub fn leader(&self) -> String {
+        format!("{}/leader", self.prefix)
+    }
 }
 
 /// The smallest key after every key that starts with `prefix` (etcd's range end of a prefix).

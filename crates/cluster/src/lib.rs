@@ -1,23 +1,31 @@
-//! kiln's cluster state on etcd v3. [`EtcdStore`] implements the server's
+//! kiln's cluster on etcd v3. [`EtcdStore`] implements the server's
 //! [`kiln_server::store::StateStore`] on an etcd cluster (each method's change one txn,
-//! revision-checked where replicas can race); [`nodes`] keeps node membership on etcd leases. The key
-//! layout is in [`keys`]. [`objects`] stores checkpoint bytes in an S3-compatible bucket as
-//! content-addressed chunks.
+//! revision-checked where replicas can race); [`nodes`] keeps node membership on etcd leases;
+//! [`node`] runs a host's sandboxes for the cluster (`kiln node`) and [`control`] serves the
+//! E2B API and the gateway over them (`kiln control`). The key layout is in [`keys`].
+//! [`objects`] stores checkpoint bytes in an S3-compatible bucket as content-addressed chunks.
 
 mod catalog;
+pub mod control;
 mod deliveries;
-mod docs;
+pub mod docs;
 pub mod error;
 mod events;
 pub mod keys;
+pub mod node;
 pub mod nodes;
 pub mod objects;
+mod owners;
 mod retry;
 mod sandboxes;
+pub mod secret;
 mod state;
 mod store;
+pub mod wire;
 
 pub use error::ClusterError;
-pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeWatch};
+pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeWatch};
+pub use owners::{Published, NODE_LOST_REASON};
 pub use sandboxes::Transition;
+pub use secret::ClusterSecret;
 pub use store::EtcdStore;

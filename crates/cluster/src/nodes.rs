@@ -27,11 +27,28 @@ pub struct NodeCapacity {
     pub max_sandboxes: u32,
 }
 
+/// What a node has in use, as it last reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLoad {
+    /// Memory available for new sandboxes (the host's `MemAvailable`).
+    pub free_memory_mb: u64,
+    /// Running and paused sandboxes.
+    pub sandboxes: u32,
+    /// CPUs not busy (thousandths): the CPU count less the 1-minute load average.
+    #[serde(default)]
+    pub free_cpu_milli: u32,
+}
+
 /// A registered node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub name: String,
+    /// Where control replicas reach its internal API (`host:port`; empty: nowhere).
+    #[serde(default)]
+    pub address: String,
     pub capacity: NodeCapacity,
+    #[serde(default)]
+    pub load: NodeLoad,
     pub joined_at_ms: i64,
     /// Set by a node that leaves on purpose, just before it revokes its lease.
     #[serde(default)]
@@ -51,7 +68,7 @@ pub enum NodeEvent {
     Lost(String),
 }
 
-fn node_of(kv: &KeyValue) -> Result<NodeInfo> {
+pub(crate) fn node_of(kv: &KeyValue) -> Result<NodeInfo> {
     let mut n: NodeInfo = parse(kv.key(), kv.value())?;
     n.lease_id = kv.lease();
     Ok(n)
@@ -78,6 +95,28 @@ impl NodeLease {
     /// keep-alive was answered for a whole TTL).
     pub fn is_alive(&self) -> bool {
         *self.alive.borrow()
+    }
+    /// Whether the lease is alive, as it changes.
+    pub fn alive(&self) -> watch::Receiver<bool> {
+        self.alive.clone()
+    }
+    /// Records what the node now has in use (nothing when its lease is gone).
+    pub async fn report_load(&mut self, load: NodeLoad) -> Result<()> {
+        self.info.load = load;
+        let lease = self.info.lease_id;
+        let put = TxnOp::put(
+            self.key.as_str(),
+            json(&self.info),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let same = Compare::lease(self.key.as_str(), CompareOp::Equal, lease);
+        let txn = Txn::new().when([same]).and_then([put]);
+        retry::run(&self.client, Kind::Read, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+        Ok(())
     }
     /// Resolves once the lease is no longer alive (the node must then fence itself).
     pub async fn lost(&mut self) {
@@ -180,6 +219,17 @@ impl EtcdStore {
         capacity: NodeCapacity,
         ttl: Duration,
     ) -> Result<NodeLease> {
+        self.register_node_at(name, "", capacity, ttl).await
+    }
+
+    /// [`EtcdStore::register_node`] of a node whose internal API is at `address`.
+    pub async fn register_node_at(
+        &self,
+        name: &str,
+        address: &str,
+        capacity: NodeCapacity,
+        ttl: Duration,
+    ) -> Result<NodeLease> {
         let ttl_s = ttl.as_secs().max(2) as i64;
         let client = self.client();
         // A repeated grant leaves at most an unused lease, which expires by itself.
@@ -190,7 +240,9 @@ impl EtcdStore {
         .id();
         let info = NodeInfo {
             name: name.to_string(),
+            address: address.to_string(),
             capacity,
+            load: NodeLoad::default(),
             joined_at_ms: now_ms(),
             leaving: false,
             lease_id: lease,

@@ -280,6 +280,20 @@ impl Server {
     /// Serves until SIGTERM or SIGINT (sandboxes keep running across restarts by design; what
     /// the driver keeps ready for new ones, e.g. network slots, is released).
     pub async fn serve(self) -> std::io::Result<()> {
+        self.serve_with(front::router, async {
+            stop_signal().await;
+        })
+        .await
+    }
+
+    /// Serves like [`Server::serve`], with `app` made from the API's state answering every
+    /// request instead of the public front, until `stop` resolves (a cluster node serves its
+    /// internal API so, and stops when signalled or fenced).
+    pub async fn serve_with(
+        self,
+        app: impl FnOnce(Arc<api::AppState>) -> axum::Router,
+        stop: impl std::future::Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
         let _reaper = self.manager.spawn_reaper();
         let _sampler = self.manager.spawn_sampler();
         let _webhooks = self.manager.webhooks().spawn(self.manager.subscribe());
@@ -321,14 +335,14 @@ impl Server {
                 api::reapply_networks(&st).await;
             }
         });
-        let app = front::router(state);
+        let app = app(state);
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));
         tokio::select! {
             r = &mut serving => {
                 r.map_err(std::io::Error::other)?;
                 return Ok(());
             }
-            _ = stop_signal() => {}
+            _ = stop => {}
         }
         // Stop accepting (connections in flight end with the process).
         serving.abort();

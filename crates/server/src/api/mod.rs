@@ -198,6 +198,37 @@ impl AppState {
         }
     }
 
+    /// The API of a lifecycle other than one host's manager (a cluster's control replica):
+    /// `store` holds keys, teams, events and sandbox records; no audit log is kept.
+    pub fn for_service(
+        service: Arc<dyn SandboxService>,
+        store: Arc<dyn crate::store::StateStore>,
+        webhooks: crate::obs::webhooks::WebhookConfig,
+        cfg: ApiConfig,
+    ) -> Self {
+        let telemetry = Arc::new(Telemetry::default());
+        Self {
+            idempotency: idempotency::Idempotency::with_store(store.clone()),
+            sandboxes: store.clone(),
+            access: store.clone(),
+            webhooks: Arc::new(crate::obs::webhooks::Webhooks::new(
+                store.clone(),
+                telemetry.clone(),
+                webhooks,
+            )),
+            events: store,
+            telemetry,
+            audit: crate::audit::AuditLog::disabled(),
+            manager: service,
+            cfg,
+            vault: None,
+            interceptor: None,
+            identity: None,
+            builds: None,
+            console_db: None,
+        }
+    }
+
     /// With the console's sessions kept in `db`.
     pub fn with_console_db(mut self, db: crate::store::ConsoleDb) -> Self {
         self.console_db = Some(db);

@@ -91,6 +91,17 @@ pub struct InUse {
     id: String,
 }
 
+impl InUse {
+    /// A guard that tracks nothing: for a service whose sandboxes' idleness is kept elsewhere
+    /// (a cluster's control replica; the node that runs the sandbox keeps its own).
+    pub fn untracked() -> Self {
+        Self {
+            table: Arc::new(IdleTable::default()),
+            id: String::new(),
+        }
+    }
+}
+
 impl Drop for InUse {
     fn drop(&mut self) {
         let mut map = self.table.lock();

@@ -1,0 +1,183 @@
+//! `kiln node` and `kiln control`: the cluster roles of the binary (docs/cluster.md). A node
+//! is `kiln serve`'s host set-up serving the node-internal API; a control replica serves the
+//! E2B API and the gateway over etcd and the nodes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use kiln_cluster::control::{Control, ControlConfig};
+use kiln_cluster::node::{NodeConfig, NodeExit};
+use kiln_cluster::{ClusterSecret, EtcdStore};
+use kiln_server::LifecycleConfig;
+
+/// What both roles need to join a cluster.
+#[derive(clap::Args)]
+pub struct Join {
+    /// etcd members (comma-separated `http://host:port`).
+    #[arg(long, env = "KILN_ETCD", value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// The key prefix of the cluster's state in etcd (one prefix is one cluster).
+    #[arg(long, env = "KILN_ETCD_PREFIX", default_value = "/kiln")]
+    etcd_prefix: String,
+    /// The shared secret control replicas present to nodes (at least 16 characters; never
+    /// an API key).
+    #[arg(long, env = "KILN_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: String,
+}
+
+impl Join {
+    fn secret(&self) -> anyhow::Result<ClusterSecret> {
+        ClusterSecret::new(&self.cluster_secret).with_context(|| {
+            format!(
+                "--cluster-secret must have at least {} characters",
+                ClusterSecret::MIN_LEN
+            )
+        })
+    }
+
+    async fn store(&self) -> anyhow::Result<EtcdStore> {
+        EtcdStore::connect(&self.etcd, &self.etcd_prefix)
+            .await
+            .with_context(|| format!("connecting to etcd at {}", self.etcd.join(",")))
+    }
+}
+
+#[derive(clap::Args)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    join: Join,
+    /// This node's name in the cluster (default: the host name).
+    #[arg(long, env = "KILN_NODE_NAME")]
+    name: Option<String>,
+    /// Where control replicas reach this node (`host:port`; default: the listen address).
+    #[arg(long, env = "KILN_NODE_ADVERTISE")]
+    advertise: Option<String>,
+    /// Seconds after its last lease renewal the cluster counts this node lost.
+    #[arg(long, default_value_t = 5)]
+    lease_ttl: u64,
+    /// The host set-up and sandbox settings, as `kiln serve` takes them (`--listen` is the
+    /// node-internal API's address).
+    #[command(flatten)]
+    serve: crate::serve::Args,
+}
+
+/// `kiln node`: exits 0 when stopped, 3 when it fenced itself after losing its lease.
+pub fn node(a: NodeArgs) -> anyhow::Result<i32> {
+    let secret = a.join.secret()?;
+    let p = crate::serve::prepare(&a.serve)?;
+    let name = a.name.clone().unwrap_or_else(host_name);
+    let max_sandboxes = p.cfg.lifecycle.admission.max_sandboxes.unwrap_or(0) as u32;
+    p.rt.block_on(async move {
+        let etcd = a.join.store().await?;
+        let server = p.setup.prepare(p.templates).await?;
+        let advertise = a
+            .advertise
+            .clone()
+            .unwrap_or_else(|| server.local_addr.to_string());
+        println!(
+            "kiln: node {name} listening on http://{} (advertised as {advertise})",
+            server.local_addr
+        );
+        println!("kiln: state in {}", p.cfg.state_dir.display());
+        let cfg = NodeConfig {
+            name,
+            advertise,
+            secret,
+            lease_ttl: Duration::from_secs(a.lease_ttl.max(2)),
+            load_every: Duration::from_secs(1),
+            max_sandboxes,
+        };
+        match kiln_cluster::node::run(server, etcd, cfg).await? {
+            NodeExit::Stopped => Ok(0),
+            NodeExit::Fenced => {
+                eprintln!("kiln: the node's cluster lease was lost: its sandboxes were stopped");
+                Ok(3)
+            }
+        }
+    })
+}
+
+#[derive(clap::Args)]
+pub struct ControlArgs {
+    #[command(flatten)]
+    join: Join,
+    /// Address of the API and the gateway. Port 0 picks a free port.
+    #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Domain of sandbox host names: `{port}-{sandboxID}.{domain}` is routed to that sandbox.
+    #[arg(long, env = "KILN_DOMAIN", default_value = kiln_server::DEFAULT_DOMAIN)]
+    domain: String,
+    /// This replica's name (default: host name and port).
+    #[arg(long)]
+    replica: Option<String>,
+    /// Default sandbox timeout in seconds.
+    #[arg(long, default_value_t = 300)]
+    default_timeout: u64,
+    /// Largest timeout a client may ask for, in seconds.
+    #[arg(long)]
+    max_timeout: Option<u64>,
+    /// Memory (MiB) a sandbox is counted with when placing it.
+    #[arg(long, default_value_t = 512)]
+    memory_mb: u32,
+    /// Default per-team cap on running and paused sandboxes, cluster-wide.
+    #[arg(long)]
+    team_max_sandboxes: Option<u32>,
+    /// Seconds the leader of the replicas holds its lease between renewals.
+    #[arg(long, default_value_t = 5)]
+    leader_ttl: u64,
+    /// Let webhooks reach private and loopback addresses (refused by default, as in
+    /// `kiln serve`).
+    #[arg(long, env = "KILN_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
+}
+
+/// `kiln control`.
+pub fn control(a: ControlArgs) -> anyhow::Result<i32> {
+    let secret = a.join.secret()?;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let etcd = a.join.store().await?;
+        let mut lifecycle = LifecycleConfig {
+            default_timeout_secs: a.default_timeout,
+            max_timeout_secs: a.max_timeout,
+            default_memory_mb: a.memory_mb,
+            ..LifecycleConfig::default()
+        };
+        lifecycle.admission.team_defaults.max_sandboxes = a.team_max_sandboxes;
+        lifecycle.webhooks.allow_private = a.webhook_allow_private;
+        let replica = a
+            .replica
+            .clone()
+            .unwrap_or_else(|| format!("{}:{}", host_name(), a.listen.port()));
+        let cfg = ControlConfig {
+            listen: a.listen,
+            domain: a.domain.clone(),
+            replica,
+            secret,
+            lifecycle,
+            edge: kiln_server::edge::EdgeConfig::default(),
+            metrics_token: None,
+            leader_ttl: Duration::from_secs(a.leader_ttl.max(2)),
+        };
+        let control = Control::prepare(etcd, cfg).await?;
+        println!("kiln: control replica listening on http://{}", control.local_addr);
+        if let Some(k) = &control.first_key {
+            println!("kiln: first API key (shown once, store it now): {}", k.secret);
+        }
+        println!(
+            "kiln: SDK settings: E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_API_KEY=<key>",
+            control.local_addr
+        );
+        control.serve().await.context("serving")?;
+        Ok(0)
+    })
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kiln".to_string())
+}

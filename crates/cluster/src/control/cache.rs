@@ -1,0 +1,265 @@
+//! A control replica's view of the cluster, fed by one etcd watch on the store's prefix:
+//! the live sandboxes (starting, running, paused), which node runs each, and the live nodes;
+//! the lifecycle events nodes publish are passed on as they come ([`Cache::subscribe`]).
+//! The service's synchronous reads answer from it; after a call it forwarded, a replica waits
+//! until the watch has reached the revision the node published at ([`Cache::wait_for`]), so
+//! a client's next request sees what its last one did.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
+use kiln_server::manager::LifecycleEvent;
+use kiln_server::store::SandboxRecord;
+use tokio::sync::{broadcast, watch};
+
+use crate::docs::{parse, EventDoc, SandboxDoc};
+use crate::nodes::{node_of, NodeInfo};
+use crate::store::EtcdStore;
+
+#[derive(Default)]
+struct View {
+    sandboxes: HashMap<String, SandboxRecord>,
+    owners: HashMap<String, String>,
+    nodes: HashMap<String, NodeInfo>,
+}
+
+/// Which directory of the store a key is in, and its last segment.
+enum Entry {
+    Sandbox(String),
+    Owner(String),
+    Node,
+    Event,
+    Other,
+}
+
+/// The replica's cluster view.
+pub struct Cache {
+    view: RwLock<View>,
+    revision: watch::Sender<i64>,
+    /// Lifecycle events as nodes publish them.
+    events: broadcast::Sender<LifecycleEvent>,
+    dirs: [String; 4],
+}
+
+impl Cache {
+    /// Loads the view and keeps it current in the background.
+    pub async fn start(etcd: EtcdStore) -> crate::error::Result<Arc<Self>> {
+        let k = etcd.keys();
+        let cache = Arc::new(Self {
+            view: RwLock::new(View::default()),
+            revision: watch::channel(0).0,
+            events: broadcast::channel(256).0,
+            dirs: [
+                k.dir("sandboxes"),
+                k.dir("owners"),
+                k.dir("nodes"),
+                k.dir("events"),
+            ],
+        });
+        let rev = cache.load(&etcd).await?;
+        let c = cache.clone();
+        tokio::spawn(async move { c.follow(etcd, rev).await });
+        Ok(cache)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, View> {
+        self.view.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live sandbox `id`.
+    pub fn sandbox(&self, id: &str) -> Option<SandboxRecord> {
+        self.read().sandboxes.get(id).cloned()
+    }
+
+    /// Every live sandbox, oldest first.
+    pub fn sandboxes(&self) -> Vec<SandboxRecord> {
+        let mut v: Vec<_> = self.read().sandboxes.values().cloned().collect();
+        v.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
+        v
+    }
+
+    /// The live node that runs sandbox `id`.
+    pub fn owner(&self, id: &str) -> Option<NodeInfo> {
+        let v = self.read();
+        v.owners.get(id).and_then(|n| v.nodes.get(n)).cloned()
+    }
+
+    /// The cluster's lifecycle events from now on, as nodes publish them.
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.events.subscribe()
+    }
+
+    /// How many live sandboxes node `name` runs.
+    pub fn count_on(&self, name: &str) -> usize {
+        let v = self.read();
+        v.sandboxes
+            .keys()
+            .filter(|id| v.owners.get(*id).is_some_and(|n| n == name))
+            .count()
+    }
+
+    /// The nodes that own live sandboxes but are not live themselves.
+    pub fn lost_owners(&self) -> Vec<String> {
+        let v = self.read();
+        let mut lost: Vec<String> = v
+            .sandboxes
+            .values()
+            .filter(|r| r.state != kiln_server::store::SandboxState::Paused)
+            .filter_map(|r| v.owners.get(&r.id))
+            .filter(|n| !v.nodes.contains_key(*n))
+            .cloned()
+            .collect();
+        lost.sort();
+        lost.dedup();
+        lost
+    }
+
+    /// The live nodes.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        let mut v: Vec<_> = self.read().nodes.values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Waits (at most `limit`) until the view includes revision `rev`.
+    pub async fn wait_for(&self, rev: i64, limit: Duration) {
+        let mut rx = self.revision.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|r| *r >= rev)).await;
+    }
+
+    fn entry(&self, key: &[u8]) -> Entry {
+        let Ok(key) = std::str::from_utf8(key) else {
+            return Entry::Other;
+        };
+        let seg = |dir: &str| key.strip_prefix(dir).and_then(crate::keys::unescape);
+        if let Some(id) = seg(&self.dirs[0]) {
+            Entry::Sandbox(id)
+        } else if let Some(id) = seg(&self.dirs[1]) {
+            Entry::Owner(id)
+        } else if key.starts_with(&self.dirs[2]) {
+            Entry::Node
+        } else if key.starts_with(&self.dirs[3]) {
+            Entry::Event
+        } else {
+            Entry::Other
+        }
+    }
+
+    fn apply(&self, v: &mut View, kv: &KeyValue, deleted: bool) {
+        match self.entry(kv.key()) {
+            Entry::Sandbox(id) => {
+                let live = (!deleted)
+                    .then(|| parse::<SandboxDoc>(kv.key(), kv.value()).ok())
+                    .flatten()
+                    .map(SandboxRecord::from)
+                    .filter(|r| r.state.is_live());
+                match live {
+                    Some(r) => v.sandboxes.insert(id, r),
+                    None => v.sandboxes.remove(&id),
+                };
+            }
+            Entry::Owner(id) if deleted => {
+                v.owners.remove(&id);
+            }
+            Entry::Owner(id) => {
+                v.owners
+                    .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
+            }
+            Entry::Node if deleted => {
+                let name = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.strip_prefix(&self.dirs[2]))
+                    .and_then(crate::keys::unescape);
+                if let Some(name) = name {
+                    v.nodes.remove(&name);
+                }
+            }
+            Entry::Node => {
+                if let Ok(n) = node_of(kv) {
+                    v.nodes.insert(n.name.clone(), n);
+                }
+            }
+            Entry::Event if !deleted && kv.version() == 1 => {
+                if let Ok(e) = parse::<EventDoc>(kv.key(), kv.value()) {
+                    let _ = self.events.send(LifecycleEvent {
+                        ts_ms: e.ts_ms,
+                        sandbox_id: e.sandbox_id,
+                        kind: e.kind,
+                        detail: e.detail,
+                    });
+                }
+            }
+            Entry::Event | Entry::Other => {}
+        }
+    }
+
+    /// Reads the three directories at one revision and replaces the view with them.
+    async fn load(&self, etcd: &EtcdStore) -> crate::error::Result<i64> {
+        let first = etcd
+            .get(&self.dirs[0], GetOptions::new().with_prefix())
+            .await?;
+        let rev = first.header().map_or(0, |h| h.revision());
+        let mut kvs = first.kvs().to_vec();
+        for dir in &self.dirs[1..3] {
+            kvs.extend(etcd.get_prefix(dir, rev).await?);
+        }
+        let mut v = View::default();
+        for kv in &kvs {
+            self.apply(&mut v, kv, false);
+        }
+        *self.write() = v;
+        self.revision.send_replace(rev);
+        Ok(rev)
+    }
+
+    /// Applies every change after `rev`; reloads when the watch breaks.
+    async fn follow(&self, etcd: EtcdStore, mut rev: i64) {
+        loop {
+            if let Err(e) = self.watch_from(&etcd, &mut rev).await {
+                tracing::warn!(error = %e, "cluster watch broke; reloading");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match self.load(&etcd).await {
+                Ok(r) => rev = r,
+                Err(e) => tracing::warn!(error = %e, "reloading the cluster view"),
+            }
+        }
+    }
+
+    async fn watch_from(&self, etcd: &EtcdStore, rev: &mut i64) -> crate::error::Result<()> {
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(*rev + 1)
+            .with_progress_notify();
+        let prefix = format!("{}/", etcd.keys().prefix());
+        let mut stream = etcd.client().watch(prefix, Some(opts)).await?;
+        while let Some(resp) = stream.message().await? {
+            if resp.canceled() {
+                break;
+            }
+            let mut seen = *rev;
+            {
+                let mut v = self.write();
+                for e in resp.events() {
+                    if let Some(kv) = e.kv() {
+                        self.apply(&mut v, kv, e.event_type() == EventType::Delete);
+                        seen = seen.max(kv.mod_revision());
+                    }
+                }
+            }
+            // A progress notice (no events) says every change up to its revision was sent.
+            if resp.events().is_empty() {
+                seen = seen.max(resp.header().map_or(0, |h| h.revision()));
+            }
+            *rev = seen;
+            self.revision.send_replace(seen);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,114 @@
+//! `kiln control`: a stateless API replica of a cluster. It serves the E2B routes unchanged
+//! (the server's own router and `AppState`) over an [`EtcdStore`] for keys, teams, events and
+//! sandbox records and a [`ClusterService`] for the lifecycle, and is the gateway: envd and
+//! port traffic (header mode and `{port}-{id}.<domain>`) goes through the server's proxy to a
+//! tunnel into the node that owns the sandbox. Every replica campaigns for the cluster's
+//! singleton work ([`leader`]).
+
+mod cache;
+mod client;
+mod leader;
+pub mod placement;
+mod service;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_server::api::{ApiConfig, AppState};
+use kiln_server::{auth, edge, front, LifecycleConfig};
+
+use crate::error::{ClusterError, Result};
+use crate::secret::ClusterSecret;
+use crate::store::EtcdStore;
+pub use cache::Cache;
+pub use client::{NodeClient, TunnelConnector};
+pub use service::ClusterService;
+
+/// What a control replica is told.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    pub listen: SocketAddr,
+    pub domain: String,
+    /// This replica's name (the leader key holds it).
+    pub replica: String,
+    pub secret: ClusterSecret,
+    /// Timeouts and team quota defaults (sizes and the rest are the nodes').
+    pub lifecycle: LifecycleConfig,
+    pub edge: edge::EdgeConfig,
+    pub metrics_token: Option<String>,
+    /// The leader's lease.
+    pub leader_ttl: Duration,
+}
+
+/// A replica ready to serve.
+pub struct Control {
+    pub listener: tokio::net::TcpListener,
+    pub local_addr: SocketAddr,
+    /// Set when the cluster had no API key: the one made now (shown once).
+    pub first_key: Option<auth::NewKey>,
+    state: Arc<AppState>,
+    etcd: EtcdStore,
+    cache: Arc<Cache>,
+    cfg: ControlConfig,
+}
+
+impl Control {
+    /// Loads the cluster view, makes the first API key of an empty cluster, binds.
+    pub async fn prepare(etcd: EtcdStore, cfg: ControlConfig) -> Result<Self> {
+        let cache = Cache::start(etcd.clone()).await?;
+        let store: Arc<dyn kiln_server::store::StateStore> = Arc::new(etcd.clone());
+        let first_key = auth::ensure_first_key(store.as_ref()).await?;
+        let service = ClusterService::new(
+            cfg.lifecycle.clone(),
+            etcd.clone(),
+            cache.clone(),
+            NodeClient::new(cfg.secret.clone()),
+        );
+        let state = Arc::new(AppState::for_service(
+            Arc::new(service),
+            store,
+            cfg.lifecycle.webhooks.clone(),
+            ApiConfig {
+                domain: cfg.domain.clone(),
+                metrics_token: cfg.metrics_token.clone(),
+            },
+        ));
+        let listen_err = |source| ClusterError::Listen {
+            addr: cfg.listen.to_string(),
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(listen_err)?;
+        let local_addr = listener.local_addr().map_err(listen_err)?;
+        Ok(Self {
+            listener,
+            local_addr,
+            first_key,
+            state,
+            etcd,
+            cache,
+            cfg,
+        })
+    }
+
+    /// Serves until SIGTERM or SIGINT.
+    pub async fn serve(self) -> std::io::Result<()> {
+        let leading = tokio::spawn(leader::run(
+            self.etcd.clone(),
+            self.cache.clone(),
+            self.cfg.replica.clone(),
+            self.cfg.leader_ttl,
+        ));
+        let _webhooks = self.state.webhooks.spawn(self.state.manager.subscribe());
+        let app = front::router(self.state.clone());
+        let mut serving = tokio::spawn(edge::serve(self.listener, app, self.cfg.edge));
+        tokio::select! {
+            r = &mut serving => r.map_err(std::io::Error::other)?,
+            _ = kiln_server::stop_signal() => serving.abort(),
+        }
+        leading.abort();
+        Ok(())
+    }
+}

@@ -1,0 +1,450 @@
+//! [`ClusterService`]: the server's `SandboxService` on a cluster. Creates are placed on a
+//! live node ([`super::placement`]) after the team's quota is checked against every live
+//! sandbox of the cluster; every later call goes to the node that owns the sandbox (the owner
+//! recorded in etcd), and traffic to a sandbox's ports goes through a tunnel to that node.
+//! Synchronous reads answer from the replica's [`Cache`]. What needs a node's local disk
+//! (volumes, snapshots, templates' files, metrics history) answers 501 or empty for now.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_server::manager::{
+    CreateParams, InUse, LifecycleEvent, Logs, MetricSample, NoRoute, PortRoute, Route,
+    TemplateView, MAX_TIMEOUT_SECS,
+};
+use kiln_server::store::{
+    AccessStore, EventStore, MountRecord, SandboxRecord, SandboxState, SandboxStore,
+    SnapshotRecord, VolumeRecord,
+};
+use kiln_server::tenancy::TeamQuota;
+use kiln_server::{Error, LifecycleConfig, SandboxService};
+use tokio::sync::broadcast;
+
+use super::cache::Cache;
+use super::client::{NodeClient, TunnelConnector};
+use super::placement;
+use crate::nodes::NodeInfo;
+use crate::store::EtcdStore;
+use crate::wire::{error_of, not_in_cluster, CreateDoc, Op, OpAnswer};
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How long a replica waits for its view to include what a node just published.
+const VIEW_WAIT: Duration = Duration::from_secs(3);
+
+/// The lifecycle of a cluster's sandboxes, as one control replica serves it.
+pub struct ClusterService {
+    cfg: LifecycleConfig,
+    etcd: EtcdStore,
+    cache: Arc<Cache>,
+    nodes: NodeClient,
+}
+
+impl ClusterService {
+    pub fn new(
+        cfg: LifecycleConfig,
+        etcd: EtcdStore,
+        cache: Arc<Cache>,
+        nodes: NodeClient,
+    ) -> Self {
+        Self {
+            cfg,
+            etcd,
+            cache,
+            nodes,
+        }
+    }
+
+    /// The live nodes, each counted with the live sandboxes this replica sees on it.
+    fn candidates(&self) -> Vec<NodeInfo> {
+        let mut nodes = self.cache.nodes();
+        for n in &mut nodes {
+            let seen = self.cache.count_on(&n.name) as u32;
+            n.load.sandboxes = n.load.sandboxes.max(seen);
+        }
+        nodes
+    }
+
+    /// The node that runs `id`.
+    fn owner(&self, id: &str) -> Result<NodeInfo> {
+        if let Some(n) = self.cache.owner(id) {
+            return Ok(n);
+        }
+        if self.cache.sandbox(id).is_some() {
+            return Err(Error::Unavailable(format!(
+                "the node that runs sandbox \"{id}\" is not in the cluster now; retry"
+            )));
+        }
+        Err(Error::SandboxNotFound(id.to_string()))
+    }
+
+    /// `op` on `id` at its node; returns once this replica's view includes its effect.
+    async fn call(&self, id: &str, op: Op) -> Result<OpAnswer> {
+        let node = self.owner(id)?;
+        let a = self.nodes.op(&node.address, id, &op).await?;
+        self.cache.wait_for(a.revision, VIEW_WAIT).await;
+        Ok(a)
+    }
+
+    fn tunnel(&self, id: &str, port: u16) -> kiln_envd::EnvdClient {
+        let addr = self.cache.owner(id).map(|n| n.address).unwrap_or_default();
+        kiln_envd::EnvdClient::new(Arc::new(TunnelConnector {
+            addr,
+            id: id.to_string(),
+            port,
+            secret: self.nodes.secret().clone(),
+        }))
+    }
+}
+
+fn visible(r: SandboxRecord) -> Option<SandboxRecord> {
+    matches!(r.state, SandboxState::Running | SandboxState::Paused).then_some(r)
+}
+
+fn route_of(r: &SandboxRecord) -> Route {
+    Route {
+        sandbox_id: r.id.clone(),
+        envd_token: r.envd_token.clone(),
+        ingress: r.ingress.clone(),
+    }
+}
+
+fn sandbox_of(a: OpAnswer, id: &str) -> Result<SandboxRecord> {
+    a.sandbox
+        .map(SandboxRecord::from)
+        .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
+}
+
+fn store_err(e: kiln_server::store::StoreError) -> Error {
+    Error::Store(e)
+}
+
+#[async_trait::async_trait]
+impl SandboxService for ClusterService {
+    fn config(&self) -> &LifecycleConfig {
+        &self.cfg
+    }
+    fn check_timeout(&self, secs: i64) -> Result<u64> {
+        if secs <= 0 {
+            return Err(Error::bad_request(format!(
+                "timeout must be a positive number of seconds, got {secs}"
+            )));
+        }
+        let max = self
+            .cfg
+            .max_timeout_secs
+            .unwrap_or(MAX_TIMEOUT_SECS)
+            .min(MAX_TIMEOUT_SECS);
+        if secs as u64 > max {
+            return Err(Error::bad_request(format!(
+                "timeout {secs}s is above the maximum of {max}s"
+            )));
+        }
+        Ok(secs as u64)
+    }
+    async fn check_team_timeout(&self, team: &str, secs: i64) -> Result<()> {
+        if let Some(max) = self.team_quota(team).await?.max_timeout_secs {
+            if secs > 0 && secs as u64 > max {
+                return Err(Error::bad_request(format!(
+                    "timeout {secs}s is above team \"{team}\"'s maximum of {max}s"
+                )));
+            }
+        }
+        Ok(())
+    }
+    async fn team_quota(&self, team: &str) -> Result<TeamQuota> {
+        let own = self.etcd.get_team(team).await.map_err(store_err)?;
+        Ok(self.cfg.admission.team_defaults.for_team(own.as_ref()))
+    }
+    async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
+        if let Some(max) = self.team_quota(team).await?.max_sandboxes {
+            let live = self.list_for(team).len();
+            if live + n > max as usize {
+                return Err(Error::Capacity {
+                    limit: format!(
+                        "team \"{team}\"'s sandbox quota ({max} at once in the cluster; {live} \
+                         running or paused, {n} more asked for)"
+                    ),
+                    retry_after_secs: 5,
+                    quota: true,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, id: &str) -> Result<SandboxRecord> {
+        self.cache
+            .sandbox(id)
+            .and_then(visible)
+            .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
+    }
+    fn get_for(&self, id: &str, team: &str) -> Result<SandboxRecord> {
+        self.get(id)
+            .ok()
+            .filter(|r| r.team == team)
+            .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
+    }
+    fn list_for(&self, team: &str) -> Vec<SandboxRecord> {
+        self.list().into_iter().filter(|r| r.team == team).collect()
+    }
+    fn list(&self) -> Vec<SandboxRecord> {
+        self.cache
+            .sandboxes()
+            .into_iter()
+            .filter_map(visible)
+            .collect()
+    }
+    fn standby_since(&self, _id: &str) -> Option<i64> {
+        None
+    }
+    fn standby_count(&self) -> usize {
+        0
+    }
+    fn idle_hinted_count(&self) -> usize {
+        0
+    }
+    fn recovering(&self) -> usize {
+        0
+    }
+    async fn wait_adopted(&self, _id: &str) {}
+    fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.cache.subscribe()
+    }
+
+    async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
+        let doc = CreateDoc::of(&p)?;
+        self.check_team_room(p.team(), 1).await?;
+        let memory = u64::from(self.cfg.default_memory_mb);
+        let mut nodes = self.candidates();
+        // A node that cannot be reached is left for the next; any other answer is final.
+        for _ in 0..3 {
+            let Some(node) = placement::place(
+                &nodes,
+                memory,
+                placement::DEFAULT_K,
+                placement::random_index,
+            )
+            .cloned() else {
+                break;
+            };
+            match self.nodes.create(&node.address, &doc).await {
+                Ok((rec, revision)) => {
+                    self.cache.wait_for(revision, VIEW_WAIT).await;
+                    return Ok(rec);
+                }
+                Err(Error::Unavailable(m)) => {
+                    tracing::warn!(node = %node.name, error = %m, "placing on another node");
+                    nodes.retain(|n| n.name != node.name);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Capacity {
+            limit: "no node of the cluster can take a sandbox now".into(),
+            retry_after_secs: 5,
+            quota: false,
+        })
+    }
+    async fn kill(&self, id: &str, reason: &str) -> Result<bool> {
+        let reason = reason.to_string();
+        Ok(self.call(id, Op::Kill { reason }).await?.flag)
+    }
+    async fn kill_detached(self: Arc<Self>, id: &str, reason: &str) -> Result<bool> {
+        let reason = reason.to_string();
+        Ok(self.call(id, Op::KillDetached { reason }).await?.flag)
+    }
+    async fn set_timeout(&self, id: &str, secs: i64) -> Result<i64> {
+        Ok(self.call(id, Op::SetTimeout { secs }).await?.end_at_ms)
+    }
+    async fn extend(&self, id: &str, secs: i64, why: &str) -> Result<SandboxRecord> {
+        let why = why.to_string();
+        sandbox_of(self.call(id, Op::Extend { secs, why }).await?, id)
+    }
+    async fn expire_now(&self, id: &str) -> Result<()> {
+        self.call(id, Op::ExpireNow).await.map(drop)
+    }
+    async fn pause_checked(
+        &self,
+        id: &str,
+        memory: bool,
+        require_healthy_guest: bool,
+    ) -> Result<()> {
+        let op = Op::Pause {
+            memory,
+            require_healthy_guest,
+        };
+        self.call(id, op).await.map(drop)
+    }
+    async fn resume(&self, id: &str, memory: bool, secs: i64) -> Result<bool> {
+        Ok(self.call(id, Op::Resume { memory, secs }).await?.flag)
+    }
+    async fn connect(&self, id: &str, secs: i64, memory: bool) -> Result<(SandboxRecord, bool)> {
+        let a = self.call(id, Op::Connect { secs, memory }).await?;
+        let flag = a.flag;
+        Ok((sandbox_of(a, id)?, flag))
+    }
+    async fn fork(
+        &self,
+        id: &str,
+        count: u32,
+        timeout_secs: Option<i64>,
+    ) -> Result<Vec<Result<SandboxRecord>>> {
+        let a = self
+            .call(
+                id,
+                Op::Fork {
+                    count,
+                    timeout_secs,
+                },
+            )
+            .await?;
+        Ok(a.children
+            .into_iter()
+            .map(|c| match c.sandbox {
+                Some(s) => Ok(s.into()),
+                None => Err(error_of(
+                    http::StatusCode::from_u16(c.status)
+                        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR),
+                    c.message,
+                    "",
+                )),
+            })
+            .collect())
+    }
+
+    async fn snapshot_with(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<String>,
+        _: bool,
+    ) -> Result<SnapshotRecord> {
+        Err(not_in_cluster("snapshots in a cluster"))
+    }
+    async fn snapshot_for(
+        &self,
+        _template_id: &str,
+        _team: &str,
+    ) -> Result<Option<SnapshotRecord>> {
+        Ok(None)
+    }
+    async fn delete_snapshot(&self, key: &str, _team: &str) -> Result<()> {
+        Err(Error::NotFound(format!("snapshot \"{key}\" not found")))
+    }
+    async fn snapshots(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: Option<&str>,
+    ) -> Result<Vec<SnapshotRecord>> {
+        Ok(Vec::new())
+    }
+
+    async fn network(&self, id: &str) -> Result<Option<kiln_net::EgressPolicy>> {
+        self.get(id).map(|_| None)
+    }
+    async fn set_network(&self, _id: &str, _policy: kiln_net::EgressPolicy) -> Result<()> {
+        Err(not_in_cluster("changing a sandbox's network in a cluster"))
+    }
+    fn extra_cas(&self) -> &[String] {
+        &[]
+    }
+
+    async fn create_volume(&self, _team: &str, _name: &str) -> Result<VolumeRecord> {
+        Err(not_in_cluster("volumes in a cluster"))
+    }
+    async fn volume(&self, _team: &str, key: &str) -> Result<VolumeRecord> {
+        Err(Error::NotFound(format!("volume \"{key}\" not found")))
+    }
+    async fn volume_by_token(&self, _id: &str, _token: &str) -> Result<Option<VolumeRecord>> {
+        Ok(None)
+    }
+    async fn list_volumes(&self, _team: Option<&str>) -> Result<Vec<VolumeRecord>> {
+        Ok(Vec::new())
+    }
+    async fn delete_volume(&self, _team: &str, key: &str) -> Result<()> {
+        Err(Error::NotFound(format!("volume \"{key}\" not found")))
+    }
+    async fn volume_root(&self, _id: &str) -> Result<PathBuf> {
+        Err(not_in_cluster("volumes in a cluster"))
+    }
+    async fn resolve_mounts(
+        &self,
+        _team: &str,
+        asked: &[(String, String)],
+    ) -> Result<Vec<MountRecord>> {
+        if asked.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err(not_in_cluster("volume mounts in a cluster"))
+        }
+    }
+    async fn mounts_of(&self, _id: &str) -> Result<Vec<MountRecord>> {
+        Ok(Vec::new())
+    }
+
+    async fn templates(&self) -> Result<Vec<TemplateView>> {
+        Err(not_in_cluster("listing templates in a cluster"))
+    }
+    async fn template(&self, _name: &str) -> Result<TemplateView> {
+        Err(not_in_cluster("describing templates in a cluster"))
+    }
+    async fn logs(&self, id: &str, team: &str) -> Result<Logs> {
+        let rec = self.etcd.get_sandbox(id).await.map_err(store_err)?;
+        if rec.is_none_or(|r| r.team != team) {
+            return Err(Error::SandboxNotFound(id.to_string()));
+        }
+        let events = self.etcd.events(id).await.map_err(store_err)?;
+        Ok(Logs {
+            events,
+            console: None,
+        })
+    }
+    async fn latest_metrics(&self, _ids: &[String]) -> BTreeMap<String, MetricSample> {
+        BTreeMap::new()
+    }
+    async fn metrics_window(
+        &self,
+        _: &str,
+        _: Option<i64>,
+        _: Option<i64>,
+    ) -> Result<Vec<MetricSample>> {
+        Ok(Vec::new())
+    }
+    fn latest_samples(&self) -> Vec<(String, MetricSample)> {
+        Vec::new()
+    }
+    fn state_disk_free(&self) -> Option<u64> {
+        None
+    }
+
+    fn route(&self, id: &str) -> Option<Route> {
+        self.cache
+            .sandbox(id)
+            .filter(|r| r.state == SandboxState::Running)
+            .map(|r| route_of(&r))
+    }
+    async fn open_route(&self, id: &str, port: u16) -> std::result::Result<PortRoute, NoRoute> {
+        let rec = self.get(id).map_err(|_| NoRoute::NotFound)?;
+        if rec.state == SandboxState::Paused && !rec.auto_resume {
+            return Err(NoRoute::Paused);
+        }
+        if self.cache.owner(id).is_none() {
+            return Err(NoRoute::NotFound);
+        }
+        // A paused sandbox with autoResume is resumed by its node when the tunnel opens.
+        Ok(PortRoute {
+            route: route_of(&rec),
+            client: self.tunnel(id, port),
+            in_use: InUse::untracked(),
+            audit: kiln_server::audit::AuditLog::disabled(),
+        })
+    }
+    fn agent(&self, id: &str, token: Option<String>) -> kiln_envd::EnvdClient {
+        self.tunnel(id, kiln_proto::envd::ENVD_PORT)
+            .with_access_token(token)
+    }
+}

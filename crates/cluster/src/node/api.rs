@@ -1,0 +1,128 @@
+//! The node-internal API: what control replicas ask of the sandboxes this node runs. Every
+//! request carries the cluster secret; once the node's lease is gone every request is
+//! refused (503), so a node cut off from the cluster stops serving its sandboxes.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kiln_server::{ApiError, SandboxService};
+use tokio::sync::watch;
+
+use super::publish::Publisher;
+use super::tunnel;
+use crate::docs::SandboxDoc;
+use crate::secret::ClusterSecret;
+use crate::wire::{Child, CreateDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
+
+/// What the internal API's handlers share.
+pub struct NodeApi {
+    pub service: Arc<dyn SandboxService>,
+    pub secret: ClusterSecret,
+    /// Whether the node's lease is alive.
+    pub alive: watch::Receiver<bool>,
+    pub publisher: Publisher,
+}
+
+type St = State<Arc<NodeApi>>;
+
+/// The node's router (its listener answers nothing else).
+pub fn router(api: NodeApi) -> Router {
+    let api = Arc::new(api);
+    Router::new()
+        .route(&format!("{API_PREFIX}/health"), get(|| async { "ok" }))
+        .route(&format!("{API_PREFIX}/sandboxes"), post(create))
+        .route(&format!("{API_PREFIX}/sandboxes/{{id}}"), post(op))
+        .route(
+            &format!("{API_PREFIX}/sandboxes/{{id}}/ports/{{port}}/tunnel"),
+            get(tunnel::open),
+        )
+        .layer(middleware::from_fn_with_state(api.clone(), guard))
+        .with_state(api)
+}
+
+/// The cluster secret, then the fence.
+async fn guard(State(n): St, req: Request, next: Next) -> Response {
+    let auth = req.headers().get(AUTH_HEADER).map(|v| v.as_bytes());
+    if !n.secret.admits(auth) {
+        return ApiError::unauthorized("the cluster secret is missing or wrong").into_response();
+    }
+    if !*n.alive.borrow() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this node lost its cluster lease and serves nothing",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, ApiError> {
+    let rec = n.service.create(doc.into_params()?).await?;
+    let revision = n.publisher.sandbox(&rec.id).await;
+    let answer = OpAnswer {
+        sandbox: Some(SandboxDoc::from(&rec)),
+        revision,
+        ..Default::default()
+    };
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+async fn op(
+    State(n): St,
+    Path(id): Path<String>,
+    Json(op): Json<Op>,
+) -> Result<Json<OpAnswer>, ApiError> {
+    let s = &n.service;
+    let mut a = OpAnswer::default();
+    match op {
+        Op::Get => {
+            s.get(&id)?;
+        }
+        Op::Kill { reason } => a.flag = s.kill(&id, &reason).await?,
+        Op::KillDetached { reason } => a.flag = s.clone().kill_detached(&id, &reason).await?,
+        Op::SetTimeout { secs } => a.end_at_ms = s.set_timeout(&id, secs).await?,
+        Op::Extend { secs, why } => {
+            s.extend(&id, secs, &why).await?;
+        }
+        Op::ExpireNow => s.expire_now(&id).await?,
+        Op::Pause {
+            memory,
+            require_healthy_guest,
+        } => s.pause_checked(&id, memory, require_healthy_guest).await?,
+        Op::Resume { memory, secs } => a.flag = s.resume(&id, memory, secs).await?,
+        Op::Connect { secs, memory } => a.flag = s.connect(&id, secs, memory).await?.1,
+        Op::Fork {
+            count,
+            timeout_secs,
+        } => {
+            for r in s.fork(&id, count, timeout_secs).await? {
+                a.children.push(match r {
+                    Ok(child) => {
+                        a.revision = a.revision.max(n.publisher.sandbox(&child.id).await);
+                        Child {
+                            sandbox: Some(SandboxDoc::from(&child)),
+                            status: 201,
+                            message: String::new(),
+                        }
+                    }
+                    Err(e) => {
+                        let e = ApiError::from(e);
+                        Child {
+                            sandbox: None,
+                            status: e.status.as_u16(),
+                            message: e.message,
+                        }
+                    }
+                });
+            }
+        }
+    }
+    a.revision = a.revision.max(n.publisher.sandbox(&id).await);
+    a.sandbox = s.get(&id).ok().map(|r| SandboxDoc::from(&r));
+    Ok(Json(a))
+}

@@ -1,0 +1,194 @@
+//! `kiln node`: a host that runs sandboxes for the cluster. It is one host's server (the
+//! `Manager` on its driver, its own SQLite for what only it needs) registered in etcd on a
+//! lease with its internal address and capacity, its load refreshed; its listener serves the
+//! node-internal API ([`api`]) instead of the public one; its sandboxes' records and events
+//! are published to etcd ([`publish`]). When its lease is lost it fences itself: the API
+//! refuses everything, tunnels close, its sandboxes are stopped, the server shuts down as on
+//! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`].
+
+mod api;
+mod publish;
+mod tunnel;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_server::{SandboxService, Server};
+
+use crate::error::Result;
+use crate::nodes::{NodeCapacity, NodeLoad};
+use crate::secret::ClusterSecret;
+use crate::store::EtcdStore;
+use publish::Publisher;
+
+/// How a node is known to the cluster.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub name: String,
+    /// Where control replicas reach the node's listener (`host:port`).
+    pub advertise: String,
+    pub secret: ClusterSecret,
+    /// The node's lease; the cluster counts it lost this long after its last renewal.
+    pub lease_ttl: Duration,
+    /// How often the node's load is refreshed in etcd.
+    pub load_every: Duration,
+    /// The most sandboxes it takes (0: no cap of its own).
+    pub max_sandboxes: u32,
+}
+
+/// Why [`run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeExit {
+    /// Asked to stop (SIGTERM/SIGINT): it left the cluster.
+    Stopped,
+    /// Its lease was lost: it fenced itself and stopped its sandboxes.
+    Fenced,
+}
+
+/// Runs `server` as cluster node `cfg.name` until it is stopped or fenced.
+pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<NodeExit> {
+    let manager = server.manager.clone();
+    let mut lease = etcd
+        .register_node_at(
+            &cfg.name,
+            &cfg.advertise,
+            capacity(cfg.max_sandboxes),
+            cfg.lease_ttl,
+        )
+        .await?;
+    let publisher = Publisher::start(
+        etcd.clone(),
+        manager.store().clone(),
+        cfg.name.clone(),
+        lease.lease_id(),
+        manager.subscribe(),
+    );
+    tokio::spawn(adopt(
+        server.recovery.clone(),
+        manager.clone(),
+        etcd.clone(),
+        publisher.clone(),
+    ));
+    let node_api = api::NodeApi {
+        service: manager.clone(),
+        secret: cfg.secret.clone(),
+        alive: lease.alive(),
+        publisher,
+    };
+    let fenced = Arc::new(AtomicBool::new(false));
+    let stop = {
+        let (mut alive, fenced, m) = (lease.alive(), fenced.clone(), manager.clone());
+        let name = cfg.name.clone();
+        async move {
+            let lost = async move {
+                let _ = alive.wait_for(|a| !*a).await;
+            };
+            tokio::select! {
+                _ = kiln_server::stop_signal() => {}
+                _ = lost => {
+                    tracing::error!(node = %name, "the node's cluster lease is lost: fencing");
+                    fenced.store(true, Ordering::SeqCst);
+                    fence(&m).await;
+                }
+            }
+        }
+    };
+    let mut serving = tokio::spawn(server.serve_with(move |_| api::router(node_api), stop));
+    let mut tick = tokio::time::interval(cfg.load_every);
+    loop {
+        tokio::select! {
+            r = &mut serving => {
+                if let Ok(Err(e)) = r {
+                    tracing::error!(error = %e, "serving the node API");
+                }
+                break;
+            }
+            _ = tick.tick(), if lease.is_alive() => {
+                let load = NodeLoad {
+                    free_memory_mb: meminfo("MemAvailable:").unwrap_or(0),
+                    sandboxes: SandboxService::list(manager.as_ref()).len() as u32,
+                    free_cpu_milli: free_cpu_milli(),
+                };
+                if let Err(e) = lease.report_load(load).await {
+                    tracing::warn!(error = %e, "reporting the node's load");
+                }
+            }
+        }
+    }
+    if fenced.load(Ordering::SeqCst) {
+        return Ok(NodeExit::Fenced);
+    }
+    lease.leave().await?;
+    Ok(NodeExit::Stopped)
+}
+
+/// Stops every sandbox of a node that lost its lease (the cluster counts them `node-lost`).
+async fn fence(manager: &kiln_server::Manager) {
+    for r in SandboxService::list(manager) {
+        if let Err(e) = manager.kill(&r.id, crate::owners::NODE_LOST_REASON).await {
+            tracing::warn!(sandbox = %r.id, error = %e, "stopping a fenced sandbox");
+        }
+    }
+}
+
+/// Once recovery is over, what it adopted from a previous run is published again as this
+/// node's, except sandboxes the cluster ended meanwhile (their node was counted lost): those
+/// are stopped, so none runs that the cluster believes dead.
+async fn adopt(
+    recovery: kiln_server::Recovery,
+    manager: Arc<kiln_server::Manager>,
+    etcd: EtcdStore,
+    publisher: Publisher,
+) {
+    use kiln_server::store::SandboxStore;
+    if recovery.done().await.is_err() {
+        return;
+    }
+    for r in SandboxService::list(manager.as_ref()) {
+        match etcd.get_sandbox(&r.id).await {
+            Ok(Some(known)) if !known.state.is_live() => {
+                tracing::warn!(sandbox = %r.id, "ended by the cluster while this node was away: stopping it");
+                if let Err(e) = manager.kill(&r.id, crate::owners::NODE_LOST_REASON).await {
+                    tracing::warn!(sandbox = %r.id, error = %e, "stopping an adopted sandbox");
+                }
+            }
+            _ => {
+                publisher.sandbox(&r.id).await;
+            }
+        }
+    }
+}
+
+/// What this host offers.
+fn capacity(max_sandboxes: u32) -> NodeCapacity {
+    NodeCapacity {
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        memory_mb: meminfo("MemTotal:").unwrap_or(0),
+        disk_mb: 0,
+        max_sandboxes,
+    }
+}
+
+/// The CPU count less the 1-minute load average, in thousandths of a CPU.
+fn free_cpu_milli() -> u32 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    ((cpus - load).max(0.0) * 1000.0) as u32
+}
+
+/// A `/proc/meminfo` field in MiB.
+fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024)
+}

@@ -1,0 +1,263 @@
+//! The node-internal API's JSON forms: what a control replica asks of the node that owns a
+//! sandbox ([`CreateDoc`], [`Op`]), what the node answers ([`OpAnswer`]), and how a refusal
+//! travels back as the server's typed [`Error`] ([`error_of`]).
+
+use std::collections::BTreeMap;
+
+use http::StatusCode;
+use kiln_server::manager::CreateParams;
+use kiln_server::store::Ingress;
+use kiln_server::Error;
+use serde::{Deserialize, Serialize};
+
+use crate::docs::SandboxDoc;
+
+/// Where the node-internal API lives on a node's listener.
+pub const API_PREFIX: &str = "/internal/v1";
+/// The header carrying the cluster secret (`Bearer <secret>`).
+pub const AUTH_HEADER: &str = "authorization";
+/// The `Upgrade` protocol of a byte tunnel to one port of a sandbox.
+pub const TUNNEL_PROTOCOL: &str = "kiln-tunnel";
+
+/// A create as the control replica forwards it (volume mounts are refused before it gets
+/// here; network rules and egress proxies are not carried).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateDoc {
+    pub template_id: String,
+    pub timeout_secs: Option<i64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub secure: bool,
+    pub auto_pause: bool,
+    pub auto_resume: bool,
+    pub auto_pause_filesystem_only: bool,
+    pub allow_internet_access: Option<bool>,
+    pub network: Option<NetworkDoc>,
+    pub traffic_token: Option<String>,
+    pub mask_request_host: Option<String>,
+    pub team: String,
+}
+
+/// An egress policy's lists as the API writes them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetworkDoc {
+    pub allow_internet_access: bool,
+    pub allow_out: Vec<String>,
+    pub deny_out: Vec<String>,
+    pub dns_servers: Vec<String>,
+    pub https_ports: Vec<u16>,
+}
+
+impl CreateDoc {
+    /// The forwardable form of `p`; refuses what a node cannot be handed yet.
+    pub fn of(p: &CreateParams) -> Result<Self, Error> {
+        if !p.volume_mounts.is_empty() {
+            return Err(not_in_cluster("volume mounts"));
+        }
+        let network = match &p.network {
+            None => None,
+            Some(n) if n.transforms.is_some() => return Err(not_in_cluster("network rules")),
+            Some(n) if n.egress_proxy.is_some() => return Err(not_in_cluster("egress proxies")),
+            Some(n) => Some(NetworkDoc {
+                allow_internet_access: n.allow_internet_access,
+                allow_out: n.allow_out.iter().map(|t| t.api_string()).collect(),
+                deny_out: n.deny_out.iter().map(|t| t.api_string()).collect(),
+                dns_servers: n.dns_servers.iter().map(|a| a.to_string()).collect(),
+                https_ports: n.https_ports.clone(),
+            }),
+        };
+        Ok(Self {
+            template_id: p.template_id.clone(),
+            timeout_secs: p.timeout_secs,
+            metadata: p.metadata.clone(),
+            env_vars: p.env_vars.clone(),
+            secure: p.secure,
+            auto_pause: p.auto_pause,
+            auto_resume: p.auto_resume,
+            auto_pause_filesystem_only: p.auto_pause_filesystem_only,
+            allow_internet_access: p.allow_internet_access,
+            network,
+            traffic_token: p.ingress.traffic_token.clone(),
+            mask_request_host: p.ingress.mask_request_host.clone(),
+            team: p.team.clone(),
+        })
+    }
+
+    /// The create the node runs.
+    pub fn into_params(self) -> Result<CreateParams, Error> {
+        let network = match self.network {
+            None => None,
+            Some(n) => {
+                let mut policy = kiln_net::EgressPolicy::from_lists(
+                    n.allow_internet_access,
+                    &n.allow_out,
+                    &n.deny_out,
+                    &n.dns_servers,
+                )
+                .map_err(|e| Error::bad_request(e.to_string()))?;
+                policy.https_ports = n.https_ports;
+                Some(policy)
+            }
+        };
+        Ok(CreateParams {
+            template_id: self.template_id,
+            timeout_secs: self.timeout_secs,
+            metadata: self.metadata,
+            env_vars: self.env_vars,
+            secure: self.secure,
+            auto_pause: self.auto_pause,
+            auto_resume: self.auto_resume,
+            auto_pause_filesystem_only: self.auto_pause_filesystem_only,
+            allow_internet_access: self.allow_internet_access,
+            network,
+            ingress: Ingress {
+                traffic_token: self.traffic_token,
+                mask_request_host: self.mask_request_host,
+            },
+            team: self.team,
+            volume_mounts: Vec::new(),
+        })
+    }
+}
+
+/// One lifecycle call on a sandbox the node owns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    Get,
+    Kill {
+        reason: String,
+    },
+    KillDetached {
+        reason: String,
+    },
+    SetTimeout {
+        secs: i64,
+    },
+    Extend {
+        secs: i64,
+        why: String,
+    },
+    ExpireNow,
+    Pause {
+        memory: bool,
+        require_healthy_guest: bool,
+    },
+    Resume {
+        memory: bool,
+        secs: i64,
+    },
+    Connect {
+        secs: i64,
+        memory: bool,
+    },
+    Fork {
+        count: u32,
+        timeout_secs: Option<i64>,
+    },
+}
+
+/// What a call (or a create) answers (the fields its op fills).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OpAnswer {
+    /// The sandbox after the call (absent when it ended).
+    pub sandbox: Option<SandboxDoc>,
+    /// kill: whether it was running; resume/connect: whether it was resumed.
+    pub flag: bool,
+    /// set_timeout: the new end (ms).
+    pub end_at_ms: i64,
+    /// fork: one result per child, in order.
+    pub children: Vec<Child>,
+    /// The etcd revision at which the node published what the call changed (a control
+    /// replica's cache reflects the call once its watch is there).
+    pub revision: i64,
+}
+
+/// One fork child: the sandbox, or why it failed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Child {
+    pub sandbox: Option<SandboxDoc>,
+    pub status: u16,
+    pub message: String,
+}
+
+/// The 501 of something a cluster does not do yet.
+pub fn not_in_cluster(what: &'static str) -> Error {
+    Error::Driver(kiln_server::driver::DriverError::NotImplemented(what))
+}
+
+/// The server's typed error for a node's refusal (`status`, the message its body carried),
+/// so the control replica answers the client as the node would have.
+pub fn error_of(status: StatusCode, message: String, sandbox: &str) -> Error {
+    match status {
+        StatusCode::BAD_REQUEST => Error::BadRequest(message),
+        StatusCode::NOT_FOUND if !sandbox.is_empty() => Error::SandboxNotFound(sandbox.into()),
+        StatusCode::NOT_FOUND => Error::NotFound(message),
+        StatusCode::CONFLICT => Error::Conflict(message),
+        StatusCode::TOO_MANY_REQUESTS => Error::Limit(message),
+        StatusCode::SERVICE_UNAVAILABLE => Error::Unavailable(message),
+        StatusCode::NOT_IMPLEMENTED => not_in_cluster("this operation on a cluster node"),
+        _ => Error::Internal(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_create_travels_whole() {
+        let mut p = CreateParams {
+            template_id: "base".into(),
+            timeout_secs: Some(30),
+            secure: true,
+            auto_resume: true,
+            team: "t1".into(),
+            ..Default::default()
+        };
+        p.metadata.insert("k".into(), "v".into());
+        p.ingress.traffic_token = Some("tok".into());
+        p.network = Some(
+            kiln_net::EgressPolicy::from_lists(false, &["10.1.2.3".into()], &[], &[]).unwrap(),
+        );
+        let doc: CreateDoc =
+            serde_json::from_slice(&serde_json::to_vec(&CreateDoc::of(&p).unwrap()).unwrap())
+                .unwrap();
+        let back = doc.into_params().unwrap();
+        assert_eq!(back.template_id, "base");
+        assert_eq!(back.timeout_secs, Some(30));
+        assert_eq!(back.metadata.get("k").map(String::as_str), Some("v"));
+        assert_eq!(back.ingress.traffic_token.as_deref(), Some("tok"));
+        assert!(back.secure && back.auto_resume);
+        assert_eq!(back.network, p.network);
+    }
+
+    #[test]
+    fn mounts_are_refused_with_501() {
+        let p = CreateParams {
+            volume_mounts: vec![kiln_server::store::MountRecord {
+                volume_id: "v".into(),
+                name: "v".into(),
+                path: "/data".into(),
+            }],
+            ..Default::default()
+        };
+        let e = CreateDoc::of(&p).unwrap_err();
+        assert_eq!(kiln_server::ApiError::from(e).status, 501);
+    }
+
+    #[test]
+    fn refusals_keep_their_status() {
+        for (s, want) in [
+            (400, 400),
+            (404, 404),
+            (409, 409),
+            (429, 429),
+            (503, 503),
+            (501, 501),
+        ] {
+            let e = error_of(StatusCode::from_u16(s).unwrap(), "m".into(), "sb");
+            assert_eq!(kiln_server::ApiError::from(e).status.as_u16(), want);
+        }
+    }
+}

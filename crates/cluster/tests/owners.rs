@@ -1,0 +1,145 @@
+//! Which node runs which sandbox, on a real etcd (started by the test on loopback): a node's
+//! publications are guarded by its lease and never bring back a sandbox the cluster ended, and
+//! a lost node's running sandboxes end once as `died: node-lost` while its paused ones stay.
+
+#[allow(dead_code)]
+#[path = "common/etcd.rs"]
+mod etcd;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcd::EtcdCluster;
+use kiln_cluster::{NodeCapacity, Published, NODE_LOST_REASON};
+use kiln_server::manager::LifecycleEvent;
+use kiln_server::store::{EventStore, SandboxRecord, SandboxState, SandboxStore};
+
+fn sandbox(id: &str, state: SandboxState) -> SandboxRecord {
+    SandboxRecord {
+        id: id.into(),
+        template_id: "base".into(),
+        alias: None,
+        client_id: "kiln".into(),
+        state,
+        metadata: BTreeMap::new(),
+        env_vars: BTreeMap::new(),
+        cpu_count: 1,
+        memory_mb: 256,
+        disk_size_mb: 0,
+        envd_token: Some("tok".into()),
+        started_at_ms: 1000,
+        end_at_ms: 2000,
+        ended_at_ms: None,
+        end_reason: None,
+        auto_pause: false,
+        driver: "gvisor".into(),
+        pause_mode: None,
+        auto_resume: false,
+        auto_pause_memory: true,
+        team: "default".into(),
+        ingress: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn publications_follow_the_lease_and_never_revive_the_dead() {
+    let name = "publications_follow_the_lease_and_never_revive_the_dead";
+    let Some(cluster) = EtcdCluster::start(name, 1).await else {
+        return;
+    };
+    let store = cluster.store("/kiln-owners").await;
+    let ttl = Duration::from_secs(3);
+    let lease = store
+        .register_node_at("n1", "127.0.0.1:1", NodeCapacity::default(), ttl)
+        .await
+        .unwrap();
+    let id = lease.lease_id();
+    assert_eq!(store.live_nodes().await.unwrap()[0].address, "127.0.0.1:1");
+
+    // Published under the lease: the record, the owner, the event.
+    let created = LifecycleEvent {
+        ts_ms: 1000,
+        sandbox_id: "s1".into(),
+        kind: "created".into(),
+        detail: "on n1".into(),
+    };
+    let running = sandbox("s1", SandboxState::Running);
+    let Published::At(rev) = store
+        .publish_sandbox("n1", id, &running, Some(&created))
+        .await
+        .unwrap()
+    else {
+        panic!("not published under a live lease");
+    };
+    assert!(rev > 0);
+    let paused = sandbox("s2", SandboxState::Paused);
+    assert!(matches!(
+        store
+            .publish_sandbox("n1", id, &paused, None)
+            .await
+            .unwrap(),
+        Published::At(_)
+    ));
+    assert_eq!(
+        store.get_sandbox("s1").await.unwrap(),
+        Some(running.clone())
+    );
+    let events = store.events("s1").await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, "created");
+    let mut mine = store.sandboxes_of("n1").await.unwrap();
+    mine.sort();
+    assert_eq!(mine, ["s1", "s2"]);
+    // Another lease (a stale holder of the name) publishes nothing.
+    assert_eq!(
+        store
+            .publish_sandbox("n1", id + 1, &running, None)
+            .await
+            .unwrap(),
+        Published::LeaseGone
+    );
+
+    // The node is lost: its running sandbox dies node-lost, once; its paused one stays.
+    assert_eq!(store.end_lost_node("n1").await.unwrap(), ["s1"]);
+    assert!(store.end_lost_node("n1").await.unwrap().is_empty());
+    let s1 = store.get_sandbox("s1").await.unwrap().unwrap();
+    assert_eq!(s1.state, SandboxState::Killed);
+    assert_eq!(s1.end_reason.as_deref(), Some(NODE_LOST_REASON));
+    assert!(s1.ended_at_ms.is_some());
+    let died = store.events("s1").await.unwrap();
+    assert_eq!(died.last().map(|e| e.kind.as_str()), Some("died"));
+    assert!(died.last().unwrap().detail.contains("node-lost"));
+    assert_eq!(
+        store.get_sandbox("s2").await.unwrap().map(|r| r.state),
+        Some(SandboxState::Paused)
+    );
+
+    // The node, back, cannot bring s1 back to life; it may record it ended.
+    assert_eq!(
+        store
+            .publish_sandbox("n1", id, &running, None)
+            .await
+            .unwrap(),
+        Published::Ended
+    );
+    assert_eq!(
+        store.get_sandbox("s1").await.unwrap().map(|r| r.state),
+        Some(SandboxState::Killed)
+    );
+    let mut ended = sandbox("s1", SandboxState::Killed);
+    ended.end_reason = Some(NODE_LOST_REASON.into());
+    assert!(matches!(
+        store.publish_sandbox("n1", id, &ended, None).await.unwrap(),
+        Published::At(_)
+    ));
+
+    // Once the lease is gone, nothing more is published.
+    lease.leave().await.unwrap();
+    assert_eq!(
+        store
+            .publish_sandbox("n1", id, &paused, None)
+            .await
+            .unwrap(),
+        Published::LeaseGone
+    );
+}
