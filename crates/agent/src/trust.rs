@@ -1,8 +1,9 @@
 //! The sandbox's extra trusted CAs, installed by `/init` (`kilnExtraCas`): every certificate
 //! in one file ([`TRUST_EXTRA_FILE`], which Node's `NODE_EXTRA_CA_CERTS` reads), and those the
 //! system bundle ([`TRUST_BUNDLE`]) lacks appended to it. Done here, in the agent, the server's
-//! create needs no file round trips for it; an `/init` that gives the same list again (a
-//! restored snapshot, a second `/init`) writes nothing.
+//! create needs no file round trips for it. The extra file is written last, so once it holds
+//! the list the bundle has them too: an `/init` that gives the same list again (a restored
+//! snapshot, a second `/init`) reads only that small file and writes nothing.
 
 use std::io;
 use std::path::Path;
@@ -19,7 +20,10 @@ pub fn install(root: &Path, certs: &[String]) -> io::Result<()> {
         .iter()
         .map(|c| format!("{}\n", c.trim()))
         .collect::<String>();
-    replace_if_changed(&at(TRUST_EXTRA_FILE), extra.as_bytes())?;
+    let extra_path = at(TRUST_EXTRA_FILE);
+    if std::fs::read(&extra_path).is_ok_and(|old| old == extra.as_bytes()) {
+        return Ok(());
+    }
 
     let bundle_path = at(TRUST_BUNDLE);
     let mut bundle = match std::fs::read(&bundle_path) {
@@ -29,25 +33,22 @@ pub fn install(root: &Path, certs: &[String]) -> io::Result<()> {
     };
     let have = String::from_utf8_lossy(&bundle).replace("\r\n", "\n");
     let missing: Vec<&String> = certs.iter().filter(|c| !have.contains(c.trim())).collect();
-    if missing.is_empty() {
-        return Ok(());
+    if !missing.is_empty() {
+        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        for c in missing {
+            bundle.extend_from_slice(c.trim().as_bytes());
+            bundle.push(b'\n');
+        }
+        replace(&bundle_path, &bundle)?;
     }
-    if !bundle.is_empty() && !bundle.ends_with(b"\n") {
-        bundle.push(b'\n');
-    }
-    for c in missing {
-        bundle.extend_from_slice(c.trim().as_bytes());
-        bundle.push(b'\n');
-    }
-    replace_if_changed(&bundle_path, &bundle)
+    replace(&extra_path, extra.as_bytes())
 }
 
 /// Writes `data` to `path` through a temporary file and a rename (a reader sees the old file
-/// or the new one), creating its directory; nothing when the file already holds `data`.
-fn replace_if_changed(path: &Path, data: &[u8]) -> io::Result<()> {
-    if std::fs::read(path).is_ok_and(|old| old == data) {
-        return Ok(());
-    }
+/// or the new one), creating its directory.
+fn replace(path: &Path, data: &[u8]) -> io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"))?;
