@@ -348,6 +348,7 @@ impl Server {
         serving.abort();
         // Pooled sandboxes belong to no one: they stop with the server.
         pools.abort();
+        let _ = pools.await;
         self.manager.drain_pools().await;
         self.manager.shutdown_driver().await;
         Ok(())

@@ -34,6 +34,8 @@ const QUEUE_RETRY_AFTER_SECS: u64 = 2;
 /// Booted, not yet initialised sandboxes per template name, and each template's demand.
 pub(super) struct Pools {
     ready: Mutex<HashMap<String, Vec<String>>>,
+    /// Sandboxes being booted into a pool: a shutdown that aborts their boot stops them.
+    booting: Mutex<std::collections::HashSet<String>>,
     demand: Mutex<HashMap<String, Demand>>,
     /// Wakes the refiller when a sandbox was taken.
     pub(super) taken: tokio::sync::Notify,
@@ -45,6 +47,7 @@ impl Default for Pools {
     fn default() -> Self {
         Self {
             ready: Mutex::default(),
+            booting: Mutex::default(),
             demand: Mutex::default(),
             taken: tokio::sync::Notify::new(),
             added: tokio::sync::watch::channel(0).0,
@@ -53,6 +56,10 @@ impl Default for Pools {
 }
 
 impl Pools {
+    fn booting(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.booting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -225,26 +232,36 @@ impl Manager {
         let tpl = self.lookup_template(template).await?;
         let id = super::new_sandbox_id();
         let spec = self.spec_for(&id, &tpl);
+        self.pools.booting().insert(id.clone());
         let booted = async {
             let _permit = self.admission.boot_permit().await?;
             self.driver.create(&spec).await?;
             self.driver.start(&id).await?;
-            self.agent(&id, None)
-                .wait_ready(self.cfg.agent_ready_timeout)
-                .await?;
+            let agent = self.agent(&id, None);
+            agent.wait_ready(self.cfg.agent_ready_timeout).await?;
+            // The extra CAs now, off the create path: the claim's `/init` finds them in place.
+            if !self.extra_cas().is_empty() {
+                let trust = kiln_proto::envd::InitRequest {
+                    extra_cas: Some(self.extra_cas().to_vec()),
+                    ..Default::default()
+                };
+                agent.init(&trust).await?;
+            }
             Ok::<(), Error>(())
         }
         .await;
-        match booted {
+        let r = match booted {
             Ok(()) => {
-                self.pools.put(template, id);
+                self.pools.put(template, id.clone());
                 Ok(())
             }
             Err(e) => {
                 let _ = self.driver.stop(&id).await;
                 Err(e)
             }
-        }
+        };
+        self.pools.booting().remove(&id);
+        r
     }
 
     /// Brings every pool to its target once: stops the surplus, boots the missing (as many
@@ -332,9 +349,12 @@ impl Manager {
         }
     }
 
-    /// Stops every pooled sandbox (an orderly shutdown; the refiller must be stopped first).
+    /// Stops every pooled sandbox and every one whose boot into a pool was cut short (an
+    /// orderly shutdown; the refiller must be stopped first).
     pub async fn drain_pools(&self) {
-        let all: Vec<String> = self.pools.lock().drain().flat_map(|(_, v)| v).collect();
+        // Booting before ready: a boot that ends meanwhile is in one or the other.
+        let mut all: Vec<String> = self.pools.booting().drain().collect();
+        all.extend(self.pools.lock().drain().flat_map(|(_, v)| v));
         for id in all {
             let _ = self.driver.stop(&id).await;
         }
