@@ -6,14 +6,16 @@
 //! their mount options name their lower layers) and the layer lists the state dir's paused
 //! sandboxes (`sandboxes/*/paused.json`) and snapshots (`snapshots/*/snapshot.json`) keep.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// Frozen layers a capture is making: referenced by nothing on disk until the capture mounts
-/// them and writes the snapshot's record, so the clean-up must leave them alone meanwhile.
+/// Layers a capture needs while nothing on disk names them: the frozen layer it is making
+/// (referenced once it is mounted and the snapshot's record is written) and the layers its
+/// sandbox stacks on (unmounted while its layer freezes). The clean-up leaves them alone;
+/// each is counted, as two captures may hold one layer at once.
 #[derive(Default, Clone)]
-pub struct Making(Arc<Mutex<HashSet<PathBuf>>>);
+pub struct Making(Arc<Mutex<HashMap<PathBuf, usize>>>);
 
 /// Holds one layer in [`Making`] until dropped.
 pub struct MakingGuard {
@@ -24,7 +26,7 @@ pub struct MakingGuard {
 impl Making {
     /// Marks `layer` as being made until the guard is dropped.
     pub fn hold(&self, layer: PathBuf) -> MakingGuard {
-        self.lock().insert(layer.clone());
+        *self.lock().entry(layer.clone()).or_insert(0) += 1;
         MakingGuard {
             set: self.clone(),
             layer,
@@ -33,7 +35,7 @@ impl Making {
 
     /// The layers being made, locked: a clean-up holds this while it reads the references
     /// and removes layers, so that no capture finishes (or starts) in between.
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, usize>> {
         // A panic while holding this lock leaves a plain set behind: still usable.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -41,7 +43,13 @@ impl Making {
 
 impl Drop for MakingGuard {
     fn drop(&mut self) {
-        self.set.lock().remove(&self.layer);
+        let mut held = self.set.lock();
+        if let Some(n) = held.get_mut(&self.layer) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.layer);
+            }
+        }
     }
 }
 
@@ -124,11 +132,15 @@ mod tests {
         let layer = PathBuf::from("/st/layers/p1");
         let guard = making.hold(layer.clone());
         let other = making.hold(PathBuf::from("/st/layers/p2"));
-        assert!(making.lock().contains(&layer));
+        // Two captures holding one layer: it stays held until both let go.
+        let again = making.hold(layer.clone());
+        assert!(making.lock().contains_key(&layer));
         drop(guard);
-        assert!(!making.lock().contains(&layer));
-        assert!(making.lock().contains(Path::new("/st/layers/p2")));
+        assert!(making.lock().contains_key(&layer));
+        drop(again);
+        assert!(!making.lock().contains_key(&layer));
+        assert!(making.lock().contains_key(Path::new("/st/layers/p2")));
         drop(other);
-        assert!(!making.lock().contains(Path::new("/st/layers/p2")));
+        assert!(!making.lock().contains_key(Path::new("/st/layers/p2")));
     }
 }

@@ -94,8 +94,12 @@ impl GvisorDriver {
         // sandbox that does not fails anyway.)
         let lowers = self.lower_of(id)?;
         // From its bind mount until snapshot.json names it, the layer is referenced by
-        // nothing on disk: a clean-up running beside (a stop's) must not take it.
-        let making = self.making.hold(self.layer_dir(snap));
+        // nothing on disk, nor are the layers below it while the sandbox's overlay is
+        // unmounted: a clean-up running beside (a stop's) must not take them.
+        let making: Vec<_> = std::iter::once(self.layer_dir(snap))
+            .chain(lowers.iter().cloned())
+            .map(|l| self.making.hold(l))
+            .collect();
         let image = sdir.join("checkpoint");
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
         std::fs::create_dir_all(self.cfg.dir.join("layers")).map_err(io_err("creating layers"))?;
@@ -350,7 +354,7 @@ impl GvisorDriver {
                 // A frozen layer's image goes with its layer.
                 p.set_extension("");
             }
-            if !super::in_use::is_referenced(&used, &p) && !making.contains(&p) {
+            if !super::in_use::is_referenced(&used, &p) && !making.contains_key(&p) {
                 if let Err(err) = disk::remove_layer(&p) {
                     tracing::warn!(layer = %p.display(), error = %err, "removing an unused layer");
                 }
