@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kiln_server::manager::{
     CreateParams, InUse, LifecycleEvent, Logs, MetricSample, NoRoute, PortRoute, Route,
-    TemplateView, MAX_TIMEOUT_SECS,
+    TemplateView,
 };
 use kiln_server::store::{
     AccessStore, EventStore, MountRecord, SandboxRecord, SandboxState, SandboxStore,
@@ -127,22 +127,7 @@ impl SandboxService for ClusterService {
         &self.cfg
     }
     fn check_timeout(&self, secs: i64) -> Result<u64> {
-        if secs <= 0 {
-            return Err(Error::bad_request(format!(
-                "timeout must be a positive number of seconds, got {secs}"
-            )));
-        }
-        let max = self
-            .cfg
-            .max_timeout_secs
-            .unwrap_or(MAX_TIMEOUT_SECS)
-            .min(MAX_TIMEOUT_SECS);
-        if secs as u64 > max {
-            return Err(Error::bad_request(format!(
-                "timeout {secs}s is above the maximum of {max}s"
-            )));
-        }
-        Ok(secs as u64)
+        kiln_server::manager::timeout_within(&self.cfg, secs)
     }
     async fn check_team_timeout(&self, team: &str, secs: i64) -> Result<()> {
         if let Some(max) = self.team_quota(team).await?.max_timeout_secs {

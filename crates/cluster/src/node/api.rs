@@ -10,23 +10,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kiln_server::{ApiError, SandboxService};
-use tokio::sync::watch;
+use kiln_server::ApiError;
 
-use super::publish::Publisher;
-use super::tunnel;
+use super::{tunnel, NodeApi};
 use crate::docs::SandboxDoc;
-use crate::secret::ClusterSecret;
 use crate::wire::{Child, CreateDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
-
-/// What the internal API's handlers share.
-pub struct NodeApi {
-    pub service: Arc<dyn SandboxService>,
-    pub secret: ClusterSecret,
-    /// Whether the node's lease is alive.
-    pub alive: watch::Receiver<bool>,
-    pub publisher: Publisher,
-}
 
 type St = State<Arc<NodeApi>>;
 

@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use kiln_server::{SandboxService, Server};
 
 use crate::error::Result;
@@ -21,6 +23,15 @@ use crate::nodes::{NodeCapacity, NodeLoad};
 use crate::secret::ClusterSecret;
 use crate::store::EtcdStore;
 use publish::Publisher;
+
+/// What the internal API's handlers share.
+pub struct NodeApi {
+    pub service: Arc<dyn SandboxService>,
+    pub secret: ClusterSecret,
+    /// Whether the node's lease is alive.
+    pub alive: watch::Receiver<bool>,
+    pub publisher: Publisher,
+}
 
 /// How a node is known to the cluster.
 #[derive(Debug, Clone)]
@@ -70,7 +81,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         etcd.clone(),
         publisher.clone(),
     ));
-    let node_api = api::NodeApi {
+    let node_api = NodeApi {
         service: manager.clone(),
         secret: cfg.secret.clone(),
         alive: lease.alive(),

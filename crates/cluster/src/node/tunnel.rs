@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use kiln_server::manager::NoRoute;
 use kiln_server::ApiError;
 
-use super::api::NodeApi;
+use super::NodeApi;
 use crate::wire::TUNNEL_PROTOCOL;
 
 pub(super) async fn open(

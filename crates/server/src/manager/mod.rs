@@ -93,6 +93,25 @@ pub fn is_build_sandbox(metadata: &std::collections::BTreeMap<String, String>) -
 /// Largest timeout the API accepts (E2B's timeout is an int32 of seconds).
 pub const MAX_TIMEOUT_SECS: u64 = i32::MAX as u64;
 
+/// A requested timeout (seconds) checked against `cfg`'s limits (400 naming them).
+pub fn timeout_within(cfg: &LifecycleConfig, secs: i64) -> Result<u64> {
+    if secs <= 0 {
+        return Err(Error::bad_request(format!(
+            "timeout must be a positive number of seconds, got {secs}"
+        )));
+    }
+    let max = cfg
+        .max_timeout_secs
+        .unwrap_or(MAX_TIMEOUT_SECS)
+        .min(MAX_TIMEOUT_SECS);
+    if secs as u64 > max {
+        return Err(Error::bad_request(format!(
+            "timeout {secs}s is above the maximum of {max}s"
+        )));
+    }
+    Ok(secs as u64)
+}
+
 /// Lifecycle settings.
 #[derive(Debug, Clone)]
 pub struct LifecycleConfig {
@@ -341,22 +360,7 @@ impl Manager {
 
     /// Checks a requested timeout (seconds) against the limits.
     pub fn check_timeout(&self, secs: i64) -> Result<u64> {
-        if secs <= 0 {
-            return Err(Error::bad_request(format!(
-                "timeout must be a positive number of seconds, got {secs}"
-            )));
-        }
-        let max = self
-            .cfg
-            .max_timeout_secs
-            .unwrap_or(MAX_TIMEOUT_SECS)
-            .min(MAX_TIMEOUT_SECS);
-        if secs as u64 > max {
-            return Err(Error::bad_request(format!(
-                "timeout {secs}s is above the maximum of {max}s"
-            )));
-        }
-        Ok(secs as u64)
+        timeout_within(&self.cfg, secs)
     }
 
     /// The running or paused sandbox `id`, or [`Error::SandboxNotFound`].
