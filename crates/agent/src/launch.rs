@@ -34,7 +34,7 @@ pub struct Launch<'a> {
     /// As the request names it: a path, or a name looked up in the environment's `PATH`.
     pub program: &'a str,
     pub args: &'a [String],
-    /// The whole environment of the program.
+    /// The whole environment of the program, each name once.
     pub env: &'a [(String, String)],
     /// The child's stdin, stdout and stderr.
     pub stdio: [RawFd; 3],
@@ -181,8 +181,13 @@ pub fn launch(l: &Launch) -> io::Result<u32> {
     drop(stack);
     drop(lifted);
     let mut errno = [0u8; 4];
-    // SAFETY: reading at most 4 bytes into a 4-byte buffer from a descriptor we own.
-    let n = unsafe { libc::read(err_r.as_raw_fd(), errno.as_mut_ptr().cast(), 4) };
+    let n = loop {
+        // SAFETY: reading at most 4 bytes into a 4-byte buffer from a descriptor we own.
+        let n = unsafe { libc::read(err_r.as_raw_fd(), errno.as_mut_ptr().cast(), 4) };
+        if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            break n;
+        }
+    };
     if n == 4 {
         // The child exited 127; the reaper collects it as an unregistered child.
         return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)));

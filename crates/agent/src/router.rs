@@ -61,6 +61,14 @@ pub async fn handle(agent: Arc<Agent>, req: Request<Incoming>) -> Response<Body>
         return crate::files::handle(agent, req, token_ok).await;
     }
     if !token_ok {
+        // What the client is sending is read first (bounded in size and time): a refusal
+        // sent and its connection closed mid-body breaks the client's write, and it sees a
+        // broken pipe instead of the refusal.
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            rpc::read_body(req.into_body(), 1 << 16),
+        )
+        .await;
         if path.starts_with("/process.") || path.starts_with("/filesystem.") {
             return rpc::error_response(&RpcError::new(
                 Code::Unauthenticated,
