@@ -148,13 +148,8 @@ pub async fn install(
     id: &str,
     token: Option<String>,
 ) -> crate::error::Result<()> {
-    let cas = manager.extra_cas();
-    if cas.is_empty() {
+    let Some(init) = crate::manager::trust_init(manager.extra_cas()) else {
         return Ok(());
-    }
-    let init = kiln_proto::envd::InitRequest {
-        extra_cas: Some(cas.to_vec()),
-        ..Default::default()
     };
     manager.agent(id, token).init(&init).await.map_err(|e| {
         crate::error::Error::create("adding the extra CA certificates to its trust store")(e.into())

@@ -179,23 +179,19 @@ impl AppState {
     /// The API of one host's `manager`, with its outlets as they are now (give the manager
     /// its audit log with `Manager::set_audit` first).
     pub fn new(manager: Arc<Manager>, cfg: ApiConfig) -> Self {
-        let store = manager.store().clone();
-        Self {
-            idempotency: idempotency::Idempotency::with_store(store.clone()),
-            sandboxes: store.clone(),
-            access: store.clone(),
-            events: store,
-            telemetry: manager.telemetry().clone(),
-            audit: manager.audit().clone(),
-            webhooks: manager.webhooks().clone(),
+        let (telemetry, audit, webhooks) = (
+            manager.telemetry().clone(),
+            manager.audit().clone(),
+            manager.webhooks().clone(),
+        );
+        Self::of(
+            manager.store().clone(),
+            telemetry,
+            audit,
+            webhooks,
             manager,
             cfg,
-            vault: None,
-            interceptor: None,
-            identity: None,
-            builds: None,
-            console_db: None,
-        }
+        )
     }
 
     /// The API of a lifecycle other than one host's manager (a cluster's control replica):
@@ -207,19 +203,34 @@ impl AppState {
         cfg: ApiConfig,
     ) -> Self {
         let telemetry = Arc::new(Telemetry::default());
+        let webhooks = Arc::new(crate::obs::webhooks::Webhooks::new(
+            store.clone(),
+            telemetry.clone(),
+            webhooks,
+        ));
+        let audit = crate::audit::AuditLog::disabled();
+        Self::of(store, telemetry, audit, webhooks, service, cfg)
+    }
+
+    /// The API over `store` and `manager`, reporting through `telemetry`, `audit` and
+    /// `webhooks`; the optional parts unset.
+    fn of(
+        store: Arc<dyn crate::store::StateStore>,
+        telemetry: Arc<Telemetry>,
+        audit: crate::audit::AuditLog,
+        webhooks: Arc<crate::obs::webhooks::Webhooks>,
+        manager: Arc<dyn SandboxService>,
+        cfg: ApiConfig,
+    ) -> Self {
         Self {
             idempotency: idempotency::Idempotency::with_store(store.clone()),
             sandboxes: store.clone(),
             access: store.clone(),
-            webhooks: Arc::new(crate::obs::webhooks::Webhooks::new(
-                store.clone(),
-                telemetry.clone(),
-                webhooks,
-            )),
             events: store,
             telemetry,
-            audit: crate::audit::AuditLog::disabled(),
-            manager: service,
+            audit,
+            webhooks,
+            manager,
             cfg,
             vault: None,
             interceptor: None,

@@ -26,7 +26,7 @@ pub(super) fn init_request(
         default_user: Some(tpl.user.clone()),
         default_workdir: Some(tpl.workdir.clone()),
         timestamp: Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-        extra_cas: (!cas.is_empty()).then(|| cas.to_vec()),
+        extra_cas: super::network::extra_cas_field(cas),
         ..Default::default()
     }
 }

@@ -70,6 +70,7 @@ pub use admission::AdmissionConfig;
 pub use fork::MAX_FORK;
 pub use idle::InUse;
 pub use idle_tick::TickReport;
+pub use network::trust_init;
 pub use observe::{Logs, MetricSample, TemplateView};
 pub use pool::parse_pool;
 pub use pool_demand::PoolPolicy;

@@ -8,6 +8,19 @@ use super::Manager;
 use crate::driver::DriverError;
 use crate::error::Result;
 
+/// The `kilnExtraCas` an `/init` carries: `cas`, or nothing when there are none.
+pub(super) fn extra_cas_field(cas: &[String]) -> Option<Vec<String>> {
+    (!cas.is_empty()).then(|| cas.to_vec())
+}
+
+/// An `/init` that only gives a running agent `cas` to trust; none when there are none.
+pub fn trust_init(cas: &[String]) -> Option<kiln_proto::envd::InitRequest> {
+    extra_cas_field(cas).map(|c| kiln_proto::envd::InitRequest {
+        extra_cas: Some(c),
+        ..Default::default()
+    })
+}
+
 /// Whether a driver without networking can honour `policy`: it denies everything anyway.
 fn no_network_suffices(policy: &EgressPolicy) -> bool {
     !policy.allow_internet_access && policy.allow_out.is_empty()

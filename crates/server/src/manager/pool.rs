@@ -240,11 +240,7 @@ impl Manager {
             let agent = self.agent(&id, None);
             agent.wait_ready(self.cfg.agent_ready_timeout).await?;
             // The extra CAs now, off the create path: the claim's `/init` finds them in place.
-            if !self.extra_cas().is_empty() {
-                let trust = kiln_proto::envd::InitRequest {
-                    extra_cas: Some(self.extra_cas().to_vec()),
-                    ..Default::default()
-                };
+            if let Some(trust) = super::network::trust_init(self.extra_cas()) {
                 agent.init(&trust).await?;
             }
             Ok::<(), Error>(())

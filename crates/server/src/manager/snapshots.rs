@@ -248,7 +248,7 @@ impl Manager {
                 chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             ),
             // Its source trusted them already, unless it was made before they changed.
-            extra_cas: (!self.extra_cas().is_empty()).then(|| self.extra_cas().to_vec()),
+            extra_cas: super::network::extra_cas_field(self.extra_cas()),
             ..Default::default()
         };
         agent
