@@ -103,6 +103,12 @@ impl NodeLease {
     /// Records what the node now has in use (nothing when its lease is gone).
     pub async fn report_load(&mut self, load: NodeLoad) -> Result<()> {
         self.info.load = load;
+        self.write_info().await
+    }
+
+    /// Writes the registration as it is now, on the lease, while the key still is the
+    /// lease's (a write is safe to repeat, so it is tried again while the cluster fails over).
+    async fn write_info(&self) -> Result<()> {
         let lease = self.info.lease_id;
         let put = TxnOp::put(
             self.key.as_str(),
@@ -127,19 +133,8 @@ impl NodeLease {
     pub async fn leave(mut self) -> Result<()> {
         self.task.abort();
         self.info.leaving = true;
+        self.write_info().await?;
         let lease = self.info.lease_id;
-        let put = TxnOp::put(
-            self.key.as_str(),
-            json(&self.info),
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        let same = Compare::lease(self.key.as_str(), CompareOp::Equal, lease);
-        let txn = Txn::new().when([same]).and_then([put]);
-        retry::run(&self.client, Kind::Read, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
         retry::run(&self.client, Kind::Read, |mut c| async move {
             c.lease_revoke(lease).await
         })
