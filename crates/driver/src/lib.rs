@@ -252,6 +252,13 @@ pub trait Checkpoint: Driver {
     /// sandboxes started from it boot on that disk); returns the disk bytes the snapshot
     /// uses. A snapshot outlives its source.
     async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64>;
+    /// [`Checkpoint::snapshot`] of the disk only, for a source that ends with it (the last
+    /// layer of a template build): no image the source could continue from is made, and the
+    /// source no longer runs afterwards (the caller stops it next, as for any sandbox). A
+    /// driver without a cheaper way takes a disk snapshot and leaves the source running.
+    async fn snapshot_ending(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        self.snapshot(id, snapshot, false).await
+    }
     /// [`Checkpoint::snapshot`] with memory for a fork: the source continues only after
     /// [`Checkpoint::release_source`] (so the children restore first on a busy host); requests
     /// to the source wait for it meanwhile.
@@ -297,6 +304,12 @@ impl dyn Driver {
     pub async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
         self.checkpoint_or("sandbox snapshots")?
             .snapshot(id, snapshot, memory)
+            .await
+    }
+    /// [`Checkpoint::snapshot_ending`].
+    pub async fn snapshot_ending(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        self.checkpoint_or("sandbox snapshots")?
+            .snapshot_ending(id, snapshot)
             .await
     }
     /// [`Checkpoint::capture_for_fork`].

@@ -172,23 +172,30 @@ pub async fn freeze(dir: &Path, layer: &Path) -> Result<()> {
     if !fresh.exists() {
         make_next_image(dir).await?;
     }
-    let (upper, _) = layer_dirs(dir);
-    if let Err(e) = bind_read_only(&upper, layer) {
+    if let Err(e) = freeze_last(dir, layer) {
         let _ = std::fs::remove_file(&fresh);
         return Err(e);
     }
+    std::fs::rename(&fresh, &image).map_err(io_err(format!("renaming {}", fresh.display())))?;
+    mount(dir).await
+}
+
+/// Freezes the (stopped, unmounted) overlay's writable layer of the sandbox in `dir` as the
+/// read-only layer `layer`, leaving the sandbox without a disk (it ends). On an error before
+/// its image moved, the sandbox's own disk is left as it was.
+pub fn freeze_last(dir: &Path, layer: &Path) -> Result<()> {
+    let image = dir.join(IMAGE);
+    let (upper, _) = layer_dirs(dir);
+    bind_read_only(&upper, layer)?;
     if let Err(e) = std::fs::rename(&image, layer_image(layer)) {
         let _ = unmount(layer);
-        let _ = std::fs::remove_file(&fresh);
         return Err(DriverError::Io {
             what: format!("moving {}", image.display()),
             source: e,
         });
     }
     // The frozen layer keeps the filesystem alive through its bind mount.
-    unmount(&dir.join(MOUNT))?;
-    std::fs::rename(&fresh, &image).map_err(io_err(format!("renaming {}", fresh.display())))?;
-    mount(dir).await
+    unmount(&dir.join(MOUNT))
 }
 
 /// Mounts frozen layer `layer` from its image if it has one and is not mounted (after a host

@@ -540,6 +540,10 @@ impl Checkpoint for GvisorDriver {
         self.take_snapshot(id, snapshot, memory, None).await
     }
 
+    async fn snapshot_ending(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        self.take_snapshot_ending(id, snapshot).await
+    }
+
     async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.holds_map().insert(id.to_string(), tx);

@@ -12,7 +12,9 @@
 //! its overlay mounted again on the new stack, and the sandbox restored from that same image
 //! under its next container id (see [`super::generation`]), so it keeps running with its
 //! processes (its open connections are cut). A fork's parent is restored only after its
-//! children answered (see [`crate::driver::Checkpoint::capture_for_fork`]).
+//! children answered (see [`crate::driver::Checkpoint::capture_for_fork`]). A capture that
+//! ends its source (a template build's last layer) checkpoints nothing: the sandbox is halted
+//! and its layer frozen.
 //! A frozen layer is removed once no snapshot, mount or paused sandbox uses it.
 
 use std::path::{Path, PathBuf};
@@ -81,6 +83,34 @@ impl GvisorDriver {
         memory: bool,
         hold: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> Result<u64> {
+        let (sdir, lowers, making) = self.begin_capture(id, snap).await?;
+        let image = sdir.join("checkpoint");
+        let r = match std::fs::create_dir_all(&image) {
+            Ok(()) => {
+                self.capture(id, snap, &sdir, &image, lowers, memory, hold)
+                    .await
+            }
+            Err(e) => Err(io_err(format!("creating {}", image.display()))(e)),
+        };
+        self.end_capture(&sdir, making, r)
+    }
+
+    /// A disk snapshot of `id` that ends it: its processes are killed (no checkpoint), its
+    /// writable layer becomes the snapshot's layer, and it is left halted, without a disk,
+    /// for the stop that follows.
+    pub(super) async fn take_snapshot_ending(&self, id: &str, snap: &SnapshotRef) -> Result<u64> {
+        let (sdir, lowers, making) = self.begin_capture(id, snap).await?;
+        let r = self.end_into(id, snap, &sdir, lowers).await;
+        self.end_capture(&sdir, making, r)
+    }
+
+    /// What every capture starts with: the snapshot's directory (new), the source's layer
+    /// stack, and holds on every layer of it (see `in_use`).
+    async fn begin_capture(
+        &self,
+        id: &str,
+        snap: &SnapshotRef,
+    ) -> Result<(PathBuf, Vec<PathBuf>, Vec<super::in_use::MakingGuard>)> {
         check_id(id)?;
         self.settling.settle(id).await;
         let sdir = self.snapshot_dir(snap)?;
@@ -100,18 +130,60 @@ impl GvisorDriver {
             .chain(lowers.iter().cloned())
             .map(|l| self.making.hold(l))
             .collect();
-        let image = sdir.join("checkpoint");
-        std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
+        std::fs::create_dir_all(&sdir).map_err(io_err(format!("creating {}", sdir.display())))?;
         std::fs::create_dir_all(self.cfg.dir.join("layers")).map_err(io_err("creating layers"))?;
-        let r = self
-            .capture(id, snap, &sdir, &image, lowers, memory, hold)
-            .await;
+        Ok((sdir, lowers, making))
+    }
+
+    /// Releases a capture's holds; a failed capture leaves no snapshot and no layer behind.
+    fn end_capture(
+        &self,
+        sdir: &Path,
+        making: Vec<super::in_use::MakingGuard>,
+        r: Result<u64>,
+    ) -> Result<u64> {
         drop(making);
         if r.is_err() {
-            let _ = std::fs::remove_dir_all(&sdir);
+            let _ = std::fs::remove_dir_all(sdir);
             self.gc_layers();
         }
         r
+    }
+
+    /// Halts `id` and freezes its writable layer as `snap`'s (see [`Self::take_snapshot_ending`]).
+    async fn end_into(
+        &self,
+        id: &str,
+        snap: &SnapshotRef,
+        sdir: &Path,
+        lowers: Vec<PathBuf>,
+    ) -> Result<u64> {
+        let t = std::time::Instant::now();
+        self.halt(id).await?;
+        let t_halt = t.elapsed();
+        let dir = self.sandbox_dir(id);
+        let layer = self.layer_dir(snap);
+        unmount(&dir.join("rootfs"))?;
+        if dir.join(disk::IMAGE).exists() {
+            disk::freeze_last(&dir, &layer)?;
+        } else {
+            let upper = dir.join("upper");
+            std::fs::rename(&upper, &layer)
+                .map_err(io_err(format!("freezing {}", upper.display())))?;
+        }
+        let mut stack = vec![layer.clone()];
+        stack.extend(lowers);
+        let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
+            .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
+        std::fs::write(sdir.join("snapshot.json"), meta)
+            .map_err(io_err("writing snapshot.json"))?;
+        tracing::debug!(
+            sandbox = id,
+            "snapshot ending its source: halt {:?}, freeze and record {:?}",
+            t_halt,
+            t.elapsed() - t_halt
+        );
+        Ok(disk_usage(sdir) + disk_usage(&layer))
     }
 
     /// Freezes the stopped sandbox's writable layer as the snapshot's layer and mounts its

@@ -102,6 +102,13 @@ pub trait SandboxService: Send + Sync + 'static {
         name: Option<String>,
         memory: bool,
     ) -> Result<SnapshotRecord>;
+    /// A disk snapshot of `id` that ends it (killed with `reason`): the last layer of a
+    /// template build. Where nothing cheaper exists, a disk snapshot and then a kill.
+    async fn snapshot_ending(&self, id: &str, team: &str, reason: &str) -> Result<SnapshotRecord> {
+        let snap = self.snapshot_with(id, team, None, false).await;
+        self.kill(id, reason).await?;
+        snap
+    }
     /// The snapshot a create's `templateID` names, if it names one of `team`'s.
     async fn snapshot_for(&self, template_id: &str, team: &str) -> Result<Option<SnapshotRecord>>;
     async fn delete_snapshot(&self, key: &str, team: &str) -> Result<()>;
@@ -263,6 +270,9 @@ impl SandboxService for Manager {
         memory: bool,
     ) -> Result<SnapshotRecord> {
         Manager::snapshot_with(self, id, team, name, memory).await
+    }
+    async fn snapshot_ending(&self, id: &str, team: &str, reason: &str) -> Result<SnapshotRecord> {
+        Manager::snapshot_ending(self, id, team, reason).await
     }
     async fn snapshot_for(&self, template_id: &str, team: &str) -> Result<Option<SnapshotRecord>> {
         Manager::snapshot_for(self, template_id, team).await

@@ -13,6 +13,15 @@ use crate::driver::{SandboxSpec, SnapshotRef};
 use crate::error::{Error, Result};
 use crate::store::{now_ms, SandboxRecord, SandboxState, SnapshotRecord};
 
+/// What becomes of a capture's source.
+#[derive(Clone, Copy)]
+enum Capture {
+    /// It keeps running; `memory`: the snapshot has its memory and processes.
+    Continue { memory: bool },
+    /// It ends: a disk snapshot without a checkpoint (see [`Manager::snapshot_ending`]).
+    End,
+}
+
 /// Tag E2B appends to snapshot ids (`<id>:default`).
 const TAG: &str = "default";
 
@@ -76,6 +85,81 @@ impl Manager {
         name: Option<String>,
         memory: bool,
     ) -> Result<SnapshotRecord> {
+        self.capture(id, team, name, Capture::Continue { memory })
+            .await
+    }
+
+    /// A disk snapshot of sandbox `id` of `team` that ends it (the last layer of a template
+    /// build): its filesystems are flushed from inside (`sync`), the driver freezes its disk
+    /// without a checkpoint, and the sandbox is killed with `reason`. Where `sync` cannot run
+    /// in it, the snapshot is a regular disk snapshot (whose checkpoint flushes) before the kill.
+    pub async fn snapshot_ending(
+        &self,
+        id: &str,
+        team: &str,
+        reason: &str,
+    ) -> Result<SnapshotRecord> {
+        self.get_for(id, team)?;
+        let how = match self.flush_disk(id).await {
+            Ok(()) => Capture::End,
+            Err(why) => {
+                tracing::debug!(sandbox = id, why, "no sync: a disk snapshot that continues");
+                Capture::Continue { memory: false }
+            }
+        };
+        let snap = self.capture(id, team, None, how).await;
+        if let Err(e) = self.kill(id, reason).await {
+            tracing::warn!(sandbox = id, error = %e, "stopping a snapshot's ended source");
+        }
+        snap
+    }
+
+    /// Runs `sync` in sandbox `id` as root: its filesystems' cached writes reach its disk.
+    async fn flush_disk(&self, id: &str) -> std::result::Result<(), String> {
+        use kiln_envd::ProcessEvent;
+        use kiln_proto::process as pb;
+        let req = pb::StartRequest {
+            process: Some(pb::ProcessConfig {
+                cmd: "sync".into(),
+                args: vec![],
+                envs: Default::default(),
+                cwd: Some("/".into()),
+            }),
+            pty: None,
+            tag: Some("kiln-sync".into()),
+            stdin: Some(false),
+        };
+        let token = self.get(id).map_err(|e| e.to_string())?.envd_token;
+        let run = async {
+            let mut stream = self
+                .agent(id, token)
+                .start(&req, Some("root"))
+                .await
+                .map_err(|e| e.to_string())?;
+            loop {
+                match stream.next_event().await {
+                    Ok(Some(ProcessEvent::Exited { code: 0, .. })) => return Ok(()),
+                    Ok(Some(ProcessEvent::Exited { code, .. })) => {
+                        return Err(format!("sync exited with code {code}"))
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => return Err("sync's stream ended early".into()),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .map_err(|_| "sync still running after 60 s".to_string())?
+    }
+
+    async fn capture(
+        &self,
+        id: &str,
+        team: &str,
+        name: Option<String>,
+        how: Capture,
+    ) -> Result<SnapshotRecord> {
         self.get_for(id, team)?;
         if let Some(n) = &name {
             check_snapshot_name(n)?;
@@ -96,14 +180,18 @@ impl Manager {
         self.used(id);
         let snap_id = super::new_sandbox_id();
         let t = Instant::now();
-        let size = self
-            .driver
-            .snapshot(id, &SnapshotRef(snap_id.clone()), memory)
-            .await?;
-        // The source continues from the capture: wait until its agent answers again.
-        self.agent(id, rec.envd_token.clone())
-            .wait_ready(self.cfg.agent_ready_timeout)
-            .await?;
+        let snap_ref = SnapshotRef(snap_id.clone());
+        let size = match how {
+            Capture::Continue { memory } => {
+                let size = self.driver.snapshot(id, &snap_ref, memory).await?;
+                // The source continues from the capture: wait until its agent answers again.
+                self.agent(id, rec.envd_token.clone())
+                    .wait_ready(self.cfg.agent_ready_timeout)
+                    .await?;
+                size
+            }
+            Capture::End => self.driver.snapshot_ending(id, &snap_ref).await?,
+        };
         let snap = SnapshotRecord {
             id: snap_id,
             name,

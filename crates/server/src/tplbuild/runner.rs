@@ -213,10 +213,22 @@ async fn walk_steps(
     .await;
     let total = spec.steps.len();
     let mut forced = spec.force.unwrap_or(false);
+    // The build sandbox ends with the last layer a step makes, unless a WORKDIR after it
+    // needs a layer of its own.
+    let last_layer = spec
+        .steps
+        .iter()
+        .rposition(|s| matches!(s.kind.as_str(), "RUN" | "COPY"));
+    let workdir_after = last_layer.is_some_and(|l| {
+        spec.steps[l + 1..]
+            .iter()
+            .any(|s| s.kind.as_str() == "WORKDIR")
+    });
     for (i, s) in spec.steps.iter().enumerate() {
         let label = (i + 1).to_string();
         forced |= s.force.unwrap_or(false);
-        step(b, team, build, s, &label, total, forced, w).await?;
+        let ends = Some(i) == last_layer && !workdir_after;
+        step(b, team, build, s, &label, total, forced, ends, w).await?;
     }
     if w.workdir_pending {
         // The last WORKDIR made no layer yet: a layer of its own.
@@ -227,7 +239,7 @@ async fn walk_steps(
             files_hash: None,
             force_upload: None,
         };
-        step(b, team, build, &mk, "finalize", total, forced, w).await?;
+        step(b, team, build, &mk, "finalize", total, forced, true, w).await?;
     }
     if let Some(start) = spec.start_cmd.as_deref().filter(|c| !c.trim().is_empty()) {
         let ready = spec
@@ -254,7 +266,8 @@ async fn walk_steps(
 }
 
 /// One step: ENV/USER/WORKDIR change what later steps see; RUN and COPY make a layer (from
-/// the cache unless `forced`).
+/// the cache unless `forced`); with `ends`, no later step runs in the build sandbox, which
+/// ends with the layer's capture.
 #[allow(clippy::too_many_arguments)]
 async fn step(
     b: &Arc<Builds>,
@@ -264,6 +277,7 @@ async fn step(
     label: &str,
     total: usize,
     forced: bool,
+    ends: bool,
     w: &mut Walk,
 ) -> Result<(), Failed> {
     let shown = format!("[{label}/{total}] {} {}", s.kind, s.args.join(" "));
@@ -362,11 +376,15 @@ async fn step(
             format!("step {label} ({} {}) failed: {m}", s.kind, s.args.join(" ")),
         ));
     }
-    let snap = b
-        .manager
-        .snapshot_with(&sid, team, None, false)
-        .await
-        .map_err(|e| fail(label, format!("step {label}: saving its layer: {e}")))?;
+    let snap = if ends {
+        w.sandbox = None;
+        b.manager
+            .snapshot_ending(&sid, team, "template build: its last layer is saved")
+            .await
+    } else {
+        b.manager.snapshot_with(&sid, team, None, false).await
+    }
+    .map_err(|e| fail(label, format!("step {label}: saving its layer: {e}")))?;
     b.db.put_layer(
         team,
         &w.key,

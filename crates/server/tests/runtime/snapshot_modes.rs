@@ -1,6 +1,7 @@
 //! Snapshot and pause options with real gVisor sandboxes: a filesystem-only snapshot (E2B's
 //! `mode: "filesystem"`) keeps the disk and boots fresh; `requireHealthyGuest` refuses to pause
-//! a sandbox whose agent does not answer; a pause leaves no container behind once settled.
+//! a sandbox whose agent does not answer; a pause leaves no container behind once settled; a
+//! disk snapshot that ends its source (a template build's last layer) keeps what it wrote.
 
 use crate::common;
 
@@ -179,4 +180,63 @@ async fn require_healthy_guest_refuses_a_silent_agent_and_pause_settles() {
     assert!(driver.is_running(&sb.id).await.unwrap());
     assert!(m.kill(&sb.id, "test done").await.unwrap());
     assert!(common::mounts_under(rig.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_ends_its_source_keeps_its_writes() {
+    if !common::sandboxes_run() {
+        return;
+    }
+    let rig = common::Rig::new(common::template_config());
+    let driver = rig.driver.clone();
+    let m = rig.manager.clone();
+    let sums = "md5sum /home/user/big /home/user/more 2>/dev/null; cat /home/user/file";
+    let mut from = "t".to_string();
+    let mut expected = String::new();
+    // Two generations: the second ends a sandbox that itself started from an ended one.
+    for (gen, write) in [
+        "echo kept > /home/user/file; head -c 4194304 /dev/urandom > /home/user/big",
+        "head -c 1048576 /dev/urandom > /home/user/more; echo again >> /home/user/file",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let src = m.create(params(&from)).await.expect("create");
+        rig.cleanup.add(&src.id);
+        if !expected.is_empty() {
+            assert_eq!(sh(&m, &src.id, sums).await.1, expected, "generation {gen}");
+        }
+        assert_eq!(sh(&m, &src.id, write).await.0, 0);
+        expected = sh(&m, &src.id, sums).await.1;
+        let snap = m
+            .snapshot_ending(&src.id, "default", "test: its layer is saved")
+            .await
+            .expect("a snapshot that ends its source");
+        let snap_dir = rig.path().join("gvisor/snapshots").join(&snap.id);
+        assert!(snap_dir.join("snapshot.json").exists());
+        assert!(
+            !snap_dir.join("checkpoint/checkpoint.img").exists(),
+            "no memory image"
+        );
+        // The source is gone: not running, not listed as running, its files removed.
+        assert!(!driver.is_running(&src.id).await.unwrap_or(false));
+        assert!(!m
+            .get(&src.id)
+            .is_ok_and(|r| r.state == SandboxState::Running));
+        let src_dir = rig.path().join("gvisor/sandboxes").join(&src.id);
+        for _ in 0..1000 {
+            if !src_dir.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!src_dir.exists(), "the ended source's files stay");
+        from = snap.id;
+    }
+    let child = m.create(params(&from)).await.expect("create from it");
+    rig.cleanup.add(&child.id);
+    let seen = sh(&m, &child.id, sums).await.1;
+    assert_eq!(seen, expected);
+    assert!(seen.ends_with("kept\nagain"), "{seen}");
+    assert!(m.kill(&child.id, "test done").await.unwrap());
 }
