@@ -3,7 +3,7 @@ processes (own state dirs, sandbox network off) and two `kiln control` replicas,
 the pinned e2b SDK against a replica: creates land on both nodes, commands and files go through
 the gateway to the owning node, the other replica sees and reaches the same sandboxes, and a
 node killed with SIGKILL has its running sandboxes end as `died: node-lost` while creates go to
-the node left. Everything listens on 127.0.0.1 and is stopped and removed afterwards.
+the node left; a drained node (`kiln node drain`) takes no new sandboxes. Everything listens on 127.0.0.1 and is stopped and removed afterwards.
 
 Needs KILN_BIN, the base template, runsc, and etcd (Debian's etcd-server, or KILN_ETCD).
 """
