@@ -11,24 +11,47 @@ use kiln_cluster::node::{NodeConfig, NodeExit};
 use kiln_cluster::{ClusterSecret, EtcdStore};
 use kiln_server::LifecycleConfig;
 
-/// What both roles need to join a cluster.
+/// Where a cluster's state is.
 #[derive(clap::Args)]
-pub struct Join {
+pub struct Etcd {
     /// etcd members (comma-separated `http://host:port`).
     #[arg(long, env = "KILN_ETCD", value_delimiter = ',', required = true)]
     etcd: Vec<String>,
     /// The key prefix of the cluster's state in etcd (one prefix is one cluster).
     #[arg(long, env = "KILN_ETCD_PREFIX", default_value = "/kiln")]
     etcd_prefix: String,
+}
+
+impl Etcd {
+    async fn store(&self) -> anyhow::Result<EtcdStore> {
+        EtcdStore::connect(&self.etcd, &self.etcd_prefix)
+            .await
+            .with_context(|| format!("connecting to etcd at {}", self.etcd.join(",")))
+    }
+}
+
+/// What both roles need to join a cluster.
+#[derive(clap::Args)]
+pub struct Join {
+    #[command(flatten)]
+    etcd: Etcd,
     /// The shared secret control replicas present to nodes (at least 16 characters; never
     /// an API key).
-    #[arg(long, env = "KILN_CLUSTER_SECRET", hide_env_values = true)]
-    cluster_secret: String,
+    // An `Option` only so that `kiln node drain`, which needs no secret, parses: the flag is
+    // required of the roles.
+    #[arg(
+        long,
+        env = "KILN_CLUSTER_SECRET",
+        hide_env_values = true,
+        required = true
+    )]
+    cluster_secret: Option<String>,
 }
 
 impl Join {
     fn secret(&self) -> anyhow::Result<ClusterSecret> {
-        ClusterSecret::new(&self.cluster_secret).with_context(|| {
+        let given = self.cluster_secret.as_deref().unwrap_or_default();
+        ClusterSecret::new(given).with_context(|| {
             format!(
                 "--cluster-secret must have at least {} characters",
                 ClusterSecret::MIN_LEN
@@ -37,14 +60,15 @@ impl Join {
     }
 
     async fn store(&self) -> anyhow::Result<EtcdStore> {
-        EtcdStore::connect(&self.etcd, &self.etcd_prefix)
-            .await
-            .with_context(|| format!("connecting to etcd at {}", self.etcd.join(",")))
+        self.etcd.store().await
     }
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct NodeArgs {
+    #[command(subcommand)]
+    cmd: Option<NodeCmd>,
     #[command(flatten)]
     join: Join,
     /// This node's name in the cluster (default: the host name).
@@ -62,8 +86,28 @@ pub struct NodeArgs {
     serve: crate::serve::Args,
 }
 
+/// `kiln node drain` and `kiln node undrain`.
+#[derive(clap::Subcommand)]
+pub enum NodeCmd {
+    /// Place no new sandbox on a node (and fork none there); say what stays on it.
+    Drain(DrainArgs),
+    /// Let a drained node take new sandboxes again.
+    Undrain(DrainArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DrainArgs {
+    /// The node's name in the cluster.
+    name: String,
+    #[command(flatten)]
+    etcd: Etcd,
+}
+
 /// `kiln node`: exits 0 when stopped, 3 when it fenced itself after losing its lease.
-pub fn node(a: NodeArgs) -> anyhow::Result<i32> {
+pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
+    if let Some(cmd) = a.cmd.take() {
+        return drain(cmd);
+    }
     let secret = a.join.secret()?;
     let p = crate::serve::prepare(&a.serve)?;
     let name = a.name.clone().unwrap_or_else(host_name);
@@ -171,6 +215,52 @@ pub fn control(a: ControlArgs) -> anyhow::Result<i32> {
         );
         control.serve().await.context("serving")?;
         Ok(0)
+    })
+}
+
+fn drain(cmd: NodeCmd) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async move {
+        match cmd {
+            NodeCmd::Drain(a) => {
+                let r = a.etcd.store().await?.drain_node(&a.name).await?;
+                let name = &a.name;
+                println!(
+                    "kiln: node {name} {} draining: it takes no new sandboxes{}",
+                    if r.already { "was already" } else { "is now" },
+                    if r.live {
+                        ""
+                    } else {
+                        " (it is not registered now)"
+                    }
+                );
+                println!(
+                    "kiln: {} running sandbox(es) stay on it until they end: {}",
+                    r.running.len(),
+                    r.running.join(" ")
+                );
+                println!(
+                    "kiln: {} paused sandbox(es) stay on it and resume there (checkpoints do \
+                     not move between nodes yet): {}",
+                    r.paused.len(),
+                    r.paused.join(" ")
+                );
+                Ok(0)
+            }
+            NodeCmd::Undrain(a) => {
+                let was = a.etcd.store().await?.undrain_node(&a.name).await?;
+                println!(
+                    "kiln: node {} {} new sandboxes",
+                    a.name,
+                    if was {
+                        "takes"
+                    } else {
+                        "was not draining; it takes"
+                    }
+                );
+                Ok(0)
+            }
+        }
     })
 }
 

@@ -22,6 +22,8 @@
 //! | `delivery-seq` | the last delivery id given out |
 //! | `webhook-cursor` | the sequence number of the last event queued for the webhooks |
 //! | `nodes/{name}` | a node (JSON), attached to its lease |
+//! | `draining/{name}` | a drained node's mark (JSON); stays until `kiln node undrain` |
+//! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 
 /// Builds the keys of one store (one prefix).
 #[derive(Debug, Clone)]
@@ -160,6 +162,14 @@ impl Keys {
     /// The name of the node that runs sandbox `id`.
     pub fn owner(&self, id: &str) -> String {
         self.one("owners", id)
+    }
+    /// The drain mark of node `name`.
+    pub fn draining(&self, name: &str) -> String {
+        self.one("draining", name)
+    }
+    /// A console session, by the SHA-256 of its id.
+    pub fn console_session(&self, id_hash: &str) -> String {
+        self.one("console-sessions", id_hash)
     }
     /// The key of the control replica leading the cluster's singletons.
     pub fn leader(&self) -> String {

@@ -3,12 +3,16 @@
 //! revision-checked where replicas can race); [`nodes`] keeps node membership on etcd leases;
 //! [`node`] runs a host's sandboxes for the cluster (`kiln node`) and [`control`] serves the
 //! E2B API and the gateway over them (`kiln control`). The key layout is in [`keys`].
+//! [`console`] keeps the web console's sessions, shared by every replica; [`drain`] marks nodes
+//! that take no new sandboxes.
 //! [`objects`] stores checkpoint bytes in an S3-compatible bucket as content-addressed chunks.
 
 mod catalog;
+pub mod console;
 pub mod control;
 mod deliveries;
 pub mod docs;
+pub mod drain;
 pub mod error;
 mod events;
 pub mod keys;
@@ -23,6 +27,8 @@ mod state;
 mod store;
 pub mod wire;
 
+pub use console::EtcdSessions;
+pub use drain::{DrainMark, DrainReport};
 pub use error::ClusterError;
 pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeWatch};
 pub use owners::{Published, NODE_LOST_REASON};

@@ -1,6 +1,7 @@
 //! Which node runs which sandbox, on a real etcd (started by the test on loopback): a node's
 //! publications are guarded by its lease and never bring back a sandbox the cluster ended, and
-//! a lost node's running sandboxes end once as `died: node-lost` while its paused ones stay.
+//! a lost node's running sandboxes end once as `died: node-lost` while its paused ones stay;
+//! a drained node is marked for every replica's view, apart from its lease.
 
 #[allow(dead_code)]
 #[path = "common/etcd.rs"]
@@ -142,4 +143,76 @@ async fn publications_follow_the_lease_and_never_revive_the_dead() {
             .unwrap(),
         Published::LeaseGone
     );
+}
+
+/// Polls `f` for up to five seconds.
+async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..50 {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_drained_node_is_marked_for_every_replica_and_reports_what_stays() {
+    let name = "a_drained_node_is_marked_for_every_replica_and_reports_what_stays";
+    let Some(cluster) = EtcdCluster::start(name, 1).await else {
+        return;
+    };
+    let store = cluster.store("/kiln-drain").await;
+    let cache = kiln_cluster::control::Cache::start(cluster.store("/kiln-drain").await)
+        .await
+        .unwrap();
+    let lease = store
+        .register_node_at(
+            "n1",
+            "127.0.0.1:1",
+            NodeCapacity::default(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let id = lease.lease_id();
+    for (sid, state) in [
+        ("r1", SandboxState::Running),
+        ("p1", SandboxState::Paused),
+        ("k1", SandboxState::Killed),
+    ] {
+        let published = store
+            .publish_sandbox("n1", id, &sandbox(sid, state), None)
+            .await
+            .unwrap();
+        assert!(matches!(published, Published::At(_)));
+    }
+    assert!(!cache.is_draining("n1"));
+
+    let r = store.drain_node("n1").await.unwrap();
+    assert!(r.live && !r.already, "{r:?}");
+    assert_eq!(
+        (r.running, r.paused),
+        (vec!["r1".to_string()], vec!["p1".to_string()])
+    );
+    assert!(
+        eventually(|| cache.is_draining("n1")).await,
+        "the replica's view has the mark"
+    );
+    assert!(store.drain_node("n1").await.unwrap().already);
+    let marks = store.draining_nodes().await.unwrap();
+    assert_eq!(
+        marks.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["n1"]
+    );
+
+    // The mark is not the node's registration: it outlives the node's lease.
+    lease.leave().await.unwrap();
+    let r = store.drain_node("n1").await.unwrap();
+    assert!(!r.live && r.already, "{r:?}");
+
+    assert!(store.undrain_node("n1").await.unwrap());
+    assert!(!store.undrain_node("n1").await.unwrap(), "undrained once");
+    assert!(eventually(|| !cache.is_draining("n1")).await);
+    assert!(store.draining_nodes().await.unwrap().is_empty());
 }

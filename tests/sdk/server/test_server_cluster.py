@@ -3,7 +3,7 @@ processes (own state dirs, sandbox network off) and two `kiln control` replicas,
 the pinned e2b SDK against a replica: creates land on both nodes, commands and files go through
 the gateway to the owning node, the other replica sees and reaches the same sandboxes, and a
 node killed with SIGKILL has its running sandboxes end as `died: node-lost` while creates go to
-the node left. Everything listens on 127.0.0.1 and is stopped and removed afterwards.
+the node left; a drained node (`kiln node drain`) takes no new sandboxes. Everything listens on 127.0.0.1 and is stopped and removed afterwards.
 
 Needs KILN_BIN, the base template, runsc, and etcd (Debian's etcd-server, or KILN_ETCD).
 """
@@ -319,6 +319,72 @@ def test_fork_children_run_beside_their_parent(cluster):
     finally:
         for i in ids:
             Sandbox.kill(i, **cluster.opts("c1"))
+
+
+def kiln_node(cluster, *args) -> str:
+    """`kiln node <args>` against the cluster's etcd; its output."""
+    r = subprocess.run([kiln_bin(), "node", *args, "--etcd", cluster.etcd_url, "--etcd-prefix", cluster.prefix],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_a_drained_node_takes_no_new_sandboxes(cluster):
+    from e2b import Sandbox
+
+    sbxs = []
+    try:
+        on_n1 = []
+        for _ in range(10):
+            sbxs.append(Sandbox.create(timeout=120, **cluster.opts("c1")))
+            on_n1 = [s for s in sbxs if cluster.node_of(s.sandbox_id) == "n1"]
+            if len(on_n1) == 2:
+                break
+        assert len(on_n1) == 2, [cluster.node_of(s.sandbox_id) for s in sbxs]
+        stay, paused = on_n1
+        paused.files.write("/tmp/kept.txt", "kept on n1")
+        assert Sandbox.pause(paused.sandbox_id, **cluster.opts("c2")) is True
+        out = kiln_node(cluster, "drain", "n1")
+        assert "node n1 is now draining" in out, out
+        assert paused.sandbox_id in out.split("paused sandbox(es)")[1], out
+        assert "do not move between nodes yet" in out
+        assert stay.sandbox_id in out.split("running sandbox(es)")[1].split("\n")[0], out
+        # New sandboxes go to n2 only, through either replica.
+        time.sleep(0.5)
+        fresh = [Sandbox.create(timeout=60, **cluster.opts(c)) for c in ("c1", "c2", "c1", "c2")]
+        sbxs += fresh
+        assert {cluster.node_of(s.sandbox_id) for s in fresh} == {"n2"}
+        # What runs on n1 keeps running; its paused sandbox resumes there with its files.
+        assert stay.commands.run("echo still").stdout.strip() == "still"
+        again = Sandbox.connect(paused.sandbox_id, timeout=120, **cluster.opts("c1"))
+        assert again.files.read("/tmp/kept.txt") == "kept on n1"
+        assert cluster.node_of(paused.sandbox_id) == "n1"
+        # A fork's children would run on the draining node: refused.
+        req = urllib.request.Request(cluster.controls["c2"].url + f"/sandboxes/{paused.sandbox_id}/fork",
+                                     method="POST", data=json.dumps({"count": 1}).encode(),
+                                     headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=60)
+        assert e.value.code == 409 and b"draining" in e.value.read()
+        assert "was already draining" in kiln_node(cluster, "drain", "n1")
+        # Undrained, n1 takes sandboxes again (it runs fewer, so it is the better home).
+        assert "node n1 takes new sandboxes" in kiln_node(cluster, "undrain", "n1")
+        time.sleep(0.5)
+        homes = []
+        for _ in range(6):
+            s = Sandbox.create(timeout=60, **cluster.opts("c2"))
+            sbxs.append(s)
+            homes.append(cluster.node_of(s.sandbox_id))
+            if "n1" in homes:
+                break
+        assert "n1" in homes, homes
+    finally:
+        kiln_node(cluster, "undrain", "n1")
+        for s in sbxs:
+            try:
+                s.kill()
+            except Exception:
+                pass
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):

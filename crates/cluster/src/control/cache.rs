@@ -1,11 +1,12 @@
 //! A control replica's view of the cluster, fed by one etcd watch on the store's prefix:
-//! the live sandboxes (starting, running, paused), which node runs each, and the live nodes;
+//! the live sandboxes (starting, running, paused), which node runs each, the live nodes and
+//! the nodes marked draining ([`crate::drain`]);
 //! the lifecycle events nodes publish are passed on as they come ([`Cache::subscribe`]).
 //! The service's synchronous reads answer from it; after a call it forwarded, a replica waits
 //! until the watch has reached the revision the node published at ([`Cache::wait_for`]), so
 //! a client's next request sees what its last one did.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ struct View {
     sandboxes: HashMap<String, SandboxRecord>,
     owners: HashMap<String, String>,
     nodes: HashMap<String, NodeInfo>,
+    draining: HashSet<String>,
 }
 
 /// Which directory of the store a key is in, and its last segment.
@@ -30,6 +32,7 @@ enum Entry {
     Sandbox(String),
     Owner(String),
     Node,
+    Draining(String),
     Event,
     Other,
 }
@@ -40,7 +43,7 @@ pub struct Cache {
     revision: watch::Sender<i64>,
     /// Lifecycle events as nodes publish them.
     events: broadcast::Sender<LifecycleEvent>,
-    dirs: [String; 4],
+    dirs: [String; 5],
 }
 
 impl Cache {
@@ -55,6 +58,7 @@ impl Cache {
                 k.dir("sandboxes"),
                 k.dir("owners"),
                 k.dir("nodes"),
+                k.dir("draining"),
                 k.dir("events"),
             ],
         });
@@ -127,6 +131,11 @@ impl Cache {
         v
     }
 
+    /// Whether node `name` is marked draining.
+    pub fn is_draining(&self, name: &str) -> bool {
+        self.read().draining.contains(name)
+    }
+
     /// Waits (at most `limit`) until the view includes revision `rev`.
     pub async fn wait_for(&self, rev: i64, limit: Duration) {
         let mut rx = self.revision.subscribe();
@@ -144,7 +153,9 @@ impl Cache {
             Entry::Owner(id)
         } else if key.starts_with(&self.dirs[2]) {
             Entry::Node
-        } else if key.starts_with(&self.dirs[3]) {
+        } else if let Some(name) = seg(&self.dirs[3]) {
+            Entry::Draining(name)
+        } else if key.starts_with(&self.dirs[4]) {
             Entry::Event
         } else {
             Entry::Other
@@ -185,6 +196,12 @@ impl Cache {
                     v.nodes.insert(n.name.clone(), n);
                 }
             }
+            Entry::Draining(name) if deleted => {
+                v.draining.remove(&name);
+            }
+            Entry::Draining(name) => {
+                v.draining.insert(name);
+            }
             Entry::Event if !deleted && kv.version() == 1 => {
                 if let Ok(e) = parse::<EventDoc>(kv.key(), kv.value()) {
                     let _ = self.events.send(LifecycleEvent {
@@ -199,14 +216,14 @@ impl Cache {
         }
     }
 
-    /// Reads the three directories at one revision and replaces the view with them.
+    /// Reads the directories of the view at one revision and replaces the view with them.
     async fn load(&self, etcd: &EtcdStore) -> crate::error::Result<i64> {
         let first = etcd
             .get(&self.dirs[0], GetOptions::new().with_prefix())
             .await?;
         let rev = first.header().map_or(0, |h| h.revision());
         let mut kvs = first.kvs().to_vec();
-        for dir in &self.dirs[1..3] {
+        for dir in &self.dirs[1..4] {
             kvs.extend(etcd.get_prefix(dir, rev).await?);
         }
         let mut v = View::default();

@@ -2,7 +2,8 @@
 //! (the server's own router and `AppState`) over an [`EtcdStore`] for keys, teams, events and
 //! sandbox records and a [`ClusterService`] for the lifecycle, and is the gateway: envd and
 //! port traffic (header mode and `{port}-{id}.<domain>`) goes through the server's proxy to a
-//! tunnel into the node that owns the sandbox. Every replica campaigns for the cluster's
+//! tunnel into the node that owns the sandbox. The web console is served too, its sessions in
+//! etcd ([`crate::console`]) so any replica knows them. Every replica campaigns for the cluster's
 //! singleton work ([`leader`]).
 
 mod cache;
@@ -65,15 +66,18 @@ impl Control {
             cache.clone(),
             NodeClient::new(cfg.secret.clone()),
         );
-        let state = Arc::new(AppState::for_service(
-            Arc::new(service),
-            store,
-            cfg.lifecycle.webhooks.clone(),
-            ApiConfig {
-                domain: cfg.domain.clone(),
-                metrics_token: cfg.metrics_token.clone(),
-            },
-        ));
+        let state = Arc::new(
+            AppState::for_service(
+                Arc::new(service),
+                store,
+                cfg.lifecycle.webhooks.clone(),
+                ApiConfig {
+                    domain: cfg.domain.clone(),
+                    metrics_token: cfg.metrics_token.clone(),
+                },
+            )
+            .with_console_sessions(Arc::new(crate::console::EtcdSessions::new(etcd.clone()))),
+        );
         let listen_err = |source| ClusterError::Listen {
             addr: cfg.listen.to_string(),
             source,

@@ -57,9 +57,11 @@ impl ClusterService {
         }
     }
 
-    /// The live nodes, each counted with the live sandboxes this replica sees on it.
+    /// The live nodes not draining, each counted with the live sandboxes this replica sees
+    /// on it.
     fn candidates(&self) -> Vec<NodeInfo> {
         let mut nodes = self.cache.nodes();
+        nodes.retain(|n| !self.cache.is_draining(&n.name));
         for n in &mut nodes {
             let seen = self.cache.count_on(&n.name) as u32;
             n.load.sandboxes = n.load.sandboxes.max(seen);
@@ -277,6 +279,14 @@ impl SandboxService for ClusterService {
         count: u32,
         timeout_secs: Option<i64>,
     ) -> Result<Vec<Result<SandboxRecord>>> {
+        let node = self.owner(id)?;
+        if self.cache.is_draining(&node.name) {
+            return Err(Error::Conflict(format!(
+                "sandbox \"{id}\" runs on node {}, which is draining: a fork's children \
+                 would run there",
+                node.name
+            )));
+        }
         let a = self
             .call(
                 id,

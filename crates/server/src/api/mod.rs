@@ -172,7 +172,7 @@ pub struct AppState {
     /// Templates built through E2B's Template API; `None`: those routes answer 501.
     pub builds: Option<Arc<crate::tplbuild::Builds>>,
     /// Where the web console keeps its sessions; `None`: in memory (a restart ends them).
-    pub console_db: Option<crate::store::ConsoleDb>,
+    pub console_sessions: Option<Arc<dyn crate::console::SessionStore>>,
 }
 
 impl AppState {
@@ -236,13 +236,21 @@ impl AppState {
             interceptor: None,
             identity: None,
             builds: None,
-            console_db: None,
+            console_sessions: None,
         }
     }
 
     /// With the console's sessions kept in `db`.
-    pub fn with_console_db(mut self, db: crate::store::ConsoleDb) -> Self {
-        self.console_db = Some(db);
+    pub fn with_console_db(self, db: crate::store::ConsoleDb) -> Self {
+        self.with_console_sessions(Arc::new(db))
+    }
+
+    /// With the console's sessions kept in `sessions` (etcd, on a cluster).
+    pub fn with_console_sessions(
+        mut self,
+        sessions: Arc<dyn crate::console::SessionStore>,
+    ) -> Self {
+        self.console_sessions = Some(sessions);
         self
     }
 

@@ -1,5 +1,6 @@
 //! The web console at `/console`: sign-in with an API key into a server-side session
-//! ([`session`], kept hashed in the state database by [`ConsoleDb`]; failed sign-ins limited
+//! ([`session`], kept hashed in a [`SessionStore`]: the state database's [`ConsoleDb`], or
+//! etcd on a cluster; failed sign-ins limited
 //! per client address by [`limit`]), the HTML pages ([`pages`]), the embedded front-end bundle
 //! (built from `crates/server/console/` by esbuild and committed under its `dist/`), a
 //! terminal over the sandbox agent's PTY API ([`terminal`]), a desktop sandbox's screen over
@@ -14,9 +15,11 @@ pub mod desktop;
 pub mod limit;
 pub mod pages;
 pub mod session;
+pub mod store;
 pub mod terminal;
 
-pub use crate::store::ConsoleDb;
+pub use crate::store::{ConsoleDb, SessionRow};
+pub use store::SessionStore;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -46,8 +49,6 @@ pub struct ConsoleState {
     /// The REST API's router (with its own layers: body limit, audit, auth).
     api: Router,
     pub sessions: Sessions,
-    /// The console's connection to the state database (its sessions).
-    pub db: ConsoleDb,
     /// Failed sign-ins per client address.
     pub sign_in_limit: limit::SignInLimit,
 }
@@ -65,9 +66,9 @@ type Cs = State<Arc<ConsoleState>>;
 
 /// The console's routes (mounted at `/console`); `api` is the REST API's router.
 pub fn router(app: Arc<AppState>, api: Router) -> Router {
-    let db = match app.console_db.clone() {
+    let db: Result<Arc<dyn SessionStore>, _> = match app.console_sessions.clone() {
         Some(db) => Ok(db),
-        None => ConsoleDb::open_in_memory(),
+        None => ConsoleDb::open_in_memory().map(|db| Arc::new(db) as Arc<dyn SessionStore>),
     };
     let db = match db {
         Ok(db) => db,
@@ -85,8 +86,7 @@ pub fn router(app: Arc<AppState>, api: Router) -> Router {
     let st = Arc::new(ConsoleState {
         app,
         api,
-        sessions: Sessions::new(db.clone()),
-        db,
+        sessions: Sessions::new(db),
         sign_in_limit: limit::SignInLimit::default(),
     });
     Router::new()

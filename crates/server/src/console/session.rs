@@ -1,14 +1,17 @@
 //! Console sessions: signing in with an API key makes a server-side session (random id in an
 //! `HttpOnly`, `SameSite=Strict` cookie scoped to `/console`), which carries the key's
-//! [`Caller`] and a CSRF token. Sessions are kept in the state database, hashed
-//! ([`ConsoleDb`]), so they survive a server restart. A session ends at sign-out,
-//! after [`SESSION_TTL`], or as soon as its key is revoked (each request checks the key again).
+//! [`Caller`] and a CSRF token. Sessions are kept hashed in a [`SessionStore`] (`kiln serve`'s
+//! state database, so they survive a restart; etcd on a cluster, so every control replica
+//! knows them). A session ends at sign-out, after [`SESSION_TTL`], or as soon as its key is
+//! revoked (each request checks the key again).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 
+use super::store::SessionStore;
 use crate::auth::{hash_key, random_hex};
 use crate::store::{now_ms, AccessStore, ConsoleDb, SessionRow, StoreError};
 use crate::tenancy::Caller;
@@ -55,21 +58,26 @@ fn csrf_of(id: &str) -> String {
     hex::encode(h.finalize())
 }
 
-/// The sessions of one server.
-#[derive(Debug)]
+/// The sessions of one server (or of every replica of a cluster).
 pub struct Sessions {
-    db: ConsoleDb,
+    db: Arc<dyn SessionStore>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sessions")
+    }
 }
 
 impl Sessions {
     /// Sessions kept in `db`.
-    pub fn new(db: ConsoleDb) -> Self {
+    pub fn new(db: Arc<dyn SessionStore>) -> Self {
         Self { db }
     }
 
     /// Sessions kept in memory only (they end with the process).
     pub fn in_memory() -> Result<Self, StoreError> {
-        ConsoleDb::open_in_memory().map(Self::new)
+        Ok(Self::new(Arc::new(ConsoleDb::open_in_memory()?)))
     }
 
     /// Checks `key` exactly as the API does and opens a session for it; the session id.
@@ -90,7 +98,7 @@ impl Sessions {
             created_at_ms: now,
             expires_at_ms: now + SESSION_TTL.as_millis() as i64,
         };
-        if !self.db.insert_within(row, now, MAX_SESSIONS).await? {
+        if !self.db.create(row, now, MAX_SESSIONS).await? {
             return Err(SignInError::Full);
         }
         let csrf = csrf_of(&id);
@@ -101,25 +109,22 @@ impl Sessions {
     /// neither revoked nor deleted (else the session is dropped).
     pub async fn current(&self, store: &dyn AccessStore, headers: &HeaderMap) -> Option<Session> {
         let id = cookie_value(headers, COOKIE)?;
-        let row = match self.db.get(&id_hash(&id)).await {
+        // An ended session is not found (and swept at the next sign-in).
+        let row = match self.db.get(&id_hash(&id), now_ms()).await {
             Ok(r) => r?,
             Err(e) => {
                 tracing::warn!(error = %e, "reading a console session");
                 return None;
             }
         };
-        let key = if row.expires_at_ms > now_ms() {
-            match store.key_by_hash(&row.key_hash).await {
-                Ok(Some(k)) if k.revoked_at_ms.is_none() => Some(k),
-                Ok(_) => None,
-                Err(e) => {
-                    // The key could not be checked: no access now, but the session stays.
-                    tracing::warn!(error = %e, "checking a console session's key");
-                    return None;
-                }
+        let key = match store.key_by_hash(&row.key_hash).await {
+            Ok(Some(k)) if k.revoked_at_ms.is_none() => Some(k),
+            Ok(_) => None,
+            Err(e) => {
+                // The key could not be checked: no access now, but the session stays.
+                tracing::warn!(error = %e, "checking a console session's key");
+                return None;
             }
-        } else {
-            None
         };
         match key {
             Some(k) => Some(Session {
@@ -271,7 +276,7 @@ mod tests {
         let k = crate::auth::create_team_key(&store, "web", "blue")
             .await
             .unwrap();
-        let first = Sessions::new(ConsoleDb::open(&path).unwrap());
+        let first = Sessions::new(Arc::new(ConsoleDb::open(&path).unwrap()));
         let (id, s) = first.sign_in(&store, &k.secret).await.unwrap();
         drop(first);
         // Only hashes are on disk.
@@ -279,7 +284,7 @@ mod tests {
         raw.extend(std::fs::read(dir.path().join("kiln.db-wal")).unwrap_or_default());
         let on_disk = |needle: &str| raw.windows(needle.len()).any(|w| w == needle.as_bytes());
         assert!(!on_disk(&id) && !on_disk(&s.csrf) && !on_disk(&k.secret));
-        let second = Sessions::new(ConsoleDb::open(&path).unwrap());
+        let second = Sessions::new(Arc::new(ConsoleDb::open(&path).unwrap()));
         let h = headers(&[("cookie", &format!("{COOKIE}={id}"))]);
         let again = second
             .current(&store, &h)

@@ -100,6 +100,17 @@ impl ConsoleDb {
         .await
     }
 
+    /// Removes the sessions ended by `now_ms`; how many.
+    pub async fn delete_ended(&self, now_ms: i64) -> Result<usize> {
+        self.run(move |c| {
+            c.execute(
+                "DELETE FROM console_sessions WHERE expires_at <= ?1",
+                [now_ms],
+            )
+        })
+        .await
+    }
+
     /// Removes a session; whether there was one.
     pub async fn delete(&self, id_hash: &str) -> Result<bool> {
         let id_hash = id_hash.to_string();
@@ -151,6 +162,9 @@ mod tests {
         assert!(db.delete("a").await.unwrap());
         assert!(!db.delete("a").await.unwrap());
         assert_eq!(db.count().await.unwrap(), 1);
+        assert_eq!(db.delete_ended(99).await.unwrap(), 0);
+        assert_eq!(db.delete_ended(100).await.unwrap(), 1, "c ends at 100");
+        assert_eq!(db.count().await.unwrap(), 0);
     }
 
     #[tokio::test]
