@@ -285,7 +285,9 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
                     .take(a.active)
                     .map(|r| (r.id.clone(), r.envd_token.clone()))
                     .collect();
-                active = Some(ActiveLoop::start(m, &ids, ids.len(), pause));
+                let l = ActiveLoop::start(m, &ids, ids.len(), pause);
+                l.warm_up(density_active::WARM_UP).await;
+                active = Some(l);
             }
             let busy: HashSet<String> = all.iter().take(a.active).map(|r| r.id.clone()).collect();
             let exec = match &active {
@@ -348,7 +350,7 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
             let rss_growth = density_host::own_rss_kib().saturating_sub(host.rss0_kib);
             println!(
                 "  {:>5} {:>4} {:>4} {:>5} {:>5} {:>4.1} MiB {:>4.1} MiB {:>6.1} {:>4.0} ms \
-                 {:>4.0} ms {:>5.1} ms {:>5.2}x {:>5.1} {:>6.3} {:>6.3} {:>6.3} {:>4.0} KiB \
+                 {:>4.0} ms {:>5.1} ms {:>5.2}x {:>5.1} {:>6} {:>6} {:>6.3} {:>4.0} KiB \
                  {:>5.1} MB",
                 live,
                 failures.iter().filter(|f| !f.refused).count(),
@@ -363,8 +365,8 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
                 exec.p50_ms,
                 exec.p50_ms / *base_exec.get_or_insert(exec.p50_ms),
                 idle,
-                cost.per_sandbox * 100.0,
-                stby_cpu * 100.0,
+                pct(cost.per_sandbox, cost.measured),
+                pct(stby_cpu, keep.count),
                 srv * 100.0,
                 rss_growth as f64 / live.max(1) as f64,
                 keep.per(keep.disk_bytes) / 1e6
@@ -419,6 +421,15 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
         m.standby_count()
     );
     r
+}
+
+/// `cores` in % of one core with three decimals, or `-` when no sandbox was measured.
+fn pct(cores: f64, measured: usize) -> String {
+    if measured == 0 {
+        "-".into()
+    } else {
+        format!("{:.3}", cores * 100.0)
+    }
 }
 
 /// A create that did not succeed.

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kiln_server::Manager;
 
+/// The longest the loop waits for each worker's first round trip.
+pub(super) const WARM_UP: Duration = Duration::from_secs(60);
+
 /// One `/bin/echo kiln-density` in sandbox `id`, from the request's start (its wake, when in
 /// standby, included) to the end event; the output is checked.
 pub(super) async fn echo(m: &Manager, id: &str, token: Option<String>) -> anyhow::Result<Duration> {
@@ -59,6 +62,8 @@ pub(super) struct ActiveLoop {
     samples: Arc<Mutex<Vec<Duration>>>,
     errors: Arc<AtomicUsize>,
     first_error: Arc<Mutex<Option<String>>>,
+    /// Workers whose first round trip has ended.
+    ready: Arc<AtomicUsize>,
     workers: tokio::task::JoinSet<()>,
 }
 
@@ -70,23 +75,30 @@ impl ActiveLoop {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let errors = Arc::new(AtomicUsize::new(0));
         let first_error = Arc::new(Mutex::new(None));
+        let ready = Arc::new(AtomicUsize::new(0));
         let mut set = tokio::task::JoinSet::new();
         if !ids.is_empty() {
             for i in 0..workers {
                 let (id, token) = ids[i % ids.len()].clone();
-                let (m, stop, samples, errors, first_error) = (
+                let (m, stop, samples, errors, first_error, ready) = (
                     m.clone(),
                     stop.clone(),
                     samples.clone(),
                     errors.clone(),
                     first_error.clone(),
+                    ready.clone(),
                 );
                 set.spawn(async move {
                     // Spread the workers' first requests over one pause.
                     let lag = pause.mul_f64(i as f64 / workers.max(1) as f64);
                     tokio::time::sleep(lag).await;
+                    let mut first = true;
                     while !stop.load(Ordering::Relaxed) {
-                        match echo(&m, &id, token.clone()).await {
+                        let r = echo(&m, &id, token.clone()).await;
+                        if std::mem::take(&mut first) {
+                            ready.fetch_add(1, Ordering::Relaxed);
+                        }
+                        match r {
                             Ok(d) => lock(&samples).push(d),
                             Err(e) => {
                                 errors.fetch_add(1, Ordering::Relaxed);
@@ -105,8 +117,21 @@ impl ActiveLoop {
             samples,
             errors,
             first_error,
+            ready,
             workers: set,
         }
+    }
+
+    /// Waits until each worker has made one round trip (its sandbox woken, if the bench's
+    /// creates took long enough for it to go to standby first) or `limit` passes, then drops
+    /// what was measured so far.
+    pub async fn warm_up(&self, limit: Duration) {
+        let t = Instant::now();
+        let want = self.workers.len();
+        while self.ready.load(Ordering::Relaxed) < want && t.elapsed() < limit {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.take();
     }
 
     /// The round trips that ended since the previous call (and the failures, with the first
@@ -150,6 +175,7 @@ pub(super) async fn measure_for(
     window: Duration,
 ) -> (Vec<Duration>, usize, Option<String>) {
     let l = ActiveLoop::start(m, ids, workers, pause);
+    l.warm_up(WARM_UP).await;
     tokio::time::sleep(window).await;
     // Round trips ending after the window are not counted.
     let r = l.take();
