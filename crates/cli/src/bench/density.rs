@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::density_active::{self, ActiveLoop};
 use super::density_end::{restart_and_kill, sweep, wake, RawWakeSetup};
 use super::density_host;
-use super::density_standby::{self, StandbyKeep, DISK_RESERVE};
+use super::density_standby::{self, DISK_RESERVE};
 use super::idle_cpu;
 use super::stats::{percentiles, Percentiles};
 use kiln_server::Manager;
@@ -260,6 +260,39 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
             tokio::time::sleep(Duration::from_secs(3)).await;
             let all = m.list();
             let live = all.len();
+            let busy: HashSet<String> = all.iter().take(a.active).map(|r| r.id.clone()).collect();
+            if let Some(after) = m.config().idle_hint_after {
+                // Measured once the new sandboxes are hinted idle.
+                tokio::time::sleep(after + Duration::from_secs(2)).await;
+                println!(
+                    "  ({} of {live} sandboxes hinted idle)",
+                    m.idle_hinted_count()
+                );
+            }
+            // Awake idle sandboxes (before standby, when it comes later than this).
+            let idle_window = Duration::from_secs_f64(a.idle_window.max(0.5));
+            let ids: Vec<String> = m
+                .list()
+                .into_iter()
+                .map(|r| r.id)
+                .filter(|id| !busy.contains(id) && m.standby_since(id).is_none())
+                .collect();
+            let (idle, cost) = tokio::join!(
+                cpu_idle_pct(idle_window),
+                idle_cpu::measure(&ids, idle_window)
+            );
+            let mut srv = cost.server_per_sandbox * ids.len() as f64 / live.max(1) as f64;
+            if let Some(after) = m.config().standby_after {
+                let want = live.saturating_sub(busy.len());
+                let limit = after + Duration::from_secs(60) + Duration::from_secs(2) * want as u32;
+                let n = density_standby::wait_standby(m, want, limit).await;
+                if n < want {
+                    println!(
+                        "  ({n} of {want} idle sandboxes in standby after {:.0} s)",
+                        limit.as_secs_f64()
+                    );
+                }
+            }
             if a.active > 0 && base_exec.is_none() {
                 let ids: Vec<_> = all
                     .iter()
@@ -289,61 +322,36 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
                 l.warm_up(density_active::WARM_UP).await;
                 active = Some(l);
             }
-            let busy: HashSet<String> = all.iter().take(a.active).map(|r| r.id.clone()).collect();
-            let exec = match &active {
-                Some(l) => {
-                    l.take();
-                    tokio::time::sleep(window).await;
-                    let (t, errs, first) = l.take();
-                    if errs > 0 {
-                        eprintln!("  active loop: {errs} failed: {}", first.unwrap_or_default());
+            // In the steady state: the active loop's round trips, and what the sandboxes in
+            // standby cost meanwhile.
+            let asleep: Vec<String> = m
+                .list()
+                .into_iter()
+                .map(|r| r.id)
+                .filter(|id| m.standby_since(id).is_some())
+                .collect();
+            let loop_window = async {
+                match &active {
+                    Some(l) => {
+                        l.take();
+                        tokio::time::sleep(window).await;
+                        let (t, errs, first) = l.take();
+                        if errs > 0 {
+                            eprintln!("  active loop: {errs} failed: {}", first.unwrap_or_default());
+                        }
+                        Ok(percentiles(&t))
                     }
-                    percentiles(&t)
+                    None => exec_round_trips(m, a.exec_samples).await,
                 }
-                None => exec_round_trips(m, a.exec_samples).await?,
             };
-            if let Some(after) = m.config().idle_hint_after {
-                // The exec'd sandboxes were used just now: measure once they are hinted again.
-                tokio::time::sleep(after + Duration::from_secs(2)).await;
-                println!(
-                    "  ({} of {live} sandboxes hinted idle)",
-                    m.idle_hinted_count()
-                );
+            let (exec, stby) = tokio::join!(loop_window, idle_cpu::measure(&asleep, idle_window));
+            let exec = exec?;
+            // A sandbox in standby has no host cgroup left: it costs nothing.
+            let stby_cpu = stby.per_sandbox * stby.measured as f64 / asleep.len().max(1) as f64;
+            if !asleep.is_empty() {
+                srv = stby.server_per_sandbox * asleep.len() as f64 / live.max(1) as f64;
             }
-            let idle_window = Duration::from_secs_f64(a.idle_window.max(0.5));
-            let awake_idle = |m: &Manager| -> Vec<String> {
-                m.list()
-                    .into_iter()
-                    .map(|r| r.id)
-                    .filter(|id| !busy.contains(id) && m.standby_since(id).is_none())
-                    .collect()
-            };
-            let ids = awake_idle(m);
-            let (idle, cost) = tokio::join!(
-                cpu_idle_pct(idle_window),
-                idle_cpu::measure(&ids, idle_window)
-            );
-            let mut srv = cost.server_per_sandbox * ids.len() as f64 / live.max(1) as f64;
-            let (mut stby_cpu, mut keep) = (f64::NAN, StandbyKeep::default());
-            if let Some(after) = m.config().standby_after {
-                let want = live.saturating_sub(busy.len());
-                let limit = after + Duration::from_secs(60) + Duration::from_secs(2) * want as u32;
-                let n = density_standby::wait_standby(m, want, limit).await;
-                let asleep: Vec<String> = m
-                    .list()
-                    .into_iter()
-                    .map(|r| r.id)
-                    .filter(|id| m.standby_since(id).is_some())
-                    .collect();
-                if n < want {
-                    println!("  ({n} of {want} idle sandboxes in standby after {:.0} s)", limit.as_secs_f64());
-                }
-                let c = idle_cpu::measure(&asleep, idle_window).await;
-                // A sandbox in standby has no host cgroup left: it costs nothing.
-                stby_cpu = c.per_sandbox * c.measured as f64 / asleep.len().max(1) as f64;
-                srv = c.server_per_sandbox * asleep.len() as f64 / live.max(1) as f64;
-                keep = density_standby::standby_keep(&host.root, &asleep);
-            }
+            let keep = density_standby::standby_keep(&host.root, &asleep);
             let usage = host.usage();
             let awake = live - keep.count;
             let c = percentiles(&times);
@@ -399,7 +407,9 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
             }
             let left = a.count.saturating_sub(live);
             let free = density_host::free_bytes(&host.root)?;
-            if density_host::disk_refusal(left.min(a.step), disk_per, free, DISK_RESERVE).is_some() {
+            // Sandboxes that ran hold more than the probe's fresh one: the larger counts.
+            let per = disk_per.max(keep.per(keep.disk_bytes) as u64);
+            if density_host::disk_refusal(left.min(a.step), per, free, DISK_RESERVE).is_some() {
                 println!("  stopping: another step would leave less than 10 GB of disk free");
                 break;
             }

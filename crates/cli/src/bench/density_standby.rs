@@ -104,6 +104,30 @@ pub(super) async fn wait_standby(m: &Manager, want: usize, limit: Duration) -> u
     m.standby_count()
 }
 
+/// One raw wake: `runsc restore`, the agent answering, a first command.
+pub(super) struct RawRound {
+    pub restore: Duration,
+    pub ready: Duration,
+    pub first: Duration,
+}
+
+impl RawRound {
+    pub fn total(&self) -> Duration {
+        self.restore + self.ready + self.first
+    }
+}
+
+/// What [`wake_vs_raw`] measured.
+pub(super) struct WakeReport {
+    /// Kiln's wake → first command.
+    pub kiln: Percentiles,
+    /// The raw restore + agent listening + first command.
+    pub raw: Percentiles,
+    pub raw_restore: Percentiles,
+    pub raw_ready: Percentiles,
+    pub raw_first: Percentiles,
+}
+
 /// The runtime's raw restore + first command, on a sandbox of a driver of its own.
 pub(super) struct RawWake {
     manager: Arc<Manager>,
@@ -140,18 +164,24 @@ impl RawWake {
         })
     }
 
-    /// One round: the raw checkpoint (not timed), the raw restore (timed), the agent listening
-    /// again (not timed), a first command (timed).
-    pub async fn round(&self, i: usize) -> anyhow::Result<Duration> {
+    /// One round: the raw checkpoint (not timed), then timed: the raw restore, the agent
+    /// listening again (a first command needs it), a first command.
+    pub async fn round(&self, i: usize) -> anyhow::Result<RawRound> {
         let image: PathBuf = self.dir.path().join(format!("raw-{i}"));
         let (_, restore) = self.raw.checkpoint_restore(&self.id, &image).await?;
         let _ = std::fs::remove_dir_all(&image);
+        let t = Instant::now();
         self.manager
             .agent(&self.id, self.token.clone())
             .wait_ready(Duration::from_secs(30))
             .await?;
+        let ready = t.elapsed();
         let first = super::density_active::echo(&self.manager, &self.id, self.token.clone()).await?;
-        Ok(restore + first)
+        Ok(RawRound {
+            restore,
+            ready,
+            first,
+        })
     }
 
     pub async fn stop(self) {
@@ -160,24 +190,31 @@ impl RawWake {
 }
 
 /// Wakes up to `samples` of the sandboxes in standby with a first command each, every one
-/// after a raw round: (kiln's wake → first command, the raw restore + first command).
+/// after a raw round.
 pub(super) async fn wake_vs_raw(
     m: &Manager,
     raw: &RawWake,
     samples: usize,
-) -> anyhow::Result<(Percentiles, Percentiles)> {
+) -> anyhow::Result<WakeReport> {
     let asleep: Vec<_> = m
         .list()
         .into_iter()
         .filter(|r| m.standby_since(&r.id).is_some())
         .collect();
     let every = (asleep.len() / samples.max(1)).max(1);
-    let (mut kiln, mut base) = (Vec::new(), Vec::new());
+    let (mut kiln, mut rounds) = (Vec::new(), Vec::new());
     for (i, r) in asleep.iter().step_by(every).take(samples).enumerate() {
-        base.push(raw.round(i).await?);
+        rounds.push(raw.round(i).await?);
         kiln.push(super::density_active::echo(m, &r.id, r.envd_token.clone()).await?);
     }
-    Ok((percentiles(&kiln), percentiles(&base)))
+    let of = |f: fn(&RawRound) -> Duration| percentiles(&rounds.iter().map(f).collect::<Vec<_>>());
+    Ok(WakeReport {
+        kiln: percentiles(&kiln),
+        raw: of(RawRound::total),
+        raw_restore: of(|r| r.restore),
+        raw_ready: of(|r| r.ready),
+        raw_first: of(|r| r.first),
+    })
 }
 
 #[cfg(test)]
