@@ -170,7 +170,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // Disk first: one sandbox's checkpoint measured, a run that does not fit refused.
         let (awake, asleep) =
             super::density_standby::probe_checkpoint(&m, &a.template, &state).await?;
-        let per = if standby_after.is_some() { asleep } else { awake };
+        let per = if standby_after.is_some() {
+            asleep
+        } else {
+            awake
+        };
         let free = super::density_standby::check_disk(&state, a.count, per)?;
         println!(
             "  disk: a sandbox's state {:.1} MB awake, {:.1} MB paused with its memory \
@@ -190,14 +194,23 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // (The server's upkeep goes on while sandboxes are woken, as it would in `kiln serve`.)
         let r = match r {
             Ok(()) if standby_after.is_some() && m.standby_count() > 0 => {
-                wake(&a.template, a.wake_samples, &m, &raw_wake, templates.clone()).await
+                wake(
+                    &a.template,
+                    a.wake_samples,
+                    &m,
+                    &raw_wake,
+                    templates.clone(),
+                )
+                .await
             }
             r => r,
         };
         upkeep.iter().for_each(|h| h.abort());
         drop(server);
         let r = match r {
-            Ok(()) => restart_and_kill(a.exec_samples, a.kill_concurrency, m, cfg, templates, &host).await,
+            Ok(()) => {
+                restart_and_kill(a.exec_samples, a.kill_concurrency, m, cfg, templates, &host).await
+            }
             Err(e) => {
                 let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
                 m.kill_all("bench density failed").await;
@@ -337,7 +350,10 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
                         tokio::time::sleep(window).await;
                         let (t, errs, first) = l.take();
                         if errs > 0 {
-                            eprintln!("  active loop: {errs} failed: {}", first.unwrap_or_default());
+                            eprintln!(
+                                "  active loop: {errs} failed: {}",
+                                first.unwrap_or_default()
+                            );
                         }
                         Ok(percentiles(&t))
                     }

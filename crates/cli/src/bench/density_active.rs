@@ -70,7 +70,12 @@ pub(super) struct ActiveLoop {
 impl ActiveLoop {
     /// Starts `workers` workers; worker `i` execs in `ids[i % ids.len()]`, then sleeps
     /// `pause` before the next.
-    pub fn start(m: &Arc<Manager>, ids: &[(String, Option<String>)], workers: usize, pause: Duration) -> Self {
+    pub fn start(
+        m: &Arc<Manager>,
+        ids: &[(String, Option<String>)],
+        workers: usize,
+        pause: Duration,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
         let errors = Arc::new(AtomicUsize::new(0));

@@ -88,7 +88,10 @@ pub(super) async fn restart_and_kill(
     let m = server.manager.clone();
     let exec = exec_round_trips(&m, exec_samples).await?;
     if exec.n > 0 {
-        println!("  exec p50 after the restart (awake sandboxes): {:.1} ms", exec.p50_ms);
+        println!(
+            "  exec p50 after the restart (awake sandboxes): {:.1} ms",
+            exec.p50_ms
+        );
     }
     let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
     let n = ids.len();
@@ -132,4 +135,3 @@ pub(super) async fn restart_and_kill(
     );
     Ok(())
 }
-

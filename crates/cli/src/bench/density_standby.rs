@@ -176,7 +176,8 @@ impl RawWake {
             .wait_ready(Duration::from_secs(30))
             .await?;
         let ready = t.elapsed();
-        let first = super::density_active::echo(&self.manager, &self.id, self.token.clone()).await?;
+        let first =
+            super::density_active::echo(&self.manager, &self.id, self.token.clone()).await?;
         Ok(RawRound {
             restore,
             ready,
