@@ -5,7 +5,7 @@ server inside it and a PTY each wake it with its files, environment and a counti
 intact; a CPU-busy sandbox and one created with `kiln.standby=off` never enter standby; the
 timeout of a sandbox in standby still ends it (or, with autoPause, pauses it with its memory);
 a server killed with -9 adopts its standby sandboxes as standby on restart, and traffic wakes
-them."""
+them; one sandbox's checkpoint does not hold up another's wake."""
 
 import json
 import os
@@ -213,6 +213,37 @@ def test_cpu_busy_and_opted_out_sandboxes_stay_awake(srv):
         assert detail(srv, opted.sandbox_id)["metadata"]["kiln.standby"] == "off"
     finally:
         for s in (idle, busy, opted):
+            s.kill()
+
+
+def test_a_wake_does_not_wait_for_another_sandboxs_checkpoint(srv):
+    """A standby holds its own sandbox, not every sandbox: while a sandbox with a large
+    memory is being checkpointed, another one in standby wakes and answers at once (before
+    that checkpoint is done and recorded)."""
+    small = Sandbox.create(timeout=180, **srv.opts())
+    big = Sandbox.create(timeout=180, **srv.opts())
+    try:
+        wait_standby(srv, small.sandbox_id)
+        # 256 MiB that do not compress: its checkpoint takes seconds.
+        big.files.write("/tmp/hold.py", "import os, time\nb = os.urandom(256 << 20)\n"
+                                        "time.sleep(3600)\n")
+        start_detached(big, "exec python3 /tmp/hold.py")
+        deadline = time.time() + 60
+        while not detail(srv, big.sandbox_id).get("kilnStandby"):
+            assert time.time() < deadline, detail(srv, big.sandbox_id)
+            time.sleep(0.05)
+        assert events(srv, big.sandbox_id, "standby") == [], \
+            "the large checkpoint ended before the test saw it begin"
+        assert small.commands.run("echo awake").stdout == "awake\n"
+        assert "envd request" in wakes(srv, small.sandbox_id, 0)
+        assert events(srv, big.sandbox_id, "standby") == [], \
+            "the wake waited for the other sandbox's checkpoint"
+        deadline = time.time() + 120
+        while not events(srv, big.sandbox_id, "standby"):
+            assert time.time() < deadline, "the large checkpoint never ended"
+            time.sleep(0.25)
+    finally:
+        for s in (small, big):
             s.kill()
 
 

@@ -5,18 +5,27 @@
 //! the idle CPU each sandbox costs (its host cgroup's CPU time, and the server's, per
 //! sandbox-second: load-independent, see [`super::idle_cpu`]); then the restart time with every
 //! sandbox alive and the kill throughput.
+//!
+//! With `--active N`, N sandboxes run commands in a loop the whole time (`density_active.rs`)
+//! and each step prints their exec p50 against the same loop measured with 20 sandboxes alive.
+//! With `--standby-after SECS` the server puts idle sandboxes in standby (`density_standby.rs`):
+//! each step then waits for them and prints what a sandbox in standby still costs the host, and
+//! the end measures wake → first command against the runtime's raw restore + first command.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::density_active::{self, ActiveLoop};
+use super::density_end::{restart_and_kill, sweep, wake, RawWakeSetup};
+use super::density_host;
+use super::density_standby::{self, DISK_RESERVE};
+use super::idle_cpu;
 use super::stats::{percentiles, Percentiles};
-use anyhow::Context;
-use kiln_server::manager::CreateParams;
 use kiln_server::Manager;
 
-use crate::drivers::ServerSetup;
 use kiln_driver::baseline::{HostUsage, RawBaseline};
 
 #[derive(clap::Args)]
@@ -55,7 +64,30 @@ pub struct Args {
     /// Timer slack (ms) of a sandbox hinted idle, as `kiln serve --idle-timer-slack-ms`.
     #[arg(long, default_value_t = 50.0)]
     idle_timer_slack_ms: f64,
+    /// Sandboxes kept busy by an exec loop the whole run (one worker each); their exec p50
+    /// is printed against the same loop with only the first 20 sandboxes alive.
+    #[arg(long, default_value_t = 0)]
+    active: usize,
+    /// Pause (ms) of each active worker between two commands.
+    #[arg(long, default_value_t = 500)]
+    active_pause_ms: u64,
+    /// Seconds the active loop is measured over per step (and for its baseline).
+    #[arg(long, default_value_t = 15.0)]
+    active_window: f64,
+    /// Seconds of quiet after which a sandbox goes to standby, as `kiln serve
+    /// --standby-after`; default: no standby.
+    #[arg(long)]
+    standby_after: Option<f64>,
+    /// Sandboxes in standby woken at the end (each after a raw restore of the baseline's).
+    #[arg(long, default_value_t = 20)]
+    wake_samples: usize,
+    /// Minutes after which no further step starts (the run then restarts and cleans up).
+    #[arg(long, default_value_t = 120.0)]
+    max_minutes: f64,
 }
+
+/// Sandboxes alive while the active loop's baseline is measured.
+const BASELINE_ALIVE: usize = 20;
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let super::ServerBench {
@@ -75,11 +107,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let idle_slack = hint_after
         .map(|_| Duration::from_secs_f64(a.idle_timer_slack_ms.clamp(0.001, 1000.0) / 1000.0));
     driver.set_timer_slack(busy_slack, idle_slack);
+    let standby_after = a
+        .standby_after
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64);
+    let driver_cfg = driver.clone();
     let mut cfg = super::server_config(work.path(), driver, Default::default())?;
     cfg.server.lifecycle.idle_hint_after = hint_after;
+    cfg.server.lifecycle.standby_after = standby_after;
     println!(
-        "kiln bench density ({}, template {}, up to {} idle sandboxes \
-         in steps of {}, {} creates at once, sentry timer slack {}, idle hints {}):",
+        "kiln bench density ({}, template {}, up to {} sandboxes \
+         in steps of {}, {} creates at once, sentry timer slack {}, idle hints {}, {} active \
+         (a command every {} ms each), standby {}):",
         runtime.label(),
         a.template,
         a.count,
@@ -91,11 +130,24 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             "after {:.1} s quiet ({} ms slack)",
             d.as_secs_f64(),
             a.idle_timer_slack_ms
+        )),
+        a.active,
+        a.active_pause_ms,
+        standby_after.map_or("off".to_string(), |d| format!(
+            "after {:.1} s quiet",
+            d.as_secs_f64()
         ))
     );
     let host = Host {
         root: work.path().to_path_buf(),
         raw: runtime.baseline(),
+        started: Instant::now(),
+        rss0_kib: 0,
+    };
+    let raw_wake = RawWakeSetup {
+        runtime,
+        driver: driver_cfg,
+        work_root: a.rt.work_root()?,
     };
     println!(
         "  per sandbox: RSS (shared pages counted in each process), PSS (shared pages split) and \
@@ -105,24 +157,64 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     );
     println!(
         "  idle CPU over {:.0} s, in % of one host core per sandbox: sbx% = its host cgroup \
-         (sentry, gofer, stubs), srv% = this process (the server) / sandboxes",
+         (sentry, gofer, stubs; awake idle sandboxes, and `stby` for those in standby), srv% = \
+         this process (the server, the active loop's clients included) / sandboxes alive",
         a.idle_window
     );
     let rt = tokio::runtime::Runtime::new()?;
     let code = rt.block_on(async move {
+        let mut host = host;
         let server = cfg.clone().prepare(templates.clone()).await?;
         let m = server.manager.clone();
+        let state = work.path().to_path_buf();
+        // Disk first: one sandbox's checkpoint measured, a run that does not fit refused.
+        let (awake, asleep) =
+            super::density_standby::probe_checkpoint(&m, &a.template, &state).await?;
+        let per = if standby_after.is_some() {
+            asleep
+        } else {
+            awake
+        };
+        let free = super::density_standby::check_disk(&state, a.count, per)?;
+        println!(
+            "  disk: a sandbox's state {:.1} MB awake, {:.1} MB paused with its memory \
+             (standby); {} × {:.1} MB of {:.1} GB free",
+            awake as f64 / 1e6,
+            asleep as f64 / 1e6,
+            a.count,
+            per as f64 / 1e6,
+            free as f64 / 1e9
+        );
+        host.rss0_kib = density_host::own_rss_kib();
         // What `kiln serve` runs beside the API: the metrics sampler and the dead-runtime
         // watcher (whose upkeep also applies --timer-slack-ms), so their cost is measured.
         let mut upkeep = vec![m.spawn_sampler(), m.spawn_watcher()];
         upkeep.extend(m.spawn_idle_tick());
-        let r = steps(&a, &m, &host).await;
+        let r = steps(&a, &m, &host, per).await;
+        // (The server's upkeep goes on while sandboxes are woken, as it would in `kiln serve`.)
+        let r = match r {
+            Ok(()) if standby_after.is_some() && m.standby_count() > 0 => {
+                wake(
+                    &a.template,
+                    a.wake_samples,
+                    &m,
+                    &raw_wake,
+                    templates.clone(),
+                )
+                .await
+            }
+            r => r,
+        };
         upkeep.iter().for_each(|h| h.abort());
         drop(server);
         let r = match r {
-            Ok(()) => restart_and_kill(&a, m, cfg, templates, &host).await,
+            Ok(()) => {
+                restart_and_kill(a.exec_samples, a.kill_concurrency, m, cfg, templates, &host).await
+            }
             Err(e) => {
+                let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
                 m.kill_all("bench density failed").await;
+                sweep(&ids);
                 Err(e)
             }
         };
@@ -132,92 +224,238 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// Creates the sandboxes step by step, printing a row per step.
-async fn steps(a: &Args, m: &Arc<Manager>, host: &Host) -> anyhow::Result<()> {
+async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow::Result<()> {
     println!(
-        "  {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>9} {:>6} {:>6} {:>6}",
+        "  {:>5} {:>4} {:>4} {:>5} {:>5} {:>8} {:>8} {:>6} {:>7} {:>7} {:>8} {:>6} {:>5} {:>6} \
+         {:>6} {:>6} {:>8} {:>8}",
         "count",
-        "failed",
-        "refused",
-        "RSS/sbx",
-        "PSS/sbx",
-        "thr/sbx",
-        "create p50",
-        "create p99",
+        "fail",
+        "refd",
+        "awake",
+        "stby",
+        "RSS/awk",
+        "PSS/awk",
+        "thr",
+        "cr p50",
+        "cr p99",
         "exec p50",
-        "vs first",
+        "vs bas",
         "idle%",
         "sbx%",
-        "srv%"
+        "stby%",
+        "srv%",
+        "srvRSS",
+        "disk/stb"
     );
-    let mut first_exec: Option<f64> = None;
+    let pause = Duration::from_millis(a.active_pause_ms);
+    let window = Duration::from_secs_f64(a.active_window.max(1.0));
+    let mut base_exec: Option<f64> = None;
+    let mut active: Option<ActiveLoop> = None;
     let (mut failed_total, mut refused_total) = (0, 0);
-    while m.list().len() < a.count {
-        let want = (m.list().len() + a.step).min(a.count) - m.list().len();
-        let (times, failures) = create_many(m, &a.template, want, a.concurrency).await;
-        refused_total += failures.iter().filter(|f| f.refused).count();
-        failed_total += failures.iter().filter(|f| !f.refused).count();
-        for f in failures.iter().take(3) {
-            eprintln!("  create failed: {}", f.message);
-        }
-        // Let the new sandboxes settle to idle before measuring.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let live = m.list().len();
-        let usage = host.usage();
-        let exec = exec_round_trips(m, a.exec_samples).await?;
-        let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
-        if let Some(after) = m.config().idle_hint_after {
-            // The exec'd sandboxes were used just now: measure once they are hinted again.
-            tokio::time::sleep(after + Duration::from_secs(2)).await;
-            println!(
-                "  ({} of {} sandboxes hinted idle)",
-                m.idle_hinted_count(),
-                ids.len()
+    let deadline = host.started + Duration::from_secs_f64(a.max_minutes.max(1.0) * 60.0);
+    let r = async {
+        while m.list().len() < a.count {
+            let live0 = m.list().len();
+            // The first step stops at the baseline's 20 when there is an active loop.
+            let to = if a.active > 0 && live0 < BASELINE_ALIVE {
+                BASELINE_ALIVE
+            } else {
+                live0 + a.step
+            };
+            let want = to.min(a.count) - live0;
+            let (times, failures) = create_many(m, &a.template, want, a.concurrency).await;
+            refused_total += failures.iter().filter(|f| f.refused).count();
+            failed_total += failures.iter().filter(|f| !f.refused).count();
+            for f in failures.iter().take(3) {
+                eprintln!("  create failed: {}", f.message);
+            }
+            // Let the new sandboxes settle to idle before measuring.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let all = m.list();
+            let live = all.len();
+            let busy: HashSet<String> = all.iter().take(a.active).map(|r| r.id.clone()).collect();
+            if let Some(after) = m.config().idle_hint_after {
+                // Measured once the new sandboxes are hinted idle.
+                tokio::time::sleep(after + Duration::from_secs(2)).await;
+                println!(
+                    "  ({} of {live} sandboxes hinted idle)",
+                    m.idle_hinted_count()
+                );
+            }
+            // Awake idle sandboxes (before standby, when it comes later than this).
+            let idle_window = Duration::from_secs_f64(a.idle_window.max(0.5));
+            let ids: Vec<String> = m
+                .list()
+                .into_iter()
+                .map(|r| r.id)
+                .filter(|id| !busy.contains(id) && m.standby_since(id).is_none())
+                .collect();
+            let (idle, cost) = tokio::join!(
+                cpu_idle_pct(idle_window),
+                idle_cpu::measure(&ids, idle_window)
             );
-        }
-        let window = Duration::from_secs_f64(a.idle_window.max(0.5));
-        let (idle, cost) =
-            tokio::join!(cpu_idle_pct(window), super::idle_cpu::measure(&ids, window));
-        let c = percentiles(&times);
-        let first = *first_exec.get_or_insert(exec.p50_ms);
-        println!(
-            "  {:>6} {:>6} {:>7} {:>4.1} MiB {:>4.1} MiB {:>8.1} {:>8.0} ms {:>8.0} ms {:>7.1} ms \
-             {:>8.2}x {:>6.1} {:>6.3} {:>6.3}",
-            live,
-            failures.iter().filter(|f| !f.refused).count(),
-            failures.iter().filter(|f| f.refused).count(),
-            usage.rss_kib as f64 / 1024.0 / live.max(1) as f64,
-            usage.pss_kib as f64 / 1024.0 / live.max(1) as f64,
-            usage.threads as f64 / live.max(1) as f64,
-            c.p50_ms,
-            c.p99_ms,
-            exec.p50_ms,
-            exec.p50_ms / first,
-            idle,
-            cost.per_sandbox * 100.0,
-            cost.server_per_sandbox * 100.0
-        );
-        if cost.measured < ids.len() {
+            let mut srv = cost.server_per_sandbox * ids.len() as f64 / live.max(1) as f64;
+            if let Some(after) = m.config().standby_after {
+                let want = live.saturating_sub(busy.len());
+                let limit = after + Duration::from_secs(60) + Duration::from_secs(2) * want as u32;
+                let n = density_standby::wait_standby(m, want, limit).await;
+                if n < want {
+                    println!(
+                        "  ({n} of {want} idle sandboxes in standby after {:.0} s)",
+                        limit.as_secs_f64()
+                    );
+                }
+            }
+            if a.active > 0 && base_exec.is_none() {
+                let ids: Vec<_> = all
+                    .iter()
+                    .map(|r| (r.id.clone(), r.envd_token.clone()))
+                    .collect();
+                let (t, errs, first) =
+                    density_active::measure_for(m, &ids, a.active, pause, window).await;
+                let p = percentiles(&t);
+                println!(
+                    "  baseline: {} workers on {live} sandboxes alive: exec p50 {:.1} ms, \
+                     p99 {:.1} ms ({} round trips, {errs} failed{})",
+                    a.active,
+                    p.p50_ms,
+                    p.p99_ms,
+                    p.n,
+                    first.map(|e| format!(": {e}")).unwrap_or_default()
+                );
+                base_exec = Some(p.p50_ms);
+            }
+            if a.active > 0 && active.is_none() && live >= a.active.min(a.count) {
+                let ids: Vec<_> = all
+                    .iter()
+                    .take(a.active)
+                    .map(|r| (r.id.clone(), r.envd_token.clone()))
+                    .collect();
+                let l = ActiveLoop::start(m, &ids, ids.len(), pause);
+                l.warm_up(density_active::WARM_UP).await;
+                active = Some(l);
+            }
+            // In the steady state: the active loop's round trips, and what the sandboxes in
+            // standby cost meanwhile.
+            let asleep: Vec<String> = m
+                .list()
+                .into_iter()
+                .map(|r| r.id)
+                .filter(|id| m.standby_since(id).is_some())
+                .collect();
+            let loop_window = async {
+                match &active {
+                    Some(l) => {
+                        l.take();
+                        tokio::time::sleep(window).await;
+                        let (t, errs, first) = l.take();
+                        if errs > 0 {
+                            eprintln!(
+                                "  active loop: {errs} failed: {}",
+                                first.unwrap_or_default()
+                            );
+                        }
+                        Ok(percentiles(&t))
+                    }
+                    None => exec_round_trips(m, a.exec_samples).await,
+                }
+            };
+            let (exec, stby) = tokio::join!(loop_window, idle_cpu::measure(&asleep, idle_window));
+            let exec = exec?;
+            // A sandbox in standby has no host cgroup left: it costs nothing.
+            let stby_cpu = stby.per_sandbox * stby.measured as f64 / asleep.len().max(1) as f64;
+            if !asleep.is_empty() {
+                srv = stby.server_per_sandbox * asleep.len() as f64 / live.max(1) as f64;
+            }
+            let keep = density_standby::standby_keep(&host.root, &asleep);
+            let usage = host.usage();
+            let awake = live - keep.count;
+            let c = percentiles(&times);
+            let rss_growth = density_host::own_rss_kib().saturating_sub(host.rss0_kib);
             println!(
-                "  (sbx%: the host cgroups of {} of {} sandboxes could not be read)",
-                ids.len() - cost.measured,
-                ids.len()
+                "  {:>5} {:>4} {:>4} {:>5} {:>5} {:>4.1} MiB {:>4.1} MiB {:>6.1} {:>4.0} ms \
+                 {:>4.0} ms {:>5.1} ms {:>5.2}x {:>5.1} {:>6} {:>6} {:>6.3} {:>4.0} KiB \
+                 {:>5.1} MB",
+                live,
+                failures.iter().filter(|f| !f.refused).count(),
+                failures.iter().filter(|f| f.refused).count(),
+                awake,
+                keep.count,
+                usage.rss_kib as f64 / 1024.0 / awake.max(1) as f64,
+                usage.pss_kib as f64 / 1024.0 / awake.max(1) as f64,
+                usage.threads as f64 / awake.max(1) as f64,
+                c.p50_ms,
+                c.p99_ms,
+                exec.p50_ms,
+                exec.p50_ms / *base_exec.get_or_insert(exec.p50_ms),
+                idle,
+                pct(cost.per_sandbox, cost.measured),
+                pct(stby_cpu, keep.count),
+                srv * 100.0,
+                rss_growth as f64 / live.max(1) as f64,
+                keep.per(keep.disk_bytes) / 1e6
             );
+            if cost.measured < ids.len() {
+                println!(
+                    "  (sbx%: {} of {} awake idle sandboxes went to standby or could not be read)",
+                    ids.len() - cost.measured,
+                    ids.len()
+                );
+            }
+            if keep.count > 0 {
+                println!(
+                    "  standby keeps per sandbox: {:.2} processes, {:.0} KiB in its memory cgroup, \
+                     {:.1} mounts, {:.1} MB on disk; server RSS +{:.1} MiB since the start",
+                    keep.per(keep.processes as u64),
+                    keep.per(keep.cgroup_bytes) / 1024.0,
+                    keep.per(keep.mounts as u64),
+                    keep.per(keep.disk_bytes) / 1e6,
+                    rss_growth as f64 / 1024.0
+                );
+            }
+            if failures.len() == want {
+                println!("  stopping: no create of this step succeeded");
+                break;
+            }
+            if failures.iter().any(|f| f.refused) {
+                println!("  stopping: admission control refused creates (host capacity reached)");
+                break;
+            }
+            let left = a.count.saturating_sub(live);
+            let free = density_host::free_bytes(&host.root)?;
+            // Sandboxes that ran hold more than the probe's fresh one: the larger counts.
+            let per = disk_per.max(keep.per(keep.disk_bytes) as u64);
+            if density_host::disk_refusal(left.min(a.step), per, free, DISK_RESERVE).is_some() {
+                println!("  stopping: another step would leave less than 10 GB of disk free");
+                break;
+            }
+            if Instant::now() > deadline {
+                println!("  stopping: --max-minutes reached");
+                break;
+            }
         }
-        if failures.len() == want {
-            println!("  stopping: no create of this step succeeded");
-            break;
-        }
-        if failures.iter().any(|f| f.refused) {
-            println!("  stopping: admission control refused creates (host capacity reached)");
-            break;
-        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Some(l) = active {
+        l.stop().await;
     }
     println!(
-        "  {} idle sandboxes, {failed_total} failed create(s), {refused_total} refused by \
-         admission control",
-        m.list().len()
+        "  {} sandboxes ({} in standby), {failed_total} failed create(s), {refused_total} \
+         refused by admission control",
+        m.list().len(),
+        m.standby_count()
     );
-    Ok(())
+    r
+}
+
+/// `cores` in % of one core with three decimals, or `-` when no sandbox was measured.
+fn pct(cores: f64, measured: usize) -> String {
+    if measured == 0 {
+        "-".into()
+    } else {
+        format!("{:.3}", cores * 100.0)
+    }
 }
 
 /// A create that did not succeed.
@@ -243,14 +481,7 @@ async fn create_many(
         workers.spawn(async move {
             while next.fetch_add(1, Ordering::SeqCst) < n {
                 let t = Instant::now();
-                let r = m
-                    .create(CreateParams {
-                        template_id: template.clone(),
-                        timeout_secs: Some(3600),
-                        secure: true,
-                        ..Default::default()
-                    })
-                    .await;
+                let r = m.create(density_standby::params(&template)).await;
                 let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
                 match r {
                     Ok(_) => o.0.push(t.elapsed()),
@@ -267,123 +498,33 @@ async fn create_many(
     (std::mem::take(&mut o.0), std::mem::take(&mut o.1))
 }
 
-/// Sequential `/bin/echo` round trips through the agents of up to `samples` sandboxes spread
-/// over the running ones.
-async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Result<Percentiles> {
-    use kiln_proto::process as pb;
-    let all = m.list();
+/// Sequential `/bin/echo` round trips through the agents of up to `samples` awake sandboxes
+/// spread over them.
+pub(super) async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Result<Percentiles> {
+    let all: Vec<_> = m
+        .list()
+        .into_iter()
+        .filter(|r| m.standby_since(&r.id).is_none())
+        .collect();
     let every = (all.len() / samples.max(1)).max(1);
     let mut times = Vec::new();
     for rec in all.iter().step_by(every).take(samples) {
-        let agent = m.agent(&rec.id, rec.envd_token.clone());
-        let req = pb::StartRequest {
-            process: Some(pb::ProcessConfig {
-                cmd: "/bin/echo".into(),
-                args: vec!["kiln-density".into()],
-                envs: Default::default(),
-                cwd: None,
-            }),
-            pty: None,
-            tag: None,
-            stdin: Some(false),
-        };
-        let t = Instant::now();
-        // As a proxied request would: a sandbox hinted idle is told otherwise first.
-        let _use = m.use_sandbox(&rec.id, "bench").await?;
-        let mut stream = agent
-            .start(&req, None)
-            .await
-            .with_context(|| format!("exec in {}", rec.id))?;
-        let mut out = Vec::new();
-        loop {
-            match stream.next_event().await? {
-                Some(kiln_envd::ProcessEvent::Stdout(b)) => out.extend(b),
-                Some(kiln_envd::ProcessEvent::Exited { .. }) => break,
-                Some(_) => {}
-                None => anyhow::bail!("exec in {}: no end event", rec.id),
-            }
-        }
-        times.push(t.elapsed());
-        anyhow::ensure!(
-            out == b"kiln-density\n",
-            "exec in {}: unexpected output {:?}",
-            rec.id,
-            String::from_utf8_lossy(&out)
-        );
+        times.push(density_active::echo(m, &rec.id, rec.envd_token.clone()).await?);
     }
     Ok(percentiles(&times))
 }
 
-/// Restarts the server with every sandbox alive (listen time, time until all are adopted),
-/// then kills them all, `kill_concurrency` at a time.
-async fn restart_and_kill(
-    a: &Args,
-    old: Arc<Manager>,
-    cfg: ServerSetup,
-    templates: Arc<dyn kiln_server::templates::Templates>,
-    host: &Host,
-) -> anyhow::Result<()> {
-    let live = old.list().len();
-    drop(old);
-    let t = Instant::now();
-    let server = cfg.prepare(templates).await?;
-    let listening = t.elapsed();
-    let report = server.recovery.done().await.map_err(anyhow::Error::msg)?;
-    let adopted = t.elapsed();
-    println!(
-        "  restart with {live} live sandboxes: listening after {:.0} ms, {} adopted after {:.1} s \
-         ({} cleaned up)",
-        listening.as_secs_f64() * 1000.0,
-        report.adopted.len(),
-        adopted.as_secs_f64(),
-        report.cleaned.len()
-    );
-    let m = server.manager.clone();
-    let exec = exec_round_trips(&m, a.exec_samples).await?;
-    println!("  exec p50 after the restart: {:.1} ms", exec.p50_ms);
-    let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
-    let n = ids.len();
-    let queue = Arc::new(Mutex::new(ids));
-    let t = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..a.kill_concurrency.max(1) {
-        let (m, queue) = (m.clone(), queue.clone());
-        workers.spawn(async move {
-            loop {
-                let id = queue.lock().unwrap_or_else(|p| p.into_inner()).pop();
-                let Some(id) = id else { break };
-                if let Err(e) = m.kill(&id, "bench density done").await {
-                    eprintln!("  kill {id}: {e}");
-                }
-            }
-        });
-    }
-    while workers.join_next().await.is_some() {}
-    let took = t.elapsed();
-    println!(
-        "  kill: {n} adopted sandboxes in {:.1} s ({} at once) = {:.1} kills/s",
-        took.as_secs_f64(),
-        a.kill_concurrency,
-        n as f64 / took.as_secs_f64().max(1e-9)
-    );
-    let left = host.usage();
-    anyhow::ensure!(
-        left.processes == 0,
-        "{} {} processes left after killing every sandbox",
-        left.processes,
-        host.raw.tool()
-    );
-    Ok(())
-}
-
 /// The runtime's host processes of this bench: those whose command line names `root`.
-struct Host {
-    root: PathBuf,
-    raw: Arc<dyn RawBaseline>,
+pub(super) struct Host {
+    pub root: PathBuf,
+    pub raw: Arc<dyn RawBaseline>,
+    pub started: Instant,
+    /// This process's RSS before the first sandbox (KiB).
+    pub rss0_kib: u64,
 }
 
 impl Host {
-    fn usage(&self) -> HostUsage {
+    pub fn usage(&self) -> HostUsage {
         self.raw.usage(&self.root)
     }
 }

@@ -7,6 +7,10 @@ mod audit_egress;
 mod create;
 mod create_bench;
 mod density;
+mod density_active;
+mod density_end;
+mod density_host;
+mod density_standby;
 mod exec;
 mod idle_cpu;
 mod lifecycle;
@@ -36,7 +40,9 @@ pub enum Cmd {
     /// Sandbox create → first `echo` output, sequential and concurrent, vs the runtime's raw run.
     Create(create::Args),
     /// Idle sandboxes per host in steps: MiB and threads per sandbox, create and exec latency,
-    /// CPU idle; then restart time and kill throughput.
+    /// CPU idle; with --active, an exec loop against the same loop with 20 alive; with
+    /// --standby-after, what a sandbox in standby keeps and wake vs raw restore; then restart
+    /// time and kill throughput.
     Density(density::Args),
     /// A command's cost inside a sandbox vs the runtime's raw run: fork+exec, python start, login
     /// shell, `commands.run("true")` round trip, kill.

@@ -41,7 +41,7 @@ impl Manager {
             self.check_timeout(timeout_secs.unwrap_or(self.cfg.default_timeout_secs as i64))?;
         let t = Instant::now();
         let (snap, parent) = {
-            let _guard = self.lifecycle_lock.lock().await;
+            let _guard = self.lifecycle_lock.write().await;
             let parent = self.get(id)?;
             if parent.state != SandboxState::Running {
                 return Err(Error::Conflict(format!(

@@ -29,6 +29,9 @@ struct Idle {
     since_ms: Option<i64>,
     /// The driver has been told the sandbox is idle ([`kiln_driver::Driver::set_idle`]).
     hinted: bool,
+    /// Held (with the lifecycle lock shared) by whatever changes or asks this sandbox alone:
+    /// its standby, its wake, a metrics sample.
+    gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What the CPU readings say.
@@ -257,6 +260,11 @@ impl IdleTable {
         e.last_active = Some(Instant::now() + by);
     }
 
+    /// `id`'s gate (see [`Idle::gate`]).
+    pub fn gate(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.lock().entry(id.to_string()).or_default().gate.clone()
+    }
+
     /// Since when `id` is in standby (Unix ms), if it is.
     pub fn standby_since(&self, id: &str) -> Option<i64> {
         self.lock().get(id).and_then(|e| e.since_ms)
@@ -456,6 +464,17 @@ mod tests {
         let now = Instant::now();
         assert!(!t.quiet("a", now + 10 * S, S));
         assert!(t.quiet("a", now + 12 * S, S));
+    }
+
+    #[tokio::test]
+    async fn each_sandbox_has_its_own_gate() {
+        let t = IdleTable::default();
+        let a = t.gate("a");
+        let held = a.clone().lock_owned().await;
+        assert!(t.gate("a").try_lock().is_err(), "the same sandbox waits");
+        assert!(t.gate("b").try_lock().is_ok(), "another sandbox does not");
+        drop(held);
+        assert!(t.gate("a").try_lock().is_ok());
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl Manager {
         memory: bool,
         require_healthy_guest: bool,
     ) -> Result<()> {
-        let _guard = self.lifecycle_lock.lock().await;
+        let _guard = self.lifecycle_lock.write().await;
         let rec = self.get(id)?;
         if rec.state == SandboxState::Paused {
             return Err(Error::Conflict(format!(
@@ -89,7 +89,7 @@ impl Manager {
     /// nothing, when the sandbox is running.
     pub async fn resume(&self, id: &str, memory: bool, secs: i64) -> Result<bool> {
         let secs = self.check_timeout(secs)?;
-        let _guard = self.lifecycle_lock.lock().await;
+        let _guard = self.lifecycle_lock.write().await;
         let rec = self.get(id)?;
         if rec.state != SandboxState::Paused {
             return Ok(false);

@@ -237,8 +237,10 @@ pub struct Manager {
     admission: admission::Admission,
     /// Template versions (name, key) already recorded in the store by this server.
     recorded_templates: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
-    /// Serialises pauses and resumes, so a sandbox is never paused and resumed at once.
-    lifecycle_lock: tokio::sync::Mutex<()>,
+    /// Serialises pauses, resumes, snapshots and forks (held exclusively), so a sandbox is
+    /// never paused and resumed at once. Standby and wake hold it shared, each with its
+    /// sandbox's own gate (`idle.rs`): one sandbox's checkpoint does not hold up another's wake.
+    lifecycle_lock: tokio::sync::RwLock<()>,
     pools: pool::Pools,
     /// Lifecycle events, the audit log, counters and webhooks.
     outlets: Arc<outlets::Outlets>,
@@ -287,7 +289,7 @@ impl Manager {
             registry: registry::Registry::default(),
             admission,
             recorded_templates: Default::default(),
-            lifecycle_lock: tokio::sync::Mutex::new(()),
+            lifecycle_lock: tokio::sync::RwLock::new(()),
             pools: pool::Pools::default(),
             outlets,
             history: sampler::History::default(),

@@ -61,7 +61,7 @@ impl Manager {
         // Not in the middle of a pause, snapshot or fork of it (a capture cut short by a
         // kill fails with a runtime error); then only if it is still due (a connect may
         // have extended it meanwhile).
-        let _guard = self.lifecycle_lock.lock().await;
+        let _guard = self.lifecycle_lock.write().await;
         if !self.is_running(id)
             || self
                 .registry

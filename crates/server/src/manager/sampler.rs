@@ -86,7 +86,8 @@ impl Manager {
         }
         let stats = self.driver.stats(&r.id).await?;
         let agent = {
-            let _guard = self.lifecycle_lock.lock().await;
+            // This sandbox alone: samples of others go on at once.
+            let _guard = self.hold_one(&r.id).await;
             if self.idle.standby_since(&r.id).is_some() {
                 return Err(standby());
             }
@@ -217,7 +218,7 @@ impl Manager {
         // Pause, snapshot and fork hold this lock while the sandbox is briefly not running;
         // held until the sandbox is ended, so no resume or capture comes between the verdict
         // and the end.
-        let _guard = self.lifecycle_lock.lock().await;
+        let _guard = self.lifecycle_lock.write().await;
         let stopped = {
             // (A sandbox in standby is paused on purpose.)
             let running_here = self

@@ -169,7 +169,7 @@ impl Manager {
                 )));
             }
         }
-        let _guard = self.lifecycle_lock.lock().await;
+        let _guard = self.lifecycle_lock.write().await;
         let rec = self.get(id)?;
         if rec.state != SandboxState::Running {
             return Err(Error::Conflict(format!(

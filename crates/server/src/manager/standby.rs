@@ -21,6 +21,12 @@ use super::Manager;
 use crate::error::{Error, Result};
 use crate::store::{now_ms, EventQuery, PauseMode, SandboxRecord, SandboxState, StateStore};
 
+/// What [`Manager::hold_one`] holds.
+pub(super) struct HeldOne<'a> {
+    _gate: tokio::sync::OwnedMutexGuard<()>,
+    _shared: tokio::sync::RwLockReadGuard<'a, ()>,
+}
+
 /// Metadata key of the per-sandbox opt-out (`kiln.standby=off`).
 pub const STANDBY_META: &str = "kiln.standby";
 
@@ -147,18 +153,30 @@ impl Manager {
         )))
     }
 
+    /// Holds `id` alone: the lifecycle lock shared (no pause, resume, snapshot or fork of any
+    /// sandbox meanwhile: they hold it exclusively) and `id`'s gate (no other standby, wake or
+    /// sample of `id`). Standbys, wakes and samples of other sandboxes go on beside it.
+    pub(super) async fn hold_one(&self, id: &str) -> HeldOne<'_> {
+        let shared = self.lifecycle_lock.read().await;
+        let gate = self.idle.gate(id).lock_owned().await;
+        HeldOne {
+            _gate: gate,
+            _shared: shared,
+        }
+    }
+
     /// Wakes `id` if it is in standby (see [`Self::wake_locked`]).
     pub async fn wake(&self, id: &str, why: &str) -> Result<()> {
         if self.idle.standby_since(id).is_none() {
             return Ok(());
         }
-        let _guard = self.lifecycle_lock.lock().await;
+        let _held = self.hold_one(id).await;
         self.wake_locked(id, why).await
     }
 
-    /// Restores `id` from standby (the lifecycle lock held): its runtime runs again from the
-    /// saved memory, its agent answers and has its clock set; a `wake` event says by what.
-    /// Nothing to do when it is awake.
+    /// Restores `id` from standby (the lifecycle lock held exclusively, or [`Self::hold_one`]):
+    /// its runtime runs again from the saved memory, its agent answers and has its clock set;
+    /// a `wake` event says by what. Nothing to do when it is awake.
     pub(super) async fn wake_locked(&self, id: &str, why: &str) -> Result<()> {
         let Some(since) = self.idle.standby_since(id) else {
             return Ok(());
@@ -222,7 +240,7 @@ impl Manager {
 
     /// Puts running `id` in standby if it is still quiet; true when it did.
     pub(super) async fn enter_standby(&self, id: &str, after: Duration) -> bool {
-        let _guard = self.lifecycle_lock.lock().await;
+        let _guard = self.hold_one(id).await;
         if self.registry.get(id).map(|r| r.state) != Some(SandboxState::Running) {
             return false;
         }

@@ -39,7 +39,7 @@ impl Manager {
         }
         // Pauses, resumes, snapshots and forks stop runtimes on purpose: judge only while
         // none is under way, and only sandboxes still registered as running.
-        let _guard = self.lifecycle_lock.lock().await;
+        let _guard = self.lifecycle_lock.write().await;
         let mut died = Vec::new();
         for id in self.driver.dead(&suspects).await {
             if !self.registry.get(&id).is_some_and(|r| running(&r))
