@@ -247,9 +247,19 @@ pub fn bench_network(
 
 /// How many sandboxes have a directory in the drivers' state under `state_dir`.
 pub fn sandboxes_on_disk(state_dir: &Path) -> usize {
-    std::fs::read_dir(state_dir.join("gvisor/sandboxes"))
+    std::fs::read_dir(sandboxes_dir(state_dir))
         .map(|d| d.count())
         .unwrap_or(0)
+}
+
+/// Where the driver keeps its sandboxes' directories in the state under `state_dir`.
+pub fn sandboxes_dir(state_dir: &Path) -> std::path::PathBuf {
+    state_dir.join("gvisor/sandboxes")
+}
+
+/// The driver's directory of sandbox `id` in the state under `state_dir`.
+pub fn sandbox_dir(state_dir: &Path, id: &str) -> std::path::PathBuf {
+    sandboxes_dir(state_dir).join(id)
 }
 
 /// A server's configuration and the driver it runs on.

@@ -13,20 +13,17 @@
 //! the end measures wake → first command against the runtime's raw restore + first command.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::density_active::{self, ActiveLoop};
+use super::density_active::{self, exec_round_trips, ActiveLoop};
 use super::density_end::{restart_and_kill, sweep, wake, RawWakeSetup};
-use super::density_host;
+use super::density_host::{self, Host};
 use super::density_standby::{self, DISK_RESERVE};
 use super::idle_cpu;
-use super::stats::{percentiles, Percentiles};
+use super::stats::percentiles;
 use kiln_server::Manager;
-
-use kiln_driver::baseline::{HostUsage, RawBaseline};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -496,37 +493,6 @@ async fn create_many(
     while workers.join_next().await.is_some() {}
     let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
     (std::mem::take(&mut o.0), std::mem::take(&mut o.1))
-}
-
-/// Sequential `/bin/echo` round trips through the agents of up to `samples` awake sandboxes
-/// spread over them.
-pub(super) async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Result<Percentiles> {
-    let all: Vec<_> = m
-        .list()
-        .into_iter()
-        .filter(|r| m.standby_since(&r.id).is_none())
-        .collect();
-    let every = (all.len() / samples.max(1)).max(1);
-    let mut times = Vec::new();
-    for rec in all.iter().step_by(every).take(samples) {
-        times.push(density_active::echo(m, &rec.id, rec.envd_token.clone()).await?);
-    }
-    Ok(percentiles(&times))
-}
-
-/// The runtime's host processes of this bench: those whose command line names `root`.
-pub(super) struct Host {
-    pub root: PathBuf,
-    pub raw: Arc<dyn RawBaseline>,
-    pub started: Instant,
-    /// This process's RSS before the first sandbox (KiB).
-    pub rss0_kib: u64,
-}
-
-impl Host {
-    pub fn usage(&self) -> HostUsage {
-        self.raw.usage(&self.root)
-    }
 }
 
 /// Share of CPU time the host spent idle over `window` (from /proc/stat).

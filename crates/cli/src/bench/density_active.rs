@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kiln_server::Manager;
 
+use super::stats::{percentiles, Percentiles};
+
 /// The longest the loop waits for each worker's first round trip.
 pub(super) const WARM_UP: Duration = Duration::from_secs(60);
 
@@ -186,4 +188,20 @@ pub(super) async fn measure_for(
     let r = l.take();
     l.stop().await;
     r
+}
+
+/// Sequential `/bin/echo` round trips through the agents of up to `samples` awake sandboxes
+/// spread over them.
+pub(super) async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Result<Percentiles> {
+    let all: Vec<_> = m
+        .list()
+        .into_iter()
+        .filter(|r| m.standby_since(&r.id).is_none())
+        .collect();
+    let every = (all.len() / samples.max(1)).max(1);
+    let mut times = Vec::new();
+    for rec in all.iter().step_by(every).take(samples) {
+        times.push(echo(m, &rec.id, rec.envd_token.clone()).await?);
+    }
+    Ok(percentiles(&times))
 }

@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use kiln_server::Manager;
 
-use super::density::{exec_round_trips, Host};
+use super::density_active::exec_round_trips;
 use super::density_host;
+use super::density_host::Host;
 use crate::drivers::ServerSetup;
 
 /// What the raw wake baseline needs.
@@ -121,7 +122,7 @@ pub(super) async fn restart_and_kill(
     let left = host.usage();
     let in_cgroups = density_host::kill_cgroup_procs(&ids);
     let dirs = crate::drivers::sandboxes_on_disk(&host.root);
-    let disk = density_host::dir_bytes(&host.root.join("gvisor/sandboxes"));
+    let disk = density_host::dir_bytes(&crate::drivers::sandboxes_dir(&host.root));
     println!(
         "  left after the kills: {} {} processes, {in_cgroups} in the sandboxes' cgroups \
          (killed), {dirs} sandbox directories ({:.1} MB)",

@@ -7,6 +7,10 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_driver::baseline::{HostUsage, RawBaseline};
 
 /// The controllers (cgroup v1) and unified roots a sandbox's host cgroup `kiln/<id>` may be
 /// in.
@@ -20,11 +24,6 @@ const CGROUP_ROOTS: &[&str] = &[
     "/sys/fs/cgroup/unified",
     "/sys/fs/cgroup",
 ];
-
-/// The state directory of sandbox `id` of a server whose state is in `state`.
-pub(super) fn sandbox_dir(state: &Path, id: &str) -> PathBuf {
-    state.join("gvisor/sandboxes").join(id)
-}
 
 /// Bytes on disk (allocated blocks) under `root`, without crossing into other filesystems
 /// (a sandbox's rootfs overlay and run directory are mounts) and counting hard links once.
@@ -158,6 +157,21 @@ pub(super) fn own_rss_kib() -> u64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// The runtime's host processes of this bench: those whose command line names `root`.
+pub(super) struct Host {
+    pub root: PathBuf,
+    pub raw: Arc<dyn RawBaseline>,
+    pub started: Instant,
+    /// This process's RSS before the first sandbox (KiB).
+    pub rss0_kib: u64,
+}
+
+impl Host {
+    pub fn usage(&self) -> HostUsage {
+        self.raw.usage(&self.root)
+    }
 }
 
 #[cfg(test)]

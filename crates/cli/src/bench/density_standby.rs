@@ -39,9 +39,9 @@ pub(super) async fn probe_checkpoint(
     let r = m.create(params(template)).await?;
     let measured = async {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let awake = host::dir_bytes(&host::sandbox_dir(state, &r.id));
+        let awake = host::dir_bytes(&crate::drivers::sandbox_dir(state, &r.id));
         m.pause(&r.id, true).await?;
-        let asleep = host::dir_bytes(&host::sandbox_dir(state, &r.id));
+        let asleep = host::dir_bytes(&crate::drivers::sandbox_dir(state, &r.id));
         anyhow::Ok((awake, asleep))
     }
     .await;
@@ -86,7 +86,7 @@ pub(super) fn standby_keep(state: &Path, ids: &[String]) -> StandbyKeep {
         ..Default::default()
     };
     for id in ids {
-        let dir = host::sandbox_dir(state, id);
+        let dir = crate::drivers::sandbox_dir(state, id);
         k.processes += host::cgroup_procs(id).len();
         k.cgroup_bytes += host::cgroup_memory(id).unwrap_or(0);
         k.mounts += host::mounts_under(&dir);
@@ -104,7 +104,7 @@ pub(super) async fn wait_standby(m: &Manager, want: usize, limit: Duration) -> u
     m.standby_count()
 }
 
-/// One raw wake: `runsc restore`, the agent answering, a first command.
+/// One raw wake: the runtime's restore, the agent answering, a first command.
 pub(super) struct RawRound {
     pub restore: Duration,
     pub ready: Duration,

@@ -172,7 +172,7 @@ pub struct AppState {
     /// Templates built through E2B's Template API; `None`: those routes answer 501.
     pub builds: Option<Arc<crate::tplbuild::Builds>>,
     /// Where the web console keeps its sessions; `None`: in memory (a restart ends them).
-    pub console_sessions: Option<Arc<dyn crate::console::SessionStore>>,
+    pub console_sessions: Option<Arc<dyn crate::console::store::SessionStore>>,
 }
 
 impl AppState {
@@ -248,7 +248,7 @@ impl AppState {
     /// With the console's sessions kept in `sessions` (etcd, on a cluster).
     pub fn with_console_sessions(
         mut self,
-        sessions: Arc<dyn crate::console::SessionStore>,
+        sessions: Arc<dyn crate::console::store::SessionStore>,
     ) -> Self {
         self.console_sessions = Some(sessions);
         self
