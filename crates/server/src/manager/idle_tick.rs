@@ -5,7 +5,10 @@
 //!   ([`kiln_driver::Driver::set_idle`]: the driver may make its runtime cheaper), and a hinted one whose
 //!   runtime got busy is hinted in use again (its first request, API call or connection takes
 //!   the hint back before it goes on: [`Manager::use_sandbox`], [`Manager::used`]);
-//! - one quiet for the standby period and not busy enters standby (`standby.rs`).
+//! - one quiet for the standby period and not busy enters standby (`standby.rs`); it is hinted
+//!   idle too, so that it costs little while it waits its turn. A tick spends at most its
+//!   period (`standby_tick_budget`) on standbys, one at least: during a long wave (hundreds
+//!   of sandboxes going quiet together) the next tick's hints are not held up by it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -77,20 +80,31 @@ impl Manager {
                     report.unhinted.push(r.id.clone());
                 }
                 Cpu::Quiet => {
-                    if standby_due {
-                        to_standby.push(r.id.clone());
-                    } else if let Some(after) = hint_after.filter(|_| hint_due) {
+                    if let Some(after) = hint_after.filter(|_| hint_due) {
                         let tell = || self.driver.set_idle(&r.id, true);
                         if self.idle.begin_hint(&r.id, Instant::now(), after, tell) {
                             report.hinted.push(r.id.clone());
                         }
+                    }
+                    if standby_due {
+                        to_standby.push(r.id.clone());
                     }
                 }
                 _ => {}
             }
         }
         if let Some(after) = standby_after {
-            for id in to_standby {
+            let budget = self
+                .cfg
+                .standby_tick_budget
+                .or_else(|| self.tick_period())
+                .unwrap_or_default();
+            let t = Instant::now();
+            for (n, id) in to_standby.into_iter().enumerate() {
+                // The rest are due again at the next tick, after its hints.
+                if n > 0 && t.elapsed() >= budget {
+                    break;
+                }
                 if self.enter_standby(&id, after).await {
                     report.standby.push(id);
                 }
@@ -99,15 +113,21 @@ impl Manager {
         report
     }
 
-    /// Runs [`Self::idle_tick`] forever (nothing when idle hints and standby are both off).
-    pub fn spawn_idle_tick(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
-        let period = match (self.cfg.idle_hint_after, self.cfg.standby_after) {
+    /// How often the idle tick runs (None: idle hints and standby are both off).
+    fn tick_period(&self) -> Option<Duration> {
+        let after = match (self.cfg.idle_hint_after, self.cfg.standby_after) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b)?,
         };
+        Some(tick_for(after))
+    }
+
+    /// Runs [`Self::idle_tick`] forever (nothing when idle hints and standby are both off).
+    pub fn spawn_idle_tick(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        let period = self.tick_period()?;
         let me = Arc::clone(self);
         Some(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(tick_for(period));
+            let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;

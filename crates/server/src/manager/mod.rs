@@ -151,6 +151,10 @@ pub struct LifecycleConfig {
     /// A running sandbox unused this long, its runtime quiet, is hinted idle to its driver
     /// (see `idle_tick.rs`); None: never.
     pub idle_hint_after: Option<Duration>,
+    /// How long one idle tick may spend putting sandboxes in standby before it leaves the rest
+    /// to the next tick (which hints newly quiet sandboxes first); at least one enters per
+    /// tick. None: the tick's period.
+    pub standby_tick_budget: Option<Duration>,
 }
 
 /// Most volumes a team may hold unless `kiln serve --team-max-volumes` says otherwise.
@@ -177,6 +181,7 @@ impl Default for LifecycleConfig {
             volume_mb: 10240,
             standby_after: None,
             idle_hint_after: None,
+            standby_tick_budget: None,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The gVisor runtime tests: the driver, the manager's lifecycle (timeouts, pause/resume,
 //! snapshots, forks, start commands, pools, restarts, template GC, disks, admission, timer
-//! slack) and sandbox networking, all with real runsc sandboxes.
+//! slack, the idle tick) and sandbox networking, all with real runsc sandboxes.
 //!
 //! One test binary (one link of kiln-server) per concern; each module is one former
 //! `tests/<name>.rs`.
@@ -11,6 +11,7 @@ mod common;
 mod capacity;
 mod disk_pool;
 mod gvisor_driver;
+mod idle_wave;
 mod lifecycle;
 mod lifecycle_watch;
 mod manager;
