@@ -50,6 +50,13 @@ struct SnapshotMeta {
     lowers: Vec<PathBuf>,
 }
 
+/// Writes `sdir`'s `snapshot.json` naming `stack` (written last: it makes the snapshot whole).
+fn write_meta(sdir: &Path, stack: Vec<PathBuf>) -> Result<()> {
+    let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
+        .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
+    std::fs::write(sdir.join("snapshot.json"), meta).map_err(io_err("writing snapshot.json"))
+}
+
 /// Bytes used by the files under `path` (allocated blocks, as `du` counts them).
 pub fn disk_usage(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -100,7 +107,7 @@ impl GvisorDriver {
     /// for the stop that follows.
     pub(super) async fn take_snapshot_ending(&self, id: &str, snap: &SnapshotRef) -> Result<u64> {
         let (sdir, lowers, making) = self.begin_capture(id, snap).await?;
-        let r = self.end_into(id, snap, &sdir, lowers).await;
+        let r = self.end_into(id, snap, &sdir, &lowers).await;
         self.end_capture(&sdir, making, r)
     }
 
@@ -156,64 +163,61 @@ impl GvisorDriver {
         id: &str,
         snap: &SnapshotRef,
         sdir: &Path,
-        lowers: Vec<PathBuf>,
+        lowers: &[PathBuf],
     ) -> Result<u64> {
         let t = std::time::Instant::now();
         self.halt(id).await?;
         let t_halt = t.elapsed();
-        let dir = self.sandbox_dir(id);
-        let layer = self.layer_dir(snap);
-        unmount(&dir.join("rootfs"))?;
-        if dir.join(disk::IMAGE).exists() {
-            disk::freeze_last(&dir, &layer)?;
-        } else {
-            let upper = dir.join("upper");
-            std::fs::rename(&upper, &layer)
-                .map_err(io_err(format!("freezing {}", upper.display())))?;
-        }
-        let mut stack = vec![layer.clone()];
-        stack.extend(lowers);
-        let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
-            .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
-        std::fs::write(sdir.join("snapshot.json"), meta)
-            .map_err(io_err("writing snapshot.json"))?;
+        let stack = self.freeze_layer(id, snap, lowers, false).await?;
+        write_meta(sdir, stack)?;
         tracing::debug!(
             sandbox = id,
             "snapshot ending its source: halt {:?}, freeze and record {:?}",
             t_halt,
             t.elapsed() - t_halt
         );
-        Ok(disk_usage(sdir) + disk_usage(&layer))
+        Ok(disk_usage(sdir) + disk_usage(&self.layer_dir(snap)))
     }
 
-    /// Freezes the stopped sandbox's writable layer as the snapshot's layer and mounts its
-    /// overlay again on a fresh one above it; returns the new stack.
+    /// Freezes the stopped sandbox's writable layer as the snapshot's layer; returns the new
+    /// stack. With `continues`, its overlay is mounted again on a fresh writable layer above
+    /// it (the source goes on); without, the sandbox is left without a disk (it ends).
     async fn freeze_layer(
         &self,
         id: &str,
         snap: &SnapshotRef,
         lowers: &[PathBuf],
+        continues: bool,
     ) -> Result<Vec<PathBuf>> {
         let dir = self.sandbox_dir(id);
         let rootfs = dir.join("rootfs");
         let layer = self.layer_dir(snap);
         unmount(&rootfs)?;
         if dir.join(disk::IMAGE).exists() {
-            // On its own filesystem: frozen in place, the sandbox goes on on a fresh disk.
-            disk::freeze(&dir, &layer).await?;
+            // On its own filesystem: frozen in place; a source that continues goes on on a
+            // fresh disk.
+            match continues {
+                true => disk::freeze(&dir, &layer).await?,
+                false => disk::freeze_last(&dir, &layer)?,
+            }
         } else {
             let (upper, work) = (dir.join("upper"), dir.join("work"));
             std::fs::rename(&upper, &layer)
                 .map_err(io_err(format!("freezing {}", upper.display())))?;
-            let _ = std::fs::remove_dir_all(&work);
-            for d in [&upper, &work] {
-                std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
+            if continues {
+                let _ = std::fs::remove_dir_all(&work);
+                for d in [&upper, &work] {
+                    std::fs::create_dir_all(d)
+                        .map_err(io_err(format!("creating {}", d.display())))?;
+                }
             }
         }
-        let (upper, work) = disk::layer_dirs(&dir);
         let mut stack = vec![layer];
         stack.extend(lowers.iter().cloned());
-        mount_overlay_stack(&stack, &upper, &work, &rootfs)?;
+        if continues {
+            let (upper, work) = disk::layer_dirs(&dir);
+            mount_overlay_stack(&stack, &upper, &work, &rootfs)?;
+        }
         Ok(stack)
     }
 
@@ -253,11 +257,11 @@ impl GvisorDriver {
         // busy, then it comes first.
         reap::kill_and_reap(&reap::sandbox_processes(&cid, Some(&dir))).await;
         let mut halted = false;
-        let mut frozen = self.freeze_layer(id, snap, &lowers).await;
+        let mut frozen = self.freeze_layer(id, snap, &lowers, true).await;
         if frozen.is_err() && is_mounted(&dir.join("rootfs")) {
             self.halt(id).await?;
             halted = true;
-            frozen = self.freeze_layer(id, snap, &lowers).await;
+            frozen = self.freeze_layer(id, snap, &lowers, true).await;
         }
         let t_freeze = t.elapsed();
         if frozen.is_err() && !is_mounted(&dir.join("rootfs")) {
@@ -273,12 +277,7 @@ impl GvisorDriver {
         // The sandbox continues from the image whatever happened to its layer.
         let _ = std::fs::remove_file(dir.join("run").join(SOCKET_NAME));
         let workaround = self.prepare_restore(id).await?;
-        let written = frozen.and_then(|stack| {
-            let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
-                .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
-            std::fs::write(sdir.join("snapshot.json"), meta)
-                .map_err(io_err("writing snapshot.json"))
-        });
+        let written = frozen.and_then(|stack| write_meta(sdir, stack));
         if let Err(e) = written {
             if !halted {
                 self.halt(id).await?;

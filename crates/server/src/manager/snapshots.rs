@@ -116,41 +116,18 @@ impl Manager {
 
     /// Runs `sync` in sandbox `id` as root: its filesystems' cached writes reach its disk.
     async fn flush_disk(&self, id: &str) -> std::result::Result<(), String> {
-        use kiln_envd::ProcessEvent;
-        use kiln_proto::process as pb;
-        let req = pb::StartRequest {
-            process: Some(pb::ProcessConfig {
-                cmd: "sync".into(),
-                args: vec![],
-                envs: Default::default(),
-                cwd: Some("/".into()),
-            }),
-            pty: None,
-            tag: Some("kiln-sync".into()),
-            stdin: Some(false),
-        };
         let token = self.get(id).map_err(|e| e.to_string())?.envd_token;
-        let run = async {
-            let mut stream = self
-                .agent(id, token)
-                .start(&req, Some("root"))
-                .await
-                .map_err(|e| e.to_string())?;
-            loop {
-                match stream.next_event().await {
-                    Ok(Some(ProcessEvent::Exited { code: 0, .. })) => return Ok(()),
-                    Ok(Some(ProcessEvent::Exited { code, .. })) => {
-                        return Err(format!("sync exited with code {code}"))
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) => return Err("sync's stream ended early".into()),
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
+        let opts = kiln_envd::RunOptions {
+            user: Some("root".into()),
+            cwd: Some("/".into()),
+            timeout: Some(std::time::Duration::from_secs(60)),
+            ..Default::default()
         };
-        tokio::time::timeout(std::time::Duration::from_secs(60), run)
-            .await
-            .map_err(|_| "sync still running after 60 s".to_string())?
+        match self.agent(id, token).run("sync", opts).await {
+            Ok(out) if out.exit_code == 0 => Ok(()),
+            Ok(out) => Err(format!("sync exited with code {}", out.exit_code)),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     async fn capture(
