@@ -30,6 +30,9 @@ pub use process::{
 /// How long [`EnvdClient::health`] waits for an answer.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long [`EnvdClient::wait_ready`] polls every millisecond before it backs off.
+const FAST_POLL: Duration = Duration::from_millis(150);
+
 struct Inner {
     connector: Arc<dyn Connector>,
     access_token: Option<String>,
@@ -246,7 +249,7 @@ impl EnvdClient {
     /// never accepted a connection, else the last error).
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), EnvdError> {
         let start = Instant::now();
-        let mut delay = Duration::from_millis(2);
+        let mut delay = Duration::from_millis(1);
         loop {
             match self.health().await {
                 Ok(()) => return Ok(()),
@@ -259,7 +262,11 @@ impl EnvdClient {
                 }
                 Err(_) => {
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(10));
+                    // Every millisecond while an agent usually starts (a failed connect costs
+                    // microseconds), then backing off to 10 ms for a slow one.
+                    if start.elapsed() >= FAST_POLL {
+                        delay = (delay * 2).min(Duration::from_millis(10));
+                    }
                 }
             }
         }
