@@ -1,0 +1,237 @@
+//! A node's side of paused sandboxes in object storage. After a pause, [`Mover::store`]
+//! uploads the files the driver names (chunks the bucket lacks only) and records them in
+//! etcd; [`Mover::take_over`] makes a paused sandbox of another node this node's: ownership
+//! first (revision-checked, so one node wins), then only the chunks this node's chunk cache
+//! lacks, then the driver adopts the files and the normal resume runs it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_server::store::now_ms;
+use kiln_server::{Error, Manager};
+
+use crate::checkpoints::{no_checkpoint, CheckpointDoc, CheckpointFile, Moved};
+use crate::objects::ChunkStore;
+use crate::store::EtcdStore;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Moves paused sandboxes' checkpoints between this node and the bucket.
+#[derive(Clone)]
+pub struct Mover {
+    pub manager: Arc<Manager>,
+    pub etcd: EtcdStore,
+    pub chunks: ChunkStore,
+    /// This node's cache of fetched chunks (files named by their hash).
+    pub cache_dir: PathBuf,
+    pub node: String,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    tracing::warn!(error = %e, "{what}");
+    Error::Unavailable(format!("{what}: object storage or etcd failed; retry"))
+}
+
+/// MB/s of `bytes` in `ms` (0 for no time).
+pub fn mb_per_s(bytes: u64, ms: u64) -> f64 {
+    if ms == 0 {
+        return 0.0;
+    }
+    bytes as f64 / (1 << 20) as f64 / (ms as f64 / 1000.0)
+}
+
+impl Mover {
+    /// Uploads paused sandbox `id`'s files and records them as its checkpoint; the pause is
+    /// safe against this node's loss once this returns.
+    pub async fn store(&self, id: &str) -> Result<CheckpointDoc> {
+        let t = Instant::now();
+        let portable = self.manager.portable_pause(id).await?;
+        let mut doc = CheckpointDoc {
+            node: self.node.clone(),
+            files: Vec::new(),
+            bytes: 0,
+            bytes_uploaded: 0,
+            upload_ms: 0,
+            at_ms: now_ms(),
+        };
+        for rel in &portable.files {
+            let path = rel.to_string_lossy().into_owned();
+            if !CheckpointFile::safe_path(&path) {
+                return Err(Error::internal(format!(
+                    "the driver named a checkpoint file outside its directory: {path}"
+                )));
+            }
+            let put = self
+                .chunks
+                .put_file(&portable.dir.join(rel))
+                .await
+                .map_err(|e| unavailable("storing a checkpoint", e))?;
+            doc.bytes += put.manifest.size;
+            doc.bytes_uploaded += put.bytes_uploaded;
+            doc.files.push(CheckpointFile {
+                path,
+                manifest: put.id,
+                size: put.manifest.size,
+            });
+        }
+        doc.upload_ms = t.elapsed().as_millis() as u64;
+        let recorded = self
+            .etcd
+            .put_checkpoint(id, &doc)
+            .await
+            .map_err(|e| unavailable("recording a checkpoint", e))?;
+        if !recorded {
+            return Err(Error::Conflict(format!(
+                "sandbox \"{id}\" moved to another node while its checkpoint was stored"
+            )));
+        }
+        let detail = format!(
+            "checkpoint in object storage: {} files, {:.1} MiB ({:.1} MiB sent) in {} ms, {:.1} MB/s",
+            doc.files.len(),
+            doc.bytes as f64 / (1 << 20) as f64,
+            doc.bytes_uploaded as f64 / (1 << 20) as f64,
+            doc.upload_ms,
+            mb_per_s(doc.bytes, doc.upload_ms)
+        );
+        tracing::info!(sandbox = id, "{detail}");
+        if let Err(e) = self.etcd.add_event_doc(id, "checkpoint", &detail).await {
+            tracing::warn!(sandbox = id, error = %e, "recording the checkpoint event");
+        }
+        Ok(doc)
+    }
+
+    /// Makes paused sandbox `id`, owned by node `from`, this node's: ownership moves in
+    /// etcd, its checkpoint's missing chunks are fetched and the driver adopts its files.
+    /// Idempotent: a sandbox this node already holds is left as it is.
+    pub async fn take_over(&self, id: &str, from: &str) -> Result<()> {
+        if kiln_server::SandboxService::get(self.manager.as_ref(), id).is_ok() {
+            return Ok(());
+        }
+        let Some(doc) = self
+            .etcd
+            .checkpoint(id)
+            .await
+            .map_err(|e| unavailable("reading a checkpoint", e))?
+        else {
+            return Err(no_checkpoint(id, from));
+        };
+        let rec = match self
+            .etcd
+            .move_owner(id, from, &self.node)
+            .await
+            .map_err(|e| unavailable("taking a sandbox over", e))?
+        {
+            Moved::To(rec) => rec,
+            Moved::NotPaused => {
+                return Err(Error::Conflict(format!(
+                    "sandbox \"{id}\" is not paused: it cannot move"
+                )))
+            }
+            Moved::Taken(other) => {
+                return Err(Error::Conflict(format!(
+                    "sandbox \"{id}\" was taken over by node {other} meanwhile; retry"
+                )))
+            }
+        };
+        let t = Instant::now();
+        let dir = self.manager.incoming_dir(id).await?;
+        let (mut fetched, mut reused) = (0u64, 0u64);
+        for f in &doc.files {
+            if !CheckpointFile::safe_path(&f.path) {
+                return Err(Error::internal(format!(
+                    "sandbox \"{id}\"'s checkpoint names a file outside its directory"
+                )));
+            }
+            let dest = dir.join(&f.path);
+            if let Some(parent) = dest.parent() {
+                tokio::fs::create_dir_all(parent)
+                    .await
+                    .map_err(|e| Error::internal(format!("preparing a checkpoint: {e}")))?;
+            }
+            let got = self
+                .chunks
+                .get_file(&f.manifest, &dest, &self.cache_dir)
+                .await
+                .map_err(|e| unavailable("fetching a checkpoint", e))?;
+            fetched += got.bytes_fetched;
+            reused += got.bytes_reused;
+        }
+        let ms = t.elapsed().as_millis() as u64;
+        self.manager.adopt_paused(rec, &doc.node).await?;
+        let detail = format!(
+            "checkpoint fetched from object storage: {:.1} MiB fetched, {:.1} MiB from the \
+             chunk cache, in {ms} ms, {:.1} MB/s",
+            fetched as f64 / (1 << 20) as f64,
+            reused as f64 / (1 << 20) as f64,
+            mb_per_s(fetched + reused, ms)
+        );
+        tracing::info!(sandbox = id, "{detail}");
+        if let Err(e) = self.etcd.add_event_doc(id, "checkpoint", &detail).await {
+            tracing::warn!(sandbox = id, error = %e, "recording the checkpoint event");
+        }
+        Ok(())
+    }
+}
+
+/// After a pause through the API: its checkpoint stored, when this node has an object store.
+/// A sandbox its driver cannot move stays paused here only (logged).
+pub(super) async fn stored(n: &super::NodeApi, id: &str) -> Result<()> {
+    let Some(m) = &n.mover else {
+        return Ok(());
+    };
+    match m.store(id).await {
+        Ok(_) => Ok(()),
+        Err(Error::Driver(kiln_server::driver::DriverError::NotImplemented(what))) => {
+            tracing::warn!(sandbox = id, "its checkpoint stays on this node: {what}");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Before a resume: a sandbox this node owns in etcd but does not hold (a take-over that
+/// stopped after ownership moved) is fetched first.
+pub(super) async fn held(n: &super::NodeApi, id: &str) -> Result<()> {
+    let Some(m) = &n.mover else {
+        return Ok(());
+    };
+    if kiln_server::SandboxService::get(m.manager.as_ref(), id).is_ok() {
+        return Ok(());
+    }
+    match m.etcd.owner_of(id).await {
+        Ok(Some(o)) if o == m.node => m.take_over(id, &m.node).await,
+        _ => Ok(()),
+    }
+}
+
+/// [`Mover::take_over`], on a node that has an object store.
+pub(super) async fn take_over(n: &super::NodeApi, id: &str, from: &str) -> Result<()> {
+    match &n.mover {
+        Some(m) => m.take_over(id, from).await,
+        None => Err(Error::Conflict(format!(
+            "sandbox \"{id}\" cannot move to this node: it has no object store configured"
+        ))),
+    }
+}
+
+/// Drops this node's copy of a sandbox another node owns now; whether there was one.
+pub(super) async fn release(n: &super::NodeApi, id: &str) -> Result<bool> {
+    let Some(m) = &n.mover else {
+        return Ok(false);
+    };
+    let owner = m
+        .etcd
+        .owner_of(id)
+        .await
+        .map_err(|e| unavailable("reading a sandbox's owner", e))?;
+    if owner.as_deref() == Some(m.node.as_str()) {
+        return Err(Error::Conflict(format!(
+            "sandbox \"{id}\" is still this node's"
+        )));
+    }
+    if kiln_server::SandboxService::get(m.manager.as_ref(), id).is_err() {
+        return Ok(false);
+    }
+    m.manager.kill(id, "moved: another node took it over").await
+}
