@@ -33,7 +33,11 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Unavailable(format!("{what}: object storage or etcd failed; retry"))
 }
 
-/// MB/s of `bytes` in `ms` (0 for no time).
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// MB/s (MiB per second) of `bytes` in `ms` (0 for no time).
 pub fn mb_per_s(bytes: u64, ms: u64) -> f64 {
     if ms == 0 {
         return 0.0;
@@ -87,12 +91,14 @@ impl Mover {
             )));
         }
         let detail = format!(
-            "checkpoint in object storage: {} files, {:.1} MiB ({:.1} MiB sent) in {} ms, {:.1} MB/s",
+            "checkpoint in object storage: {} files, {:.1} MiB in {} ms ({:.1} MB/s), {:.1} MiB \
+             sent ({:.1} MB/s)",
             doc.files.len(),
-            doc.bytes as f64 / (1 << 20) as f64,
-            doc.bytes_uploaded as f64 / (1 << 20) as f64,
+            mib(doc.bytes),
             doc.upload_ms,
-            mb_per_s(doc.bytes, doc.upload_ms)
+            mb_per_s(doc.bytes, doc.upload_ms),
+            mib(doc.bytes_uploaded),
+            mb_per_s(doc.bytes_uploaded, doc.upload_ms)
         );
         tracing::info!(sandbox = id, "{detail}");
         if let Err(e) = self.etcd.add_event_doc(id, "checkpoint", &detail).await {
@@ -160,11 +166,11 @@ impl Mover {
         let ms = t.elapsed().as_millis() as u64;
         self.manager.adopt_paused(rec, &doc.node).await?;
         let detail = format!(
-            "checkpoint fetched from object storage: {:.1} MiB fetched, {:.1} MiB from the \
-             chunk cache, in {ms} ms, {:.1} MB/s",
-            fetched as f64 / (1 << 20) as f64,
-            reused as f64 / (1 << 20) as f64,
-            mb_per_s(fetched + reused, ms)
+            "checkpoint fetched from object storage: {:.1} MiB fetched in {ms} ms ({:.1} MB/s), \
+             {:.1} MiB from the chunk cache or repeated chunks",
+            mib(fetched),
+            mb_per_s(fetched, ms),
+            mib(reused)
         );
         tracing::info!(sandbox = id, "{detail}");
         if let Err(e) = self.etcd.add_event_doc(id, "checkpoint", &detail).await {
