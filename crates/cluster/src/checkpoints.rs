@@ -54,7 +54,7 @@ impl CheckpointFile {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Moved {
     /// The node now owns it; the record as it was read (paused).
-    To(SandboxRecord),
+    To(Box<SandboxRecord>),
     /// It is not paused (or no longer exists): nothing moved.
     NotPaused,
     /// Another node owns it now (`owners/{id}` named neither the old owner nor this node).
@@ -108,7 +108,7 @@ impl EtcdStore {
             .as_ref()
             .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
         match owner.as_deref() {
-            Some(o) if o == to => return Ok(Moved::To(rec)),
+            Some(o) if o == to => return Ok(Moved::To(Box::new(rec))),
             Some(o) if o != from => return Ok(Moved::Taken(o.to_string())),
             _ => {}
         }
@@ -122,10 +122,10 @@ impl EtcdStore {
             .when([owner_same, rec_same])
             .and_then([TxnOp::put(okey.as_str(), to.as_bytes(), None)]);
         if self.txn(Kind::Write, txn).await?.succeeded() {
-            return Ok(Moved::To(rec));
+            return Ok(Moved::To(Box::new(rec)));
         }
         match self.owner_of(id).await?.as_deref() {
-            Some(o) if o == to => Ok(Moved::To(rec)),
+            Some(o) if o == to => Ok(Moved::To(Box::new(rec))),
             Some(o) if o != from => Ok(Moved::Taken(o.to_string())),
             _ => Ok(Moved::NotPaused),
         }

@@ -164,7 +164,7 @@ impl Mover {
             reused += got.bytes_reused;
         }
         let ms = t.elapsed().as_millis() as u64;
-        self.manager.adopt_paused(rec, &doc.node).await?;
+        self.manager.adopt_paused(*rec, &doc.node).await?;
         let detail = format!(
             "checkpoint fetched from object storage: {:.1} MiB fetched in {ms} ms ({:.1} MB/s), \
              {:.1} MiB from the chunk cache or repeated chunks",
