@@ -6,8 +6,10 @@ file and a counting process is paused (its checkpoint uploaded before the pause 
 node is killed with SIGKILL, and a connect through the other replica resumes it on the other
 node with its file and its process still counting from where it was (memory restored); the
 killed node, back on its state dir, drops its copy. A paused sandbox of a draining node
-resumes on another node, and the drained node drops its copy. A paused sandbox of a lost node
-without an object store answers 409 naming its node. Bounded: about a minute and a half.
+resumes on another node, and the drained node drops its copy. A filesystem-only auto-pause (at
+the end of the timeout) is uploaded too, and boots on its disk on another node after its node
+is killed. A paused sandbox of a lost node without an object store answers 409 naming its
+node. Bounded: about half a minute.
 
 Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ETCD) and moto.
 """
@@ -231,6 +233,39 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere(cluster):
         assert again.files.read("/home/user/notes.txt") == "drained"
     finally:
         kiln_node(cluster, "undrain", home)
+        try:
+            Sandbox.kill(sid, **cluster.opts("c1"))
+        except Exception:
+            pass
+
+
+def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
+    from e2b import Sandbox, SandboxState
+
+    s = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
+                       **cluster.opts("c1"))
+    sid = s.sandbox_id
+    home = cluster.node_of(sid)
+    other = "n2" if home == "n1" else "n1"
+    try:
+        s.files.write("/home/user/on-disk", "kept")
+        deadline = time.time() + 30
+        while Sandbox.get_info(sid, **cluster.opts("c2")).state != SandboxState.PAUSED:
+            assert time.time() < deadline, "never auto-paused"
+            time.sleep(0.2)
+        # The node uploads an auto-pause's checkpoint after its `paused` event.
+        while not checkpoint_events(cluster, sid):
+            assert time.time() < deadline, "the auto-pause's checkpoint was not stored"
+            time.sleep(0.2)
+        status, detail = cluster.request("c1", "GET", f"/sandboxes/{sid}")
+        assert status == 200 and detail["pauseMode"] == "filesystem", detail
+        cluster.nodes[home].kill9()
+        again = connect_when_moved(cluster, sid, "c2")
+        assert cluster.node_of(sid) == other, "booted on its disk on the node left"
+        assert again.files.read("/home/user/on-disk") == "kept"
+        assert again.commands.run("echo booted").stdout.strip() == "booted"
+        cluster.start_node(home)
+    finally:
         try:
             Sandbox.kill(sid, **cluster.opts("c1"))
         except Exception:

@@ -81,10 +81,7 @@ async fn op(
         Op::Pause {
             memory,
             require_healthy_guest,
-        } => {
-            s.pause_checked(&id, memory, require_healthy_guest).await?;
-            moves::stored(&n, &id).await?;
-        }
+        } => moves::pause(&n, &id, memory, require_healthy_guest).await?,
         Op::Resume { memory, secs } => {
             moves::held(&n, &id).await?;
             a.flag = s.resume(&id, memory, secs).await?;

@@ -103,7 +103,11 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         chunks: o.chunks,
         cache_dir: o.cache_dir,
         node: cfg.name.clone(),
+        api_pausing: Default::default(),
     });
+    if let Some(m) = &mover {
+        tokio::spawn(moves::upload_other_pauses(m.clone(), manager.subscribe()));
+    }
     let node_api = NodeApi {
         service: manager.clone(),
         secret: cfg.secret.clone(),

@@ -4,6 +4,7 @@
 //! first (revision-checked, so one node wins), then only the chunks this node's chunk cache
 //! lacks, then the driver adopts the files and the normal resume runs it.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +27,9 @@ pub struct Mover {
     /// This node's cache of fetched chunks (files named by their hash).
     pub cache_dir: PathBuf,
     pub node: String,
+    /// Sandboxes being paused through the node-internal API, whose pause uploads its
+    /// checkpoint itself (the `paused` event listener leaves them alone).
+    pub api_pausing: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -180,12 +184,30 @@ impl Mover {
     }
 }
 
-/// After a pause through the API: its checkpoint stored, when this node has an object store.
-/// A sandbox its driver cannot move stays paused here only (logged).
-pub(super) async fn stored(n: &super::NodeApi, id: &str) -> Result<()> {
+/// A pause through the API: the driver's pause, then its checkpoint stored when this node has
+/// an object store (the pause answers after the upload). A sandbox its driver cannot move
+/// stays paused here only (logged).
+pub(super) async fn pause(
+    n: &super::NodeApi,
+    id: &str,
+    memory: bool,
+    require_healthy_guest: bool,
+) -> Result<()> {
     let Some(m) = &n.mover else {
-        return Ok(());
+        return n
+            .service
+            .pause_checked(id, memory, require_healthy_guest)
+            .await;
     };
+    m.api_pausing.lock().unwrap().insert(id.to_string());
+    if let Err(e) = n
+        .service
+        .pause_checked(id, memory, require_healthy_guest)
+        .await
+    {
+        m.api_pausing.lock().unwrap().remove(id);
+        return Err(e);
+    }
     match m.store(id).await {
         Ok(_) => Ok(()),
         Err(Error::Driver(kiln_server::driver::DriverError::NotImplemented(what))) => {
@@ -240,4 +262,41 @@ pub(super) async fn release(n: &super::NodeApi, id: &str) -> Result<bool> {
         return Ok(false);
     }
     m.manager.kill(id, "moved: another node took it over").await
+}
+
+/// Uploads the checkpoints of pauses that did not come through the API (a sandbox paused at
+/// the end of its timeout), as their `paused` events arrive; failures are logged.
+pub async fn upload_other_pauses(
+    m: Mover,
+    mut events: tokio::sync::broadcast::Receiver<kiln_server::manager::LifecycleEvent>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let e = match events.recv().await {
+            Ok(e) => e,
+            Err(RecvError::Lagged(n)) => {
+                tracing::warn!(
+                    missed = n,
+                    "lifecycle events missed by the checkpoint uploader"
+                );
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        if e.kind != "paused" || m.api_pausing.lock().unwrap().remove(&e.sandbox_id) {
+            continue;
+        }
+        let m = m.clone();
+        tokio::spawn(async move {
+            match m.store(&e.sandbox_id).await {
+                Ok(_) => {}
+                Err(Error::Driver(kiln_server::driver::DriverError::NotImplemented(what))) => {
+                    tracing::warn!(sandbox = %e.sandbox_id, "its checkpoint stays on this node: {what}");
+                }
+                Err(err) => {
+                    tracing::warn!(sandbox = %e.sandbox_id, error = %err, "storing the checkpoint of a pause");
+                }
+            }
+        });
+    }
 }
