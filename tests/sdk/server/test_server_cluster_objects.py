@@ -3,8 +3,9 @@ storage"): a one-member etcd, a moto S3 server (PyPI `moto[server]`, pinned in
 tests/sdk/requirements.txt), two `kiln node` processes with the bucket configured, one without,
 and two `kiln control` replicas, all on 127.0.0.1. Through the pinned e2b SDK: a sandbox with a
 file and a counting process is paused (its checkpoint uploaded before the pause answers), its
-node is killed with SIGKILL, and a connect through the other replica resumes it on the other
-node with its file and its process still counting from where it was (memory restored); the
+node is killed with SIGKILL, and traffic through a replica's gateway (autoResume)
+resumes it on the other node with its file and its process still counting from where it was
+(memory restored); the
 killed node, back on its state dir, drops its copy. A paused sandbox of a draining node
 resumes on another node, and the drained node drops its copy. A filesystem-only auto-pause (at
 the end of the timeout) is uploaded too, and boots on its disk on another node after its node
@@ -161,7 +162,8 @@ def checkpoint_events(cluster, sid: str) -> list:
 def test_a_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(cluster):
     from e2b import Sandbox
 
-    s = Sandbox.create(timeout=300, **cluster.opts("c1"))
+    s = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause", "auto_resume": True},
+                       **cluster.opts("c1"))
     sid = s.sandbox_id
     try:
         home = cluster.node_of(sid)
@@ -176,11 +178,19 @@ def test_a_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(cl
         assert stored and "checkpoint in object storage" in stored[0] and "MB/s" in stored[0], stored
         print(stored[0])
         cluster.nodes[home].kill9()
-        t = time.time()
-        again = connect_when_moved(cluster, sid, "c2")
-        print(f"connect on another node (after the lease ran out): {time.time() - t:.2f} s")
+        # Traffic through the gateway (autoResume) resumes it on the node left, once the
+        # replica counts its node gone.
+        t, got = time.time(), None
+        while got is None:
+            try:
+                got = s.files.read("/home/user/notes.txt", request_timeout=60)
+            except Exception as e:
+                assert time.time() < t + 40, f"never auto-resumed elsewhere: {e}"
+                time.sleep(0.5)
+        print(f"auto-resume on another node (after the lease ran out): {time.time() - t:.2f} s")
+        assert got == "written on " + home
         assert cluster.node_of(sid) == other, "resumed on the node left"
-        assert again.files.read("/home/user/notes.txt") == "written on " + home
+        again = Sandbox.connect(sid, timeout=120, **cluster.opts("c2"))
         first = count(again)
         assert first >= 5, f"the counter continued from where it was, not from 0 ({first})"
         time.sleep(1)

@@ -15,6 +15,15 @@ use crate::wire::{Op, OpAnswer};
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl ClusterService {
+    /// Whether a resume of paused sandbox `id` would run it on another node (its node is not
+    /// live, or draining).
+    pub(super) fn moves_on_resume(&self, id: &str) -> bool {
+        !self
+            .cache
+            .owner(id)
+            .is_some_and(|n| !self.cache.is_draining(&n.name))
+    }
+
     /// A resume (`connect`: a connect) of `id`, on the node it should run on.
     pub(super) async fn resume_op(
         &self,
@@ -30,10 +39,7 @@ impl ClusterService {
         };
         let rec = self.get(id)?;
         let live = self.cache.owner(id);
-        let stays = live
-            .as_ref()
-            .is_some_and(|n| !self.cache.is_draining(&n.name));
-        if rec.state != SandboxState::Paused || stays {
+        if rec.state != SandboxState::Paused || !self.moves_on_resume(id) {
             return self.call(id, here).await;
         }
         let Some(from) = self.cache.owner_name(id) else {

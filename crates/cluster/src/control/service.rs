@@ -428,6 +428,14 @@ impl SandboxService for ClusterService {
         if rec.state == SandboxState::Paused && !rec.auto_resume {
             return Err(NoRoute::Paused);
         }
+        if rec.state == SandboxState::Paused && self.moves_on_resume(id) {
+            // Its node is lost or draining: resumed on another node first.
+            let secs = self.cfg.default_timeout_secs as i64;
+            if let Err(e) = self.resume_op(id, true, secs, true).await {
+                tracing::warn!(sandbox = id, error = %e, "auto-resuming on traffic");
+                return Err(NoRoute::Paused);
+            }
+        }
         if self.cache.owner(id).is_none() {
             return Err(NoRoute::NotFound);
         }
