@@ -3,10 +3,9 @@ storage"): a one-member etcd, a moto S3 server (PyPI `moto[server]`, pinned in
 tests/sdk/requirements.txt), two `kiln node` processes with the bucket configured, one without,
 and two `kiln control` replicas, all on 127.0.0.1. Through the pinned e2b SDK: a sandbox with a
 file and a counting process is paused (its checkpoint uploaded before the pause answers), its
-node is killed with SIGKILL, and traffic through a replica's gateway (autoResume)
-resumes it on the other node with its file and its process still counting from where it was
-(memory restored); the
-killed node, back on its state dir, drops its copy. A paused sandbox of a draining node
+node is killed with SIGKILL, and traffic through a replica's gateway (autoResume) resumes it on
+the other node with its file and its process still counting from where it was (memory
+restored); the killed node, back on its state dir, drops its copy. A paused sandbox of a draining node
 resumes on another node, and the drained node drops its copy. A filesystem-only auto-pause (at
 the end of the timeout) is uploaded too, and boots on its disk on another node after its node
 is killed. A paused sandbox of a lost node without an object store answers 409 naming its
