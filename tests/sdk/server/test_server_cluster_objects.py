@@ -21,12 +21,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from .conftest import kiln_bin, runsc_processes_for
 from .test_server_cluster import Cluster, Proc, free_port, kiln_node
 
 ACCESS = {"KILN_S3_ACCESS_KEY_ID": "kiln-test", "KILN_S3_SECRET_ACCESS_KEY": "kiln-test-secret"}
@@ -269,9 +271,20 @@ def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
         status, detail = cluster.request("c1", "GET", f"/sandboxes/{sid}")
         assert status == 200 and detail["pauseMode"] == "filesystem", detail
         cluster.nodes[home].kill9()
-        again = connect_when_moved(cluster, sid, "c2")
+        # Both replicas resume it at once: one sandbox comes of it.
+        got = {}
+        threads = [threading.Thread(target=lambda c=c: got.__setitem__(c, connect_when_moved(cluster, sid, c)))
+                   for c in ("c1", "c2")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert set(got) == {"c1", "c2"}, got
+        again = got["c2"]
         assert cluster.node_of(sid) == other, "booted on its disk on the node left"
+        assert sum(1 for c in runsc_processes_for(cluster.nodes[other].state_dir) if sid in c) >= 1
         assert again.files.read("/home/user/on-disk") == "kept"
+        assert got["c1"].files.read("/home/user/on-disk") == "kept"
         assert again.commands.run("echo booted").stdout.strip() == "booted"
         cluster.start_node(home)
     finally:
@@ -279,6 +292,19 @@ def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
             Sandbox.kill(sid, **cluster.opts("c1"))
         except Exception:
             pass
+
+
+def test_a_node_refuses_to_start_on_a_bucket_it_cannot_use(cluster):
+    base = [kiln_bin(), "node", *cluster.join(), "--name", "nx", "--no-prepare",
+            "--listen", "127.0.0.1:0", "--state-dir", os.path.join(cluster.base, "nx"),
+            "--s3-endpoint", cluster.moto.url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_S3_")}
+    r = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "KILN_S3_ACCESS_KEY_ID is not" in r.stderr, r.stderr
+    r = subprocess.run([*base, "--s3-bucket", "no-such-bucket"], env={**env, **ACCESS},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "reaching the object store's bucket" in r.stderr, r.stderr
+    assert "kiln-test-secret" not in r.stderr + r.stdout, "no secret in the output"
 
 
 def test_without_an_object_store_a_lost_nodes_paused_sandbox_answers_409(cluster):

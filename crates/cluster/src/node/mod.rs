@@ -104,6 +104,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         cache_dir: o.cache_dir,
         node: cfg.name.clone(),
         api_pausing: Default::default(),
+        taking: Default::default(),
     });
     if let Some(m) = &mover {
         tokio::spawn(moves::upload_other_pauses(m.clone(), manager.subscribe()));

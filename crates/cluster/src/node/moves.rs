@@ -4,7 +4,7 @@
 //! first (revision-checked, so one node wins), then only the chunks this node's chunk cache
 //! lacks, then the driver adopts the files and the normal resume runs it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +30,8 @@ pub struct Mover {
     /// Sandboxes being paused through the node-internal API, whose pause uploads its
     /// checkpoint itself (the `paused` event listener leaves them alone).
     pub api_pausing: Arc<std::sync::Mutex<HashSet<String>>>,
+    /// One take-over of a sandbox at a time (two replicas may pick this node at once).
+    pub taking: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -115,6 +117,26 @@ impl Mover {
     /// etcd, its checkpoint's missing chunks are fetched and the driver adopts its files.
     /// Idempotent: a sandbox this node already holds is left as it is.
     pub async fn take_over(&self, id: &str, from: &str) -> Result<()> {
+        let lock = self
+            .taking
+            .lock()
+            .unwrap()
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        let taken = {
+            let _one = lock.lock().await;
+            self.take_over_locked(id, from).await
+        };
+        let mut taking = self.taking.lock().unwrap();
+        // (This call's clone and the map's: nobody else waits.)
+        if Arc::strong_count(&lock) <= 2 {
+            taking.remove(id);
+        }
+        taken
+    }
+
+    async fn take_over_locked(&self, id: &str, from: &str) -> Result<()> {
         if kiln_server::SandboxService::get(self.manager.as_ref(), id).is_ok() {
             return Ok(());
         }
