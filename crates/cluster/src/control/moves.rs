@@ -18,10 +18,9 @@ impl ClusterService {
     /// Whether a resume of paused sandbox `id` would run it on another node (its node is not
     /// live, or draining).
     pub(super) fn moves_on_resume(&self, id: &str) -> bool {
-        !self
-            .cache
+        self.cache
             .owner(id)
-            .is_some_and(|n| !self.cache.is_draining(&n.name))
+            .is_none_or(|n| self.cache.is_draining(&n.name))
     }
 
     /// A resume (`connect`: a connect) of `id`, on the node it should run on.
