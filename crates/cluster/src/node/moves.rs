@@ -148,6 +148,12 @@ impl Mover {
         else {
             return Err(no_checkpoint(id, from));
         };
+        // This node must have its template before the sandbox becomes its own.
+        let known = kiln_server::store::SandboxStore::get_sandbox(&self.etcd, id)
+            .await
+            .map_err(|e| unavailable("reading a sandbox", e))?
+            .ok_or_else(|| Error::SandboxNotFound(id.to_string()))?;
+        self.manager.check_template(&known.template_id).await?;
         let rec = match self
             .etcd
             .move_owner(id, from, &self.node)
@@ -167,6 +173,42 @@ impl Mover {
             }
         };
         let t = Instant::now();
+        let (fetched, reused) = match self.fetch_and_adopt(id, &doc, *rec).await {
+            Ok(got) => got,
+            Err(e) => {
+                // Handed back, so that the next resume places it afresh.
+                if from != self.node {
+                    if let Err(back) = self.etcd.move_owner(id, &self.node, from).await {
+                        tracing::warn!(sandbox = id, error = %back, "handing a sandbox back");
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let ms = t.elapsed().as_millis() as u64;
+        let detail = format!(
+            "checkpoint fetched from object storage: {:.1} MiB fetched in {ms} ms ({:.1} MB/s), \
+             {:.1} MiB from the chunk cache or repeated chunks",
+            mib(fetched),
+            mb_per_s(fetched, ms),
+            mib(reused)
+        );
+        tracing::info!(sandbox = id, "{detail}");
+        if let Err(e) = self.etcd.add_event_doc(id, "checkpoint", &detail).await {
+            tracing::warn!(sandbox = id, error = %e, "recording the checkpoint event");
+        }
+        Ok(())
+    }
+
+    /// The checkpoint's files into this node's incoming directory (only the chunks its cache
+    /// lacks), then adopted by the driver as paused sandbox `rec`: the bytes fetched and
+    /// those taken from the cache (or repeated in a file).
+    async fn fetch_and_adopt(
+        &self,
+        id: &str,
+        doc: &CheckpointDoc,
+        rec: kiln_server::store::SandboxRecord,
+    ) -> Result<(u64, u64)> {
         let dir = self.manager.incoming_dir(id).await?;
         let (mut fetched, mut reused) = (0u64, 0u64);
         for f in &doc.files {
@@ -189,20 +231,8 @@ impl Mover {
             fetched += got.bytes_fetched;
             reused += got.bytes_reused;
         }
-        let ms = t.elapsed().as_millis() as u64;
-        self.manager.adopt_paused(*rec, &doc.node).await?;
-        let detail = format!(
-            "checkpoint fetched from object storage: {:.1} MiB fetched in {ms} ms ({:.1} MB/s), \
-             {:.1} MiB from the chunk cache or repeated chunks",
-            mib(fetched),
-            mb_per_s(fetched, ms),
-            mib(reused)
-        );
-        tracing::info!(sandbox = id, "{detail}");
-        if let Err(e) = self.etcd.add_event_doc(id, "checkpoint", &detail).await {
-            tracing::warn!(sandbox = id, error = %e, "recording the checkpoint event");
-        }
-        Ok(())
+        self.manager.adopt_paused(rec, &doc.node).await?;
+        Ok((fetched, reused))
     }
 }
 

@@ -30,6 +30,11 @@ impl Manager {
         Ok(self.driver.portable_pause(id).await?)
     }
 
+    /// Whether this host has template `name` (a paused sandbox of it can be adopted here).
+    pub async fn check_template(&self, name: &str) -> Result<()> {
+        self.lookup_template(name).await.map(drop)
+    }
+
     /// An empty directory for the files of paused sandbox `id` arriving from another host.
     pub async fn incoming_dir(&self, id: &str) -> Result<PathBuf> {
         if self.registry.get(id).is_some() {
