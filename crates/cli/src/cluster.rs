@@ -120,6 +120,10 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
         let objects = a.objects.node_objects(&p.cfg.state_dir)?;
         if let Some(o) = &objects {
             crate::cluster_objects::check(o).await?;
+            println!(
+                "kiln: paused sandboxes' checkpoints go to {}",
+                a.objects.describe()
+            );
         }
         let server = p.setup.prepare(p.templates).await?;
         let advertise = a

@@ -36,6 +36,20 @@ pub struct ObjectArgs {
 }
 
 impl ObjectArgs {
+    /// Where checkpoints go, for the node's start-up line (no credentials).
+    pub fn describe(&self) -> String {
+        let endpoint = self.s3_endpoint.as_deref().unwrap_or_default();
+        // (A user:password@ in the URL is never printed.)
+        let shown = match endpoint.split_once("://") {
+            Some((scheme, rest)) => {
+                let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+                format!("{scheme}://{host}")
+            }
+            None => endpoint.to_string(),
+        };
+        format!("bucket {} at {shown}", self.s3_bucket)
+    }
+
     /// The node's object store (None without an endpoint), its chunk cache in `state_dir`.
     pub fn node_objects(&self, state_dir: &Path) -> anyhow::Result<Option<NodeObjects>> {
         let Some(endpoint) = self.s3_endpoint.clone().filter(|e| !e.is_empty()) else {

@@ -295,6 +295,8 @@ def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
 
 
 def test_a_node_refuses_to_start_on_a_bucket_it_cannot_use(cluster):
+    assert f"checkpoints go to bucket kiln-ckpt at {cluster.moto.url}" in cluster.nodes["n2"].log()
+    assert "checkpoints go to" not in cluster.start_node("n3", s3=False).log()
     base = [kiln_bin(), "node", *cluster.join(), "--name", "nx", "--no-prepare",
             "--listen", "127.0.0.1:0", "--state-dir", os.path.join(cluster.base, "nx"),
             "--s3-endpoint", cluster.moto.url]
@@ -310,7 +312,7 @@ def test_a_node_refuses_to_start_on_a_bucket_it_cannot_use(cluster):
 def test_without_an_object_store_a_lost_nodes_paused_sandbox_answers_409(cluster):
     from e2b import Sandbox
 
-    n3 = cluster.start_node("n3", s3=False)
+    n3 = cluster.nodes.get("n3") or cluster.start_node("n3", s3=False)
     for n in ("n1", "n2"):
         kiln_node(cluster, "drain", n)
     try:
