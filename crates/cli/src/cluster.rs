@@ -80,6 +80,9 @@ pub struct NodeArgs {
     /// Seconds after its last lease renewal the cluster counts this node lost.
     #[arg(long, default_value_t = 5)]
     lease_ttl: u64,
+    /// Where paused sandboxes' checkpoints go, so they resume on any node.
+    #[command(flatten)]
+    objects: crate::cluster_objects::ObjectArgs,
     /// The host set-up and sandbox settings, as `kiln serve` takes them (`--listen` is the
     /// node-internal API's address).
     #[command(flatten)]
@@ -114,6 +117,14 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
     let max_sandboxes = p.cfg.lifecycle.admission.max_sandboxes.unwrap_or(0) as u32;
     p.rt.block_on(async move {
         let etcd = a.join.store().await?;
+        let objects = a.objects.node_objects(&p.cfg.state_dir)?;
+        if let Some(o) = &objects {
+            crate::cluster_objects::check(o).await?;
+            println!(
+                "kiln: paused sandboxes' checkpoints go to {}",
+                a.objects.describe()
+            );
+        }
         let server = p.setup.prepare(p.templates).await?;
         let advertise = a
             .advertise
@@ -131,6 +142,7 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
             lease_ttl: Duration::from_secs(a.lease_ttl.max(2)),
             load_every: Duration::from_secs(1),
             max_sandboxes,
+            objects,
         };
         match kiln_cluster::node::run(server, etcd, cfg).await? {
             NodeExit::Stopped => Ok(0),
@@ -240,8 +252,8 @@ fn drain(cmd: NodeCmd) -> anyhow::Result<i32> {
                     r.running.join(" ")
                 );
                 println!(
-                    "kiln: {} paused sandbox(es) stay on it and resume there (checkpoints do \
-                     not move between nodes yet): {}",
+                    "kiln: {} paused sandbox(es): those whose checkpoint is in object storage \
+                     resume on another node at their next resume, the others resume on it: {}",
                     r.paused.len(),
                     r.paused.join(" ")
                 );

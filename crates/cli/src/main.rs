@@ -9,6 +9,7 @@ mod audit;
 mod bench;
 mod client;
 mod cluster;
+mod cluster_objects;
 mod completions;
 mod dockerfile;
 mod doctor;

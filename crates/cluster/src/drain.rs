@@ -2,8 +2,8 @@
 //! own registration (which the node rewrites every second) and not on its lease, so it stays
 //! while the node restarts, until `kiln node undrain`. Control replicas place no new sandbox
 //! on a draining node and refuse forks there (a fork's children run on their parent's node);
-//! what already runs on it keeps running, and its paused sandboxes resume there: their
-//! checkpoints are on its disk until they live in object storage.
+//! what already runs on it keeps running; its paused sandboxes whose checkpoint is in object
+//! storage resume on another node at their next resume, the others there.
 
 use etcd_client::{PutOptions, TxnOp};
 use kiln_server::store::{now_ms, SandboxState};

@@ -23,6 +23,8 @@
 //! | `webhook-cursor` | the sequence number of the last event queued for the webhooks |
 //! | `nodes/{name}` | a node (JSON), attached to its lease |
 //! | `draining/{name}` | a drained node's mark (JSON); stays until `kiln node undrain` |
+//! | `owners/{id}` | the name of the node that owns the sandbox |
+//! | `checkpoints/{id}` | where a paused sandbox's checkpoint is in object storage (JSON) |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 
 /// Builds the keys of one store (one prefix).
@@ -162,6 +164,10 @@ impl Keys {
     /// The name of the node that runs sandbox `id`.
     pub fn owner(&self, id: &str) -> String {
         self.one("owners", id)
+    }
+    /// Where paused sandbox `id`'s checkpoint is in object storage.
+    pub fn checkpoint(&self, id: &str) -> String {
+        self.one("checkpoints", id)
     }
     /// The drain mark of node `name`.
     pub fn draining(&self, name: &str) -> String {

@@ -5,9 +5,11 @@
 //! E2B API and the gateway over them (`kiln control`). The key layout is in [`keys`].
 //! [`console`] keeps the web console's sessions, shared by every replica; [`drain`] marks nodes
 //! that take no new sandboxes.
-//! [`objects`] stores checkpoint bytes in an S3-compatible bucket as content-addressed chunks.
+//! [`objects`] stores checkpoint bytes in an S3-compatible bucket as content-addressed chunks;
+//! [`checkpoints`] records in etcd which paused sandbox's checkpoint is there.
 
 mod catalog;
+pub mod checkpoints;
 pub mod console;
 pub mod control;
 mod deliveries;
@@ -27,6 +29,7 @@ mod state;
 mod store;
 pub mod wire;
 
+pub use checkpoints::{CheckpointDoc, CheckpointFile, Moved};
 pub use console::EtcdSessions;
 pub use drain::{DrainMark, DrainReport};
 pub use error::ClusterError;

@@ -23,6 +23,8 @@ pub enum Published {
     Ended,
     /// Not written: the node no longer holds its lease.
     LeaseGone,
+    /// Not written: another node owns the sandbox now (it moved while paused).
+    Moved,
 }
 
 /// The end reason of a sandbox whose node was lost.
@@ -30,8 +32,9 @@ pub const NODE_LOST_REASON: &str = "died: node-lost";
 
 impl EtcdStore {
     /// Publishes node `node`'s sandbox `rec` (and the event `event`, when given) provided the
-    /// node still holds lease `lease`, and never brings back a sandbox the cluster ended (a
-    /// live `rec` over an ended record is refused).
+    /// node still holds lease `lease` and no other node owns the sandbox, and never brings
+    /// back a sandbox the cluster ended (a live `rec` over an ended record is refused). A
+    /// sandbox published in a state other than paused loses its checkpoint record.
     pub async fn publish_sandbox(
         &self,
         node: &str,
@@ -41,7 +44,15 @@ impl EtcdStore {
     ) -> Result<Published> {
         let k = self.keys();
         let key = k.sandbox(&rec.id);
+        let okey = k.owner(&rec.id);
         for attempt in 0..MAX_TRIES {
+            let owner = self.get_one(&okey).await?;
+            if owner
+                .as_ref()
+                .is_some_and(|kv| kv.value() != node.as_bytes())
+            {
+                return Ok(Published::Moved);
+            }
             let seen = self.get_one(&key).await?;
             if let Some(kv) = &seen {
                 let old: SandboxRecord = parse::<SandboxDoc>(kv.key(), kv.value())?.into();
@@ -51,8 +62,11 @@ impl EtcdStore {
             }
             let mut ops = vec![
                 TxnOp::put(key.as_str(), json(&SandboxDoc::from(rec)), None),
-                TxnOp::put(k.owner(&rec.id), node.as_bytes(), None),
+                TxnOp::put(okey.as_str(), node.as_bytes(), None),
             ];
+            if rec.state != SandboxState::Paused {
+                ops.push(TxnOp::delete(k.checkpoint(&rec.id), None));
+            }
             if let Some(e) = event {
                 let doc = EventDoc {
                     ts_ms: e.ts_ms,
@@ -73,8 +87,17 @@ impl EtcdStore {
                 None => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
             };
             let held = Compare::lease(k.node(node), CompareOp::Equal, lease);
+            let owned = match &owner {
+                Some(kv) => {
+                    Compare::mod_revision(okey.as_str(), CompareOp::Equal, kv.mod_revision())
+                }
+                None => Compare::create_revision(okey.as_str(), CompareOp::Equal, 0),
+            };
             let r = self
-                .txn(Kind::Write, Txn::new().when([same, held]).and_then(ops))
+                .txn(
+                    Kind::Write,
+                    Txn::new().when([same, held, owned]).and_then(ops),
+                )
                 .await?;
             if r.succeeded() {
                 return Ok(Published::At(r.header().map_or(0, |h| h.revision())));

@@ -155,6 +155,16 @@ pub enum Op {
         count: u32,
         timeout_secs: Option<i64>,
     },
+    /// Take paused sandbox `id` over from node `from` (its checkpoint in object storage),
+    /// then resume it (`connect`: as a connect does).
+    TakeOver {
+        from: String,
+        memory: bool,
+        secs: i64,
+        connect: bool,
+    },
+    /// Drop the local copy of a sandbox that another node took over.
+    Release,
 }
 
 /// What a call (or a create) answers (the fields its op fills).

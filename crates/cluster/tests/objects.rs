@@ -265,3 +265,42 @@ async fn a_corrupted_chunk_fails_naming_it_and_leaves_no_file() {
     assert!(matches!(err, ObjectError::BadManifestId(_)), "{err}");
     assert_eq!(entries(&out), ["file"]);
 }
+
+#[tokio::test]
+async fn a_sparse_file_sends_its_holes_once_and_comes_back_whole() {
+    let Some(moto) = Moto::start("a_sparse_file_sends_its_holes_once_and_comes_back_whole") else {
+        return;
+    };
+    let store = store(&moto, "sparse").await;
+    store.check().await.expect("the bucket answers");
+    let dir = tempfile::tempdir().unwrap();
+    // 64 chunks, of which only the 2nd and the 40th hold data: a disk image's shape.
+    let src = dir.path().join("disk.img");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(64 * CHUNK as u64).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&data(CHUNK, 1), CHUNK as u64).unwrap();
+    f.write_all_at(&data(100, 2), 39 * CHUNK as u64 + 7)
+        .unwrap();
+    drop(f);
+    let put = store.put_file(&src).await.unwrap();
+    assert_eq!(put.manifest.chunks.len(), 64);
+    assert_eq!(put.chunks_uploaded, 3, "two data chunks and one zero chunk");
+    assert_eq!(put.bytes_uploaded, 3 * CHUNK as u64);
+    let dest = dir.path().join("back.img");
+    let got = store
+        .get_file(&put.id, &dest, &dir.path().join("cache"))
+        .await
+        .unwrap();
+    assert_eq!(got.chunks_fetched, 3);
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&src).unwrap());
+    // A bucket that does not exist fails the check.
+    let mut missing = moto.bucket("sparse-other");
+    missing.bucket = "no-such-bucket".into();
+    let err = ChunkStore::connect(&missing)
+        .unwrap()
+        .check()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ObjectError::Request { .. }), "{err}");
+}

@@ -273,6 +273,35 @@ pub trait Checkpoint: Driver {
     async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()>;
     /// Deletes a snapshot and frees its disk.
     async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()>;
+    /// The files that make paused sandbox `id` whole on another host of this driver (see
+    /// [`PortablePause`]), flushed to disk; the sandbox stays paused here and resumable.
+    async fn portable_pause(&self, _id: &str) -> Result<PortablePause> {
+        Err(DriverError::NotImplemented(
+            "moving paused sandboxes between hosts",
+        ))
+    }
+    /// An empty directory where the files of [`Checkpoint::portable_pause`] from another host
+    /// are laid out (at their relative paths) before [`Checkpoint::adopt_paused`].
+    async fn incoming_dir(&self, _id: &str) -> Result<PathBuf> {
+        Err(DriverError::NotImplemented(
+            "moving paused sandboxes between hosts",
+        ))
+    }
+    /// Makes the files laid out in [`Checkpoint::incoming_dir`] paused sandbox `spec.id` of
+    /// this host (its network attached here): [`Checkpoint::resume`] then runs it.
+    async fn adopt_paused(&self, _spec: &SandboxSpec) -> Result<()> {
+        Err(DriverError::NotImplemented(
+            "moving paused sandboxes between hosts",
+        ))
+    }
+}
+
+/// The files of a paused sandbox that another host of the same driver needs to resume it:
+/// paths relative to `dir`, each a regular file. What they are is the driver's business.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortablePause {
+    pub dir: PathBuf,
+    pub files: Vec<PathBuf>,
 }
 
 /// The [`Checkpoint`] calls on any driver: forwarded when it has that side, else
@@ -334,6 +363,24 @@ impl dyn Driver {
     pub async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
         self.checkpoint_or("sandbox snapshots")?
             .delete_snapshot(snapshot)
+            .await
+    }
+    /// [`Checkpoint::portable_pause`].
+    pub async fn portable_pause(&self, id: &str) -> Result<PortablePause> {
+        self.checkpoint_or("moving paused sandboxes between hosts")?
+            .portable_pause(id)
+            .await
+    }
+    /// [`Checkpoint::incoming_dir`].
+    pub async fn incoming_dir(&self, id: &str) -> Result<PathBuf> {
+        self.checkpoint_or("moving paused sandboxes between hosts")?
+            .incoming_dir(id)
+            .await
+    }
+    /// [`Checkpoint::adopt_paused`].
+    pub async fn adopt_paused(&self, spec: &SandboxSpec) -> Result<()> {
+        self.checkpoint_or("moving paused sandboxes between hosts")?
+            .adopt_paused(spec)
             .await
     }
 }

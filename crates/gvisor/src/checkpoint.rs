@@ -147,20 +147,20 @@ pub(super) async fn continue_as_next(
 
 /// The record of a completed pause.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Paused {
+pub(super) struct Paused {
     /// Whether `checkpoint/` holds the sandbox's memory.
-    memory: bool,
+    pub(super) memory: bool,
     /// The layers under the sandbox's writable layer, topmost first (frozen layers of
     /// snapshots, then the template rootfs).
-    lower: Vec<PathBuf>,
+    pub(super) lower: Vec<PathBuf>,
 }
 
 impl GvisorDriver {
-    fn image_dir(&self, id: &str) -> PathBuf {
+    pub(super) fn image_dir(&self, id: &str) -> PathBuf {
         self.sandbox_dir(id).join("checkpoint")
     }
 
-    fn paused_file(&self, id: &str) -> PathBuf {
+    pub(super) fn paused_file(&self, id: &str) -> PathBuf {
         self.sandbox_dir(id).join("paused.json")
     }
 
@@ -168,7 +168,7 @@ impl GvisorDriver {
         detached_marker_in(&self.sandbox_dir(id))
     }
 
-    fn read_paused(&self, id: &str) -> Option<Paused> {
+    pub(super) fn read_paused(&self, id: &str) -> Option<Paused> {
         let text = std::fs::read(self.paused_file(id)).ok()?;
         serde_json::from_slice(&text).ok()
     }

@@ -37,6 +37,7 @@ pub mod network;
 mod oci;
 mod oom_reserve;
 mod peer;
+mod portable;
 mod pressure;
 mod pressure_events;
 mod proto;
@@ -564,6 +565,18 @@ impl Checkpoint for GvisorDriver {
 
     async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
         self.remove_snapshot(snapshot)
+    }
+
+    async fn portable_pause(&self, id: &str) -> Result<crate::driver::PortablePause> {
+        self.export_paused(id).await
+    }
+
+    async fn incoming_dir(&self, id: &str) -> Result<PathBuf> {
+        self.fresh_incoming(id).await
+    }
+
+    async fn adopt_paused(&self, spec: &SandboxSpec) -> Result<()> {
+        self.adopt_incoming(spec).await
     }
 }
 

@@ -130,7 +130,10 @@ def test_kiln_takes_the_flags_and_settings_the_manifests_give_it():
         for a in c["args"][1:]:
             if a.startswith("--"):
                 assert a in flags, (workload, a)
-        known = set(re.findall(r"env: (KILN_[A-Z_]+)", r.stdout)) | {"KILN_LOG"}
+        known = set(re.findall(r"env: (KILN_[A-Z0-9_]+)", r.stdout)) | {"KILN_LOG"}
+        # Settings read from the environment only (secrets never go on the command line).
+        for pair in re.findall(r"environment only:\s+(KILN_[A-Z0-9_]+)\s+and\s+(KILN_[A-Z0-9_]+)", r.stdout):
+            known |= set(pair)
         names = {e["name"] for e in c.get("env", [])}
         for src in c.get("envFrom", []):
             names |= set(by_kind("ConfigMap")[src["configMapRef"]["name"]]["data"])

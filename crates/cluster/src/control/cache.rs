@@ -94,6 +94,11 @@ impl Cache {
         v.owners.get(id).and_then(|n| v.nodes.get(n)).cloned()
     }
 
+    /// The name of the node recorded as owning sandbox `id` (live or not).
+    pub fn owner_name(&self, id: &str) -> Option<String> {
+        self.read().owners.get(id).cloned()
+    }
+
     /// The cluster's lifecycle events from now on, as nodes publish them.
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.events.subscribe()

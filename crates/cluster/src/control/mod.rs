@@ -9,6 +9,7 @@
 mod cache;
 mod client;
 mod leader;
+mod moves;
 pub mod placement;
 mod service;
 

@@ -2,7 +2,8 @@
 //! live node ([`super::placement`]) after the team's quota is checked against every live
 //! sandbox of the cluster; every later call goes to the node that owns the sandbox (the owner
 //! recorded in etcd), and traffic to a sandbox's ports goes through a tunnel to that node.
-//! Synchronous reads answer from the replica's [`Cache`]. What needs a node's local disk
+//! Synchronous reads answer from the replica's [`Cache`]. A paused sandbox whose node is
+//! lost or draining resumes on another node ([`super::moves`]). What needs a node's local disk
 //! (volumes, snapshots, templates' files, metrics history) answers 501 or empty for now.
 
 use std::collections::BTreeMap;
@@ -32,14 +33,14 @@ use crate::wire::{error_of, not_in_cluster, CreateDoc, Op, OpAnswer};
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How long a replica waits for its view to include what a node just published.
-const VIEW_WAIT: Duration = Duration::from_secs(3);
+pub(super) const VIEW_WAIT: Duration = Duration::from_secs(3);
 
 /// The lifecycle of a cluster's sandboxes, as one control replica serves it.
 pub struct ClusterService {
     cfg: LifecycleConfig,
-    etcd: EtcdStore,
-    cache: Arc<Cache>,
-    nodes: NodeClient,
+    pub(super) etcd: EtcdStore,
+    pub(super) cache: Arc<Cache>,
+    pub(super) nodes: NodeClient,
 }
 
 impl ClusterService {
@@ -59,7 +60,7 @@ impl ClusterService {
 
     /// The live nodes not draining, each counted with the live sandboxes this replica sees
     /// on it.
-    fn candidates(&self) -> Vec<NodeInfo> {
+    pub(super) fn candidates(&self) -> Vec<NodeInfo> {
         let mut nodes = self.cache.nodes();
         nodes.retain(|n| !self.cache.is_draining(&n.name));
         for n in &mut nodes {
@@ -83,7 +84,7 @@ impl ClusterService {
     }
 
     /// `op` on `id` at its node; returns once this replica's view includes its effect.
-    async fn call(&self, id: &str, op: Op) -> Result<OpAnswer> {
+    pub(super) async fn call(&self, id: &str, op: Op) -> Result<OpAnswer> {
         let node = self.owner(id)?;
         let a = self.nodes.op(&node.address, id, &op).await?;
         self.cache.wait_for(a.revision, VIEW_WAIT).await;
@@ -266,10 +267,10 @@ impl SandboxService for ClusterService {
         self.call(id, op).await.map(drop)
     }
     async fn resume(&self, id: &str, memory: bool, secs: i64) -> Result<bool> {
-        Ok(self.call(id, Op::Resume { memory, secs }).await?.flag)
+        Ok(self.resume_op(id, memory, secs, false).await?.flag)
     }
     async fn connect(&self, id: &str, secs: i64, memory: bool) -> Result<(SandboxRecord, bool)> {
-        let a = self.call(id, Op::Connect { secs, memory }).await?;
+        let a = self.resume_op(id, memory, secs, true).await?;
         let flag = a.flag;
         Ok((sandbox_of(a, id)?, flag))
     }
@@ -426,6 +427,14 @@ impl SandboxService for ClusterService {
         let rec = self.get(id).map_err(|_| NoRoute::NotFound)?;
         if rec.state == SandboxState::Paused && !rec.auto_resume {
             return Err(NoRoute::Paused);
+        }
+        if rec.state == SandboxState::Paused && self.moves_on_resume(id) {
+            // Its node is lost or draining: resumed on another node first.
+            let secs = self.cfg.default_timeout_secs as i64;
+            if let Err(e) = self.resume_op(id, true, secs, true).await {
+                tracing::warn!(sandbox = id, error = %e, "auto-resuming on traffic");
+                return Err(NoRoute::Paused);
+            }
         }
         if self.cache.owner(id).is_none() {
             return Err(NoRoute::NotFound);

@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use kiln_server::ApiError;
 
-use super::{tunnel, NodeApi};
+use super::{moves, tunnel, NodeApi};
 use crate::docs::SandboxDoc;
 use crate::wire::{Child, CreateDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
 
@@ -81,9 +81,29 @@ async fn op(
         Op::Pause {
             memory,
             require_healthy_guest,
-        } => s.pause_checked(&id, memory, require_healthy_guest).await?,
-        Op::Resume { memory, secs } => a.flag = s.resume(&id, memory, secs).await?,
-        Op::Connect { secs, memory } => a.flag = s.connect(&id, secs, memory).await?.1,
+        } => moves::pause(&n, &id, memory, require_healthy_guest).await?,
+        Op::Resume { memory, secs } => {
+            moves::held(&n, &id).await?;
+            a.flag = s.resume(&id, memory, secs).await?;
+        }
+        Op::Connect { secs, memory } => {
+            moves::held(&n, &id).await?;
+            a.flag = s.connect(&id, secs, memory).await?.1;
+        }
+        Op::TakeOver {
+            from,
+            memory,
+            secs,
+            connect,
+        } => {
+            moves::take_over(&n, &id, &from).await?;
+            a.flag = if connect {
+                s.connect(&id, secs, memory).await?.1
+            } else {
+                s.resume(&id, memory, secs).await?
+            };
+        }
+        Op::Release => a.flag = moves::release(&n, &id).await?,
         Op::Fork {
             count,
             timeout_secs,

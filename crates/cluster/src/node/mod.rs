@@ -4,9 +4,12 @@
 //! node-internal API ([`api`]) instead of the public one; its sandboxes' records and events
 //! are published to etcd ([`publish`]). When its lease is lost it fences itself: the API
 //! refuses everything, tunnels close, its sandboxes are stopped, the server shuts down as on
-//! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`].
+//! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`]. With an object
+//! store, its paused sandboxes' checkpoints go to the bucket and paused sandboxes of other
+//! nodes can be taken over ([`moves`]).
 
 mod api;
+pub mod moves;
 mod publish;
 mod tunnel;
 
@@ -20,6 +23,7 @@ use kiln_server::{SandboxService, Server};
 
 use crate::error::Result;
 use crate::nodes::{NodeCapacity, NodeLoad};
+use crate::objects::ChunkStore;
 use crate::secret::ClusterSecret;
 use crate::store::EtcdStore;
 use publish::Publisher;
@@ -31,6 +35,15 @@ pub struct NodeApi {
     /// Whether the node's lease is alive.
     pub alive: watch::Receiver<bool>,
     pub publisher: Publisher,
+    /// Checkpoints in object storage (None: no object store configured).
+    pub mover: Option<moves::Mover>,
+}
+
+/// A node's object store: the bucket and its local cache of fetched chunks.
+#[derive(Debug, Clone)]
+pub struct NodeObjects {
+    pub chunks: ChunkStore,
+    pub cache_dir: std::path::PathBuf,
 }
 
 /// How a node is known to the cluster.
@@ -46,6 +59,8 @@ pub struct NodeConfig {
     pub load_every: Duration,
     /// The most sandboxes it takes (0: no cap of its own).
     pub max_sandboxes: u32,
+    /// Where paused sandboxes' checkpoints go (None: they stay on this node's disk).
+    pub objects: Option<NodeObjects>,
 }
 
 /// Why [`run`] returned.
@@ -80,12 +95,26 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         manager.clone(),
         etcd.clone(),
         publisher.clone(),
+        cfg.name.clone(),
     ));
+    let mover = cfg.objects.clone().map(|o| moves::Mover {
+        manager: manager.clone(),
+        etcd: etcd.clone(),
+        chunks: o.chunks,
+        cache_dir: o.cache_dir,
+        node: cfg.name.clone(),
+        api_pausing: Default::default(),
+        taking: Default::default(),
+    });
+    if let Some(m) = &mover {
+        tokio::spawn(moves::upload_other_pauses(m.clone(), manager.subscribe()));
+    }
     let node_api = NodeApi {
         service: manager.clone(),
         secret: cfg.secret.clone(),
         alive: lease.alive(),
         publisher,
+        mover,
     };
     let fenced = Arc::new(AtomicBool::new(false));
     let stop = {
@@ -144,13 +173,15 @@ async fn fence(manager: &kiln_server::Manager) {
 }
 
 /// Once recovery is over, what it adopted from a previous run is published again as this
-/// node's, except sandboxes the cluster ended meanwhile (their node was counted lost): those
-/// are stopped, so none runs that the cluster believes dead.
+/// node's, except sandboxes the cluster ended meanwhile (their node was counted lost) and
+/// paused ones another node took over: those are stopped, so none runs that the cluster
+/// believes dead or elsewhere.
 async fn adopt(
     recovery: kiln_server::Recovery,
     manager: Arc<kiln_server::Manager>,
     etcd: EtcdStore,
     publisher: Publisher,
+    node: String,
 ) {
     use kiln_server::store::SandboxStore;
     if recovery.done().await.is_err() {
@@ -164,9 +195,20 @@ async fn adopt(
                     tracing::warn!(sandbox = %r.id, error = %e, "stopping an adopted sandbox");
                 }
             }
-            _ => {
-                publisher.sandbox(&r.id).await;
-            }
+            _ => match etcd.owner_of(&r.id).await {
+                Ok(Some(owner)) if owner != node => {
+                    tracing::info!(sandbox = %r.id, %owner, "taken over by another node while this node was away: dropping it");
+                    if let Err(e) = manager
+                        .kill(&r.id, "moved: another node took it over")
+                        .await
+                    {
+                        tracing::warn!(sandbox = %r.id, error = %e, "dropping a moved sandbox");
+                    }
+                }
+                _ => {
+                    publisher.sandbox(&r.id).await;
+                }
+            },
         }
     }
 }

@@ -110,6 +110,10 @@ async fn publish_one(
             tracing::warn!(sandbox = %id, "not published: the cluster ended it");
             0
         }
+        Ok(Published::Moved) => {
+            tracing::info!(sandbox = %id, "not published: another node owns it now");
+            0
+        }
         Ok(Published::LeaseGone) => {
             tracing::warn!(sandbox = %id, "not published: the node's lease is gone");
             0

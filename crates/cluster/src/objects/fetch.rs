@@ -111,12 +111,15 @@ impl ChunkStore {
         };
         // Each distinct chunk is got once (IN_FLIGHT at a time) and written at every offset it
         // occupies; an all-zero chunk is left as the hole `set_len` made.
-        let fetches = places(id, &manifest)?
+        // (Owned hashes: the stream's future stays `Send` for any caller, an HTTP handler too.)
+        let owned: Vec<(String, u64, Vec<usize>)> = places(id, &manifest)?
             .into_iter()
-            .map(|(hash, len, at)| async move {
-                let (bytes, fetched) = self.chunk(id, cache_dir, at[0], hash, len).await?;
-                Ok::<_, ObjectError>((bytes, fetched, at))
-            });
+            .map(|(hash, len, at)| (hash.to_string(), len, at))
+            .collect();
+        let fetches = owned.into_iter().map(|(hash, len, at)| async move {
+            let (bytes, fetched) = self.chunk(id, cache_dir, at[0], &hash, len).await?;
+            Ok::<_, ObjectError>((bytes, fetched, at))
+        });
         let mut fetches = futures::stream::iter(fetches).buffer_unordered(IN_FLIGHT);
         while let Some(got) = fetches.next().await {
             let (bytes, fetched, at) = got?;

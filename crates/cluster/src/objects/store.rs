@@ -12,7 +12,6 @@ use futures::StreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
-use tokio::io::AsyncReadExt;
 
 use super::error::{ObjectError, Result};
 use super::manifest::{chunk_key, manifest_key, sha256_hex, Manifest};
@@ -131,19 +130,34 @@ impl ChunkStore {
         &self.bucket
     }
 
+    /// Whether the bucket answers: one listing of its manifests (an error for a bucket that
+    /// does not exist or refuses the credentials).
+    pub async fn check(&self) -> Result<()> {
+        let prefix = Key::from("manifests");
+        let mut listing = self.bucket.list(Some(&prefix));
+        match listing.next().await {
+            None | Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(ObjectError::request("manifests/", e)),
+        }
+    }
+
     /// Stores the file at `path`: each chunk the bucket lacks (a HEAD first; a held object of
     /// the wrong size counts as lacking), then the manifest, last, so a stored manifest never
     /// names a missing chunk.
     pub async fn put_file(&self, path: &Path) -> Result<PutReport> {
-        let mut file = tokio::fs::File::open(path)
-            .await
+        let file = std::fs::File::open(path)
             .map_err(|e| ObjectError::io("opening the file to store", path, e))?;
-        let mut buf = vec![0u8; self.chunk_size];
+        let size = file
+            .metadata()
+            .map_err(|e| ObjectError::io("reading the file to store", path, e))?
+            .len();
+        let file = Arc::new(file);
+        let chunk_size = self.chunk_size;
         let mut report = PutReport {
             id: String::new(),
             manifest: Manifest {
-                size: 0,
-                chunk_size: self.chunk_size as u64,
+                size,
+                chunk_size: chunk_size as u64,
                 chunks: Vec::new(),
             },
             chunks_uploaded: 0,
@@ -151,17 +165,28 @@ impl ChunkStore {
             chunks_present: 0,
         };
         let mut seen = std::collections::HashSet::new();
+        let mut zero: Option<(String, Bytes)> = None;
         let mut pending = FuturesUnordered::new();
-        loop {
-            let n = fill(&mut file, &mut buf)
+        let mut off = 0u64;
+        while off < size {
+            let len = chunk_size.min((size - off) as usize);
+            let f = file.clone();
+            let full = len == chunk_size;
+            let read = tokio::task::spawn_blocking(move || read_chunk(&f, off, len, full))
                 .await
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|r| r)
                 .map_err(|e| ObjectError::io("reading the file to store", path, e))?;
-            if n == 0 {
-                break;
-            }
-            let chunk = Bytes::copy_from_slice(&buf[..n]);
-            let hash = sha256_hex(&chunk);
-            report.manifest.size += n as u64;
+            // A full all-zero chunk (a sparse file's hole, not even read) is hashed once.
+            let (hash, chunk) = match read {
+                Some((hash, bytes)) => (hash, bytes),
+                None => zero
+                    .get_or_insert_with(|| {
+                        let bytes = Bytes::from(vec![0u8; chunk_size]);
+                        (sha256_hex(&bytes), bytes)
+                    })
+                    .clone(),
+            };
             report.manifest.chunks.push(hash.clone());
             if seen.insert(hash.clone()) {
                 if pending.len() >= IN_FLIGHT {
@@ -173,9 +198,7 @@ impl ChunkStore {
             } else {
                 report.chunks_present += 1;
             }
-            if n < buf.len() {
-                break;
-            }
+            off += len as u64;
         }
         while let Some(done) = pending.next().await {
             tally(&mut report, done?);
@@ -221,16 +244,38 @@ fn tally(report: &mut PutReport, uploaded: Option<u64>) {
     }
 }
 
-/// Reads until `buf` is full or the file ends; the number of bytes read.
-async fn fill(file: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read(&mut buf[filled..]).await? {
-            0 => break,
-            n => filled += n,
+/// The `len` bytes at `off` of `file` with their hash, or None for a full chunk of zeros:
+/// one with no data in the file (a hole, found with `SEEK_DATA` and not read) or read as
+/// zeros.
+/// Only a `full` chunk (the store's chunk size) is ever None.
+fn read_chunk(
+    file: &std::fs::File,
+    off: u64,
+    len: usize,
+    full: bool,
+) -> std::io::Result<Option<(String, Bytes)>> {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    if full {
+        // SAFETY: lseek on a descriptor the caller keeps open; it moves only this descriptor's
+        // offset, which reads here never use (they are positional).
+        let data = unsafe { libc::lseek(file.as_raw_fd(), off as libc::off_t, libc::SEEK_DATA) };
+        let hole = if data < 0 {
+            // ENXIO: no data from `off` to the end; other errors: no hole support, read it.
+            std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
+        } else {
+            data as u64 >= off + len as u64
+        };
+        if hole {
+            return Ok(None);
         }
     }
-    Ok(filled)
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, off)?;
+    if full && buf.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    Ok(Some((sha256_hex(&buf), Bytes::from(buf))))
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ mod idle;
 mod idle_tick;
 pub mod kills;
 mod lifecycle;
+mod moves;
 mod network;
 mod observe;
 mod outlets;

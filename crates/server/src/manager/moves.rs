@@ -1,0 +1,88 @@
+//! Paused sandboxes moving between the hosts of a cluster: the files that make a paused
+//! sandbox whole elsewhere (the driver's list), and a paused sandbox of another host taken
+//! as this host's own once its files are laid out here. Where the files travel (object
+//! storage) and who owns the sandbox (the cluster's records) is the cluster's business.
+
+use std::path::PathBuf;
+
+use kiln_driver::PortablePause;
+
+use super::Manager;
+use crate::error::{Error, Result};
+use crate::store::{PauseMode, SandboxRecord, SandboxState};
+
+impl Manager {
+    /// The files of paused sandbox `id` that another host needs to resume it (flushed; it
+    /// stays paused here). A sandbox whose network policy is not the default does not move:
+    /// its policy is not carried yet, and it must not run elsewhere without it.
+    pub async fn portable_pause(&self, id: &str) -> Result<PortablePause> {
+        let rec = self.get(id)?;
+        if rec.state != SandboxState::Paused {
+            return Err(Error::Conflict(format!("sandbox \"{id}\" is not paused")));
+        }
+        if let Some(policy) = self.driver.network(id).await {
+            if policy != kiln_net::EgressPolicy::default() {
+                return Err(Error::Driver(kiln_driver::DriverError::NotImplemented(
+                    "moving a paused sandbox with a network policy",
+                )));
+            }
+        }
+        Ok(self.driver.portable_pause(id).await?)
+    }
+
+    /// Whether this host has template `name` (a paused sandbox of it can be adopted here).
+    pub async fn check_template(&self, name: &str) -> Result<()> {
+        self.lookup_template(name).await.map(drop)
+    }
+
+    /// An empty directory for the files of paused sandbox `id` arriving from another host.
+    pub async fn incoming_dir(&self, id: &str) -> Result<PathBuf> {
+        if self.registry.get(id).is_some() {
+            return Err(Error::Conflict(format!(
+                "sandbox \"{id}\" is on this host already"
+            )));
+        }
+        Ok(self.driver.incoming_dir(id).await?)
+    }
+
+    /// Takes paused sandbox `rec` of another host as this host's own: its files, laid out in
+    /// [`Manager::incoming_dir`], become a paused sandbox of its template here (the network
+    /// this host's), recorded paused, so [`Manager::resume`] runs it.
+    pub async fn adopt_paused(&self, mut rec: SandboxRecord, from: &str) -> Result<()> {
+        let _guard = self.lifecycle_lock.write().await;
+        if self.registry.get(&rec.id).is_some() {
+            return Err(Error::Conflict(format!(
+                "sandbox \"{}\" is on this host already",
+                rec.id
+            )));
+        }
+        let tpl = self.lookup_template(&rec.template_id).await?;
+        let mut spec = self.spec_for(&rec.id, &tpl);
+        spec.cpu_count = rec.cpu_count;
+        spec.memory_mb = rec.memory_mb;
+        spec.disk_mb = rec.disk_size_mb;
+        self.driver.adopt_paused(&spec).await?;
+        let mode = rec.pause_mode.unwrap_or(PauseMode::Full);
+        rec.state = SandboxState::Paused;
+        rec.pause_mode = Some(mode);
+        rec.driver = self.driver.name().to_string();
+        let stored = match self.store.get_sandbox(&rec.id).await? {
+            // Back on a host it left: its old row takes the pause again.
+            Some(_) => self.store.set_paused(&rec.id, mode).await,
+            None => self.store.insert_sandbox(&rec).await,
+        };
+        if let Err(e) = stored {
+            let _ = self.driver.stop(&rec.id).await;
+            return Err(e.into());
+        }
+        let id = rec.id.clone();
+        self.registry.insert(rec);
+        self.event(
+            &id,
+            "moved",
+            format!("paused sandbox taken over from node {from}"),
+        )
+        .await;
+        Ok(())
+    }
+}

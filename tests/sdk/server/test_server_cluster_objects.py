@@ -1,0 +1,342 @@
+"""Paused sandboxes' checkpoints in object storage (docs/cluster.md, "Checkpoints in object
+storage"): a one-member etcd, a moto S3 server (PyPI `moto[server]`, pinned in
+tests/sdk/requirements.txt), two `kiln node` processes with the bucket configured, one without,
+and two `kiln control` replicas, all on 127.0.0.1. Through the pinned e2b SDK: a sandbox with a
+file and a counting process is paused (its checkpoint uploaded before the pause answers), its
+node is killed with SIGKILL, and traffic through a replica's gateway (autoResume) resumes it on
+the other node with its file and its process still counting from where it was (memory
+restored); the killed node, back on its state dir, drops its copy. A paused sandbox of a draining node
+resumes on another node, and the drained node drops its copy. A filesystem-only auto-pause (at
+the end of the timeout) is uploaded too, and boots on its disk on another node after its node
+is killed. A paused sandbox of a lost node without an object store answers 409 naming its
+node. Bounded: about half a minute.
+
+Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ETCD) and moto.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from .conftest import kiln_bin, runsc_processes_for
+from .test_server_cluster import Cluster, Proc, free_port, kiln_node
+
+ACCESS = {"KILN_S3_ACCESS_KEY_ID": "kiln-test", "KILN_S3_SECRET_ACCESS_KEY": "kiln-test-secret"}
+COUNTER = "i=0; while true; do echo $i > /home/user/count; i=$((i+1)); sleep 0.1; done"
+
+
+class Moto:
+    """moto's S3 server on a free 127.0.0.1 port, with one bucket."""
+
+    def __init__(self, base: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(base, "moto.log"), "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=base,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": base},
+        )
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/", timeout=2).read()
+                break
+            except Exception:
+                assert self.proc.poll() is None, "moto exited"
+                assert time.time() < deadline, "moto did not answer"
+                time.sleep(0.2)
+        req = urllib.request.Request(self.url + "/kiln-ckpt", method="PUT")
+        assert urllib.request.urlopen(req, timeout=10).status == 200
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class ObjectCluster(Cluster):
+    def start_node(self, name: str, s3: bool = True) -> Proc:
+        if not s3:
+            return super().start_node(name)
+        saved = dict(os.environ)
+        os.environ.update(ACCESS)
+        os.environ["KILN_S3_ENDPOINT"] = self.moto.url
+        os.environ["KILN_S3_BUCKET"] = "kiln-ckpt"
+        try:
+            return super().start_node(name)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    base = tempfile.mkdtemp(prefix="kiln-cluster-obj-")
+    c, moto = None, None
+    try:
+        moto = Moto(base)
+        c = ObjectCluster(base)
+        c.moto = moto
+        c.start_node("n1")
+        c.start_node("n2")
+        c.start_control("c1")
+        c.start_control("c2")
+        assert c.api_key, "the first control replica of an empty cluster makes the first API key"
+        yield c
+    finally:
+        if c:
+            c.teardown()
+            logs = "".join(p.log() for p in c.procs if p.name != "etcd")
+        if moto:
+            moto.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        if c:
+            assert "panicked" not in logs, logs[-8000:]
+
+
+def sandbox_dir(node: Proc, sid: str) -> str:
+    return os.path.join(node.state_dir, "gvisor", "sandboxes", sid)
+
+
+def count(s) -> int:
+    return int(s.commands.run("cat /home/user/count").stdout.strip())
+
+
+def start_counting(s) -> int:
+    s.commands.run(COUNTER, background=True)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        r = s.commands.run("cat /home/user/count 2>/dev/null || echo -1")
+        if int(r.stdout.strip()) >= 5:
+            return int(r.stdout.strip())
+        time.sleep(0.2)
+    pytest.fail("the counter did not start")
+
+
+def connect_when_moved(cluster, sid: str, control: str, timeout: float = 40):
+    """Connects once the replica counts the old node gone (a connect before that reaches the
+    dead node and answers 503, which is retried)."""
+    from e2b import Sandbox
+
+    deadline, last = time.time() + timeout, None
+    while time.time() < deadline:
+        try:
+            return Sandbox.connect(sid, timeout=120, **cluster.opts(control))
+        except Exception as e:  # the dead node's 503 until its lease expires
+            last = e
+            time.sleep(0.5)
+    pytest.fail(f"no connect within {timeout}s: {last}")
+
+
+def post_json(cluster, control: str, path: str, body: dict):
+    req = urllib.request.Request(
+        cluster.controls[control].url + path, method="POST", data=json.dumps(body).encode(),
+        headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, payload = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, payload = e.code, e.read()
+    return status, (json.loads(payload) if payload else None)
+
+
+def checkpoint_events(cluster, sid: str) -> list:
+    status, page = cluster.request("c1", "GET", "/events?type=checkpoint&limit=1000")
+    assert status == 200, page
+    return [e["detail"] for e in page["events"] if e["sandboxID"] == sid]
+
+
+def test_a_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(cluster):
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause", "auto_resume": True},
+                       **cluster.opts("c1"))
+    sid = s.sandbox_id
+    try:
+        home = cluster.node_of(sid)
+        other = "n2" if home == "n1" else "n1"
+        s.files.write("/home/user/notes.txt", "written on " + home)
+        start_counting(s)
+        t = time.time()
+        assert Sandbox.pause(sid, **cluster.opts("c1")) is True
+        print(f"pause with upload: {time.time() - t:.2f} s")
+        # The pause answered after the upload: the checkpoint is recorded with its rate.
+        stored = checkpoint_events(cluster, sid)
+        assert stored and "checkpoint in object storage" in stored[0] and "MB/s" in stored[0], stored
+        print(stored[0])
+        cluster.nodes[home].kill9()
+        # Traffic through the gateway (autoResume) resumes it on the node left, once the
+        # replica counts its node gone.
+        t, got = time.time(), None
+        while got is None:
+            try:
+                got = s.files.read("/home/user/notes.txt", request_timeout=60)
+            except Exception as e:
+                assert time.time() < t + 40, f"never auto-resumed elsewhere: {e}"
+                time.sleep(0.5)
+        print(f"auto-resume on another node (after the lease ran out): {time.time() - t:.2f} s")
+        assert got == "written on " + home
+        assert cluster.node_of(sid) == other, "resumed on the node left"
+        again = Sandbox.connect(sid, timeout=120, **cluster.opts("c2"))
+        first = count(again)
+        assert first >= 5, f"the counter continued from where it was, not from 0 ({first})"
+        time.sleep(1)
+        assert count(again) > first, "the counting process runs on (its memory was restored)"
+        fetched = [d for d in checkpoint_events(cluster, sid) if "fetched" in d]
+        assert fetched and "MB/s" in fetched[0], fetched
+        print(fetched[0])
+        for c in ("c1", "c2"):
+            status, detail = cluster.request(c, "GET", f"/sandboxes/{sid}")
+            assert status == 200 and detail["state"] == "running", (c, detail)
+        # The killed node back on its state dir drops its copy instead of publishing it.
+        back = cluster.start_node(home)
+        deadline = time.time() + 60
+        while os.path.exists(sandbox_dir(back, sid)) and time.time() < deadline:
+            time.sleep(0.3)
+        assert not os.path.exists(sandbox_dir(back, sid)), "the old node dropped its copy"
+        assert again.commands.run("echo still here").stdout.strip() == "still here"
+        assert cluster.node_of(sid) == other
+    finally:
+        try:
+            Sandbox.kill(sid, **cluster.opts("c2"))
+        except Exception:
+            pass
+
+
+def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere(cluster):
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=300, **cluster.opts("c2"))
+    sid = s.sandbox_id
+    home = cluster.node_of(sid)
+    other = "n2" if home == "n1" else "n1"
+    try:
+        s.files.write("/home/user/notes.txt", "drained")
+        assert Sandbox.pause(sid, **cluster.opts("c2")) is True
+        out = kiln_node(cluster, "drain", home)
+        assert sid in out.split("paused sandbox(es)")[1], out
+        again = Sandbox.connect(sid, timeout=120, **cluster.opts("c1"))
+        assert cluster.node_of(sid) == other, "the next resume lands off the draining node"
+        assert again.files.read("/home/user/notes.txt") == "drained"
+        deadline = time.time() + 30
+        while os.path.exists(sandbox_dir(cluster.nodes[home], sid)) and time.time() < deadline:
+            time.sleep(0.3)
+        assert not os.path.exists(sandbox_dir(cluster.nodes[home], sid)), "the drained node dropped its copy"
+        # Paused again on its new node and resumed there (a node left alone keeps it).
+        assert Sandbox.pause(sid, **cluster.opts("c1")) is True
+        kiln_node(cluster, "undrain", home)
+        again = Sandbox.connect(sid, timeout=120, **cluster.opts("c2"))
+        assert cluster.node_of(sid) == other
+        assert again.files.read("/home/user/notes.txt") == "drained"
+    finally:
+        kiln_node(cluster, "undrain", home)
+        try:
+            Sandbox.kill(sid, **cluster.opts("c1"))
+        except Exception:
+            pass
+
+
+def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
+    from e2b import Sandbox, SandboxState
+
+    s = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
+                       **cluster.opts("c1"))
+    sid = s.sandbox_id
+    home = cluster.node_of(sid)
+    other = "n2" if home == "n1" else "n1"
+    try:
+        s.files.write("/home/user/on-disk", "kept")
+        deadline = time.time() + 30
+        while Sandbox.get_info(sid, **cluster.opts("c2")).state != SandboxState.PAUSED:
+            assert time.time() < deadline, "never auto-paused"
+            time.sleep(0.2)
+        # The node uploads an auto-pause's checkpoint after its `paused` event.
+        while not checkpoint_events(cluster, sid):
+            assert time.time() < deadline, "the auto-pause's checkpoint was not stored"
+            time.sleep(0.2)
+        status, detail = cluster.request("c1", "GET", f"/sandboxes/{sid}")
+        assert status == 200 and detail["pauseMode"] == "filesystem", detail
+        cluster.nodes[home].kill9()
+        # Both replicas resume it at once: one sandbox comes of it.
+        got = {}
+        threads = [threading.Thread(target=lambda c=c: got.__setitem__(c, connect_when_moved(cluster, sid, c)))
+                   for c in ("c1", "c2")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert set(got) == {"c1", "c2"}, got
+        again = got["c2"]
+        assert cluster.node_of(sid) == other, "booted on its disk on the node left"
+        assert sum(1 for c in runsc_processes_for(cluster.nodes[other].state_dir) if sid in c) >= 1
+        assert again.files.read("/home/user/on-disk") == "kept"
+        assert got["c1"].files.read("/home/user/on-disk") == "kept"
+        assert again.commands.run("echo booted").stdout.strip() == "booted"
+        cluster.start_node(home)
+    finally:
+        try:
+            Sandbox.kill(sid, **cluster.opts("c1"))
+        except Exception:
+            pass
+
+
+def test_a_node_refuses_to_start_on_a_bucket_it_cannot_use(cluster):
+    assert f"checkpoints go to bucket kiln-ckpt at {cluster.moto.url}" in cluster.nodes["n2"].log()
+    assert "checkpoints go to" not in cluster.start_node("n3", s3=False).log()
+    base = [kiln_bin(), "node", *cluster.join(), "--name", "nx", "--no-prepare",
+            "--listen", "127.0.0.1:0", "--state-dir", os.path.join(cluster.base, "nx"),
+            "--s3-endpoint", cluster.moto.url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_S3_")}
+    r = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "KILN_S3_ACCESS_KEY_ID is not" in r.stderr, r.stderr
+    r = subprocess.run([*base, "--s3-bucket", "no-such-bucket"], env={**env, **ACCESS},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "reaching the object store's bucket" in r.stderr, r.stderr
+    assert "kiln-test-secret" not in r.stderr + r.stdout, "no secret in the output"
+
+
+def test_without_an_object_store_a_lost_nodes_paused_sandbox_answers_409(cluster):
+    from e2b import Sandbox
+
+    n3 = cluster.nodes.get("n3") or cluster.start_node("n3", s3=False)
+    for n in ("n1", "n2"):
+        kiln_node(cluster, "drain", n)
+    try:
+        s = Sandbox.create(timeout=300, **cluster.opts("c1"))
+        sid = s.sandbox_id
+    finally:
+        for n in ("n1", "n2"):
+            kiln_node(cluster, "undrain", n)
+    assert cluster.node_of(sid) == "n3"
+    try:
+        assert Sandbox.pause(sid, **cluster.opts("c1")) is True
+        assert checkpoint_events(cluster, sid) == [], "no object store: nothing uploaded"
+        n3.kill9()
+        deadline = time.time() + 30
+        while True:
+            status, body = post_json(cluster, "c2", f"/sandboxes/{sid}/connect", {"timeout": 60})
+            if status != 503 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        assert status == 409, (status, body)
+        assert "node n3" in body["message"] and "no object store" in body["message"], body
+        assert "/" not in body["message"], "no host path in the message"
+    finally:
+        try:
+            Sandbox.kill(sid, **cluster.opts("c1"))
+        except Exception:
+            pass
