@@ -11,6 +11,7 @@ mod client;
 mod leader;
 pub mod placement;
 mod service;
+pub mod unavailable;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -106,7 +107,8 @@ impl Control {
             self.cfg.leader_ttl,
         ));
         let _webhooks = self.state.webhooks.spawn(self.state.manager.subscribe());
-        let app = front::router(self.state.clone());
+        let app = front::router(self.state.clone())
+            .layer(axum::middleware::from_fn(unavailable::rewrite));
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.cfg.edge));
         tokio::select! {
             r = &mut serving => r.map_err(std::io::Error::other)?,
