@@ -24,6 +24,7 @@
 //! | `nodes/{name}` | a node (JSON), attached to its lease |
 //! | `draining/{name}` | a drained node's mark (JSON); stays until `kiln node undrain` |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
+//! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
 
 /// Builds the keys of one store (one prefix).
 #[derive(Debug, Clone)]
@@ -102,6 +103,9 @@ impl Keys {
     }
     pub fn team(&self, name: &str) -> String {
         self.one("teams", name)
+    }
+    pub fn placement(&self, token: &str) -> String {
+        self.one("placements", token)
     }
     pub fn idempotent(&self, scope: &str, key: &str) -> String {
         format!("{}/{}", self.one("idempotency", scope), escape(key))

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
+use etcd_client::{EventType, KeyValue, WatchOptions};
 use kiln_server::manager::LifecycleEvent;
 use kiln_server::store::SandboxRecord;
 use tokio::sync::{broadcast, watch};
@@ -99,12 +99,25 @@ impl Cache {
         self.events.subscribe()
     }
 
-    /// How many live sandboxes node `name` runs.
-    pub fn count_on(&self, name: &str) -> usize {
+    /// How many live sandboxes each node runs, by node name (one pass over the view).
+    pub fn counts_by_node(&self) -> HashMap<String, usize> {
         let v = self.read();
-        v.sandboxes
-            .keys()
-            .filter(|id| v.owners.get(*id).is_some_and(|n| n == name))
+        let mut out: HashMap<String, usize> = HashMap::with_capacity(v.nodes.len());
+        for id in v.sandboxes.keys() {
+            if let Some(n) = v.owners.get(id) {
+                *out.entry(n.clone()).or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// How many running or paused sandboxes team `team` has (none copied).
+    pub fn count_for_team(&self, team: &str) -> usize {
+        use kiln_server::store::SandboxState::{Paused, Running};
+        self.read()
+            .sandboxes
+            .values()
+            .filter(|r| r.team == team && matches!(r.state, Running | Paused))
             .count()
     }
 
@@ -218,11 +231,7 @@ impl Cache {
 
     /// Reads the directories of the view at one revision and replaces the view with them.
     async fn load(&self, etcd: &EtcdStore) -> crate::error::Result<i64> {
-        let first = etcd
-            .get(&self.dirs[0], GetOptions::new().with_prefix())
-            .await?;
-        let rev = first.header().map_or(0, |h| h.revision());
-        let mut kvs = first.kvs().to_vec();
+        let (mut kvs, rev) = etcd.get_prefix_at(&self.dirs[0], 0).await?;
         for dir in &self.dirs[1..4] {
             kvs.extend(etcd.get_prefix(dir, rev).await?);
         }

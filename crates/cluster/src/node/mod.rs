@@ -7,6 +7,7 @@
 //! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`].
 
 mod api;
+mod creates;
 mod publish;
 mod tunnel;
 
@@ -31,6 +32,8 @@ pub struct NodeApi {
     /// Whether the node's lease is alive.
     pub alive: watch::Receiver<bool>,
     pub publisher: Publisher,
+    /// Creates in flight and recent ones, by idempotency token.
+    pub creates: creates::Creates,
 }
 
 /// How a node is known to the cluster.
@@ -86,6 +89,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         secret: cfg.secret.clone(),
         alive: lease.alive(),
         publisher,
+        creates: Default::default(),
     };
     let fenced = Arc::new(AtomicBool::new(false));
     let stop = {
