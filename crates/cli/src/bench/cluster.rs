@@ -203,11 +203,7 @@ fn print(a: &Args, label: &str, r: &Results) {
                  quota read from etcd, the team's live sandboxes counted, best of 2)"
             );
             row("base  etcd get", &p.etcd_get, None);
-            row(
-                "decision, team quota set (counts the team's sandboxes)",
-                &p.with_quota,
-                Some(&p.etcd_get),
-            );
+            row("decision, team quota set", &p.with_quota, Some(&p.etcd_get));
             row(
                 "decision, no team quota",
                 &p.without_quota,
