@@ -243,11 +243,19 @@ fn print(a: &Args, label: &str, r: &Results) {
                 &g.gateway_exec,
                 Some(&g.direct_exec),
             );
+            println!("  base = envd GET /health (no process started) through a tunnel straight into the node");
+            row("base  health straight to the node", &g.direct_health, None);
+            row(
+                "health through the control's gateway",
+                &g.gateway_health,
+                Some(&g.direct_health),
+            );
             let ratio = g.gateway_create.p50_ms / g.direct_create.p50_ms;
             let hop = g.gateway_exec.p50_ms - g.direct_exec.p50_ms;
+            let bare = g.gateway_health.p50_ms - g.direct_health.p50_ms;
             println!(
                 "  target: create through the gateway <= 1.1x: {ratio:.2}x {}; the gateway's \
-                 extra hop <= 1 ms p50: {hop:.2} ms {}",
+                 extra hop <= 1 ms p50: {hop:.2} ms {} (the hop alone, /health: {bare:.2} ms)",
                 verdict(ratio <= 1.1),
                 verdict(hop <= 1.0)
             );
@@ -273,6 +281,8 @@ fn to_json(r: &Results) -> serde_json::Value {
             "create_ratio_p50": g.gateway_create.p50_ms / g.direct_create.p50_ms,
             "exec_direct": pj(&g.direct_exec), "exec_through_gateway": pj(&g.gateway_exec),
             "exec_extra_hop_p50_ms": g.gateway_exec.p50_ms - g.direct_exec.p50_ms,
+            "health_direct": pj(&g.direct_health), "health_through_gateway": pj(&g.gateway_health),
+            "health_extra_hop_p50_ms": g.gateway_health.p50_ms - g.direct_health.p50_ms,
         })),
     })
 }

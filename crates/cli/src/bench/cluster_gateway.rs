@@ -28,6 +28,9 @@ pub(crate) struct GatewayReport {
     pub gateway_create: Percentiles,
     pub direct_exec: Percentiles,
     pub gateway_exec: Percentiles,
+    /// envd's `GET /health` (no process started): the hop alone.
+    pub direct_health: Percentiles,
+    pub gateway_health: Percentiles,
 }
 
 pub(crate) struct GatewayOptions {
@@ -258,8 +261,22 @@ pub(crate) async fn run(r: &Roles, o: &GatewayOptions) -> anyhow::Result<Gateway
             gx.push(super::served::exec(&via, "/bin/bash", &argv).await?);
         }
     }
+    let (mut dh, mut gh) = (Vec::new(), Vec::new());
+    for i in 0..o.execs {
+        for (client, samples) in if i % 2 == 0 {
+            [(&via, &mut gh), (&straight, &mut dh)]
+        } else {
+            [(&straight, &mut dh), (&via, &mut gh)]
+        } {
+            let t = Instant::now();
+            client.health().await?;
+            samples.push(t.elapsed());
+        }
+    }
     r.kill(&id).await?;
     Ok(GatewayReport {
+        direct_health: percentiles(&dh),
+        gateway_health: percentiles(&gh),
         creates: o.creates,
         direct_create: percentiles(&direct),
         gateway_create: percentiles(&gateway),
