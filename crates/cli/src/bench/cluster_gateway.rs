@@ -64,10 +64,7 @@ pub(crate) async fn start(
     cmd.args(["--name", "bench-node", "--no-prepare", "--pool-off"])
         .arg("--state-dir")
         .arg(dir.join("node"))
-        .args(["--platform", runtime.platform()]);
-    if let Some(runsc) = runtime.driver_config().gvisor.runsc {
-        cmd.arg("--runsc").arg(runsc);
-    }
+        .args(runtime.serve_flags());
     let mut node = Proc::spawn("node", cmd, dir)?;
     let line = node
         .wait_for("listening on http://", Duration::from_secs(120))

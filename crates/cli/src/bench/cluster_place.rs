@@ -68,7 +68,7 @@ fn sandbox(i: usize, team: String) -> SandboxRecord {
         ended_at_ms: None,
         end_reason: None,
         auto_pause: false,
-        driver: "gvisor".into(),
+        driver: "simulated".into(),
         pause_mode: None,
         auto_resume: false,
         auto_pause_memory: true,

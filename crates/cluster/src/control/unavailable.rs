@@ -1,10 +1,13 @@
 //! What a control replica answers for a feature a cluster does not have yet: every `501`
-//! the replica's routes give (the server's "not implemented" answers, a node's refusal) keeps
-//! its status and says plainly that the feature is not available on a kiln cluster yet and
-//! that a single-host `kiln serve` has it.
+//! the replica's own routes give (the server's "not implemented" answers, a node's refusal)
+//! keeps its status and says plainly that the feature is not available on a kiln cluster yet
+//! and that a single-host `kiln serve` has it. Traffic to a sandbox (its ports, envd, signed
+//! file URLs) passes untouched: a sandbox's own 501 is its own.
+
+use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -45,8 +48,19 @@ pub fn message(method: &str, path: &str, original: &str) -> String {
     format!("{feature} is not available on a kiln cluster yet (a single-host `kiln serve` has it)")
 }
 
-/// The middleware: a `501` JSON answer gets [`message`] as its message.
-pub async fn rewrite(req: Request, next: Next) -> Response {
+/// Whether `req` goes to a sandbox rather than to the replica's own routes, for a replica
+/// whose sandbox host names are under `domain`.
+fn to_a_sandbox(req: &Request, domain: &str) -> bool {
+    let routed = kiln_server::routing::target_of_request(req.headers(), req.uri(), domain);
+    !matches!(routed, Ok(None)) || req.uri().path() == "/files"
+}
+
+/// The middleware (its state: the sandbox domain): a `501` JSON answer of the replica's own
+/// routes gets [`message`] as its message.
+pub async fn rewrite(State(domain): State<Arc<str>>, req: Request, next: Next) -> Response {
+    if to_a_sandbox(&req, &domain) {
+        return next.run(req).await;
+    }
     let (method, path) = (req.method().to_string(), req.uri().path().to_string());
     let resp = next.run(req).await;
     let json = resp
@@ -76,6 +90,27 @@ pub async fn rewrite(req: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sandbox_traffic_is_told_apart() {
+        let req = |host: &str, path: &str| {
+            Request::builder()
+                .uri(path)
+                .header("host", host)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let d = "kiln.local";
+        assert!(!to_a_sandbox(&req("127.0.0.1:3000", "/volumes"), d));
+        assert!(to_a_sandbox(&req("8000-abc123.kiln.local", "/volumes"), d));
+        assert!(to_a_sandbox(&req("127.0.0.1:3000", "/files"), d));
+        let mut h = req("127.0.0.1:3000", "/anything");
+        h.headers_mut()
+            .insert("e2b-sandbox-id", "abc123".parse().unwrap());
+        h.headers_mut()
+            .insert("e2b-sandbox-port", "8000".parse().unwrap());
+        assert!(to_a_sandbox(&h, d));
+    }
 
     #[test]
     fn the_feature_is_named_and_the_single_host_server_pointed_to() {
