@@ -140,6 +140,16 @@ impl BenchRuntime {
         &self.0.platform
     }
 
+    /// The flags that make a `kiln serve` or `kiln node` child run on this runtime.
+    pub fn serve_flags(&self) -> Vec<std::ffi::OsString> {
+        vec![
+            "--runsc".into(),
+            self.0.bin.clone().into_os_string(),
+            "--platform".into(),
+            self.0.platform.clone().into(),
+        ]
+    }
+
     /// The driver configuration of a server on this runtime.
     pub fn driver_config(&self) -> DriverConfig {
         let mut cfg = DriverConfig {

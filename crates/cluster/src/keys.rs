@@ -26,6 +26,7 @@
 //! | `owners/{id}` | the name of the node that owns the sandbox |
 //! | `checkpoints/{id}` | where a paused sandbox's checkpoint is in object storage (JSON) |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
+//! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
 
 /// Builds the keys of one store (one prefix).
 #[derive(Debug, Clone)]
@@ -104,6 +105,9 @@ impl Keys {
     }
     pub fn team(&self, name: &str) -> String {
         self.one("teams", name)
+    }
+    pub fn placement(&self, token: &str) -> String {
+        self.one("placements", token)
     }
     pub fn idempotent(&self, scope: &str, key: &str) -> String {
         format!("{}/{}", self.one("idempotency", scope), escape(key))

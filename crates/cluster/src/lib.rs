@@ -22,6 +22,7 @@ pub mod node;
 pub mod nodes;
 pub mod objects;
 mod owners;
+pub mod placements;
 mod retry;
 mod sandboxes;
 pub mod secret;

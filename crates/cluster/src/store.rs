@@ -92,11 +92,47 @@ impl EtcdStore {
 
     /// Every key under `prefix`, in key order (at `revision` when non-zero).
     pub(crate) async fn get_prefix(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>> {
-        let mut opts = GetOptions::new().with_prefix();
-        if revision > 0 {
-            opts = opts.with_revision(revision);
+        Ok(self.get_prefix_at(prefix, revision).await?.0)
+    }
+
+    /// Every key under `prefix`, in key order, read in pages of [`PAGE`] keys at one revision
+    /// (`revision`, else the first page's): one answer for a large directory (ten thousand
+    /// sandboxes) would pass the client's message limit of 4 MiB. Returns them with the
+    /// revision read at.
+    pub(crate) async fn get_prefix_at(
+        &self,
+        prefix: &str,
+        revision: i64,
+    ) -> Result<(Vec<KeyValue>, i64)> {
+        let end = prefix_end(prefix);
+        let (mut out, mut rev, mut start) = (Vec::new(), revision, prefix.as_bytes().to_vec());
+        loop {
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            if rev > 0 {
+                opts = opts.with_revision(rev);
+            }
+            let mut r = retry::run(&self.client, Kind::Read, |mut c| {
+                let (start, opts) = (start.clone(), opts.clone());
+                async move { c.get(start, Some(opts)).await }
+            })
+            .await?;
+            if rev <= 0 {
+                rev = r.header().map_or(0, |h| h.revision());
+            }
+            let more = r.more();
+            let kvs = r.take_kvs();
+            match kvs.last() {
+                Some(last) if more => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => {
+                    out.extend(kvs);
+                    return Ok((out, rev));
+                }
+            }
+            out.extend(kvs);
         }
-        Ok(self.get(prefix, opts).await?.take_kvs())
     }
 
     /// Keys in `[start, end)` in key order, at most `limit` (0: all).
@@ -218,8 +254,36 @@ impl EtcdStore {
     }
 }
 
+/// Keys per page of a directory read ([`EtcdStore::get_prefix_at`]).
+const PAGE: i64 = 1000;
+
+/// The end of the key range of `prefix`: the prefix with its last byte that can grow grown.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(b) = end.pop() {
+        if b < 0xff {
+            end.push(b + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or empty): to the end of the key space.
+    vec![0]
+}
+
 /// A short wait that grows with the attempt and differs between racing writers.
 pub(crate) fn backoff(attempt: u32) -> Duration {
     let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0] % 8);
     Duration::from_millis((u64::from(attempt.min(10)) * 3 + jitter).min(40))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_range_ends_after_its_last_key() {
+        assert_eq!(prefix_end("/kiln/sandboxes/"), b"/kiln/sandboxes0".to_vec());
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+        assert_eq!(prefix_end(""), vec![0]);
+    }
 }

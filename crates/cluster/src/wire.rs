@@ -36,6 +36,10 @@ pub struct CreateDoc {
     pub traffic_token: Option<String>,
     pub mask_request_host: Option<String>,
     pub team: String,
+    /// A digest of the create's team, route and `Idempotency-Key` (None: the request had no
+    /// key): the node runs one create per token ([`crate::placements`]).
+    #[serde(default)]
+    pub idempotency: Option<String>,
 }
 
 /// An egress policy's lists as the API writes them.
@@ -80,6 +84,7 @@ impl CreateDoc {
             traffic_token: p.ingress.traffic_token.clone(),
             mask_request_host: p.ingress.mask_request_host.clone(),
             team: p.team.clone(),
+            idempotency: p.idempotency.as_deref().map(crate::placements::token),
         })
     }
 
@@ -116,6 +121,7 @@ impl CreateDoc {
             },
             team: self.team,
             volume_mounts: Vec::new(),
+            idempotency: None,
         })
     }
 }

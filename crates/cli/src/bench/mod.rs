@@ -4,6 +4,10 @@
 mod agent;
 mod audit;
 mod audit_egress;
+mod cluster;
+mod cluster_gateway;
+mod cluster_place;
+mod cluster_proc;
 mod create;
 mod create_bench;
 mod density;
@@ -37,6 +41,9 @@ pub enum Cmd {
     Agent(agent::Args),
     /// The audit log's cost: exec round trip and a large upload with auditing on vs off.
     Audit(audit::Args),
+    /// A cluster: placement decision with 10,000 simulated sandboxes on 50 simulated nodes,
+    /// create and exec through a control replica vs straight on the node.
+    Cluster(cluster::Args),
     /// Sandbox create → first `echo` output, sequential and concurrent, vs the runtime's raw run.
     Create(create::Args),
     /// Idle sandboxes per host in steps: MiB and threads per sandbox, create and exec latency,
@@ -78,6 +85,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Rules(a) => rules::run(a),
         Cmd::Audit(a) => audit::run(a),
+        Cmd::Cluster(a) => cluster::run(a),
         Cmd::Create(a) => create::run(a),
         Cmd::Density(a) => density::run(a),
         Cmd::Exec(a) => exec::run(a),

@@ -65,6 +65,12 @@ pub fn sweep(work_root: &Path) -> usize {
     remove_leftovers(work_root, &procs)
 }
 
+/// Removes what a bench left under its own work directory `dir` (its processes, mounts and
+/// files), whether or not other benches run.
+pub fn clear(dir: &Path) -> usize {
+    remove_leftovers(dir, &other_processes())
+}
+
 /// [`sweep`] once no other bench runs, given the host's other processes.
 fn remove_leftovers(work_root: &Path, procs: &[(i32, Vec<String>)]) -> usize {
     let Ok(rd) = std::fs::read_dir(work_root) else {

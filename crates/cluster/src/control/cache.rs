@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
+use etcd_client::{EventType, KeyValue, WatchOptions};
 use kiln_server::manager::LifecycleEvent;
 use kiln_server::store::SandboxRecord;
 use tokio::sync::{broadcast, watch};
@@ -25,6 +25,62 @@ struct View {
     owners: HashMap<String, String>,
     nodes: HashMap<String, NodeInfo>,
     draining: HashSet<String>,
+    /// Live sandboxes per owning node, kept in step with `sandboxes` and `owners`, so that a
+    /// placement reads counts instead of walking every sandbox.
+    on_node: HashMap<String, usize>,
+    /// Running and paused sandboxes per team, kept in step with `sandboxes`.
+    of_team: HashMap<String, usize>,
+}
+
+fn add(counts: &mut HashMap<String, usize>, key: &str, by: isize) {
+    let n = counts.entry(key.to_string()).or_default();
+    *n = n.saturating_add_signed(by);
+    if *n == 0 {
+        counts.remove(key);
+    }
+}
+
+/// Whether a sandbox counts against its team's quota.
+fn counted(r: &SandboxRecord) -> bool {
+    use kiln_server::store::SandboxState::{Paused, Running};
+    matches!(r.state, Running | Paused)
+}
+
+impl View {
+    /// Sandbox `id` is now `rec` (None: not live).
+    fn set_sandbox(&mut self, id: String, rec: Option<SandboxRecord>) {
+        let is = rec.is_some();
+        if let Some(r) = rec.as_ref().filter(|r| counted(r)) {
+            add(&mut self.of_team, &r.team, 1);
+        }
+        let old = match rec {
+            Some(r) => self.sandboxes.insert(id.clone(), r),
+            None => self.sandboxes.remove(&id),
+        };
+        if let Some(o) = old.as_ref().filter(|o| counted(o)) {
+            add(&mut self.of_team, &o.team, -1);
+        }
+        if old.is_some() != is {
+            if let Some(node) = self.owners.get(&id) {
+                add(&mut self.on_node, node, if is { 1 } else { -1 });
+            }
+        }
+    }
+
+    /// Sandbox `id` is now run by `node` (None: no owner recorded).
+    fn set_owner(&mut self, id: String, node: Option<String>) {
+        let live = self.sandboxes.contains_key(&id);
+        if let Some(n) = node.as_ref().filter(|_| live) {
+            add(&mut self.on_node, n, 1);
+        }
+        let old = match node {
+            Some(n) => self.owners.insert(id, n),
+            None => self.owners.remove(&id),
+        };
+        if let Some(o) = old.filter(|_| live) {
+            add(&mut self.on_node, &o, -1);
+        }
+    }
 }
 
 /// Which directory of the store a key is in, and its last segment.
@@ -104,13 +160,14 @@ impl Cache {
         self.events.subscribe()
     }
 
-    /// How many live sandboxes node `name` runs.
-    pub fn count_on(&self, name: &str) -> usize {
-        let v = self.read();
-        v.sandboxes
-            .keys()
-            .filter(|id| v.owners.get(*id).is_some_and(|n| n == name))
-            .count()
+    /// How many live sandboxes each node runs, by node name.
+    pub fn counts_by_node(&self) -> HashMap<String, usize> {
+        self.read().on_node.clone()
+    }
+
+    /// How many running or paused sandboxes team `team` has.
+    pub fn count_for_team(&self, team: &str) -> usize {
+        self.read().of_team.get(team).copied().unwrap_or(0)
     }
 
     /// The nodes that own live sandboxes but are not live themselves.
@@ -175,17 +232,11 @@ impl Cache {
                     .flatten()
                     .map(SandboxRecord::from)
                     .filter(|r| r.state.is_live());
-                match live {
-                    Some(r) => v.sandboxes.insert(id, r),
-                    None => v.sandboxes.remove(&id),
-                };
+                v.set_sandbox(id, live);
             }
-            Entry::Owner(id) if deleted => {
-                v.owners.remove(&id);
-            }
+            Entry::Owner(id) if deleted => v.set_owner(id, None),
             Entry::Owner(id) => {
-                v.owners
-                    .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
+                v.set_owner(id, Some(String::from_utf8_lossy(kv.value()).into_owned()));
             }
             Entry::Node if deleted => {
                 let name = std::str::from_utf8(kv.key())
@@ -223,11 +274,7 @@ impl Cache {
 
     /// Reads the directories of the view at one revision and replaces the view with them.
     async fn load(&self, etcd: &EtcdStore) -> crate::error::Result<i64> {
-        let first = etcd
-            .get(&self.dirs[0], GetOptions::new().with_prefix())
-            .await?;
-        let rev = first.header().map_or(0, |h| h.revision());
-        let mut kvs = first.kvs().to_vec();
+        let (mut kvs, rev) = etcd.get_prefix_at(&self.dirs[0], 0).await?;
         for dir in &self.dirs[1..4] {
             kvs.extend(etcd.get_prefix(dir, rev).await?);
         }
@@ -283,5 +330,84 @@ impl Cache {
             self.revision.send_replace(seen);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_server::store::SandboxState;
+
+    fn rec(id: &str, team: &str, state: SandboxState) -> SandboxRecord {
+        SandboxRecord {
+            id: id.into(),
+            template_id: "base".into(),
+            alias: None,
+            client_id: String::new(),
+            state,
+            metadata: Default::default(),
+            env_vars: Default::default(),
+            cpu_count: 1,
+            memory_mb: 512,
+            disk_size_mb: 0,
+            envd_token: None,
+            started_at_ms: 0,
+            end_at_ms: 0,
+            ended_at_ms: None,
+            end_reason: None,
+            auto_pause: false,
+            driver: String::new(),
+            pause_mode: None,
+            auto_resume: false,
+            auto_pause_memory: true,
+            team: team.into(),
+            ingress: Default::default(),
+        }
+    }
+
+    /// The counts as a walk over the whole view finds them.
+    fn walked(v: &View) -> (HashMap<String, usize>, HashMap<String, usize>) {
+        let (mut on_node, mut of_team) = (HashMap::new(), HashMap::new());
+        for (id, r) in &v.sandboxes {
+            if let Some(n) = v.owners.get(id) {
+                *on_node.entry(n.clone()).or_default() += 1;
+            }
+            if counted(r) {
+                *of_team.entry(r.team.clone()).or_default() += 1;
+            }
+        }
+        (on_node, of_team)
+    }
+
+    #[test]
+    fn counts_follow_records_and_owners_in_any_order() {
+        use SandboxState::{Paused, Running, Starting};
+        let mut v = View::default();
+        let check = |v: &View| assert_eq!((v.on_node.clone(), v.of_team.clone()), walked(v));
+        // Owner before record, record before owner.
+        v.set_owner("a".into(), Some("n1".into()));
+        check(&v);
+        v.set_sandbox("a".into(), Some(rec("a", "t", Starting)));
+        v.set_sandbox("b".into(), Some(rec("b", "t", Running)));
+        check(&v);
+        v.set_owner("b".into(), Some("n2".into()));
+        v.set_sandbox("a".into(), Some(rec("a", "t", Running)));
+        check(&v);
+        assert_eq!(
+            (v.on_node["n1"], v.on_node["n2"], v.of_team["t"]),
+            (1, 1, 2)
+        );
+        // A move to another node, a pause, a team change, an end, an owner removed.
+        v.set_owner("a".into(), Some("n2".into()));
+        v.set_sandbox("b".into(), Some(rec("b", "u", Paused)));
+        check(&v);
+        v.set_sandbox("a".into(), None);
+        check(&v);
+        v.set_owner("b".into(), None);
+        v.set_owner("a".into(), None);
+        check(&v);
+        v.set_sandbox("b".into(), None);
+        check(&v);
+        assert!(v.on_node.is_empty() && v.of_team.is_empty());
     }
 }

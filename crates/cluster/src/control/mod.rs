@@ -12,6 +12,7 @@ mod leader;
 mod moves;
 pub mod placement;
 mod service;
+pub mod unavailable;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -107,7 +108,10 @@ impl Control {
             self.cfg.leader_ttl,
         ));
         let _webhooks = self.state.webhooks.spawn(self.state.manager.subscribe());
-        let app = front::router(self.state.clone());
+        let app = front::router(self.state.clone()).layer(axum::middleware::from_fn_with_state(
+            Arc::<str>::from(self.cfg.domain.as_str()),
+            unavailable::rewrite,
+        ));
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.cfg.edge));
         tokio::select! {
             r = &mut serving => r.map_err(std::io::Error::other)?,

@@ -63,11 +63,27 @@ impl ClusterService {
     pub(super) fn candidates(&self) -> Vec<NodeInfo> {
         let mut nodes = self.cache.nodes();
         nodes.retain(|n| !self.cache.is_draining(&n.name));
+        let counts = self.cache.counts_by_node();
         for n in &mut nodes {
-            let seen = self.cache.count_on(&n.name) as u32;
+            let seen = counts.get(&n.name).copied().unwrap_or(0) as u32;
             n.load.sandboxes = n.load.sandboxes.max(seen);
         }
         nodes
+    }
+
+    /// The placement decision of a create for `team`, as [`SandboxService::create`] makes it:
+    /// the team's quota checked against every live sandbox of the cluster, then the best of
+    /// [`placement::DEFAULT_K`] sampled candidates. Returns the node chosen (None: no node can
+    /// take one) and the candidates, among which a retry picks again.
+    pub async fn decide(&self, team: &str) -> Result<(Option<NodeInfo>, Vec<NodeInfo>)> {
+        self.check_team_room(team, 1).await?;
+        let nodes = self.candidates();
+        Ok((self.pick(&nodes), nodes))
+    }
+
+    fn pick(&self, nodes: &[NodeInfo]) -> Option<NodeInfo> {
+        let memory = u64::from(self.cfg.default_memory_mb);
+        placement::place(nodes, memory, placement::DEFAULT_K, placement::random_index).cloned()
     }
 
     /// The node that runs `id`.
@@ -148,7 +164,7 @@ impl SandboxService for ClusterService {
     }
     async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
         if let Some(max) = self.team_quota(team).await?.max_sandboxes {
-            let live = self.list_for(team).len();
+            let live = self.cache.count_for_team(team);
             if live + n > max as usize {
                 return Err(Error::Capacity {
                     limit: format!(
@@ -204,28 +220,36 @@ impl SandboxService for ClusterService {
 
     async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
         let doc = CreateDoc::of(&p)?;
-        self.check_team_room(p.team(), 1).await?;
-        let memory = u64::from(self.cfg.default_memory_mb);
-        let mut nodes = self.candidates();
+        let (mut node, mut nodes) = self.decide(p.team()).await?;
+        if let Some(token) = &doc.idempotency {
+            // A create with a key goes where the key's first attempt went (that node runs
+            // one create per key), unless that node is gone.
+            let live = self.cache.nodes();
+            let placed = self
+                .etcd
+                .placement(token, node.as_ref().map(|n| n.name.as_str()), |name| {
+                    live.iter().any(|n| n.name == name)
+                })
+                .await
+                .map_err(|e| store_err(e.into()))?;
+            node = placed.and_then(|name| live.into_iter().find(|n| n.name == name));
+            // Another node would make a second sandbox for the key: no retry elsewhere.
+            nodes.clear();
+        }
         // A node that cannot be reached is left for the next; any other answer is final.
         for _ in 0..3 {
-            let Some(node) = placement::place(
-                &nodes,
-                memory,
-                placement::DEFAULT_K,
-                placement::random_index,
-            )
-            .cloned() else {
+            let Some(at) = node.take() else {
                 break;
             };
-            match self.nodes.create(&node.address, &doc).await {
+            match self.nodes.create(&at.address, &doc).await {
                 Ok((rec, revision)) => {
                     self.cache.wait_for(revision, VIEW_WAIT).await;
                     return Ok(rec);
                 }
                 Err(Error::Unavailable(m)) => {
-                    tracing::warn!(node = %node.name, error = %m, "placing on another node");
-                    nodes.retain(|n| n.name != node.name);
+                    tracing::warn!(node = %at.name, error = %m, "placing on another node");
+                    nodes.retain(|n| n.name != at.name);
+                    node = self.pick(&nodes);
                 }
                 Err(e) => return Err(e),
             }

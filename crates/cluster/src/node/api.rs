@@ -50,7 +50,11 @@ async fn guard(State(n): St, req: Request, next: Next) -> Response {
 }
 
 async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, ApiError> {
-    let rec = n.service.create(doc.into_params()?).await?;
+    let token = doc.idempotency.clone();
+    let rec = n
+        .creates
+        .run(n.service.clone(), doc.into_params()?, token)
+        .await?;
     let revision = n.publisher.sandbox(&rec.id).await;
     let answer = OpAnswer {
         sandbox: Some(SandboxDoc::from(&rec)),

@@ -29,10 +29,11 @@ pub async fn create_sandbox(
 ) -> ApiResult<Response> {
     let key = super::idempotency::key_of(&headers)?;
     let Some(key) = key else {
-        return create_inner(st, c, body).await;
+        return create_inner(st, c, body, None).await;
     };
     let scope = format!("{}/create", c.team);
-    let work = Box::pin(create_inner(st.clone(), c, body.clone()));
+    let keyed = Some(format!("{scope}/{key}"));
+    let work = Box::pin(create_inner(st.clone(), c, body.clone(), keyed));
     Ok(st.idempotency.run(scope, key, &body, work).await)
 }
 
@@ -40,6 +41,7 @@ async fn create_inner(
     st: std::sync::Arc<super::AppState>,
     c: Caller,
     body: Bytes,
+    idempotency: Option<String>,
 ) -> ApiResult<Response> {
     let req: NewSandbox =
         parse_json(&body, false)?.ok_or_else(|| ApiError::bad_request("request body is empty"))?;
@@ -122,6 +124,7 @@ async fn create_inner(
         ingress,
         team: c.team,
         volume_mounts,
+        idempotency,
     };
     let t = std::time::Instant::now();
     let rec = tokio::spawn(async move { manager.create(params).await })

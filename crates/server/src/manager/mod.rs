@@ -221,6 +221,10 @@ pub struct CreateParams {
     pub team: String,
     /// Volumes to mount (see [`Manager::resolve_mounts`]).
     pub volume_mounts: Vec<crate::store::MountRecord>,
+    /// The request's idempotency scope and `Idempotency-Key` (`{team}/create/{key}`; None:
+    /// no key). A lifecycle spread over replicas uses it so that a create retried at another
+    /// replica ends on the same sandbox; one host's manager needs it not.
+    pub idempotency: Option<String>,
 }
 
 impl CreateParams {

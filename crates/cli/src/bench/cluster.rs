@@ -1,0 +1,288 @@
+//! `kiln bench cluster`: a cluster's own costs, on an etcd the bench starts (127.0.0.1, a
+//! temporary data directory). The placement decision of a control replica with simulated
+//! nodes and sandboxes in etcd ([`super::cluster_place`]), beside a bare etcd read; a create
+//! through a control replica vs straight on the node, and an envd call through the gateway vs
+//! straight through a tunnel into the node ([`super::cluster_gateway`]). Bounded by
+//! `--max-minutes`; etcd, the node, the control replica and every sandbox are stopped on every
+//! way out (the end, an error, the bound, Ctrl-C), and the work directory is cleared.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::json;
+
+use super::cluster_gateway::{self as gateway, GatewayOptions, GatewayReport};
+use super::cluster_place::{self as place, PlaceOptions, PlaceReport};
+use super::cluster_proc::Etcd;
+use super::stats::Percentiles;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Simulated nodes registered in etcd for the placement part.
+    #[arg(long, default_value_t = 50)]
+    nodes: usize,
+    /// Simulated sandboxes published in etcd (spread over the simulated nodes).
+    #[arg(long, default_value_t = 10_000)]
+    sandboxes: usize,
+    /// Teams the simulated sandboxes belong to.
+    #[arg(long, default_value_t = 20)]
+    teams: usize,
+    /// Placement decisions timed (each with and without a team quota).
+    #[arg(long, default_value_t = 1000)]
+    decisions: usize,
+    /// Creates of each kind (through the control, straight on the node); 0 skips the part
+    /// with a real node.
+    #[arg(long, default_value_t = 10)]
+    creates: usize,
+    /// envd calls of each kind (through the gateway, straight to the node).
+    #[arg(long, default_value_t = 100)]
+    execs: usize,
+    /// Template the real node's sandboxes start from.
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// The etcd binary (Debian's etcd-server).
+    #[arg(long, default_value = "etcd")]
+    etcd_bin: PathBuf,
+    /// The bench stops (and cleans up) after this many minutes, printing what it measured.
+    #[arg(long, default_value_t = 15.0)]
+    max_minutes: f64,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    rt: super::RuntimeArgs,
+}
+
+#[derive(Default)]
+struct Results {
+    place: Option<PlaceReport>,
+    gateway: Option<GatewayReport>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    anyhow::ensure!(a.nodes > 0, "--nodes must be at least 1");
+    let runtime = a.rt.resolve()?;
+    let work = a.rt.work("cl")?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let results = Arc::new(Mutex::new(Results::default()));
+    let limit = Duration::from_secs_f64(a.max_minutes.max(0.1) * 60.0);
+    let outcome = rt.block_on(async {
+        let etcd = Etcd::start(&a.etcd_bin, work.path()).await?;
+        let secret = format!("kiln-bench-{}", nonce());
+        let roles: Arc<Mutex<Option<Arc<gateway::Roles>>>> = Default::default();
+        let body = measure(
+            &a,
+            &etcd.url,
+            work.path(),
+            &runtime,
+            &secret,
+            &results,
+            &roles,
+        );
+        let r = tokio::select! {
+            r = tokio::time::timeout(limit, body) => r.unwrap_or_else(|_| {
+                Err(anyhow::anyhow!("stopped at the bound of {} minute(s)", a.max_minutes))
+            }),
+            _ = kiln_server::stop_signal() => Err(anyhow::anyhow!("interrupted")),
+        };
+        let started = roles.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(roles) = started {
+            roles.kill_all().await;
+        }
+        r
+    });
+    // The processes left (node, control, etcd) stop as they are dropped; then nothing under
+    // the work directory may be left running or mounted.
+    rt.shutdown_timeout(Duration::from_secs(30));
+    super::stale::clear(work.path());
+    let r = results.lock().unwrap_or_else(|p| p.into_inner());
+    print(&a, &runtime.label(), &r);
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&to_json(&r))?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    match outcome {
+        Ok(_) => Ok(0),
+        Err(e) => {
+            eprintln!("kiln bench cluster: {e:#}");
+            Ok(1)
+        }
+    }
+}
+
+fn nonce() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{:x}{:x}", t.as_nanos(), std::process::id())
+}
+
+/// Both parts; each stores its report as soon as it has it.
+async fn measure(
+    a: &Args,
+    etcd: &str,
+    dir: &std::path::Path,
+    runtime: &crate::drivers::BenchRuntime,
+    secret: &str,
+    results: &Mutex<Results>,
+    roles: &Mutex<Option<Arc<gateway::Roles>>>,
+) -> anyhow::Result<()> {
+    let o = PlaceOptions {
+        nodes: a.nodes,
+        sandboxes: a.sandboxes,
+        teams: a.teams,
+        decisions: a.decisions,
+    };
+    // On a runtime of its own, dropped after it: the replica's view it loads keeps following
+    // etcd in the background, which must not run on beside the gateway part.
+    let url = etcd.to_string();
+    let p = tokio::task::spawn_blocking(move || -> anyhow::Result<PlaceReport> {
+        let rt = tokio::runtime::Runtime::new()?;
+        let r = rt.block_on(place::run(&url, &o));
+        rt.shutdown_timeout(Duration::from_secs(5));
+        r
+    })
+    .await??;
+    results.lock().unwrap_or_else(|p| p.into_inner()).place = Some(p);
+    if a.creates == 0 {
+        return Ok(());
+    }
+    eprintln!("gateway: starting a kiln node and a kiln control …");
+    let started = Arc::new(gateway::start(etcd, dir, runtime, secret).await?);
+    *roles.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.clone());
+    let o = GatewayOptions {
+        template: a.template.clone(),
+        creates: a.creates,
+        execs: a.execs,
+    };
+    let g = gateway::run(&started, &o).await;
+    if let Err(e) = &g {
+        eprintln!(
+            "---- node log (tail) ----\n{}\n---- control log (tail) ----\n{}",
+            started.node.tail(),
+            started.control.tail()
+        );
+        anyhow::bail!("{e:#}");
+    }
+    results.lock().unwrap_or_else(|p| p.into_inner()).gateway = g.ok();
+    Ok(())
+}
+
+fn row(name: &str, p: &Percentiles, base: Option<&Percentiles>) {
+    let ratio = base
+        .map(|b| format!("{:>6.2}x", p.p50_ms / b.p50_ms))
+        .unwrap_or_else(|| "      -".into());
+    println!(
+        "  {name:<52} n={:<5} p50 {:>8.2} ms   p99 {:>8.2} ms   p50 vs base {ratio}",
+        p.n, p.p50_ms, p.p99_ms
+    );
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
+fn print(a: &Args, label: &str, r: &Results) {
+    println!("kiln bench cluster ({label}; etcd on 127.0.0.1, one member):");
+    match &r.place {
+        Some(p) => {
+            println!(
+                "placement: {} simulated sandboxes ({} teams, 1 in 10 paused) on {} simulated \
+                 nodes, published in {:.1} s; the replica's view loaded in {:.0} ms",
+                p.sandboxes, p.teams, p.nodes, p.load_secs, p.view_ms
+            );
+            println!(
+                "  base = one etcd read of one key; decision = ClusterService::decide (team \
+                 quota read from etcd, the team's live sandboxes counted, best of 2)"
+            );
+            row("base  etcd get", &p.etcd_get, None);
+            row("decision, team quota set", &p.with_quota, Some(&p.etcd_get));
+            row(
+                "decision, no team quota",
+                &p.without_quota,
+                Some(&p.etcd_get),
+            );
+            println!(
+                "  target: decision p99 <= 20 ms: {}",
+                verdict(p.with_quota.p99_ms <= 20.0 && p.without_quota.p99_ms <= 20.0),
+            );
+        }
+        None => println!("placement: not measured"),
+    }
+    match &r.gateway {
+        Some(g) => {
+            println!(
+                "gateway: one kiln node (template {}, no warm pool) and one kiln control; \
+                 {} creates each way, interleaved",
+                a.template, g.creates
+            );
+            println!(
+                "  base = POST /internal/v1/sandboxes on the node (what the control forwards), \
+                 request → 201"
+            );
+            row("base  create straight on the node", &g.direct_create, None);
+            row(
+                "create through the control (POST /sandboxes)",
+                &g.gateway_create,
+                Some(&g.direct_create),
+            );
+            println!(
+                "  base = envd Process.Start of `bash -l -c true` through a tunnel straight \
+                 into the node, start → end event"
+            );
+            row("base  exec straight to the node", &g.direct_exec, None);
+            row(
+                "exec through the control's gateway",
+                &g.gateway_exec,
+                Some(&g.direct_exec),
+            );
+            println!("  base = envd GET /health (no process started) through a tunnel straight into the node");
+            row("base  health straight to the node", &g.direct_health, None);
+            row(
+                "health through the control's gateway",
+                &g.gateway_health,
+                Some(&g.direct_health),
+            );
+            let ratio = g.gateway_create.p50_ms / g.direct_create.p50_ms;
+            let hop = g.gateway_exec.p50_ms - g.direct_exec.p50_ms;
+            let bare = g.gateway_health.p50_ms - g.direct_health.p50_ms;
+            println!(
+                "  target: create through the gateway <= 1.1x: {ratio:.2}x {}; the gateway's \
+                 extra hop <= 1 ms p50: {hop:.2} ms {} (the hop alone, /health: {bare:.2} ms)",
+                verdict(ratio <= 1.1),
+                verdict(hop <= 1.0)
+            );
+        }
+        None => println!("gateway: not measured"),
+    }
+}
+
+fn pj(p: &Percentiles) -> serde_json::Value {
+    json!({"n": p.n, "p50_ms": p.p50_ms, "p99_ms": p.p99_ms})
+}
+
+fn to_json(r: &Results) -> serde_json::Value {
+    json!({
+        "placement": r.place.as_ref().map(|p| json!({
+            "nodes": p.nodes, "sandboxes": p.sandboxes, "teams": p.teams,
+            "publish_secs": p.load_secs, "view_load_ms": p.view_ms,
+            "etcd_get": pj(&p.etcd_get), "decision_with_quota": pj(&p.with_quota),
+            "decision_without_quota": pj(&p.without_quota),
+        })),
+        "gateway": r.gateway.as_ref().map(|g| json!({
+            "create_direct": pj(&g.direct_create), "create_through_control": pj(&g.gateway_create),
+            "create_ratio_p50": g.gateway_create.p50_ms / g.direct_create.p50_ms,
+            "exec_direct": pj(&g.direct_exec), "exec_through_gateway": pj(&g.gateway_exec),
+            "exec_extra_hop_p50_ms": g.gateway_exec.p50_ms - g.direct_exec.p50_ms,
+            "health_direct": pj(&g.direct_health), "health_through_gateway": pj(&g.gateway_health),
+            "health_extra_hop_p50_ms": g.gateway_health.p50_ms - g.direct_health.p50_ms,
+        })),
+    })
+}

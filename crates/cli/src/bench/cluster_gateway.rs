@@ -1,0 +1,283 @@
+//! `kiln bench cluster`'s gateway part: one real `kiln node` and one `kiln control` of this
+//! binary on a real etcd. A create through the control's E2B API (auth, quota, placement, the
+//! node's internal API, the wait for the replica's view) against the same create sent straight
+//! to the node's internal API; and one `commands.run`-equivalent envd call (a login shell
+//! running `true`) through the control's gateway against the same call through a tunnel
+//! straight into the node. The samples of both sides are interleaved.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use kiln_cluster::control::{NodeClient, TunnelConnector};
+use kiln_cluster::wire::{CreateDoc, Op};
+use kiln_cluster::ClusterSecret;
+use kiln_envd::EnvdClient;
+use kiln_server::manager::CreateParams;
+
+use super::cluster_proc::{kiln, listen_addr, Proc};
+use super::stats::{percentiles, Percentiles};
+use crate::drivers::BenchRuntime;
+
+#[derive(Debug, Clone)]
+pub(crate) struct GatewayReport {
+    pub creates: usize,
+    pub direct_create: Percentiles,
+    pub gateway_create: Percentiles,
+    pub direct_exec: Percentiles,
+    pub gateway_exec: Percentiles,
+    /// envd's `GET /health` (no process started): the hop alone.
+    pub direct_health: Percentiles,
+    pub gateway_health: Percentiles,
+}
+
+pub(crate) struct GatewayOptions {
+    pub template: String,
+    pub creates: usize,
+    pub execs: usize,
+}
+
+/// The node and the control replica, and the sandboxes made through either (killed at the
+/// end on every path, before the processes stop).
+pub(crate) struct Roles {
+    pub node: Proc,
+    pub control: Proc,
+    node_addr: String,
+    control_addr: std::net::SocketAddr,
+    api_key: String,
+    nodes: NodeClient,
+    http: reqwest::Client,
+    pub live: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// Starts the node (state in `<dir>/node`) and the control replica.
+pub(crate) async fn start(
+    etcd: &str,
+    dir: &Path,
+    runtime: &BenchRuntime,
+    secret: &str,
+) -> anyhow::Result<Roles> {
+    let prefix = "/kiln-bench-gateway";
+    let mut cmd = kiln("node", etcd, prefix, secret)?;
+    cmd.args(["--name", "bench-node", "--no-prepare", "--pool-off"])
+        .arg("--state-dir")
+        .arg(dir.join("node"))
+        .args(runtime.serve_flags());
+    let mut node = Proc::spawn("node", cmd, dir)?;
+    let line = node
+        .wait_for("listening on http://", Duration::from_secs(120))
+        .await?;
+    let node_addr = listen_addr(&line)?.to_string();
+    let mut cmd = kiln("control", etcd, prefix, secret)?;
+    cmd.args(["--replica", "bench-control"]);
+    let mut control = Proc::spawn("control", cmd, dir)?;
+    let line = control
+        .wait_for("listening on http://", Duration::from_secs(60))
+        .await?;
+    let control_addr = listen_addr(&line)?;
+    let api_key = control
+        .wait_for("store it now):", Duration::from_secs(10))
+        .await?;
+    Ok(Roles {
+        node,
+        control,
+        node_addr,
+        control_addr,
+        api_key,
+        nodes: NodeClient::new(ClusterSecret::new(secret).context("the cluster secret")?),
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(120))
+            .build()?,
+        live: Default::default(),
+    })
+}
+
+impl Roles {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.control_addr)
+    }
+
+    /// A create through the control's E2B API: the sandbox id and its envd token.
+    async fn create_via_control(&self, template: &str) -> anyhow::Result<(String, String)> {
+        let body = serde_json::json!({"templateID": template, "timeout": 300, "secure": true});
+        let r = self
+            .http
+            .post(self.url("/sandboxes"))
+            .header("X-API-Key", &self.api_key)
+            .json(&body)
+            .send()
+            .await?;
+        let status = r.status();
+        let v: serde_json::Value = r.json().await.unwrap_or_default();
+        if !status.is_success() {
+            bail!("create through the control: {status} {v}");
+        }
+        let id = v["sandboxID"].as_str().context("no sandboxID")?.to_string();
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
+        let token = v["envdAccessToken"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok((id, token))
+    }
+
+    /// The same create on the node's internal API, as the control forwards it.
+    async fn create_direct(&self, template: &str) -> anyhow::Result<String> {
+        let p = CreateParams {
+            template_id: template.to_string(),
+            timeout_secs: Some(300),
+            secure: true,
+            team: kiln_server::tenancy::DEFAULT_TEAM.to_string(),
+            ..Default::default()
+        };
+        let doc = CreateDoc::of(&p)?;
+        let (rec, _) = self.nodes.create(&self.node_addr, &doc).await?;
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rec.id.clone());
+        Ok(rec.id)
+    }
+
+    /// Kills `id` on its node (the way both kinds of create are undone).
+    pub async fn kill(&self, id: &str) -> anyhow::Result<()> {
+        let op = Op::Kill {
+            reason: "bench".into(),
+        };
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            self.nodes.op(&self.node_addr, id, &op),
+        )
+        .await;
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        match r {
+            Ok(Ok(_)) | Ok(Err(kiln_server::Error::SandboxNotFound(_))) => Ok(()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => bail!("killing {id} took over a minute"),
+        }
+    }
+
+    /// Kills every sandbox made and not killed yet (errors are reported, not returned).
+    pub async fn kill_all(&self) {
+        let ids: Vec<String> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for id in ids {
+            if let Err(e) = self.kill(&id).await {
+                eprintln!("cleanup: killing {id}: {e:#}");
+            }
+        }
+    }
+
+    fn envd_via_control(&self, id: &str, token: &str) -> EnvdClient {
+        EnvdClient::tcp(self.control_addr)
+            .with_header("host", self.control_addr.to_string())
+            .with_header("e2b-sandbox-id", id.to_string())
+            .with_header("e2b-sandbox-port", kiln_proto::envd::ENVD_PORT.to_string())
+            .with_access_token(Some(token.to_string()))
+    }
+
+    fn envd_direct(&self, id: &str, token: &str) -> EnvdClient {
+        EnvdClient::new(Arc::new(TunnelConnector {
+            addr: self.node_addr.clone(),
+            id: id.to_string(),
+            port: kiln_proto::envd::ENVD_PORT,
+            secret: self.nodes.secret().clone(),
+        }))
+        .with_access_token(Some(token.to_string()))
+    }
+}
+
+/// Waits until the control places creates (its view has the node), with one create that is
+/// not counted.
+async fn warm_up(r: &Roles, template: &str) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        match r.create_via_control(template).await {
+            Ok((id, _)) => return r.kill(&id).await,
+            Err(e) if t.elapsed() > Duration::from_secs(60) => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// Runs the gateway part on started roles.
+pub(crate) async fn run(r: &Roles, o: &GatewayOptions) -> anyhow::Result<GatewayReport> {
+    warm_up(r, &o.template).await?;
+    r.kill(&r.create_direct(&o.template).await?).await?;
+    eprintln!(
+        "gateway: {} creates through the control and {} straight to the node, interleaved …",
+        o.creates, o.creates
+    );
+    let (mut direct, mut gateway) = (Vec::new(), Vec::new());
+    for i in 0..2 * o.creates {
+        let t = Instant::now();
+        // Alternating which side goes first, so neither always follows the other's kill.
+        let id = if (i + i / 2) % 2 == 0 {
+            let id = r.create_direct(&o.template).await?;
+            direct.push(t.elapsed());
+            id
+        } else {
+            let (id, _) = r.create_via_control(&o.template).await?;
+            gateway.push(t.elapsed());
+            id
+        };
+        r.kill(&id).await?;
+    }
+    eprintln!(
+        "gateway: {} envd calls (`bash -l -c true`) each way, interleaved …",
+        o.execs
+    );
+    let (id, token) = r.create_via_control(&o.template).await?;
+    let (via, straight) = (r.envd_via_control(&id, &token), r.envd_direct(&id, &token));
+    let argv = ["-l", "-c", "true"];
+    for _ in 0..5 {
+        super::served::exec(&via, "/bin/bash", &argv).await?;
+        super::served::exec(&straight, "/bin/bash", &argv).await?;
+    }
+    let (mut dx, mut gx) = (Vec::new(), Vec::new());
+    for i in 0..o.execs {
+        if i % 2 == 0 {
+            gx.push(super::served::exec(&via, "/bin/bash", &argv).await?);
+            dx.push(super::served::exec(&straight, "/bin/bash", &argv).await?);
+        } else {
+            dx.push(super::served::exec(&straight, "/bin/bash", &argv).await?);
+            gx.push(super::served::exec(&via, "/bin/bash", &argv).await?);
+        }
+    }
+    let (mut dh, mut gh) = (Vec::new(), Vec::new());
+    for i in 0..o.execs {
+        for (client, samples) in if i % 2 == 0 {
+            [(&via, &mut gh), (&straight, &mut dh)]
+        } else {
+            [(&straight, &mut dh), (&via, &mut gh)]
+        } {
+            let t = Instant::now();
+            client.health().await?;
+            samples.push(t.elapsed());
+        }
+    }
+    r.kill(&id).await?;
+    Ok(GatewayReport {
+        direct_health: percentiles(&dh),
+        gateway_health: percentiles(&gh),
+        creates: o.creates,
+        direct_create: percentiles(&direct),
+        gateway_create: percentiles(&gateway),
+        direct_exec: percentiles(&dx),
+        gateway_exec: percentiles(&gx),
+    })
+}
