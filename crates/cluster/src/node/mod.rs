@@ -9,11 +9,8 @@
 //! nodes can be taken over ([`moves`]).
 
 mod api;
-<<<<<<< HEAD
-pub mod moves;
-=======
 mod creates;
->>>>>>> clbench
+pub mod moves;
 mod publish;
 mod tunnel;
 
@@ -39,9 +36,10 @@ pub struct NodeApi {
     /// Whether the node's lease is alive.
     pub alive: watch::Receiver<bool>,
     pub publisher: Publisher,
-<<<<<<< HEAD
     /// Checkpoints in object storage (None: no object store configured).
     pub mover: Option<moves::Mover>,
+    /// Creates in flight and recent ones, by idempotency token.
+    pub creates: creates::Creates,
 }
 
 /// A node's object store: the bucket and its local cache of fetched chunks.
@@ -49,10 +47,6 @@ pub struct NodeApi {
 pub struct NodeObjects {
     pub chunks: ChunkStore,
     pub cache_dir: std::path::PathBuf,
-=======
-    /// Creates in flight and recent ones, by idempotency token.
-    pub creates: creates::Creates,
->>>>>>> clbench
 }
 
 /// How a node is known to the cluster.
@@ -123,11 +117,8 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         secret: cfg.secret.clone(),
         alive: lease.alive(),
         publisher,
-<<<<<<< HEAD
         mover,
-=======
         creates: Default::default(),
->>>>>>> clbench
     };
     let fenced = Arc::new(AtomicBool::new(false));
     let stop = {
