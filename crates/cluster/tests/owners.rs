@@ -6,41 +6,16 @@
 #[allow(dead_code)]
 #[path = "common/etcd.rs"]
 mod etcd;
+#[path = "common/records.rs"]
+mod records;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd::EtcdCluster;
 use kiln_cluster::{NodeCapacity, Published, NODE_LOST_REASON};
 use kiln_server::manager::LifecycleEvent;
-use kiln_server::store::{EventStore, SandboxRecord, SandboxState, SandboxStore};
-
-fn sandbox(id: &str, state: SandboxState) -> SandboxRecord {
-    SandboxRecord {
-        id: id.into(),
-        template_id: "base".into(),
-        alias: None,
-        client_id: "kiln".into(),
-        state,
-        metadata: BTreeMap::new(),
-        env_vars: BTreeMap::new(),
-        cpu_count: 1,
-        memory_mb: 256,
-        disk_size_mb: 0,
-        envd_token: Some("tok".into()),
-        started_at_ms: 1000,
-        end_at_ms: 2000,
-        ended_at_ms: None,
-        end_reason: None,
-        auto_pause: false,
-        driver: "gvisor".into(),
-        pause_mode: None,
-        auto_resume: false,
-        auto_pause_memory: true,
-        team: "default".into(),
-        ingress: Default::default(),
-    }
-}
+use kiln_server::store::{EventStore, SandboxState, SandboxStore};
+use records::sandbox;
 
 #[tokio::test]
 async fn publications_follow_the_lease_and_never_revive_the_dead() {
