@@ -35,6 +35,17 @@ install_packages() {
   fi
 }
 
+# need_protoc — the kiln binary links kiln-cluster, whose etcd-client dependency compiles etcd's
+# .proto files at build time: protoc, and the well-known types it imports
+# (google/protobuf/descriptor.proto, struct.proto), which Debian ships in libprotobuf-dev (only
+# a recommendation of protobuf-compiler, and packages are installed without those).
+need_protoc() {
+  install_packages protoc:protobuf-compiler
+  if [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+    install_packages protobuf-dev-missing:libprotobuf-dev
+  fi
+}
+
 # stop_system_etcd — the etcd-server package starts a system etcd on port 2379 where an init
 # system runs one; kiln's tests start their own members on free ports and need none.
 stop_system_etcd() {

@@ -6,6 +6,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$KILN_ROOT"
 need_cargo
 install_packages cc:gcc
+need_protoc
 say "building kiln (release)"
 cargo build --release -p kiln --bin kiln
 build_static_agent

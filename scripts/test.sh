@@ -24,9 +24,10 @@ install_packages node:nodejs npm:npm
 install_packages docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils openssl:openssl
 # The desktop tests render the noVNC stream in the host's Chromium (through Playwright).
 install_packages chromium:chromium
-# kiln-cluster: etcd-client's build compiles etcd's .proto files with protoc; its tests start
+# kiln-cluster: etcd-client's build compiles etcd's .proto files (need_protoc); its tests start
 # their own 3-member etcd clusters on loopback from Debian's etcd-server (no system etcd).
-install_packages protoc:protobuf-compiler etcd:etcd-server
+need_protoc
+install_packages etcd:etcd-server
 stop_system_etcd
 
 say "formatting and lints"
