@@ -84,16 +84,20 @@ class Proc:
 
 
 class Cluster:
-    def __init__(self, base: str):
+    def __init__(self, base: str, extra_etcd_hosts=()):
+        """`extra_etcd_hosts`: more local addresses etcd serves clients on (beside 127.0.0.1),
+        for nodes in network namespaces of their own."""
         self.base = base
         self.procs = []
         self.secret = secrets.token_hex(16)
         self.prefix = "/kiln-test-" + secrets.token_hex(4)
         port, peer = free_port(), free_port()
+        self.etcd_port = port
         self.etcd_url = f"http://127.0.0.1:{port}"
+        listen = ",".join([self.etcd_url] + [f"http://{h}:{port}" for h in extra_etcd_hosts])
         self.etcd = self.spawn("etcd", [
             etcd_binary(), "--name", "m0", "--data-dir", os.path.join(base, "etcd"),
-            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-client-urls", listen, "--advertise-client-urls", self.etcd_url,
             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-cluster", f"m0=http://127.0.0.1:{peer}",
