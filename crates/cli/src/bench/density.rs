@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::density_active::{self, exec_round_trips, ActiveLoop};
-use super::density_end::{restart_and_kill, sweep, wake, RawWakeSetup};
+use super::density_end::{kill_everything, restart_and_kill, wake, RawWakeSetup};
 use super::density_host::{self, Host};
 use super::density_standby::{self, DISK_RESERVE};
 use super::idle_cpu;
@@ -187,10 +187,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // watcher (whose upkeep also applies --timer-slack-ms), so their cost is measured.
         let mut upkeep = vec![m.spawn_sampler(), m.spawn_watcher()];
         upkeep.extend(m.spawn_idle_tick());
-        let r = steps(&a, &m, &host, per).await;
-        // (The server's upkeep goes on while sandboxes are woken, as it would in `kiln serve`.)
-        let r = match r {
-            Ok(()) if standby_after.is_some() && m.standby_count() > 0 => {
+        let measured = async {
+            steps(&a, &m, &host, per).await?;
+            // (The server's upkeep goes on while sandboxes are woken, as in `kiln serve`.)
+            if standby_after.is_some() && m.standby_count() > 0 {
                 wake(
                     &a.template,
                     a.wake_samples,
@@ -198,9 +198,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     &raw_wake,
                     templates.clone(),
                 )
-                .await
+                .await?;
             }
-            r => r,
+            Ok(())
+        };
+        // Ctrl-C ends the run as a failure does: every sandbox of it is killed below.
+        let r = tokio::select! {
+            r = measured => r,
+            _ = tokio::signal::ctrl_c() => {
+                println!("  interrupted: killing every sandbox of the run");
+                Err(anyhow::anyhow!("interrupted"))
+            }
         };
         upkeep.iter().for_each(|h| h.abort());
         drop(server);
@@ -209,9 +217,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 restart_and_kill(a.exec_samples, a.kill_concurrency, m, cfg, templates, &host).await
             }
             Err(e) => {
-                let ids: Vec<String> = m.list().into_iter().map(|r| r.id).collect();
-                m.kill_all("bench density failed").await;
-                sweep(&ids);
+                kill_everything(m, cfg, templates).await;
                 Err(e)
             }
         };

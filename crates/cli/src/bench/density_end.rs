@@ -52,11 +52,36 @@ pub(super) async fn wake(
 }
 
 /// Kills whatever is left in the host cgroups of `ids` (through their `cgroup.procs`).
-pub(super) fn sweep(ids: &[String]) {
+fn sweep(ids: &[String]) {
     let n = density_host::kill_cgroup_procs(ids);
     if n > 0 {
         println!("  killed {n} process(es) left in the sandboxes' host cgroups");
     }
+}
+
+/// After a failed or interrupted run: kills the sandboxes `old` knows, then starts a server on
+/// the run's state whose recovery adopts or cleans up what a create cut short left, kills
+/// what it adopted, and kills whatever is still in the sandboxes' host cgroups.
+pub(super) async fn kill_everything(
+    old: Arc<Manager>,
+    cfg: ServerSetup,
+    templates: Arc<dyn kiln_server::templates::Templates>,
+) {
+    let mut ids: Vec<String> = old.list().into_iter().map(|r| r.id).collect();
+    old.kill_all("bench density failed").await;
+    drop(old);
+    match cfg.prepare(templates).await {
+        Ok(server) => {
+            if let Err(e) = server.recovery.done().await {
+                eprintln!("  recovering what the run left: {e}");
+            }
+            let m = server.manager.clone();
+            ids.extend(m.list().into_iter().map(|r| r.id));
+            m.kill_all("bench density failed").await;
+        }
+        Err(e) => eprintln!("  starting a server to clean up what the run left: {e:#}"),
+    }
+    sweep(&ids);
 }
 
 /// Restarts the server with every sandbox alive (listen time, time until all are adopted),
