@@ -31,7 +31,8 @@ def kiln_bin() -> str:
 
 
 def cleanup_state(state_dir: str) -> None:
-    """Removes every runsc container, mount and file a kiln server left under state_dir."""
+    """Removes every runsc container, mount and file a kiln server left under state_dir (its
+    disk pool and volumes included: the server is gone, so nothing there is in use)."""
     root = os.path.join(state_dir, "gvisor", "runsc")
     runsc = shutil.which("runsc") or "/usr/bin/runsc"
     if os.path.isdir(root):
@@ -48,7 +49,7 @@ def cleanup_state(state_dir: str) -> None:
                 )
         except Exception as e:  # keep cleaning up
             print(f"cleanup: runsc: {e}")
-    for mp in mounts_under(state_dir):
+    for mp in sorted(mounts_under(state_dir, pool=True), reverse=True):
         subprocess.run(["umount", "-l", mp], capture_output=True)
     remove_net_slots(state_dir)
     shutil.rmtree(state_dir, ignore_errors=True)

@@ -192,6 +192,20 @@ class Cluster:
             print(f"---- {name} log (tail) ----\n" + p.log()[-4000:])
 
 
+def finish(c, base: str, *after):
+    """Ends a test's cluster `c` (None when making it failed): its sandboxes killed and its
+    processes stopped, then each of `after` called (what the test started beside it), then
+    `base` removed; no kiln process of it may have panicked."""
+    logs = ""
+    if c:
+        c.teardown()
+        logs = "".join(p.log() for p in c.procs if not p.name.startswith("etcd"))
+    for stop in after:
+        stop()
+    shutil.rmtree(base, ignore_errors=True)
+    assert "panicked" not in logs, logs[-8000:]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     base = tempfile.mkdtemp(prefix="kiln-cluster-")
@@ -205,12 +219,7 @@ def cluster():
         assert c.api_key, "the first control replica of an empty cluster makes the first API key"
         yield c
     finally:
-        if c:
-            c.teardown()
-            logs = "".join(p.log() for p in c.procs if p.name != "etcd")
-        shutil.rmtree(base, ignore_errors=True)
-        if c:
-            assert "panicked" not in logs, logs[-8000:]
+        finish(c, base)
 
 
 def test_creates_spread_over_nodes_and_run_through_the_gateway(cluster):

@@ -27,7 +27,7 @@ import urllib.request
 import pytest
 
 from .conftest import kiln_bin
-from .test_server_cluster import Cluster, etcd_binary, free_port
+from .test_server_cluster import Cluster, etcd_binary, finish, free_port
 
 
 
@@ -136,12 +136,7 @@ def run_cluster(make, body):
         c = make(base)
         body(c)
     finally:
-        if c:
-            c.teardown()
-            logs = "".join(p.log() for p in c.procs if not p.name.startswith("etcd"))
-        shutil.rmtree(base, ignore_errors=True)
-        if c:
-            assert "panicked" not in logs, logs[-8000:]
+        finish(c, base)
 
 
 def test_service_continues_when_an_etcd_member_dies():

@@ -12,7 +12,6 @@ Needs KILN_BIN, the base template, runsc, etcd and root (network namespaces).
 
 import os
 import secrets
-import shutil
 import subprocess
 import tempfile
 import time
@@ -20,7 +19,7 @@ import time
 import pytest
 
 from .conftest import kiln_bin, runsc_processes_for
-from .test_server_cluster import Cluster, Proc
+from .test_server_cluster import Cluster, Proc, finish
 
 HOST_IP, NODE_IP = "172.30.77.1", "172.30.77.2"
 
@@ -81,14 +80,7 @@ def cut_cluster():
         assert c.api_key, "the first control replica of an empty cluster makes the first API key"
         yield c
     finally:
-        if c:
-            c.teardown()
-            logs = "".join(p.log() for p in c.procs if p.name != "etcd")
-        if link:
-            link.remove()
-        shutil.rmtree(base, ignore_errors=True)
-        if c:
-            assert "panicked" not in logs, logs[-8000:]
+        finish(c, base, *([link.remove] if link else []))
 
 
 def test_a_node_cut_off_fences_itself_and_its_sandboxes_never_run_twice(cut_cluster):

@@ -16,7 +16,6 @@ Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ET
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import urllib.request
 import pytest
 
 from .conftest import kiln_bin, runsc_processes_for
-from .test_server_cluster import Cluster, Proc, free_port, kiln_node
+from .test_server_cluster import Cluster, Proc, finish, free_port, kiln_node
 
 ACCESS = {"KILN_S3_ACCESS_KEY_ID": "kiln-test", "KILN_S3_SECRET_ACCESS_KEY": "kiln-test-secret"}
 COUNTER = "i=0; while true; do echo $i > /home/user/count; i=$((i+1)); sleep 0.1; done"
@@ -98,14 +97,7 @@ def cluster():
         assert c.api_key, "the first control replica of an empty cluster makes the first API key"
         yield c
     finally:
-        if c:
-            c.teardown()
-            logs = "".join(p.log() for p in c.procs if p.name != "etcd")
-        if moto:
-            moto.stop()
-        shutil.rmtree(base, ignore_errors=True)
-        if c:
-            assert "panicked" not in logs, logs[-8000:]
+        finish(c, base, *([moto.stop] if moto else []))
 
 
 def sandbox_dir(node: Proc, sid: str) -> str:
