@@ -321,7 +321,9 @@ impl BuildsDb {
     pub async fn fail_unfinished(&self, reason: &str, now_ms: i64) -> Result<Vec<String>> {
         let reason = reason.to_string();
         self.run(move |c| {
-            let tx = c.transaction()?;
+            // IMMEDIATE: read, then write (an upgrading read transaction fails at once when
+            // another connection wrote in between).
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = {
                 let mut st = tx.prepare("SELECT id FROM tpl_builds WHERE status = 'building'")?;
                 let rows = st.query_map([], |r| r.get::<_, String>(0))?;

@@ -86,7 +86,9 @@ impl VolumesDb {
     pub async fn insert_capped(&self, v: &VolumeRecord, cap: Option<u32>) -> Result<Inserted> {
         let v = v.clone();
         self.run(move |c| {
-            let tx = c.transaction()?;
+            // IMMEDIATE: the count is read and then written beside; a read transaction that
+            // upgrades fails at once when another connection wrote in between.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             if let Some(cap) = cap {
                 let held: i64 = tx.query_row(
                     "SELECT COUNT(*) FROM volumes WHERE team = ?1",
@@ -306,5 +308,42 @@ mod tests {
         );
         assert_eq!(db.delete_unused("vol_c").await.unwrap(), Some(vec![]));
         assert_eq!(db.delete_unused("vol_c").await.unwrap(), None);
+    }
+
+    /// A capped insert reads the team's count and then writes; another connection writing in
+    /// between (the event log, the audit writer) must make it wait for the lock, not fail with
+    /// "database is locked" as an upgraded read transaction does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn capped_inserts_beside_another_writer_never_fail_busy() {
+        use crate::store::EventStore;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln.db");
+        let other = crate::store::SqliteStore::open(&path).unwrap();
+        let db = VolumesDb::open(&path).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    other
+                        .add_event("sbx", "created", &format!("e{n}"))
+                        .await
+                        .unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        for i in 0..300 {
+            let v = vol(&format!("vol_{i}"), "t1", &format!("v{i}"));
+            let got = db.insert_capped(&v, Some(10_000)).await;
+            assert_eq!(
+                got.expect("a capped insert beside a writer"),
+                Inserted::Done
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(writer.await.unwrap() > 0);
     }
 }
