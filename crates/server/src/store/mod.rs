@@ -15,6 +15,8 @@
 mod aggregates;
 pub mod alerts_sql;
 mod audit_sql;
+#[cfg(test)]
+mod busy_writer;
 mod console_sql;
 mod idempotency_sql;
 mod metrics_sql;

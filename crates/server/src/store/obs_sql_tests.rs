@@ -173,22 +173,7 @@ async fn queueing_beside_another_writer_never_fails_busy() {
     let db = dir.path().join("kiln.db");
     let s = SqliteStore::open(&db).unwrap();
     s.insert_webhook(&hook("w1", &[])).await.unwrap();
-    let other = SqliteStore::open(&db).unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut n = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                other
-                    .add_event("sbx", "created", &format!("e{n}"))
-                    .await
-                    .unwrap();
-                n += 1;
-            }
-            n
-        })
-    };
+    let writer = crate::store::busy_writer::BusyWriter::start(SqliteStore::open(&db).unwrap());
     let mut queued = 0;
     for _ in 0..300 {
         queued += s
@@ -196,8 +181,7 @@ async fn queueing_beside_another_writer_never_fails_busy() {
             .await
             .expect("queueing beside a writer");
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let written = writer.await.unwrap();
+    let written = writer.stop().await;
     assert!(
         written > 0 && queued > 0,
         "{written} events, {queued} queued"

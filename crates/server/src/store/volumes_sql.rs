@@ -315,26 +315,12 @@ mod tests {
     /// "database is locked" as an upgraded read transaction does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn capped_inserts_beside_another_writer_never_fail_busy() {
-        use crate::store::EventStore;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kiln.db");
-        let other = crate::store::SqliteStore::open(&path).unwrap();
+        let writer = crate::store::busy_writer::BusyWriter::start(
+            crate::store::SqliteStore::open(&path).unwrap(),
+        );
         let db = VolumesDb::open(&path).unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writer = {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut n = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    other
-                        .add_event("sbx", "created", &format!("e{n}"))
-                        .await
-                        .unwrap();
-                    n += 1;
-                }
-                n
-            })
-        };
         for i in 0..300 {
             let v = vol(&format!("vol_{i}"), "t1", &format!("v{i}"));
             let got = db.insert_capped(&v, Some(10_000)).await;
@@ -343,7 +329,6 @@ mod tests {
                 Inserted::Done
             );
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(writer.await.unwrap() > 0);
+        assert!(writer.stop().await > 0);
     }
 }
