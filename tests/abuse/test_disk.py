@@ -117,6 +117,9 @@ def test_console_flood_keeps_host_disk_growth_small(server, sandbox):
 
     flood_mb = 6144
     sdir = _sandbox_dir(server, sandbox)
+    # The flood runs at 50-100 MiB/s here (slower on a busy host): longer than the fixture's
+    # 120 s sandbox timeout may allow.
+    sandbox.set_timeout(600)
 
     def used():
         """Host disk the console holds: the blocks allocated to its log files (not the
@@ -141,7 +144,7 @@ def test_console_flood_keeps_host_disk_growth_small(server, sandbox):
     try:
         start = time.time()
         r = sandbox.commands.run(
-            f"head -c {flood_mb}M /dev/zero > /proc/1/fd/1; echo rc=$?", user="root", timeout=240)
+            f"head -c {flood_mb}M /dev/zero > /proc/1/fd/1; echo rc=$?", user="root", timeout=500)
         took = time.time() - start
     finally:
         done.set()

@@ -47,6 +47,19 @@ def test_an_oom_kill_is_one_oom_event_of_its_sandbox(server, sandbox, bystander)
     assert "Out of memory" in text, text[-2000:]
 
 
+def test_an_oom_kill_just_before_the_sandboxs_end_is_on_record(server, sandbox):
+    # Samples come every few seconds; the kill asks the agent for its last kills first.
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run(HOG, timeout=60)
+    sandbox.kill()
+    events = _events(server, sandbox.sandbox_id, "oom")
+    assert len(events) == 1 and "python3" in events[0]["detail"], events
+    status, page, _ = server.request("GET", f"/sandboxes/{sandbox.sandbox_id}/events?limit=1000")
+    assert status == 200, page
+    kinds = [e["type"] for e in page["events"]]
+    assert kinds.index("oom") < kinds.index("killed"), kinds
+
+
 def test_a_fork_does_not_report_its_parents_kills(server, sandbox):
     with pytest.raises(CommandExitException):
         sandbox.commands.run(HOG, timeout=60)

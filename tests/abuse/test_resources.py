@@ -112,7 +112,12 @@ def test_fork_bomb_is_contained(server, sandbox, bystander):
     log = open(
         os.path.join(server.state_dir, "gvisor", "sandboxes", sandbox.sandbox_id, "console.log")
     ).read()
-    assert "Fork bomb: killed command" in log or "Host limit near: killed command" in log, log[-2000:]
+    # The agent names what it saw: a bomb replacing its processes at the cap, a loop held
+    # there busy forking (how a bomb looks when its processes stop exiting), or the host side
+    # near its limits.
+    kinds = ("Fork bomb: killed command", "Fork loop: killed command",
+             "Host limit near: killed command")
+    assert any(k in log for k in kinds), log[-2000:]
     print("\n".join(line for line in log.splitlines() if "killed command" in line))
     assert_unharmed(bystander)
 

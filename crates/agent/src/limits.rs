@@ -22,7 +22,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cmd_cgroups::{PIDS_ROOT, PREFIX};
 
@@ -221,16 +221,49 @@ fn biggest_process() -> Option<(i32, u64, String)> {
     best
 }
 
+/// How long after a kill the OOM pass waits for the victim's memory to be given back before
+/// it picks another victim. gVisor frees an exited process's memory asynchronously: on a busy
+/// host the sentry's used memory stayed above the limit after the victim was reaped, and the
+/// next pass took the sandbox's next biggest process (a `sleep` beside the hog) for the culprit.
+pub const OOM_SETTLE: Duration = Duration::from_secs(3);
+
+/// The OOM pass's last kill: when, and the used memory it saw then (bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct LastKill {
+    pub at: Instant,
+    pub used: u64,
+}
+
+/// Whether a pass seeing `used` bytes above the limit at `now` may kill, given the last kill:
+/// not while that kill's memory may still be on its way back (within [`OOM_SETTLE`] and no
+/// more used than then). Memory climbing past what it was at the kill is another allocation,
+/// and is killed at once, as is a limit still passed once the settle time is over.
+pub fn may_kill(last: Option<LastKill>, used: u64, now: Instant) -> bool {
+    match last {
+        Some(k) => now.duration_since(k.at) >= OOM_SETTLE || used > k.used,
+        None => true,
+    }
+}
+
 /// One pass of the in-sandbox OOM killer (run by [`crate::watchdog`]): when used memory is
 /// above `limit`, kills the process with the largest RSS, then waits (up to 400 ms) for it to
-/// go, so one hog costs one kill. Returns the used memory it saw (bytes).
-pub fn oom_pass(limit: u64) -> Option<u64> {
+/// go, so one hog costs one kill; `last` is the pass's last kill ([`may_kill`]). Returns the
+/// used memory it saw (bytes).
+pub fn oom_pass(limit: u64, last: &mut Option<LastKill>) -> Option<u64> {
     let used = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| used_memory(&m))?;
     if used <= limit {
+        *last = None;
         return Some(used);
     }
+    if !may_kill(*last, used, Instant::now()) {
+        return Some(used);
+    }
+    *last = Some(LastKill {
+        at: Instant::now(),
+        used,
+    });
     // A fork loop whose processes each hold memory (a Python `os.fork()` loop): one process
     // killed is one slot refilled, and a /proc scan of all of them is slow for a starved agent,
     // so a command with a quarter of its cap or more goes whole.
@@ -277,6 +310,23 @@ pub fn oom_pass(limit: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kill_settles_before_the_next_victim() {
+        let t = Instant::now();
+        let mib = 1u64 << 20;
+        let last = Some(LastKill {
+            at: t,
+            used: 330 * mib,
+        });
+        assert!(may_kill(None, 330 * mib, t));
+        // The victim's memory not back yet: nobody else is taken for it.
+        assert!(!may_kill(last, 330 * mib, t + Duration::from_millis(500)));
+        assert!(!may_kill(last, 325 * mib, t + Duration::from_secs(2)));
+        // Climbing past the kill's reading is another allocation; a settle time is enough.
+        assert!(may_kill(last, 331 * mib, t + Duration::from_millis(100)));
+        assert!(may_kill(last, 325 * mib, t + OOM_SETTLE));
+    }
 
     #[test]
     fn meminfo_used() {

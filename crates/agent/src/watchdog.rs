@@ -65,13 +65,14 @@ pub fn churn_interval(largest: usize, max: u64) -> Option<Duration> {
 struct Oom {
     limit: u64,
     last: Option<(Instant, u64)>,
+    last_kill: Option<limits::LastKill>,
 }
 
 impl Oom {
     /// Runs a pass; returns the delay until the next.
     fn pass(&mut self) -> Duration {
         let now = Instant::now();
-        let Some(used) = limits::oom_pass(self.limit) else {
+        let Some(used) = limits::oom_pass(self.limit, &mut self.last_kill) else {
             return OOM_MAX;
         };
         let growth = match self.last {
@@ -89,7 +90,11 @@ impl Oom {
 /// Runs the watchdog (a thread of PID 1; returns at once when the sandbox has neither a
 /// memory size nor per-command pids limits).
 pub fn run() {
-    let mut oom = limits::memory_limit().map(|limit| Oom { limit, last: None });
+    let mut oom = limits::memory_limit().map(|limit| Oom {
+        limit,
+        last: None,
+        last_kill: None,
+    });
     let pids_max = limits::command_pids_max();
     if oom.is_none() && pids_max.is_none() {
         return;

@@ -10,14 +10,22 @@
 //! the sandbox. The first time, the mark is the sandbox's start (so a fork, or a sandbox
 //! created from a memory snapshot, does not report its source's kills) or, for a sandbox a
 //! restarted server adopted, the time of its newest kill event on record.
+//!
+//! A sandbox that ends (killed, timed out) is asked once more before it stops
+//! ([`Manager::report_last_kills`]), so a kill inside it between two samples is on record too.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use kiln_proto::envd::KillRecord;
 
 use super::Manager;
-use crate::store::{EventQuery, SandboxRecord};
+use crate::store::{EventQuery, SandboxRecord, SandboxState};
+
+/// How long an ending sandbox's agent gets to hand over its last kills: it answers in a few
+/// milliseconds, and a starved or hung one does not hold up the stop for longer than this.
+const LAST_KILLS_WAIT: Duration = Duration::from_millis(300);
 
 /// The event kinds kills become, by the agent's reason.
 pub const KILL_EVENT_KINDS: &[&str] = &["oom", "pids-limit", "host-limit", "sudo-refused"];
@@ -73,6 +81,18 @@ impl Manager {
             }
         };
         newest.unwrap_or(0).max(r.started_at_ms)
+    }
+
+    /// Before running `r` stops: records the kills its agent made since the last sample (an
+    /// OOM kill a moment before a `DELETE` or the timeout), and forgets its mark.
+    pub(super) async fn report_last_kills(&self, r: &SandboxRecord) {
+        if r.state == SandboxState::Running && self.idle.standby_since(&r.id).is_none() {
+            let agent = self.agent(&r.id, r.envd_token.clone());
+            if let Ok(Ok(m)) = tokio::time::timeout(LAST_KILLS_WAIT, agent.metrics()).await {
+                self.report_kills(r, &m.kiln_kills).await;
+            }
+        }
+        self.kill_marks.lock().remove(&r.id);
     }
 
     /// Records an event for each kill of `kills` (the agent's log) not reported before.
