@@ -84,7 +84,8 @@ cargo test --workspace --no-fail-fast
 
 say "SDK end-to-end tests"
 set +e
-"$KILN_PYTHON" -m pytest tests/sdk -q -rs
+# The slowest tests are listed, so that a suite growing past its time budget shows where.
+"$KILN_PYTHON" -m pytest tests/sdk -q -rs --durations=20
 rc=$?
 say "JavaScript SDK tests (the pinned e2b npm package under node --test)"
 # node_modules is cached by the lockfile's hash (like the venv) and linked into tests/js.

@@ -11,7 +11,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use kiln_cluster::control::{Cache, ClusterService, NodeClient};
 use kiln_cluster::{ClusterSecret, EtcdStore, NodeCapacity, NodeLease, NodeLoad, Published};
-use kiln_server::store::{Ingress, SandboxRecord, SandboxState};
+use kiln_server::store::{SandboxRecord, SandboxState};
 use kiln_server::LifecycleConfig;
 
 use super::stats::{percentiles, Percentiles};
@@ -49,7 +49,6 @@ fn sandbox(i: usize, team: String) -> SandboxRecord {
     let now = kiln_server::store::now_ms();
     SandboxRecord {
         id: format!("ibench{i:06}"),
-        template_id: "base".into(),
         alias: Some("base".into()),
         client_id: "bench".into(),
         state: if i % 10 == 9 {
@@ -58,22 +57,13 @@ fn sandbox(i: usize, team: String) -> SandboxRecord {
             SandboxState::Running
         },
         metadata: [("bench".to_string(), "cluster".to_string())].into(),
-        env_vars: Default::default(),
         cpu_count: 2,
-        memory_mb: 512,
         disk_size_mb: 2048,
-        envd_token: None,
         started_at_ms: now,
         end_at_ms: now + 3_600_000,
-        ended_at_ms: None,
-        end_reason: None,
-        auto_pause: false,
         driver: "simulated".into(),
-        pause_mode: None,
-        auto_resume: false,
-        auto_pause_memory: true,
         team,
-        ingress: Ingress::default(),
+        ..Default::default()
     }
 }
 

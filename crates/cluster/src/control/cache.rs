@@ -341,27 +341,9 @@ mod tests {
     fn rec(id: &str, team: &str, state: SandboxState) -> SandboxRecord {
         SandboxRecord {
             id: id.into(),
-            template_id: "base".into(),
-            alias: None,
-            client_id: String::new(),
             state,
-            metadata: Default::default(),
-            env_vars: Default::default(),
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_size_mb: 0,
-            envd_token: None,
-            started_at_ms: 0,
-            end_at_ms: 0,
-            ended_at_ms: None,
-            end_reason: None,
-            auto_pause: false,
-            driver: String::new(),
-            pause_mode: None,
-            auto_resume: false,
-            auto_pause_memory: true,
             team: team.into(),
-            ingress: Default::default(),
+            ..Default::default()
         }
     }
 

@@ -291,30 +291,12 @@ mod tests {
     fn rec(meta: &[(&str, &str)]) -> SandboxRecord {
         SandboxRecord {
             id: "a".into(),
-            template_id: "base".into(),
-            alias: None,
-            client_id: String::new(),
-            state: SandboxState::Running,
             metadata: meta
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            env_vars: Default::default(),
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_size_mb: 0,
-            envd_token: None,
-            started_at_ms: 0,
-            end_at_ms: 0,
-            ended_at_ms: None,
-            end_reason: None,
-            auto_pause: false,
             driver: "test".into(),
-            pause_mode: None,
-            auto_resume: false,
-            auto_pause_memory: true,
-            team: String::new(),
-            ingress: Default::default(),
+            ..Default::default()
         }
     }
 

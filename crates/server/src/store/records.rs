@@ -107,6 +107,38 @@ pub struct SandboxRecord {
     pub ingress: Ingress,
 }
 
+/// A running sandbox of template `base` with nothing else set (no id, team or driver), 1 CPU,
+/// 512 MiB, and E2B's pause defaults: what test fixtures and simulations start from, naming
+/// only what they care about (`..Default::default()`).
+impl Default for SandboxRecord {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            template_id: "base".into(),
+            alias: None,
+            client_id: String::new(),
+            state: SandboxState::Running,
+            metadata: BTreeMap::new(),
+            env_vars: BTreeMap::new(),
+            cpu_count: 1,
+            memory_mb: 512,
+            disk_size_mb: 0,
+            envd_token: None,
+            started_at_ms: 0,
+            end_at_ms: 0,
+            ended_at_ms: None,
+            end_reason: None,
+            auto_pause: false,
+            driver: String::new(),
+            pause_mode: None,
+            auto_resume: false,
+            auto_pause_memory: true,
+            team: String::new(),
+            ingress: Ingress::default(),
+        }
+    }
+}
+
 /// One API key row (the key itself is never stored, only its SHA-256).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRecord {

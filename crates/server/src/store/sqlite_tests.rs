@@ -6,27 +6,19 @@ use crate::store::{CURRENT_VERSION, MIGRATIONS};
 pub(crate) fn sample(id: &str, state: SandboxState) -> SandboxRecord {
     SandboxRecord {
         id: id.into(),
-        template_id: "base".into(),
         alias: Some("base".into()),
         client_id: "kiln".into(),
         state,
         metadata: BTreeMap::from([("k".into(), "v".into())]),
         env_vars: BTreeMap::from([("A".into(), "1".into())]),
         cpu_count: 2,
-        memory_mb: 512,
         disk_size_mb: 1024,
         envd_token: Some("tok".into()),
         started_at_ms: 1000,
         end_at_ms: 2000,
-        ended_at_ms: None,
-        end_reason: None,
-        auto_pause: false,
         driver: "gvisor".into(),
-        pause_mode: None,
-        auto_resume: false,
-        auto_pause_memory: true,
         team: "default".into(),
-        ingress: Default::default(),
+        ..Default::default()
     }
 }
 
