@@ -6,7 +6,7 @@ HOST_TRIPLE=x86_64-unknown-linux-gnu
 STATIC_AGENT="$KILN_ROOT/target/$HOST_TRIPLE/release/kiln-agent"
 
 # Each step says how long the script has run (bash's SECONDS), so a slow step shows in a log.
-say() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
+say() { printf '\033[1m==> (%d:%02d) %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 need_cargo() {
