@@ -26,6 +26,7 @@
 //! | `owners/{id}` | the name of the node that owns the sandbox |
 //! | `checkpoints/{id}` | where a paused sandbox's checkpoint is in object storage (JSON) |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
+//! | `console-sign-ins/{address}/{ms}-{uuid}` | a failed console sign-in, on a lease of a minute |
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
 
 /// Builds the keys of one store (one prefix).
@@ -180,6 +181,10 @@ impl Keys {
     /// A console session, by the SHA-256 of its id.
     pub fn console_session(&self, id_hash: &str) -> String {
         self.one("console-sessions", id_hash)
+    }
+    /// The directory of the failed console sign-ins of one address bucket (a range prefix).
+    pub fn console_sign_ins(&self, bucket: &str) -> String {
+        format!("{}/", self.one("console-sign-ins", bucket))
     }
     /// The key of the control replica leading the cluster's singletons.
     pub fn leader(&self) -> String {

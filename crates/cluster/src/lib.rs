@@ -26,12 +26,14 @@ pub mod placements;
 mod retry;
 mod sandboxes;
 pub mod secret;
+pub mod sign_ins;
 mod state;
 mod store;
 pub mod wire;
 
 pub use checkpoints::{CheckpointDoc, CheckpointFile, Moved};
 pub use console::EtcdSessions;
+pub use sign_ins::EtcdSignIns;
 pub use drain::{DrainMark, DrainReport};
 pub use error::ClusterError;
 pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeWatch};

@@ -1,7 +1,7 @@
 //! The web console's sessions in etcd, on a real etcd (started by the test on loopback): the
 //! same contract as `kiln serve`'s SQLite sessions, a session opened through one replica's
 //! store is found, and ended, through another's, etcd drops an ended session by its lease, and
-//! only hashes are stored.
+//! only hashes are stored; failed sign-ins count across replicas.
 
 #[allow(dead_code)]
 #[path = "common/etcd.rs"]
@@ -167,4 +167,46 @@ async fn a_session_opened_at_one_replica_is_known_and_ended_at_another() {
     sa.revoke_key(&key.record.id).await.unwrap();
     assert!(b.current(&sb, &cookie(&id2)).await.is_none());
     assert_eq!(b.count().await, 0, "a revoked key's session is dropped");
+}
+
+#[tokio::test]
+async fn failed_sign_ins_count_across_replicas() {
+    use kiln_cluster::EtcdSignIns;
+    use kiln_server::console::limit::{SignInCounter, MAX_FAILURES};
+
+    let name = "failed_sign_ins_count_across_replicas";
+    let Some(cluster) = EtcdCluster::start(name, 1).await else {
+        return;
+    };
+    let (a, b) = (
+        EtcdSignIns::new(cluster.store("/kiln-console3").await),
+        EtcdSignIns::new(cluster.store("/kiln-console3").await),
+    );
+    let ip: std::net::IpAddr = "10.20.30.40".parse().unwrap();
+    let other: std::net::IpAddr = "10.20.30.4".parse().unwrap();
+    // Spread over two replicas, the failures add up: neither gives a fresh allowance.
+    for i in 0..MAX_FAILURES {
+        let at = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(at.check(ip).await, None, "failure {i} is still let through");
+        at.failed(ip).await;
+    }
+    for r in [&a, &b] {
+        let wait = r.check(ip).await.expect("the limit holds at every replica");
+        assert!((55..=60).contains(&wait), "{wait}");
+    }
+    assert_eq!(a.check(other).await, None, "another address (a key prefix of it) is apart");
+    // Each failure is a key on a lease of the window: etcd drops them by itself.
+    let mut client = cluster.store("/kiln-console3").await.client();
+    let all = client
+        .get(
+            "/kiln-console3/console-sign-ins/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.kvs().len(), MAX_FAILURES);
+    for kv in all.kvs() {
+        let lease = client.lease_time_to_live(kv.lease(), None).await.unwrap();
+        assert!((55..=61).contains(&lease.ttl()), "{}", lease.ttl());
+    }
 }

@@ -78,7 +78,8 @@ impl Control {
                     metrics_token: cfg.metrics_token.clone(),
                 },
             )
-            .with_console_sessions(Arc::new(crate::console::EtcdSessions::new(etcd.clone()))),
+            .with_console_sessions(Arc::new(crate::console::EtcdSessions::new(etcd.clone())))
+            .with_console_sign_ins(Arc::new(crate::sign_ins::EtcdSignIns::new(etcd.clone()))),
         );
         let listen_err = |source| ClusterError::Listen {
             addr: cfg.listen.to_string(),

@@ -173,6 +173,8 @@ pub struct AppState {
     pub builds: Option<Arc<crate::tplbuild::Builds>>,
     /// Where the web console keeps its sessions; `None`: in memory (a restart ends them).
     pub console_sessions: Option<Arc<dyn crate::console::store::SessionStore>>,
+    /// Where the console counts failed sign-ins; `None`: in this process.
+    pub console_sign_ins: Option<Arc<dyn crate::console::limit::SignInCounter>>,
 }
 
 impl AppState {
@@ -237,6 +239,7 @@ impl AppState {
             identity: None,
             builds: None,
             console_sessions: None,
+            console_sign_ins: None,
         }
     }
 
@@ -251,6 +254,15 @@ impl AppState {
         sessions: Arc<dyn crate::console::store::SessionStore>,
     ) -> Self {
         self.console_sessions = Some(sessions);
+        self
+    }
+
+    /// With the console's failed sign-ins counted by `counter` (etcd, on a cluster).
+    pub fn with_console_sign_ins(
+        mut self,
+        counter: Arc<dyn crate::console::limit::SignInCounter>,
+    ) -> Self {
+        self.console_sign_ins = Some(counter);
         self
     }
 

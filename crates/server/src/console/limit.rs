@@ -2,11 +2,17 @@
 //! address by its /64, the block one host usually holds) over a sliding minute; past
 //! [`MAX_FAILURES`], sign-ins from that address are refused with `429` and `Retry-After`
 //! until the oldest failure leaves the window, whatever key they carry.
+//!
+//! Where they are counted is a [`SignInCounter`]: this process ([`SignInLimit`], `kiln
+//! serve`), or the cluster's etcd (`kiln control`), so that a client does not get its tries
+//! at every control replica.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
 
 /// Failed sign-ins an address may make per [`WINDOW`].
 pub const MAX_FAILURES: usize = 5;
@@ -16,7 +22,41 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// first, then the stalest.
 const MAX_ADDRESSES: usize = 50_000;
 
-/// Failed sign-ins per client address.
+/// Where failed sign-ins are counted.
+#[async_trait]
+pub trait SignInCounter: Send + Sync {
+    /// `Some(seconds to wait)` when `ip` has used up its failures, else `None`.
+    async fn check(&self, ip: IpAddr) -> Option<u64>;
+    /// Counts a failed sign-in from `ip`.
+    async fn failed(&self, ip: IpAddr);
+}
+
+/// The bucket `ip` counts in, as text (IPv4 dotted, an IPv6 /64 with its host part zero).
+pub fn bucket_name(ip: IpAddr) -> String {
+    bucket(ip).to_string()
+}
+
+/// For a bucket with failures at `times_ms`: `Some(seconds to wait, rounded up)` at `now_ms`
+/// when [`MAX_FAILURES`] or more are within [`WINDOW`], else `None`. With more than that (the
+/// replicas of a cluster count at once), the wait lasts until enough have left the window
+/// for one more to fit.
+pub fn wait_for(times_ms: &[i64], now_ms: i64) -> Option<u64> {
+    let window = WINDOW.as_millis() as i64;
+    let mut live: Vec<i64> = times_ms
+        .iter()
+        .copied()
+        .filter(|t| now_ms.saturating_sub(*t) < window)
+        .collect();
+    if live.len() < MAX_FAILURES {
+        return None;
+    }
+    live.sort_unstable();
+    let frees_a_slot = live[live.len() - MAX_FAILURES];
+    let wait_ms = window - now_ms.saturating_sub(frees_a_slot);
+    Some(((wait_ms + 999) / 1000).max(1) as u64)
+}
+
+/// Failed sign-ins per client address, in this process.
 #[derive(Debug, Default)]
 pub struct SignInLimit {
     failures: Mutex<HashMap<IpAddr, VecDeque<Instant>>>,
@@ -103,9 +143,32 @@ impl SignInLimit {
     }
 }
 
+#[async_trait]
+impl SignInCounter for SignInLimit {
+    async fn check(&self, ip: IpAddr) -> Option<u64> {
+        SignInLimit::check(self, ip)
+    }
+    async fn failed(&self, ip: IpAddr) {
+        SignInLimit::failed(self, ip)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_failures_wait_until_one_more_fits() {
+        let s = 1000;
+        assert_eq!(wait_for(&[0, s, 2 * s, 3 * s], 10 * s), None, "four");
+        assert_eq!(wait_for(&[0, s, 2 * s, 3 * s, 4 * s], 10 * s), Some(50));
+        // Seven failures (replicas counting at once): two more must leave the window.
+        let seven = [6 * s, 0, s, 2 * s, 3 * s, 4 * s, 5 * s];
+        assert_eq!(wait_for(&seven, 10 * s), Some(52));
+        assert_eq!(wait_for(&seven, 62 * s + 1), None, "three left the window");
+        assert_eq!(wait_for(&[0, 0, 0, 0, 59_999], 59_999), Some(1), "rounded up");
+        assert_eq!(bucket_name("fd00:1:2:3::9".parse().unwrap()), "fd00:1:2:3::");
+    }
 
     #[test]
     fn five_failures_a_minute_then_a_wait() {

@@ -1,7 +1,7 @@
 //! The web console at `/console`: sign-in with an API key into a server-side session
 //! ([`session`], kept hashed in a [`SessionStore`]: the state database's [`ConsoleDb`], or
 //! etcd on a cluster; failed sign-ins limited
-//! per client address by [`limit`]), the HTML pages ([`pages`]), the embedded front-end bundle
+//! per client address by [`limit`], counted in the same place), the HTML pages ([`pages`]), the embedded front-end bundle
 //! (built from `crates/server/console/` by esbuild and committed under its `dist/`), a
 //! terminal over the sandbox agent's PTY API ([`terminal`]), a desktop sandbox's screen over
 //! noVNC bridged to its VNC server ([`desktop`]), a template's builds ([`builds`]),
@@ -50,7 +50,7 @@ pub struct ConsoleState {
     api: Router,
     pub sessions: Sessions,
     /// Failed sign-ins per client address.
-    pub sign_in_limit: limit::SignInLimit,
+    pub sign_in_limit: Arc<dyn limit::SignInCounter>,
 }
 
 impl ConsoleState {
@@ -84,10 +84,13 @@ pub fn router(app: Arc<AppState>, api: Router) -> Router {
         }
     };
     let st = Arc::new(ConsoleState {
-        app,
         api,
         sessions: Sessions::new(db),
-        sign_in_limit: limit::SignInLimit::default(),
+        sign_in_limit: match app.console_sign_ins.clone() {
+            Some(shared) => shared,
+            None => Arc::new(limit::SignInLimit::default()),
+        },
+        app,
     });
     Router::new()
         .route("/", get(index))
@@ -147,7 +150,7 @@ async fn login(
     let ip = peer
         .map(|p| p.0 .0.ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    if let Some(wait) = cs.sign_in_limit.check(ip) {
+    if let Some(wait) = cs.sign_in_limit.check(ip).await {
         let mut r = pages::sign_in(
             StatusCode::TOO_MANY_REQUESTS,
             Some(&format!(
@@ -178,7 +181,7 @@ async fn login(
             r
         }
         Err(SignInError::Refused(e)) => {
-            cs.sign_in_limit.failed(ip);
+            cs.sign_in_limit.failed(ip).await;
             pages::sign_in(
                 StatusCode::UNAUTHORIZED,
                 Some(&format!(
