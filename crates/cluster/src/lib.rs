@@ -33,11 +33,11 @@ pub mod wire;
 
 pub use checkpoints::{CheckpointDoc, CheckpointFile, Moved};
 pub use console::EtcdSessions;
-pub use sign_ins::EtcdSignIns;
 pub use drain::{DrainMark, DrainReport};
 pub use error::ClusterError;
 pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeWatch};
 pub use owners::{Published, NODE_LOST_REASON};
 pub use sandboxes::Transition;
 pub use secret::ClusterSecret;
+pub use sign_ins::EtcdSignIns;
 pub use store::EtcdStore;

@@ -194,7 +194,11 @@ async fn failed_sign_ins_count_across_replicas() {
         let wait = r.check(ip).await.expect("the limit holds at every replica");
         assert!((55..=60).contains(&wait), "{wait}");
     }
-    assert_eq!(a.check(other).await, None, "another address (a key prefix of it) is apart");
+    assert_eq!(
+        a.check(other).await,
+        None,
+        "another address (a key prefix of it) is apart"
+    );
     // Each failure is a key on a lease of the window: etcd drops them by itself.
     let mut client = cluster.store("/kiln-console3").await.client();
     let all = client

@@ -166,8 +166,15 @@ mod tests {
         let seven = [6 * s, 0, s, 2 * s, 3 * s, 4 * s, 5 * s];
         assert_eq!(wait_for(&seven, 10 * s), Some(52));
         assert_eq!(wait_for(&seven, 62 * s + 1), None, "three left the window");
-        assert_eq!(wait_for(&[0, 0, 0, 0, 59_999], 59_999), Some(1), "rounded up");
-        assert_eq!(bucket_name("fd00:1:2:3::9".parse().unwrap()), "fd00:1:2:3::");
+        assert_eq!(
+            wait_for(&[0, 0, 0, 0, 59_999], 59_999),
+            Some(1),
+            "rounded up"
+        );
+        assert_eq!(
+            bucket_name("fd00:1:2:3::9".parse().unwrap()),
+            "fd00:1:2:3::"
+        );
     }
 
     #[test]
