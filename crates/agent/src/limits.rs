@@ -257,13 +257,11 @@ pub fn oom_pass(limit: u64, last: &mut Option<LastKill>) -> Option<u64> {
         *last = None;
         return Some(used);
     }
-    if !may_kill(*last, used, Instant::now()) {
+    let now = Instant::now();
+    if !may_kill(*last, used, now) {
         return Some(used);
     }
-    *last = Some(LastKill {
-        at: Instant::now(),
-        used,
-    });
+    *last = Some(LastKill { at: now, used });
     // A fork loop whose processes each hold memory (a Python `os.fork()` loop): one process
     // killed is one slot refilled, and a /proc scan of all of them is slow for a starved agent,
     // so a command with a quarter of its cap or more goes whole.

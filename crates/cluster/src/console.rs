@@ -69,12 +69,7 @@ impl EtcdSessions {
         }
         let ttl = lease_secs(now_ms, row.expires_at_ms);
         let client = self.store.client();
-        // A repeated grant leaves at most an unused lease, which expires by itself.
-        let lease = retry::run(&client, Kind::Read, |mut c| async move {
-            c.lease_grant(ttl, None).await
-        })
-        .await?
-        .id();
+        let lease = self.store.grant_lease(ttl).await?;
         let key = self.store.keys().console_session(&row.id_hash);
         let doc = Doc {
             key_hash: row.key_hash,

@@ -227,12 +227,7 @@ impl EtcdStore {
     ) -> Result<NodeLease> {
         let ttl_s = ttl.as_secs().max(2) as i64;
         let client = self.client();
-        // A repeated grant leaves at most an unused lease, which expires by itself.
-        let lease = retry::run(&client, Kind::Read, |mut c| async move {
-            c.lease_grant(ttl_s, None).await
-        })
-        .await?
-        .id();
+        let lease = self.grant_lease(ttl_s).await?;
         let info = NodeInfo {
             name: name.to_string(),
             address: address.to_string(),

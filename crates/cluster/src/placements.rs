@@ -9,7 +9,6 @@ use etcd_client::{PutOptions, TxnOp};
 use sha2::{Digest, Sha256};
 
 use crate::error::Result;
-use crate::retry::{self, Kind};
 use crate::store::{EtcdStore, Step};
 
 /// The token of a create's idempotency scope and key (`{team}/create/{key}`): a digest, so
@@ -38,11 +37,7 @@ impl EtcdStore {
             return Ok(None);
         };
         let ttl = kiln_server::api::idempotency::WINDOW.as_secs() as i64;
-        let lease = retry::run(&self.client(), Kind::Read, |mut c| async move {
-            c.lease_grant(ttl, None).await
-        })
-        .await?
-        .id();
+        let lease = self.grant_lease(ttl).await?;
         self.read_modify_write(std::slice::from_ref(&key), |seen| {
             if let Some(kv) = &seen[0] {
                 let node = String::from_utf8_lossy(kv.value()).into_owned();

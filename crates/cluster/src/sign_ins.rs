@@ -49,21 +49,14 @@ impl EtcdSignIns {
     }
 
     async fn record(&self, bucket: &str, at_ms: i64) -> Result<(), ClusterError> {
-        let client = self.store.client();
-        let ttl = WINDOW.as_secs() as i64 + 1;
-        // A repeated grant leaves at most an unused lease, which expires by itself.
-        let lease = retry::run(&client, Kind::Read, |mut c| async move {
-            c.lease_grant(ttl, None).await
-        })
-        .await?
-        .id();
+        let lease = self.store.grant_lease(WINDOW.as_secs() as i64 + 1).await?;
         let key = format!(
             "{}{at_ms:016}-{}",
             self.store.keys().console_sign_ins(bucket),
             uuid::Uuid::new_v4().simple()
         );
         // A key of its own: putting it twice is one failure.
-        retry::run(&client, Kind::Read, |mut c| {
+        retry::run(&self.store.client(), Kind::Read, |mut c| {
             let key = key.clone();
             async move {
                 c.put(key, "", Some(PutOptions::new().with_lease(lease)))

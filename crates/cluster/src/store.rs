@@ -84,6 +84,16 @@ impl EtcdStore {
         .await?)
     }
 
+    /// A new lease of `ttl_s` seconds, its id (tried again while the cluster is failing over:
+    /// a repeated grant leaves at most an unused lease, which expires by itself).
+    pub(crate) async fn grant_lease(&self, ttl_s: i64) -> Result<i64> {
+        let r = retry::run(&self.client, Kind::Read, |mut c| async move {
+            c.lease_grant(ttl_s, None).await
+        })
+        .await?;
+        Ok(r.id())
+    }
+
     /// The value at `key`, if any.
     pub(crate) async fn get_one(&self, key: &str) -> Result<Option<KeyValue>> {
         let mut r = self.get(key, GetOptions::new()).await?;

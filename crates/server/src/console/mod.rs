@@ -1,10 +1,10 @@
 //! The web console at `/console`: sign-in with an API key into a server-side session
 //! ([`session`], kept hashed in a [`SessionStore`]: the state database's [`ConsoleDb`], or
-//! etcd on a cluster; failed sign-ins limited
-//! per client address by [`limit`], counted in the same place), the HTML pages ([`pages`]), the embedded front-end bundle
-//! (built from `crates/server/console/` by esbuild and committed under its `dist/`), a
-//! terminal over the sandbox agent's PTY API ([`terminal`]), a desktop sandbox's screen over
-//! noVNC bridged to its VNC server ([`desktop`]), a template's builds ([`builds`]),
+//! etcd on a cluster; failed sign-ins limited per client address by [`limit`], counted in the
+//! same place), the HTML pages ([`pages`]), the embedded front-end bundle (built from
+//! `crates/server/console/` by esbuild and committed under its `dist/`), a terminal over the
+//! sandbox agent's PTY API ([`terminal`]), a desktop sandbox's screen over noVNC bridged to
+//! its VNC server ([`desktop`]), a template's builds ([`builds`]),
 //! and `/console/api/*`, which hands each request to the REST API's own router as the
 //! session's caller: the console has no business logic of its own, and sees exactly what the
 //! session's key sees through the API.
@@ -86,10 +86,10 @@ pub fn router(app: Arc<AppState>, api: Router) -> Router {
     let st = Arc::new(ConsoleState {
         api,
         sessions: Sessions::new(db),
-        sign_in_limit: match app.console_sign_ins.clone() {
-            Some(shared) => shared,
-            None => Arc::new(limit::SignInLimit::default()),
-        },
+        sign_in_limit: app
+            .console_sign_ins
+            .clone()
+            .unwrap_or_else(|| Arc::new(limit::SignInLimit::default())),
         app,
     });
     Router::new()

@@ -83,16 +83,19 @@ impl Manager {
         newest.unwrap_or(0).max(r.started_at_ms)
     }
 
-    /// Before running `r` stops: records the kills its agent made since the last sample (an
-    /// OOM kill a moment before a `DELETE` or the timeout), and forgets its mark.
-    pub(super) async fn report_last_kills(&self, r: &SandboxRecord) {
-        if r.state == SandboxState::Running && self.idle.standby_since(&r.id).is_none() {
+    /// Before sandbox `id` stops: records the kills its agent made since the last sample (an
+    /// OOM kill a moment before a `DELETE` or the timeout) when it runs, and forgets its mark.
+    pub(super) async fn report_last_kills(&self, id: &str) {
+        let Some(r) = self.registry.get(id) else {
+            return;
+        };
+        if r.state == SandboxState::Running && self.idle.standby_since(id).is_none() {
             let agent = self.agent(&r.id, r.envd_token.clone());
             if let Ok(Ok(m)) = tokio::time::timeout(LAST_KILLS_WAIT, agent.metrics()).await {
-                self.report_kills(r, &m.kiln_kills).await;
+                self.report_kills(&r, &m.kiln_kills).await;
             }
         }
-        self.kill_marks.lock().remove(&r.id);
+        self.kill_marks.lock().remove(id);
     }
 
     /// Records an event for each kill of `kills` (the agent's log) not reported before.

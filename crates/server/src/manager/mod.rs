@@ -428,9 +428,7 @@ impl Manager {
     /// Stops `id` and records why with an event of `kind` (`killed`, `timed-out`, `died`,
     /// `oom`); false when it is not running.
     pub(crate) async fn end(&self, id: &str, kind: &str, reason: &str) -> Result<bool> {
-        if let Some(r) = self.registry.get(id) {
-            self.report_last_kills(&r).await;
-        }
+        self.report_last_kills(id).await;
         if self.registry.remove(id).is_none() {
             return Ok(false);
         }

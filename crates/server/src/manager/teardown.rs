@@ -20,9 +20,7 @@ impl Manager {
     /// running goes through [`Manager::kill`]. False when there is nothing to kill (also for a
     /// second kill while the first one's teardown runs).
     pub async fn kill_detached(self: &Arc<Self>, id: &str, reason: &str) -> Result<bool> {
-        if let Some(r) = self.registry.get(id) {
-            self.report_last_kills(&r).await;
-        }
+        self.report_last_kills(id).await;
         if self.registry.begin_teardown(id).is_none() {
             return self.kill(id, reason).await;
         }
