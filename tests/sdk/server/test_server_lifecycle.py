@@ -62,14 +62,23 @@ def test_pause_connect_across_a_restart(state_dir, server):
         status, body, _ = first.request("GET", "/health", api_key=None,
                                         headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"})
         assert status == 502 and "paused" in body["message"], body
-        # Nothing of it runs on the host while paused (its container is deleted in the
-        # background, right after the pause returned; on the loaded 2-core CI host a
-        # `runsc delete --force` was once seen to take over 10 s).
+        # Nothing of it runs on the host while paused. Its container is deleted in the
+        # background, right after the pause returned: the sandbox's processes exit on their
+        # own, then the server reaps them and runs `runsc delete`, so "no process" is not yet
+        # the end; the driver's retiring marker (retiring/<container>) is, and it goes only
+        # once the delete is done.
+        retiring = os.path.join(state_dir, "gvisor", "sandboxes", sid, "retiring")
+
+        def on_host() -> list:
+            marks = os.listdir(retiring) if os.path.isdir(retiring) else []
+            return [p for p in runsc_processes_for(state_dir) if sid in p] + marks
+
         deadline = time.time() + 30
-        while [p for p in runsc_processes_for(state_dir) if sid in p] and time.time() < deadline:
+        while on_host() and time.time() < deadline:
             time.sleep(0.1)
-        left = [p for p in runsc_processes_for(state_dir) if sid in p]
-        assert not left, f"still on the host 30 s after the pause: {left}"
+        assert not on_host(), f"still on the host 30 s after the pause: {on_host()}"
+        time.sleep(0.5)
+        assert not on_host(), f"on the host again after its container was deleted: {on_host()}"
 
         first.stop()
         second = KilnServer(state_dir, extra)
