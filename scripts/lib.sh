@@ -3,7 +3,11 @@
 
 KILN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HOST_TRIPLE=x86_64-unknown-linux-gnu
-STATIC_AGENT="$KILN_ROOT/target/$HOST_TRIPLE/release/kiln-agent"
+# kiln's cache on this host: the test command's venv, npm packages and build directory.
+KILN_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kiln"
+
+# Cargo's build directory: CARGO_TARGET_DIR when set, else the repository's target/.
+target_dir() { echo "${CARGO_TARGET_DIR:-$KILN_ROOT/target}"; }
 
 # Each step says how long the script has run (bash's SECONDS), so a slow step shows in a log.
 say() { printf '\033[1m==> (%d:%02d) %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
@@ -65,6 +69,7 @@ build_static_agent() {
   # Stripped: the binary is copied into every template.
   (cd "$KILN_ROOT" && RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=debuginfo \
     cargo build "${profile_flag[@]}" -p kiln-agent --bin kiln-agent --target "$HOST_TRIPLE")
+  STATIC_AGENT="$(target_dir)/$HOST_TRIPLE/release/kiln-agent"
   [ -x "$STATIC_AGENT" ] || die "static agent not found at $STATIC_AGENT after the build"
 }
 

@@ -11,4 +11,4 @@ say "building kiln (release)"
 cargo build --release -p kiln --bin kiln
 build_static_agent
 export KILN_AGENT_BIN="$STATIC_AGENT"
-exec "$KILN_ROOT/target/release/kiln" serve "$@"
+exec "$(target_dir)/release/kiln" serve "$@"

@@ -7,6 +7,10 @@ cd "$KILN_ROOT"
 need_cargo
 # One build per run: incremental caches would only take disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The build directory lives in kiln's cache (unless CARGO_TARGET_DIR says otherwise), so a run
+# from a fresh checkout, as CI's is, compiles only kiln's own crates: cargo reuses the
+# dependencies a run before compiled (it keys them by version, features, flags and toolchain).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$KILN_CACHE/target}"
 # The build, the templates and the sandboxes share one disk; say what the run starts with.
 say "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where kiln builds"
 
@@ -41,7 +45,7 @@ say "building the workspace"
 cargo build --workspace --all-targets
 build_static_agent
 
-export KILN_BIN="$KILN_ROOT/target/debug/kiln"
+export KILN_BIN="$CARGO_TARGET_DIR/debug/kiln"
 export KILN_AGENT_BIN="$STATIC_AGENT"
 
 # Every test below runs kiln's pinned runsc (not Debian bookworm's 2022 one).
@@ -54,21 +58,21 @@ say "templates (cached by hash: a rebuild only when a recipe or the agent change
 "$KILN_BIN" template build devtools
 # The desktop and browser templates (each about 6-8 min cold, mostly downloads and dpkg) build
 # side by side; a cache hit takes a second.
-"$KILN_BIN" template build desktop > "$KILN_ROOT/target/template-desktop.log" 2>&1 & desktop_pid=$!
-"$KILN_BIN" template build browser > "$KILN_ROOT/target/template-browser.log" 2>&1 & browser_pid=$!
+"$KILN_BIN" template build desktop > "$CARGO_TARGET_DIR/template-desktop.log" 2>&1 & desktop_pid=$!
+"$KILN_BIN" template build browser > "$CARGO_TARGET_DIR/template-browser.log" 2>&1 & browser_pid=$!
 for t in desktop browser; do
   pid_var="${t}_pid"
   if ! wait "${!pid_var}"; then
-    cat "$KILN_ROOT/target/template-$t.log"
+    cat "$CARGO_TARGET_DIR/template-$t.log"
     die "building the $t template failed"
   fi
-  tail -n 3 "$KILN_ROOT/target/template-$t.log"
+  tail -n 3 "$CARGO_TARGET_DIR/template-$t.log"
 done
 
 say "python venv for SDK tests"
 # It also holds moto[server], the S3 server kiln-cluster's object-storage tests start on loopback
 # (through KILN_PYTHON, exported before the rust tests).
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/kiln
+cache=$KILN_CACHE
 req_hash=$( (cat tests/sdk/requirements.txt; python3 --version) | sha256sum | cut -c1-16)
 venv="$cache/venv-$req_hash"
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
@@ -109,7 +113,8 @@ rc_abuse=$?
 say "fuzzing (each cargo-fuzz target briefly; longer by hand: scripts/fuzz.sh 600)"
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install --locked cargo-fuzz
-scripts/fuzz.sh 15
+# (The fuzz crate is a workspace of its own, built by nightly with sanitizers: its own directory.)
+CARGO_TARGET_DIR="$KILN_CACHE/fuzz-target" scripts/fuzz.sh 15
 rc_fuzz=$?
 [ $rc -eq 0 ] && rc=$rc_fuzz
 set -e

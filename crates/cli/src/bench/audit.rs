@@ -14,13 +14,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::served::{envd_of, exec, Side};
+use super::served::{envd_of, exec, BackgroundServer, Side};
 use super::stats::{median, median_ci, percentiles};
 use anyhow::Context;
 use kiln_envd::EnvdClient;
 use kiln_server::audit::AuditConfig;
 use kiln_server::manager::CreateParams;
-use kiln_server::Manager;
 
 use crate::drivers::DriverConfig;
 
@@ -84,10 +83,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     let code = rt.block_on(async move {
-        // Every manager started so far, for the cleanup whatever happens.
-        let managers: std::sync::Mutex<Vec<Arc<Manager>>> = Default::default();
+        // Every server started so far, for the cleanup whatever happens.
+        let servers: std::sync::Mutex<Vec<BackgroundServer>> = Default::default();
         let body = async {
-            let sides = start_sides(&a, &templates, &driver, work.path(), &managers).await?;
+            let sides = start_sides(&a, &templates, &driver, work.path(), &servers).await?;
             let mut r = measure(&a, &sides).await;
             if r.is_ok() && a.egress_rounds > 0 {
                 r = super::audit_egress::measure(
@@ -112,12 +111,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 (Ok(()), 128 + number)
             }
         };
-        let list = managers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let list = std::mem::take(&mut *servers.lock().unwrap_or_else(|e| e.into_inner()));
         let cleanup = async {
-            for m in &list {
-                m.kill_all("bench audit done").await;
-                // The slots kept ready, and the host table once no sandbox is left.
-                m.shutdown_driver().await;
+            for s in list {
+                // (Its driver releases the slots kept ready, and the host table once no
+                // sandbox is left.)
+                s.end("bench audit done").await;
             }
         };
         if tokio::time::timeout(CLEANUP_TIMEOUT, cleanup)
@@ -141,7 +140,7 @@ async fn start_sides(
     templates: &Arc<dyn kiln_server::templates::Templates>,
     driver: &DriverConfig,
     work: &std::path::Path,
-    managers: &std::sync::Mutex<Vec<Arc<Manager>>>,
+    servers: &std::sync::Mutex<Vec<BackgroundServer>>,
 ) -> anyhow::Result<Vec<Side>> {
     let mut sides = Vec::new();
     for (name, on, range) in [
@@ -160,13 +159,11 @@ async fn start_sides(
         };
         let cfg = super::server_config(&dir, driver, audit)?;
         let server = cfg.prepare(templates.clone()).await?;
-        let manager = server.manager.clone();
-        managers
+        let (manager, addr) = (server.manager.clone(), server.local_addr);
+        servers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(manager.clone());
-        let addr = server.local_addr;
-        tokio::spawn(server.serve());
+            .push(BackgroundServer::spawn(server));
         let sandbox = manager
             .create(CreateParams {
                 template_id: a.template.clone(),

@@ -21,7 +21,7 @@ use kiln_server::audit::AuditConfig;
 use kiln_server::manager::CreateParams;
 use kiln_server::Manager;
 
-use super::served::{envd_of, exec};
+use super::served::{envd_of, exec, BackgroundServer};
 use super::stats::{median, median_ci, percentiles};
 
 /// What the sandbox half measures.
@@ -64,7 +64,7 @@ pub fn run(l: Live) -> anyhow::Result<()> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let managers: std::sync::Mutex<Vec<Arc<Manager>>> = Default::default();
+        let servers: std::sync::Mutex<Vec<BackgroundServer>> = Default::default();
         let body = async {
             let mut sides = Vec::new();
             for (name, rules) in [("on", true), ("off", false)] {
@@ -75,16 +75,14 @@ pub fn run(l: Live) -> anyhow::Result<()> {
                 };
                 let cfg = super::server_config(&dir, driver.clone(), audit)?;
                 let server = cfg.prepare(templates.clone()).await?;
-                let manager = server.manager.clone();
-                managers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(manager.clone());
+                let (manager, addr) = (server.manager.clone(), server.local_addr);
                 if rules {
                     server.start_alerts(kiln_server::alerts::RulesSource::Builtin)?;
                 }
-                let addr = server.local_addr;
-                tokio::spawn(server.serve());
+                servers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(BackgroundServer::spawn(server));
                 let sandbox = manager
                     .create(CreateParams {
                         template_id: l.template.clone(),
@@ -111,11 +109,10 @@ pub fn run(l: Live) -> anyhow::Result<()> {
             r = body => r,
             (_, name) = kiln_server::stop_signal() => Err(anyhow::anyhow!("{name}")),
         };
-        let list = managers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let list = std::mem::take(&mut *servers.lock().unwrap_or_else(|e| e.into_inner()));
         let cleanup = async {
-            for m in &list {
-                m.kill_all("bench rules done").await;
-                m.shutdown_driver().await;
+            for s in list {
+                s.end("bench rules done").await;
             }
         };
         if tokio::time::timeout(Duration::from_secs(30), cleanup)

@@ -46,3 +46,39 @@ pub(crate) async fn exec(envd: &EnvdClient, cmd: &str, args: &[&str]) -> anyhow:
     }
     anyhow::bail!("the process stream ended without an end event")
 }
+
+/// An in-process server serving in the background until [`BackgroundServer::end`].
+pub(crate) struct BackgroundServer {
+    manager: Arc<Manager>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl BackgroundServer {
+    pub fn spawn(server: kiln_server::Server) -> Self {
+        let manager = server.manager.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server.serve_with(kiln_server::front::router, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            manager,
+            stop,
+            task,
+        }
+    }
+
+    /// Kills its sandboxes, then stops it as a signal stops `kiln serve`: the warm pools'
+    /// sandboxes stop (those booting too) and the driver releases what it keeps ready. (A
+    /// bench that only killed its sandboxes left its pool's running.)
+    pub async fn end(self, reason: &str) {
+        self.manager.kill_all(reason).await;
+        if self.stop.send(()).is_ok() {
+            let _ = self.task.await;
+        } else {
+            // It stopped serving on its own (a listener error): nothing refills the pools.
+            self.manager.drain_pools().await;
+            self.manager.shutdown_driver().await;
+        }
+    }
+}

@@ -69,15 +69,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .secret
             .clone();
         let (addr, manager) = (server.local_addr, server.manager.clone());
-        tokio::spawn(server.serve());
+        let served = super::served::BackgroundServer::spawn(server);
         let api = Api {
             addr,
             key,
             http: reqwest::Client::new(),
         };
         let r = measure(&a, &api, &reg, sb.work.path(), &manager, bench.raw.as_ref()).await;
-        manager.kill_all("bench template done").await;
-        manager.shutdown_driver().await;
+        served.end("bench template done").await;
         let r = r?;
         print(&a, &sb.runtime, &r);
         Ok(0)
