@@ -33,13 +33,8 @@ else
   mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 
-# A short run (CI's smoke run: a minute or less per target) builds unoptimized, which compiles
-# in a fraction of the time of cargo-fuzz's release build (one codegen unit); a longer run is
-# worth the optimized build's execution speed.
-profile=--release
-[ "$secs" -le 60 ] && profile=--dev
-say "building the fuzz targets (nightly, AddressSanitizer, ${profile#--})"
-cargo +nightly fuzz build "$profile"
+say "building the fuzz targets (nightly, AddressSanitizer)"
+cargo +nightly fuzz build --release
 
 failed=()
 for t in "${targets[@]}"; do
@@ -48,7 +43,7 @@ for t in "${targets[@]}"; do
   seeds=()
   [ -d "fuzz/seeds/$t" ] && seeds=("fuzz/seeds/$t")
   # -timeout: one input taking over 10 s is a hang; -rss_limit_mb: a leak or runaway allocation.
-  if ! cargo +nightly fuzz run "$profile" "$t" "fuzz/corpus/$t" "${seeds[@]}" -- \
+  if ! cargo +nightly fuzz run --release "$t" "fuzz/corpus/$t" "${seeds[@]}" -- \
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
     -print_final_stats=1 2> "fuzz/$t.log"; then
     tail -n 40 "fuzz/$t.log" >&2
