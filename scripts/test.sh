@@ -72,9 +72,8 @@ done
 say "python venv for SDK tests"
 # It also holds moto[server], the S3 server kiln-cluster's object-storage tests start on loopback
 # (through KILN_PYTHON, exported before the rust tests).
-cache=$KILN_CACHE
 req_hash=$( (cat tests/sdk/requirements.txt; python3 --version) | sha256sum | cut -c1-16)
-venv="$cache/venv-$req_hash"
+venv="$KILN_CACHE/venv-$req_hash"
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"
@@ -94,7 +93,7 @@ rc=$?
 say "JavaScript SDK tests (the pinned e2b npm package under node --test)"
 # node_modules is cached by the lockfile's hash (like the venv) and linked into tests/js.
 js_hash=$( (cat tests/js/package-lock.json; node --version) | sha256sum | cut -c1-16)
-js_deps="$cache/node-$js_hash"
+js_deps="$KILN_CACHE/node-$js_hash"
 if [ ! -f "$js_deps/.complete" ]; then
   rm -rf "$js_deps"
   mkdir -p "$js_deps"
