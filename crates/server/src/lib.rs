@@ -337,21 +337,21 @@ impl Server {
         });
         let app = app(state);
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.edge));
-        tokio::select! {
-            r = &mut serving => {
-                r.map_err(std::io::Error::other)?;
-                return Ok(());
+        let served = tokio::select! {
+            r = &mut serving => r.map_err(std::io::Error::other),
+            _ = stop => {
+                // Stop accepting (connections in flight end with the process).
+                serving.abort();
+                Ok(())
             }
-            _ = stop => {}
-        }
-        // Stop accepting (connections in flight end with the process).
-        serving.abort();
-        // Pooled sandboxes belong to no one: they stop with the server.
+        };
+        // Either way (stopped, or the accept loop ended by a panic), pooled sandboxes belong to no one:
+        // they stop with the server, and the driver releases what it keeps ready.
         pools.abort();
         let _ = pools.await;
         self.manager.drain_pools().await;
         self.manager.shutdown_driver().await;
-        Ok(())
+        served
     }
 }
 
