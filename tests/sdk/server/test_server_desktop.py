@@ -202,9 +202,20 @@ def wait_vnc(desk):
     """Waits until x11vnc answers with its RFB banner: on a loaded host it takes seconds after
     `stream.start()` returns, and noVNC's single autoconnect attempt fails before that."""
     probe = ("python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', 5900), "
-             "timeout=30); print(s.recv(12))\" 2>/dev/null || true")
-    wait_for(lambda: "RFB" in desk.commands.run(probe, timeout=60).stdout, "x11vnc's banner",
-             timeout=120, interval=1)
+             "timeout=30); print(s.recv(12))\" 2>&1 || true")
+    last = [""]
+
+    def answered():
+        last[0] = desk.commands.run(probe, timeout=60).stdout
+        return "RFB" in last[0]
+
+    try:
+        wait_for(answered, "x11vnc's banner", timeout=120, interval=1)
+    except AssertionError as e:
+        # What the sandbox looked like: the probe's own error, x11vnc, and its listening sockets.
+        seen = desk.commands.run("pgrep -a x11vnc; echo ---; grep -E ':170C|:17C0' /proc/net/tcp "
+                                 "/proc/net/tcp6; true", timeout=30).stdout
+        raise AssertionError(f"{e}\nlast probe: {last[0][-500:]}\nin the sandbox:\n{seen}") from None
 
 
 def test_stream_without_auth_renders_the_desktop(net_server, desk, tmp_path):
