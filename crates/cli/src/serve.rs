@@ -218,6 +218,16 @@ pub struct Args {
         value_name = "DURATION"
     )]
     template_files_grace: String,
+    /// How long a sandbox of a built template's last step's parent layer stands ready for the
+    /// template's next build (a rebuild that changed the last step starts it at once), e.g.
+    /// `10m`, or `off`. Hidden, outside the team's quota; one per template.
+    #[arg(
+        long,
+        env = "KILN_TEMPLATE_STANDING",
+        default_value = "10m",
+        value_name = "DURATION"
+    )]
+    template_standing: String,
     /// Whether the automatic collection also removes the template store's old versions and
     /// unused image layers (`kiln template gc` without `--built`, keeping one older version).
     #[arg(long, env = "KILN_TEMPLATE_GC_STORE", default_value = "on", value_parser = ["on", "off"])]
@@ -416,6 +426,7 @@ pub fn prepare(a: &Args) -> anyhow::Result<Prepared> {
             &a.registry_mirrors,
             &a.template_gc_interval,
             &a.template_files_grace,
+            &a.template_standing,
             a.template_gc_store == "on",
             &state_dir,
         )?,

@@ -294,11 +294,13 @@ pub fn run(c: Cmd) -> anyhow::Result<i32> {
 
 /// `kiln serve`'s Template API build settings: registry mirrors (`--registry-mirror`s after
 /// $KILN_REGISTRY_MIRRORS), the automatic collection's period, the uploaded archives' grace
-/// period, and whether it collects the template store too (as `kiln template gc`).
+/// period, how long a sandbox stands for a template's next build, and whether it collects
+/// the template store too (as `kiln template gc`).
 pub fn serve_builds_config(
     mirrors: &[String],
     gc_interval: &str,
     files_grace: &str,
+    standing: &str,
     store_gc: bool,
     state_dir: &std::path::Path,
 ) -> anyhow::Result<kiln_server::tplbuild::BuildsConfig> {
@@ -310,6 +312,8 @@ pub fn serve_builds_config(
     let files_grace = kiln_server::manager::parse_standby_after(files_grace)
         .map_err(|e| anyhow::anyhow!("--template-files-grace: {e}"))?
         .unwrap_or_default();
+    let standing = kiln_server::manager::parse_standby_after(standing)
+        .map_err(|e| anyhow::anyhow!("--template-standing: {e}"))?;
     let state_dir = state_dir.to_path_buf();
     let store_gc = store_gc.then(|| {
         StoreGc(std::sync::Arc::new(move || {
@@ -326,5 +330,6 @@ pub fn serve_builds_config(
         gc_interval,
         files_grace,
         store_gc,
+        standing,
     })
 }

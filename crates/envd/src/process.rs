@@ -100,7 +100,35 @@ impl EnvdClient {
 
     /// Runs `cmd` with `/bin/bash -l -c` and collects its output and exit code.
     pub async fn run(&self, cmd: &str, opts: RunOptions) -> Result<RunOutput, EnvdError> {
-        let mut req = bash_request(cmd, opts.envs.clone(), opts.cwd.clone(), None);
+        let req = bash_request(cmd, opts.envs.clone(), opts.cwd.clone(), None);
+        self.run_request(req, opts).await
+    }
+
+    /// Runs `program` (found on the sandbox's `PATH`) with `args` and no shell, and collects
+    /// its output and exit code: a login shell's profile costs more than a short command.
+    pub async fn exec(
+        &self,
+        program: &str,
+        args: &[&str],
+        opts: RunOptions,
+    ) -> Result<RunOutput, EnvdError> {
+        let req = pb::StartRequest {
+            process: Some(ProcessConfig {
+                cmd: program.into(),
+                args: args.iter().map(|a| a.to_string()).collect(),
+                envs: opts.envs.clone(),
+                cwd: opts.cwd.clone(),
+            }),
+            ..Default::default()
+        };
+        self.run_request(req, opts).await
+    }
+
+    async fn run_request(
+        &self,
+        mut req: pb::StartRequest,
+        opts: RunOptions,
+    ) -> Result<RunOutput, EnvdError> {
         req.stdin = Some(false);
         let fut = async {
             let stream = self

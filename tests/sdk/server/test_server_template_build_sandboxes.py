@@ -1,8 +1,11 @@
 """Build sandboxes are the builds' own: a team whose sandbox quota is full (and whose largest
 timeout is below a build's) still builds, its build sandbox is in none of its sandbox lists,
 and a client cannot mark a sandbox of its own as one. Builds are bounded per team instead: one
-more than `KILN_TEMPLATE_BUILDS_PER_TEAM` started and unfinished is a 429 that says so."""
+more than `KILN_TEMPLATE_BUILDS_PER_TEAM` started and unfinished is a 429 that says so.
+After a build, a sandbox of its last step's parent layer stands for the template's next
+build, which runs a changed last step on it."""
 
+import re
 import time
 
 from .conftest import KilnServer, runsc_processes_for
@@ -76,6 +79,115 @@ def test_build_sandboxes_are_hidden_and_outside_the_team_quota(state_dir, monkey
         status, body, _ = srv.request("POST", "/sandboxes", {
             "templateID": "base", "metadata": {"kiln.template.build": "x"}})
         assert status == 400 and "reserved" in body["message"], body
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+
+
+def _running(state_dir):
+    """Ids of the sandboxes of this state dir whose runsc processes run now."""
+    ids = set()
+    for cmd in runsc_processes_for(state_dir):
+        ids.update(re.findall(r"/sandboxes/([a-z0-9]{20})/", cmd))
+    return ids
+
+
+def _standing(srv, state_dir):
+    """Running sandboxes of the server's state dir that its log shows created and not killed:
+    with no sandbox of the test's own, the standing one once booted (a build's sandbox may
+    still be exiting)."""
+    log = srv.log()
+    created = set(re.findall(r'sandbox="([a-z0-9]{20})" event="created"', log))
+    killed = set(re.findall(r'sandbox="([a-z0-9]{20})" event="killed"', log))
+    return (_running(state_dir) & created) - killed
+
+
+def _until(what, f, timeout=90):
+    deadline = time.time() + timeout
+    while True:
+        v = f()
+        if v:
+            return v
+        assert time.time() < deadline, what
+        time.sleep(0.2)
+
+
+def _messages(srv, req):
+    path = f"/templates/{req['templateID']}/builds/{req['buildID']}/status?level=debug&limit=1000"
+    status, st, _ = srv.request("GET", path)
+    assert status == 200, st
+    return [e["message"] for e in st["logEntries"]]
+
+
+def _killed_for(srv, sid, why):
+    return any(sid in line and why in line for line in srv.log().splitlines())
+
+
+def test_a_rebuild_runs_its_changed_last_step_on_the_standing_sandbox(state_dir):
+    from e2b import Sandbox
+
+    srv = KilnServer(state_dir, ["--network", "off", "--pool-off",
+                                 "--template-standing", "10m"]).start()
+    try:
+        def steps(v):
+            return [{"type": "RUN", "args": ["echo one > /home/user/a.txt"]},
+                    {"type": "RUN", "args": [f"echo {v} > /home/user/b.txt"]}]
+
+        req, status, body, _ = _build(srv, "kt-stand", steps("first"))
+        assert status == 202, body
+        assert _wait(srv, req)["status"] == "ready"
+        # Nothing else runs on this server: the one sandbox is the standing one.
+        standing = _until("no sandbox stands after the build", lambda: _standing(srv, state_dir))
+        assert len(standing) == 1, standing
+        (first,) = standing
+
+        req, status, body, _ = _build(srv, "kt-stand", steps("second"))
+        assert status == 202, body
+        assert _wait(srv, req)["status"] == "ready"
+        logs = _messages(srv, req)
+        assert any(m.startswith("CACHED [1/2] RUN") for m in logs), logs
+        assert any(m.startswith(f"build sandbox {first}: standing on ") for m in logs), logs
+        # The template is what its steps say: the cached layer below, the new step on it.
+        sbx = Sandbox.create("kt-stand", timeout=60, **srv.opts())
+        try:
+            out = sbx.commands.run("cat /home/user/a.txt /home/user/b.txt").stdout.split()
+            assert out == ["one", "second"], out
+            # The taken sandbox ended with its build; a replacement stands on the same layer.
+            standing = _until("no replacement stands",
+                              lambda: _standing(srv, state_dir) - {sbx.sandbox_id})
+            assert _killed_for(srv, first, "its last layer is saved"), srv.log()[-3000:]
+        finally:
+            sbx.kill()
+        assert len(standing) == 1, standing
+        (replacement,) = standing
+
+        # Deleting the template stops its standing sandbox.
+        status, body, _ = srv.request("DELETE", f"/templates/{req['templateID']}")
+        assert status == 204, body
+        _until("the deleted template's sandbox was not stopped",
+               lambda: _killed_for(srv, replacement, "its template was deleted"))
+        assert replacement not in _running(state_dir)
+
+        # One standing from this server is a leftover for the next, which stops it.
+        req, status, body, _ = _build(srv, "kt-stand-2", steps("x"))
+        assert status == 202, body
+        assert _wait(srv, req)["status"] == "ready"
+        (left,) = _until("no sandbox stands after the build", lambda: _standing(srv, state_dir))
+        srv.stop()
+        srv.extra_args = ["--network", "off", "--pool-off", "--template-standing", "3s"]
+        srv.start()
+        _until("the previous server's standing sandbox was not stopped",
+               lambda: _killed_for(srv, left, "ended with the previous server"))
+        assert left not in _running(state_dir)
+
+        # Unused, it stops when its time is up.
+        req, status, body, _ = _build(srv, "kt-stand-3", steps("y"))
+        assert status == 202, body
+        assert _wait(srv, req)["status"] == "ready"
+        (unused,) = _until("no sandbox stands after the build", lambda: _standing(srv, state_dir))
+        _until("the standing sandbox outlived its time",
+               lambda: _killed_for(srv, unused, "next build did not come in time"), 60)
+        assert unused not in _running(state_dir)
     finally:
         srv.kill_all_sandboxes()
         srv.stop()

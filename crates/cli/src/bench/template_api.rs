@@ -18,6 +18,13 @@ pub(crate) struct Api {
     pub http: reqwest::Client,
 }
 
+/// A finished build: request to `ready`, and whether its step ran on a standing build
+/// sandbox (its log says so).
+pub(crate) struct Built {
+    pub took: Duration,
+    pub standing: bool,
+}
+
 /// A sandbox created through the API.
 pub(crate) struct Sbx {
     pub id: String,
@@ -56,7 +63,7 @@ impl Api {
         steps: &[String],
         start: Option<(&str, &str)>,
         force: bool,
-    ) -> anyhow::Result<Duration> {
+    ) -> anyhow::Result<Built> {
         let t = Instant::now();
         let made = self
             .call(
@@ -93,7 +100,24 @@ impl Api {
                 )
                 .await?;
             match st["status"].as_str() {
-                Some("ready") => return Ok(t.elapsed()),
+                Some("ready") => {
+                    let took = t.elapsed();
+                    let logs = self
+                        .call(
+                            reqwest::Method::GET,
+                            &format!("/templates/{tid}/builds/{bid}/status?level=debug&limit=1000"),
+                            None,
+                        )
+                        .await?;
+                    let standing = logs["logEntries"].as_array().is_some_and(|l| {
+                        l.iter().any(|e| {
+                            e["message"]
+                                .as_str()
+                                .is_some_and(|m| m.contains(": standing on "))
+                        })
+                    });
+                    return Ok(Built { took, standing });
+                }
                 Some("error") => bail!("build of {name} failed: {}", st["reason"]),
                 _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
@@ -126,6 +150,13 @@ impl Api {
                 None,
             )
             .await;
+    }
+
+    /// `DELETE /templates/{name}` (its standing build sandbox stops with it).
+    pub async fn delete_template(&self, name: &str) -> anyhow::Result<()> {
+        self.call(reqwest::Method::DELETE, &format!("/templates/{name}"), None)
+            .await
+            .map(|_| ())
     }
 }
 

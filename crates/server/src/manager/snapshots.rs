@@ -123,7 +123,7 @@ impl Manager {
             timeout: Some(std::time::Duration::from_secs(60)),
             ..Default::default()
         };
-        match self.agent(id, token).run("sync", opts).await {
+        match self.agent(id, token).exec("sync", &[], opts).await {
             Ok(out) if out.exit_code == 0 => Ok(()),
             Ok(out) => Err(format!("sync exited with code {}", out.exit_code)),
             Err(e) => Err(e.to_string()),

@@ -9,12 +9,15 @@
 //! more are refused (429). A build that was running when the server stopped ends as `error`
 //! when it starts again, and its build sandbox is removed once recovery is over. Build
 //! sandboxes are the builds' own: hidden from the team's sandbox lists and outside its
-//! sandbox quota. Template versions and cache entries nothing names are collected ([`gc`]).
+//! sandbox quota. A sandbox of a template's last step's parent layer stands for its next
+//! build ([`standing`]). Template versions and cache entries nothing names are collected
+//! ([`gc`]).
 
 pub mod files;
 pub mod gc;
 mod image;
 mod runner;
+pub mod standing;
 mod start;
 mod steps;
 
@@ -96,6 +99,9 @@ pub struct BuildsConfig {
     pub files_grace: std::time::Duration,
     /// The template store's part of the automatic collection (`kiln serve` installs it).
     pub store_gc: Option<gc::StoreGc>,
+    /// How long a sandbox of a template's last step's parent layer stands for its next
+    /// build ([`standing`]); `None`: never.
+    pub standing: Option<std::time::Duration>,
 }
 
 impl Default for BuildsConfig {
@@ -105,6 +111,7 @@ impl Default for BuildsConfig {
             gc_interval: Some(gc::DEFAULT_INTERVAL),
             files_grace: gc::DEFAULT_FILES_GRACE,
             store_gc: None,
+            standing: Some(standing::DEFAULT_STANDING),
         }
     }
 }
@@ -129,6 +136,9 @@ pub struct Builds {
     /// Started and unfinished builds per team, and how many a team may have.
     per_team: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     per_team_max: usize,
+    standing: standing::Standing,
+    /// When this server's build service opened (standing sandboxes older are leftovers).
+    opened_at_ms: i64,
 }
 
 /// A team's place among the builds it has started; given back when dropped (the build ended).
@@ -251,18 +261,21 @@ impl Builds {
                 .and_then(|v| v.parse::<usize>().ok())
                 .filter(|n| *n > 0)
                 .unwrap_or(DEFAULT_PER_TEAM),
+            standing: Default::default(),
+            opened_at_ms: now_ms(),
         });
         Ok(b)
     }
 
-    /// Removes build sandboxes a previous server left (their builds ended with it); called
-    /// once recovery has adopted them.
+    /// Removes build sandboxes a previous server left (their builds ended with it, and the
+    /// sandboxes it kept standing); called once recovery has adopted them.
     pub async fn remove_leftover_sandboxes(&self) {
         for s in self.manager.list() {
-            if s.metadata
-                .get(BUILD_META)
-                .is_some_and(|b| self.interrupted.contains(b))
-            {
+            let left = s.metadata.get(BUILD_META).is_some_and(|b| {
+                self.interrupted.contains(b)
+                    || (b == standing::STANDING && s.started_at_ms < self.opened_at_ms)
+            });
+            if left {
                 let _ = self
                     .manager
                     .kill(&s.id, "its template build ended with the previous server")
@@ -472,6 +485,7 @@ impl Builds {
     pub async fn delete(&self, team: &str, key: &str) -> Result<gc::Collected> {
         let t = self.template_of(team, key).await?;
         self.db.delete_template(&t.id).await?;
+        self.drop_standing(&t.id).await;
         self.collect(team).await
     }
 

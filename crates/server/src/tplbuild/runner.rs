@@ -7,8 +7,9 @@
 //! command succeeds and snapshots the running sandbox, memory included.
 //!
 //! The build sandbox is an ordinary sandbox of the build's team (same driver and limits),
-//! created from the parent layer when a step must run and killed at the end. A failing step
-//! caches nothing and ends the build with its step number and output tail.
+//! taken standing ([`super::standing`]) or created from the parent layer when a step must
+//! run, and killed at the end. A failing step caches nothing and ends the build with its step
+//! number and output tail.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,6 +21,9 @@ use super::steps::{absolute, sh_quote, StepFailure};
 use super::{Builds, Env, StartSpec, Step, BUILD_META};
 use crate::manager::CreateParams;
 use crate::store::{now_ms, BuildRow, TplRow};
+
+/// Seconds a build sandbox may live (the longest build).
+pub(super) const BUILD_SANDBOX_SECS: u64 = 3600;
 
 /// A build failure: the step it names (`base`, `"1"`…, `finalize`) and why.
 struct Failed {
@@ -45,8 +49,12 @@ struct Walk {
     workdir: String,
     /// A WORKDIR not yet made in a layer.
     workdir_pending: bool,
+    /// The (workdir, user) the parent layer has the working directory made and owned for.
+    workdir_made: Option<(String, String)>,
     env: Env,
     sandbox: Option<String>,
+    /// The layer the last layer-making step reached so far started from (a snapshot).
+    last_step_parent: Option<String>,
 }
 
 fn chain(key: &str, part: &str) -> String {
@@ -80,12 +88,16 @@ pub(super) async fn run(
             walk.take()
                 .ok_or_else(|| fail("finalize", "the build ended without a result"))
         });
-    let left = match &outcome {
-        Ok(w) => w.sandbox.clone(),
-        Err(_) => walk.as_ref().and_then(|w| w.sandbox.clone()),
+    let ended = match &outcome {
+        Ok(w) => Some(w),
+        Err(_) => walk.as_ref(),
     };
-    if let Some(sid) = left {
+    if let Some(sid) = ended.and_then(|w| w.sandbox.clone()) {
         let _ = b.manager.kill(&sid, "template build finished").await;
+    }
+    // The next build most likely changes the last step (also when it failed).
+    if let Some(layer) = ended.and_then(|w| w.last_step_parent.clone()) {
+        b.stand_by(&tpl.id, &team, &layer);
     }
     let mut row = build.clone();
     match outcome {
@@ -145,8 +157,10 @@ async fn base(b: &Builds, team: &str, build: &str, spec: &StartSpec) -> Result<W
                     user: r.user.unwrap_or_else(|| "user".into()),
                     workdir: r.workdir.unwrap_or_else(|| "/home/user".into()),
                     workdir_pending: false,
+                    workdir_made: None,
                     env: Env::new(),
                     sandbox: None,
+                    last_step_parent: None,
                 });
             }
             let (n, _) = super::split_tag(t);
@@ -179,8 +193,10 @@ async fn base(b: &Builds, team: &str, build: &str, spec: &StartSpec) -> Result<W
         user: view.info.user.clone(),
         workdir: view.info.workdir.clone(),
         workdir_pending: false,
+        workdir_made: None,
         env: Env::new(),
         sandbox: None,
+        last_step_parent: None,
     })
 }
 
@@ -307,6 +323,7 @@ async fn step(
         }
         _ => {}
     }
+    w.last_step_parent = w.parent_is_snapshot.then(|| w.parent.clone());
     if !forced {
         if let Some(snap) =
             b.db.use_layer(team, &w.key, build)
@@ -332,6 +349,8 @@ async fn step(
                 w.parent = snap;
                 w.parent_is_snapshot = true;
                 w.workdir_pending = false;
+                // The cached step ran in this workdir as this user (both are in its key).
+                w.workdir_made = Some((w.workdir.clone(), w.user.clone()));
                 return Ok(());
             }
         }
@@ -341,19 +360,20 @@ async fn step(
     let sid = ensure_sandbox(b, team, build, w)
         .await
         .map_err(|m| fail(label, m))?;
-    let quoted_workdir = sh_quote(&w.workdir);
-    let mkdir = format!(
-        "mkdir -p {quoted_workdir} && chown {} {quoted_workdir} 2>/dev/null; true",
-        sh_quote(&w.user)
-    );
-    b.run_in(build, &sid, label, &mkdir, "root", "/", &Env::new())
-        .await
-        .map_err(|StepFailure(m)| {
-            fail(
-                label,
-                format!("step {label}: making WORKDIR {}: {m}", w.workdir),
-            )
-        })?;
+    let booted = t.elapsed();
+    let made = (w.workdir.clone(), w.user.clone());
+    if w.workdir_made.as_ref() != Some(&made) {
+        b.make_workdir(&sid, &w.workdir, &w.user)
+            .await
+            .map_err(|StepFailure(m)| {
+                fail(
+                    label,
+                    format!("step {label}: making WORKDIR {}: {m}", w.workdir),
+                )
+            })?;
+        w.workdir_made = Some(made);
+    }
+    let t_step = Instant::now();
     let ran = match s.kind.as_str() {
         "RUN" => {
             let user = s
@@ -376,6 +396,7 @@ async fn step(
             format!("step {label} ({} {}) failed: {m}", s.kind, s.args.join(" ")),
         ));
     }
+    let (ran, t_save) = (t_step.elapsed(), Instant::now());
     let snap = if ends {
         w.sandbox = None;
         b.manager
@@ -399,7 +420,14 @@ async fn step(
         build,
         "debug",
         Some(label),
-        format!("layer {} in {:.1}s", snap.id, t.elapsed().as_secs_f64()),
+        format!(
+            "layer {} in {:.2}s (build sandbox {:.2}s, step {:.2}s, saved in {:.2}s)",
+            snap.id,
+            t.elapsed().as_secs_f64(),
+            booted.as_secs_f64(),
+            ran.as_secs_f64(),
+            t_save.elapsed().as_secs_f64()
+        ),
     )
     .await;
     w.parent = snap.id;
@@ -408,9 +436,10 @@ async fn step(
     Ok(())
 }
 
-/// The running build sandbox, created from the current parent when there is none.
+/// The running build sandbox: the one the walk has, else the standing one of the current
+/// parent layer, else one booted from the parent.
 async fn ensure_sandbox(
-    b: &Builds,
+    b: &Arc<Builds>,
     team: &str,
     build: &str,
     w: &mut Walk,
@@ -418,22 +447,56 @@ async fn ensure_sandbox(
     if let Some(s) = &w.sandbox {
         return Ok(s.clone());
     }
-    let mut metadata = std::collections::BTreeMap::new();
-    metadata.insert(BUILD_META.to_string(), build.to_string());
-    // Trusting what every sandbox trusts (a `RUN pip install` behind the host's proxy).
-    let rec = crate::api::host_trust::create(
-        b.manager.as_ref(),
-        CreateParams {
-            template_id: w.parent.clone(),
-            timeout_secs: Some(3600),
-            metadata,
-            secure: false,
-            team: team.to_string(),
-            ..Default::default()
-        },
-    )
-    .await
-    .map_err(|e| format!("starting the build sandbox: {e}"))?;
-    w.sandbox = Some(rec.id.clone());
-    Ok(rec.id)
+    let standing = match w.parent_is_snapshot {
+        true => b.take_standing(team, &w.parent).await,
+        false => None,
+    };
+    let id = match standing {
+        Some(id) => {
+            b.log(
+                build,
+                "debug",
+                None,
+                format!("build sandbox {id}: standing on {}", w.parent),
+            )
+            .await;
+            id
+        }
+        None => {
+            b.boot_build_sandbox(team, &w.parent, build, BUILD_SANDBOX_SECS)
+                .await?
+        }
+    };
+    w.sandbox = Some(id.clone());
+    Ok(id)
+}
+
+impl Builds {
+    /// Boots a build sandbox of `team` from `parent` (a template or a layer), marked as
+    /// `owner`'s (a build id, or [`super::standing::STANDING`]), living `timeout_secs`.
+    pub(super) async fn boot_build_sandbox(
+        &self,
+        team: &str,
+        parent: &str,
+        owner: &str,
+        timeout_secs: u64,
+    ) -> Result<String, String> {
+        let mut metadata = std::collections::BTreeMap::new();
+        metadata.insert(BUILD_META.to_string(), owner.to_string());
+        // Trusting what every sandbox trusts (a `RUN pip install` behind the host's proxy).
+        let rec = crate::api::host_trust::create(
+            self.manager.as_ref(),
+            CreateParams {
+                template_id: parent.to_string(),
+                timeout_secs: Some(timeout_secs as i64),
+                metadata,
+                secure: false,
+                team: team.to_string(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("starting the build sandbox: {e}"))?;
+        Ok(rec.id)
+    }
 }

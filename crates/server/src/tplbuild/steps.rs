@@ -167,6 +167,41 @@ impl Builds {
         )))
     }
 
+    /// Makes `workdir` in sandbox `sid` (as root) and gives it to `user`, as a step's working
+    /// directory; a plain shell, not a login one (whose profile costs more than the command).
+    pub(super) async fn make_workdir(
+        &self,
+        sid: &str,
+        workdir: &str,
+        user: &str,
+    ) -> std::result::Result<(), StepFailure> {
+        let quoted = sh_quote(workdir);
+        let cmd = format!(
+            "mkdir -p {quoted} && chown {} {quoted} 2>/dev/null; true",
+            sh_quote(user)
+        );
+        let opts = kiln_envd::RunOptions {
+            user: Some("root".into()),
+            cwd: Some("/".into()),
+            timeout: Some(std::time::Duration::from_secs(60)),
+            ..Default::default()
+        };
+        match self
+            .manager
+            .agent(sid, None)
+            .exec("sh", &["-c", &cmd], opts)
+            .await
+        {
+            Ok(out) if out.exit_code == 0 => Ok(()),
+            Ok(out) => Err(StepFailure(format!(
+                "exited with code {}: {}",
+                out.exit_code,
+                String::from_utf8_lossy(&out.stderr).trim_end()
+            ))),
+            Err(e) => Err(StepFailure(format!("the sandbox agent: {e}"))),
+        }
+    }
+
     /// `COPY`: the archive of `step` (already verified) placed in sandbox `sid`.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn copy_in(
