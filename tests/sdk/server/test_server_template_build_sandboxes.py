@@ -191,3 +191,23 @@ def test_a_rebuild_runs_its_changed_last_step_on_the_standing_sandbox(state_dir)
     finally:
         srv.kill_all_sandboxes()
         srv.stop()
+
+
+def test_no_sandbox_stands_in_the_place_a_create_needs(state_dir):
+    # One sandbox at most on this server: after a build, a standing sandbox would take the
+    # place of the template's first sandbox.
+    srv = KilnServer(state_dir, ["--network", "off", "--pool-off", "--max-sandboxes", "1"]).start()
+    try:
+        req, status, body, _ = _build(srv, "kt-full", [
+            {"type": "RUN", "args": ["echo one > /home/user/a.txt"]},
+            {"type": "RUN", "args": ["echo two > /home/user/b.txt"]}])
+        assert status == 202, body
+        assert _wait(srv, req)["status"] == "ready"
+        # A standing sandbox boots within a second of the build's end; none does here.
+        time.sleep(5)
+        assert not _standing(srv, state_dir), srv.log()[-3000:]
+        status, sbx, _ = srv.request("POST", "/sandboxes", {"templateID": "kt-full", "timeout": 60})
+        assert status == 201, sbx
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()

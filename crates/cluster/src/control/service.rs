@@ -372,6 +372,10 @@ impl SandboxService for ClusterService {
     fn extra_cas(&self) -> &[String] {
         &[]
     }
+    fn spare_room(&self) -> usize {
+        // A control replica starts no sandbox ahead of a request.
+        0
+    }
 
     async fn create_volume(&self, _team: &str, _name: &str) -> Result<VolumeRecord> {
         Err(not_in_cluster("volumes in a cluster"))

@@ -137,6 +137,12 @@ impl Manager {
         self.pools.len(template)
     }
 
+    /// How many sandboxes that serve no request yet may start now (see [`Self::pool_room`]):
+    /// warm pools' and the template builds' standing sandboxes.
+    pub fn spare_room(&self) -> usize {
+        self.pool_room()
+    }
+
     /// Whether creates may take pooled sandboxes.
     fn pools_on(&self) -> bool {
         !self.cfg.pool.off

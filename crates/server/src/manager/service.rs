@@ -125,6 +125,9 @@ pub trait SandboxService: Send + Sync + 'static {
     async fn set_network(&self, id: &str, policy: kiln_net::EgressPolicy) -> Result<()>;
     /// CA certificates (PEM) every sandbox trusts besides its template's roots.
     fn extra_cas(&self) -> &[String];
+    /// How many sandboxes that serve no request yet (a warm pool's, a standing build
+    /// sandbox) may start now: what `--max-sandboxes` and the host's headroom leave.
+    fn spare_room(&self) -> usize;
 
     // --- volumes ---
 
@@ -297,6 +300,9 @@ impl SandboxService for Manager {
     }
     fn extra_cas(&self) -> &[String] {
         Manager::extra_cas(self)
+    }
+    fn spare_room(&self) -> usize {
+        Manager::spare_room(self)
     }
 
     async fn create_volume(&self, team: &str, name: &str) -> Result<VolumeRecord> {

@@ -7,7 +7,8 @@
 //! replacement boots beside the step for the build after it.
 //!
 //! One per template, at most [`MAX_STANDING`] on the host (the most recently built
-//! templates'). It is a build sandbox like the others (hidden from the team's lists,
+//! templates'), and only while the server has room beside it (`--max-sandboxes` and the host's
+//! headroom, as for a warm pool's sandbox, with one place more). It is a build sandbox like the others (hidden from the team's lists,
 //! outside its quota, never in standby), marked [`STANDING`] until a build takes it; it is
 //! stopped when its time is up, when another layer's replaces it, when its template is
 //! deleted, and after a restart (as a leftover).
@@ -27,6 +28,10 @@ pub const DEFAULT_STANDING: Duration = Duration::from_secs(600);
 
 /// Standing sandboxes at most, all templates together.
 pub const MAX_STANDING: usize = 2;
+
+/// The server's spare room a standing sandbox needs to boot: itself and one more, so it never
+/// takes the last place a create could have.
+const ROOM_NEEDED: usize = 2;
 
 /// The build marker ([`super::BUILD_META`]) of a standing sandbox no build has taken yet.
 pub(super) const STANDING: &str = "standing";
@@ -95,11 +100,15 @@ async fn booted(slot: Slot) -> Option<String> {
 
 impl Builds {
     /// Keeps a sandbox of `layer` standing for the next build of template `tpl` of `team`
-    /// (nothing when standing sandboxes are off, or when one of `layer` already stands).
+    /// (nothing when standing sandboxes are off, when one of `layer` already stands, or when
+    /// the server has less than [`ROOM_NEEDED`] spare room).
     pub(super) fn stand_by(self: &Arc<Self>, tpl: &str, team: &str, layer: &str) {
         let Some(hold) = self.config.standing else {
             return;
         };
+        if self.manager.spare_room() < ROOM_NEEDED {
+            return;
+        }
         let serial = self.standing.serial.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(None);
         let slot = Slot {
