@@ -168,7 +168,8 @@ impl Builds {
     }
 
     /// Makes `workdir` in sandbox `sid` (as root) and gives it to `user`, as a step's working
-    /// directory; a plain shell, not a login one (whose profile costs more than the command).
+    /// directory: with `/bin/bash`, as the steps run (an image may have nothing else, not
+    /// even `mkdir`), but not as a login shell (whose profile costs more than the command).
     pub(super) async fn make_workdir(
         &self,
         sid: &str,
@@ -189,7 +190,7 @@ impl Builds {
         match self
             .manager
             .agent(sid, None)
-            .exec("sh", &["-c", &cmd], opts)
+            .exec("/bin/bash", &["-c", &cmd], opts)
             .await
         {
             Ok(out) if out.exit_code == 0 => Ok(()),
