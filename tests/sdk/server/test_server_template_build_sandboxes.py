@@ -123,6 +123,22 @@ def _killed_for(srv, sid, why):
     return any(sid in line and why in line for line in srv.log().splitlines())
 
 
+def _build_and_standing(srv, state_dir, name, steps):
+    """Builds `name` to `ready`; the id of the one sandbox standing after it."""
+    req, status, body, _ = _build(srv, name, steps)
+    assert status == 202, body
+    assert _wait(srv, req)["status"] == "ready"
+    standing = _until("no sandbox stands after the build", lambda: _standing(srv, state_dir))
+    assert len(standing) == 1, standing
+    return req, next(iter(standing))
+
+
+def _stopped(srv, state_dir, sid, why, timeout=90):
+    """Waits until sandbox `sid` was killed for `why`; then nothing of it runs."""
+    _until(f"{sid} was not stopped ({why})", lambda: _killed_for(srv, sid, why), timeout)
+    assert sid not in _running(state_dir)
+
+
 def test_a_rebuild_runs_its_changed_last_step_on_the_standing_sandbox(state_dir):
     from e2b import Sandbox
 
@@ -133,13 +149,8 @@ def test_a_rebuild_runs_its_changed_last_step_on_the_standing_sandbox(state_dir)
             return [{"type": "RUN", "args": ["echo one > /home/user/a.txt"]},
                     {"type": "RUN", "args": [f"echo {v} > /home/user/b.txt"]}]
 
-        req, status, body, _ = _build(srv, "kt-stand", steps("first"))
-        assert status == 202, body
-        assert _wait(srv, req)["status"] == "ready"
         # Nothing else runs on this server: the one sandbox is the standing one.
-        standing = _until("no sandbox stands after the build", lambda: _standing(srv, state_dir))
-        assert len(standing) == 1, standing
-        (first,) = standing
+        _, first = _build_and_standing(srv, state_dir, "kt-stand", steps("first"))
 
         req, status, body, _ = _build(srv, "kt-stand", steps("second"))
         assert status == 202, body
@@ -164,30 +175,18 @@ def test_a_rebuild_runs_its_changed_last_step_on_the_standing_sandbox(state_dir)
         # Deleting the template stops its standing sandbox.
         status, body, _ = srv.request("DELETE", f"/templates/{req['templateID']}")
         assert status == 204, body
-        _until("the deleted template's sandbox was not stopped",
-               lambda: _killed_for(srv, replacement, "its template was deleted"))
-        assert replacement not in _running(state_dir)
+        _stopped(srv, state_dir, replacement, "its template was deleted")
 
         # One standing from this server is a leftover for the next, which stops it.
-        req, status, body, _ = _build(srv, "kt-stand-2", steps("x"))
-        assert status == 202, body
-        assert _wait(srv, req)["status"] == "ready"
-        (left,) = _until("no sandbox stands after the build", lambda: _standing(srv, state_dir))
+        _, left = _build_and_standing(srv, state_dir, "kt-stand-2", steps("x"))
         srv.stop()
         srv.extra_args = ["--network", "off", "--pool-off", "--template-standing", "3s"]
         srv.start()
-        _until("the previous server's standing sandbox was not stopped",
-               lambda: _killed_for(srv, left, "ended with the previous server"))
-        assert left not in _running(state_dir)
+        _stopped(srv, state_dir, left, "ended with the previous server")
 
         # Unused, it stops when its time is up.
-        req, status, body, _ = _build(srv, "kt-stand-3", steps("y"))
-        assert status == 202, body
-        assert _wait(srv, req)["status"] == "ready"
-        (unused,) = _until("no sandbox stands after the build", lambda: _standing(srv, state_dir))
-        _until("the standing sandbox outlived its time",
-               lambda: _killed_for(srv, unused, "next build did not come in time"), 60)
-        assert unused not in _running(state_dir)
+        _, unused = _build_and_standing(srv, state_dir, "kt-stand-3", steps("y"))
+        _stopped(srv, state_dir, unused, "next build did not come in time", 60)
     finally:
         srv.kill_all_sandboxes()
         srv.stop()

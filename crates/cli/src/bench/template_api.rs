@@ -91,24 +91,16 @@ impl Api {
             Some(spec),
         )
         .await?;
+        let status = |query: &'static str| {
+            let path = format!("/templates/{tid}/builds/{bid}/status?{query}");
+            async move { self.call(reqwest::Method::GET, &path, None).await }
+        };
         loop {
-            let st = self
-                .call(
-                    reqwest::Method::GET,
-                    &format!("/templates/{tid}/builds/{bid}/status?limit=0"),
-                    None,
-                )
-                .await?;
+            let st = status("limit=0").await?;
             match st["status"].as_str() {
                 Some("ready") => {
                     let took = t.elapsed();
-                    let logs = self
-                        .call(
-                            reqwest::Method::GET,
-                            &format!("/templates/{tid}/builds/{bid}/status?level=debug&limit=1000"),
-                            None,
-                        )
-                        .await?;
+                    let logs = status("level=debug&limit=1000").await?;
                     let standing = logs["logEntries"].as_array().is_some_and(|l| {
                         l.iter().any(|e| {
                             e["message"]
