@@ -220,7 +220,8 @@ pub struct Args {
     template_files_grace: String,
     /// How long a sandbox of a built template's last step's parent layer stands ready for the
     /// template's next build (a rebuild that changed the last step starts it at once), e.g.
-    /// `10m`, or `off`. Hidden, outside the team's quota; one per template.
+    /// `10m`, or `off`. Hidden, outside the team's quota; one per template, two at most, and
+    /// only while the server has room for it and one sandbox more.
     #[arg(
         long,
         env = "KILN_TEMPLATE_STANDING",
