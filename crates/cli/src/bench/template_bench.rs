@@ -78,6 +78,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         };
         let r = measure(&a, &api, &reg, sb.work.path(), &manager, bench.raw.as_ref()).await;
         served.end("bench template done").await;
+        // The templates' layers stay mounted after the server (they are its state): the work
+        // directory goes whole, with the registry that ran in it.
+        drop(reg);
+        super::stale::clear(sb.work.path());
         let r = r?;
         print(&a, &sb.runtime, &r);
         Ok(0)
