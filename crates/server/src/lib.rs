@@ -345,8 +345,8 @@ impl Server {
                 Ok(())
             }
         };
-        // Either way (stopped, or the accept loop ended by a panic), pooled sandboxes belong to no one:
-        // they stop with the server, and the driver releases what it keeps ready.
+        // Either way (stopped, or the accept loop ended by a panic), pooled sandboxes belong
+        // to no one: they stop with the server, and the driver releases what it keeps ready.
         pools.abort();
         let _ = pools.await;
         self.manager.drain_pools().await;

@@ -137,12 +137,6 @@ impl Manager {
         self.pools.len(template)
     }
 
-    /// How many sandboxes that serve no request yet may start now (see [`Self::pool_room`]):
-    /// warm pools' and the template builds' standing sandboxes.
-    pub fn spare_room(&self) -> usize {
-        self.pool_room()
-    }
-
     /// Whether creates may take pooled sandboxes.
     fn pools_on(&self) -> bool {
         !self.cfg.pool.off
@@ -216,10 +210,11 @@ impl Manager {
             .map_or(0, |d| d.target(now, &self.cfg.pool)) as usize
     }
 
-    /// How many more pooled sandboxes may boot now: what `--max-sandboxes` leaves beside the
-    /// live, pending and pooled ones, and at most half of the host's remaining room (the rest
-    /// stays for cold creates and the sandboxes' own growth).
-    fn pool_room(&self) -> usize {
+    /// How many more sandboxes that serve no request yet (pooled ones, the template builds'
+    /// standing ones) may boot now: what `--max-sandboxes` leaves beside the live, pending and
+    /// pooled ones, and at most half of the host's remaining room (the rest stays for cold
+    /// creates and the sandboxes' own growth).
+    pub fn spare_room(&self) -> usize {
         let pending = self.admission.creates_in_flight();
         let mut room = usize::MAX;
         if let Some(max) = self.admission.max_sandboxes() {
@@ -290,7 +285,7 @@ impl Manager {
                 let want = self.pool_target(&template, Instant::now());
                 let missing = want
                     .saturating_sub(self.pools.len(&template))
-                    .min(self.pool_room())
+                    .min(self.spare_room())
                     .min(parallel);
                 if missing == 0 {
                     break;

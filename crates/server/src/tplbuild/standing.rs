@@ -8,10 +8,10 @@
 //!
 //! One per template, at most [`MAX_STANDING`] on the host (the most recently built
 //! templates'), and only while the server has room beside it (`--max-sandboxes` and the host's
-//! headroom, as for a warm pool's sandbox, with one place more). It is a build sandbox like the others (hidden from the team's lists,
-//! outside its quota, never in standby), marked [`STANDING`] until a build takes it; it is
-//! stopped when its time is up, when another layer's replaces it, when its template is
-//! deleted, and after a restart (as a leftover).
+//! headroom, as for a warm pool's sandbox, with one place more). It is a build sandbox like
+//! the others (hidden from the team's lists, outside its quota, never in standby), marked
+//! [`STANDING`] until a build takes it; it is stopped when its time is up, when another
+//! layer's replaces it, when its template is deleted, and after a restart (as a leftover).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
