@@ -28,6 +28,8 @@
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 //! | `console-sign-ins/{address}/{ms}-{uuid}` | a failed console sign-in, on a lease of a minute |
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
+//! | `seats/{team}/{uuid}` | empty; a create of the team under way, on its lease ([`crate::seats`]) |
+//! | `seat-gates/{team}` | empty; rewritten by every seat taken, so racing takers serialise |
 
 /// Builds the keys of one store (one prefix).
 #[derive(Debug, Clone)]

@@ -25,6 +25,7 @@ mod owners;
 pub mod placements;
 mod retry;
 mod sandboxes;
+pub mod seats;
 pub mod secret;
 pub mod sign_ins;
 mod state;

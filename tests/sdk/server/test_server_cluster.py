@@ -3,7 +3,9 @@ processes (own state dirs, sandbox network off) and two `kiln control` replicas,
 the pinned e2b SDK against a replica: creates land on both nodes, commands and files go through
 the gateway to the owning node, the other replica sees and reaches the same sandboxes, and a
 node killed with SIGKILL has its running sandboxes end as `died: node-lost` while creates go to
-the node left; a drained node (`kiln node drain`) takes no new sandboxes. Everything listens on 127.0.0.1 and is stopped and removed afterwards.
+the node left; a drained node (`kiln node drain`) takes no new sandboxes; creates racing through
+two replicas never take a team past its quota. Everything listens on 127.0.0.1 and is stopped
+and removed afterwards.
 
 Needs KILN_BIN, the base template, runsc, and etcd (Debian's etcd-server, or KILN_ETCD).
 """
@@ -493,30 +495,52 @@ def test_a_killed_node_loses_its_sandboxes_and_creates_go_elsewhere(cluster):
                 pass
 
 
-def test_a_team_quota_counts_every_replicas_sandboxes(cluster):
+def test_a_team_quota_holds_across_replicas_even_when_creates_race(cluster):
     from e2b import Sandbox
 
-    c3 = cluster.start_control("c3-quota", ["--team-max-sandboxes", "2"])
-    sbxs = []
-    try:
-        sbxs.append(Sandbox.create(timeout=60, **cluster.opts("c1")))
-        sbxs.append(Sandbox.create(timeout=60, **cluster.opts("c2")))
-        # Two live sandboxes of the team, made through the other replicas: c3 refuses a third.
-        req = urllib.request.Request(c3.url + "/sandboxes", method="POST",
+    sbxs = [Sandbox.create(timeout=60, **cluster.opts("c1"))]
+    live = len(cluster.request("c1", "GET", "/sandboxes")[1])
+    quota = ["--team-max-sandboxes", str(live + 2)]
+    c3, c4 = cluster.start_control("c3-quota", quota), cluster.start_control("c4-quota", quota)
+
+    def create(url: str, out: list):
+        req = urllib.request.Request(url + "/sandboxes", method="POST",
                                      data=json.dumps({"templateID": "base", "timeout": 60}).encode(),
                                      headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req, timeout=60)
-        assert e.value.code == 429, e.value.read()
-        assert b"quota" in e.value.read()
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                out.append((r.status, json.loads(r.read())))
+        except urllib.error.HTTPError as e:
+            out.append((e.code, e.read()))
+
+    try:
+        # Six creates at once, three through each quota replica; the team's sandboxes made
+        # through c1 count too: two places are left, and two creates get them.
+        answers = []
+        racing = [threading.Thread(target=create, args=((c3, c4)[i % 2].url, answers)) for i in range(6)]
+        for t in racing:
+            t.start()
+        for t in racing:
+            t.join(timeout=150)
+        made = [a for s, a in answers if s == 201]
+        sbxs += [Sandbox.connect(a["sandboxID"], **cluster.opts("c1")) for a in made]
+        refused = [a for s, a in answers if s == 429]
+        assert (len(made), len(refused)) == (2, 4), answers
+        assert all(b"quota" in a for a in refused), refused
+        assert len(cluster.request("c2", "GET", "/sandboxes")[1]) == live + 2
+        # One ends: its place is free again, through either replica.
         sbxs.pop().kill()
         s = Sandbox.create(timeout=60, **cluster.opts("c3-quota"))
         sbxs.append(s)
         assert s.commands.run("echo via c3").stdout.strip() == "via c3"
+        out = []
+        create(c4.url, out)
+        assert out[0][0] == 429, out
     finally:
         for s in sbxs:
             s.kill()
         c3.stop()
+        c4.stop()
 
 
 def etcd_json(cluster, path: str, body: dict) -> dict:

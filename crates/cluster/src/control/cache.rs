@@ -199,9 +199,10 @@ impl Cache {
     }
 
     /// Waits (at most `limit`) until the view includes revision `rev`.
-    pub async fn wait_for(&self, rev: i64, limit: Duration) {
+    pub async fn wait_for(&self, rev: i64, limit: Duration) -> bool {
         let mut rx = self.revision.subscribe();
-        let _ = tokio::time::timeout(limit, rx.wait_for(|r| *r >= rev)).await;
+        let reached = tokio::time::timeout(limit, rx.wait_for(|r| *r >= rev)).await;
+        matches!(reached, Ok(Ok(_)))
     }
 
     fn entry(&self, key: &[u8]) -> Entry {

@@ -1,6 +1,7 @@
 //! [`ClusterService`]: the server's `SandboxService` on a cluster. Creates are placed on a
-//! live node ([`super::placement`]) after the team's quota is checked against every live
-//! sandbox of the cluster; every later call goes to the node that owns the sandbox (the owner
+//! live node ([`super::placement`]) once they hold one of the team's seats
+//! ([`crate::seats`]: its quota counted over every live sandbox of the cluster and every
+//! create under way, by any replica); every later call goes to the node that owns the sandbox (the owner
 //! recorded in etcd), and traffic to a sandbox's ports goes through a tunnel to that node.
 //! Synchronous reads answer from the replica's [`Cache`]. A paused sandbox whose node is
 //! lost or draining resumes on another node ([`super::moves`]). What needs a node's local disk
@@ -27,6 +28,7 @@ use super::cache::Cache;
 use super::client::{NodeClient, TunnelConnector};
 use super::placement;
 use crate::nodes::NodeInfo;
+use crate::seats::{Seat, Taken, SEAT_TTL};
 use crate::store::EtcdStore;
 use crate::wire::{error_of, not_in_cluster, CreateDoc, Op, OpAnswer};
 
@@ -79,6 +81,81 @@ impl ClusterService {
         self.check_team_room(team, 1).await?;
         let nodes = self.candidates();
         Ok((self.pick(&nodes), nodes))
+    }
+
+    /// Sends create `doc` to `node` (another of `nodes` when it cannot be reached), or, with
+    /// an idempotency key, to where the key's first attempt went.
+    async fn place(
+        &self,
+        doc: CreateDoc,
+        mut node: Option<NodeInfo>,
+        mut nodes: Vec<NodeInfo>,
+    ) -> Result<SandboxRecord> {
+        if let Some(token) = &doc.idempotency {
+            // A create with a key goes where the key's first attempt went (that node runs
+            // one create per key), unless that node is gone.
+            let live = self.cache.nodes();
+            let placed = self
+                .etcd
+                .placement(token, node.as_ref().map(|n| n.name.as_str()), |name| {
+                    live.iter().any(|n| n.name == name)
+                })
+                .await
+                .map_err(|e| store_err(e.into()))?;
+            node = placed.and_then(|name| live.into_iter().find(|n| n.name == name));
+            // Another node would make a second sandbox for the key: no retry elsewhere.
+            nodes.clear();
+        }
+        // A node that cannot be reached is left for the next; any other answer is final.
+        for _ in 0..3 {
+            let Some(at) = node.take() else {
+                break;
+            };
+            match self.nodes.create(&at.address, &doc).await {
+                Ok((rec, revision)) => {
+                    self.cache.wait_for(revision, VIEW_WAIT).await;
+                    return Ok(rec);
+                }
+                Err(Error::Unavailable(m)) => {
+                    tracing::warn!(node = %at.name, error = %m, "placing on another node");
+                    nodes.retain(|n| n.name != at.name);
+                    node = self.pick(&nodes);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Capacity {
+            limit: "no node of the cluster can take a sandbox now".into(),
+            retry_after_secs: 5,
+            quota: false,
+        })
+    }
+
+    /// A seat for a create of `team` when the team has a sandbox quota ([`crate::seats`]).
+    async fn take_seat(&self, team: &str) -> Result<Option<Box<Seat>>> {
+        let Some(max) = self.team_quota(team).await?.max_sandboxes else {
+            return Ok(None);
+        };
+        let view = |rev| self.view_for_team(team, rev);
+        match self
+            .etcd
+            .take_seat(team, max as usize, SEAT_TTL, view)
+            .await
+        {
+            Ok(Taken::Seat(seat)) => Ok(Some(seat)),
+            Ok(Taken::Full { live, seats }) => Err(quota_full(team, max, live, seats, 1)),
+            Ok(Taken::ViewBehind(rev)) => Err(view_behind(rev)),
+            Err(e) => Err(cluster_err(e)),
+        }
+    }
+
+    /// The team's live sandboxes in this replica's view once it has reached `rev` (None
+    /// when it does not within [`VIEW_WAIT`]).
+    async fn view_for_team(&self, team: &str, rev: i64) -> Option<usize> {
+        self.cache
+            .wait_for(rev, VIEW_WAIT)
+            .await
+            .then(|| self.cache.count_for_team(team))
     }
 
     fn pick(&self, nodes: &[NodeInfo]) -> Option<NodeInfo> {
@@ -140,6 +217,33 @@ fn store_err(e: kiln_server::store::StoreError) -> Error {
     Error::Store(e)
 }
 
+fn cluster_err(e: crate::error::ClusterError) -> Error {
+    store_err(e.into())
+}
+
+/// The 429 of a team at its sandbox quota: `live` sandboxes and `seats` creates under way.
+fn quota_full(team: &str, max: u32, live: usize, seats: usize, n: usize) -> Error {
+    let under_way = match seats {
+        0 => String::new(),
+        s => format!(", {s} being created"),
+    };
+    Error::Capacity {
+        limit: format!(
+            "team \"{team}\"'s sandbox quota ({max} at once in the cluster; {live} running or \
+             paused{under_way}, {n} more asked for)"
+        ),
+        retry_after_secs: 5,
+        quota: true,
+    }
+}
+
+fn view_behind(rev: i64) -> Error {
+    Error::Unavailable(format!(
+        "this replica's view of the cluster has not reached revision {rev} within {}s; retry",
+        VIEW_WAIT.as_secs()
+    ))
+}
+
 #[async_trait::async_trait]
 impl SandboxService for ClusterService {
     fn config(&self) -> &LifecycleConfig {
@@ -164,16 +268,13 @@ impl SandboxService for ClusterService {
     }
     async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
         if let Some(max) = self.team_quota(team).await?.max_sandboxes {
-            let live = self.cache.count_for_team(team);
-            if live + n > max as usize {
-                return Err(Error::Capacity {
-                    limit: format!(
-                        "team \"{team}\"'s sandbox quota ({max} at once in the cluster; {live} \
-                         running or paused, {n} more asked for)"
-                    ),
-                    retry_after_secs: 5,
-                    quota: true,
-                });
+            let (seats, rev) = self.etcd.seats(team).await.map_err(cluster_err)?;
+            let live = self
+                .view_for_team(team, rev)
+                .await
+                .ok_or_else(|| view_behind(rev))?;
+            if live + seats + n > max as usize {
+                return Err(quota_full(team, max, live, seats, n));
             }
         }
         Ok(())
@@ -220,45 +321,10 @@ impl SandboxService for ClusterService {
 
     async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
         let doc = CreateDoc::of(&p)?;
-        let (mut node, mut nodes) = self.decide(p.team()).await?;
-        if let Some(token) = &doc.idempotency {
-            // A create with a key goes where the key's first attempt went (that node runs
-            // one create per key), unless that node is gone.
-            let live = self.cache.nodes();
-            let placed = self
-                .etcd
-                .placement(token, node.as_ref().map(|n| n.name.as_str()), |name| {
-                    live.iter().any(|n| n.name == name)
-                })
-                .await
-                .map_err(|e| store_err(e.into()))?;
-            node = placed.and_then(|name| live.into_iter().find(|n| n.name == name));
-            // Another node would make a second sandbox for the key: no retry elsewhere.
-            nodes.clear();
-        }
-        // A node that cannot be reached is left for the next; any other answer is final.
-        for _ in 0..3 {
-            let Some(at) = node.take() else {
-                break;
-            };
-            match self.nodes.create(&at.address, &doc).await {
-                Ok((rec, revision)) => {
-                    self.cache.wait_for(revision, VIEW_WAIT).await;
-                    return Ok(rec);
-                }
-                Err(Error::Unavailable(m)) => {
-                    tracing::warn!(node = %at.name, error = %m, "placing on another node");
-                    nodes.retain(|n| n.name != at.name);
-                    node = self.pick(&nodes);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Capacity {
-            limit: "no node of the cluster can take a sandbox now".into(),
-            retry_after_secs: 5,
-            quota: false,
-        })
+        // Held until the create ends: by then its sandbox is in this replica's view.
+        let _seat = self.take_seat(p.team()).await?;
+        let nodes = self.candidates();
+        self.place(doc, self.pick(&nodes), nodes).await
     }
     async fn kill(&self, id: &str, reason: &str) -> Result<bool> {
         let reason = reason.to_string();
