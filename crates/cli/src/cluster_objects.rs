@@ -6,8 +6,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
+use kiln_cluster::gc::GcConfig;
 use kiln_cluster::node::NodeObjects;
-use kiln_cluster::objects::{ChunkStore, S3Config};
+use kiln_cluster::objects::{ChunkCache, ChunkStore, S3Config};
 
 /// The environment variable holding the bucket's access key id.
 pub const ACCESS_KEY_ENV: &str = "KILN_S3_ACCESS_KEY_ID";
@@ -33,6 +34,18 @@ pub struct ObjectArgs {
     /// (`host/bucket/key`, what most self-hosted S3 servers want).
     #[arg(long, env = "KILN_S3_VIRTUAL_HOSTED")]
     s3_virtual_hosted: bool,
+    /// Seconds between two garbage collections of the bucket (manifests no paused sandbox's
+    /// checkpoint names, chunks no kept manifest names). One node of the cluster collects at a
+    /// time; 0: this node never does.
+    #[arg(long, env = "KILN_S3_GC_EVERY", default_value_t = 600)]
+    s3_gc_every: u64,
+    /// Seconds an object of the bucket is kept, whatever names it (longer than any upload).
+    #[arg(long, env = "KILN_S3_GC_GRACE", default_value_t = 3600)]
+    s3_gc_grace: u64,
+    /// The most MiB of fetched chunks this node keeps in its chunk cache; the least
+    /// recently used beyond it are evicted after each fetch.
+    #[arg(long, env = "KILN_CHUNK_CACHE_MAX_MB", default_value_t = 10240)]
+    chunk_cache_max_mb: u64,
 }
 
 impl ObjectArgs {
@@ -70,9 +83,18 @@ impl ObjectArgs {
             path_style: !self.s3_virtual_hosted,
         };
         let chunks = ChunkStore::connect(&config).context("the object store settings")?;
+        let gc = (self.s3_gc_every > 0).then(|| GcConfig {
+            every: Duration::from_secs(self.s3_gc_every),
+            grace: Duration::from_secs(self.s3_gc_grace),
+            ..GcConfig::default()
+        });
         Ok(Some(NodeObjects {
             chunks,
-            cache_dir: state_dir.join("chunk-cache"),
+            cache: ChunkCache::new(
+                state_dir.join("chunk-cache"),
+                self.chunk_cache_max_mb.saturating_mul(1 << 20),
+            ),
+            gc,
         }))
     }
 }

@@ -82,6 +82,18 @@ impl EtcdStore {
         }
     }
 
+    /// The manifest ids every checkpoint record names: what the bucket's garbage collection
+    /// must keep. One read of the whole directory at one revision; a record that does not
+    /// parse fails it (the collection then deletes nothing).
+    pub async fn live_manifests(&self) -> Result<std::collections::HashSet<String>> {
+        let mut live = std::collections::HashSet::new();
+        for kv in self.get_prefix(&self.keys().dir("checkpoints"), 0).await? {
+            let doc: CheckpointDoc = parse(kv.key(), kv.value())?;
+            live.extend(doc.files.into_iter().map(|f| f.manifest));
+        }
+        Ok(live)
+    }
+
     /// The node recorded as owning sandbox `id`.
     pub async fn owner_of(&self, id: &str) -> Result<Option<String>> {
         Ok(self

@@ -30,6 +30,9 @@
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
 //! | `seats/{team}/{uuid}` | empty; a create of the team under way, on its lease ([`crate::seats`]) |
 //! | `seat-gates/{team}` | empty; rewritten by every seat taken, so racing takers serialise |
+//! | `leader` | the control replica leading the cluster's singletons, on its lease |
+//! | `gc-leader` | the node running the bucket's garbage collection, on its lease |
+//! | `gc-round` | `running` (on the collector's lease) while a collection round runs, else `idle` |
 
 /// Builds the keys of one store (one prefix).
 #[derive(Debug, Clone)]
@@ -191,6 +194,15 @@ impl Keys {
     /// The key of the control replica leading the cluster's singletons.
     pub fn leader(&self) -> String {
         format!("{}/leader", self.prefix)
+    }
+    /// The key of the node running the bucket's garbage collection.
+    pub fn gc_leader(&self) -> String {
+        format!("{}/gc-leader", self.prefix)
+    }
+    /// Whether a round of the bucket's garbage collection runs (`running`, on the collector's
+    /// lease) or not (`idle`).
+    pub fn gc_round(&self) -> String {
+        format!("{}/gc-round", self.prefix)
     }
 }
 

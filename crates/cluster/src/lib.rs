@@ -6,7 +6,8 @@
 //! [`console`] keeps the web console's sessions, shared by every replica; [`drain`] marks nodes
 //! that take no new sandboxes.
 //! [`objects`] stores checkpoint bytes in an S3-compatible bucket as content-addressed chunks;
-//! [`checkpoints`] records in etcd which paused sandbox's checkpoint is there.
+//! [`checkpoints`] records in etcd which paused sandbox's checkpoint is there; [`gc`] deletes
+//! from the bucket what no checkpoint needs any more.
 
 mod catalog;
 pub mod checkpoints;
@@ -17,6 +18,7 @@ pub mod docs;
 pub mod drain;
 pub mod error;
 mod events;
+pub mod gc;
 pub mod keys;
 pub mod node;
 pub mod nodes;

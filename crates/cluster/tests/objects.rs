@@ -1,13 +1,14 @@
 //! Checkpoint bytes in object storage: `ChunkStore` against a real S3 server (moto, started by
-//! the test on 127.0.0.1): round trips, uploads and fetches of only the missing chunks, and a
-//! corrupted chunk refused without leaving a partial file.
+//! the test on 127.0.0.1): round trips, uploads and fetches of only the missing chunks, a
+//! corrupted chunk refused without leaving a partial file, and a chunk cache kept under its
+//! cap by evicting the least recently used.
 
 #[path = "common/moto.rs"]
 mod moto;
 
 use std::path::Path;
 
-use kiln_cluster::objects::{ChunkStore, GetReport, ObjectError};
+use kiln_cluster::objects::{ChunkCache, ChunkStore, GetReport, ObjectError};
 use moto::Moto;
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
@@ -303,4 +304,69 @@ async fn a_sparse_file_sends_its_holes_once_and_comes_back_whole() {
         .await
         .unwrap_err();
     assert!(matches!(err, ObjectError::Request { .. }), "{err}");
+}
+
+/// The bytes of the chunks in a cache directory.
+fn cached_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+#[tokio::test]
+async fn the_chunk_cache_keeps_the_recently_used_under_its_cap() {
+    let name = "the_chunk_cache_keeps_the_recently_used_under_its_cap";
+    let Some(moto) = Moto::start(name) else {
+        return;
+    };
+    let store = store(&moto, "cache-cap").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (a_bytes, b_bytes) = (data(4 * CHUNK, 11), data(4 * CHUNK, 12));
+    std::fs::write(dir.path().join("a"), &a_bytes).unwrap();
+    std::fs::write(dir.path().join("b"), &b_bytes).unwrap();
+    let a = store.put_file(&dir.path().join("a")).await.unwrap();
+    let b = store.put_file(&dir.path().join("b")).await.unwrap();
+    let cache = ChunkCache::new(dir.path().join("cache"), 5 * CHUNK as u64);
+    let out = dir.path().join("out");
+    let get = |id: String| {
+        let (store, cache, out) = (store.clone(), cache.clone(), out.clone());
+        async move {
+            let using = cache.fetching().await;
+            let got = store.get_file(&id, &out, cache.dir()).await.unwrap();
+            drop(using);
+            let trimmed = cache.trim().await.unwrap().expect("no fetch in flight");
+            assert!(trimmed.bytes_kept <= cache.max_bytes(), "{trimmed:?}");
+            assert_eq!(cached_bytes(cache.dir()), trimmed.bytes_kept);
+            (got, trimmed)
+        }
+    };
+
+    // A, then B: 8 chunks for a cap of 5, so three of A's (the least recently used) go.
+    let (got, trimmed) = get(a.id.clone()).await;
+    assert_eq!((got.chunks_fetched, trimmed.chunks_evicted), (4, 0));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (got, trimmed) = get(b.id.clone()).await;
+    assert_eq!((got.chunks_fetched, trimmed.chunks_evicted), (4, 3));
+    assert_eq!(std::fs::read(&out).unwrap(), b_bytes);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+
+    // A again: three chunks fetched anew, one reused (and used now); then B's oldest go.
+    let (got, trimmed) = get(a.id.clone()).await;
+    assert_eq!((got.chunks_fetched, got.chunks_reused), (3, 1));
+    assert_eq!(trimmed.chunks_evicted, 3);
+    assert_eq!(std::fs::read(&out).unwrap(), a_bytes);
+    // (B's four chunks were written at once, in any order: one of them is the newest.)
+    let kept = entries(cache.dir());
+    assert!(
+        a.manifest.chunks.iter().all(|c| kept.contains(c)),
+        "{kept:?}"
+    );
+    let of_b = b
+        .manifest
+        .chunks
+        .iter()
+        .filter(|c| kept.contains(c))
+        .count();
+    assert_eq!((kept.len(), of_b), (5, 1));
 }

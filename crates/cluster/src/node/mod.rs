@@ -6,7 +6,8 @@
 //! refuses everything, tunnels close, its sandboxes are stopped, the server shuts down as on
 //! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`]. With an object
 //! store, its paused sandboxes' checkpoints go to the bucket and paused sandboxes of other
-//! nodes can be taken over ([`moves`]).
+//! nodes can be taken over ([`moves`]), and it campaigns to run the bucket's garbage
+//! collection ([`crate::gc`]).
 
 mod api;
 mod creates;
@@ -23,8 +24,9 @@ use tokio::sync::watch;
 use kiln_server::{SandboxService, Server};
 
 use crate::error::Result;
+use crate::gc::GcConfig;
 use crate::nodes::{NodeCapacity, NodeLoad};
-use crate::objects::ChunkStore;
+use crate::objects::{ChunkCache, ChunkStore};
 use crate::secret::ClusterSecret;
 use crate::store::EtcdStore;
 use publish::Publisher;
@@ -42,11 +44,14 @@ pub struct NodeApi {
     pub creates: creates::Creates,
 }
 
-/// A node's object store: the bucket and its local cache of fetched chunks.
+/// A node's object store: the bucket, its local cache of fetched chunks, and whether the node
+/// takes part in the bucket's garbage collection.
 #[derive(Debug, Clone)]
 pub struct NodeObjects {
     pub chunks: ChunkStore,
-    pub cache_dir: std::path::PathBuf,
+    pub cache: ChunkCache,
+    /// None: this node never collects the bucket's garbage.
+    pub gc: Option<GcConfig>,
 }
 
 /// How a node is known to the cluster.
@@ -100,17 +105,32 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         publisher.clone(),
         cfg.name.clone(),
     ));
+    let collector = cfg.objects.as_ref().and_then(|o| {
+        let gc = o.gc?;
+        Some(tokio::spawn(crate::gc::run(
+            etcd.clone(),
+            o.chunks.clone(),
+            cfg.name.clone(),
+            gc,
+        )))
+    });
     let mover = cfg.objects.clone().map(|o| moves::Mover {
         manager: manager.clone(),
         etcd: etcd.clone(),
         chunks: o.chunks,
-        cache_dir: o.cache_dir,
+        cache: o.cache,
         node: cfg.name.clone(),
         api_pausing: Default::default(),
         taking: Default::default(),
     });
     if let Some(m) = &mover {
         tokio::spawn(moves::upload_other_pauses(m.clone(), manager.subscribe()));
+        let cache = m.cache.clone();
+        tokio::spawn(async move {
+            if let Err(e) = cache.trim().await {
+                tracing::warn!(error = %e, "trimming the chunk cache");
+            }
+        });
     }
     let node_api = NodeApi {
         service: manager.clone(),
@@ -159,6 +179,9 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
                 }
             }
         }
+    }
+    if let Some(c) = collector {
+        c.abort();
     }
     if fenced.load(Ordering::SeqCst) {
         return Ok(NodeExit::Fenced);

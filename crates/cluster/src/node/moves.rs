@@ -5,7 +5,6 @@
 //! lacks, then the driver adopts the files and the normal resume runs it.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,7 +12,7 @@ use kiln_server::store::now_ms;
 use kiln_server::{Error, Manager};
 
 use crate::checkpoints::{no_checkpoint, CheckpointDoc, CheckpointFile, Moved};
-use crate::objects::ChunkStore;
+use crate::objects::{ChunkCache, ChunkStore};
 use crate::store::EtcdStore;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -24,8 +23,8 @@ pub struct Mover {
     pub manager: Arc<Manager>,
     pub etcd: EtcdStore,
     pub chunks: ChunkStore,
-    /// This node's cache of fetched chunks (files named by their hash).
-    pub cache_dir: PathBuf,
+    /// This node's cache of fetched chunks (files named by their hash), capped.
+    pub cache: ChunkCache,
     pub node: String,
     /// Sandboxes being paused through the node-internal API, whose pause uploads its
     /// checkpoint itself (the `paused` event listener leaves them alone).
@@ -57,6 +56,9 @@ impl Mover {
     pub async fn store(&self, id: &str) -> Result<CheckpointDoc> {
         let t = Instant::now();
         let portable = self.manager.portable_pause(id).await?;
+        let gc_before = crate::gc::round_mark(&self.etcd)
+            .await
+            .map_err(|e| unavailable("reading the garbage collection's state", e))?;
         let mut doc = CheckpointDoc {
             node: self.node.clone(),
             files: Vec::new(),
@@ -96,6 +98,15 @@ impl Mover {
                 "sandbox \"{id}\" moved to another node while its checkpoint was stored"
             )));
         }
+        // Chunks this upload found in the bucket may have been collected meanwhile.
+        let files: Vec<_> = doc
+            .files
+            .iter()
+            .map(|f| (portable.dir.join(&f.path), f.manifest.clone()))
+            .collect();
+        crate::gc::settle(&self.etcd, &self.chunks, &gc_before, &files)
+            .await
+            .map_err(|e| unavailable("checking a checkpoint against a garbage collection", e))?;
         let detail = format!(
             "checkpoint in object storage: {} files, {:.1} MiB in {} ms ({:.1} MB/s), {:.1} MiB \
              sent ({:.1} MB/s)",
@@ -210,6 +221,7 @@ impl Mover {
         rec: kiln_server::store::SandboxRecord,
     ) -> Result<(u64, u64)> {
         let dir = self.manager.incoming_dir(id).await?;
+        let using = self.cache.fetching().await;
         let (mut fetched, mut reused) = (0u64, 0u64);
         for f in &doc.files {
             if !CheckpointFile::safe_path(&f.path) {
@@ -225,11 +237,15 @@ impl Mover {
             }
             let got = self
                 .chunks
-                .get_file(&f.manifest, &dest, &self.cache_dir)
+                .get_file(&f.manifest, &dest, self.cache.dir())
                 .await
                 .map_err(|e| unavailable("fetching a checkpoint", e))?;
             fetched += got.bytes_fetched;
             reused += got.bytes_reused;
+        }
+        drop(using);
+        if let Err(e) = self.cache.trim().await {
+            tracing::warn!(error = %e, "trimming the chunk cache");
         }
         self.manager.adopt_paused(rec, &doc.node).await?;
         Ok((fetched, reused))

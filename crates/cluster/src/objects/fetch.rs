@@ -1,6 +1,8 @@
 //! `ChunkStore::get_file`: a stored file back onto local disk, fetching only the chunks the
 //! local chunk cache lacks, checking every chunk's hash, and writing the destination
-//! atomically (a temporary file beside it, renamed over it when complete).
+//! atomically (a temporary file beside it, renamed over it when complete). A chunk reused
+//! from the cache has its modification time set to now (the cache's trim, in `cache.rs`,
+//! evicts the least recently used).
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
@@ -233,6 +235,18 @@ async fn cached(cache_dir: &Path, hash: &str, len: u64) -> Result<Option<Bytes>>
         Err(e) => return Err(ObjectError::io("reading the chunk cache", path, e)),
     };
     if bytes.len() as u64 == len && sha256_hex(&bytes) == hash {
+        // Its modification time says when it was last used: the cache's trim evicts the
+        // least recently used first. (A chunk evicted meanwhile is fine: the bytes are read.)
+        let used = path.clone();
+        let touched = blocking(move || {
+            std::fs::File::options()
+                .write(true)
+                .open(&used)?
+                .set_modified(std::time::SystemTime::now())
+        });
+        if let Err(e) = touched.await {
+            tracing::debug!(chunk = hash, error = %e, "marking a cached chunk used");
+        }
         return Ok(Some(Bytes::from(bytes)));
     }
     tracing::warn!(
