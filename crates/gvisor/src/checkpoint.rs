@@ -271,7 +271,11 @@ impl GvisorDriver {
         // after the checkpoint); its marker says so until it is done, so that a server that
         // died in between deletes it later.
         let dir = self.sandbox_dir(id);
-        let pids = super::reap::identify(&super::reap::sandbox_processes(&cid, Some(&dir)));
+        let pids = super::reap::identify(&super::reap::sandbox_processes(
+            &cid,
+            Some(&dir),
+            &self.runsc.root,
+        ));
         super::generation::mark_retiring(&dir, &cid)?;
         let record = serde_json::to_vec(&Paused { memory, lower })
             .map_err(|e| DriverError::Other(format!("encoding paused.json: {e}")))?;

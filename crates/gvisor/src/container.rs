@@ -103,7 +103,7 @@ impl<'a> AgentSocket<'a> {
 pub async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
     // Kill the sandbox's processes and reap them ourselves: runsc delete then finds them
     // gone instead of polling for seconds until the host's init reaps the zombies.
-    reap::kill_and_reap(&reap::sandbox_processes(id, Some(dir))).await;
+    reap::kill_and_reap(&reap::sandbox_processes(id, Some(dir), &runsc.root)).await;
     delete(runsc, id).await
 }
 

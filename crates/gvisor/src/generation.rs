@@ -104,7 +104,7 @@ pub fn retiring(dir: &Path) -> Vec<String> {
 pub async fn retire(runsc: &Runsc, dir: &Path, cid: &str, pids: &[reap::Process]) -> Result<()> {
     let t = std::time::Instant::now();
     let mut mine = reap::still_running(pids);
-    mine.extend(reap::sandbox_processes(cid, None));
+    mine.extend(reap::sandbox_processes(cid, None, &runsc.root));
     mine.sort_unstable();
     mine.dedup();
     reap::kill_and_reap(&mine).await;

@@ -359,7 +359,7 @@ impl Driver for GvisorDriver {
         reap_adopted_zombies();
         // One /proc scan for all sandboxes; only those without a runsc-sandbox process are
         // asked about with `runsc state`.
-        let alive = reap::live_sandbox_ids();
+        let alive = reap::live_sandbox_ids(&self.runsc.root);
         let mut out = Vec::new();
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             if alive.contains(&self.cid(id)) {
@@ -369,7 +369,7 @@ impl Driver for GvisorDriver {
             // (and its generation changes).
             self.settling.settle(id).await;
             let cid = self.cid(id);
-            if reap::live_sandbox_ids().contains(&cid) {
+            if reap::live_sandbox_ids(&self.runsc.root).contains(&cid) {
                 continue;
             }
             if self.runsc.status(&cid).await.as_deref() != Some("running") {

@@ -113,11 +113,21 @@ pub fn still_running(procs: &[Process]) -> Vec<libc::pid_t> {
         .collect()
 }
 
-/// The sandbox's own host processes (`runsc-sandbox`, `runsc-gofer`): the sandbox's command
-/// line names the container id, the gofer's names the bundle under `sandbox_dir` (the gofers
-/// of every generation of the sandbox: None matches by container id only).
-pub fn sandbox_processes(id: &str, sandbox_dir: Option<&Path>) -> Vec<libc::pid_t> {
+/// Whether a runsc process's arguments name runsc state root `root` (`--root=…`, which runsc
+/// passes on to its sandbox and gofer processes). Another kiln server on the host (a second
+/// node, a bench's server) has a root of its own, and may run a sandbox of the same id: a
+/// sandbox moved between two nodes of one host keeps its id and container id.
+fn of_root(args: &[String], root: &str) -> bool {
+    args.iter().any(|a| a.strip_prefix("--root=") == Some(root))
+}
+
+/// The sandbox's own host processes (`runsc-sandbox`, `runsc-gofer`) under runsc state root
+/// `root`: the sandbox's command line names the container id, the gofer's names the bundle
+/// under `sandbox_dir` (the gofers of every generation of the sandbox: None matches by
+/// container id only).
+pub fn sandbox_processes(id: &str, sandbox_dir: Option<&Path>, root: &Path) -> Vec<libc::pid_t> {
     let dir = sandbox_dir.map(|d| d.to_string_lossy().into_owned());
+    let root = root.to_string_lossy();
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
@@ -133,21 +143,31 @@ pub fn sandbox_processes(id: &str, sandbox_dir: Option<&Path>) -> Vec<libc::pid_
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
-        let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
-        let argv0 = args.next().unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let argv0 = args.first().map(String::as_str).unwrap_or_default();
         if argv0 != "runsc-sandbox" && argv0 != "runsc-gofer" {
             continue;
         }
-        if args.any(|a| a == id || dir.as_deref().is_some_and(|d| a.contains(d))) {
+        if !of_root(&args, &root) {
+            continue;
+        }
+        if args[1..]
+            .iter()
+            .any(|a| a == id || dir.as_deref().is_some_and(|d| a.contains(d)))
+        {
             out.push(pid);
         }
     }
     out
 }
 
-/// Ids of the sandboxes that have a live `runsc-sandbox` process (its `--id` or trailing
-/// container id argument); one pass over /proc.
-pub fn live_sandbox_ids() -> std::collections::HashSet<String> {
+/// Ids of the sandboxes that have a live `runsc-sandbox` process under runsc state root
+/// `root` (its `--id` or trailing container id argument); one pass over /proc.
+pub fn live_sandbox_ids(root: &Path) -> std::collections::HashSet<String> {
+    let root = root.to_string_lossy();
     let mut out = std::collections::HashSet::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
@@ -167,7 +187,7 @@ pub fn live_sandbox_ids() -> std::collections::HashSet<String> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.first().map(String::as_str) != Some("runsc-sandbox") {
+        if args.first().map(String::as_str) != Some("runsc-sandbox") || !of_root(&args, &root) {
             continue;
         }
         if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
@@ -199,4 +219,42 @@ pub async fn kill_and_reap(pids: &[libc::pid_t]) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     reap_adopted_zombies();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// A process that looks like a `runsc-sandbox` of container `cid` under `root`.
+    fn fake_sandbox(root: &str, cid: &str) -> std::process::Child {
+        std::process::Command::new("/bin/sh")
+            .arg0("runsc-sandbox")
+            .args(["-c", "sleep 30; :", &format!("--root={root}"), cid])
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn only_processes_of_this_runsc_root_are_a_sandbox_s() {
+        let cid = format!("g2-reaptest{}", std::process::id());
+        let (mut mine, mut theirs) = (
+            fake_sandbox("/s/a/runsc", &cid),
+            fake_sandbox("/s/b/runsc", &cid),
+        );
+        let (a, b) = (Path::new("/s/a/runsc"), Path::new("/s/b/runsc"));
+        let found = sandbox_processes(&cid, None, a);
+        assert_eq!(found, vec![mine.id() as libc::pid_t]);
+        assert_eq!(
+            sandbox_processes(&cid, None, b),
+            vec![theirs.id() as libc::pid_t]
+        );
+        assert!(sandbox_processes(&cid, None, Path::new("/s/c/runsc")).is_empty());
+        assert!(live_sandbox_ids(a).contains(&cid));
+        assert!(!live_sandbox_ids(Path::new("/s/c/runsc")).contains(&cid));
+        for c in [&mut mine, &mut theirs] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }

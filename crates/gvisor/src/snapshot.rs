@@ -255,7 +255,7 @@ impl GvisorDriver {
         // them frees its layer. runsc's own delete of the container happens in the background
         // beside the source's restore under its next container id; unless the layer is still
         // busy, then it comes first.
-        reap::kill_and_reap(&reap::sandbox_processes(&cid, Some(&dir))).await;
+        reap::kill_and_reap(&reap::sandbox_processes(&cid, Some(&dir), &self.runsc.root)).await;
         let mut halted = false;
         let mut frozen = self.freeze_layer(id, snap, &lowers, true).await;
         if frozen.is_err() && is_mounted(&dir.join("rootfs")) {
