@@ -2,7 +2,9 @@
 //! temporary data directory). The placement decision of a control replica with simulated
 //! nodes and sandboxes in etcd ([`super::cluster_place`]), beside a bare etcd read; a create
 //! through a control replica vs straight on the node, and an envd call through the gateway vs
-//! straight through a tunnel into the node ([`super::cluster_gateway`]). Bounded by
+//! straight through a tunnel into the node ([`super::cluster_gateway`]); with an
+//! S3-compatible bucket (`--s3-endpoint`), a paused sandbox's resume on another node (its
+//! checkpoint fetched from the bucket) vs on its own node ([`super::cluster_resume`]). Bounded by
 //! `--max-minutes`; etcd, the node, the control replica and every sandbox are stopped on every
 //! way out (the end, an error, the bound, Ctrl-C), and the work directory is cleared.
 
@@ -16,6 +18,7 @@ use serde_json::json;
 use super::cluster_gateway::{self as gateway, GatewayOptions, GatewayReport};
 use super::cluster_place::{self as place, PlaceOptions, PlaceReport};
 use super::cluster_proc::Etcd;
+use super::cluster_resume::{self as resume, ResumeOptions, ResumeReport};
 use super::stats::Percentiles;
 
 #[derive(clap::Args)]
@@ -32,13 +35,27 @@ pub struct Args {
     /// Placement decisions timed (each with and without a team quota).
     #[arg(long, default_value_t = 1000)]
     decisions: usize,
-    /// Creates of each kind (through the control, straight on the node); 0 skips the part
-    /// with a real node.
+    /// Creates of each kind (through the control, straight on the node); 0 skips the gateway
+    /// part.
     #[arg(long, default_value_t = 10)]
     creates: usize,
     /// envd calls of each kind (through the gateway, straight to the node).
     #[arg(long, default_value_t = 100)]
     execs: usize,
+    /// An S3-compatible endpoint (`http://host:port`) for the resume part: two nodes share
+    /// its bucket; credentials from KILN_S3_ACCESS_KEY_ID / KILN_S3_SECRET_ACCESS_KEY. Without
+    /// it the resume part is not measured.
+    #[arg(long)]
+    s3_endpoint: Option<String>,
+    /// The bucket of the resume part (it must exist).
+    #[arg(long, default_value = "kiln-bench")]
+    s3_bucket: String,
+    /// Paused sandboxes resumed on their node and on the other (the resume part).
+    #[arg(long, default_value_t = 5)]
+    resumes: usize,
+    /// MiB of random bytes each of them holds in memory before its pause.
+    #[arg(long, default_value_t = 32)]
+    resume_mib: u64,
     /// Template the real node's sandboxes start from.
     #[arg(long, default_value = "base")]
     template: String,
@@ -59,6 +76,14 @@ pub struct Args {
 struct Results {
     place: Option<PlaceReport>,
     gateway: Option<GatewayReport>,
+    resume: Option<ResumeReport>,
+}
+
+/// The roles each part started, whose sandboxes are killed on every way out.
+#[derive(Default)]
+struct Started {
+    gateway: Option<Arc<gateway::Roles>>,
+    resume: Option<Arc<resume::Roles>>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -71,7 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let outcome = rt.block_on(async {
         let etcd = Etcd::start(&a.etcd_bin, work.path()).await?;
         let secret = format!("kiln-bench-{}", nonce());
-        let roles: Arc<Mutex<Option<Arc<gateway::Roles>>>> = Default::default();
+        let roles: Arc<Mutex<Started>> = Default::default();
         let body = measure(
             &a,
             &etcd.url,
@@ -87,8 +112,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             }),
             _ = kiln_server::stop_signal() => Err(anyhow::anyhow!("interrupted")),
         };
-        let started = roles.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(roles) = started {
+        let started = std::mem::take(&mut *roles.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(roles) = started.gateway {
+            roles.kill_all().await;
+        }
+        if let Some(roles) = started.resume {
             roles.kill_all().await;
         }
         r
@@ -120,7 +148,7 @@ fn nonce() -> String {
     format!("{:x}{:x}", t.as_nanos(), std::process::id())
 }
 
-/// Both parts; each stores its report as soon as it has it.
+/// Every part; each stores its report as soon as it has it.
 async fn measure(
     a: &Args,
     etcd: &str,
@@ -128,7 +156,7 @@ async fn measure(
     runtime: &crate::drivers::BenchRuntime,
     secret: &str,
     results: &Mutex<Results>,
-    roles: &Mutex<Option<Arc<gateway::Roles>>>,
+    roles: &Mutex<Started>,
 ) -> anyhow::Result<()> {
     let o = PlaceOptions {
         nodes: a.nodes,
@@ -147,12 +175,45 @@ async fn measure(
     })
     .await??;
     results.lock().unwrap_or_else(|p| p.into_inner()).place = Some(p);
-    if a.creates == 0 {
-        return Ok(());
+    if a.creates > 0 {
+        measure_gateway(a, etcd, dir, runtime, secret, results, roles).await?;
     }
+    let Some(endpoint) = &a.s3_endpoint else {
+        return Ok(());
+    };
+    eprintln!("resume: starting two kiln nodes on the bucket and a kiln control …");
+    let o = ResumeOptions {
+        template: a.template.clone(),
+        samples: a.resumes.max(1),
+        mib: a.resume_mib,
+        s3_endpoint: endpoint.clone(),
+        s3_bucket: a.s3_bucket.clone(),
+    };
+    let started = Arc::new(resume::start(etcd, dir, runtime, secret, &o).await?);
+    roles.lock().unwrap_or_else(|p| p.into_inner()).resume = Some(started.clone());
+    match resume::run(&started, &o).await {
+        Ok(r) => results.lock().unwrap_or_else(|p| p.into_inner()).resume = Some(r),
+        Err(e) => {
+            eprintln!("{}", started.tail());
+            anyhow::bail!("{e:#}");
+        }
+    }
+    Ok(())
+}
+
+/// The gateway part: a real node and a control replica.
+async fn measure_gateway(
+    a: &Args,
+    etcd: &str,
+    dir: &std::path::Path,
+    runtime: &crate::drivers::BenchRuntime,
+    secret: &str,
+    results: &Mutex<Results>,
+    roles: &Mutex<Started>,
+) -> anyhow::Result<()> {
     eprintln!("gateway: starting a kiln node and a kiln control …");
     let started = Arc::new(gateway::start(etcd, dir, runtime, secret).await?);
-    *roles.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.clone());
+    roles.lock().unwrap_or_else(|p| p.into_inner()).gateway = Some(started.clone());
     let o = GatewayOptions {
         template: a.template.clone(),
         creates: a.creates,
@@ -200,7 +261,7 @@ fn print(a: &Args, label: &str, r: &Results) {
             );
             println!(
                 "  base = one etcd read of one key; decision = ClusterService::decide (team \
-                 quota read from etcd, the team's live sandboxes counted, best of 2)"
+                 quota and seats read from etcd, the team's live sandboxes counted, best of 2)"
             );
             row("base  etcd get", &p.etcd_get, None);
             row("decision, team quota set", &p.with_quota, Some(&p.etcd_get));
@@ -262,6 +323,41 @@ fn print(a: &Args, label: &str, r: &Results) {
         }
         None => println!("gateway: not measured"),
     }
+    match &r.resume {
+        Some(m) => print_resume(m),
+        None => println!("resume: not measured (give --s3-endpoint and a bucket)"),
+    }
+}
+
+fn print_resume(m: &ResumeReport) {
+    println!(
+        "resume: two kiln nodes sharing a bucket, one kiln control; {} paused sandboxes with \
+         {} MiB in memory",
+        m.samples, m.mib
+    );
+    println!("  base = connect on the sandbox's own node (no copy), request → first command's end");
+    row(
+        "pause (the checkpoint uploaded before the answer)",
+        &m.pause,
+        None,
+    );
+    row("base  resume on its own node", &m.same_node, None);
+    row(
+        "resume on the other node (fetched from the bucket)",
+        &m.other_node,
+        Some(&m.same_node),
+    );
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    println!(
+        "  the fetch: median {:.1} MiB from the bucket at {:.1} MB/s (the rest from the chunk \
+         cache or repeated chunks)",
+        median(&m.fetched_mib),
+        median(&m.fetch_mb_s)
+    );
 }
 
 fn pj(p: &Percentiles) -> serde_json::Value {
@@ -283,6 +379,12 @@ fn to_json(r: &Results) -> serde_json::Value {
             "exec_extra_hop_p50_ms": g.gateway_exec.p50_ms - g.direct_exec.p50_ms,
             "health_direct": pj(&g.direct_health), "health_through_gateway": pj(&g.gateway_health),
             "health_extra_hop_p50_ms": g.gateway_health.p50_ms - g.direct_health.p50_ms,
+        })),
+        "resume": r.resume.as_ref().map(|m| json!({
+            "samples": m.samples, "memory_mib": m.mib, "pause": pj(&m.pause),
+            "same_node": pj(&m.same_node), "other_node": pj(&m.other_node),
+            "ratio_p50": m.other_node.p50_ms / m.same_node.p50_ms,
+            "fetched_mib": m.fetched_mib, "fetch_mb_s": m.fetch_mb_s,
         })),
     })
 }

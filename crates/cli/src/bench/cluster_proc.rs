@@ -147,7 +147,7 @@ impl Etcd {
 }
 
 /// A `kiln node` or `kiln control` of this binary joined to the cluster at `etcd` under
-/// `prefix`, listening on 127.0.0.1.
+/// `prefix`, listening on 127.0.0.1, logging warnings (`KILN_BENCH_LOG`: another filter).
 pub(crate) fn kiln(role: &str, etcd: &str, prefix: &str, secret: &str) -> anyhow::Result<Command> {
     let exe = std::env::current_exe().context("finding the kiln binary")?;
     let mut cmd = Command::new(exe);
@@ -155,7 +155,10 @@ pub(crate) fn kiln(role: &str, etcd: &str, prefix: &str, secret: &str) -> anyhow
         .args(["--etcd", etcd, "--etcd-prefix", prefix])
         .args(["--cluster-secret", secret])
         .args(["--listen", "127.0.0.1:0"])
-        .env("KILN_LOG", "warn");
+        .env(
+            "KILN_LOG",
+            std::env::var("KILN_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     Ok(cmd)
 }
 

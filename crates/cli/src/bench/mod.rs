@@ -8,6 +8,7 @@ mod cluster;
 mod cluster_gateway;
 mod cluster_place;
 mod cluster_proc;
+mod cluster_resume;
 mod create;
 mod create_bench;
 mod density;
