@@ -372,6 +372,25 @@ impl Network {
         self.leased(id, |l| l.policy.clone()).await
     }
 
+    /// Sandbox `id`'s egress policy as it goes with the sandbox, paused, to another host:
+    /// None for the default. What lists cannot carry (network rules, an egress proxy) does
+    /// not move, and neither does a sandbox whose slot this host does not hold.
+    pub async fn movable_policy(&self, id: &str) -> Result<Option<EgressPolicy>> {
+        match self.policy(id).await {
+            Some(p) if p.transforms.is_some() || p.egress_proxy.is_some() => {
+                Err(DriverError::NotImplemented(
+                    "moving a paused sandbox with network rules or an egress proxy",
+                ))
+            }
+            Some(p) if p == EgressPolicy::default() => Ok(None),
+            Some(p) => Ok(Some(p)),
+            None if self.read_file(id).is_some() => Err(DriverError::Other(format!(
+                "the network slot of sandbox {id} is not held by this server"
+            ))),
+            None => Ok(None),
+        }
+    }
+
     /// The ingress settings an older kiln kept in sandbox `id`'s `net.json` (see
     /// [`kiln_driver::Driver::legacy_ingress`]).
     pub fn legacy_ingress(&self, id: &str) -> Option<Ingress> {

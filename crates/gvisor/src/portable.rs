@@ -3,20 +3,24 @@
 //!
 //! What moves (relative to the sandbox's directory): `disk.img` (its writable layer's ext4
 //! image, synced first), `checkpoint/*` (runsc's image of memory and processes, full pauses
-//! only) and `portable.json` (whether the memory was kept). The bundle, the run directory and
-//! the network are this host's own: adopting prepares the sandbox's directory as for a new
-//! sandbox of its template (its network attached here, its bundle written for its paths
-//! here), puts the moved image in place of the fresh one, and records the pause; the normal
+//! only) and `portable.json` (whether the memory was kept, and the sandbox's egress policy as
+//! lists). The bundle, the run directory and the network are this host's own: adopting
+//! prepares the sandbox's directory as for a new sandbox of its template (its network attached
+//! here under the moved policy, in force before anything in it runs again; its bundle written
+//! for its paths here), puts the moved image in place of the fresh one, and records the pause; the normal
 //! resume then mounts the image and restores from the memory image (as a fork's child
 //! restores a snapshot taken in another directory).
 //!
 //! Only sandboxes with a disk quota (a disk image) stacked directly on their template move:
-//! a sandbox restored from a snapshot stacks on frozen layers that stay on their host.
+//! a sandbox restored from a snapshot stacks on frozen layers that stay on their host. A
+//! policy with network rules or an egress proxy (which lists cannot carry) does not move.
 
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use kiln_net::EgressPolicy;
 
 use super::checkpoint::Paused;
 use super::mounts::unmount;
@@ -31,6 +35,44 @@ const IMAGE_DIR: &str = "checkpoint";
 #[derive(Debug, Serialize, Deserialize)]
 struct Portable {
     memory: bool,
+    /// The egress policy (None: the default, internet on).
+    #[serde(default)]
+    network: Option<PolicyLists>,
+}
+
+/// An egress policy as the API gives it: lists of targets (CIDRs, addresses, domains).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PolicyLists {
+    allow_internet_access: bool,
+    allow_out: Vec<String>,
+    deny_out: Vec<String>,
+    dns_servers: Vec<String>,
+    https_ports: Vec<u16>,
+}
+
+impl PolicyLists {
+    fn of(p: &EgressPolicy) -> Self {
+        Self {
+            allow_internet_access: p.allow_internet_access,
+            allow_out: EgressPolicy::list_strings(&p.allow_out),
+            deny_out: EgressPolicy::list_strings(&p.deny_out),
+            dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
+            https_ports: p.https_ports.clone(),
+        }
+    }
+
+    fn policy(&self) -> Result<EgressPolicy> {
+        let mut p = EgressPolicy::from_lists(
+            self.allow_internet_access,
+            &self.allow_out,
+            &self.deny_out,
+            &self.dns_servers,
+        )
+        .map_err(|e| DriverError::Other(format!("the moved sandbox's egress policy: {e}")))?;
+        p.https_ports = self.https_ports.clone();
+        Ok(p)
+    }
 }
 
 /// Flushes the filesystem holding `path` (its dirty pages and journal reach the disk image).
@@ -91,8 +133,13 @@ impl GvisorDriver {
         if super::mounts::is_mounted(&mount) {
             syncfs(&mount)?;
         }
+        let network = match &self.net {
+            Some(net) => net.movable_policy(id).await?,
+            None => None,
+        };
         let record = serde_json::to_vec(&Portable {
             memory: paused.memory,
+            network: network.as_ref().map(PolicyLists::of),
         })
         .map_err(|e| DriverError::Other(format!("encoding {PORTABLE}: {e}")))?;
         std::fs::write(dir.join(PORTABLE), record)
@@ -133,6 +180,11 @@ impl GvisorDriver {
         }
         let mut spec = spec.clone();
         spec.disk_mb = spec.disk_mb.max(16);
+        spec.network = portable
+            .network
+            .as_ref()
+            .map(PolicyLists::policy)
+            .transpose()?;
         self.prepare_with(&spec, None).await?;
         let adopted = self.place_incoming(&spec, &incoming, portable.memory).await;
         if adopted.is_err() {
@@ -177,6 +229,36 @@ impl GvisorDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_moves_as_lists_and_comes_back_the_same() {
+        let p = EgressPolicy::from_lists(
+            false,
+            &["198.51.100.7".into(), "pkgs.example.internal".into()],
+            &["0.0.0.0/0".into()],
+            &["198.51.100.53".into()],
+        )
+        .unwrap();
+        let lists = PolicyLists::of(&p);
+        let text = serde_json::to_vec(&Portable {
+            memory: true,
+            network: Some(lists),
+        })
+        .unwrap();
+        let back: Portable = serde_json::from_slice(&text).unwrap();
+        assert_eq!(back.network.unwrap().policy().unwrap(), p);
+        // A record without a policy (the default) reads as none.
+        let old: Portable = serde_json::from_slice(br#"{"memory":false}"#).unwrap();
+        assert!(old.network.is_none());
+        let bad = PolicyLists {
+            allow_internet_access: true,
+            allow_out: vec!["not a target!".into()],
+            deny_out: vec![],
+            dns_servers: vec![],
+            https_ports: vec![],
+        };
+        assert!(bad.policy().is_err());
+    }
 
     #[test]
     fn the_memory_image_is_listed_file_by_file_relative_to_the_sandbox() {

@@ -209,14 +209,23 @@ def test_a_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(cl
             pass
 
 
-def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere(cluster):
+def net_file(node: Proc, sid: str) -> dict:
+    """The egress policy the node's driver holds for the sandbox's network slot."""
+    with open(os.path.join(sandbox_dir(node, sid), "net.json")) as f:
+        return json.load(f)
+
+
+def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere_under_its_policy(cluster):
     from e2b import Sandbox
 
-    s = Sandbox.create(timeout=300, **cluster.opts("c2"))
+    policy = {"allow_out": ["198.51.100.7"], "deny_out": ["0.0.0.0/0"]}
+    s = Sandbox.create(timeout=300, network=policy, **cluster.opts("c2"))
     sid = s.sandbox_id
     home = cluster.node_of(sid)
     other = "n2" if home == "n1" else "n1"
     try:
+        held = net_file(cluster.nodes[home], sid)
+        assert (held["allowOut"], held["denyOut"]) == (["198.51.100.7"], ["0.0.0.0/0"]), held
         s.files.write("/home/user/notes.txt", "drained")
         assert Sandbox.pause(sid, **cluster.opts("c2")) is True
         out = kiln_node(cluster, "drain", home)
@@ -224,6 +233,10 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere(cluster):
         again = Sandbox.connect(sid, timeout=120, **cluster.opts("c1"))
         assert cluster.node_of(sid) == other, "the next resume lands off the draining node"
         assert again.files.read("/home/user/notes.txt") == "drained"
+        # Its network on the new node is under the policy it was made with.
+        moved = net_file(cluster.nodes[other], sid)
+        for k in ("allowInternetAccess", "allowOut", "denyOut", "dnsServers"):
+            assert moved[k] == held[k], (k, moved, held)
         deadline = time.time() + 30
         while os.path.exists(sandbox_dir(cluster.nodes[home], sid)) and time.time() < deadline:
             time.sleep(0.3)

@@ -13,19 +13,12 @@ use crate::store::{PauseMode, SandboxRecord, SandboxState};
 
 impl Manager {
     /// The files of paused sandbox `id` that another host needs to resume it (flushed; it
-    /// stays paused here). A sandbox whose network policy is not the default does not move:
-    /// its policy is not carried yet, and it must not run elsewhere without it.
+    /// stays paused here), its egress policy among them: the driver carries it, or refuses
+    /// to move a sandbox whose policy it cannot carry.
     pub async fn portable_pause(&self, id: &str) -> Result<PortablePause> {
         let rec = self.get(id)?;
         if rec.state != SandboxState::Paused {
             return Err(Error::Conflict(format!("sandbox \"{id}\" is not paused")));
-        }
-        if let Some(policy) = self.driver.network(id).await {
-            if policy != kiln_net::EgressPolicy::default() {
-                return Err(Error::Driver(kiln_driver::DriverError::NotImplemented(
-                    "moving a paused sandbox with a network policy",
-                )));
-            }
         }
         Ok(self.driver.portable_pause(id).await?)
     }
