@@ -253,7 +253,8 @@ fn drain(cmd: NodeCmd) -> anyhow::Result<i32> {
                 );
                 println!(
                     "kiln: {} paused sandbox(es): those whose checkpoint is in object storage \
-                     resume on another node at their next resume, the others resume on it: {}",
+                     move to other nodes, still paused (one at a time, by the leading control \
+                     replica), the others stay and resume on it: {}",
                     r.paused.len(),
                     r.paused.join(" ")
                 );

@@ -28,7 +28,8 @@ pub struct DrainReport {
     pub already: bool,
     /// Running (or starting) sandboxes left on it: they run until they end.
     pub running: Vec<String>,
-    /// Paused sandboxes left on it: they resume on it (their checkpoints are on its disk).
+    /// Its paused sandboxes: those with a checkpoint in object storage move off it, the
+    /// others stay and resume on it.
     pub paused: Vec<String>,
 }
 

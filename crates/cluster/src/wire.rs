@@ -169,6 +169,10 @@ pub enum Op {
         secs: i64,
         connect: bool,
     },
+    /// Take paused sandbox `id` over from draining node `from` and keep it paused here.
+    Adopt {
+        from: String,
+    },
     /// Drop the local copy of a sandbox that another node took over.
     Release,
 }

@@ -255,6 +255,43 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere_under_its_policy(
             pass
 
 
+def test_a_drained_nodes_paused_sandboxes_move_off_it_by_themselves(cluster):
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=300, **cluster.opts("c1"))
+    sid = s.sandbox_id
+    home = cluster.node_of(sid)
+    other = "n2" if home == "n1" else "n1"
+    try:
+        s.files.write("/home/user/notes.txt", "moved while paused")
+        assert Sandbox.pause(sid, **cluster.opts("c1")) is True
+        kiln_node(cluster, "drain", home)
+        # The leading replica moves it, still paused, to the node left: no client resumes it.
+        deadline = time.time() + 40
+        while time.time() < deadline and (os.path.exists(sandbox_dir(cluster.nodes[home], sid))
+                                          or not os.path.exists(sandbox_dir(cluster.nodes[other], sid))):
+            time.sleep(0.3)
+        assert os.path.exists(sandbox_dir(cluster.nodes[other], sid)), "taken over by the other node"
+        assert not os.path.exists(sandbox_dir(cluster.nodes[home], sid)), "the drained node dropped its copy"
+        for c in ("c1", "c2"):
+            status, detail = cluster.request(c, "GET", f"/sandboxes/{sid}")
+            assert status == 200 and detail["state"] == "paused", (c, detail)
+        assert cluster.node_of(sid) is None, "moved, not resumed"
+        moved = [d for d in checkpoint_events(cluster, sid) if "fetched" in d]
+        assert moved, checkpoint_events(cluster, sid)
+        # Undrained, its old node stays empty: the sandbox resumes where it moved.
+        kiln_node(cluster, "undrain", home)
+        again = Sandbox.connect(sid, timeout=120, **cluster.opts("c2"))
+        assert cluster.node_of(sid) == other
+        assert again.files.read("/home/user/notes.txt") == "moved while paused"
+    finally:
+        kiln_node(cluster, "undrain", home)
+        try:
+            Sandbox.kill(sid, **cluster.opts("c1"))
+        except Exception:
+            pass
+
+
 def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
     from e2b import Sandbox, SandboxState
 

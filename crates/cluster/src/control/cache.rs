@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use etcd_client::{EventType, KeyValue, WatchOptions};
 use kiln_server::manager::LifecycleEvent;
-use kiln_server::store::SandboxRecord;
+use kiln_server::store::{SandboxRecord, SandboxState};
 use tokio::sync::{broadcast, watch};
 
 use crate::docs::{parse, EventDoc, SandboxDoc};
@@ -193,6 +193,24 @@ impl Cache {
         v
     }
 
+    /// The paused sandboxes recorded as owned by node `name`, oldest first by id.
+    pub fn paused_on(&self, name: &str) -> Vec<String> {
+        let v = self.read();
+        let mut ids: Vec<String> = v
+            .owners
+            .iter()
+            .filter(|(id, owner)| {
+                owner.as_str() == name
+                    && v.sandboxes
+                        .get(*id)
+                        .is_some_and(|r| r.state == SandboxState::Paused)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// Whether node `name` is marked draining.
     pub fn is_draining(&self, name: &str) -> bool {
         self.read().draining.contains(name)
@@ -337,7 +355,6 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_server::store::SandboxState;
 
     fn rec(id: &str, team: &str, state: SandboxState) -> SandboxRecord {
         SandboxRecord {

@@ -53,6 +53,7 @@ pub struct Control {
     state: Arc<AppState>,
     etcd: EtcdStore,
     cache: Arc<Cache>,
+    service: Arc<ClusterService>,
     cfg: ControlConfig,
 }
 
@@ -62,15 +63,15 @@ impl Control {
         let cache = Cache::start(etcd.clone()).await?;
         let store: Arc<dyn kiln_server::store::StateStore> = Arc::new(etcd.clone());
         let first_key = auth::ensure_first_key(store.as_ref()).await?;
-        let service = ClusterService::new(
+        let service = Arc::new(ClusterService::new(
             cfg.lifecycle.clone(),
             etcd.clone(),
             cache.clone(),
             NodeClient::new(cfg.secret.clone()),
-        );
+        ));
         let state = Arc::new(
             AppState::for_service(
-                Arc::new(service),
+                service.clone(),
                 store,
                 cfg.lifecycle.webhooks.clone(),
                 ApiConfig {
@@ -96,6 +97,7 @@ impl Control {
             state,
             etcd,
             cache,
+            service,
             cfg,
         })
     }
@@ -105,6 +107,7 @@ impl Control {
         let leading = tokio::spawn(leader::run(
             self.etcd.clone(),
             self.cache.clone(),
+            self.service.clone(),
             self.cfg.replica.clone(),
             self.cfg.leader_ttl,
         ));

@@ -2,19 +2,117 @@
 //! draining; else on another node, which takes the sandbox over from its checkpoint in object
 //! storage (placed as a create is). A paused sandbox whose checkpoint is only on its node's
 //! disk resumes there (a draining node) or answers 409 (a lost node). After a move, the old
-//! node (when live) drops its copy.
+//! node (when live) drops its copy. The leading replica also moves the paused sandboxes of a
+//! draining node, paused, to other nodes one at a time ([`ClusterService::move_off_draining`]),
+//! so that a drained node ends up holding nothing paused that object storage can carry.
 
 use kiln_server::store::SandboxState;
 use kiln_server::{Error, SandboxService};
 
+use std::collections::HashSet;
+
 use super::placement;
 use super::service::{ClusterService, VIEW_WAIT};
 use crate::checkpoints::no_checkpoint;
+use crate::nodes::NodeInfo;
 use crate::wire::{Op, OpAnswer};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What became of one paused sandbox of a draining node.
+#[derive(Debug)]
+pub(super) enum DrainMove {
+    /// Moved, paused, to this node.
+    Moved(String),
+    /// It stays: its checkpoint is on its node's disk only.
+    NoCheckpoint,
+    /// No other node could take it now, or the move failed.
+    Failed(Error),
+}
+
 impl ClusterService {
+    /// Moves one paused sandbox of a live draining node (none in `skip`) to another node,
+    /// still paused: the other node takes it over from its checkpoint in object storage and
+    /// the drained node drops its copy. None when no such sandbox is left.
+    pub(super) async fn move_off_draining(
+        &self,
+        skip: &HashSet<String>,
+    ) -> Option<(String, DrainMove)> {
+        let live = self.cache.nodes();
+        let (from, id) = live
+            .iter()
+            .filter(|n| self.cache.is_draining(&n.name))
+            .find_map(|n| {
+                let id = self
+                    .cache
+                    .paused_on(&n.name)
+                    .into_iter()
+                    .find(|id| !skip.contains(id))?;
+                Some((n.clone(), id))
+            })?;
+        let outcome = match self.etcd.checkpoint(&id).await {
+            Ok(None) => DrainMove::NoCheckpoint,
+            Ok(Some(_)) => self.adopt_elsewhere(&id, &from).await,
+            Err(e) => DrainMove::Failed(Error::Unavailable(format!(
+                "reading the checkpoint record: {e}"
+            ))),
+        };
+        Some((id, outcome))
+    }
+
+    async fn adopt_elsewhere(&self, id: &str, from: &NodeInfo) -> DrainMove {
+        let memory_mb = u64::from(self.config().default_memory_mb);
+        let mut nodes = self.candidates();
+        nodes.retain(|n| n.name != from.name);
+        let op = Op::Adopt {
+            from: from.name.clone(),
+        };
+        let mut last = Error::Capacity {
+            limit: "no other node can take a paused sandbox now".into(),
+            retry_after_secs: 5,
+            quota: false,
+        };
+        for _ in 0..3 {
+            let Some(to) = placement::place(
+                &nodes,
+                memory_mb,
+                placement::DEFAULT_K,
+                placement::random_index,
+            )
+            .cloned() else {
+                break;
+            };
+            match self.nodes.op(&to.address, id, &op).await {
+                Ok(a) => {
+                    self.cache.wait_for(a.revision, VIEW_WAIT).await;
+                    if let Err(e) = self.nodes.op(&from.address, id, &Op::Release).await {
+                        tracing::warn!(sandbox = %id, node = %from.name, error = %e, "dropping a moved sandbox's old copy");
+                    }
+                    return DrainMove::Moved(to.name);
+                }
+                Err(Error::Unavailable(m)) => {
+                    nodes.retain(|n| n.name != to.name);
+                    last = Error::Unavailable(m);
+                }
+                Err(e) => return DrainMove::Failed(e),
+            }
+        }
+        DrainMove::Failed(last)
+    }
+
+    /// The live node that owns `id` once this replica's view shows an owner other than
+    /// `from` (within [`VIEW_WAIT`]).
+    async fn new_owner(&self, id: &str, from: &str) -> Option<NodeInfo> {
+        let start = tokio::time::Instant::now();
+        loop {
+            match self.cache.owner(id) {
+                Some(n) if n.name != from => return Some(n),
+                _ if start.elapsed() >= VIEW_WAIT => return None,
+                _ => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
+    }
+
     /// Whether a resume of paused sandbox `id` would run it on another node (its node is not
     /// live, or draining).
     pub(super) fn moves_on_resume(&self, id: &str) -> bool {
@@ -91,6 +189,16 @@ impl ClusterService {
                 Err(Error::Unavailable(m)) => {
                     tracing::warn!(node = %node.name, error = %m, "resuming on another node");
                     nodes.retain(|n| n.name != node.name);
+                }
+                Err(Error::Conflict(m)) => {
+                    // Another node took it over meanwhile (the leader moving it off its
+                    // draining node, or another replica's resume): it resumes there.
+                    if let Some(owner) = self.new_owner(id, &from).await {
+                        if !self.cache.is_draining(&owner.name) {
+                            return self.call(id, here).await;
+                        }
+                    }
+                    return Err(Error::Conflict(m));
                 }
                 Err(e) => return Err(e),
             }

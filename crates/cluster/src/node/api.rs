@@ -107,6 +107,7 @@ async fn op(
                 s.resume(&id, memory, secs).await?
             };
         }
+        Op::Adopt { from } => moves::take_over(&n, &id, &from).await?,
         Op::Release => a.flag = moves::release(&n, &id).await?,
         Op::Fork {
             count,
