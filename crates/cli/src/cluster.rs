@@ -182,6 +182,11 @@ pub struct ControlArgs {
     /// Seconds the leader of the replicas holds its lease between renewals.
     #[arg(long, default_value_t = 5)]
     leader_ttl: u64,
+    /// Leave the paused sandboxes of drained nodes where they are until their next resume
+    /// (by default the leading replica moves them to other nodes, one at a time, from object
+    /// storage).
+    #[arg(long, env = "KILN_NO_DRAIN_MOVES")]
+    no_drain_moves: bool,
     /// Let webhooks reach private and loopback addresses (refused by default, as in
     /// `kiln serve`).
     #[arg(long, env = "KILN_WEBHOOK_ALLOW_PRIVATE")]
@@ -215,6 +220,7 @@ pub fn control(a: ControlArgs) -> anyhow::Result<i32> {
             edge: kiln_server::edge::EdgeConfig::default(),
             metrics_token: None,
             leader_ttl: Duration::from_secs(a.leader_ttl.max(2)),
+            move_drained: !a.no_drain_moves,
         };
         let control = Control::prepare(etcd, cfg).await?;
         println!("kiln: control replica listening on http://{}", control.local_addr);

@@ -34,8 +34,12 @@ pub async fn run(
     svc: Arc<ClusterService>,
     me: String,
     ttl: Duration,
+    move_drained: bool,
 ) {
-    let mut drains = Drains::default();
+    let mut drains = Drains {
+        on: move_drained,
+        ..Drains::default()
+    };
     loop {
         match term(&etcd, &cache, &svc, &mut drains, &me, ttl).await {
             Ok(()) => {}
@@ -106,6 +110,8 @@ async fn sweep(etcd: &EtcdStore, cache: &Cache) {
 /// the sandbox back when it fails, and is not to be cut half-way).
 #[derive(Default)]
 struct Drains {
+    /// Off: paused sandboxes of draining nodes move at their next resume only.
+    on: bool,
     running: Option<JoinHandle<()>>,
     /// Sandboxes left where they are until the time given.
     later: Arc<Mutex<HashMap<String, Instant>>>,
@@ -113,7 +119,7 @@ struct Drains {
 
 impl Drains {
     fn tick(&mut self, svc: &Arc<ClusterService>) {
-        if self.running.as_ref().is_some_and(|h| !h.is_finished()) {
+        if !self.on || self.running.as_ref().is_some_and(|h| !h.is_finished()) {
             return;
         }
         let (svc, later) = (svc.clone(), self.later.clone());

@@ -42,6 +42,8 @@ pub struct ControlConfig {
     pub metrics_token: Option<String>,
     /// The leader's lease.
     pub leader_ttl: Duration,
+    /// Whether the leader moves drained nodes' paused sandboxes off them.
+    pub move_drained: bool,
 }
 
 /// A replica ready to serve.
@@ -110,6 +112,7 @@ impl Control {
             self.service.clone(),
             self.cfg.replica.clone(),
             self.cfg.leader_ttl,
+            self.cfg.move_drained,
         ));
         let _webhooks = self.state.webhooks.spawn(self.state.manager.subscribe());
         let app = front::router(self.state.clone()).layer(axum::middleware::from_fn_with_state(
