@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use http::StatusCode;
-use kiln_server::manager::CreateParams;
+use kiln_server::manager::{CreateParams, MetricSample};
 use kiln_server::store::Ingress;
 use kiln_server::Error;
 use serde::{Deserialize, Serialize};
@@ -169,6 +169,13 @@ pub enum Op {
         secs: i64,
         connect: bool,
     },
+    /// The sandbox's metrics samples in a window (ms, both inclusive; None: unbounded).
+    Metrics {
+        start_ms: Option<i64>,
+        end_ms: Option<i64>,
+    },
+    /// The sandbox's newest metrics sample (none before its first).
+    LatestMetric,
     /// Take paused sandbox `id` over from draining node `from` and keep it paused here.
     Adopt {
         from: String,
@@ -191,6 +198,52 @@ pub struct OpAnswer {
     /// The etcd revision at which the node published what the call changed (a control
     /// replica's cache reflects the call once its watch is there).
     pub revision: i64,
+    /// metrics, latest_metric: the samples, oldest first.
+    #[serde(default)]
+    pub metrics: Vec<MetricDoc>,
+}
+
+/// One metrics sample as it travels (the server's [`MetricSample`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricDoc {
+    pub timestamp_ms: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+impl From<&MetricSample> for MetricDoc {
+    fn from(m: &MetricSample) -> Self {
+        Self {
+            timestamp_ms: m.timestamp_ms,
+            cpu_count: m.cpu_count,
+            cpu_used_pct: m.cpu_used_pct,
+            mem_used: m.mem_used,
+            mem_total: m.mem_total,
+            mem_cache: m.mem_cache,
+            disk_used: m.disk_used,
+            disk_total: m.disk_total,
+        }
+    }
+}
+
+impl From<MetricDoc> for MetricSample {
+    fn from(m: MetricDoc) -> Self {
+        Self {
+            timestamp_ms: m.timestamp_ms,
+            cpu_count: m.cpu_count,
+            cpu_used_pct: m.cpu_used_pct,
+            mem_used: m.mem_used,
+            mem_total: m.mem_total,
+            mem_cache: m.mem_cache,
+            disk_used: m.disk_used,
+            disk_total: m.disk_total,
+        }
+    }
 }
 
 /// One fork child: the sandbox, or why it failed.
@@ -250,6 +303,29 @@ mod tests {
         assert_eq!(back.ingress.traffic_token.as_deref(), Some("tok"));
         assert!(back.secure && back.auto_resume);
         assert_eq!(back.network, p.network);
+    }
+
+    #[test]
+    fn a_metrics_sample_travels_whole() {
+        let m = MetricSample {
+            timestamp_ms: 1_700_000_000_123,
+            cpu_count: 2,
+            cpu_used_pct: 12.5,
+            mem_used: 3 << 20,
+            mem_total: 512 << 20,
+            mem_cache: 1 << 20,
+            disk_used: 7 << 20,
+            disk_total: 1 << 30,
+        };
+        let text = serde_json::to_vec(&MetricDoc::from(&m)).unwrap();
+        let back: MetricDoc = serde_json::from_slice(&text).unwrap();
+        assert_eq!(MetricSample::from(back), m);
+        // An answer without samples (a node's older reply shape) reads as none.
+        let a: OpAnswer = serde_json::from_str(
+            r#"{"sandbox":null,"flag":false,"end_at_ms":0,"children":[],"revision":3}"#,
+        )
+        .unwrap();
+        assert!(a.metrics.is_empty());
     }
 
     #[test]

@@ -281,6 +281,14 @@ def test_a_second_replica_sees_and_reaches_the_same_sandboxes(cluster):
         other.set_timeout(200)
         info = Sandbox.get_info(s.sandbox_id, **cluster.opts("c1"))
         assert info.sandbox_id == s.sandbox_id
+        # Its metrics, sampled by its node, through either replica (one by id, one in bulk).
+        deadline, samples = time.time() + 20, []
+        while not samples and time.time() < deadline:
+            samples = other.get_metrics()
+            time.sleep(0.5)
+        assert samples and samples[-1].mem_total > 0 and samples[-1].cpu_count >= 1, samples
+        status, bulk = cluster.request("c1", "GET", f"/sandboxes/metrics?sandbox_ids={s.sandbox_id}")
+        assert status == 200 and bulk["sandboxes"][s.sandbox_id]["memTotal"] > 0, bulk
     finally:
         s.kill()
     status, _ = cluster.request("c2", "GET", f"/sandboxes/{s.sandbox_id}")

@@ -1,11 +1,12 @@
 //! [`ClusterService`]: the server's `SandboxService` on a cluster. Creates are placed on a
 //! live node ([`super::placement`]) once they hold one of the team's seats
 //! ([`crate::seats`]: its quota counted over every live sandbox of the cluster and every
-//! create under way, by any replica); every later call goes to the node that owns the sandbox (the owner
-//! recorded in etcd), and traffic to a sandbox's ports goes through a tunnel to that node.
-//! Synchronous reads answer from the replica's [`Cache`]. A paused sandbox whose node is
-//! lost or draining resumes on another node ([`super::moves`]). What needs a node's local disk
-//! (volumes, snapshots, templates' files, metrics history) answers 501 or empty for now.
+//! create under way, by any replica); every later call goes to the node that owns the
+//! sandbox (the owner recorded in etcd), and traffic to a sandbox's ports goes through a
+//! tunnel to that node. Synchronous reads answer from the replica's [`Cache`]. A paused
+//! sandbox whose node is lost or draining resumes on another node ([`super::moves`]). A
+//! sandbox's metrics come from its node. What needs a node's local disk (volumes, snapshots,
+//! templates' files) answers 501 or empty for now.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -493,16 +494,35 @@ impl SandboxService for ClusterService {
             console: None,
         })
     }
-    async fn latest_metrics(&self, _ids: &[String]) -> BTreeMap<String, MetricSample> {
-        BTreeMap::new()
+    async fn latest_metrics(&self, ids: &[String]) -> BTreeMap<String, MetricSample> {
+        // One call per sandbox to its node, all at once; a sandbox whose node does not
+        // answer is left out, as one without a sample is.
+        let calls = ids.iter().map(|id| async move {
+            let node = self.owner(id).ok()?;
+            let a = self
+                .nodes
+                .op(&node.address, id, &Op::LatestMetric)
+                .await
+                .ok()?;
+            let m = a.metrics.into_iter().next_back()?;
+            Some((id.clone(), MetricSample::from(m)))
+        });
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
     async fn metrics_window(
         &self,
-        _: &str,
-        _: Option<i64>,
-        _: Option<i64>,
+        id: &str,
+        start_ms: Option<i64>,
+        end_ms: Option<i64>,
     ) -> Result<Vec<MetricSample>> {
-        Ok(Vec::new())
+        let node = self.owner(id)?;
+        let op = Op::Metrics { start_ms, end_ms };
+        let a = self.nodes.op(&node.address, id, &op).await?;
+        Ok(a.metrics.into_iter().map(MetricSample::from).collect())
     }
     fn latest_samples(&self) -> Vec<(String, MetricSample)> {
         Vec::new()

@@ -14,7 +14,7 @@ use kiln_server::ApiError;
 
 use super::{moves, tunnel, NodeApi};
 use crate::docs::SandboxDoc;
-use crate::wire::{Child, CreateDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
+use crate::wire::{Child, CreateDoc, MetricDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
 
 type St = State<Arc<NodeApi>>;
 
@@ -71,6 +71,22 @@ async fn op(
 ) -> Result<Json<OpAnswer>, ApiError> {
     let s = &n.service;
     let mut a = OpAnswer::default();
+    // Reads of the node's own metrics: nothing changes, nothing is published.
+    match &op {
+        Op::Metrics { start_ms, end_ms } => {
+            s.get(&id)?;
+            let samples = s.metrics_window(&id, *start_ms, *end_ms).await?;
+            a.metrics = samples.iter().map(MetricDoc::from).collect();
+            return Ok(Json(a));
+        }
+        Op::LatestMetric => {
+            s.get(&id)?;
+            let latest = s.latest_metrics(std::slice::from_ref(&id)).await;
+            a.metrics = latest.get(&id).map(MetricDoc::from).into_iter().collect();
+            return Ok(Json(a));
+        }
+        _ => {}
+    }
     match op {
         Op::Get => {
             s.get(&id)?;
@@ -108,6 +124,7 @@ async fn op(
             };
         }
         Op::Adopt { from } => moves::take_over(&n, &id, &from).await?,
+        Op::Metrics { .. } | Op::LatestMetric => {}
         Op::Release => a.flag = moves::release(&n, &id).await?,
         Op::Fork {
             count,
