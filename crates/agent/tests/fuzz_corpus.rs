@@ -14,11 +14,16 @@ const TARGETS: [(&str, Entry); 4] = [
     ("files_query", kiln_agent::fuzz::files_query),
 ];
 
+/// The crate's directory: where `cargo test` runs this binary from (a build directory kept
+/// from a checkout elsewhere holds a binary naming that checkout), else where it was built.
+fn crate_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn inputs(kind: &str, target: &str) -> Vec<Vec<u8>> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz")
-        .join(kind)
-        .join(target);
+    let dir = crate_dir().join("../../fuzz").join(kind).join(target);
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
