@@ -1,6 +1,5 @@
 //! Garbage collection of the checkpoint bucket, done by one node at a time. Every node with an
-//! object store campaigns for the store's `gc-leader` key on a lease of its own (created only
-//! where absent, so one holder at a time); the holder, while its lease lives, runs a
+//! object store campaigns for the store's `gc-leader` key ([`crate::campaign`]); the holder, while its lease lives, runs a
 //! [`round`] every [`GcConfig::every`]: the manifest ids of every `checkpoints/*` record in
 //! etcd, then [`ChunkStore::collect`] deletes the manifests none names and the chunks no kept
 //! manifest names, older than [`GcConfig::grace`]. A round whose records cannot be read
@@ -172,23 +171,9 @@ pub async fn run(etcd: EtcdStore, chunks: ChunkStore, me: String, cfg: GcConfig)
 
 /// One try at leading: returns when another node leads or when the lease is lost.
 async fn term(etcd: &EtcdStore, chunks: &ChunkStore, me: &str, cfg: GcConfig) -> Result<()> {
-    let mut client = etcd.client();
-    let lease = client
-        .lease_grant(cfg.ttl.as_secs().max(2) as i64, None)
-        .await?
-        .id();
     let key = etcd.keys().gc_leader();
-    let put = TxnOp::put(
-        key.as_str(),
-        me.as_bytes(),
-        Some(PutOptions::new().with_lease(lease)),
-    );
-    if !etcd.create(std::slice::from_ref(&key), vec![put]).await? {
-        let _ = client.lease_revoke(lease).await;
-        return Ok(());
-    }
-    tracing::info!(node = me, "leading the bucket's garbage collection");
-    let work = async {
+    let led = crate::campaign::lead(etcd, &key, me, cfg.ttl, |lease| async move {
+        tracing::info!(node = me, "leading the bucket's garbage collection");
         loop {
             match begin_round(etcd, lease).await {
                 Ok(()) => {
@@ -201,30 +186,12 @@ async fn term(etcd: &EtcdStore, chunks: &ChunkStore, me: &str, cfg: GcConfig) ->
             }
             tokio::time::sleep(cfg.every).await;
         }
-    };
-    let held = tokio::select! {
-        held = hold(&mut client, lease, cfg.ttl) => held,
-        () = work => Ok(()),
-    };
-    tracing::warn!(node = me, "the garbage collection's lease is lost");
-    let _ = client.lease_revoke(lease).await;
-    held
-}
-
-/// Renews `lease` every third of `ttl`; returns when a renewal goes unanswered.
-async fn hold(client: &mut etcd_client::Client, lease: i64, ttl: Duration) -> Result<()> {
-    let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
-    let renew = ttl / 3;
-    loop {
-        tokio::time::sleep(renew).await;
-        keeper.keep_alive().await?;
-        match tokio::time::timeout(renew, stream.message()).await {
-            Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => return Err(e.into()),
-            Err(_) => return Err(ClusterError::StreamClosed("lease keep-alive")),
-        }
+    })
+    .await?;
+    if led {
+        tracing::warn!(node = me, "the garbage collection's lease is lost");
     }
+    Ok(())
 }
 
 /// A round, logged.

@@ -9,6 +9,7 @@
 //! [`checkpoints`] records in etcd which paused sandbox's checkpoint is there; [`gc`] deletes
 //! from the bucket what no checkpoint needs any more.
 
+mod campaign;
 mod catalog;
 pub mod checkpoints;
 pub mod console;

@@ -1,8 +1,8 @@
 //! The cluster's singleton work, done by one control replica at a time: the leader holds the
-//! store's `leader` key on a lease of its own (created only where absent, so one holder at a
-//! time) and, while its lease lives, ends the running sandboxes of nodes whose lease expired
-//! as `died: node-lost`, and moves the paused sandboxes of draining nodes to other nodes, one
-//! at a time ([`ClusterService::move_off_draining`]). Ending is revision-checked, so a stale
+//! store's `leader` key ([`crate::campaign`]) and, while its lease lives, ends the running
+//! sandboxes of nodes whose lease expired as `died: node-lost`, and moves the paused
+//! sandboxes of draining nodes to other nodes, one at a time
+//! ([`ClusterService::move_off_draining`]). Ending is revision-checked, so a stale
 //! leader overlapping a new one ends nothing twice; of two replicas moving one sandbox, the
 //! ownership write lets one win.
 
@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{PutOptions, TxnOp};
 use tokio::task::JoinHandle;
 
 use super::cache::Cache;
@@ -58,38 +57,20 @@ async fn term(
     me: &str,
     ttl: Duration,
 ) -> Result<()> {
-    let mut client = etcd.client();
-    let ttl_s = ttl.as_secs().max(2) as i64;
-    let lease = client.lease_grant(ttl_s, None).await?.id();
     let key = etcd.keys().leader();
-    let put = TxnOp::put(
-        key.as_str(),
-        me.as_bytes(),
-        Some(PutOptions::new().with_lease(lease)),
-    );
-    if !etcd.create(std::slice::from_ref(&key), vec![put]).await? {
-        let _ = client.lease_revoke(lease).await;
-        return Ok(());
-    }
-    tracing::info!(replica = me, "leading the cluster's singletons");
-    let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
-    let renew = ttl / 3;
-    let mut renewed = tokio::time::Instant::now();
-    loop {
-        if renewed.elapsed() >= renew {
-            keeper.keep_alive().await?;
-            match tokio::time::timeout(renew, stream.message()).await {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => renewed = tokio::time::Instant::now(),
-                _ => {
-                    tracing::warn!(replica = me, "leadership lease lost");
-                    return Ok(());
-                }
-            }
+    let led = crate::campaign::lead(etcd, &key, me, ttl, |_| async move {
+        tracing::info!(replica = me, "leading the cluster's singletons");
+        loop {
+            sweep(etcd, cache).await;
+            drains.tick(svc);
+            tokio::time::sleep(SWEEP_EVERY).await;
         }
-        sweep(etcd, cache).await;
-        drains.tick(svc);
-        tokio::time::sleep(SWEEP_EVERY).await;
+    })
+    .await?;
+    if led {
+        tracing::warn!(replica = me, "leadership lease lost");
     }
+    Ok(())
 }
 
 /// Ends the running sandboxes of every node that owns some but is no longer live.

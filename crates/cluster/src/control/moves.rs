@@ -6,10 +6,10 @@
 //! draining node, paused, to other nodes one at a time ([`ClusterService::move_off_draining`]),
 //! so that a drained node ends up holding nothing paused that object storage can carry.
 
+use std::collections::HashSet;
+
 use kiln_server::store::SandboxState;
 use kiln_server::{Error, SandboxService};
-
-use std::collections::HashSet;
 
 use super::placement;
 use super::service::{ClusterService, VIEW_WAIT};
@@ -61,17 +61,30 @@ impl ClusterService {
     }
 
     async fn adopt_elsewhere(&self, id: &str, from: &NodeInfo) -> DrainMove {
-        let memory_mb = u64::from(self.config().default_memory_mb);
-        let mut nodes = self.candidates();
-        nodes.retain(|n| n.name != from.name);
         let op = Op::Adopt {
             from: from.name.clone(),
         };
-        let mut last = Error::Capacity {
-            limit: "no other node can take a paused sandbox now".into(),
-            retry_after_secs: 5,
-            quota: false,
-        };
+        match self.on_another_node(id, &from.name, &op).await {
+            Ok((to, a)) => {
+                self.cache.wait_for(a.revision, VIEW_WAIT).await;
+                if let Err(e) = self.nodes.op(&from.address, id, &Op::Release).await {
+                    tracing::warn!(sandbox = %id, node = %from.name, error = %e, "dropping a moved sandbox's old copy");
+                }
+                DrainMove::Moved(to.name)
+            }
+            Err(e) => DrainMove::Failed(e),
+        }
+    }
+
+    /// Sends `op` for paused sandbox `id` to a node other than `from`, placed as a create is
+    /// (best of k by free memory), trying up to three while they cannot be reached: the node
+    /// that answered and its answer. Err: a node's refusal, else the last node unreachable,
+    /// else no node to try (`Capacity`).
+    async fn on_another_node(&self, id: &str, from: &str, op: &Op) -> Result<(NodeInfo, OpAnswer)> {
+        let memory_mb = u64::from(self.config().default_memory_mb);
+        let mut nodes = self.candidates();
+        nodes.retain(|n| n.name != from);
+        let mut last = None;
         for _ in 0..3 {
             let Some(to) = placement::place(
                 &nodes,
@@ -82,22 +95,21 @@ impl ClusterService {
             .cloned() else {
                 break;
             };
-            match self.nodes.op(&to.address, id, &op).await {
-                Ok(a) => {
-                    self.cache.wait_for(a.revision, VIEW_WAIT).await;
-                    if let Err(e) = self.nodes.op(&from.address, id, &Op::Release).await {
-                        tracing::warn!(sandbox = %id, node = %from.name, error = %e, "dropping a moved sandbox's old copy");
-                    }
-                    return DrainMove::Moved(to.name);
-                }
+            match self.nodes.op(&to.address, id, op).await {
+                Ok(a) => return Ok((to, a)),
                 Err(Error::Unavailable(m)) => {
+                    tracing::warn!(node = %to.name, error = %m, "a paused sandbox's move to another node");
                     nodes.retain(|n| n.name != to.name);
-                    last = Error::Unavailable(m);
+                    last = Some(Error::Unavailable(m));
                 }
-                Err(e) => return DrainMove::Failed(e),
+                Err(e) => return Err(e),
             }
         }
-        DrainMove::Failed(last)
+        Err(last.unwrap_or_else(|| Error::Capacity {
+            limit: "no other node can take a paused sandbox now".into(),
+            retry_after_secs: 5,
+            quota: false,
+        }))
     }
 
     /// The live node that owns `id` once this replica's view shows an owner other than
@@ -159,49 +171,32 @@ impl ClusterService {
             secs,
             connect,
         };
-        let memory_mb = u64::from(self.config().default_memory_mb);
-        let mut nodes = self.candidates();
-        nodes.retain(|n| n.name != from);
-        for _ in 0..3 {
-            let Some(node) = placement::place(
-                &nodes,
-                memory_mb,
-                placement::DEFAULT_K,
-                placement::random_index,
-            )
-            .cloned() else {
-                break;
-            };
-            match self.nodes.op(&node.address, id, &op).await {
-                Ok(a) => {
-                    self.cache.wait_for(a.revision, VIEW_WAIT).await;
-                    if let Some(old) = live {
-                        let nodes = self.nodes.clone();
-                        let id = id.to_string();
-                        tokio::spawn(async move {
-                            if let Err(e) = nodes.op(&old.address, &id, &Op::Release).await {
-                                tracing::warn!(sandbox = %id, node = %old.name, error = %e, "dropping a moved sandbox's old copy");
-                            }
-                        });
-                    }
-                    return Ok(a);
-                }
-                Err(Error::Unavailable(m)) => {
-                    tracing::warn!(node = %node.name, error = %m, "resuming on another node");
-                    nodes.retain(|n| n.name != node.name);
-                }
-                Err(Error::Conflict(m)) => {
-                    // Another node took it over meanwhile (the leader moving it off its
-                    // draining node, or another replica's resume): it resumes there.
-                    if let Some(owner) = self.new_owner(id, &from).await {
-                        if !self.cache.is_draining(&owner.name) {
-                            return self.call(id, here).await;
+        match self.on_another_node(id, &from, &op).await {
+            Ok((_, a)) => {
+                self.cache.wait_for(a.revision, VIEW_WAIT).await;
+                if let Some(old) = live {
+                    let nodes = self.nodes.clone();
+                    let id = id.to_string();
+                    tokio::spawn(async move {
+                        if let Err(e) = nodes.op(&old.address, &id, &Op::Release).await {
+                            tracing::warn!(sandbox = %id, node = %old.name, error = %e, "dropping a moved sandbox's old copy");
                         }
-                    }
-                    return Err(Error::Conflict(m));
+                    });
                 }
-                Err(e) => return Err(e),
+                return Ok(a);
             }
+            Err(Error::Conflict(m)) => {
+                // Another node took it over meanwhile (the leader moving it off its
+                // draining node, or another replica's resume): it resumes there.
+                if let Some(owner) = self.new_owner(id, &from).await {
+                    if !self.cache.is_draining(&owner.name) {
+                        return self.call(id, here).await;
+                    }
+                }
+                return Err(Error::Conflict(m));
+            }
+            Err(Error::Unavailable(_) | Error::Capacity { .. }) => {}
+            Err(e) => return Err(e),
         }
         if live.is_some() {
             // No other node can take it: it resumes on its draining node.
