@@ -97,15 +97,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let etcd = Etcd::start(&a.etcd_bin, work.path()).await?;
         let secret = format!("kiln-bench-{}", nonce());
         let roles: Arc<Mutex<Started>> = Default::default();
-        let body = measure(
-            &a,
-            &etcd.url,
-            work.path(),
-            &runtime,
-            &secret,
-            &results,
-            &roles,
-        );
+        let run = Run {
+            a: &a,
+            etcd: &etcd.url,
+            dir: work.path(),
+            runtime: &runtime,
+            secret: &secret,
+            results: &results,
+            roles: &roles,
+        };
+        let body = measure(&run);
         let r = tokio::select! {
             r = tokio::time::timeout(limit, body) => r.unwrap_or_else(|_| {
                 Err(anyhow::anyhow!("stopped at the bound of {} minute(s)", a.max_minutes))
@@ -148,16 +149,29 @@ fn nonce() -> String {
     format!("{:x}{:x}", t.as_nanos(), std::process::id())
 }
 
+/// What every part of a run shares: the arguments, etcd, the work directory, the runtime,
+/// the cluster secret, where reports go and the roles started.
+struct Run<'a> {
+    a: &'a Args,
+    etcd: &'a str,
+    dir: &'a std::path::Path,
+    runtime: &'a crate::drivers::BenchRuntime,
+    secret: &'a str,
+    results: &'a Mutex<Results>,
+    roles: &'a Mutex<Started>,
+}
+
 /// Every part; each stores its report as soon as it has it.
-async fn measure(
-    a: &Args,
-    etcd: &str,
-    dir: &std::path::Path,
-    runtime: &crate::drivers::BenchRuntime,
-    secret: &str,
-    results: &Mutex<Results>,
-    roles: &Mutex<Started>,
-) -> anyhow::Result<()> {
+async fn measure(run: &Run<'_>) -> anyhow::Result<()> {
+    let Run {
+        a,
+        etcd,
+        dir,
+        runtime,
+        secret,
+        results,
+        roles,
+    } = *run;
     let o = PlaceOptions {
         nodes: a.nodes,
         sandboxes: a.sandboxes,
@@ -176,7 +190,7 @@ async fn measure(
     .await??;
     results.lock().unwrap_or_else(|p| p.into_inner()).place = Some(p);
     if a.creates > 0 {
-        measure_gateway(a, etcd, dir, runtime, secret, results, roles).await?;
+        measure_gateway(run).await?;
     }
     let Some(endpoint) = &a.s3_endpoint else {
         return Ok(());
@@ -202,15 +216,16 @@ async fn measure(
 }
 
 /// The gateway part: a real node and a control replica.
-async fn measure_gateway(
-    a: &Args,
-    etcd: &str,
-    dir: &std::path::Path,
-    runtime: &crate::drivers::BenchRuntime,
-    secret: &str,
-    results: &Mutex<Results>,
-    roles: &Mutex<Started>,
-) -> anyhow::Result<()> {
+async fn measure_gateway(run: &Run<'_>) -> anyhow::Result<()> {
+    let Run {
+        a,
+        etcd,
+        dir,
+        runtime,
+        secret,
+        results,
+        roles,
+    } = *run;
     eprintln!("gateway: starting a kiln node and a kiln control …");
     let started = Arc::new(gateway::start(etcd, dir, runtime, secret).await?);
     roles.lock().unwrap_or_else(|p| p.into_inner()).gateway = Some(started.clone());

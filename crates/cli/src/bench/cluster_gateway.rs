@@ -5,9 +5,8 @@
 //! running `true`) through the control's gateway against the same call through a tunnel
 //! straight into the node. The samples of both sides are interleaved.
 
-use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -17,7 +16,7 @@ use kiln_cluster::ClusterSecret;
 use kiln_envd::EnvdClient;
 use kiln_server::manager::CreateParams;
 
-use super::cluster_proc::{kiln, listen_addr, Proc};
+use super::cluster_proc::{envd_via_control, kiln, listen_addr, Live, Proc};
 use super::stats::{percentiles, Percentiles};
 use crate::drivers::BenchRuntime;
 
@@ -49,7 +48,7 @@ pub(crate) struct Roles {
     api_key: String,
     nodes: NodeClient,
     http: reqwest::Client,
-    pub live: Arc<Mutex<BTreeSet<String>>>,
+    pub live: Live,
 }
 
 /// Starts the node (state in `<dir>/node`) and the control replica.
@@ -116,10 +115,7 @@ impl Roles {
             bail!("create through the control: {status} {v}");
         }
         let id = v["sandboxID"].as_str().context("no sandboxID")?.to_string();
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone());
+        self.live.add(&id);
         let token = v["envdAccessToken"]
             .as_str()
             .unwrap_or_default()
@@ -138,10 +134,7 @@ impl Roles {
         };
         let doc = CreateDoc::of(&p)?;
         let (rec, _) = self.nodes.create(&self.node_addr, &doc).await?;
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(rec.id.clone());
+        self.live.add(&rec.id);
         Ok(rec.id)
     }
 
@@ -155,10 +148,7 @@ impl Roles {
             self.nodes.op(&self.node_addr, id, &op),
         )
         .await;
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.live.remove(id);
         match r {
             Ok(Ok(_)) | Ok(Err(kiln_server::Error::SandboxNotFound(_))) => Ok(()),
             Ok(Err(e)) => Err(e.into()),
@@ -168,26 +158,11 @@ impl Roles {
 
     /// Kills every sandbox made and not killed yet (errors are reported, not returned).
     pub async fn kill_all(&self) {
-        let ids: Vec<String> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        for id in ids {
-            if let Err(e) = self.kill(&id).await {
-                eprintln!("cleanup: killing {id}: {e:#}");
-            }
-        }
+        self.live.kill_all(async |id| self.kill(id).await).await;
     }
 
     fn envd_via_control(&self, id: &str, token: &str) -> EnvdClient {
-        EnvdClient::tcp(self.control_addr)
-            .with_header("host", self.control_addr.to_string())
-            .with_header("e2b-sandbox-id", id.to_string())
-            .with_header("e2b-sandbox-port", kiln_proto::envd::ENVD_PORT.to_string())
-            .with_access_token(Some(token.to_string()))
+        envd_via_control(self.control_addr, id, token)
     }
 
     fn envd_direct(&self, id: &str, token: &str) -> EnvdClient {

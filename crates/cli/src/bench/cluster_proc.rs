@@ -162,6 +162,45 @@ pub(crate) fn kiln(role: &str, etcd: &str, prefix: &str, secret: &str) -> anyhow
     Ok(cmd)
 }
 
+/// The sandboxes a part made and has not killed yet (killed on every way out).
+#[derive(Default)]
+pub(crate) struct Live(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl Live {
+    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    pub fn add(&self, id: &str) {
+        self.set().insert(id.to_string());
+    }
+    pub fn remove(&self, id: &str) {
+        self.set().remove(id);
+    }
+    /// Kills each with `kill` (errors are reported, not returned).
+    pub async fn kill_all(&self, kill: impl AsyncFn(&str) -> anyhow::Result<()>) {
+        let ids: Vec<String> = self.set().iter().cloned().collect();
+        for id in ids {
+            if let Err(e) = kill(&id).await {
+                eprintln!("cleanup: killing {id}: {e:#}");
+            }
+        }
+    }
+}
+
+/// An envd client of sandbox `id` through the gateway of the control replica at `control`
+/// (header mode, the sandbox's envd token).
+pub(crate) fn envd_via_control(
+    control: SocketAddr,
+    id: &str,
+    token: &str,
+) -> kiln_envd::EnvdClient {
+    kiln_envd::EnvdClient::tcp(control)
+        .with_header("host", control.to_string())
+        .with_header("e2b-sandbox-id", id.to_string())
+        .with_header("e2b-sandbox-port", kiln_proto::envd::ENVD_PORT.to_string())
+        .with_access_token(Some(token.to_string()))
+}
+
 /// The `host:port` a `kiln` role printed after `listening on http://`.
 pub(crate) fn listen_addr(line: &str) -> anyhow::Result<SocketAddr> {
     let addr = line.split_whitespace().next().unwrap_or_default();

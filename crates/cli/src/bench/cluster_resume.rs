@@ -8,10 +8,8 @@
 //! the connect request to the end of the first command after it; the fetch's MiB and MB/s
 //! come from the sandbox's `checkpoint` events.
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -19,7 +17,7 @@ use kiln_cluster::EtcdStore;
 use kiln_envd::EnvdClient;
 use serde_json::{json, Value};
 
-use super::cluster_proc::{kiln, listen_addr, Proc};
+use super::cluster_proc::{envd_via_control, kiln, listen_addr, Live, Proc};
 use super::stats::{percentiles, Percentiles};
 use crate::drivers::BenchRuntime;
 
@@ -54,7 +52,7 @@ pub(crate) struct Roles {
     api_key: String,
     http: reqwest::Client,
     etcd: EtcdStore,
-    pub live: Arc<Mutex<BTreeSet<String>>>,
+    pub live: Live,
 }
 
 /// Starts both nodes (state in `<dir>/resume-a`, `<dir>/resume-b`) and the control.
@@ -139,10 +137,7 @@ impl Roles {
             bail!("create through the control: {status} {v}");
         }
         let id = v["sandboxID"].as_str().context("no sandboxID")?.to_string();
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone());
+        self.live.add(&id);
         Ok((id, v["envdAccessToken"].as_str().unwrap_or("").to_string()))
     }
 
@@ -178,10 +173,7 @@ impl Roles {
         let (status, v) = self
             .call("DELETE", &format!("/sandboxes/{id}"), Value::Null)
             .await?;
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.live.remove(id);
         if status != 204 && status != 404 {
             bail!("killing {id}: {status} {v}");
         }
@@ -190,26 +182,11 @@ impl Roles {
 
     /// Kills every sandbox made and not killed yet (errors are reported, not returned).
     pub async fn kill_all(&self) {
-        let ids: Vec<String> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        for id in ids {
-            if let Err(e) = self.kill(&id).await {
-                eprintln!("cleanup: killing {id}: {e:#}");
-            }
-        }
+        self.live.kill_all(async |id| self.kill(id).await).await;
     }
 
     fn envd(&self, id: &str, token: &str) -> EnvdClient {
-        EnvdClient::tcp(self.addr)
-            .with_header("host", self.addr.to_string())
-            .with_header("e2b-sandbox-id", id.to_string())
-            .with_header("e2b-sandbox-port", kiln_proto::envd::ENVD_PORT.to_string())
-            .with_access_token(Some(token.to_string()))
+        envd_via_control(self.addr, id, token)
     }
 
     async fn owner(&self, id: &str) -> anyhow::Result<String> {
