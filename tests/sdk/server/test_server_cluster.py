@@ -1,11 +1,10 @@
 """A kiln cluster on this machine (docs/cluster.md): a one-member etcd, two `kiln node`
 processes (own state dirs, sandbox network off) and two `kiln control` replicas, driven through
-the pinned e2b SDK against a replica: creates land on both nodes, commands and files go through
-the gateway to the owning node, the other replica sees and reaches the same sandboxes, and a
+the pinned e2b SDK against a replica: creates land on both nodes, commands, files and metrics go
+through the gateway to the owning node, the other replica sees and reaches the same sandboxes, a
 node killed with SIGKILL has its running sandboxes end as `died: node-lost` while creates go to
 the node left; a drained node (`kiln node drain`) takes no new sandboxes; creates racing through
-two replicas never take a team past its quota. Everything listens on 127.0.0.1 and is stopped
-and removed afterwards.
+two replicas never take a team past its quota. All on 127.0.0.1, stopped and removed after.
 
 Needs KILN_BIN, the base template, runsc, and etcd (Debian's etcd-server, or KILN_ETCD).
 """
