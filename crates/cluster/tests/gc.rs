@@ -4,6 +4,8 @@
 //! the records or a live manifest deletes nothing, one node collects at a time, and an upload
 //! that reused chunks a concurrent round deleted stores them again.
 
+#[path = "common/data.rs"]
+mod data;
 #[allow(dead_code)]
 #[path = "common/etcd.rs"]
 mod etcd;
@@ -16,29 +18,17 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use data::data;
 use etcd::EtcdCluster;
 use kiln_cluster::gc::{self, GcConfig, GcError};
 use kiln_cluster::objects::{ChunkStore, GcReport, PutReport};
-use kiln_cluster::{CheckpointDoc, CheckpointFile, EtcdStore, NodeCapacity, Published};
+use kiln_cluster::{CheckpointDoc, CheckpointFile, EtcdStore, NodeCapacity, NodeLease, Published};
 use kiln_server::store::SandboxState;
 use moto::Moto;
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
 
 const CHUNK: usize = 16 * 1024;
-
-/// `len` bytes that differ from chunk to chunk (and from seed to seed).
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// Every object key of the bucket.
 async fn keys(store: &ChunkStore) -> BTreeSet<String> {
@@ -90,41 +80,64 @@ async fn record(etcd: &EtcdStore, node: &str, lease: i64, id: &str, put: &PutRep
     assert!(etcd.put_checkpoint(id, &doc).await.unwrap());
 }
 
+/// What each test starts from: an S3 server and a bucket's chunk store, a one-member etcd
+/// under its own prefix, and a scratch directory. None when the test is skipped.
+struct Bed {
+    _moto: Moto,
+    cluster: EtcdCluster,
+    etcd: EtcdStore,
+    store: ChunkStore,
+    dir: tempfile::TempDir,
+}
+
+async fn bed(test: &str, prefix: &str, bucket: &str) -> Option<Bed> {
+    let moto = Moto::start(test)?;
+    let cluster = EtcdCluster::start(test, 1).await?;
+    let etcd = cluster.store(prefix).await;
+    let store = ChunkStore::connect(&moto.bucket(bucket))
+        .unwrap()
+        .with_chunk_size(CHUNK);
+    Some(Bed {
+        _moto: moto,
+        cluster,
+        etcd,
+        store,
+        dir: tempfile::tempdir().unwrap(),
+    })
+}
+
+/// Node n1 of `etcd`, on a lease of 10 s.
+async fn node_n1(etcd: &EtcdStore) -> NodeLease {
+    etcd.register_node_at(
+        "n1",
+        "127.0.0.1:1",
+        NodeCapacity::default(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn orphans_older_than_the_grace_go_and_what_checkpoints_need_stays() {
     let name = "orphans_older_than_the_grace_go_and_what_checkpoints_need_stays";
-    let Some(moto) = Moto::start(name) else {
+    let Some(b) = bed(name, "/kiln-gc", "gc-orphans").await else {
         return;
     };
-    let Some(cluster) = EtcdCluster::start(name, 1).await else {
-        return;
-    };
-    let etcd = cluster.store("/kiln-gc").await;
-    let lease = etcd
-        .register_node_at(
-            "n1",
-            "127.0.0.1:1",
-            NodeCapacity::default(),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
-    let store = ChunkStore::connect(&moto.bucket("gc-orphans"))
-        .unwrap()
-        .with_chunk_size(CHUNK);
-    let dir = tempfile::tempdir().unwrap();
+    let (etcd, store, dir) = (&b.etcd, &b.store, b.dir.path());
+    let lease = node_n1(etcd).await;
 
     // Live: s1's checkpoint. Orphan: a file sharing all but one chunk with it, and one of its
     // own whose first two chunks a later (young) upload reuses.
     let live_bytes = data(4 * CHUNK, 1);
-    let live = put(&store, dir.path(), "live", &live_bytes).await;
-    record(&etcd, "n1", lease.lease_id(), "s1", &live).await;
+    let live = put(store, dir, "live", &live_bytes).await;
+    record(etcd, "n1", lease.lease_id(), "s1", &live).await;
     let mut sibling_bytes = live_bytes.clone();
     sibling_bytes[CHUNK + 1] ^= 0xff;
-    let sibling = put(&store, dir.path(), "sibling", &sibling_bytes).await;
+    let sibling = put(store, dir, "sibling", &sibling_bytes).await;
     assert_eq!(sibling.chunks_uploaded, 1);
     let own_bytes = data(3 * CHUNK, 2);
-    let own = put(&store, dir.path(), "own", &own_bytes).await;
+    let own = put(store, dir, "own", &own_bytes).await;
     // Something else in the bucket, under kiln's prefixes or not.
     for other in ["notes/readme", "chunks/not-a-hash"] {
         let payload = PutPayload::from_static(b"not kiln's");
@@ -134,17 +147,17 @@ async fn orphans_older_than_the_grace_go_and_what_checkpoints_need_stays() {
             .await
             .unwrap();
     }
-    let before = keys(&store).await;
+    let before = keys(store).await;
 
     // Past the grace, an upload in flight: its manifest is written, its record not yet. It
     // reuses two of `own`'s (old) chunks.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let young_bytes = [&own_bytes[..2 * CHUNK], &data(CHUNK, 3)[..]].concat();
-    let young = put(&store, dir.path(), "young", &young_bytes).await;
+    let young = put(store, dir, "young", &young_bytes).await;
     assert_eq!((young.chunks_uploaded, young.chunks_present), (1, 2));
 
     let grace = Duration::from_secs(2);
-    let report = gc::round(&etcd, &store, grace).await.unwrap();
+    let report = gc::round(etcd, store, grace).await.unwrap();
     let sibling_only = &sibling.manifest.chunks[1];
     let own_only = &own.manifest.chunks[2];
     let gone: BTreeSet<String> = [
@@ -154,7 +167,7 @@ async fn orphans_older_than_the_grace_go_and_what_checkpoints_need_stays() {
         format!("chunks/{own_only}"),
     ]
     .into();
-    let after = keys(&store).await;
+    let after = keys(store).await;
     assert_eq!(
         before.difference(&after).cloned().collect::<BTreeSet<_>>(),
         gone
@@ -176,8 +189,8 @@ async fn orphans_older_than_the_grace_go_and_what_checkpoints_need_stays() {
 
     // Both kept files still come back whole.
     for (p, bytes) in [(&live, &live_bytes), (&young, &young_bytes)] {
-        let out = dir.path().join("out");
-        let cache = dir.path().join(format!("cache-{}", p.id));
+        let out = dir.join("out");
+        let cache = dir.join(format!("cache-{}", p.id));
         store.get_file(&p.id, &out, &cache).await.unwrap();
         assert_eq!(&std::fs::read(&out).unwrap(), bytes);
     }
@@ -186,10 +199,10 @@ async fn orphans_older_than_the_grace_go_and_what_checkpoints_need_stays() {
     let running = records::sandbox("s1", SandboxState::Running);
     let published = etcd.publish_sandbox("n1", lease.lease_id(), &running, None);
     assert!(matches!(published.await.unwrap(), Published::At(_)));
-    let report = gc::round(&etcd, &store, Duration::ZERO).await.unwrap();
+    let report = gc::round(etcd, store, Duration::ZERO).await.unwrap();
     assert_eq!((report.manifests_deleted, report.manifests_kept), (2, 0));
     assert_eq!(
-        keys(&store).await,
+        keys(store).await,
         ["chunks/not-a-hash", "notes/readme"]
             .map(String::from)
             .into()
@@ -199,63 +212,41 @@ async fn orphans_older_than_the_grace_go_and_what_checkpoints_need_stays() {
 #[tokio::test]
 async fn a_round_that_cannot_read_what_is_live_deletes_nothing() {
     let name = "a_round_that_cannot_read_what_is_live_deletes_nothing";
-    let Some(moto) = Moto::start(name) else {
+    let Some(mut b) = bed(name, "/kiln-gc-fail", "gc-fail").await else {
         return;
     };
-    let Some(mut cluster) = EtcdCluster::start(name, 1).await else {
-        return;
-    };
-    let etcd = cluster.store("/kiln-gc-fail").await;
-    let lease = etcd
-        .register_node_at(
-            "n1",
-            "127.0.0.1:1",
-            NodeCapacity::default(),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
-    let store = ChunkStore::connect(&moto.bucket("gc-fail"))
-        .unwrap()
-        .with_chunk_size(CHUNK);
-    let dir = tempfile::tempdir().unwrap();
-    let orphan = put(&store, dir.path(), "orphan", &data(2 * CHUNK, 4)).await;
-    let live = put(&store, dir.path(), "live", &data(2 * CHUNK, 5)).await;
-    record(&etcd, "n1", lease.lease_id(), "s1", &live).await;
+    let (etcd, store, dir) = (&b.etcd, &b.store, b.dir.path());
+    let lease = node_n1(etcd).await;
+    let orphan = put(store, dir, "orphan", &data(2 * CHUNK, 4)).await;
+    let live = put(store, dir, "live", &data(2 * CHUNK, 5)).await;
+    record(etcd, "n1", lease.lease_id(), "s1", &live).await;
     // The live manifest's bytes in the bucket are damaged: its chunks cannot be known.
     let key = Key::from(format!("manifests/{}", live.id));
     let payload = PutPayload::from_static(b"{\"size\":1}");
     store.bucket().put(&key, payload).await.unwrap();
-    let before = keys(&store).await;
+    let before = keys(store).await;
     assert!(keys_of(&orphan).is_subset(&before));
 
-    let err = gc::round(&etcd, &store, Duration::ZERO).await.unwrap_err();
+    let err = gc::round(etcd, store, Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, GcError::Objects(_)), "{err}");
-    assert_eq!(keys(&store).await, before);
+    assert_eq!(keys(store).await, before);
 
     // etcd is gone: the records cannot be read.
-    std::fs::write(dir.path().join("live"), data(2 * CHUNK, 5)).unwrap();
-    store.put_file(&dir.path().join("live")).await.unwrap();
-    cluster.kill(0);
-    let err = gc::round(&etcd, &store, Duration::ZERO).await.unwrap_err();
+    std::fs::write(dir.join("live"), data(2 * CHUNK, 5)).unwrap();
+    store.put_file(&dir.join("live")).await.unwrap();
+    b.cluster.kill(0);
+    let err = gc::round(etcd, store, Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, GcError::Records(_)), "{err}");
-    assert_eq!(keys(&store).await, before);
+    assert_eq!(keys(store).await, before);
 }
 
 #[tokio::test]
 async fn one_node_collects_at_a_time_and_another_takes_over() {
     let name = "one_node_collects_at_a_time_and_another_takes_over";
-    let Some(moto) = Moto::start(name) else {
+    let Some(b) = bed(name, "/kiln-gc-lead", "gc-lead").await else {
         return;
     };
-    let Some(cluster) = EtcdCluster::start(name, 1).await else {
-        return;
-    };
-    let etcd = cluster.store("/kiln-gc-lead").await;
-    let store = ChunkStore::connect(&moto.bucket("gc-lead"))
-        .unwrap()
-        .with_chunk_size(CHUNK);
-    let dir = tempfile::tempdir().unwrap();
+    let (etcd, store, dir) = (&b.etcd, &b.store, b.dir.path());
     let cfg = GcConfig {
         every: Duration::from_millis(200),
         grace: Duration::ZERO,
@@ -272,9 +263,9 @@ async fn one_node_collects_at_a_time_and_another_takes_over() {
         .into_iter()
         .map(|n| tokio::spawn(gc::run(etcd.clone(), store.clone(), n.into(), cfg)))
         .collect();
-    put(&store, dir.path(), "a", &data(2 * CHUNK, 6)).await;
+    put(store, dir, "a", &data(2 * CHUNK, 6)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !keys(&store).await.is_empty() {
+    while !keys(store).await.is_empty() {
         assert!(
             Instant::now() < deadline,
             "the first orphan was not collected"
@@ -295,9 +286,9 @@ async fn one_node_collects_at_a_time_and_another_takes_over() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    put(&store, dir.path(), "b", &data(2 * CHUNK, 7)).await;
+    put(store, dir, "b", &data(2 * CHUNK, 7)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !keys(&store).await.is_empty() {
+    while !keys(store).await.is_empty() {
         assert!(
             Instant::now() < deadline,
             "the second orphan was not collected"
@@ -312,66 +303,51 @@ async fn one_node_collects_at_a_time_and_another_takes_over() {
 #[tokio::test]
 async fn an_upload_a_round_overlapped_stores_again_what_the_round_deleted() {
     let name = "an_upload_a_round_overlapped_stores_again_what_the_round_deleted";
-    let Some(moto) = Moto::start(name) else {
+    let Some(b) = bed(name, "/kiln-gc-settle", "gc-settle").await else {
         return;
     };
-    let Some(cluster) = EtcdCluster::start(name, 1).await else {
-        return;
-    };
-    let etcd = cluster.store("/kiln-gc-settle").await;
-    let node = etcd
-        .register_node_at(
-            "n1",
-            "127.0.0.1:1",
-            NodeCapacity::default(),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    let (etcd, store, dir) = (&b.etcd, &b.store, b.dir.path());
+    let node = node_n1(etcd).await;
     let collector = etcd.client().lease_grant(10, None).await.unwrap().id();
-    let store = ChunkStore::connect(&moto.bucket("gc-settle"))
-        .unwrap()
-        .with_chunk_size(CHUNK);
-    let dir = tempfile::tempdir().unwrap();
     let old_bytes = data(3 * CHUNK, 8);
-    put(&store, dir.path(), "old", &old_bytes).await;
-    let never = gc::round_mark(&etcd).await.unwrap();
+    put(store, dir, "old", &old_bytes).await;
+    let never = gc::round_mark(etcd).await.unwrap();
     assert!(!never.running);
-    assert!(!gc::settle(&etcd, &store, &never, &[]).await.unwrap());
+    assert!(!gc::settle(etcd, store, &never, &[]).await.unwrap());
 
     // An upload begins and reuses two chunks of an orphan; a round collects them (and, with
     // no grace, the upload's manifest) before the upload's record is written.
-    let before = gc::round_mark(&etcd).await.unwrap();
+    let before = gc::round_mark(etcd).await.unwrap();
     let new_bytes = [&old_bytes[..2 * CHUNK], &data(CHUNK, 9)[..]].concat();
-    let new = put(&store, dir.path(), "new", &new_bytes).await;
+    let new = put(store, dir, "new", &new_bytes).await;
     assert_eq!(new.chunks_present, 2);
-    gc::begin_round(&etcd, collector).await.unwrap();
-    assert!(gc::round_mark(&etcd).await.unwrap().running);
-    let report = gc::round(&etcd, &store, Duration::ZERO).await.unwrap();
-    gc::end_round(&etcd).await.unwrap();
+    gc::begin_round(etcd, collector).await.unwrap();
+    assert!(gc::round_mark(etcd).await.unwrap().running);
+    let report = gc::round(etcd, store, Duration::ZERO).await.unwrap();
+    gc::end_round(etcd).await.unwrap();
     assert_eq!((report.manifests_deleted, report.chunks_deleted), (2, 4));
 
     // The record is written, then the upload settles: its file is whole in the bucket again.
-    record(&etcd, "n1", node.lease_id(), "s1", &new).await;
-    let files = [(dir.path().join("new"), new.id.clone())];
-    assert!(gc::settle(&etcd, &store, &before, &files).await.unwrap());
-    assert_eq!(keys(&store).await, keys_of(&new));
-    let out = dir.path().join("out");
+    record(etcd, "n1", node.lease_id(), "s1", &new).await;
+    let files = [(dir.join("new"), new.id.clone())];
+    assert!(gc::settle(etcd, store, &before, &files).await.unwrap());
+    assert_eq!(keys(store).await, keys_of(&new));
+    let out = dir.join("out");
     store
-        .get_file(&new.id, &out, &dir.path().join("cache"))
+        .get_file(&new.id, &out, &dir.join("cache"))
         .await
         .unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), new_bytes);
     // The record protects it from every later round.
-    gc::round(&etcd, &store, Duration::ZERO).await.unwrap();
-    assert_eq!(keys(&store).await, keys_of(&new));
+    gc::round(etcd, store, Duration::ZERO).await.unwrap();
+    assert_eq!(keys(store).await, keys_of(&new));
 
     // An upload no round overlapped has nothing to do; one that a running round overlaps
     // waits for the round's end.
-    let quiet = gc::round_mark(&etcd).await.unwrap();
-    assert!(!gc::settle(&etcd, &store, &quiet, &files).await.unwrap());
-    gc::begin_round(&etcd, collector).await.unwrap();
-    let during = gc::round_mark(&etcd).await.unwrap();
+    let quiet = gc::round_mark(etcd).await.unwrap();
+    assert!(!gc::settle(etcd, store, &quiet, &files).await.unwrap());
+    gc::begin_round(etcd, collector).await.unwrap();
+    let during = gc::round_mark(etcd).await.unwrap();
     let ending = {
         let etcd = etcd.clone();
         tokio::spawn(async move {
@@ -380,7 +356,7 @@ async fn an_upload_a_round_overlapped_stores_again_what_the_round_deleted() {
         })
     };
     let t = Instant::now();
-    assert!(gc::settle(&etcd, &store, &during, &files).await.unwrap());
+    assert!(gc::settle(etcd, store, &during, &files).await.unwrap());
     assert!(
         t.elapsed() >= Duration::from_millis(1400),
         "{:?}",
@@ -388,9 +364,7 @@ async fn an_upload_a_round_overlapped_stores_again_what_the_round_deleted() {
     );
     ending.await.unwrap();
     // A file that is no longer what its record names is refused.
-    std::fs::write(dir.path().join("new"), b"other bytes").unwrap();
-    let err = gc::settle(&etcd, &store, &during, &files)
-        .await
-        .unwrap_err();
+    std::fs::write(dir.join("new"), b"other bytes").unwrap();
+    let err = gc::settle(etcd, store, &during, &files).await.unwrap_err();
     assert!(matches!(err, GcError::Changed { .. }), "{err}");
 }

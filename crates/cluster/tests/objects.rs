@@ -3,30 +3,20 @@
 //! corrupted chunk refused without leaving a partial file, and a chunk cache kept under its
 //! cap by evicting the least recently used.
 
+#[path = "common/data.rs"]
+mod data;
 #[path = "common/moto.rs"]
 mod moto;
 
 use std::path::Path;
 
+use data::data;
 use kiln_cluster::objects::{ChunkCache, ChunkStore, GetReport, ObjectError};
 use moto::Moto;
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
 
 const CHUNK: usize = 64 * 1024;
-
-/// `len` bytes that differ from chunk to chunk (and from seed to seed).
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 async fn store(moto: &Moto, bucket: &str) -> ChunkStore {
     ChunkStore::connect(&moto.bucket(bucket))
