@@ -163,15 +163,7 @@ struct Run<'a> {
 
 /// Every part; each stores its report as soon as it has it.
 async fn measure(run: &Run<'_>) -> anyhow::Result<()> {
-    let Run {
-        a,
-        etcd,
-        dir,
-        runtime,
-        secret,
-        results,
-        roles,
-    } = *run;
+    let a = run.a;
     let o = PlaceOptions {
         nodes: a.nodes,
         sandboxes: a.sandboxes,
@@ -180,7 +172,7 @@ async fn measure(run: &Run<'_>) -> anyhow::Result<()> {
     };
     // On a runtime of its own, dropped after it: the replica's view it loads keeps following
     // etcd in the background, which must not run on beside the gateway part.
-    let url = etcd.to_string();
+    let url = run.etcd.to_string();
     let p = tokio::task::spawn_blocking(move || -> anyhow::Result<PlaceReport> {
         let rt = tokio::runtime::Runtime::new()?;
         let r = rt.block_on(place::run(&url, &o));
@@ -188,25 +180,31 @@ async fn measure(run: &Run<'_>) -> anyhow::Result<()> {
         r
     })
     .await??;
-    results.lock().unwrap_or_else(|p| p.into_inner()).place = Some(p);
+    run.results.lock().unwrap_or_else(|p| p.into_inner()).place = Some(p);
     if a.creates > 0 {
         measure_gateway(run).await?;
     }
-    let Some(endpoint) = &a.s3_endpoint else {
-        return Ok(());
-    };
+    if let Some(endpoint) = &a.s3_endpoint {
+        measure_resume(run, endpoint).await?;
+    }
+    Ok(())
+}
+
+/// The resume part: two nodes on the bucket at `endpoint` and a control replica.
+async fn measure_resume(run: &Run<'_>, endpoint: &str) -> anyhow::Result<()> {
+    let a = run.a;
     eprintln!("resume: starting two kiln nodes on the bucket and a kiln control …");
     let o = ResumeOptions {
         template: a.template.clone(),
         samples: a.resumes.max(1),
         mib: a.resume_mib,
-        s3_endpoint: endpoint.clone(),
+        s3_endpoint: endpoint.to_string(),
         s3_bucket: a.s3_bucket.clone(),
     };
-    let started = Arc::new(resume::start(etcd, dir, runtime, secret, &o).await?);
-    roles.lock().unwrap_or_else(|p| p.into_inner()).resume = Some(started.clone());
+    let started = Arc::new(resume::start(run.etcd, run.dir, run.runtime, run.secret, &o).await?);
+    run.roles.lock().unwrap_or_else(|p| p.into_inner()).resume = Some(started.clone());
     match resume::run(&started, &o).await {
-        Ok(r) => results.lock().unwrap_or_else(|p| p.into_inner()).resume = Some(r),
+        Ok(r) => run.results.lock().unwrap_or_else(|p| p.into_inner()).resume = Some(r),
         Err(e) => {
             eprintln!("{}", started.tail());
             anyhow::bail!("{e:#}");
@@ -217,18 +215,10 @@ async fn measure(run: &Run<'_>) -> anyhow::Result<()> {
 
 /// The gateway part: a real node and a control replica.
 async fn measure_gateway(run: &Run<'_>) -> anyhow::Result<()> {
-    let Run {
-        a,
-        etcd,
-        dir,
-        runtime,
-        secret,
-        results,
-        roles,
-    } = *run;
+    let a = run.a;
     eprintln!("gateway: starting a kiln node and a kiln control …");
-    let started = Arc::new(gateway::start(etcd, dir, runtime, secret).await?);
-    roles.lock().unwrap_or_else(|p| p.into_inner()).gateway = Some(started.clone());
+    let started = Arc::new(gateway::start(run.etcd, run.dir, run.runtime, run.secret).await?);
+    run.roles.lock().unwrap_or_else(|p| p.into_inner()).gateway = Some(started.clone());
     let o = GatewayOptions {
         template: a.template.clone(),
         creates: a.creates,
@@ -243,7 +233,10 @@ async fn measure_gateway(run: &Run<'_>) -> anyhow::Result<()> {
         );
         anyhow::bail!("{e:#}");
     }
-    results.lock().unwrap_or_else(|p| p.into_inner()).gateway = g.ok();
+    run.results
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .gateway = g.ok();
     Ok(())
 }
 
