@@ -100,6 +100,16 @@ def cluster():
         finish(c, base, *([moto.stop] if moto else []))
 
 
+def kill_quietly(cluster, sid: str, control: str):
+    """Kills the sandbox on the way out of a test, whatever state the test left it in."""
+    from e2b import Sandbox
+
+    try:
+        Sandbox.kill(sid, **cluster.opts(control))
+    except Exception:
+        pass
+
+
 def sandbox_dir(node: Proc, sid: str) -> str:
     return os.path.join(node.state_dir, "gvisor", "sandboxes", sid)
 
@@ -203,10 +213,7 @@ def test_a_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(cl
         assert again.commands.run("echo still here").stdout.strip() == "still here"
         assert cluster.node_of(sid) == other
     finally:
-        try:
-            Sandbox.kill(sid, **cluster.opts("c2"))
-        except Exception:
-            pass
+        kill_quietly(cluster, sid, "c2")
 
 
 def net_file(node: Proc, sid: str) -> dict:
@@ -249,10 +256,7 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere_under_its_policy(
         assert again.files.read("/home/user/notes.txt") == "drained"
     finally:
         kiln_node(cluster, "undrain", home)
-        try:
-            Sandbox.kill(sid, **cluster.opts("c1"))
-        except Exception:
-            pass
+        kill_quietly(cluster, sid, "c1")
 
 
 def test_a_drained_nodes_paused_sandboxes_move_off_it_by_themselves(cluster):
@@ -286,10 +290,7 @@ def test_a_drained_nodes_paused_sandboxes_move_off_it_by_themselves(cluster):
         assert again.files.read("/home/user/notes.txt") == "moved while paused"
     finally:
         kiln_node(cluster, "undrain", home)
-        try:
-            Sandbox.kill(sid, **cluster.opts("c1"))
-        except Exception:
-            pass
+        kill_quietly(cluster, sid, "c1")
 
 
 def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
@@ -330,10 +331,7 @@ def test_an_auto_paused_filesystem_only_sandbox_outlives_its_node(cluster):
         assert again.commands.run("echo booted").stdout.strip() == "booted"
         cluster.start_node(home)
     finally:
-        try:
-            Sandbox.kill(sid, **cluster.opts("c1"))
-        except Exception:
-            pass
+        kill_quietly(cluster, sid, "c1")
 
 
 def test_a_node_refuses_to_start_on_a_bucket_it_cannot_use(cluster):
@@ -378,7 +376,4 @@ def test_without_an_object_store_a_lost_nodes_paused_sandbox_answers_409(cluster
         assert "node n3" in body["message"] and "no object store" in body["message"], body
         assert "/" not in body["message"], "no host path in the message"
     finally:
-        try:
-            Sandbox.kill(sid, **cluster.opts("c1"))
-        except Exception:
-            pass
+        kill_quietly(cluster, sid, "c1")
