@@ -113,21 +113,20 @@ pub fn still_running(procs: &[Process]) -> Vec<libc::pid_t> {
         .collect()
 }
 
-/// Whether a runsc process's arguments name runsc state root `root` (`--root=…`, which runsc
-/// passes on to its sandbox and gofer processes). Another kiln server on the host (a second
-/// node, a bench's server) has a root of its own, and may run a sandbox of the same id: a
-/// sandbox moved between two nodes of one host keeps its id and container id.
-fn of_root(args: &[String], root: &str) -> bool {
-    args.iter().any(|a| a.strip_prefix("--root=") == Some(root))
+/// One runsc process under a server's state root.
+struct RunscProcess {
+    pid: libc::pid_t,
+    /// Its command line; the first is `runsc-sandbox` or `runsc-gofer`.
+    args: Vec<String>,
 }
 
-/// The sandbox's own host processes (`runsc-sandbox`, `runsc-gofer`) under runsc state root
-/// `root`: the sandbox's command line names the container id, the gofer's names the bundle
-/// under `sandbox_dir` (the gofers of every generation of the sandbox: None matches by
-/// container id only).
-pub fn sandbox_processes(id: &str, sandbox_dir: Option<&Path>, root: &Path) -> Vec<libc::pid_t> {
-    let dir = sandbox_dir.map(|d| d.to_string_lossy().into_owned());
-    let root = root.to_string_lossy();
+/// The `runsc-sandbox` and `runsc-gofer` processes whose arguments name runsc state root
+/// `root` (`--root=…`, which runsc passes on to its sandbox and gofer processes); one pass
+/// over /proc. Another kiln server on the host (a second node, a bench's server) has a root
+/// of its own, and may run a sandbox of the same id: a sandbox moved between two nodes of one
+/// host keeps its id and container id.
+fn runsc_processes(root: &Path) -> Vec<RunscProcess> {
+    let root_arg = format!("--root={}", root.to_string_lossy());
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
@@ -143,65 +142,57 @@ pub fn sandbox_processes(id: &str, sandbox_dir: Option<&Path>, root: &Path) -> V
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
+        if !cmdline.starts_with(b"runsc-sandbox\0") && !cmdline.starts_with(b"runsc-gofer\0") {
+            continue;
+        }
         let args: Vec<String> = cmdline
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        let argv0 = args.first().map(String::as_str).unwrap_or_default();
-        if argv0 != "runsc-sandbox" && argv0 != "runsc-gofer" {
-            continue;
-        }
-        if !of_root(&args, &root) {
-            continue;
-        }
-        if args[1..]
-            .iter()
-            .any(|a| a == id || dir.as_deref().is_some_and(|d| a.contains(d)))
-        {
-            out.push(pid);
+        if args.contains(&root_arg) {
+            out.push(RunscProcess { pid, args });
         }
     }
     out
 }
 
+/// Whether process `pid` is a zombie.
+fn zombie(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            == Some("Z")
+    })
+}
+
+/// The sandbox's own host processes (`runsc-sandbox`, `runsc-gofer`) under runsc state root
+/// `root`: the sandbox's command line names the container id, the gofer's names the bundle
+/// under `sandbox_dir` (the gofers of every generation of the sandbox: None matches by
+/// container id only).
+pub fn sandbox_processes(id: &str, sandbox_dir: Option<&Path>, root: &Path) -> Vec<libc::pid_t> {
+    let dir = sandbox_dir.map(|d| d.to_string_lossy().into_owned());
+    runsc_processes(root)
+        .into_iter()
+        .filter(|p| {
+            p.args[1..]
+                .iter()
+                .any(|a| a == id || dir.as_deref().is_some_and(|d| a.contains(d)))
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
 /// Ids of the sandboxes that have a live `runsc-sandbox` process under runsc state root
 /// `root` (its `--id` or trailing container id argument); one pass over /proc.
 pub fn live_sandbox_ids(root: &Path) -> std::collections::HashSet<String> {
-    let root = root.to_string_lossy();
     let mut out = std::collections::HashSet::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in rd.flatten() {
-        if !e
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        {
+    for p in runsc_processes(root) {
+        if p.args[0] != "runsc-sandbox" || zombie(p.pid) {
             continue;
-        }
-        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if args.first().map(String::as_str) != Some("runsc-sandbox") || !of_root(&args, &root) {
-            continue;
-        }
-        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
-            if stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().next())
-                == Some("Z")
-            {
-                continue;
-            }
         }
         // Every argument that could be the id: the check against the list of running ids
         // happens in the caller.
-        for a in args.into_iter().skip(1) {
+        for a in p.args.into_iter().skip(1) {
             match a.split_once('=') {
                 Some((_, v)) if a.starts_with('-') => out.insert(v.to_string()),
                 _ => out.insert(a),
@@ -226,13 +217,24 @@ mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
 
-    /// A process that looks like a `runsc-sandbox` of container `cid` under `root`.
+    /// A process that looks like a `runsc-sandbox` of container `cid` under `root`, once its
+    /// command line shows it (the spawn may return before /proc has the new one).
     fn fake_sandbox(root: &str, cid: &str) -> std::process::Child {
-        std::process::Command::new("/bin/sh")
+        let child = std::process::Command::new("/bin/sh")
             .arg0("runsc-sandbox")
             .args(["-c", "sleep 30; :", &format!("--root={root}"), cid])
             .spawn()
-            .unwrap()
+            .unwrap();
+        let cmdline = format!("/proc/{}/cmdline", child.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !std::fs::read(&cmdline).is_ok_and(|c| c.starts_with(b"runsc-sandbox\0")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the fake sandbox never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child
     }
 
     #[test]
