@@ -32,17 +32,50 @@ const NET_FILE: &str = "net.json";
 pub const REFUSED: &str = "nothing is listening";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// `net.json`: what a restarted server needs to adopt a sandbox's slot.
-#[derive(Debug, Serialize, Deserialize)]
+/// An egress policy as the API gives it: lists of targets (CIDRs, addresses, domains), as
+/// `net.json` keeps it and as it moves with a paused sandbox to another host
+/// ([`super::portable`]).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct NetFile {
-    slot: u32,
+pub(super) struct PolicyLists {
     allow_internet_access: bool,
     allow_out: Vec<String>,
     deny_out: Vec<String>,
     dns_servers: Vec<String>,
     #[serde(default)]
     https_ports: Vec<u16>,
+}
+
+impl PolicyLists {
+    pub(super) fn of(p: &EgressPolicy) -> Self {
+        Self {
+            allow_internet_access: p.allow_internet_access,
+            allow_out: EgressPolicy::list_strings(&p.allow_out),
+            deny_out: EgressPolicy::list_strings(&p.deny_out),
+            dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
+            https_ports: p.https_ports.clone(),
+        }
+    }
+
+    pub(super) fn policy(&self) -> kiln_net::Result<EgressPolicy> {
+        let mut p = EgressPolicy::from_lists(
+            self.allow_internet_access,
+            &self.allow_out,
+            &self.deny_out,
+            &self.dns_servers,
+        )?;
+        p.https_ports = self.https_ports.clone();
+        Ok(p)
+    }
+}
+
+/// `net.json`: what a restarted server needs to adopt a sandbox's slot.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetFile {
+    slot: u32,
+    #[serde(flatten)]
+    policy: PolicyLists,
     /// Ingress as kilns before the sandbox record held it wrote it: read, never written.
     #[serde(default, skip_serializing)]
     traffic_token: Option<String>,
@@ -54,11 +87,7 @@ impl NetFile {
     fn new(slot: u32, p: &EgressPolicy) -> Self {
         Self {
             slot,
-            allow_internet_access: p.allow_internet_access,
-            allow_out: EgressPolicy::list_strings(&p.allow_out),
-            deny_out: EgressPolicy::list_strings(&p.deny_out),
-            dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
-            https_ports: p.https_ports.clone(),
+            policy: PolicyLists::of(p),
             traffic_token: None,
             mask_request_host: None,
         }
@@ -72,17 +101,7 @@ impl NetFile {
         (i != Ingress::default()).then_some(i)
     }
     fn policy(&self) -> Option<EgressPolicy> {
-        EgressPolicy::from_lists(
-            self.allow_internet_access,
-            &self.allow_out,
-            &self.deny_out,
-            &self.dns_servers,
-        )
-        .ok()
-        .map(|mut p| {
-            p.https_ports = self.https_ports.clone();
-            p
-        })
+        self.policy.policy().ok()
     }
 }
 

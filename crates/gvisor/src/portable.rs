@@ -20,10 +20,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use kiln_net::EgressPolicy;
-
 use super::checkpoint::Paused;
 use super::mounts::unmount;
+use super::network::PolicyLists;
 use super::{check_id, disk, GvisorDriver};
 use crate::driver::{io_err, DriverError, PortablePause, Result, SandboxSpec};
 
@@ -38,41 +37,6 @@ struct Portable {
     /// The egress policy (None: the default, internet on).
     #[serde(default)]
     network: Option<PolicyLists>,
-}
-
-/// An egress policy as the API gives it: lists of targets (CIDRs, addresses, domains).
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PolicyLists {
-    allow_internet_access: bool,
-    allow_out: Vec<String>,
-    deny_out: Vec<String>,
-    dns_servers: Vec<String>,
-    https_ports: Vec<u16>,
-}
-
-impl PolicyLists {
-    fn of(p: &EgressPolicy) -> Self {
-        Self {
-            allow_internet_access: p.allow_internet_access,
-            allow_out: EgressPolicy::list_strings(&p.allow_out),
-            deny_out: EgressPolicy::list_strings(&p.deny_out),
-            dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
-            https_ports: p.https_ports.clone(),
-        }
-    }
-
-    fn policy(&self) -> Result<EgressPolicy> {
-        let mut p = EgressPolicy::from_lists(
-            self.allow_internet_access,
-            &self.allow_out,
-            &self.deny_out,
-            &self.dns_servers,
-        )
-        .map_err(|e| DriverError::Other(format!("the moved sandbox's egress policy: {e}")))?;
-        p.https_ports = self.https_ports.clone();
-        Ok(p)
-    }
 }
 
 /// Flushes the filesystem holding `path` (its dirty pages and journal reach the disk image).
@@ -184,7 +148,8 @@ impl GvisorDriver {
             .network
             .as_ref()
             .map(PolicyLists::policy)
-            .transpose()?;
+            .transpose()
+            .map_err(|e| DriverError::Other(format!("the moved sandbox's egress policy: {e}")))?;
         self.prepare_with(&spec, None).await?;
         let adopted = self.place_incoming(&spec, &incoming, portable.memory).await;
         if adopted.is_err() {
@@ -229,6 +194,7 @@ impl GvisorDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_net::EgressPolicy;
 
     #[test]
     fn a_policy_moves_as_lists_and_comes_back_the_same() {
@@ -250,13 +216,10 @@ mod tests {
         // A record without a policy (the default) reads as none.
         let old: Portable = serde_json::from_slice(br#"{"memory":false}"#).unwrap();
         assert!(old.network.is_none());
-        let bad = PolicyLists {
-            allow_internet_access: true,
-            allow_out: vec!["not a target!".into()],
-            deny_out: vec![],
-            dns_servers: vec![],
-            https_ports: vec![],
-        };
+        let bad: PolicyLists = serde_json::from_str(
+            r#"{"allowInternetAccess":true,"allowOut":["not a target!"],"denyOut":[],"dnsServers":[]}"#,
+        )
+        .unwrap();
         assert!(bad.policy().is_err());
     }
 
