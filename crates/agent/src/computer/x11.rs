@@ -7,7 +7,7 @@
 //! threads, one at a time.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use x11rb::connection::{Connection as _, RequestConnection as _};
 use x11rb::errors::{ConnectError, ConnectionError, ReplyError};
@@ -23,10 +23,14 @@ use super::keymap::{KeyMap, KeyStroke};
 
 /// JPEG quality of screenshots (scrot's `--quality 80`).
 const JPEG_QUALITY: u8 = 80;
-/// How long a keysym mapped onto a free keycode stays before the keycode is restored: clients
-/// read the new mapping when they handle its MappingNotify, which may be after the key events
-/// were sent.
+/// How long a keysym mapped onto a free keycode stays before the keycode is restored when a
+/// batch runs out of free keycodes: clients read the new mapping when they handle its
+/// MappingNotify, which may be after the key events were sent.
 const REMAP_SETTLE: Duration = Duration::from_millis(100);
+/// How long keycodes lent to keysyms outside the layout stay mapped after the batch that typed
+/// them: a client reads a mapping when it handles the MappingNotify, which on a busy host comes
+/// long after the key events were sent; restored before that, the keys reach it as nothing.
+const LEND_FOR: Duration = Duration::from_secs(1);
 const SHIFT_L: u32 = 0xffe1;
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +72,17 @@ pub struct Image {
 struct Conn {
     c: RustConnection,
     root: xproto::Window,
+    lent: std::cell::RefCell<Lent>,
+}
+
+/// Keycodes past batches mapped to keysyms outside the layout, given back [`LEND_FOR`] after
+/// the last batch.
+#[derive(Default)]
+struct Lent {
+    /// Each keycode with the keysyms to give back.
+    keys: Vec<(u8, Vec<u32>)>,
+    /// When the last batch that used them ended.
+    since: Option<Instant>,
 }
 
 impl Conn {
@@ -88,7 +103,29 @@ impl Conn {
         c.xtest_get_version(2, 2)?.reply()?;
         // XFixes answers cursor requests only after the client said which version it speaks.
         c.xfixes_query_version(5, 0)?.reply()?;
-        Ok(Conn { c, root })
+        Ok(Conn {
+            c,
+            root,
+            lent: Default::default(),
+        })
+    }
+
+    /// Gives the lent keycodes back once [`LEND_FOR`] has passed since the batch that used
+    /// them last; whether any were given back.
+    fn give_back_lent(&self) -> Result<bool, XError> {
+        let mut lent = self.lent.borrow_mut();
+        let due = lent.since.is_some_and(|at| at.elapsed() >= LEND_FOR);
+        if lent.keys.is_empty() || !due {
+            return Ok(false);
+        }
+        for (keycode, old) in lent.keys.drain(..) {
+            self.c
+                .change_keyboard_mapping(1, keycode, old.len() as u8, &old)?;
+        }
+        lent.since = None;
+        self.c.sync()?;
+        self.drain()?;
+        Ok(true)
     }
 
     fn size(&self) -> Result<(u32, u32), XError> {
@@ -124,8 +161,9 @@ impl Conn {
         })
     }
 
-    /// Plays input steps, then waits until the server has handled them.
-    fn play(&self, steps: &[Step]) -> Result<(), XError> {
+    /// Plays input steps, then waits until the server has handled them; whether keycodes are
+    /// lent to keysyms outside the layout now.
+    fn play(&self, steps: &[Step]) -> Result<bool, XError> {
         let mut keys = None;
         let res = steps.iter().try_for_each(|s| match *s {
             Step::Move { x, y } => {
@@ -142,7 +180,8 @@ impl Conn {
             }
             Step::Key { keysym, press } => {
                 if keys.is_none() {
-                    keys = Some(Keyboard::new(self.keymap()?));
+                    let lent = std::mem::take(&mut self.lent.borrow_mut().keys);
+                    keys = Some(Keyboard::new(self.keymap()?, lent));
                 }
                 keys.as_mut().expect("just set").key(self, keysym, press)
             }
@@ -157,7 +196,8 @@ impl Conn {
         }
         res?;
         self.c.sync()?;
-        self.drain()
+        self.drain()?;
+        Ok(!self.lent.borrow().keys.is_empty())
     }
 
     /// The screen or a region `[x0, y0, x1, y1]` of it as RGB, with the pointer drawn in.
@@ -222,12 +262,12 @@ impl Conn {
 }
 
 /// Key input of one batch: keysyms to keycodes (Shift added for a keysym in the shifted
-/// column, as xdotool does), keysyms the layout lacks mapped onto free keycodes and restored
-/// at the end.
+/// column, as xdotool does), keysyms the layout lacks mapped onto free keycodes, which stay
+/// lent for [`LEND_FOR`] after the batch ([`Conn::give_back_lent`]).
 struct Keyboard {
     map: KeyMap,
     free: Vec<u8>,
-    /// Keycodes mapped for this batch, with the keysyms to restore.
+    /// Keycodes mapped for this batch or lent by earlier ones, with the keysyms to restore.
     borrowed: Vec<(u8, Vec<u32>)>,
     /// Keysyms held down: their keycode and whether Shift was pressed for them.
     down: Vec<(u32, KeyStroke, bool)>,
@@ -235,13 +275,15 @@ struct Keyboard {
 }
 
 impl Keyboard {
-    fn new(map: KeyMap) -> Keyboard {
+    /// The keyboard as `map` has it, `lent` keycodes still mapped by earlier batches (not
+    /// free, reused for their keysyms).
+    fn new(map: KeyMap, lent: Vec<(u8, Vec<u32>)>) -> Keyboard {
         let mut free = map.free_keycodes();
         free.reverse();
         Keyboard {
             map,
             free,
-            borrowed: Vec::new(),
+            borrowed: lent,
             down: Vec::new(),
             shift_down: false,
         }
@@ -324,8 +366,13 @@ impl Keyboard {
         Ok(())
     }
 
-    fn finish(mut self, x: &Conn) -> Result<(), XError> {
-        self.restore(x)
+    /// Ends the batch: what it borrowed stays lent to the connection (given back once
+    /// [`LEND_FOR`] has passed without another batch).
+    fn finish(self, x: &Conn) -> Result<(), XError> {
+        let mut lent = x.lent.borrow_mut();
+        lent.keys.extend(self.borrowed);
+        lent.since = Some(Instant::now());
+        Ok(())
     }
 }
 
@@ -349,6 +396,21 @@ impl Display {
         }
     }
 
+    /// Runs `f` on the connection slot (whoever holds it, one call at a time) on a blocking
+    /// thread: X calls block.
+    async fn on_slot<T, F>(&self, f: F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Option<Conn>, &str) -> Result<T, XError> + Send + 'static,
+    {
+        let (slot, name) = (self.conn.clone(), self.name.clone());
+        let run = move || f(&mut slot.lock().unwrap_or_else(|e| e.into_inner()), &name);
+        tokio::task::spawn_blocking(run)
+            .await
+            .map_err(|e| format!("the X worker failed: {e}"))?
+            .map_err(|e| e.to_string())
+    }
+
     /// Runs `f` on the connection (made when there is none) on a blocking thread. With `retry`
     /// (for calls that change nothing), a connection found broken is made again and `f` runs
     /// once more.
@@ -357,18 +419,14 @@ impl Display {
         T: Send + 'static,
         F: Fn(&Conn) -> Result<T, XError> + Send + 'static,
     {
-        let slot = self.conn.clone();
-        let name = self.name.clone();
-        let run = move || -> Result<T, XError> {
-            let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+        self.on_slot(move |g, name| {
             let mut tries = if retry { 2 } else { 1 };
             loop {
                 let had = g.is_some();
                 if !had {
-                    *g = Some(Conn::open(&name)?);
+                    *g = Some(Conn::open(name)?);
                 }
-                let r = f(g.as_ref().expect("connected above"));
-                match r {
+                match f(g.as_ref().expect("connected above")) {
                     Err(e) if e.is_fatal() => {
                         *g = None;
                         tries -= 1;
@@ -379,16 +437,40 @@ impl Display {
                     r => return r,
                 }
             }
-        };
-        tokio::task::spawn_blocking(run)
-            .await
-            .map_err(|e| format!("the X worker failed: {e}"))?
-            .map_err(|e| e.to_string())
+        })
+        .await
     }
 
-    /// Plays input steps.
+    /// Plays input steps. Keycodes the steps lent to keysyms outside the layout are given back
+    /// [`LEND_FOR`] later, unless a later batch uses them (its own give-back follows it).
     pub async fn input(&self, steps: Vec<Step>) -> Result<(), String> {
-        self.with(false, move |c| c.play(&steps)).await
+        let lent = self.with(false, move |c| c.play(&steps)).await?;
+        if lent {
+            let display = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(LEND_FOR).await;
+                if let Err(e) = display.give_back_keys().await {
+                    tracing::warn!("giving lent keycodes back: {e}");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives back the keycodes input lent once [`LEND_FOR`] has passed since the last batch
+    /// (nothing without a connection).
+    async fn give_back_keys(&self) -> Result<bool, String> {
+        self.on_slot(|g, _| {
+            let Some(c) = g.as_ref() else {
+                return Ok(false);
+            };
+            let r = c.give_back_lent();
+            if r.as_ref().is_err_and(XError::is_fatal) {
+                *g = None;
+            }
+            r
+        })
+        .await
     }
 
     /// The pointer position.
