@@ -19,7 +19,7 @@
 pub mod baseline;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use kiln_envd::{BoxIo, Io};
@@ -297,6 +297,29 @@ pub trait Checkpoint: Driver {
             "moving paused sandboxes between hosts",
         ))
     }
+    /// The files that make snapshot `snapshot` whole on another host of this driver whose
+    /// template is the same (flushed to disk; paths relative to the answer's `dir`); the
+    /// snapshot stays here.
+    async fn portable_snapshot(&self, _snapshot: &SnapshotRef) -> Result<PortablePause> {
+        Err(DriverError::NotImplemented(
+            "moving snapshots between hosts",
+        ))
+    }
+    /// An empty directory where the files of [`Checkpoint::portable_snapshot`] from another
+    /// host are laid out before [`Checkpoint::adopt_snapshot`].
+    async fn incoming_snapshot_dir(&self, _snapshot: &SnapshotRef) -> Result<PathBuf> {
+        Err(DriverError::NotImplemented(
+            "moving snapshots between hosts",
+        ))
+    }
+    /// Makes the files laid out in [`Checkpoint::incoming_snapshot_dir`] snapshot `snapshot`
+    /// of this host, stacked on its template's root filesystem `rootfs` here:
+    /// [`Checkpoint::restore`] then starts sandboxes from it. Returns its disk bytes.
+    async fn adopt_snapshot(&self, _snapshot: &SnapshotRef, _rootfs: &Path) -> Result<u64> {
+        Err(DriverError::NotImplemented(
+            "moving snapshots between hosts",
+        ))
+    }
 }
 
 /// The files of a paused sandbox that another host of the same driver needs to resume it:
@@ -384,6 +407,24 @@ impl dyn Driver {
     pub async fn adopt_paused(&self, spec: &SandboxSpec) -> Result<()> {
         self.checkpoint_or("moving paused sandboxes between hosts")?
             .adopt_paused(spec)
+            .await
+    }
+    /// [`Checkpoint::portable_snapshot`].
+    pub async fn portable_snapshot(&self, snapshot: &SnapshotRef) -> Result<PortablePause> {
+        self.checkpoint_or("moving snapshots between hosts")?
+            .portable_snapshot(snapshot)
+            .await
+    }
+    /// [`Checkpoint::incoming_snapshot_dir`].
+    pub async fn incoming_snapshot_dir(&self, snapshot: &SnapshotRef) -> Result<PathBuf> {
+        self.checkpoint_or("moving snapshots between hosts")?
+            .incoming_snapshot_dir(snapshot)
+            .await
+    }
+    /// [`Checkpoint::adopt_snapshot`].
+    pub async fn adopt_snapshot(&self, snapshot: &SnapshotRef, rootfs: &Path) -> Result<u64> {
+        self.checkpoint_or("moving snapshots between hosts")?
+            .adopt_snapshot(snapshot, rootfs)
             .await
     }
 }

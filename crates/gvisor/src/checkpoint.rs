@@ -16,6 +16,8 @@
 //! - `paused.json`: written last, atomically, once the pause is complete; it says whether the
 //!   memory was kept and which template rootfs the layer stacks on (to mount it again after a
 //!   host reboot). A sandbox without it is not paused, whatever else is on disk.
+//!
+//! The driver's [`Checkpoint`] side is here too, each call handed to the module that does it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,7 +27,9 @@ use serde::{Deserialize, Serialize};
 use super::container::AgentSocket;
 use super::mounts::{is_mounted, mount_overlay_stack, mount_run_dir};
 use super::{check_id, GvisorDriver, SOCKET_NAME};
-use crate::driver::{io_err, DriverError, Result};
+use crate::driver::{
+    io_err, Checkpoint, DriverError, PortablePause, Result, SandboxSpec, SnapshotRef,
+};
 
 /// Present while the container of a sandbox paused by an earlier kiln (before container
 /// generations) is still being deleted.
@@ -379,5 +383,74 @@ impl GvisorDriver {
 
     pub(super) fn paused_on_host(&self, id: &str) -> bool {
         check_id(id).is_ok() && self.read_paused(id).is_some()
+    }
+}
+
+#[async_trait::async_trait]
+impl Checkpoint for GvisorDriver {
+    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        self.pause_sandbox(id, memory).await
+    }
+
+    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
+        self.resume_sandbox(id, memory).await
+    }
+
+    async fn is_paused(&self, id: &str) -> Result<bool> {
+        Ok(self.paused_on_host(id))
+    }
+
+    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
+        self.take_snapshot(id, snapshot, memory, None).await
+    }
+
+    async fn snapshot_ending(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        self.take_snapshot_ending(id, snapshot).await
+    }
+
+    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.holds_map().insert(id.to_string(), tx);
+        let r = self.take_snapshot(id, snapshot, true, Some(rx)).await;
+        if r.is_err() {
+            self.holds_map().remove(id);
+        }
+        r
+    }
+
+    fn release_source(&self, id: &str) {
+        self.holds_map().remove(id);
+    }
+
+    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
+        self.restore_snapshot(snapshot, spec).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
+        self.remove_snapshot(snapshot)
+    }
+
+    async fn portable_pause(&self, id: &str) -> Result<PortablePause> {
+        self.export_paused(id).await
+    }
+
+    async fn incoming_dir(&self, id: &str) -> Result<PathBuf> {
+        self.fresh_incoming(id).await
+    }
+
+    async fn adopt_paused(&self, spec: &SandboxSpec) -> Result<()> {
+        self.adopt_incoming(spec).await
+    }
+
+    async fn portable_snapshot(&self, snapshot: &SnapshotRef) -> Result<PortablePause> {
+        self.export_snapshot(snapshot).await
+    }
+
+    async fn incoming_snapshot_dir(&self, snapshot: &SnapshotRef) -> Result<PathBuf> {
+        self.fresh_incoming_snapshot(snapshot).await
+    }
+
+    async fn adopt_snapshot(&self, snapshot: &SnapshotRef, rootfs: &Path) -> Result<u64> {
+        self.adopt_incoming_snapshot(snapshot, rootfs).await
     }
 }

@@ -38,6 +38,7 @@ mod oci;
 mod oom_reserve;
 mod peer;
 mod portable;
+mod portable_snapshot;
 mod pressure;
 mod pressure_events;
 mod proto;
@@ -69,7 +70,6 @@ use container::{AgentSocket, RunDirs};
 use kiln_driver as driver;
 use kiln_driver::{
     io_err, BoxIo, Checkpoint, Driver, DriverError, HostSandbox, Result, SandboxSpec, SandboxStats,
-    SnapshotRef,
 };
 pub use oci::cgroup_memory_limit;
 
@@ -520,63 +520,6 @@ impl Driver for GvisorDriver {
 
     fn checkpoint(&self) -> Option<&dyn Checkpoint> {
         Some(self)
-    }
-}
-
-#[async_trait::async_trait]
-impl Checkpoint for GvisorDriver {
-    async fn pause(&self, id: &str, memory: bool) -> Result<()> {
-        self.pause_sandbox(id, memory).await
-    }
-
-    async fn resume(&self, id: &str, memory: bool) -> Result<bool> {
-        self.resume_sandbox(id, memory).await
-    }
-
-    async fn is_paused(&self, id: &str) -> Result<bool> {
-        Ok(self.paused_on_host(id))
-    }
-
-    async fn snapshot(&self, id: &str, snapshot: &SnapshotRef, memory: bool) -> Result<u64> {
-        self.take_snapshot(id, snapshot, memory, None).await
-    }
-
-    async fn snapshot_ending(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
-        self.take_snapshot_ending(id, snapshot).await
-    }
-
-    async fn capture_for_fork(&self, id: &str, snapshot: &SnapshotRef) -> Result<u64> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.holds_map().insert(id.to_string(), tx);
-        let r = self.take_snapshot(id, snapshot, true, Some(rx)).await;
-        if r.is_err() {
-            self.holds_map().remove(id);
-        }
-        r
-    }
-
-    fn release_source(&self, id: &str) {
-        self.holds_map().remove(id);
-    }
-
-    async fn restore(&self, snapshot: &SnapshotRef, spec: &SandboxSpec) -> Result<()> {
-        self.restore_snapshot(snapshot, spec).await
-    }
-
-    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
-        self.remove_snapshot(snapshot)
-    }
-
-    async fn portable_pause(&self, id: &str) -> Result<crate::driver::PortablePause> {
-        self.export_paused(id).await
-    }
-
-    async fn incoming_dir(&self, id: &str) -> Result<PathBuf> {
-        self.fresh_incoming(id).await
-    }
-
-    async fn adopt_paused(&self, spec: &SandboxSpec) -> Result<()> {
-        self.adopt_incoming(spec).await
     }
 }
 

@@ -28,8 +28,8 @@ use crate::driver::{io_err, DriverError, PortablePause, Result, SandboxSpec};
 
 /// The moved pause's own record.
 const PORTABLE: &str = "portable.json";
-/// The directory of runsc's memory image, in a sandbox's directory.
-const IMAGE_DIR: &str = "checkpoint";
+/// The directory of runsc's memory image, in a sandbox's (or a snapshot's) directory.
+pub(super) const IMAGE_DIR: &str = "checkpoint";
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Portable {
@@ -40,7 +40,7 @@ struct Portable {
 }
 
 /// Flushes the filesystem holding `path` (its dirty pages and journal reach the disk image).
-fn syncfs(path: &Path) -> Result<()> {
+pub(super) fn syncfs(path: &Path) -> Result<()> {
     let dir = std::fs::File::open(path).map_err(io_err(format!("opening {}", path.display())))?;
     // SAFETY: the descriptor is open for the duration of the call.
     if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
@@ -52,8 +52,18 @@ fn syncfs(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `dir` emptied (made when missing).
+pub(super) fn fresh_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(format!("clearing {}", dir.display()))(e)),
+    }
+    std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))
+}
+
 /// The regular files under `root/sub`, as paths relative to `root`.
-fn files_under(root: &Path, sub: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+pub(super) fn files_under(root: &Path, sub: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let at = root.join(sub);
     let rd = std::fs::read_dir(&at).map_err(io_err(format!("listing {}", at.display())))?;
     for e in rd {
@@ -118,12 +128,7 @@ impl GvisorDriver {
     pub(super) async fn fresh_incoming(&self, id: &str) -> Result<PathBuf> {
         check_id(id)?;
         let dir = self.incoming_path(id);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(format!("clearing {}", dir.display()))(e)),
-        }
-        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        fresh_dir(&dir)?;
         Ok(dir)
     }
 

@@ -45,13 +45,13 @@ fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct SnapshotMeta {
+pub(super) struct SnapshotMeta {
     /// The layers a sandbox restored from the snapshot stacks on, topmost first.
-    lowers: Vec<PathBuf>,
+    pub(super) lowers: Vec<PathBuf>,
 }
 
 /// Writes `sdir`'s `snapshot.json` naming `stack` (written last: it makes the snapshot whole).
-fn write_meta(sdir: &Path, stack: Vec<PathBuf>) -> Result<()> {
+pub(super) fn write_meta(sdir: &Path, stack: Vec<PathBuf>) -> Result<()> {
     let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
         .map_err(|e| DriverError::Other(format!("encoding snapshot.json: {e}")))?;
     std::fs::write(sdir.join("snapshot.json"), meta).map_err(io_err("writing snapshot.json"))
@@ -79,7 +79,7 @@ impl GvisorDriver {
         Ok(self.cfg.dir.join("snapshots").join(&snap.0))
     }
 
-    fn layer_dir(&self, snap: &SnapshotRef) -> PathBuf {
+    pub(super) fn layer_dir(&self, snap: &SnapshotRef) -> PathBuf {
         self.cfg.dir.join("layers").join(&snap.0)
     }
 

@@ -15,6 +15,16 @@ use crate::store::{now_ms, SandboxRecord, SandboxState, SnapshotRecord};
 /// Most children one fork may ask for.
 pub const MAX_FORK: u32 = 20;
 
+/// Refuses a fork of `count` children outside 1..=[`MAX_FORK`].
+pub fn check_fork_count(count: u32) -> Result<()> {
+    if !(1..=MAX_FORK).contains(&count) {
+        return Err(Error::bad_request(format!(
+            "count must be 1-{MAX_FORK}, got {count}"
+        )));
+    }
+    Ok(())
+}
+
 /// Lets a fork's parent continue when dropped.
 struct Release<'a>(&'a dyn crate::driver::Driver, &'a str);
 
@@ -32,11 +42,7 @@ impl Manager {
         count: u32,
         timeout_secs: Option<i64>,
     ) -> Result<Vec<Result<SandboxRecord>>> {
-        if !(1..=MAX_FORK).contains(&count) {
-            return Err(Error::bad_request(format!(
-                "count must be 1-{MAX_FORK}, got {count}"
-            )));
-        }
+        check_fork_count(count)?;
         let timeout =
             self.check_timeout(timeout_secs.unwrap_or(self.cfg.default_timeout_secs as i64))?;
         let t = Instant::now();
@@ -71,22 +77,9 @@ impl Manager {
         // driver restores it in the background, and requests to it wait for that), or when
         // this call ends in any other way.
         let release = Release(self.driver.as_ref(), id);
-        // A child never escapes its parent's egress policy.
-        let network = self.network_for_child(id).await;
+        let p = self.child_params(&parent, timeout).await;
         let children = (0..count).map(|_| {
-            let p = CreateParams {
-                template_id: parent.template_id.clone(),
-                timeout_secs: Some(timeout as i64),
-                metadata: parent.metadata.clone(),
-                secure: parent.envd_token.is_some(),
-                auto_pause: parent.auto_pause,
-                auto_resume: parent.auto_resume,
-                auto_pause_filesystem_only: !parent.auto_pause_memory,
-                team: parent.team.clone(),
-                network: network.clone(),
-                ingress: parent.ingress.clone(),
-                ..Default::default()
-            };
+            let p = p.clone();
             let (snap, alias) = (snap.clone(), parent.alias.clone());
             async move {
                 let child = self.create_from_snapshot(&p, snap, timeout).await;
@@ -114,5 +107,42 @@ impl Manager {
         )
         .await;
         Ok(out)
+    }
+
+    /// What a fork's child of running sandbox `id` is created with (its parent's metadata,
+    /// settings and egress policy, without the parent's workload identity tokens), for a child
+    /// restored on another host from a snapshot of `id`.
+    pub async fn fork_child_params(
+        &self,
+        id: &str,
+        timeout_secs: Option<i64>,
+    ) -> Result<CreateParams> {
+        let timeout =
+            self.check_timeout(timeout_secs.unwrap_or(self.cfg.default_timeout_secs as i64))?;
+        let parent = self.get(id)?;
+        if parent.state != SandboxState::Running {
+            return Err(Error::Conflict(format!(
+                "sandbox \"{id}\" is paused; resume it before forking it"
+            )));
+        }
+        Ok(self.child_params(&parent, timeout).await)
+    }
+
+    async fn child_params(&self, parent: &SandboxRecord, timeout: u64) -> CreateParams {
+        // A child never escapes its parent's egress policy.
+        let network = self.network_for_child(&parent.id).await;
+        CreateParams {
+            template_id: parent.template_id.clone(),
+            timeout_secs: Some(timeout as i64),
+            metadata: parent.metadata.clone(),
+            secure: parent.envd_token.is_some(),
+            auto_pause: parent.auto_pause,
+            auto_resume: parent.auto_resume,
+            auto_pause_filesystem_only: !parent.auto_pause_memory,
+            team: parent.team.clone(),
+            network,
+            ingress: parent.ingress.clone(),
+            ..Default::default()
+        }
     }
 }

@@ -68,7 +68,7 @@ use crate::store::{now_ms, SandboxRecord, SandboxState, StateStore};
 use crate::templates::Templates;
 
 pub use admission::AdmissionConfig;
-pub use fork::MAX_FORK;
+pub use fork::{check_fork_count, MAX_FORK};
 pub use idle::InUse;
 pub use idle_tick::TickReport;
 pub use network::trust_init;
@@ -78,7 +78,7 @@ pub use pool_demand::PoolPolicy;
 pub use recovery::{PendingRecovery, RecoveryReport, ADOPT_CONCURRENCY, ADOPT_WAIT};
 pub use route::{NoRoute, PortRoute, Route};
 pub use service::SandboxService;
-pub use snapshots::{check_snapshot_name, is_snapshot_id, tagged};
+pub use snapshots::{check_snapshot_name, is_snapshot_id, snapshot_key, tagged};
 pub use standby::{census, parse_standby_after, Census, STANDBY_META};
 pub use start_cmd::START_CMD_EVENT;
 pub use watcher::{DIED_REASON, WATCH_INTERVAL};

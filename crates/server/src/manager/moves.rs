@@ -1,6 +1,6 @@
-//! Paused sandboxes moving between the hosts of a cluster: the files that make a paused
-//! sandbox whole elsewhere (the driver's list), and a paused sandbox of another host taken
-//! as this host's own once its files are laid out here. Where the files travel (object
+//! Paused sandboxes and snapshots moving between the hosts of a cluster: the files that make
+//! a paused sandbox (or a snapshot) whole elsewhere (the driver's list), and a paused sandbox
+//! (or a snapshot) of another host taken as this host's own once its files are laid out here. Where the files travel (object
 //! storage) and who owns the sandbox (the cluster's records) is the cluster's business.
 
 use std::path::PathBuf;
@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use kiln_driver::PortablePause;
 
 use super::Manager;
+use crate::driver::SnapshotRef;
 use crate::error::{Error, Result};
-use crate::store::{PauseMode, SandboxRecord, SandboxState};
+use crate::store::{PauseMode, SandboxRecord, SandboxState, SnapshotRecord};
 
 impl Manager {
     /// The files of paused sandbox `id` that another host needs to resume it (flushed; it
@@ -76,6 +77,45 @@ impl Manager {
             format!("paused sandbox taken over from node {from}"),
         )
         .await;
+        Ok(())
+    }
+
+    /// The files of snapshot `id` that another host with its template needs to start
+    /// sandboxes from it (flushed; it stays here).
+    pub async fn portable_snapshot(&self, id: &str) -> Result<PortablePause> {
+        if self.store.get_snapshot(id).await?.is_none() {
+            return Err(Error::NotFound(format!("snapshot {id:?} not found")));
+        }
+        Ok(self
+            .driver
+            .portable_snapshot(&SnapshotRef(id.to_string()))
+            .await?)
+    }
+
+    /// An empty directory for the files of snapshot `id` arriving from another host.
+    pub async fn incoming_snapshot_dir(&self, id: &str) -> Result<PathBuf> {
+        if self.store.get_snapshot(id).await?.is_some() {
+            return Err(Error::Conflict(format!(
+                "snapshot {id:?} is on this host already"
+            )));
+        }
+        Ok(self
+            .driver
+            .incoming_snapshot_dir(&SnapshotRef(id.to_string()))
+            .await?)
+    }
+
+    /// Takes snapshot `rec` of another host as this host's own: its files, laid out in
+    /// [`Manager::incoming_snapshot_dir`], stacked on its template here and recorded, so a
+    /// create from it runs here.
+    pub async fn adopt_snapshot(&self, mut rec: SnapshotRecord) -> Result<()> {
+        let tpl = self.lookup_template(&rec.template_id).await?;
+        let snap = SnapshotRef(rec.id.clone());
+        rec.size_bytes = self.driver.adopt_snapshot(&snap, &tpl.rootfs).await?;
+        if let Err(e) = self.store.insert_snapshot(&rec).await {
+            let _ = self.driver.delete_snapshot(&snap).await;
+            return Err(e.into());
+        }
         Ok(())
     }
 }

@@ -59,6 +59,13 @@ fn key_of(s: &str) -> &str {
     s.split_once(':').map(|(k, _)| k).unwrap_or(s)
 }
 
+/// The snapshot key a `templateID` or a client's snapshot id names, without its `:tag`, when
+/// it can be a snapshot's id or name (anything else names no snapshot).
+pub fn snapshot_key(s: &str) -> Option<&str> {
+    let k = key_of(s);
+    (is_snapshot_id(k) || check_snapshot_name(k).is_ok()).then_some(k)
+}
+
 /// `<id>:default`, the form the API shows.
 pub fn tagged(id: &str) -> String {
     format!("{id}:{TAG}")
@@ -221,10 +228,9 @@ impl Manager {
 
     /// `DELETE /templates/{snapshotID}`: deletes a snapshot of `team` and frees its disk.
     pub async fn delete_snapshot(&self, key: &str, team: &str) -> Result<()> {
-        let k = key_of(key);
-        if !is_snapshot_id(k) && check_snapshot_name(k).is_err() {
+        let Some(k) = snapshot_key(key) else {
             return Err(Error::bad_request(format!("invalid snapshot id {key:?}")));
-        }
+        };
         let snap = self
             .store
             .get_snapshot(k)
@@ -257,10 +263,9 @@ impl Manager {
         template_id: &str,
         team: &str,
     ) -> Result<Option<SnapshotRecord>> {
-        let k = key_of(template_id);
-        if !is_snapshot_id(k) && check_snapshot_name(k).is_err() {
+        let Some(k) = snapshot_key(template_id) else {
             return Ok(None);
-        }
+        };
         Ok(self.store.get_snapshot(k).await?.filter(|s| s.team == team))
     }
 
