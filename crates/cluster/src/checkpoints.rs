@@ -82,14 +82,16 @@ impl EtcdStore {
         }
     }
 
-    /// The manifest ids every checkpoint record names: what the bucket's garbage collection
-    /// must keep. One read of the whole directory at one revision; a record that does not
-    /// parse fails it (the collection then deletes nothing).
+    /// The manifest ids every checkpoint record and every snapshot's files record names: what
+    /// the bucket's garbage collection must keep. One read of each directory; a record that
+    /// does not parse fails it (the collection then deletes nothing).
     pub async fn live_manifests(&self) -> Result<std::collections::HashSet<String>> {
         let mut live = std::collections::HashSet::new();
-        for kv in self.get_prefix(&self.keys().dir("checkpoints"), 0).await? {
-            let doc: CheckpointDoc = parse(kv.key(), kv.value())?;
-            live.extend(doc.files.into_iter().map(|f| f.manifest));
+        for dir in ["checkpoints", "snapshot-files"] {
+            for kv in self.get_prefix(&self.keys().dir(dir), 0).await? {
+                let doc: CheckpointDoc = parse(kv.key(), kv.value())?;
+                live.extend(doc.files.into_iter().map(|f| f.manifest));
+            }
         }
         Ok(live)
     }

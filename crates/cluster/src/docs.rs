@@ -153,6 +153,12 @@ pub struct SnapshotDoc {
     pub created_at_ms: i64,
     pub size_bytes: u64,
     pub team: String,
+    /// On a cluster, the node that keeps the snapshot's files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// A fork's capture, for children on other nodes: never listed, deleted after the fork.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transient: bool,
 }
 
 impl From<&SnapshotRecord> for SnapshotDoc {
@@ -178,6 +184,8 @@ impl From<&SnapshotRecord> for SnapshotDoc {
             created_at_ms,
             size_bytes,
             team,
+            node: None,
+            transient: false,
         }
     }
 }

@@ -47,4 +47,11 @@ impl From<ClusterError> for kiln_server::store::StoreError {
     }
 }
 
+/// A failure of the cluster's state as the server's typed error (a store failure).
+impl From<ClusterError> for kiln_server::Error {
+    fn from(e: ClusterError) -> Self {
+        kiln_server::Error::Store(e.into())
+    }
+}
+
 pub type Result<T, E = ClusterError> = std::result::Result<T, E>;

@@ -8,6 +8,8 @@
 //! | `expiry/{end_at}/{id}` | empty; exists while the sandbox is running |
 //! | `snapshots/{id}` | the snapshot (JSON) |
 //! | `snapshot-names/{name}` | the snapshot id |
+//! | `snapshot-files/{id}` | where a snapshot's files are in object storage (JSON, as a checkpoint's) |
+//! | `snapshot-drops/{node}/{id}` | a snapshot deleted while its node was away (JSON: id, team) |
 //! | `events/{sandbox}/{ts}-{uuid}` | one event (JSON); its seq is the key's create revision |
 //! | `webhooks/{id}` | one webhook (JSON, with its team) |
 //! | `keys/{id}` | an API key (JSON) |
@@ -84,6 +86,16 @@ impl Keys {
     }
     pub fn snapshot_name(&self, name: &str) -> String {
         self.one("snapshot-names", name)
+    }
+    pub fn snapshot_files(&self, id: &str) -> String {
+        self.one("snapshot-files", id)
+    }
+    /// The notes left for `node` (a range prefix).
+    pub fn snapshot_drops_of(&self, node: &str) -> String {
+        format!("{}/", self.one("snapshot-drops", node))
+    }
+    pub fn snapshot_drop(&self, node: &str, id: &str) -> String {
+        format!("{}{}", self.snapshot_drops_of(node), escape(id))
     }
     /// Where the events of one sandbox live (a range prefix).
     pub fn events_of(&self, sandbox_id: &str) -> String {

@@ -7,7 +7,8 @@
 //! that take no new sandboxes.
 //! [`objects`] stores checkpoint bytes in an S3-compatible bucket as content-addressed chunks;
 //! [`checkpoints`] records in etcd which paused sandbox's checkpoint is there; [`gc`] deletes
-//! from the bucket what no checkpoint needs any more.
+//! from the bucket what no checkpoint needs any more; [`snapshots`] records snapshots with the
+//! node that keeps their files.
 
 mod campaign;
 mod catalog;
@@ -31,6 +32,7 @@ mod sandboxes;
 pub mod seats;
 pub mod secret;
 pub mod sign_ins;
+pub mod snapshots;
 mod state;
 mod store;
 pub mod wire;
@@ -44,4 +46,5 @@ pub use owners::{Published, NODE_LOST_REASON};
 pub use sandboxes::Transition;
 pub use secret::ClusterSecret;
 pub use sign_ins::EtcdSignIns;
+pub use snapshots::{Located, SnapshotDrop};
 pub use store::EtcdStore;

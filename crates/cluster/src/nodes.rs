@@ -300,11 +300,13 @@ impl EtcdStore {
     }
 }
 
-/// Renews lease `id` every third of its TTL, reopening the keep-alive stream when a member
-/// goes away. Reports the lease lost when etcd says it is gone, or when no renewal was
-/// answered for a whole TTL counted from when that renewal was sent (etcd cannot have
-/// extended the lease past that). Every wait is bounded, so the report comes at most about a
-/// third of the TTL late.
+/// Renews lease `id` every third of its TTL, reopening the keep-alive stream when it breaks
+/// or when two renewals in a row went unanswered (its member may be gone). Reports the lease
+/// lost when etcd says it is gone, or when no renewal was answered for a whole TTL counted
+/// from when that renewal was sent (etcd cannot have extended the lease past that). A slow
+/// answer is still taken (on a loaded host etcd may take over a third of the TTL): each
+/// answer is credited to the oldest renewal outstanding, whose sending time it stands for,
+/// so the node never believes its lease longer than etcd keeps it.
 async fn keep_alive(mut client: Client, id: i64, ttl_s: i64, alive: watch::Sender<bool>) {
     use tokio::time::{sleep, timeout};
     let ttl = Duration::from_secs(ttl_s as u64);
@@ -316,21 +318,38 @@ async fn keep_alive(mut client: Client, id: i64, ttl_s: i64, alive: watch::Sende
             sleep(period / 4).await;
             continue;
         };
+        // Renewals sent on this stream and not answered yet, oldest first.
+        let mut outstanding: std::collections::VecDeque<Instant> = Default::default();
+        let mut next = Instant::now();
         while last_ok.elapsed() < ttl {
-            let sent = Instant::now();
-            if !matches!(timeout(period, keeper.keep_alive()).await, Ok(Ok(()))) {
-                sleep(period / 4).await;
-                continue 'reconnect;
-            }
-            match timeout(period, stream.message()).await {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => last_ok = sent,
-                Ok(Ok(Some(_))) => break 'reconnect,
-                _ => {
+            if Instant::now() >= next {
+                if outstanding.len() >= 2 {
+                    continue 'reconnect;
+                }
+                let sent = Instant::now();
+                if !matches!(timeout(period, keeper.keep_alive()).await, Ok(Ok(()))) {
                     sleep(period / 4).await;
                     continue 'reconnect;
                 }
+                outstanding.push_back(sent);
+                next = sent + period;
             }
-            sleep(period).await;
+            let left = ttl.saturating_sub(last_ok.elapsed());
+            let wait = next.saturating_duration_since(Instant::now()).min(left);
+            match timeout(wait, stream.message()).await {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                    if let Some(sent) = outstanding.pop_front() {
+                        last_ok = last_ok.max(sent);
+                    }
+                }
+                Ok(Ok(Some(_))) => break 'reconnect,
+                Ok(_) => {
+                    sleep(period / 4).await;
+                    continue 'reconnect;
+                }
+                // No answer yet: the next renewal is due.
+                Err(_) => {}
+            }
         }
     }
     let _ = alive.send(false);

@@ -1,10 +1,10 @@
-//! Sandboxes and snapshots on etcd, and the revision-checked state change two replicas can
+//! Sandboxes on etcd, and the revision-checked state change two replicas can
 //! race on ([`EtcdStore::transition`]).
 
 use etcd_client::{KeyValue, TxnOp};
-use kiln_server::store::{now_ms, Ingress, PauseMode, SandboxRecord, SandboxState, SnapshotRecord};
+use kiln_server::store::{now_ms, Ingress, PauseMode, SandboxRecord, SandboxState};
 
-use crate::docs::{json, parse, SandboxDoc, SnapshotDoc, TemplateDoc};
+use crate::docs::{json, parse, SandboxDoc, TemplateDoc};
 use crate::error::{ClusterError, Result};
 use crate::store::{EtcdStore, Step};
 
@@ -203,70 +203,6 @@ impl EtcdStore {
                 self.sandbox_ops(Some(&old), &new),
                 Transition::Done(new),
             ))
-        })
-        .await
-    }
-
-    pub(crate) async fn insert_snapshot_doc(&self, s: &SnapshotRecord) -> Result<()> {
-        let k = self.keys();
-        let mut absent = vec![k.snapshot(&s.id)];
-        let mut ops = vec![TxnOp::put(
-            k.snapshot(&s.id),
-            json(&SnapshotDoc::from(s)),
-            None,
-        )];
-        if let Some(name) = &s.name {
-            absent.push(k.snapshot_name(name));
-            ops.push(TxnOp::put(k.snapshot_name(name), s.id.as_bytes(), None));
-        }
-        if !self.create(&absent, ops).await? {
-            return Err(ClusterError::Exists {
-                what: "snapshot",
-                id: s.name.clone().unwrap_or_else(|| s.id.clone()),
-            });
-        }
-        Ok(())
-    }
-
-    /// The snapshot whose id or name is `key`.
-    pub(crate) async fn get_snapshot_doc(&self, key: &str) -> Result<Option<SnapshotRecord>> {
-        let k = self.keys();
-        let seen = self
-            .get_many(&[k.snapshot(key), k.snapshot_name(key)])
-            .await?;
-        let kv = match (&seen[0], &seen[1]) {
-            (Some(kv), _) => Some(kv.clone()),
-            (None, Some(name)) => {
-                let id = String::from_utf8_lossy(name.value()).into_owned();
-                self.get_one(&k.snapshot(&id)).await?
-            }
-            (None, None) => None,
-        };
-        kv.map(|kv| Ok(parse::<SnapshotDoc>(kv.key(), kv.value())?.into()))
-            .transpose()
-    }
-
-    pub(crate) async fn list_snapshot_docs(&self) -> Result<Vec<SnapshotRecord>> {
-        let mut out: Vec<SnapshotRecord> = Vec::new();
-        for kv in self.get_prefix(&self.keys().dir("snapshots"), 0).await? {
-            out.push(parse::<SnapshotDoc>(kv.key(), kv.value())?.into());
-        }
-        out.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        Ok(out)
-    }
-
-    pub(crate) async fn delete_snapshot_doc(&self, id: &str) -> Result<bool> {
-        let key = self.keys().snapshot(id);
-        self.read_modify_write(std::slice::from_ref(&key), |seen| {
-            let Some(kv) = &seen[0] else {
-                return Ok(Step::Done(false));
-            };
-            let s: SnapshotDoc = parse(kv.key(), kv.value())?;
-            let mut ops = vec![TxnOp::delete(key.as_str(), None)];
-            if let Some(name) = &s.name {
-                ops.push(TxnOp::delete(self.keys().snapshot_name(name), None));
-            }
-            Ok(Step::Write(ops, true))
         })
         .await
     }

@@ -41,16 +41,17 @@ impl SandboxStore for EtcdStore {
         Ok(self.expired_ids(now_ms).await?)
     }
     async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<()> {
-        Ok(self.insert_snapshot_doc(s).await?)
+        Ok(self.insert_snapshot_at(s, None).await?)
     }
     async fn get_snapshot(&self, key: &str) -> Result<Option<SnapshotRecord>> {
-        Ok(self.get_snapshot_doc(key).await?)
+        Ok(self.snapshot_at(key).await?.map(|l| l.snapshot))
     }
     async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>> {
-        Ok(self.list_snapshot_docs().await?)
+        let all = self.snapshots_at().await?;
+        Ok(all.into_iter().map(|l| l.snapshot).collect())
     }
     async fn delete_snapshot(&self, id: &str) -> Result<bool> {
-        Ok(self.delete_snapshot_doc(id).await?)
+        Ok(self.delete_snapshot_at(id, None).await?)
     }
 }
 

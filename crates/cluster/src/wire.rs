@@ -10,7 +10,7 @@ use kiln_server::store::Ingress;
 use kiln_server::Error;
 use serde::{Deserialize, Serialize};
 
-use crate::docs::SandboxDoc;
+use crate::docs::{SandboxDoc, SnapshotDoc};
 
 /// Where the node-internal API lives on a node's listener.
 pub const API_PREFIX: &str = "/internal/v1";
@@ -40,6 +40,10 @@ pub struct CreateDoc {
     /// key): the node runs one create per token ([`crate::placements`]).
     #[serde(default)]
     pub idempotency: Option<String>,
+    /// A create from a snapshot another node keeps: its id, whose files the node fetches from
+    /// object storage first when it does not have them.
+    #[serde(default)]
+    pub snapshot: Option<String>,
 }
 
 /// An egress policy's lists as the API writes them.
@@ -85,6 +89,7 @@ impl CreateDoc {
             mask_request_host: p.ingress.mask_request_host.clone(),
             team: p.team.clone(),
             idempotency: p.idempotency.as_deref().map(crate::placements::token),
+            snapshot: None,
         })
     }
 
@@ -182,6 +187,23 @@ pub enum Op {
     },
     /// Drop the local copy of a sandbox that another node took over.
     Release,
+    /// Take a snapshot of the sandbox (of `team`; `memory: false`: its disk only).
+    Snapshot {
+        team: String,
+        name: Option<String>,
+        memory: bool,
+    },
+    /// Capture the sandbox for fork children on other nodes: a transient snapshot stored in
+    /// object storage, and the create each child is.
+    ForkOut {
+        timeout_secs: Option<i64>,
+    },
+}
+
+/// `POST …/snapshots/{id}/delete`: the team the snapshot belongs to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotDelete {
+    pub team: String,
 }
 
 /// What a call (or a create) answers (the fields its op fills).
@@ -201,6 +223,12 @@ pub struct OpAnswer {
     /// metrics, latest_metric: the samples, oldest first.
     #[serde(default)]
     pub metrics: Vec<MetricDoc>,
+    /// snapshot, fork_out: the snapshot taken.
+    #[serde(default)]
+    pub snapshot: Option<SnapshotDoc>,
+    /// fork_out: the create of each child on another node.
+    #[serde(default)]
+    pub create: Option<CreateDoc>,
 }
 
 /// One metrics sample as it travels (the server's [`MetricSample`]).

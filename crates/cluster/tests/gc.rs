@@ -65,10 +65,18 @@ async fn record(etcd: &EtcdStore, node: &str, lease: i64, id: &str, put: &PutRep
     let paused = records::sandbox(id, SandboxState::Paused);
     let published = etcd.publish_sandbox(node, lease, &paused, None).await;
     assert!(matches!(published.unwrap(), Published::At(_)));
-    let doc = CheckpointDoc {
+    assert!(etcd
+        .put_checkpoint(id, &files_doc(node, "disk.img", put))
+        .await
+        .unwrap());
+}
+
+/// A record of node `node` naming the file of `put` at `path`.
+fn files_doc(node: &str, path: &str, put: &PutReport) -> CheckpointDoc {
+    CheckpointDoc {
         node: node.into(),
         files: vec![CheckpointFile {
-            path: "disk.img".into(),
+            path: path.into(),
             manifest: put.id.clone(),
             size: put.manifest.size,
         }],
@@ -76,8 +84,7 @@ async fn record(etcd: &EtcdStore, node: &str, lease: i64, id: &str, put: &PutRep
         bytes_uploaded: put.bytes_uploaded,
         upload_ms: 1,
         at_ms: 1,
-    };
-    assert!(etcd.put_checkpoint(id, &doc).await.unwrap());
+    }
 }
 
 /// What each test starts from: an S3 server and a bucket's chunk store, a one-member etcd
@@ -207,6 +214,46 @@ async fn orphans_older_than_the_grace_go_and_what_checkpoints_need_stays() {
             .map(String::from)
             .into()
     );
+}
+
+#[tokio::test]
+async fn a_snapshots_files_stay_while_the_snapshot_does() {
+    let name = "a_snapshots_files_stay_while_the_snapshot_does";
+    let Some(b) = bed(name, "/kiln-gc-snap", "gc-snapshots").await else {
+        return;
+    };
+    let (etcd, store, dir) = (&b.etcd, &b.store, b.dir.path());
+    let put = put(store, dir, "layer", &data(2 * CHUNK, 9)).await;
+    let snap = kiln_server::store::SnapshotRecord {
+        id: "snap1".into(),
+        name: None,
+        sandbox_id: "s1".into(),
+        template_id: "base".into(),
+        envd_token: None,
+        env_vars: Default::default(),
+        created_at_ms: 1,
+        size_bytes: 1,
+        team: "t".into(),
+    };
+    let doc = files_doc("n1", "layers/snap1.img", &put);
+    assert!(
+        !etcd.put_snapshot_files("snap1", &doc).await.unwrap(),
+        "no files record for a snapshot that does not exist"
+    );
+    etcd.insert_snapshot_at(&snap, Some("n1")).await.unwrap();
+    assert!(etcd.put_snapshot_files("snap1", &doc).await.unwrap());
+    assert_eq!(etcd.snapshot_files("snap1").await.unwrap(), Some(doc));
+
+    let report = gc::round(etcd, store, Duration::ZERO).await.unwrap();
+    assert_eq!((report.manifests_deleted, report.manifests_kept), (0, 1));
+    assert!(keys_of(&put).is_subset(&keys(store).await));
+
+    // Deleted: its files record goes with it, and the round takes the files.
+    assert!(etcd.delete_snapshot_at("snap1", None).await.unwrap());
+    assert_eq!(etcd.snapshot_files("snap1").await.unwrap(), None);
+    let report = gc::round(etcd, store, Duration::ZERO).await.unwrap();
+    assert_eq!((report.manifests_deleted, report.manifests_kept), (1, 0));
+    assert!(keys(store).await.is_empty());
 }
 
 #[tokio::test]

@@ -87,3 +87,12 @@ def sandbox(server):
             sbx.kill()
         except Exception:
             pass
+
+
+def kill_all(sandboxes):
+    """Kills each of `sandboxes` on a test's way out, whatever state the test left it in."""
+    for s in sandboxes:
+        try:
+            s.kill()
+        except Exception:
+            pass

@@ -96,8 +96,11 @@ class Cluster:
         self.etcd_port = port
         self.etcd_url = f"http://127.0.0.1:{port}"
         listen = ",".join([self.etcd_url] + [f"http://{h}:{port}" for h in extra_etcd_hosts])
+        # etcd's data in memory: on a host busy writing sandboxes' disks, its fsyncs stall for
+        # seconds and leases it cannot renew in time fence nodes (docs/cluster.md, Running it).
+        self.etcd_dir = tempfile.mkdtemp(prefix="kiln-etcd-", dir="/dev/shm")
         self.etcd = self.spawn("etcd", [
-            etcd_binary(), "--name", "m0", "--data-dir", os.path.join(base, "etcd"),
+            etcd_binary(), "--name", "m0", "--data-dir", self.etcd_dir,
             "--listen-client-urls", listen, "--advertise-client-urls", self.etcd_url,
             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
@@ -191,6 +194,7 @@ class Cluster:
             cleanup_state(p.state_dir)
         for name, p in self.controls.items():
             print(f"---- {name} log (tail) ----\n" + p.log()[-4000:])
+        shutil.rmtree(self.etcd_dir, ignore_errors=True)
 
 
 def finish(c, base: str, *after):

@@ -29,16 +29,18 @@ def ip(*args):
 
 
 class Link:
-    """A network namespace joined to the host by a veth pair (host side `host_dev`)."""
+    """A network namespace joined to the host by a veth pair (host side `host_dev` at
+    `host_ip`, the namespace's side at `node_ip`, one /30)."""
 
-    def __init__(self):
+    def __init__(self, host_ip: str = HOST_IP, node_ip: str = NODE_IP):
         tag = secrets.token_hex(3)
         self.ns, self.host_dev = f"kiln-cut-{tag}", f"kcut{tag}"
+        self.host_ip, self.node_ip = host_ip, node_ip
         ip("netns", "add", self.ns)
         ip("link", "add", self.host_dev, "type", "veth", "peer", "name", "uplink", "netns", self.ns)
-        ip("addr", "add", f"{HOST_IP}/30", "dev", self.host_dev)
+        ip("addr", "add", f"{host_ip}/30", "dev", self.host_dev)
         ip("link", "set", self.host_dev, "up")
-        ip("-n", self.ns, "addr", "add", f"{NODE_IP}/30", "dev", "uplink")
+        ip("-n", self.ns, "addr", "add", f"{node_ip}/30", "dev", "uplink")
         ip("-n", self.ns, "link", "set", "uplink", "up")
         ip("-n", self.ns, "link", "set", "lo", "up")
 
@@ -51,16 +53,16 @@ class Link:
 
 
 class LinkCluster(Cluster):
-    def start_node_in(self, link: Link, name: str) -> Proc:
+    def start_node_in(self, link: Link, name: str, lease_ttl: int = 3) -> Proc:
         """`kiln node` inside `link`'s network namespace, reaching etcd over the link. Only
         the network namespace changes (`nsenter --net`): `ip netns exec` would also give it a
         mount namespace with a fresh /sys, hiding the cgroup file systems runsc needs."""
         state = os.path.join(self.base, name, "state")
-        etcd = f"http://{HOST_IP}:{self.etcd_port}"
+        etcd = f"http://{link.host_ip}:{self.etcd_port}"
         p = self.spawn(name, ["nsenter", f"--net=/run/netns/{link.ns}", "--", kiln_bin(), "node",
                               "--etcd", etcd, "--etcd-prefix", self.prefix,
-                              "--cluster-secret", self.secret, "--name", name, "--lease-ttl", "3",
-                              "--no-prepare", "--listen", f"{NODE_IP}:0", "--state-dir", state])
+                              "--cluster-secret", self.secret, "--name", name, "--lease-ttl", str(lease_ttl),
+                              "--no-prepare", "--listen", f"{link.node_ip}:0", "--state-dir", state])
         p.state_dir = state
         p.wait_for(r"node \S+ listening on http://")
         self.nodes[name] = p

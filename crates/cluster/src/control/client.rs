@@ -4,18 +4,16 @@
 
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
 use kiln_envd::{BoxIo, Connector};
 use kiln_server::store::SandboxRecord;
 use kiln_server::Error;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::secret::ClusterSecret;
-use crate::wire::{error_of, CreateDoc, Op, OpAnswer, API_PREFIX, TUNNEL_PROTOCOL};
+use crate::wire::{error_of, CreateDoc, Op, OpAnswer, SnapshotDelete, API_PREFIX, TUNNEL_PROTOCOL};
 
-/// The most a tunnel's answer head may take.
-const MAX_HEAD: usize = 16 * 1024;
 /// How long a node has to answer a tunnel request.
 const TUNNEL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -59,6 +57,16 @@ impl NodeClient {
     pub async fn op(&self, addr: &str, id: &str, op: &Op) -> Result<OpAnswer, Error> {
         check_id(id)?;
         self.post(addr, &format!("/sandboxes/{id}"), op, id).await
+    }
+
+    /// Deletes snapshot `id` of `team` (its files and its record) on the node at `addr`.
+    pub async fn delete_snapshot(&self, addr: &str, id: &str, team: &str) -> Result<(), Error> {
+        check_id(id)?;
+        let body = SnapshotDelete { team: team.into() };
+        let path = format!("/snapshots/{id}/delete");
+        self.post::<_, OpAnswer>(addr, &path, &body, "")
+            .await
+            .map(drop)
     }
 
     async fn post<B: Serialize, R: DeserializeOwned>(
@@ -121,38 +129,40 @@ impl Connector for TunnelConnector {
         use std::io::{Error as IoError, ErrorKind};
         check_id(&self.id).map_err(|e| IoError::new(ErrorKind::InvalidInput, e.to_string()))?;
         let open = async {
-            let mut s = tokio::net::TcpStream::connect(&self.addr).await?;
+            let s = tokio::net::TcpStream::connect(&self.addr).await?;
             s.set_nodelay(true)?;
-            let req = format!(
-                "GET {API_PREFIX}/sandboxes/{}/ports/{}/tunnel HTTP/1.1\r\nHost: {}\r\n\
-                 Authorization: {}\r\nConnection: Upgrade\r\nUpgrade: {TUNNEL_PROTOCOL}\r\n\r\n",
-                self.id,
-                self.port,
-                self.addr,
-                self.secret.bearer()
-            );
-            s.write_all(req.as_bytes()).await?;
-            // Byte by byte: nothing past the head may be taken from the tunnel.
-            let mut head = Vec::with_capacity(256);
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                if head.len() >= MAX_HEAD || s.read(&mut b).await? == 0 {
-                    return Err(IoError::new(
-                        ErrorKind::UnexpectedEof,
-                        "the node closed the tunnel",
-                    ));
-                }
-                head.push(b[0]);
-            }
-            let line = String::from_utf8_lossy(&head);
-            let line = line.lines().next().unwrap_or_default();
-            if line.split_whitespace().nth(1) != Some("101") {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+                .await
+                .map_err(IoError::other)?;
+            tokio::spawn(async move {
+                // Runs until the upgrade hands the connection over (or it fails).
+                let _ = conn.with_upgrades().await;
+            });
+            let req = http::Request::get(format!(
+                "{API_PREFIX}/sandboxes/{}/ports/{}/tunnel",
+                self.id, self.port
+            ))
+            .header(http::header::HOST, self.addr.as_str())
+            .header(http::header::AUTHORIZATION, self.secret.bearer())
+            .header(http::header::CONNECTION, "upgrade")
+            .header(http::header::UPGRADE, TUNNEL_PROTOCOL)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(IoError::other)?;
+            let resp = sender.send_request(req).await.map_err(|e| {
+                IoError::new(
+                    ErrorKind::UnexpectedEof,
+                    format!("the node closed the tunnel: {e}"),
+                )
+            })?;
+            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                 return Err(IoError::new(
                     ErrorKind::ConnectionRefused,
-                    format!("the node refused the tunnel: {line}"),
+                    format!("the node refused the tunnel: {}", resp.status()),
                 ));
             }
-            Ok(Box::new(s) as BoxIo)
+            // Bytes the node sent right after its answer stay in the upgraded stream.
+            let up = hyper::upgrade::on(resp).await.map_err(IoError::other)?;
+            Ok(Box::new(TokioIo::new(up)) as BoxIo)
         };
         tokio::time::timeout(TUNNEL_TIMEOUT, open)
             .await
@@ -161,5 +171,83 @@ impl Connector for TunnelConnector {
 
     fn describe(&self) -> String {
         format!("tunnel:{}/{}:{}", self.addr, self.id, self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A node that answers one tunnel request with `answer` (in one write, as a node whose
+    /// sandbox speaks first may), then echoes; returns its address and the request it read.
+    async fn node(answer: &'static [u8]) -> (String, tokio::task::JoinHandle<String>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                s.read_exact(&mut b).await.unwrap();
+                head.push(b[0]);
+            }
+            s.write_all(answer).await.unwrap();
+            let mut buf = [0u8; 64];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            String::from_utf8(head).unwrap()
+        });
+        (addr, task)
+    }
+
+    fn connector(addr: String) -> TunnelConnector {
+        TunnelConnector {
+            addr,
+            id: "sbx1".into(),
+            port: 5900,
+            secret: ClusterSecret::new("0123456789abcdef0123").unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn bytes_right_after_the_upgrade_are_kept_and_the_tunnel_carries_both_ways() {
+        let (addr, task) = node(
+            b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: kiln-tunnel\r\n\r\nRFB 003.008\n",
+        )
+        .await;
+        let mut io = connector(addr).connect().await.unwrap();
+        let mut greeting = [0u8; 12];
+        io.read_exact(&mut greeting).await.unwrap();
+        assert_eq!(
+            &greeting, b"RFB 003.008\n",
+            "the port's first bytes are not lost"
+        );
+        io.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        io.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ping");
+        drop(io);
+        let head = task.await.unwrap().to_ascii_lowercase();
+        assert!(
+            head.starts_with("get /internal/v1/sandboxes/sbx1/ports/5900/tunnel http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("upgrade: kiln-tunnel\r\n"), "{head}");
+        assert!(
+            head.contains("authorization: bearer 0123456789abcdef0123\r\n"),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_tunnel_says_what_the_node_answered() {
+        let (addr, _task) = node(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}").await;
+        let e = connector(addr).connect().await.err().unwrap();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert!(e.to_string().contains("404"), "{e}");
     }
 }

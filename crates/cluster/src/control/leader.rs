@@ -2,7 +2,8 @@
 //! store's `leader` key ([`crate::campaign`]) and, while its lease lives, ends the running
 //! sandboxes of nodes whose lease expired as `died: node-lost`, and moves the paused
 //! sandboxes of draining nodes to other nodes, one at a time
-//! ([`ClusterService::move_off_draining`]). Ending is revision-checked, so a stale
+//! ([`ClusterService::move_off_draining`]), and deletes fork captures left behind by replicas
+//! that died mid-fork ([`ClusterService::drop_left_captures`]). Ending is revision-checked, so a stale
 //! leader overlapping a new one ends nothing twice; of two replicas moving one sandbox, the
 //! ownership write lets one win.
 
@@ -20,6 +21,8 @@ use crate::store::EtcdStore;
 
 /// How often the leader looks for lost nodes.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
+/// How often the leader looks for fork captures left behind.
+const CAPTURES_EVERY: Duration = Duration::from_secs(60);
 
 /// How long a paused sandbox of a draining node stays where it is after its move failed, or
 /// when its checkpoint is on its node's disk only (it may be stored by a later pause).
@@ -60,9 +63,23 @@ async fn term(
     let key = etcd.keys().leader();
     let led = crate::campaign::lead(etcd, &key, me, ttl, |_| async move {
         tracing::info!(replica = me, "leading the cluster's singletons");
+        let mut captures: Option<(Instant, JoinHandle<()>)> = None;
         loop {
             sweep(etcd, cache).await;
             drains.tick(svc);
+            let due = captures
+                .as_ref()
+                .is_none_or(|(at, h)| h.is_finished() && at.elapsed() >= CAPTURES_EVERY);
+            if due {
+                let svc = svc.clone();
+                let h = tokio::spawn(async move {
+                    let n = svc.drop_left_captures().await;
+                    if n > 0 {
+                        tracing::info!(captures = n, "deleted fork captures left behind");
+                    }
+                });
+                captures = Some((Instant::now(), h));
+            }
             tokio::time::sleep(SWEEP_EVERY).await;
         }
     })

@@ -8,10 +8,12 @@
 
 mod cache;
 mod client;
+mod forks;
 mod leader;
 mod moves;
 pub mod placement;
 mod service;
+mod snapshots;
 pub mod unavailable;
 
 use std::net::SocketAddr;

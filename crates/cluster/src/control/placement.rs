@@ -11,10 +11,20 @@ pub const DEFAULT_K: usize = 2;
 
 /// Whether `n` can take a sandbox of `memory_mb`.
 pub fn eligible(n: &NodeInfo, memory_mb: u64) -> bool {
-    !n.leaving
-        && !n.address.is_empty()
-        && (n.capacity.max_sandboxes == 0 || n.load.sandboxes < n.capacity.max_sandboxes)
-        && (n.load.free_memory_mb == 0 || n.load.free_memory_mb >= memory_mb)
+    !n.leaving && !n.address.is_empty() && room(n, memory_mb, 1) == 1
+}
+
+/// How many of `want` sandboxes of `memory_mb` node `n` has room for: under its own cap, and
+/// within its free memory (a node that reports none is not limited by it).
+pub fn room(n: &NodeInfo, memory_mb: u64, want: u32) -> u32 {
+    let mut room = want;
+    if n.capacity.max_sandboxes > 0 {
+        room = room.min(n.capacity.max_sandboxes.saturating_sub(n.load.sandboxes));
+    }
+    if n.load.free_memory_mb > 0 && memory_mb > 0 {
+        room = room.min(u32::try_from(n.load.free_memory_mb / memory_mb).unwrap_or(u32::MAX));
+    }
+    room
 }
 
 /// The higher, the better a home for one more sandbox: free memory per sandbox it would run,
@@ -87,6 +97,23 @@ mod tests {
             leaving: false,
             lease_id: 1,
         }
+    }
+
+    #[test]
+    fn room_is_the_tighter_of_the_cap_and_the_memory() {
+        let uncapped = |free, running| {
+            let mut n = node("n", free, running);
+            n.capacity.max_sandboxes = 0;
+            n
+        };
+        assert_eq!(room(&uncapped(0, 0), 512, 5), 5, "no cap, no reading: all");
+        assert_eq!(room(&node("n", 0, 8), 512, 5), 2, "cap 10, 8 running");
+        assert_eq!(room(&node("n", 0, 12), 512, 5), 0, "over its cap");
+        assert_eq!(room(&uncapped(1100, 3), 512, 5), 2);
+        let mut capped = node("n", 1100, 1);
+        capped.capacity.max_sandboxes = 4;
+        assert_eq!(room(&capped, 512, 5), 2);
+        assert_eq!(room(&uncapped(100, 0), 512, 5), 0);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! sandbox (the owner recorded in etcd), and traffic to a sandbox's ports goes through a
 //! tunnel to that node. Synchronous reads answer from the replica's [`Cache`]. A paused
 //! sandbox whose node is lost or draining resumes on another node ([`super::moves`]). A
-//! sandbox's metrics come from its node. What needs a node's local disk (volumes, snapshots,
-//! templates' files) answers 501 or empty for now.
+//! sandbox's metrics come from its node. Snapshots stay on the node that took them
+//! ([`super::snapshots`]). What needs a node's local disk otherwise (volumes, templates'
+//! files) answers 501 or empty for now.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,7 +32,7 @@ use super::placement;
 use crate::nodes::NodeInfo;
 use crate::seats::{Seat, Taken, SEAT_TTL};
 use crate::store::EtcdStore;
-use crate::wire::{error_of, not_in_cluster, CreateDoc, Op, OpAnswer};
+use crate::wire::{not_in_cluster, CreateDoc, Op, OpAnswer};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -40,7 +41,7 @@ pub(super) const VIEW_WAIT: Duration = Duration::from_secs(3);
 
 /// The lifecycle of a cluster's sandboxes, as one control replica serves it.
 pub struct ClusterService {
-    cfg: LifecycleConfig,
+    pub(super) cfg: LifecycleConfig,
     pub(super) etcd: EtcdStore,
     pub(super) cache: Arc<Cache>,
     pub(super) nodes: NodeClient,
@@ -86,7 +87,7 @@ impl ClusterService {
 
     /// Sends create `doc` to `node` (another of `nodes` when it cannot be reached), or, with
     /// an idempotency key, to where the key's first attempt went.
-    async fn place(
+    pub(super) async fn place(
         &self,
         doc: CreateDoc,
         mut node: Option<NodeInfo>,
@@ -101,8 +102,7 @@ impl ClusterService {
                 .placement(token, node.as_ref().map(|n| n.name.as_str()), |name| {
                     live.iter().any(|n| n.name == name)
                 })
-                .await
-                .map_err(|e| store_err(e.into()))?;
+                .await?;
             node = placed.and_then(|name| live.into_iter().find(|n| n.name == name));
             // Another node would make a second sandbox for the key: no retry elsewhere.
             nodes.clear();
@@ -146,7 +146,7 @@ impl ClusterService {
             Ok(Taken::Seat(seat)) => Ok(Some(seat)),
             Ok(Taken::Full { live, seats }) => Err(quota_full(team, max, live, seats, 1)),
             Ok(Taken::ViewBehind(rev)) => Err(view_behind(rev)),
-            Err(e) => Err(cluster_err(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -159,13 +159,13 @@ impl ClusterService {
             .then(|| self.cache.count_for_team(team))
     }
 
-    fn pick(&self, nodes: &[NodeInfo]) -> Option<NodeInfo> {
+    pub(super) fn pick(&self, nodes: &[NodeInfo]) -> Option<NodeInfo> {
         let memory = u64::from(self.cfg.default_memory_mb);
         placement::place(nodes, memory, placement::DEFAULT_K, placement::random_index).cloned()
     }
 
     /// The node that runs `id`.
-    fn owner(&self, id: &str) -> Result<NodeInfo> {
+    pub(super) fn owner(&self, id: &str) -> Result<NodeInfo> {
         if let Some(n) = self.cache.owner(id) {
             return Ok(n);
         }
@@ -214,14 +214,6 @@ fn sandbox_of(a: OpAnswer, id: &str) -> Result<SandboxRecord> {
         .ok_or_else(|| Error::SandboxNotFound(id.to_string()))
 }
 
-fn store_err(e: kiln_server::store::StoreError) -> Error {
-    Error::Store(e)
-}
-
-fn cluster_err(e: crate::error::ClusterError) -> Error {
-    store_err(e.into())
-}
-
 /// The 429 of a team at its sandbox quota: `live` sandboxes and `seats` creates under way.
 fn quota_full(team: &str, max: u32, live: usize, seats: usize, n: usize) -> Error {
     let under_way = match seats {
@@ -264,12 +256,12 @@ impl SandboxService for ClusterService {
         Ok(())
     }
     async fn team_quota(&self, team: &str) -> Result<TeamQuota> {
-        let own = self.etcd.get_team(team).await.map_err(store_err)?;
+        let own = self.etcd.get_team(team).await?;
         Ok(self.cfg.admission.team_defaults.for_team(own.as_ref()))
     }
     async fn check_team_room(&self, team: &str, n: usize) -> Result<()> {
         if let Some(max) = self.team_quota(team).await?.max_sandboxes {
-            let (seats, rev) = self.etcd.seats(team).await.map_err(cluster_err)?;
+            let (seats, rev) = self.etcd.seats(team).await?;
             let live = self
                 .view_for_team(team, rev)
                 .await
@@ -321,11 +313,19 @@ impl SandboxService for ClusterService {
     }
 
     async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
-        let doc = CreateDoc::of(&p)?;
+        let mut doc = CreateDoc::of(&p)?;
+        // A snapshot is restored on the node that keeps it, or borrowed by any.
+        let home = self.snapshot_home(&mut doc, p.team()).await?;
         // Held until the create ends: by then its sandbox is in this replica's view.
         let _seat = self.take_seat(p.team()).await?;
-        let nodes = self.candidates();
-        self.place(doc, self.pick(&nodes), nodes).await
+        let (node, nodes) = match home {
+            Some(home) => (Some(home), Vec::new()),
+            None => {
+                let nodes = self.candidates();
+                (self.pick(&nodes), nodes)
+            }
+        };
+        self.place(doc, node, nodes).await
     }
     async fn kill(&self, id: &str, reason: &str) -> Result<bool> {
         let reason = reason.to_string();
@@ -371,63 +371,31 @@ impl SandboxService for ClusterService {
         count: u32,
         timeout_secs: Option<i64>,
     ) -> Result<Vec<Result<SandboxRecord>>> {
-        let node = self.owner(id)?;
-        if self.cache.is_draining(&node.name) {
-            return Err(Error::Conflict(format!(
-                "sandbox \"{id}\" runs on node {}, which is draining: a fork's children \
-                 would run there",
-                node.name
-            )));
-        }
-        let a = self
-            .call(
-                id,
-                Op::Fork {
-                    count,
-                    timeout_secs,
-                },
-            )
-            .await?;
-        Ok(a.children
-            .into_iter()
-            .map(|c| match c.sandbox {
-                Some(s) => Ok(s.into()),
-                None => Err(error_of(
-                    http::StatusCode::from_u16(c.status)
-                        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR),
-                    c.message,
-                    "",
-                )),
-            })
-            .collect())
+        self.fork_spread(id, count, timeout_secs).await
     }
 
     async fn snapshot_with(
         &self,
-        _: &str,
-        _: &str,
-        _: Option<String>,
-        _: bool,
+        id: &str,
+        team: &str,
+        name: Option<String>,
+        memory: bool,
     ) -> Result<SnapshotRecord> {
-        Err(not_in_cluster("snapshots in a cluster"))
+        self.take_snapshot(id, team, name, memory).await
     }
-    async fn snapshot_for(
-        &self,
-        _template_id: &str,
-        _team: &str,
-    ) -> Result<Option<SnapshotRecord>> {
-        Ok(None)
+    async fn snapshot_for(&self, template_id: &str, team: &str) -> Result<Option<SnapshotRecord>> {
+        Ok(self.located(template_id, team).await?.map(|l| l.snapshot))
     }
-    async fn delete_snapshot(&self, key: &str, _team: &str) -> Result<()> {
-        Err(Error::NotFound(format!("snapshot \"{key}\" not found")))
+    async fn delete_snapshot(&self, key: &str, team: &str) -> Result<()> {
+        self.drop_snapshot(key, team).await
     }
     async fn snapshots(
         &self,
-        _: &str,
-        _: Option<&str>,
-        _: Option<&str>,
+        team: &str,
+        sandbox_id: Option<&str>,
+        name: Option<&str>,
     ) -> Result<Vec<SnapshotRecord>> {
-        Ok(Vec::new())
+        self.team_snapshots(team, sandbox_id, name).await
     }
 
     async fn network(&self, id: &str) -> Result<Option<kiln_net::EgressPolicy>> {
@@ -484,11 +452,11 @@ impl SandboxService for ClusterService {
         Err(not_in_cluster("describing templates in a cluster"))
     }
     async fn logs(&self, id: &str, team: &str) -> Result<Logs> {
-        let rec = self.etcd.get_sandbox(id).await.map_err(store_err)?;
+        let rec = self.etcd.get_sandbox(id).await?;
         if rec.is_none_or(|r| r.team != team) {
             return Err(Error::SandboxNotFound(id.to_string()));
         }
-        let events = self.etcd.events(id).await.map_err(store_err)?;
+        let events = self.etcd.events(id).await?;
         Ok(Logs {
             events,
             console: None,

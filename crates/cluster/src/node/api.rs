@@ -12,8 +12,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use kiln_server::ApiError;
 
-use super::{moves, tunnel, NodeApi};
-use crate::docs::SandboxDoc;
+use super::{moves, snapshots, tunnel, NodeApi};
+use crate::docs::{SandboxDoc, SnapshotDoc};
 use crate::wire::{Child, CreateDoc, MetricDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
 
 type St = State<Arc<NodeApi>>;
@@ -28,6 +28,10 @@ pub fn router(api: NodeApi) -> Router {
         .route(
             &format!("{API_PREFIX}/sandboxes/{{id}}/ports/{{port}}/tunnel"),
             get(tunnel::open),
+        )
+        .route(
+            &format!("{API_PREFIX}/snapshots/{{id}}/delete"),
+            post(snapshots::delete),
         )
         .layer(middleware::from_fn_with_state(api.clone(), guard))
         .with_state(api)
@@ -51,10 +55,17 @@ async fn guard(State(n): St, req: Request, next: Next) -> Response {
 
 async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, ApiError> {
     let token = doc.idempotency.clone();
-    let rec = n
-        .creates
-        .run(n.service.clone(), doc.into_params()?, token)
-        .await?;
+    let (snapshot, team) = (doc.snapshot.clone(), doc.team.clone());
+    let params = doc.into_params()?;
+    let borrowed = match &snapshot {
+        Some(id) => snapshots::borrow(&n, id, &team).await?,
+        None => None,
+    };
+    let made = n.creates.run(n.service.clone(), params, token).await;
+    if let Some(b) = borrowed {
+        b.give_back(&n).await;
+    }
+    let rec = made?;
     let revision = n.publisher.sandbox(&rec.id).await;
     let answer = OpAnswer {
         sandbox: Some(SandboxDoc::from(&rec)),
@@ -126,6 +137,16 @@ async fn op(
         Op::Adopt { from } => moves::take_over(&n, &id, &from).await?,
         Op::Metrics { .. } | Op::LatestMetric => {}
         Op::Release => a.flag = moves::release(&n, &id).await?,
+        Op::Snapshot { team, name, memory } => {
+            let snap = snapshots::take(&n, &id, &team, name, memory, false).await?;
+            snapshots::store_files(&n, &snap).await;
+            a.snapshot = Some(SnapshotDoc::from(&snap));
+        }
+        Op::ForkOut { timeout_secs } => {
+            let (snap, child) = snapshots::fork_out(&n, &id, timeout_secs).await?;
+            a.snapshot = Some(SnapshotDoc::from(&snap));
+            a.create = Some(child);
+        }
         Op::Fork {
             count,
             timeout_secs,

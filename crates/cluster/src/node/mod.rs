@@ -7,12 +7,14 @@
 //! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`]. With an object
 //! store, its paused sandboxes' checkpoints go to the bucket and paused sandboxes of other
 //! nodes can be taken over ([`moves`]), and it campaigns to run the bucket's garbage
-//! collection ([`crate::gc`]).
+//! collection ([`crate::gc`]). Its snapshots stay on it and are recorded in etcd
+//! ([`snapshots`]).
 
 mod api;
 mod creates;
 pub mod moves;
 mod publish;
+mod snapshots;
 mod tunnel;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +44,12 @@ pub struct NodeApi {
     pub mover: Option<moves::Mover>,
     /// Creates in flight and recent ones, by idempotency token.
     pub creates: creates::Creates,
+    /// The cluster's state (snapshots are recorded there as this node's).
+    pub etcd: EtcdStore,
+    /// This node's name in the cluster.
+    pub name: String,
+    /// Held by a create from a snapshot borrowed from object storage (one at a time).
+    pub borrowing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A node's object store: the bucket, its local cache of fetched chunks, and whether the node
@@ -105,6 +113,12 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         publisher.clone(),
         cfg.name.clone(),
     ));
+    tokio::spawn(snapshots::drop_deleted(
+        server.recovery.clone(),
+        manager.clone(),
+        etcd.clone(),
+        cfg.name.clone(),
+    ));
     let collector = cfg.objects.as_ref().and_then(|o| {
         let gc = o.gc?;
         Some(tokio::spawn(crate::gc::run(
@@ -139,6 +153,9 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         publisher,
         mover,
         creates: Default::default(),
+        etcd: etcd.clone(),
+        name: cfg.name.clone(),
+        borrowing: Default::default(),
     };
     let fenced = Arc::new(AtomicBool::new(false));
     let stop = {

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kiln_server::driver::PortablePause;
 use kiln_server::store::now_ms;
 use kiln_server::{Error, Manager};
 
@@ -54,59 +55,17 @@ impl Mover {
     /// Uploads paused sandbox `id`'s files and records them as its checkpoint; the pause is
     /// safe against this node's loss once this returns.
     pub async fn store(&self, id: &str) -> Result<CheckpointDoc> {
-        let t = Instant::now();
         let portable = self.manager.portable_pause(id).await?;
-        let gc_before = crate::gc::round_mark(&self.etcd)
-            .await
-            .map_err(|e| unavailable("reading the garbage collection's state", e))?;
-        let mut doc = CheckpointDoc {
-            node: self.node.clone(),
-            files: Vec::new(),
-            bytes: 0,
-            bytes_uploaded: 0,
-            upload_ms: 0,
-            at_ms: now_ms(),
-        };
-        for rel in &portable.files {
-            let path = rel.to_string_lossy().into_owned();
-            if !CheckpointFile::safe_path(&path) {
-                return Err(Error::internal(format!(
-                    "the driver named a checkpoint file outside its directory: {path}"
-                )));
-            }
-            let put = self
-                .chunks
-                .put_file(&portable.dir.join(rel))
-                .await
-                .map_err(|e| unavailable("storing a checkpoint", e))?;
-            doc.bytes += put.manifest.size;
-            doc.bytes_uploaded += put.bytes_uploaded;
-            doc.files.push(CheckpointFile {
-                path,
-                manifest: put.id,
-                size: put.manifest.size,
-            });
-        }
-        doc.upload_ms = t.elapsed().as_millis() as u64;
         let recorded = self
-            .etcd
-            .put_checkpoint(id, &doc)
-            .await
-            .map_err(|e| unavailable("recording a checkpoint", e))?;
-        if !recorded {
+            .upload_recorded(&portable, async |doc| {
+                self.etcd.put_checkpoint(id, doc).await
+            })
+            .await?;
+        let Some(doc) = recorded else {
             return Err(Error::Conflict(format!(
                 "sandbox \"{id}\" moved to another node while its checkpoint was stored"
             )));
-        }
-        // Chunks this upload found in the bucket may have been collected meanwhile.
-        let files: Vec<_> = doc
-            .files
-            .iter()
-            .map(|f| (portable.dir.join(&f.path), f.manifest.clone()))
-            .collect();
-        crate::gc::settle(&self.etcd, &self.chunks, &gc_before, &files)
-            .await
-            .map_err(|e| unavailable("checking a checkpoint against a garbage collection", e))?;
+        };
         let detail = format!(
             "checkpoint in object storage: {} files, {:.1} MiB in {} ms ({:.1} MB/s), {:.1} MiB \
              sent ({:.1} MB/s)",
@@ -122,6 +81,102 @@ impl Mover {
             tracing::warn!(sandbox = id, error = %e, "recording the checkpoint event");
         }
         Ok(doc)
+    }
+
+    /// Uploads the files `portable` names (the chunks the bucket lacks), then `record`s them
+    /// (false: the record was refused, None is answered), then makes sure no garbage
+    /// collection that overlapped the upload took chunks it found in the bucket.
+    pub(super) async fn upload_recorded(
+        &self,
+        portable: &PortablePause,
+        record: impl AsyncFnOnce(&CheckpointDoc) -> crate::error::Result<bool>,
+    ) -> Result<Option<CheckpointDoc>> {
+        let t = Instant::now();
+        let gc_before = crate::gc::round_mark(&self.etcd)
+            .await
+            .map_err(|e| unavailable("reading the garbage collection's state", e))?;
+        let mut doc = CheckpointDoc {
+            node: self.node.clone(),
+            files: Vec::new(),
+            bytes: 0,
+            bytes_uploaded: 0,
+            upload_ms: 0,
+            at_ms: now_ms(),
+        };
+        for rel in &portable.files {
+            let path = rel.to_string_lossy().into_owned();
+            if !CheckpointFile::safe_path(&path) {
+                return Err(Error::internal(format!(
+                    "the driver named a file outside its directory: {path}"
+                )));
+            }
+            let put = self
+                .chunks
+                .put_file(&portable.dir.join(rel))
+                .await
+                .map_err(|e| unavailable("storing files in object storage", e))?;
+            doc.bytes += put.manifest.size;
+            doc.bytes_uploaded += put.bytes_uploaded;
+            doc.files.push(CheckpointFile {
+                path,
+                manifest: put.id,
+                size: put.manifest.size,
+            });
+        }
+        doc.upload_ms = t.elapsed().as_millis() as u64;
+        if !record(&doc)
+            .await
+            .map_err(|e| unavailable("recording files in object storage", e))?
+        {
+            return Ok(None);
+        }
+        // Chunks this upload found in the bucket may have been collected meanwhile.
+        let files: Vec<_> = doc
+            .files
+            .iter()
+            .map(|f| (portable.dir.join(&f.path), f.manifest.clone()))
+            .collect();
+        crate::gc::settle(&self.etcd, &self.chunks, &gc_before, &files)
+            .await
+            .map_err(|e| unavailable("checking an upload against a garbage collection", e))?;
+        Ok(Some(doc))
+    }
+
+    /// The files `doc` names, laid out under `dir` (only the chunks this node's cache lacks
+    /// are fetched): the bytes fetched and those taken from the cache (or repeated in a
+    /// file).
+    pub(super) async fn fetch(
+        &self,
+        doc: &CheckpointDoc,
+        dir: &std::path::Path,
+    ) -> Result<(u64, u64)> {
+        let using = self.cache.fetching().await;
+        let (mut fetched, mut reused) = (0u64, 0u64);
+        for f in &doc.files {
+            if !CheckpointFile::safe_path(&f.path) {
+                return Err(Error::internal(
+                    "a record in object storage names a file outside its directory",
+                ));
+            }
+            let dest = dir.join(&f.path);
+            if let Some(parent) = dest.parent() {
+                tokio::fs::create_dir_all(parent)
+                    .await
+                    .map_err(|e| Error::internal(format!("preparing fetched files: {e}")))?;
+            }
+            let got = self
+                .chunks
+                .get_file(&f.manifest, &dest, self.cache.dir())
+                .await
+                .map_err(|e| unavailable("fetching from object storage", e))?;
+            fetched += got.bytes_fetched;
+            reused += got.bytes_reused;
+        }
+        drop(using);
+        if let Err(e) = self.cache.trim().await {
+            tracing::warn!(error = %e, "trimming the chunk cache");
+        }
+        Ok((fetched, reused))
     }
 
     /// Makes paused sandbox `id`, owned by node `from`, this node's: ownership moves in
@@ -211,9 +266,8 @@ impl Mover {
         Ok(())
     }
 
-    /// The checkpoint's files into this node's incoming directory (only the chunks its cache
-    /// lacks), then adopted by the driver as paused sandbox `rec`: the bytes fetched and
-    /// those taken from the cache (or repeated in a file).
+    /// The checkpoint's files into this node's incoming directory, then adopted by the driver
+    /// as paused sandbox `rec`: the bytes fetched and those reused ([`Mover::fetch`]).
     async fn fetch_and_adopt(
         &self,
         id: &str,
@@ -221,34 +275,9 @@ impl Mover {
         rec: kiln_server::store::SandboxRecord,
     ) -> Result<(u64, u64)> {
         let dir = self.manager.incoming_dir(id).await?;
-        let using = self.cache.fetching().await;
-        let (mut fetched, mut reused) = (0u64, 0u64);
-        for f in &doc.files {
-            if !CheckpointFile::safe_path(&f.path) {
-                return Err(Error::internal(format!(
-                    "sandbox \"{id}\"'s checkpoint names a file outside its directory"
-                )));
-            }
-            let dest = dir.join(&f.path);
-            if let Some(parent) = dest.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| Error::internal(format!("preparing a checkpoint: {e}")))?;
-            }
-            let got = self
-                .chunks
-                .get_file(&f.manifest, &dest, self.cache.dir())
-                .await
-                .map_err(|e| unavailable("fetching a checkpoint", e))?;
-            fetched += got.bytes_fetched;
-            reused += got.bytes_reused;
-        }
-        drop(using);
-        if let Err(e) = self.cache.trim().await {
-            tracing::warn!(error = %e, "trimming the chunk cache");
-        }
+        let got = self.fetch(doc, &dir).await?;
         self.manager.adopt_paused(rec, &doc.node).await?;
-        Ok((fetched, reused))
+        Ok(got)
     }
 }
 
