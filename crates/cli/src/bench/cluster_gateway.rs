@@ -17,7 +17,8 @@ use kiln_envd::EnvdClient;
 use kiln_server::manager::CreateParams;
 
 use super::cluster_proc::{envd_via_control, kiln, listen_addr, Live, Proc};
-use super::stats::{percentiles, Percentiles};
+use super::served::exec;
+use super::stats::{median_ci, percentiles, quantile, sorted, Percentiles};
 use crate::drivers::BenchRuntime;
 
 #[derive(Debug, Clone)]
@@ -25,11 +26,48 @@ pub(crate) struct GatewayReport {
     pub creates: usize,
     pub direct_create: Percentiles,
     pub gateway_create: Percentiles,
+    /// A login shell running `true` (what `commands.run` starts).
     pub direct_exec: Percentiles,
     pub gateway_exec: Percentiles,
+    /// The gateway's extra time per exec, pair by pair (each gateway sample less the direct
+    /// one taken beside it).
+    pub exec_hop: Hop,
+    /// `/bin/true` started without a shell: the same envd call with far less time (and noise)
+    /// in the sandbox, so its pairs resolve the hop.
+    pub direct_bare: Percentiles,
+    pub gateway_bare: Percentiles,
+    pub bare_hop: Hop,
     /// envd's `GET /health` (no process started): the hop alone.
     pub direct_health: Percentiles,
     pub gateway_health: Percentiles,
+    pub health_hop: Hop,
+}
+
+/// The median of paired differences (ms) with its 95 % confidence interval: adjacent samples
+/// share the host's state of the moment, so the pairs' differences keep the hop and shed most
+/// of the noise the two sides share.
+#[derive(Debug, Clone)]
+pub(crate) struct Hop {
+    pub n: usize,
+    pub median_ms: f64,
+    pub ci_ms: (f64, f64),
+}
+
+impl Hop {
+    fn of(gateway: &[Duration], direct: &[Duration]) -> Self {
+        let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+        let diffs: Vec<f64> = gateway
+            .iter()
+            .zip(direct)
+            .map(|(g, d)| ms(g) - ms(d))
+            .collect();
+        let v = sorted(&diffs);
+        Self {
+            n: v.len(),
+            median_ms: quantile(&v, 0.5),
+            ci_ms: median_ci(&v),
+        }
+    }
 }
 
 pub(crate) struct GatewayOptions {
@@ -218,41 +256,51 @@ pub(crate) async fn run(r: &Roles, o: &GatewayOptions) -> anyhow::Result<Gateway
     );
     let (id, token) = r.create_via_control(&o.template).await?;
     let (via, straight) = (r.envd_via_control(&id, &token), r.envd_direct(&id, &token));
-    let argv = ["-l", "-c", "true"];
-    for _ in 0..5 {
-        super::served::exec(&via, "/bin/bash", &argv).await?;
-        super::served::exec(&straight, "/bin/bash", &argv).await?;
-    }
-    let (mut dx, mut gx) = (Vec::new(), Vec::new());
-    for i in 0..o.execs {
-        if i % 2 == 0 {
-            gx.push(super::served::exec(&via, "/bin/bash", &argv).await?);
-            dx.push(super::served::exec(&straight, "/bin/bash", &argv).await?);
-        } else {
-            dx.push(super::served::exec(&straight, "/bin/bash", &argv).await?);
-            gx.push(super::served::exec(&via, "/bin/bash", &argv).await?);
-        }
-    }
-    let (mut dh, mut gh) = (Vec::new(), Vec::new());
-    for i in 0..o.execs {
-        for (client, samples) in if i % 2 == 0 {
-            [(&via, &mut gh), (&straight, &mut dh)]
-        } else {
-            [(&straight, &mut dh), (&via, &mut gh)]
-        } {
-            let t = Instant::now();
-            client.health().await?;
-            samples.push(t.elapsed());
-        }
-    }
+    let login = async |c: &EnvdClient| exec(c, "/bin/bash", &["-l", "-c", "true"]).await;
+    let bare = async |c: &EnvdClient| exec(c, "/bin/true", &[]).await;
+    let health = async |c: &EnvdClient| {
+        let t = Instant::now();
+        c.health().await?;
+        Ok(t.elapsed())
+    };
+    interleaved(5, &via, &straight, login).await?;
+    let (gx, dx) = interleaved(o.execs, &via, &straight, login).await?;
+    let (gb, db) = interleaved(o.execs, &via, &straight, bare).await?;
+    let (gh, dh) = interleaved(o.execs, &via, &straight, health).await?;
     r.kill(&id).await?;
     Ok(GatewayReport {
-        direct_health: percentiles(&dh),
-        gateway_health: percentiles(&gh),
         creates: o.creates,
         direct_create: percentiles(&direct),
         gateway_create: percentiles(&gateway),
         direct_exec: percentiles(&dx),
         gateway_exec: percentiles(&gx),
+        exec_hop: Hop::of(&gx, &dx),
+        direct_bare: percentiles(&db),
+        gateway_bare: percentiles(&gb),
+        bare_hop: Hop::of(&gb, &db),
+        direct_health: percentiles(&dh),
+        gateway_health: percentiles(&gh),
+        health_hop: Hop::of(&gh, &dh),
     })
+}
+
+/// `n` samples of `call` through the gateway (`via`) and straight to the node, taken in
+/// pairs whose order alternates, so neither side always runs right after the other.
+async fn interleaved(
+    n: usize,
+    via: &EnvdClient,
+    straight: &EnvdClient,
+    call: impl AsyncFn(&EnvdClient) -> anyhow::Result<Duration>,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut g, mut d) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        if i % 2 == 0 {
+            g.push(call(via).await?);
+            d.push(call(straight).await?);
+        } else {
+            d.push(call(straight).await?);
+            g.push(call(via).await?);
+        }
+    }
+    Ok((g, d))
 }
