@@ -79,11 +79,13 @@ class EtcdTrio(Cluster):
         self.member_urls = [f"http://127.0.0.1:{c}" for c, _ in ports]
         initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(ports))
         token = "kiln-" + secrets.token_hex(4)
+        # The members' data in memory, as the one-member cluster's (Cluster.__init__).
+        self.etcd_dir = tempfile.mkdtemp(prefix="kiln-etcd-", dir="/dev/shm")
         self.members = []
         for i, (c, p) in enumerate(ports):
             url, peer = f"http://127.0.0.1:{c}", f"http://127.0.0.1:{p}"
             self.members.append(self.spawn(f"etcd{i}", [
-                etcd_binary(), "--name", f"m{i}", "--data-dir", os.path.join(base, f"etcd{i}"),
+                etcd_binary(), "--name", f"m{i}", "--data-dir", os.path.join(self.etcd_dir, f"etcd{i}"),
                 "--listen-client-urls", url, "--advertise-client-urls", url,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", initial, "--initial-cluster-token", token,
