@@ -8,8 +8,10 @@
 //! [`objects`] stores checkpoint bytes in an S3-compatible bucket as content-addressed chunks;
 //! [`checkpoints`] records in etcd which paused sandbox's checkpoint is there; [`gc`] deletes
 //! from the bucket what no checkpoint needs any more; [`snapshots`] records snapshots with the
-//! node that keeps their files.
+//! node that keeps their files. [`audit`] says where a sandbox's audit chain is kept (by its
+//! node, with what replicas record of it).
 
+pub mod audit;
 mod campaign;
 mod catalog;
 pub mod checkpoints;

@@ -11,6 +11,7 @@ use kiln_server::Error;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{AuditAnswer, AuditCall, AUDIT_PATH};
 use crate::secret::ClusterSecret;
 use crate::wire::{error_of, CreateDoc, Op, OpAnswer, SnapshotDelete, API_PREFIX, TUNNEL_PROTOCOL};
 
@@ -67,6 +68,11 @@ impl NodeClient {
         self.post::<_, OpAnswer>(addr, &path, &body, "")
             .await
             .map(drop)
+    }
+
+    /// One call on the audit log of the node at `addr`.
+    pub async fn audit(&self, addr: &str, call: &AuditCall) -> Result<AuditAnswer, Error> {
+        self.post(addr, AUDIT_PATH, call, "").await
     }
 
     async fn post<B: Serialize, R: DeserializeOwned>(

@@ -2,10 +2,12 @@
 //! (the server's own router and `AppState`) over an [`EtcdStore`] for keys, teams, events and
 //! sandbox records and a [`ClusterService`] for the lifecycle, and is the gateway: envd and
 //! port traffic (header mode and `{port}-{id}.<domain>`) goes through the server's proxy to a
-//! tunnel into the node that owns the sandbox. The web console is served too, its sessions in
+//! tunnel into the node that owns the sandbox; what it forwards and the API calls naming a
+//! sandbox are recorded on that node's audit chain ([`audit`]). The web console is served too, its sessions in
 //! etcd ([`crate::console`]) so any replica knows them. Every replica campaigns for the cluster's
 //! singleton work ([`leader`]).
 
+mod audit;
 mod cache;
 mod client;
 mod forks;
@@ -67,12 +69,24 @@ impl Control {
         let cache = Cache::start(etcd.clone()).await?;
         let store: Arc<dyn kiln_server::store::StateStore> = Arc::new(etcd.clone());
         let first_key = auth::ensure_first_key(store.as_ref()).await?;
-        let service = Arc::new(ClusterService::new(
-            cfg.lifecycle.clone(),
-            etcd.clone(),
-            cache.clone(),
-            NodeClient::new(cfg.secret.clone()),
-        ));
+        let audit = kiln_server::audit::AuditLog::start_remote(
+            Arc::new(audit::NodeAudit::new(
+                cache.clone(),
+                NodeClient::new(cfg.secret.clone()),
+                tokio::runtime::Handle::current(),
+            )),
+            &kiln_server::audit::AuditConfig::default(),
+        )
+        .map_err(|e| ClusterError::Store(kiln_server::store::StoreError::Task(e.to_string())))?;
+        let service = Arc::new(
+            ClusterService::new(
+                cfg.lifecycle.clone(),
+                etcd.clone(),
+                cache.clone(),
+                NodeClient::new(cfg.secret.clone()),
+            )
+            .with_audit(audit.clone()),
+        );
         let state = Arc::new(
             AppState::for_service(
                 service.clone(),
@@ -83,6 +97,7 @@ impl Control {
                     metrics_token: cfg.metrics_token.clone(),
                 },
             )
+            .with_audit(audit)
             .with_console_sessions(Arc::new(crate::console::EtcdSessions::new(etcd.clone())))
             .with_console_sign_ins(Arc::new(crate::sign_ins::EtcdSignIns::new(etcd.clone()))),
         );

@@ -45,6 +45,8 @@ pub struct ClusterService {
     pub(super) etcd: EtcdStore,
     pub(super) cache: Arc<Cache>,
     pub(super) nodes: NodeClient,
+    /// Where the proxy records the envd operations it forwards (the owning node's chain).
+    audit: kiln_server::audit::AuditLog,
 }
 
 impl ClusterService {
@@ -59,7 +61,14 @@ impl ClusterService {
             etcd,
             cache,
             nodes,
+            audit: kiln_server::audit::AuditLog::disabled(),
         }
+    }
+
+    /// The service with `audit` recording what its proxy forwards.
+    pub fn with_audit(mut self, audit: kiln_server::audit::AuditLog) -> Self {
+        self.audit = audit;
+        self
     }
 
     /// The live nodes not draining, each counted with the live sandboxes this replica sees
@@ -526,7 +535,7 @@ impl SandboxService for ClusterService {
             route: route_of(&rec),
             client: self.tunnel(id, port),
             in_use: InUse::untracked(),
-            audit: kiln_server::audit::AuditLog::disabled(),
+            audit: self.audit.clone(),
         })
     }
     fn agent(&self, id: &str, token: Option<String>) -> kiln_envd::EnvdClient {

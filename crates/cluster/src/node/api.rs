@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use kiln_server::ApiError;
 
-use super::{moves, snapshots, tunnel, NodeApi};
+use super::{audit, moves, snapshots, tunnel, NodeApi};
 use crate::docs::{SandboxDoc, SnapshotDoc};
 use crate::wire::{Child, CreateDoc, MetricDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
 
@@ -28,6 +28,10 @@ pub fn router(api: NodeApi) -> Router {
         .route(
             &format!("{API_PREFIX}/sandboxes/{{id}}/ports/{{port}}/tunnel"),
             get(tunnel::open),
+        )
+        .route(
+            &format!("{API_PREFIX}{}", crate::audit::AUDIT_PATH),
+            post(audit::call),
         )
         .route(
             &format!("{API_PREFIX}/snapshots/{{id}}/delete"),

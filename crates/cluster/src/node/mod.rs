@@ -7,10 +7,12 @@
 //! SIGTERM (its warm pool drained), and [`run`] returns [`NodeExit::Fenced`]. With an object
 //! store, its paused sandboxes' checkpoints go to the bucket and paused sandboxes of other
 //! nodes can be taken over ([`moves`]), and it campaigns to run the bucket's garbage
-//! collection ([`crate::gc`]). Its snapshots stay on it and are recorded in etcd
-//! ([`snapshots`]).
+//! collection ([`crate::gc`]). Its snapshots are recorded in etcd as its own, their files
+//! kept on it and, with an object store, in the bucket too ([`snapshots`]). It keeps its
+//! sandboxes' audit chains, with the records control replicas make of them ([`audit`]).
 
 mod api;
+mod audit;
 mod creates;
 pub mod moves;
 mod publish;
@@ -48,6 +50,8 @@ pub struct NodeApi {
     pub etcd: EtcdStore,
     /// This node's name in the cluster.
     pub name: String,
+    /// The node's audit log: its sandboxes' chains, with what control replicas record of them.
+    pub audit: kiln_server::audit::AuditLog,
     /// Held by a create from a snapshot borrowed from object storage (one at a time).
     pub borrowing: Arc<tokio::sync::Mutex<()>>,
 }
@@ -155,6 +159,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         creates: Default::default(),
         etcd: etcd.clone(),
         name: cfg.name.clone(),
+        audit: manager.audit().clone(),
         borrowing: Default::default(),
     };
     let fenced = Arc::new(AtomicBool::new(false));

@@ -89,6 +89,9 @@ pub async fn list(
             StatusCode::NOT_IMPLEMENTED,
             "alerts need the audit log, which is off on this server (kiln serve --audit off)",
         ),
+        AuditError::Store(crate::store::StoreError::Unsupported(m)) => {
+            ApiError::new(StatusCode::NOT_IMPLEMENTED, m)
+        }
         other => {
             tracing::error!(error = %other, "alerts query");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "alerts query failed")

@@ -19,6 +19,9 @@ pub struct KeyId(pub String);
 fn audit_err(e: AuditError) -> ApiError {
     match e {
         AuditError::Off => ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string()),
+        AuditError::Store(crate::store::StoreError::Unsupported(m)) => {
+            ApiError::new(StatusCode::NOT_IMPLEMENTED, m)
+        }
         other => {
             tracing::error!(error = %other, "audit query");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit log query failed")

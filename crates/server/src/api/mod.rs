@@ -197,7 +197,8 @@ impl AppState {
     }
 
     /// The API of a lifecycle other than one host's manager (a cluster's control replica):
-    /// `store` holds keys, teams, events and sandbox records; no audit log is kept.
+    /// `store` holds keys, teams, events and sandbox records; no audit log is kept unless
+    /// given ([`AppState::with_audit`]).
     pub fn for_service(
         service: Arc<dyn SandboxService>,
         store: Arc<dyn crate::store::StateStore>,
@@ -246,6 +247,13 @@ impl AppState {
     /// With the console's sessions kept in `db`.
     pub fn with_console_db(self, db: crate::store::ConsoleDb) -> Self {
         self.with_console_sessions(Arc::new(db))
+    }
+
+    /// The audit log the API records its calls in and reads from (a cluster replica's
+    /// forwards to its nodes).
+    pub fn with_audit(mut self, audit: crate::audit::AuditLog) -> Self {
+        self.audit = audit;
+        self
     }
 
     /// With the console's sessions kept in `sessions` (etcd, on a cluster).

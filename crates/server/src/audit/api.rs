@@ -101,38 +101,63 @@ fn line(r: &AuditRecord) -> Bytes {
     Bytes::from(v)
 }
 
+/// How often a follower of a log kept elsewhere (a cluster's) reads what was stored since.
+const POLL_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+type Lines = tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>;
+
+/// Sends the stored records matching `f` after `last`, page by page, moving `last`; false
+/// when the client went away or the store failed.
+async fn catch_up(log: &AuditLog, f: &mut Filter, last: &mut i64, tx: &Lines) -> bool {
+    f.limit = MAX_LIMIT;
+    loop {
+        f.after = Some(*last);
+        let Ok(recs) = log.query(f.clone()).await else {
+            return false;
+        };
+        for r in &recs {
+            *last = r.cursor;
+            if tx.send(Ok(line(r))).await.is_err() {
+                return false;
+            }
+        }
+        if recs.len() < MAX_LIMIT {
+            return true;
+        }
+    }
+}
+
 /// `follow=true`: the stored records matching `f`, then each new one as it is written, as JSON
 /// lines, until the client goes away. Nothing is skipped: a follower that falls behind the
-/// live feed reads the gap back from the store.
+/// live feed reads the gap back from the store. A log kept elsewhere has no live feed here:
+/// its followers read the store again every [`POLL_EVERY`].
 pub fn follow(log: AuditLog, mut f: Filter) -> Response {
-    let Some(mut live) = log.subscribe() else {
+    if !log.enabled() {
         return (
             http::StatusCode::NOT_IMPLEMENTED,
             AuditError::Off.to_string(),
         )
             .into_response();
-    };
+    }
+    // Subscribed before the backlog is read, so nothing written meanwhile is missed.
+    let live = log.subscribe();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(async move {
         let mut last = f.after.unwrap_or(0);
-        f.limit = MAX_LIMIT;
-        // Backlog first (the subscription above already holds anything written meanwhile).
-        loop {
-            f.after = Some(last);
-            let Ok(recs) = log.query(f.clone()).await else {
-                return;
-            };
-            let n = recs.len();
-            for r in &recs {
-                last = r.cursor;
-                if tx.send(Ok(line(r))).await.is_err() {
+        if !catch_up(&log, &mut f, &mut last, &tx).await {
+            return;
+        }
+        let Some(mut live) = live else {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(POLL_EVERY) => {}
+                    _ = tx.closed() => return,
+                }
+                if !catch_up(&log, &mut f, &mut last, &tx).await {
                     return;
                 }
             }
-            if n < MAX_LIMIT {
-                break;
-            }
-        }
+        };
         // Whether each sandbox seen live is the team's (when the follower is scoped to one).
         let mut of_team: std::collections::HashMap<String, bool> = Default::default();
         loop {
@@ -168,15 +193,8 @@ pub fn follow(log: AuditLog, mut f: Filter) -> Response {
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    f.after = Some(last);
-                    let Ok(recs) = log.query(f.clone()).await else {
+                    if !catch_up(&log, &mut f, &mut last, &tx).await {
                         return;
-                    };
-                    for r in &recs {
-                        last = r.cursor;
-                        if tx.send(Ok(line(r))).await.is_err() {
-                            return;
-                        }
                     }
                 }
                 Err(_) => return,

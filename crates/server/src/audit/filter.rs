@@ -3,7 +3,7 @@
 use super::record::Kind;
 
 /// What a query asks for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Filter {
     pub sandbox_id: Option<String>,
     /// Only the sandboxes of this team (running, paused or ended).

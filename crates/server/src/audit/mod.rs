@@ -78,6 +78,9 @@ pub(crate) struct Inner {
     owners: Mutex<HashMap<String, Option<String>>>,
     /// Stored records for the rule engine.
     rules_tap: Arc<RulesTap>,
+    /// The records are kept elsewhere (a cluster's nodes): nothing is published live, so
+    /// followers poll the store.
+    remote: bool,
 }
 
 /// Handle to the audit log (cheap to clone). A disabled log records nothing.
@@ -100,6 +103,21 @@ impl AuditLog {
 
     /// Starts the audit log's writer over `store` (a disabled log when `cfg` says so).
     pub fn start(store: Arc<dyn AuditStore>, cfg: &AuditConfig) -> Result<Self, AuditError> {
+        Self::start_over(store, cfg, false)
+    }
+
+    /// Starts a log whose `store` keeps the records somewhere else (a cluster replica's
+    /// forwarding store): the writer hands each batch to it, nothing is published live or
+    /// evaluated here, and followers poll the store.
+    pub fn start_remote(store: Arc<dyn AuditStore>, cfg: &AuditConfig) -> Result<Self, AuditError> {
+        Self::start_over(store, cfg, true)
+    }
+
+    fn start_over(
+        store: Arc<dyn AuditStore>,
+        cfg: &AuditConfig,
+        remote: bool,
+    ) -> Result<Self, AuditError> {
         if !cfg.enabled {
             return Ok(Self::disabled());
         }
@@ -123,6 +141,7 @@ impl AuditLog {
             live,
             owners: Mutex::new(HashMap::new()),
             rules_tap,
+            remote,
         }))))
     }
 
@@ -146,6 +165,24 @@ impl AuditLog {
         {
             tracing::error!(sandbox = sandbox_id, "the audit writer has stopped");
         }
+    }
+
+    /// Appends records made elsewhere (a cluster replica's, about a sandbox this server
+    /// runs), each after its chain's head, and waits until they are stored. A disabled log
+    /// takes them and keeps nothing.
+    pub async fn append_records(&self, records: Vec<NewRecord>) {
+        let Some(i) = &self.0 else { return };
+        for r in records {
+            if i.tx
+                .send(writer::Msg::Append(Append::Record(r)))
+                .await
+                .is_err()
+            {
+                tracing::error!("the audit writer has stopped");
+                return;
+            }
+        }
+        self.flush().await;
     }
 
     /// A sender usable from `poll` code ([`tap`]'s response bodies).
@@ -197,9 +234,13 @@ impl AuditLog {
         self.0.as_ref().map(|i| &i.rules_tap)
     }
 
-    /// Stored records as they are written.
+    /// Stored records as they are written (None: the log is off, or its records are kept
+    /// elsewhere and nothing is published here).
     pub fn subscribe(&self) -> Option<broadcast::Receiver<Arc<AuditRecord>>> {
-        self.0.as_ref().map(|i| i.live.subscribe())
+        self.0
+            .as_ref()
+            .filter(|i| !i.remote)
+            .map(|i| i.live.subscribe())
     }
 
     pub fn set_owner(&self, sandbox_id: &str, key_id: &str) {
@@ -230,7 +271,9 @@ impl AuditLog {
         k
     }
 
-    async fn read<T: Send + 'static>(
+    /// Runs `f` over the store on the blocking pool (records sent before the call may still
+    /// be on their way: [`AuditLog::flush`] first to include them).
+    pub async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&dyn AuditStore) -> crate::store::Result<T> + Send + 'static,
     ) -> Result<T, AuditError> {
@@ -295,6 +338,7 @@ pub(crate) mod tests_support {
             live,
             owners: Mutex::new(HashMap::new()),
             rules_tap: Arc::default(),
+            remote: false,
         }
     }
 }

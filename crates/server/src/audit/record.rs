@@ -1,11 +1,11 @@
 //! What an audit record is: its kind, the record as stored (with its place in the chain), and
 //! its JSON shape on the API.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// What a record is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// A process started, attached to, fed, signalled or ended through the agent.

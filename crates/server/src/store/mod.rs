@@ -84,6 +84,10 @@ pub enum StoreError {
     },
     #[error("state database task failed: {0}")]
     Task(String),
+    /// What this store cannot do (a cluster's store for a read only one host can answer);
+    /// the message names it.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,193 @@
+"""The audit log on a kiln cluster (docs/cluster.md, "The audit log"), on the cluster of
+test_server_cluster.py (a one-member etcd, nodes n1 and n2, replicas c1 and c2):
+
+- what an agent does through a replica (the API calls naming the sandbox, commands and file
+  operations through the gateway) lands on the chain the sandbox's node keeps, beside the
+  node's own lifecycle records: in that node's database, not the other node's;
+- one sandbox's records read through either replica, paged by cursor and followed live;
+  its chain and the team's chains verify through a replica, and a record edited in the
+  node's database is caught;
+- what a cluster cannot answer yet (every sandbox's records at once, alerts) is a 501 that
+  says so.
+
+Needs KILN_BIN, the base template, runsc, and etcd (Debian's etcd-server, or KILN_ETCD).
+"""
+
+import http.client
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import threading
+import time
+import urllib.parse
+
+from .conftest import kill_all
+from .test_server_cluster import cluster  # noqa: F401  (the module's cluster fixture)
+from .test_server_cluster_snapshots import on_node
+
+
+def records(cluster, control: str, sid: str, query: str = "") -> dict:
+    status, body = cluster.request(control, "GET", f"/sandboxes/{sid}/audit{query}")
+    assert status == 200, body
+    return body
+
+
+def wait_records(cluster, control: str, sid: str, done, timeout: float = 30) -> list:
+    """The sandbox's records once `done(records)` holds (the replica hands its records to the
+    node in batches, a moment after the call they record)."""
+    deadline = time.time() + timeout
+    while True:
+        recs = records(cluster, control, sid, "?limit=1000")["records"]
+        if done(recs) or time.time() > deadline:
+            return recs
+        time.sleep(0.3)
+
+
+def node_rows(cluster, node: str, sid: str) -> list:
+    """(kind, body) of the audit rows `node`'s own database holds for `sid`."""
+    db = sqlite3.connect(f"file:{os.path.join(cluster.nodes[node].state_dir, 'kiln.db')}?mode=ro",
+                         uri=True, timeout=10)
+    try:
+        return db.execute("SELECT kind, body FROM audit WHERE sandbox_id = ?", (sid,)).fetchall()
+    finally:
+        db.close()
+
+
+def mentions(recs: list, kind: str, text: str) -> bool:
+    return any(r["kind"] == kind and text in json.dumps(r["body"]) for r in recs)
+
+
+def test_a_sandboxs_records_are_kept_by_its_node_and_read_through_any_replica(cluster):
+    made = []
+    try:
+        here = on_node(cluster, "n1", "c1", made)
+        there = on_node(cluster, "n2", "c2", made)
+        marks = {}
+        for s in (here, there):
+            mark = secrets.token_hex(6)
+            marks[s.sandbox_id] = mark
+            assert s.commands.run(f"echo {mark}").stdout.strip() == mark
+            s.files.write(f"/tmp/{mark}.txt", "audited")
+        sid, mark = here.sandbox_id, marks[here.sandbox_id]
+
+        def whole(recs):
+            return mentions(recs, "process", mark) and mentions(recs, "file", mark)
+
+        recs = wait_records(cluster, "c2", sid, whole)
+        assert whole(recs), recs
+        kinds = {r["kind"] for r in recs}
+        assert {"api", "lifecycle", "process", "file"} <= kinds, kinds
+        assert all(r["sandboxID"] == sid for r in recs)
+        # One chain: the replica's records and the node's own, in seq order without gaps.
+        assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1)), recs
+        # The create's API record (made by replica c1) names the key that created it.
+        create = [r for r in recs if r["kind"] == "api" and r["body"]["method"] == "POST"
+                  and r["body"]["route"] in ("/sandboxes", "/v2/sandboxes")]
+        assert create and create[0]["body"]["key"], recs
+        # Kept by the node that runs the sandbox, and by it alone.
+        rows = node_rows(cluster, "n1", sid)
+        assert any(k == "process" and mark in b for k, b in rows), rows
+        assert not node_rows(cluster, "n2", sid)
+        other = there.sandbox_id
+        wait_records(cluster, "c1", other, lambda r: mentions(r, "process", marks[other]))
+        assert any(k == "process" and marks[other] in b for k, b in node_rows(cluster, "n2", other))
+        assert not node_rows(cluster, "n1", other)
+
+        # Paged by cursor through the other replica: the pages add up to the whole.
+        pages, cursor = [], None
+        while True:
+            q = "?limit=3" + (f"&cursor={cursor}" if cursor else "")
+            page = records(cluster, "c1", sid, q)
+            if not page["records"]:
+                break
+            pages.extend(page["records"])
+            cursor = page["nextCursor"]
+        assert [r["hash"] for r in pages[:len(recs)]] == [r["hash"] for r in recs]
+        # Kinds narrow it.
+        only = records(cluster, "c1", sid, "?kind=process&limit=1000")["records"]
+        assert only and {r["kind"] for r in only} == {"process"}
+
+        # Verified through a replica, one chain and the team's.
+        status, v = cluster.request("c1", "GET", f"/audit/verify?sandboxID={sid}")
+        assert status == 200 and v["ok"] and v["chains"][0]["records"] >= len(recs), v
+        status, v = cluster.request("c2", "GET", "/audit/verify")
+        assert status == 200 and v["ok"], v
+        assert {sid, other} <= {c["sandboxID"] for c in v["chains"]}, v
+    finally:
+        kill_all(made)
+
+
+def test_following_a_sandboxs_records_through_a_replica_sees_new_ones(cluster):
+    made = []
+    try:
+        s = on_node(cluster, "n2", "c1", made)
+        url = urllib.parse.urlsplit(cluster.controls["c2"].url)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        conn.request("GET", f"/sandboxes/{s.sandbox_id}/audit?follow=true&kind=process",
+                     headers={"X-API-Key": cluster.api_key})
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        lines, stop = [], threading.Event()
+
+        def read():
+            while not stop.is_set():
+                try:
+                    line = resp.readline()
+                except Exception:  # the connection is shut under it on the way out
+                    return
+                if not line:
+                    return
+                lines.append(json.loads(line))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        mark = secrets.token_hex(6)
+        assert s.commands.run(f"echo {mark}").exit_code == 0
+        deadline = time.time() + 20
+        while not mentions(lines, "process", mark) and time.time() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        reader.join(10)
+        assert mentions(lines, "process", mark), lines
+        assert {r["kind"] for r in lines} == {"process"}
+        cursors = [int(r["cursor"]) for r in lines]
+        assert cursors == sorted(set(cursors)), "each record once, in order"
+    finally:
+        kill_all(made)
+
+
+def test_an_edited_record_in_a_nodes_database_fails_verification_through_a_replica(cluster):
+    made = []
+    try:
+        s = on_node(cluster, "n1", "c2", made)
+        mark = secrets.token_hex(6)
+        s.commands.run(f"echo {mark}")
+        wait_records(cluster, "c1", s.sandbox_id, lambda r: mentions(r, "process", mark))
+        db = sqlite3.connect(os.path.join(cluster.nodes["n1"].state_dir, "kiln.db"), timeout=10)
+        try:
+            with db:
+                n = db.execute(
+                    "UPDATE audit SET body = replace(body, ?, 'edited') "
+                    "WHERE sandbox_id = ? AND kind = 'process' AND body LIKE ?",
+                    (mark, s.sandbox_id, f"%{mark}%")).rowcount
+        finally:
+            db.close()
+        assert n >= 1
+        status, v = cluster.request("c1", "GET", f"/audit/verify?sandboxID={s.sandbox_id}")
+        assert status == 200 and v["ok"] is False, v
+        assert v["chains"][0]["firstBadSeq"] >= 1 and v["chains"][0]["reason"], v
+    finally:
+        kill_all(made)
+
+
+def test_what_a_cluster_cannot_answer_yet_is_a_501_that_says_so(cluster):
+    for path, what in (("/audit", "every sandbox"), ("/audit?kind=process", "every sandbox"),
+                       ("/alerts", "alerts")):
+        status, body = cluster.request("c1", "GET", path)
+        assert status == 501, (path, status, body)
+        assert "not available on a kiln cluster yet" in body["message"], body
+        assert what in body["message"], body
