@@ -187,6 +187,11 @@ pub struct ControlArgs {
     /// storage).
     #[arg(long, env = "KILN_NO_DRAIN_MOVES")]
     no_drain_moves: bool,
+    /// Record the API calls and envd operations this replica forwards on the audit chains its
+    /// nodes keep, and serve their audit routes: on or off (off: nothing is recorded here, and
+    /// the audit routes answer 501; the nodes' own records are set by `kiln node --audit`).
+    #[arg(long, env = "KILN_AUDIT", default_value = "on", value_parser = ["on", "off"])]
+    audit: String,
     /// Let webhooks reach private and loopback addresses (refused by default, as in
     /// `kiln serve`).
     #[arg(long, env = "KILN_WEBHOOK_ALLOW_PRIVATE")]
@@ -221,6 +226,7 @@ pub fn control(a: ControlArgs) -> anyhow::Result<i32> {
             metrics_token: None,
             leader_ttl: Duration::from_secs(a.leader_ttl.max(2)),
             move_drained: !a.no_drain_moves,
+            audit: a.audit == "on",
         };
         let control = Control::prepare(etcd, cfg).await?;
         println!("kiln: control replica listening on http://{}", control.local_addr);

@@ -191,3 +191,24 @@ def test_what_a_cluster_cannot_answer_yet_is_a_501_that_says_so(cluster):
         assert status == 501, (path, status, body)
         assert "not available on a kiln cluster yet" in body["message"], body
         assert what in body["message"], body
+
+
+def test_a_replica_with_the_audit_log_off_records_nothing_and_serves_no_audit(cluster):
+    from e2b import Sandbox
+
+    if "c3" not in cluster.controls:
+        cluster.start_control("c3", extra=["--audit", "off"])
+    made = []
+    try:
+        s = on_node(cluster, "n1", "c1", made)
+        quiet = Sandbox.connect(s.sandbox_id, **cluster.opts("c3"))
+        mark, seen = secrets.token_hex(6), secrets.token_hex(6)
+        assert quiet.commands.run(f"echo {mark}").exit_code == 0
+        assert s.commands.run(f"echo {seen}").exit_code == 0
+        recs = wait_records(cluster, "c1", s.sandbox_id, lambda r: mentions(r, "process", seen))
+        assert mentions(recs, "process", seen), recs
+        assert not mentions(recs, "process", mark), "c3 records nothing"
+        status, body = cluster.request("c3", "GET", f"/sandboxes/{s.sandbox_id}/audit")
+        assert status == 501, body
+    finally:
+        kill_all(made)

@@ -3,9 +3,9 @@
 //! sandbox records and a [`ClusterService`] for the lifecycle, and is the gateway: envd and
 //! port traffic (header mode and `{port}-{id}.<domain>`) goes through the server's proxy to a
 //! tunnel into the node that owns the sandbox; what it forwards and the API calls naming a
-//! sandbox are recorded on that node's audit chain ([`audit`]). The web console is served too, its sessions in
-//! etcd ([`crate::console`]) so any replica knows them. Every replica campaigns for the cluster's
-//! singleton work ([`leader`]).
+//! sandbox are recorded on that node's audit chain ([`audit`]). The web console is served too,
+//! its sessions in etcd ([`crate::console`]) so any replica knows them. Every replica
+//! campaigns for the cluster's singleton work ([`leader`]).
 
 mod audit;
 mod cache;
@@ -48,6 +48,9 @@ pub struct ControlConfig {
     pub leader_ttl: Duration,
     /// Whether the leader moves drained nodes' paused sandboxes off them.
     pub move_drained: bool,
+    /// Whether the replica records what it forwards on its nodes' audit chains and serves the
+    /// audit routes ([`audit`]).
+    pub audit: bool,
 }
 
 /// A replica ready to serve.
@@ -75,7 +78,10 @@ impl Control {
                 NodeClient::new(cfg.secret.clone()),
                 tokio::runtime::Handle::current(),
             )),
-            &kiln_server::audit::AuditConfig::default(),
+            &kiln_server::audit::AuditConfig {
+                enabled: cfg.audit,
+                ..Default::default()
+            },
         )
         .map_err(|e| ClusterError::Store(kiln_server::store::StoreError::Task(e.to_string())))?;
         let service = Arc::new(
