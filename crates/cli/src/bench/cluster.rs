@@ -292,43 +292,45 @@ fn print(a: &Args, label: &str, r: &Results) {
                  {} creates each way, interleaved",
                 a.template, g.creates
             );
-            println!(
-                "  base = POST /internal/v1/sandboxes on the node (what the control forwards), \
-                 request → 201"
-            );
-            row("base  create straight on the node", &g.direct_create, None);
-            row(
-                "create through the control (POST /sandboxes)",
-                &g.gateway_create,
-                Some(&g.direct_create),
-            );
-            println!(
-                "  base = envd Process.Start of `bash -l -c true` through a tunnel straight \
-                 into the node, start → end event"
-            );
-            row("base  exec straight to the node", &g.direct_exec, None);
-            row(
-                "exec through the control's gateway",
-                &g.gateway_exec,
-                Some(&g.direct_exec),
-            );
-            println!(
-                "  base = envd Process.Start of `/bin/true` (no shell) through a tunnel straight \
-                 into the node, start → end event"
-            );
-            row("base  bare exec straight to the node", &g.direct_bare, None);
-            row(
-                "bare exec through the control's gateway",
-                &g.gateway_bare,
-                Some(&g.direct_bare),
-            );
-            println!("  base = envd GET /health (no process started) through a tunnel straight into the node");
-            row("base  health straight to the node", &g.direct_health, None);
-            row(
-                "health through the control's gateway",
-                &g.gateway_health,
-                Some(&g.direct_health),
-            );
+            // Each kind: what its base is, then the direct side and the gateway's beside it.
+            for (base, straight, through, direct, gateway) in [
+                (
+                    "POST /internal/v1/sandboxes on the node (what the control forwards), \
+                     request → 201",
+                    "base  create straight on the node",
+                    "create through the control (POST /sandboxes)",
+                    &g.direct_create,
+                    &g.gateway_create,
+                ),
+                (
+                    "envd Process.Start of `bash -l -c true` through a tunnel straight into \
+                     the node, start → end event",
+                    "base  exec straight to the node",
+                    "exec through the control's gateway",
+                    &g.direct_exec,
+                    &g.gateway_exec,
+                ),
+                (
+                    "envd Process.Start of `/bin/true` (no shell) through a tunnel straight \
+                     into the node, start → end event",
+                    "base  bare exec straight to the node",
+                    "bare exec through the control's gateway",
+                    &g.direct_bare,
+                    &g.gateway_bare,
+                ),
+                (
+                    "envd GET /health (no process started) through a tunnel straight into the \
+                     node",
+                    "base  health straight to the node",
+                    "health through the control's gateway",
+                    &g.direct_health,
+                    &g.gateway_health,
+                ),
+            ] {
+                println!("  base = {base}");
+                row(straight, direct, None);
+                row(through, gateway, Some(direct));
+            }
             println!(
                 "  the gateway's extra time, median of paired differences (each gateway sample \
                  less the direct one beside it), 95% CI:"

@@ -213,24 +213,13 @@ impl AuditStore for NodeAudit {
 
     fn chain(&self, sandbox_id: &str) -> Result<StoredChain> {
         let Some(node) = self.keeper(sandbox_id)? else {
-            return Ok(StoredChain {
-                records: Vec::new(),
-                anchor: None,
-                head: None,
-            });
+            return Ok(StoredChain::default());
         };
         let call = AuditCall::Chain {
             sandbox_id: sandbox_id.to_string(),
         };
-        Ok(self
-            .read(&node, &call)?
-            .chain
-            .map(StoredChain::from)
-            .unwrap_or(StoredChain {
-                records: Vec::new(),
-                anchor: None,
-                head: None,
-            }))
+        let chain = self.read(&node, &call)?.chain;
+        Ok(chain.map(StoredChain::from).unwrap_or_default())
     }
 
     fn record_hash(&self, sandbox_id: &str, seq: i64) -> Result<Option<String>> {
