@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use super::portable::{files_under, fresh_dir, syncfs, IMAGE_DIR};
-use super::snapshot::{disk_usage, write_meta, SnapshotMeta};
+use super::snapshot::{disk_usage, read_meta, write_meta};
 use super::{check_id, disk, GvisorDriver};
 use crate::driver::{io_err, DriverError, PortablePause, Result, SnapshotRef};
 
@@ -29,10 +29,7 @@ impl GvisorDriver {
 
     pub(super) async fn export_snapshot(&self, snap: &SnapshotRef) -> Result<PortablePause> {
         let sdir = self.snapshot_dir(snap)?;
-        let meta: SnapshotMeta = std::fs::read(sdir.join("snapshot.json"))
-            .ok()
-            .and_then(|t| serde_json::from_slice(&t).ok())
-            .ok_or_else(|| DriverError::NotFound(snap.0.clone()))?;
+        let meta = read_meta(&sdir, snap)?;
         let layer = self.layer_dir(snap);
         let image = disk::layer_image(&layer);
         if meta.lowers.len() != 2 || meta.lowers[0] != layer || !image.is_file() {

@@ -50,6 +50,16 @@ pub(super) struct SnapshotMeta {
     pub(super) lowers: Vec<PathBuf>,
 }
 
+/// Reads snapshot `snap`'s `snapshot.json` in `sdir` (404 when there is none: the snapshot is
+/// not whole on this host).
+pub(super) fn read_meta(sdir: &Path, snap: &SnapshotRef) -> Result<SnapshotMeta> {
+    let Ok(text) = std::fs::read(sdir.join("snapshot.json")) else {
+        return Err(DriverError::NotFound(snap.0.clone()));
+    };
+    serde_json::from_slice(&text)
+        .map_err(|_| DriverError::Other(format!("snapshot {} is unreadable", snap.0)))
+}
+
 /// Writes `sdir`'s `snapshot.json` naming `stack` (written last: it makes the snapshot whole).
 pub(super) fn write_meta(sdir: &Path, stack: Vec<PathBuf>) -> Result<()> {
     let meta = serde_json::to_vec(&SnapshotMeta { lowers: stack })
@@ -366,13 +376,7 @@ impl GvisorDriver {
     ) -> Result<()> {
         check_id(&spec.id)?;
         let sdir = self.snapshot_dir(snap)?;
-        if !sdir.join("snapshot.json").exists() {
-            return Err(DriverError::NotFound(snap.0.clone()));
-        }
-        let meta: SnapshotMeta = std::fs::read(sdir.join("snapshot.json"))
-            .ok()
-            .and_then(|t| serde_json::from_slice(&t).ok())
-            .ok_or_else(|| DriverError::Other(format!("snapshot {} is unreadable", snap.0)))?;
+        let meta = read_meta(&sdir, snap)?;
         self.prepare_with(spec, Some(&meta.lowers)).await?;
         let dir = self.sandbox_dir(&spec.id);
         let image = sdir.join("checkpoint");
