@@ -68,11 +68,16 @@ pub(super) async fn delete(
 /// Deletes snapshot `id` of `team`: its files here (gone already is fine), then its record;
 /// whether there was a record.
 async fn discard(n: &NodeApi, id: &str, team: &str) -> Result<bool, Error> {
-    match n.service.delete_snapshot(id, team).await {
-        Ok(()) | Err(Error::NotFound(_)) => {}
-        Err(e) => return Err(e),
-    }
+    delete_files(n.service.as_ref(), id, team).await?;
     Ok(n.etcd.delete_snapshot_at(id, None).await?)
+}
+
+/// Deletes snapshot `id`'s files on this node (files gone already are fine).
+async fn delete_files(service: &dyn SandboxService, id: &str, team: &str) -> Result<(), Error> {
+    match service.delete_snapshot(id, team).await {
+        Ok(()) | Err(Error::NotFound(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Once recovery is over, deletes the files of the snapshots deleted while node `node` was
@@ -94,8 +99,8 @@ pub(super) async fn drop_deleted(
         }
     };
     for d in drops {
-        match service.delete_snapshot(&d.id, &d.team).await {
-            Ok(()) | Err(Error::NotFound(_)) => {
+        match delete_files(service.as_ref(), &d.id, &d.team).await {
+            Ok(()) => {
                 tracing::info!(snapshot = %d.id, "deleted while this node was away: files removed");
                 if let Err(e) = etcd.forget_snapshot_drop(&node, &d.id).await {
                     tracing::warn!(snapshot = %d.id, error = %e, "forgetting a deleted snapshot");
