@@ -11,16 +11,18 @@ from e2b import Sandbox, SandboxQuery, SandboxState
 
 from .conftest import KilnServer, mounts_under, runsc_processes_for
 
-COUNTER = "bash -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done'"
+# Each value is written beside the file and renamed over it, so the file always holds a whole
+# number: a filesystem-only pause may keep the file as it was at any instant.
+COUNTER = (
+    "bash -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count.new; "
+    "mv /home/user/count.new /home/user/count; sleep 0.1; done'"
+)
 
 
 def count(sbx) -> int:
-    for _ in range(10):
-        text = sbx.files.read("/home/user/count").strip()
-        if text.isdigit():
-            return int(text)
-        time.sleep(0.02)
-    pytest.fail("the counter file never held a number")
+    text = sbx.files.read("/home/user/count").strip()
+    assert text.isdigit(), f"the counter file holds {text!r}, not a number"
+    return int(text)
 
 
 def paused_ids(opts) -> set:
