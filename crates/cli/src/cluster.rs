@@ -143,6 +143,9 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
             load_every: Duration::from_secs(1),
             max_sandboxes,
             objects,
+            templates: Some(
+                kiln_template::Store::open_default().context("opening the template store")?,
+            ),
         };
         match kiln_cluster::node::run(server, etcd, cfg).await? {
             NodeExit::Stopped => Ok(0),

@@ -82,9 +82,9 @@ impl EtcdStore {
         }
     }
 
-    /// The manifest ids every checkpoint record and every snapshot's files record names: what
-    /// the bucket's garbage collection must keep. One read of each directory; a record that
-    /// does not parse fails it (the collection then deletes nothing).
+    /// The manifest ids every checkpoint record, every snapshot's and every template's files
+    /// record names: what the bucket's garbage collection must keep. One read of each
+    /// directory; a record that does not parse fails it (the collection then deletes nothing).
     pub async fn live_manifests(&self) -> Result<std::collections::HashSet<String>> {
         let mut live = std::collections::HashSet::new();
         for dir in ["checkpoints", "snapshot-files"] {
@@ -93,6 +93,7 @@ impl EtcdStore {
                 live.extend(doc.files.into_iter().map(|f| f.manifest));
             }
         }
+        live.extend(self.template_manifests().await?);
         Ok(live)
     }
 

@@ -27,6 +27,7 @@
 //! | `draining/{name}` | a drained node's mark (JSON); stays until `kiln node undrain` |
 //! | `owners/{id}` | the name of the node that owns the sandbox |
 //! | `checkpoints/{id}` | where a paused sandbox's checkpoint is in object storage (JSON) |
+//! | `template-files/{name}` | where a template's files are in object storage (JSON) |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 //! | `console-sign-ins/{address}/{ms}-{uuid}` | a failed console sign-in, on a lease of a minute |
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
@@ -190,6 +191,10 @@ impl Keys {
     /// Where paused sandbox `id`'s checkpoint is in object storage.
     pub fn checkpoint(&self, id: &str) -> String {
         self.one("checkpoints", id)
+    }
+    /// Where template `name`'s files are in object storage.
+    pub fn template_files(&self, name: &str) -> String {
+        self.one("template-files", name)
     }
     /// The drain mark of node `name`.
     pub fn draining(&self, name: &str) -> String {

@@ -37,13 +37,14 @@ pub mod sign_ins;
 pub mod snapshots;
 mod state;
 mod store;
+pub mod template_files;
 pub mod wire;
 
 pub use checkpoints::{CheckpointDoc, CheckpointFile, Moved};
 pub use console::EtcdSessions;
 pub use drain::{DrainMark, DrainReport};
 pub use error::ClusterError;
-pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeWatch};
+pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeTemplate, NodeWatch};
 pub use owners::{Published, NODE_LOST_REASON};
 pub use sandboxes::Transition;
 pub use secret::ClusterSecret;

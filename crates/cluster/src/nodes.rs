@@ -9,6 +9,7 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, WatchOptions,
     WatchStream,
 };
+use kiln_server::manager::TemplateView;
 use kiln_server::store::now_ms;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -39,6 +40,41 @@ pub struct NodeLoad {
     pub free_cpu_milli: u32,
 }
 
+/// A template a node holds: what `GET /templates` shows through a replica, and what placement
+/// matches a create's template against.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTemplate {
+    pub name: String,
+    /// The build: the template's content hash.
+    pub key: String,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u64,
+    pub built_at_unix: u64,
+    pub size_bytes: u64,
+    /// Sandboxes the node started from it, and when it last did.
+    #[serde(default)]
+    pub spawn_count: u64,
+    #[serde(default)]
+    pub last_spawned_ms: Option<i64>,
+}
+
+impl From<&TemplateView> for NodeTemplate {
+    fn from(v: &TemplateView) -> Self {
+        Self {
+            name: v.info.name.clone(),
+            key: v.info.key.clone(),
+            cpu_count: v.cpu_count,
+            memory_mb: v.memory_mb,
+            disk_mb: v.disk_mb,
+            built_at_unix: v.info.built_at_unix,
+            size_bytes: v.info.size_bytes,
+            spawn_count: v.record.as_ref().map_or(0, |r| r.spawn_count),
+            last_spawned_ms: v.record.as_ref().and_then(|r| r.last_spawned_ms),
+        }
+    }
+}
+
 /// A registered node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
@@ -53,9 +89,22 @@ pub struct NodeInfo {
     /// Set by a node that leaves on purpose, just before it revokes its lease.
     #[serde(default)]
     pub leaving: bool,
+    /// The templates it can start sandboxes of.
+    #[serde(default)]
+    pub templates: Vec<NodeTemplate>,
+    /// Whether it has the cluster's object storage (it can fetch templates and checkpoints).
+    #[serde(default)]
+    pub objects: bool,
     /// The etcd lease the node's key is attached to.
     #[serde(skip)]
     pub lease_id: i64,
+}
+
+impl NodeInfo {
+    /// Whether the node can start sandboxes of template `name`.
+    pub fn has_template(&self, name: &str) -> bool {
+        self.templates.iter().any(|t| t.name == name)
+    }
 }
 
 /// A change in membership.
@@ -99,6 +148,14 @@ impl NodeLease {
     /// Whether the lease is alive, as it changes.
     pub fn alive(&self) -> watch::Receiver<bool> {
         self.alive.clone()
+    }
+    /// Says whether the node has object storage (written with the next [`Self::report_load`]).
+    pub fn set_objects(&mut self, objects: bool) {
+        self.info.objects = objects;
+    }
+    /// Sets the templates the node holds (written with the next [`Self::report_load`]).
+    pub fn set_templates(&mut self, templates: Vec<NodeTemplate>) {
+        self.info.templates = templates;
     }
     /// Records what the node now has in use (nothing when its lease is gone).
     pub async fn report_load(&mut self, load: NodeLoad) -> Result<()> {
@@ -235,6 +292,8 @@ impl EtcdStore {
             load: NodeLoad::default(),
             joined_at_ms: now_ms(),
             leaving: false,
+            templates: Vec::new(),
+            objects: false,
             lease_id: lease,
         };
         let key = self.keys().node(name);

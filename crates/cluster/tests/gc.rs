@@ -2,7 +2,8 @@
 //! both started by the test on 127.0.0.1: what no checkpoint record names goes once older
 //! than the grace, what a record or a young manifest names stays, a round that cannot read
 //! the records or a live manifest deletes nothing, one node collects at a time, and an upload
-//! that reused chunks a concurrent round deleted stores them again.
+//! that reused chunks a concurrent round deleted stores them again. A template's files stay
+//! while its record names them.
 
 #[path = "common/data.rs"]
 mod data;
@@ -22,6 +23,7 @@ use data::data;
 use etcd::EtcdCluster;
 use kiln_cluster::gc::{self, GcConfig, GcError};
 use kiln_cluster::objects::{ChunkStore, GcReport, PutReport};
+use kiln_cluster::template_files::TemplateFilesDoc;
 use kiln_cluster::{CheckpointDoc, CheckpointFile, EtcdStore, NodeCapacity, NodeLease, Published};
 use kiln_server::store::SandboxState;
 use moto::Moto;
@@ -254,6 +256,43 @@ async fn a_snapshots_files_stay_while_the_snapshot_does() {
     let report = gc::round(etcd, store, Duration::ZERO).await.unwrap();
     assert_eq!((report.manifests_deleted, report.manifests_kept), (1, 0));
     assert!(keys(store).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_templates_files_stay_while_recorded_and_an_older_build_goes() {
+    let name = "a_templates_files_stay_while_recorded_and_an_older_build_goes";
+    let Some(b) = bed(name, "/kiln-gc-tpl", "gc-templates").await else {
+        return;
+    };
+    let (etcd, store, dir) = (&b.etcd, &b.store, b.dir.path());
+    let old = put(store, dir, "old", &data(2 * CHUNK, 3)).await;
+    let doc = |key: &str, put: &PutReport| TemplateFilesDoc {
+        name: "tiny".into(),
+        key: key.into(),
+        meta: serde_json::json!({"name": "tiny", "key": key}),
+        manifest: put.id.clone(),
+        bytes: put.manifest.size,
+        bytes_uploaded: put.bytes_uploaded,
+        node: "n1".into(),
+        at_ms: 1,
+        upload_ms: 1,
+    };
+    etcd.put_template_files(&doc("k1", &old)).await.unwrap();
+    assert_eq!(
+        etcd.template_files("tiny").await.unwrap(),
+        Some(doc("k1", &old))
+    );
+    assert_eq!(etcd.template_files("other").await.unwrap(), None);
+    let report = gc::round(etcd, store, Duration::ZERO).await.unwrap();
+    assert_eq!((report.manifests_deleted, report.manifests_kept), (0, 1));
+    assert!(keys_of(&old).is_subset(&keys(store).await));
+
+    // A newer build recorded under the name: the older archive is collected.
+    let new = put(store, dir, "new", &data(2 * CHUNK, 4)).await;
+    etcd.put_template_files(&doc("k2", &new)).await.unwrap();
+    let report = gc::round(etcd, store, Duration::ZERO).await.unwrap();
+    assert_eq!((report.manifests_deleted, report.manifests_kept), (1, 1));
+    assert_eq!(keys(store).await, keys_of(&new));
 }
 
 #[tokio::test]

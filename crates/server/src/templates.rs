@@ -126,12 +126,19 @@ impl<A: Templates, B: Templates> Templates for Chain<A, B> {
     }
 }
 
+/// The build key of a bare rootfs directory: a hash of its path (the key never shows a path).
+fn dir_key(dir: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(dir.as_os_str().as_encoded_bytes());
+    format!("dir-{}", &hex::encode(digest)[..16])
+}
+
 /// A template made of a bare rootfs directory (`--template-dir NAME=DIR`): user `user`,
 /// workdir `/home/user`, no extra env.
 pub fn from_dir(name: &str, dir: &std::path::Path) -> TemplateInfo {
     TemplateInfo {
         name: name.to_string(),
-        key: format!("dir-{}", dir.display()),
+        key: dir_key(dir),
         rootfs: dir.to_path_buf(),
         image: None,
         user: "user".into(),

@@ -8,7 +8,9 @@
 //! - [`build`]: the builder (mmdebstrap + steps → rootfs directory + ext4 image), with progress.
 //! - [`oci`]: container images as template sources (registry pulls, `docker save`/OCI-layout
 //!   imports, layer unpacking), through the same cache.
+//! - [`adopt`]: a version built elsewhere (another host's copy) taken into the store.
 
+pub mod adopt;
 pub mod build;
 pub mod oci;
 pub mod recipe;

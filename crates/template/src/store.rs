@@ -244,7 +244,7 @@ impl Store {
     }
 }
 
-fn read_meta(dir: &Path) -> Result<Template> {
+pub(crate) fn read_meta(dir: &Path) -> Result<Template> {
     let path = dir.join(META);
     let bytes = std::fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
     let t: Template = serde_json::from_slice(&bytes).map_err(|e| Error::Io {
@@ -264,7 +264,7 @@ pub(crate) fn remove_tree(p: &Path) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn meta(name: &str, key: &str) -> Template {

@@ -120,11 +120,11 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def start_node(self, name: str) -> Proc:
+    def start_node(self, name: str, extra=()) -> Proc:
         state = os.path.join(self.base, name, "state")
         p = self.spawn(name, [kiln_bin(), "node", *self.join(), "--name", name, "--lease-ttl", "3",
                               "--no-prepare", "--listen", "127.0.0.1:0", "--state-dir", state,
-                              ])
+                              *extra])
         p.state_dir = state
         p.wait_for(r"node \S+ listening on http://")
         self.nodes[name] = p

@@ -68,15 +68,15 @@ class Moto:
 
 
 class ObjectCluster(Cluster):
-    def start_node(self, name: str, s3: bool = True) -> Proc:
+    def start_node(self, name: str, s3: bool = True, extra=()) -> Proc:
         if not s3:
-            return super().start_node(name)
+            return super().start_node(name, extra)
         saved = dict(os.environ)
         os.environ.update(ACCESS)
         os.environ["KILN_S3_ENDPOINT"] = self.moto.url
         os.environ["KILN_S3_BUCKET"] = "kiln-ckpt"
         try:
-            return super().start_node(name)
+            return super().start_node(name, extra)
         finally:
             os.environ.clear()
             os.environ.update(saved)

@@ -2,7 +2,8 @@
 //! etcd through kiln_cluster's own registration and publication, a control replica's view
 //! loaded from it by its watch, then the replica's placement decision timed as a create makes
 //! it ([`ClusterService::decide`]: the team quota read from etcd and checked against every
-//! live sandbox, then best of k over the live nodes), beside a bare etcd read.
+//! live sandbox, then best of k over the live nodes holding the template), beside a bare etcd
+//! read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,11 +11,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::StreamExt;
 use kiln_cluster::control::{Cache, ClusterService, NodeClient};
-use kiln_cluster::{ClusterSecret, EtcdStore, NodeCapacity, NodeLease, NodeLoad, Published};
+use kiln_cluster::{
+    ClusterSecret, EtcdStore, NodeCapacity, NodeLease, NodeLoad, NodeTemplate, Published,
+};
 use kiln_server::store::{SandboxRecord, SandboxState};
 use kiln_server::LifecycleConfig;
 
 use super::stats::{percentiles, Percentiles};
+
+/// The template every simulated node holds and every decision is for.
+const BENCH_TEMPLATE: &str = "base";
 
 /// What the placement part measured.
 #[derive(Debug, Clone)]
@@ -84,6 +90,11 @@ async fn register(etcd: &EtcdStore, n: usize, per_node: usize) -> anyhow::Result
             .await
             .with_context(|| format!("registering simulated node {i}"))?;
         let used = (per_node as u64) * 512;
+        lease.set_templates(vec![NodeTemplate {
+            name: BENCH_TEMPLATE.into(),
+            key: "simulated".into(),
+            ..Default::default()
+        }]);
         lease
             .report_load(NodeLoad {
                 free_memory_mb: (256 * 1024u64).saturating_sub(used + (i as u64 % 7) * 2048),
@@ -143,12 +154,12 @@ fn service(
 /// Times `n` decisions of `svc` (teams in turn), after 20 not counted.
 async fn decisions(svc: &ClusterService, o: &PlaceOptions) -> anyhow::Result<Vec<Duration>> {
     for i in 0..20 {
-        svc.decide(&team(i, o.teams)).await?;
+        svc.decide(&team(i, o.teams), BENCH_TEMPLATE).await?;
     }
     let mut v = Vec::with_capacity(o.decisions);
     for i in 0..o.decisions {
         let t = Instant::now();
-        let (node, _) = svc.decide(&team(i, o.teams)).await?;
+        let (node, _) = svc.decide(&team(i, o.teams), BENCH_TEMPLATE).await?;
         v.push(t.elapsed());
         node.context("no simulated node could take a sandbox")?;
     }

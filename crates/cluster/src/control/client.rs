@@ -70,6 +70,15 @@ impl NodeClient {
             .map(drop)
     }
 
+    /// Has the node at `addr` store template `name` in object storage (unless it is there).
+    pub async fn share_template(&self, addr: &str, name: &str) -> Result<(), Error> {
+        kiln_server::templates::check_name(name)?;
+        let path = format!("/templates/{name}/share");
+        self.post::<_, serde_json::Value>(addr, &path, &(), "")
+            .await
+            .map(drop)
+    }
+
     /// One call on the audit log of the node at `addr`.
     pub async fn audit(&self, addr: &str, call: &AuditCall) -> Result<AuditAnswer, Error> {
         self.post(addr, AUDIT_PATH, call, "").await

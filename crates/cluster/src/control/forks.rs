@@ -112,9 +112,14 @@ impl ClusterService {
                 "the node answered a fork's capture without the capture or its children's create",
             ));
         };
+        // A child stacks on the parent's template: only a node holding it can borrow the capture.
+        let template = self.cache.sandbox(id).map(|r| r.template_id);
         let children = (0..count).map(|_| {
             let mut nodes = self.candidates();
             nodes.retain(|n| n.name != parent.name);
+            if let Some(t) = &template {
+                nodes = self.able_to_run(nodes, t);
+            }
             let at = self.pick(&nodes);
             self.place(child.clone(), at, nodes)
         });

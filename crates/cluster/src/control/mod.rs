@@ -16,6 +16,7 @@ mod moves;
 pub mod placement;
 mod service;
 mod snapshots;
+mod templates;
 pub mod unavailable;
 
 use std::net::SocketAddr;

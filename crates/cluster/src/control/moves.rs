@@ -84,6 +84,9 @@ impl ClusterService {
         let memory_mb = u64::from(self.config().default_memory_mb);
         let mut nodes = self.candidates();
         nodes.retain(|n| n.name != from);
+        if let Some(r) = self.cache.sandbox(id) {
+            nodes = self.able_to_run(nodes, &r.template_id);
+        }
         let mut last = None;
         for _ in 0..3 {
             let Some(to) = placement::place(

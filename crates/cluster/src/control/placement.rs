@@ -95,6 +95,8 @@ mod tests {
             },
             joined_at_ms: 0,
             leaving: false,
+            templates: Vec::new(),
+            objects: false,
             lease_id: 1,
         }
     }

@@ -6,8 +6,9 @@
 //! tunnel to that node. Synchronous reads answer from the replica's [`Cache`]. A paused
 //! sandbox whose node is lost or draining resumes on another node ([`super::moves`]). A
 //! sandbox's metrics come from its node. Snapshots stay on the node that took them
-//! ([`super::snapshots`]). What needs a node's local disk otherwise (volumes, templates'
-//! files) answers 501 or empty for now.
+//! ([`super::snapshots`]). A create goes to a node that holds its template
+//! ([`super::templates`]). What needs a node's local disk otherwise (volumes, template
+//! builds) answers 501 or empty for now.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,13 +85,18 @@ impl ClusterService {
         nodes
     }
 
-    /// The placement decision of a create for `team`, as [`SandboxService::create`] makes it:
-    /// the team's quota checked against every live sandbox of the cluster, then the best of
-    /// [`placement::DEFAULT_K`] sampled candidates. Returns the node chosen (None: no node can
-    /// take one) and the candidates, among which a retry picks again.
-    pub async fn decide(&self, team: &str) -> Result<(Option<NodeInfo>, Vec<NodeInfo>)> {
+    /// The placement decision of a create of `template` for `team`, as
+    /// [`SandboxService::create`] makes it: the team's quota checked against every live
+    /// sandbox of the cluster, then the best of [`placement::DEFAULT_K`] sampled candidates
+    /// among the nodes that hold the template. Returns the node chosen (None: no node can take
+    /// one) and the candidates, among which a retry picks again.
+    pub async fn decide(
+        &self,
+        team: &str,
+        template: &str,
+    ) -> Result<(Option<NodeInfo>, Vec<NodeInfo>)> {
         self.check_team_room(team, 1).await?;
-        let nodes = self.candidates();
+        let nodes = self.holding(self.candidates(), template)?;
         Ok((self.pick(&nodes), nodes))
     }
 
@@ -329,9 +335,19 @@ impl SandboxService for ClusterService {
         let _seat = self.take_seat(p.team()).await?;
         let (node, nodes) = match home {
             Some(home) => (Some(home), Vec::new()),
-            None => {
+            // A snapshot borrowed from object storage: any node (its template decides there).
+            None if doc.snapshot.is_some() => {
                 let nodes = self.candidates();
                 (self.pick(&nodes), nodes)
+            }
+            None => {
+                let mut nodes = self.holding(self.candidates(), &doc.template_id)?;
+                let mut node = self.pick(&nodes);
+                if node.is_none() {
+                    nodes = self.fetchers(&doc.template_id).await;
+                    node = self.pick(&nodes);
+                }
+                (node, nodes)
             }
         };
         self.place(doc, node, nodes).await
@@ -455,10 +471,10 @@ impl SandboxService for ClusterService {
     }
 
     async fn templates(&self) -> Result<Vec<TemplateView>> {
-        Err(not_in_cluster("listing templates in a cluster"))
+        Ok(self.cluster_templates())
     }
-    async fn template(&self, _name: &str) -> Result<TemplateView> {
-        Err(not_in_cluster("describing templates in a cluster"))
+    async fn template(&self, name: &str) -> Result<TemplateView> {
+        self.cluster_template(name)
     }
     async fn logs(&self, id: &str, team: &str) -> Result<Logs> {
         let rec = self.etcd.get_sandbox(id).await?;

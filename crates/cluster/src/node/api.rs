@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use kiln_server::ApiError;
 
-use super::{audit, moves, snapshots, tunnel, NodeApi};
+use super::{audit, moves, snapshots, templates, tunnel, NodeApi};
 use crate::docs::{SandboxDoc, SnapshotDoc};
 use crate::wire::{Child, CreateDoc, MetricDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
 
@@ -36,6 +36,10 @@ pub fn router(api: NodeApi) -> Router {
         .route(
             &format!("{API_PREFIX}/snapshots/{{id}}/delete"),
             post(snapshots::delete),
+        )
+        .route(
+            &format!("{API_PREFIX}/templates/{{name}}/share"),
+            post(templates::share_route),
         )
         .layer(middleware::from_fn_with_state(api.clone(), guard))
         .with_state(api)
@@ -63,7 +67,11 @@ async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, Ap
     let params = doc.into_params()?;
     let borrowed = match &snapshot {
         Some(id) => snapshots::borrow(&n, id, &team).await?,
-        None => None,
+        None => {
+            let name = crate::template_files::name_of(&params.template_id);
+            templates::ensure(&n, name).await?;
+            None
+        }
     };
     let made = n.creates.run(n.service.clone(), params, token).await;
     if let Some(b) = borrowed {

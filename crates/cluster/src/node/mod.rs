@@ -17,6 +17,7 @@ mod creates;
 pub mod moves;
 mod publish;
 mod snapshots;
+pub mod templates;
 mod tunnel;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +30,7 @@ use kiln_server::{SandboxService, Server};
 
 use crate::error::Result;
 use crate::gc::GcConfig;
-use crate::nodes::{NodeCapacity, NodeLoad};
+use crate::nodes::{NodeCapacity, NodeLoad, NodeTemplate};
 use crate::objects::{ChunkCache, ChunkStore};
 use crate::secret::ClusterSecret;
 use crate::store::EtcdStore;
@@ -54,6 +55,11 @@ pub struct NodeApi {
     pub audit: kiln_server::audit::AuditLog,
     /// Held by a create from a snapshot borrowed from object storage (one at a time).
     pub borrowing: Arc<tokio::sync::Mutex<()>>,
+    /// The host's template store, where templates fetched from object storage are adopted
+    /// (None: this node fetches none).
+    pub templates: Option<kiln_template::Store>,
+    /// Held while a template is stored in or fetched from object storage (one at a time).
+    pub template_files: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A node's object store: the bucket, its local cache of fetched chunks, and whether the node
@@ -81,6 +87,9 @@ pub struct NodeConfig {
     pub max_sandboxes: u32,
     /// Where paused sandboxes' checkpoints go (None: they stay on this node's disk).
     pub objects: Option<NodeObjects>,
+    /// The host's template store (templates other nodes stored in the bucket are adopted
+    /// into it).
+    pub templates: Option<kiln_template::Store>,
 }
 
 /// Why [`run`] returned.
@@ -103,6 +112,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
             cfg.lease_ttl,
         )
         .await?;
+    lease.set_objects(cfg.objects.is_some());
     let publisher = Publisher::start(
         etcd.clone(),
         manager.store().clone(),
@@ -161,6 +171,8 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
         name: cfg.name.clone(),
         audit: manager.audit().clone(),
         borrowing: Default::default(),
+        templates: cfg.templates.clone(),
+        template_files: Default::default(),
     };
     let fenced = Arc::new(AtomicBool::new(false));
     let stop = {
@@ -191,6 +203,10 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
                 break;
             }
             _ = tick.tick(), if lease.is_alive() => {
+                match manager.templates().await {
+                    Ok(list) => lease.set_templates(list.iter().map(NodeTemplate::from).collect()),
+                    Err(e) => tracing::warn!(error = %e, "listing the node's templates"),
+                }
                 let load = NodeLoad {
                     free_memory_mb: meminfo("MemAvailable:").unwrap_or(0),
                     sandboxes: SandboxService::list(manager.as_ref()).len() as u32,
