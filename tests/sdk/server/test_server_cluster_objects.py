@@ -14,6 +14,7 @@ node. Bounded: about half a minute.
 Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ETCD) and moto.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -71,15 +72,20 @@ class ObjectCluster(Cluster):
     def start_node(self, name: str, s3: bool = True, extra=()) -> Proc:
         if not s3:
             return super().start_node(name, extra)
-        saved = dict(os.environ)
-        os.environ.update(ACCESS)
-        os.environ["KILN_S3_ENDPOINT"] = self.moto.url
-        os.environ["KILN_S3_BUCKET"] = "kiln-ckpt"
-        try:
+        with environ(**ACCESS, KILN_S3_ENDPOINT=self.moto.url, KILN_S3_BUCKET="kiln-ckpt"):
             return super().start_node(name, extra)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def environ(**changes):
+    """This process's environment with `changes`, for the processes started meanwhile."""
+    saved = dict(os.environ)
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from .test_server_cluster import finish, kiln_node
-from .test_server_cluster_objects import Moto, ObjectCluster
+from .test_server_cluster_objects import Moto, ObjectCluster, environ
 from .test_server_cluster_templates import base_rootfs, listed
 
 TOOLS = ["bash", "sh", "cat", "echo", "ls", "id", "sleep", "mkdir", "env", "head"]
@@ -79,13 +79,8 @@ def runsc_path() -> str:
 class TemplateCluster(ObjectCluster):
     def start_node_with_cache(self, name: str, cache: str):
         """Node `name` with its own cache (its own template store) at `cache`."""
-        saved = dict(os.environ)
-        os.environ.update({"KILN_CACHE_DIR": cache, "KILN_RUNSC": runsc_path()})
-        try:
+        with environ(KILN_CACHE_DIR=cache, KILN_RUNSC=runsc_path()):
             return self.start_node(name)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
