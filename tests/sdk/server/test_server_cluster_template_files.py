@@ -7,7 +7,10 @@ store of its own that holds only the base template. Through the pinned e2b SDK:
   runs on n1: n2 stores the template in the bucket, n1 fetches it into its own store and starts
   the sandbox, which has the template's files and user; a second create finds it there;
 - from then on both replicas list `tiny` once, and n1 reports it as its own;
-- a template no node holds is still a 404 naming the cluster.
+- a template no node holds is still a 404 naming the cluster;
+- a paused sandbox of a template only n2 holds (`tiny2`) resumes on n1 while n2 is drained, and
+  a fork's child of a sandbox of `tiny3` on the drained n2 runs on n1: n1 fetches each template
+  as the sandbox moves or the child borrows its parent's capture.
 
 Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ETCD) and moto.
 """
@@ -100,7 +103,7 @@ def cluster():
         c = TemplateCluster(base)
         c.moto, c.marker, c.n1_cache = moto, marker, n1_cache
         c.start_node_with_cache("n1", n1_cache)
-        c.start_node("n2", extra=["--template-dir", f"tiny={tiny}"])
+        c.start_node("n2", extra=[f"--template-dir={t}={tiny}" for t in ("tiny", "tiny2", "tiny3")])
         c.start_control("c1")
         c.start_control("c2")
         yield c
@@ -148,4 +151,52 @@ def test_a_template_only_a_drained_node_holds_is_fetched_by_another(cluster):
     finally:
         for s in made:
             s.kill()
+        assert "takes new sandboxes" in kiln_node(cluster, "undrain", "n2")
+
+
+def fetches(cluster) -> int:
+    return cluster.nodes["n1"].log().count("template fetched from object storage")
+
+
+def test_a_moved_sandbox_and_a_forks_child_fetch_their_template(cluster):
+    from e2b import Sandbox
+
+    from .test_server_cluster_objects import post_json
+
+    made = []
+    try:
+        paused = Sandbox.create(template="tiny2", timeout=300, **cluster.opts("c1"))
+        parent = Sandbox.create(template="tiny3", timeout=300, **cluster.opts("c2"))
+        made += [paused, parent]
+        assert {cluster.node_of(s.sandbox_id) for s in made} == {"n2"}
+        paused.files.write("/home/user/notes.txt", "paused on n2")
+        parent.files.write("/home/user/notes.txt", "parent on n2")
+        assert Sandbox.pause(paused.sandbox_id, **cluster.opts("c2")) is True
+        before = fetches(cluster)
+        assert "node n2 is now draining" in kiln_node(cluster, "drain", "n2")
+        # The paused sandbox resumes off the draining node, on n1, which fetched `tiny2`.
+        again = Sandbox.connect(paused.sandbox_id, timeout=120, **cluster.opts("c1"))
+        assert cluster.node_of(paused.sandbox_id) == "n1"
+        assert again.files.read("/home/user/notes.txt") == "paused on n2"
+        assert again.commands.run("cat /etc/tiny-marker").stdout == cluster.marker
+        assert fetches(cluster) == before + 1
+        # A fork's child cannot run beside its parent on the draining node: it runs on n1,
+        # which fetched `tiny3` to borrow the parent's capture.
+        status, answers = post_json(cluster, "c2", f"/sandboxes/{parent.sandbox_id}/fork",
+                                    {"count": 1})
+        assert status == 201, answers
+        cid = answers[0]["sandbox"]["sandboxID"]
+        child = Sandbox.connect(cid, timeout=120, **cluster.opts("c1"))
+        made.append(child)
+        assert cluster.node_of(cid) == "n1"
+        assert child.files.read("/home/user/notes.txt") == "parent on n2"
+        assert fetches(cluster) == before + 2
+        for t in ("tiny2", "tiny3"):
+            assert os.path.isdir(os.path.join(cluster.n1_cache, "templates", t, "current", "rootfs"))
+    finally:
+        for s in made:
+            try:
+                s.kill()
+            except Exception:
+                pass
         assert "takes new sandboxes" in kiln_node(cluster, "undrain", "n2")

@@ -112,14 +112,15 @@ impl ClusterService {
                 "the node answered a fork's capture without the capture or its children's create",
             ));
         };
-        // A child stacks on the parent's template: only a node holding it can borrow the capture.
-        let template = self.cache.sandbox(id).map(|r| r.template_id);
+        // A child stacks on the parent's template: a node that borrows the capture must hold
+        // it (or fetch it).
+        let mut away = self.candidates();
+        away.retain(|n| n.name != parent.name);
+        if let Some(r) = self.cache.sandbox(id) {
+            away = self.able_to_run(away, &r.template_id).await;
+        }
         let children = (0..count).map(|_| {
-            let mut nodes = self.candidates();
-            nodes.retain(|n| n.name != parent.name);
-            if let Some(t) = &template {
-                nodes = self.able_to_run(nodes, t);
-            }
+            let nodes = away.clone();
             let at = self.pick(&nodes);
             self.place(child.clone(), at, nodes)
         });

@@ -85,7 +85,7 @@ impl ClusterService {
         let mut nodes = self.candidates();
         nodes.retain(|n| n.name != from);
         if let Some(r) = self.cache.sandbox(id) {
-            nodes = self.able_to_run(nodes, &r.template_id);
+            nodes = self.able_to_run(nodes, &r.template_id).await;
         }
         let mut last = None;
         for _ in 0..3 {

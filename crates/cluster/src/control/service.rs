@@ -335,9 +335,9 @@ impl SandboxService for ClusterService {
         let _seat = self.take_seat(p.team()).await?;
         let (node, nodes) = match home {
             Some(home) => (Some(home), Vec::new()),
-            // A snapshot borrowed from object storage: any node (its template decides there).
+            // A snapshot borrowed from object storage: a node that can run its template.
             None if doc.snapshot.is_some() => {
-                let nodes = self.candidates();
+                let nodes = self.snapshot_borrowers(&doc, p.team()).await?;
                 (self.pick(&nodes), nodes)
             }
             None => {

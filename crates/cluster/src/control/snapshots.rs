@@ -127,6 +127,21 @@ impl ClusterService {
         )))
     }
 
+    /// The nodes that can borrow the snapshot of create `doc` (`doc.snapshot`): those that can
+    /// run the template the snapshot's sandbox was made of.
+    pub(super) async fn snapshot_borrowers(
+        &self,
+        doc: &CreateDoc,
+        team: &str,
+    ) -> Result<Vec<NodeInfo>> {
+        let nodes = self.candidates();
+        let id = doc.snapshot.as_deref().unwrap_or(&doc.template_id);
+        match self.located(id, team).await? {
+            Some(l) => Ok(self.able_to_run(nodes, &l.snapshot.template_id).await),
+            None => Ok(nodes),
+        }
+    }
+
     fn live_node(&self, name: &str) -> Option<NodeInfo> {
         self.cache.nodes().into_iter().find(|n| n.name == name)
     }

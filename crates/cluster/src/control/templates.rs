@@ -56,12 +56,19 @@ impl ClusterService {
     pub(super) async fn fetchers(&self, template: &str) -> Vec<NodeInfo> {
         let name = name_of(template);
         let mut nodes = self.candidates();
-        nodes.retain(|n| n.objects && !n.has_template(name));
+        nodes.retain(|n| !n.has_template(name));
+        self.fetchers_among(nodes, name).await
+    }
+
+    /// Of `nodes` (none holding template `name`), those with object storage, once a live
+    /// holder stored the template there; empty when none could.
+    async fn fetchers_among(&self, mut nodes: Vec<NodeInfo>, name: &str) -> Vec<NodeInfo> {
+        nodes.retain(|n| n.objects);
         if nodes.is_empty() {
             return nodes;
         }
-        let holders = self.cache.nodes();
-        for h in holders.iter().filter(|h| h.objects && h.has_template(name)) {
+        let live = self.cache.nodes();
+        for h in live.iter().filter(|h| h.objects && h.has_template(name)) {
             match self.nodes.share_template(&h.address, name).await {
                 Ok(()) => return nodes,
                 Err(e) => {
@@ -72,19 +79,21 @@ impl ClusterService {
         Vec::new()
     }
 
-    /// Of `nodes`, those that can run a sandbox made from `template`: those that hold it, or
-    /// all of them when no live node holds a template of that name (a sandbox started from a
+    /// Of `nodes`, those that can run a sandbox made from `template`: those that hold it; when
+    /// none of them does, those that fetch it from object storage ([`Self::fetchers`]); all of
+    /// them when no live node holds a template of that name (a sandbox started from a
     /// snapshot names the snapshot; its node decides).
-    pub(super) fn able_to_run(&self, nodes: Vec<NodeInfo>, template: &str) -> Vec<NodeInfo> {
-        let template = name_of(template);
-        let known = self.cache.nodes().iter().any(|n| n.has_template(template));
-        match known {
-            true => nodes
-                .into_iter()
-                .filter(|n| n.has_template(template))
-                .collect(),
-            false => nodes,
+    pub(super) async fn able_to_run(&self, nodes: Vec<NodeInfo>, template: &str) -> Vec<NodeInfo> {
+        let name = name_of(template);
+        if !self.cache.nodes().iter().any(|n| n.has_template(name)) {
+            return nodes;
         }
+        let (holders, others): (Vec<_>, Vec<_>) =
+            nodes.into_iter().partition(|n| n.has_template(name));
+        if !holders.is_empty() {
+            return holders;
+        }
+        self.fetchers_among(others, name).await
     }
 }
 

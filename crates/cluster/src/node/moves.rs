@@ -330,10 +330,20 @@ pub(super) async fn held(n: &super::NodeApi, id: &str) -> Result<()> {
     }
 }
 
-/// [`Mover::take_over`], on a node that has an object store.
+/// [`Mover::take_over`], on a node that has an object store; the sandbox's template is fetched
+/// first when this node lacks it.
 pub(super) async fn take_over(n: &super::NodeApi, id: &str, from: &str) -> Result<()> {
     match &n.mover {
-        Some(m) => m.take_over(id, from).await,
+        Some(m) => {
+            let known = kiln_server::store::SandboxStore::get_sandbox(&m.etcd, id)
+                .await
+                .map_err(|e| unavailable("reading a sandbox", e))?;
+            if let Some(r) = known {
+                let name = crate::template_files::name_of(&r.template_id);
+                super::templates::ensure(n, name).await?;
+            }
+            m.take_over(id, from).await
+        }
         None => Err(Error::Conflict(format!(
             "sandbox \"{id}\" cannot move to this node: it has no object store configured"
         ))),

@@ -226,6 +226,8 @@ pub(super) async fn borrow(n: &NodeApi, id: &str, team: &str) -> Result<Option<B
             "snapshot {id:?} is not in object storage: only its own node can start it"
         )));
     };
+    // The snapshot stacks on its sandbox's template: fetched first when this node lacks it.
+    super::templates::ensure(n, crate::template_files::name_of(&rec.template_id)).await?;
     let t = std::time::Instant::now();
     let dir = m.manager.incoming_snapshot_dir(&rec.id).await?;
     let (fetched, reused) = m.fetch(&doc, &dir).await?;
