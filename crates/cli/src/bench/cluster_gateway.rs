@@ -3,7 +3,8 @@
 //! node's internal API, the wait for the replica's view) against the same create sent straight
 //! to the node's internal API; and one `commands.run`-equivalent envd call (a login shell
 //! running `true`) through the control's gateway against the same call through a tunnel
-//! straight into the node. The samples of both sides are interleaved.
+//! straight into the node. The samples of both sides are interleaved. A second replica, run
+//! with `--audit off`, serves the bare exec again: the hop without the audit tap.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,6 +38,10 @@ pub(crate) struct GatewayReport {
     pub direct_bare: Percentiles,
     pub gateway_bare: Percentiles,
     pub bare_hop: Hop,
+    /// The bare exec through the replica that records nothing (`--audit off`).
+    pub quiet_bare: Percentiles,
+    pub quiet_direct_bare: Percentiles,
+    pub quiet_bare_hop: Hop,
     /// envd's `GET /health` (no process started): the hop alone.
     pub direct_health: Percentiles,
     pub gateway_health: Percentiles,
@@ -81,8 +86,11 @@ pub(crate) struct GatewayOptions {
 pub(crate) struct Roles {
     pub node: Proc,
     pub control: Proc,
+    /// A replica run with `--audit off`.
+    pub quiet: Proc,
     node_addr: String,
     control_addr: std::net::SocketAddr,
+    quiet_addr: std::net::SocketAddr,
     api_key: String,
     nodes: NodeClient,
     http: reqwest::Client,
@@ -117,11 +125,20 @@ pub(crate) async fn start(
     let api_key = control
         .wait_for("store it now):", Duration::from_secs(10))
         .await?;
+    let mut cmd = kiln("control", etcd, prefix, secret)?;
+    cmd.args(["--replica", "bench-control-quiet", "--audit", "off"]);
+    let mut quiet = Proc::spawn("control-quiet", cmd, dir)?;
+    let line = quiet
+        .wait_for("listening on http://", Duration::from_secs(60))
+        .await?;
+    let quiet_addr = listen_addr(&line)?;
     Ok(Roles {
         node,
         control,
+        quiet,
         node_addr,
         control_addr,
+        quiet_addr,
         api_key,
         nodes: NodeClient::new(ClusterSecret::new(secret).context("the cluster secret")?),
         http: reqwest::Client::builder()
@@ -256,6 +273,7 @@ pub(crate) async fn run(r: &Roles, o: &GatewayOptions) -> anyhow::Result<Gateway
     );
     let (id, token) = r.create_via_control(&o.template).await?;
     let (via, straight) = (r.envd_via_control(&id, &token), r.envd_direct(&id, &token));
+    let quiet = envd_via_control(r.quiet_addr, &id, &token);
     let login = async |c: &EnvdClient| exec(c, "/bin/bash", &["-l", "-c", "true"]).await;
     let bare = async |c: &EnvdClient| exec(c, "/bin/true", &[]).await;
     let health = async |c: &EnvdClient| {
@@ -266,6 +284,7 @@ pub(crate) async fn run(r: &Roles, o: &GatewayOptions) -> anyhow::Result<Gateway
     interleaved(5, &via, &straight, login).await?;
     let (gx, dx) = interleaved(o.execs, &via, &straight, login).await?;
     let (gb, db) = interleaved(o.execs, &via, &straight, bare).await?;
+    let (qb, qdb) = interleaved(o.execs, &quiet, &straight, bare).await?;
     let (gh, dh) = interleaved(o.execs, &via, &straight, health).await?;
     r.kill(&id).await?;
     Ok(GatewayReport {
@@ -278,6 +297,9 @@ pub(crate) async fn run(r: &Roles, o: &GatewayOptions) -> anyhow::Result<Gateway
         direct_bare: percentiles(&db),
         gateway_bare: percentiles(&gb),
         bare_hop: Hop::of(&gb, &db),
+        quiet_bare: percentiles(&qb),
+        quiet_direct_bare: percentiles(&qdb),
+        quiet_bare_hop: Hop::of(&qb, &qdb),
         direct_health: percentiles(&dh),
         gateway_health: percentiles(&gh),
         health_hop: Hop::of(&gh, &dh),
