@@ -130,6 +130,10 @@ impl AuditLog {
             live: live.clone(),
             retention: cfg.retention,
             rules_tap: rules_tap.clone(),
+            linger: match remote {
+                true => writer::REMOTE_LINGER,
+                false => std::time::Duration::ZERO,
+            },
         };
         std::thread::Builder::new()
             .name("kiln-audit".into())

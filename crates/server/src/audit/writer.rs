@@ -1,7 +1,9 @@
 //! The one writer of the audit log: a thread that takes records from a bounded channel (a full
 //! channel makes senders wait: records are never dropped), appends them to their chains in
 //! the [`AuditStore`] in batches of one atomic write, then publishes them to followers, hands
-//! them to the rule engine's tap (without waiting: see [`RulesTap`]) and answers flushes.
+//! them to the rule engine's tap (without waiting: see [`RulesTap`]) and answers flushes. A
+//! writer over a remote store (each write a call to another host) lingers after a batch's
+//! first record, so the records of one request (an exec's start and end) travel together.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +19,8 @@ const BATCH: usize = 1024;
 const RETRIES: u32 = 50;
 /// How often retention runs.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// How long a writer over a remote store waits after a batch's first message for more.
+pub(super) const REMOTE_LINGER: Duration = Duration::from_millis(25);
 
 pub(super) enum Msg {
     /// A record, or a chain's start linking to another chain's head.
@@ -77,6 +81,8 @@ pub(super) struct Writer {
     pub live: broadcast::Sender<Arc<AuditRecord>>,
     pub retention: Retention,
     pub rules_tap: Arc<RulesTap>,
+    /// Waited after a batch's first message (zero: none).
+    pub linger: Duration,
 }
 
 impl Writer {
@@ -85,6 +91,9 @@ impl Writer {
         let mut batch = Vec::with_capacity(BATCH);
         while let Some(first) = self.rx.blocking_recv() {
             batch.push(first);
+            if !self.linger.is_zero() {
+                std::thread::sleep(self.linger);
+            }
             while batch.len() < BATCH {
                 match self.rx.try_recv() {
                     Ok(m) => batch.push(m),
