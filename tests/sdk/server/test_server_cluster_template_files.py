@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+from .conftest import kill_all
 from .test_server_cluster import finish, kiln_node
 from .test_server_cluster_objects import Moto, ObjectCluster, environ
 from .test_server_cluster_templates import base_rootfs, listed
@@ -149,8 +150,7 @@ def test_a_template_only_a_drained_node_holds_is_fetched_by_another(cluster):
             Sandbox.create(template="nosuch", timeout=60, **cluster.opts("c2"))
         assert str(e.value).startswith("404: ") and "no node of the cluster" in str(e.value)
     finally:
-        for s in made:
-            s.kill()
+        kill_all(made)
         assert "takes new sandboxes" in kiln_node(cluster, "undrain", "n2")
 
 
@@ -194,9 +194,5 @@ def test_a_moved_sandbox_and_a_forks_child_fetch_their_template(cluster):
         for t in ("tiny2", "tiny3"):
             assert os.path.isdir(os.path.join(cluster.n1_cache, "templates", t, "current", "rootfs"))
     finally:
-        for s in made:
-            try:
-                s.kill()
-            except Exception:
-                pass
+        kill_all(made)
         assert "takes new sandboxes" in kiln_node(cluster, "undrain", "n2")

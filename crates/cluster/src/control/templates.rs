@@ -1,9 +1,10 @@
 //! Templates on a cluster: each node reports the templates it holds with its registration
 //! ([`NodeTemplate`]); a replica lists their union (`GET /templates`), and a create goes to a
 //! node that holds its template, as does a paused sandbox moving to another node and a fork's
-//! child started away from its parent. When no node that holds it can take the create (all
-//! full or draining), a node with object storage can: a holder stores the template in the
-//! bucket and the chosen node fetches it ([`crate::node::templates`]).
+//! child started away from its parent, and a create from a snapshot borrowed from the bucket.
+//! When no node that holds it can take the sandbox (all full or draining), a node with object
+//! storage can: a holder stores the template in the bucket and the chosen node fetches it
+//! ([`crate::node::templates`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -18,8 +18,8 @@ use kiln_server::templates::{check_name, TemplateInfo};
 use kiln_server::{ApiError, Error};
 use kiln_template::{Store, Template};
 
-use super::moves::Mover;
 use super::NodeApi;
+use crate::objects::{ChunkCache, ChunkStore};
 use crate::template_files::TemplateFilesDoc;
 
 /// `POST /internal/v1/templates/{name}/share`: stores template `name` in the bucket (unless the
@@ -104,7 +104,7 @@ pub(super) async fn ensure(n: &NodeApi, name: &str) -> Result<(), Error> {
         return Ok(());
     };
     let started = Instant::now();
-    let got = fetch(mover, store, &doc).await;
+    let got = fetch(&mover.chunks, &mover.cache, store, &doc).await;
     match &got {
         Ok(()) => tracing::info!(template = name, key = %doc.key, mib = doc.bytes >> 20,
             ms = started.elapsed().as_millis() as u64, "template fetched from object storage"),
@@ -113,15 +113,17 @@ pub(super) async fn ensure(n: &NodeApi, name: &str) -> Result<(), Error> {
     got
 }
 
-async fn fetch(mover: &Mover, store: &Store, doc: &TemplateFilesDoc) -> Result<(), Error> {
+async fn fetch(
+    chunks: &ChunkStore,
+    cache: &ChunkCache,
+    store: &Store,
+    doc: &TemplateFilesDoc,
+) -> Result<(), Error> {
     let staged = store.staging_dir(&doc.name).map_err(internal)?;
     let archive = staged.join("rootfs.tar");
-    let cache = mover.cache.fetching().await;
-    let got = mover
-        .chunks
-        .get_file(&doc.manifest, &archive, mover.cache.dir())
-        .await;
-    drop(cache);
+    let fetching = cache.fetching().await;
+    let got = chunks.get_file(&doc.manifest, &archive, cache.dir()).await;
+    drop(fetching);
     if let Err(e) = got {
         let _ = std::fs::remove_dir_all(&staged);
         return Err(unavailable(
