@@ -8,8 +8,7 @@ use crate::{agent, host};
 
 /// The host tools [`build`] installs (when the host has them).
 pub const TOOLS: &[&str] = &[
-    "bash", "sh", "cat", "echo", "ls", "id", "sleep", "touch", "rm", "mv", "mkdir", "pwd", "env",
-    "head",
+    "bash", "sh", "cat", "echo", "ls", "id", "sleep", "touch", "rm", "mkdir", "pwd", "env", "head",
 ];
 
 fn copy_into(root: &Path, src: &Path, dest_in_root: &Path) {
