@@ -1,7 +1,7 @@
 //! Garbage collection of the checkpoint bucket, done by one node at a time. Every node with an
 //! object store campaigns for the store's `gc-leader` key ([`crate::campaign`]); the holder, while its lease lives, runs a
-//! [`round`] every [`GcConfig::every`]: the manifest ids of every `checkpoints/*` and
-//! `snapshot-files/*` record in etcd, then [`ChunkStore::collect`] deletes the manifests none names and the chunks no kept
+//! [`round`] every [`GcConfig::every`]: the manifest ids of every `checkpoints/*`,
+//! `snapshot-files/*` and `template-files/*` record in etcd, then [`ChunkStore::collect`] deletes the manifests none names and the chunks no kept
 //! manifest names, older than [`GcConfig::grace`]. A round whose records cannot be read
 //! deletes nothing; one that outlives its lease is cancelled.
 //!

@@ -49,6 +49,9 @@ pub(super) async fn share(n: &NodeApi, name: &str) -> Result<TemplateFilesDoc, E
         }
     }
     let started = Instant::now();
+    let gc_before = crate::gc::round_mark(&n.etcd)
+        .await
+        .map_err(|e| unavailable("reading the garbage collection's state", e))?;
     let scratch = store.staging_dir(name).map_err(internal)?;
     let archive = scratch.join("rootfs.tar");
     let packed = {
@@ -63,8 +66,13 @@ pub(super) async fn share(n: &NodeApi, name: &str) -> Result<TemplateFilesDoc, E
             Ok(Err(e)) => Err(internal(e)),
             Err(e) => Err(internal(e)),
         };
-    let _ = std::fs::remove_dir_all(&scratch);
-    let put = put?;
+    let put = match put {
+        Ok(put) => put,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            return Err(e);
+        }
+    };
     let doc = TemplateFilesDoc {
         name: name.to_string(),
         key: info.key.clone(),
@@ -76,10 +84,24 @@ pub(super) async fn share(n: &NodeApi, name: &str) -> Result<TemplateFilesDoc, E
         at_ms: now_ms(),
         upload_ms: started.elapsed().as_millis() as u64,
     };
-    n.etcd
+    let recorded = n
+        .etcd
         .put_template_files(&doc)
         .await
-        .map_err(|e| unavailable("recording a template's files", e))?;
+        .map_err(|e| unavailable("recording a template's files", e));
+    // Chunks this upload found in the bucket may have been collected meanwhile.
+    let settled = match recorded {
+        Ok(()) => {
+            let files = [(archive.clone(), doc.manifest.clone())];
+            crate::gc::settle(&n.etcd, &mover.chunks, &gc_before, &files)
+                .await
+                .map(drop)
+                .map_err(|e| unavailable("checking an upload against a garbage collection", e))
+        }
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    settled?;
     tracing::info!(template = name, key = %doc.key, mib = doc.bytes >> 20,
         uploaded_mib = doc.bytes_uploaded >> 20, ms = doc.upload_ms, "template stored in object storage");
     Ok(doc)
