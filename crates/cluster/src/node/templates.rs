@@ -49,6 +49,7 @@ pub(super) async fn share(n: &NodeApi, name: &str) -> Result<TemplateFilesDoc, E
         }
     }
     let started = Instant::now();
+    let meta = serde_json::to_value(meta_of(&info, store)).map_err(internal)?;
     let gc_before = crate::gc::round_mark(&n.etcd)
         .await
         .map_err(|e| unavailable("reading the garbage collection's state", e))?;
@@ -76,7 +77,7 @@ pub(super) async fn share(n: &NodeApi, name: &str) -> Result<TemplateFilesDoc, E
     let doc = TemplateFilesDoc {
         name: name.to_string(),
         key: info.key.clone(),
-        meta: serde_json::to_value(meta_of(&info, store)).map_err(internal)?,
+        meta,
         manifest: put.id,
         bytes: put.manifest.size,
         bytes_uploaded: put.bytes_uploaded,
