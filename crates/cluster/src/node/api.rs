@@ -68,8 +68,7 @@ async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, Ap
     let borrowed = match &snapshot {
         Some(id) => snapshots::borrow(&n, id, &team).await?,
         None => {
-            let name = crate::template_files::name_of(&params.template_id);
-            templates::ensure(&n, name).await?;
+            templates::ensure(&n, &params.template_id).await?;
             None
         }
     };

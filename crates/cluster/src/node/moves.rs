@@ -339,8 +339,7 @@ pub(super) async fn take_over(n: &super::NodeApi, id: &str, from: &str) -> Resul
                 .await
                 .map_err(|e| unavailable("reading a sandbox", e))?;
             if let Some(r) = known {
-                let name = crate::template_files::name_of(&r.template_id);
-                super::templates::ensure(n, name).await?;
+                super::templates::ensure(n, &r.template_id).await?;
             }
             m.take_over(id, from).await
         }

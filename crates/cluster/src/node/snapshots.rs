@@ -227,7 +227,7 @@ pub(super) async fn borrow(n: &NodeApi, id: &str, team: &str) -> Result<Option<B
         )));
     };
     // The snapshot stacks on its sandbox's template: fetched first when this node lacks it.
-    super::templates::ensure(n, crate::template_files::name_of(&rec.template_id)).await?;
+    super::templates::ensure(n, &rec.template_id).await?;
     let t = std::time::Instant::now();
     let dir = m.manager.incoming_snapshot_dir(&rec.id).await?;
     let (fetched, reused) = m.fetch(&doc, &dir).await?;

@@ -20,7 +20,7 @@ use kiln_template::{Store, Template};
 
 use super::NodeApi;
 use crate::objects::{ChunkCache, ChunkStore};
-use crate::template_files::TemplateFilesDoc;
+use crate::template_files::{name_of, TemplateFilesDoc};
 
 /// `POST /internal/v1/templates/{name}/share`: stores template `name` in the bucket (unless the
 /// bucket has this build already) and answers where.
@@ -108,14 +108,15 @@ pub(super) async fn share(n: &NodeApi, name: &str) -> Result<TemplateFilesDoc, E
     Ok(doc)
 }
 
-/// Makes sure this node holds template `name` before a create of it: when it does not and the
-/// cluster stored the template in the bucket, fetches and adopts it. A node without object
-/// storage, or a template nobody stored, is left as it is (the create then says the template
-/// is not here).
-pub(super) async fn ensure(n: &NodeApi, name: &str) -> Result<(), Error> {
+/// Makes sure this node holds the template of `template_id` (`name` or `name:tag`) before a
+/// sandbox of it starts here: when it does not and the cluster stored the template in the
+/// bucket, fetches and adopts it. A node without object storage, or a template nobody stored,
+/// is left as it is (the create then says the template is not here).
+pub(super) async fn ensure(n: &NodeApi, template_id: &str) -> Result<(), Error> {
     let (Some(mover), Some(store)) = (&n.mover, &n.templates) else {
         return Ok(());
     };
+    let name = name_of(template_id);
     if check_name(name).is_err() || n.service.template(name).await.is_ok() {
         return Ok(());
     }
