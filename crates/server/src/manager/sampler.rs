@@ -85,6 +85,9 @@ impl Manager {
             return Err(standby());
         }
         let stats = self.driver.stats(&r.id).await?;
+        // At once: the CPU time is set against the time it was read at (the agent's answer
+        // below may take a while in a busy sandbox).
+        let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
         let agent = {
             // This sandbox alone: samples of others go on at once.
             let _guard = self.hold_one(&r.id).await;
@@ -99,7 +102,6 @@ impl Manager {
             }
             self.agent(&r.id, r.envd_token.clone()).metrics().await
         };
-        let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
         let answered = agent.is_ok();
         if let Ok(m) = &agent {
             self.report_kills(r, &m.kiln_kills).await;
