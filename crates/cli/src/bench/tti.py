@@ -5,12 +5,15 @@ succeeding (teardown excluded), in three modes: sequential (each sandbox killed 
 next), staggered (launches every STAGGER_MS) and burst (all at once). Then the SDK's
 `commands.run("true")` round trip, pause -> resume -> first command, fork -> child's first
 command, and a set of idle sandboxes held while the caller measures their memory (it writes
-"idle-ready N" on stdout and waits for a line on stdin). Prints one JSON object on the last
+"idle-ready N" on stdout and waits for a line on stdin). Each mode also reports the host's busy
+CPU seconds from its start to its last iteration (sequential: kills included) and this
+client's own share of them. Prints one JSON object on the last
 line of stdout; the e2b SDK reads E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY.
 """
 
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -29,6 +32,19 @@ TIMEOUT_S = 120
 
 def ms(t0):
     return (time.perf_counter() - t0) * 1000.0
+
+
+def host_busy_s():
+    """The host's busy CPU seconds so far (/proc/stat: every state but idle and iowait)."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s():
+    """This client's CPU seconds so far (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def one_tti(out, i, kill_after=True):
@@ -53,10 +69,12 @@ def one_tti(out, i, kill_after=True):
 
 def mode_run(mode):
     out = [None] * N
+    busy0, own0 = host_busy_s(), own_cpu_s()
     start = time.perf_counter()
     if mode == "sequential":
         for i in range(N):
             one_tti(out, i)
+        cpu = {"hostBusyS": round(host_busy_s() - busy0, 3), "clientS": round(own_cpu_s() - own0, 3)}
     else:
         held = [None] * N
 
@@ -72,6 +90,7 @@ def mode_run(mode):
                 time.sleep(STAGGER_MS / 1000.0)
         for t in threads:
             t.join()
+        cpu = {"hostBusyS": round(host_busy_s() - busy0, 3), "clientS": round(own_cpu_s() - own0, 3)}
         for s in held:
             if s is not None:
                 try:
@@ -84,7 +103,7 @@ def mode_run(mode):
     for o in out:
         o.pop("_done", None)
     return {"mode": mode, "iterations": out, "wallClockMs": round(wall, 2),
-            "timeToFirstReadyMs": round(first, 2)}
+            "timeToFirstReadyMs": round(first, 2), "cpu": cpu}
 
 
 def samples_run_true(sbx):

@@ -222,6 +222,44 @@ fn raw_counterparts(
     (tti, r)
 }
 
+/// A mode's host CPU per successful sandbox, from the client's `cpu` report.
+struct CpuCost {
+    /// Host busy time outside the SDK client, ms per sandbox (server, runtime, sandboxes).
+    server_ms: f64,
+    /// The SDK client's own, ms per sandbox (on ComputeSDK's runs, another machine's).
+    client_ms: f64,
+    cores: usize,
+}
+
+impl CpuCost {
+    /// Sandboxes a second the host's cores can make at this cost.
+    fn per_second(&self) -> f64 {
+        self.cores as f64 * 1000.0 / self.server_ms
+    }
+
+    /// About when a burst of `n` has its first half done: n/2 sandboxes' CPU spread over every
+    /// core (the client's own CPU not counted).
+    fn median_floor_ms(&self, n: usize) -> f64 {
+        (n as f64 / 2.0) * self.server_ms / self.cores as f64
+    }
+}
+
+fn cpu_per_sandbox(mode: &Value, ok: usize) -> Option<CpuCost> {
+    let (busy, client) = (
+        mode["cpu"]["hostBusyS"].as_f64()?,
+        mode["cpu"]["clientS"].as_f64()?,
+    );
+    if ok == 0 {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Some(CpuCost {
+        server_ms: (busy - client).max(0.0) * 1000.0 / ok as f64,
+        client_ms: client * 1000.0 / ok as f64,
+        cores,
+    })
+}
+
 fn ms_list(v: &Value) -> Vec<f64> {
     v.as_array()
         .map(|a| a.iter().filter_map(Value::as_f64).collect())
@@ -274,7 +312,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
 
     let raw_tti = plain(&tti);
-    let mut results = Vec::new();
+    let (mut results, mut cpu_json) = (Vec::new(), Vec::new());
     println!("create → first echo through the e2b SDK (ComputeSDK TTI; 5 % trimmed each end)");
     for m in client["modes"].as_array().cloned().unwrap_or_default() {
         let (entry, s) = result_entry(&m, a.n, a.stagger_ms);
@@ -295,6 +333,24 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             s.median / raw_tti.median
         );
         results.push(entry);
+        if let Some(c) = cpu_per_sandbox(&m, s.ok) {
+            println!(
+                "{:<11} host CPU per sandbox {:.1} ms outside the client (+{:.1} ms in it): \
+                 {} cores make about {:.0}/s at this cost (a burst of {}: about {:.0} ms \
+                 for its first half)",
+                "",
+                c.server_ms,
+                c.client_ms,
+                c.cores,
+                c.per_second(),
+                a.n,
+                c.median_floor_ms(a.n)
+            );
+            cpu_json.push(
+                json!({"mode": m["mode"], "serverMsPerSandbox": r2(c.server_ms),
+                                 "clientMsPerSandbox": r2(c.client_ms)}),
+            );
+        }
     }
     let (run_true, resume, fork) = (
         plain(&ms_list(&client["runTrueMs"])),
@@ -336,6 +392,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 "rawForkToFirstCommandMs": pjson(&raw_fork),
                 "idleMiBPerSandbox": r2(kiln_idle), "rawIdleMiB": r2(raw_idle),
                 "rawErrors": raw.errors,
+                "cpuPerSandbox": cpu_json,
             },
         });
         std::fs::write(path, serde_json::to_string_pretty(&out)?)

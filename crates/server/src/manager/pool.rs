@@ -157,6 +157,7 @@ impl Manager {
             disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
             volumes: Vec::new(),
             network: None,
+            background: false,
         }
     }
 
@@ -232,7 +233,11 @@ impl Manager {
     async fn fill_one(&self, template: &str) -> Result<()> {
         let tpl = self.lookup_template(template).await?;
         let id = super::new_sandbox_id();
-        let spec = self.spec_for(&id, &tpl);
+        // Booted in the background: a pool's boots yield the CPU to the sandboxes in use.
+        let spec = SandboxSpec {
+            background: true,
+            ..self.spec_for(&id, &tpl)
+        };
         self.pools.booting().insert(id.clone());
         let booted = async {
             let _permit = self.admission.boot_permit().await?;
