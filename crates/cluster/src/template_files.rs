@@ -51,15 +51,22 @@ impl EtcdStore {
         }
     }
 
+    /// Every template whose files are in object storage.
+    pub async fn all_template_files(&self) -> Result<Vec<TemplateFilesDoc>> {
+        self.get_prefix(&self.keys().dir("template-files"), 0)
+            .await?
+            .iter()
+            .map(|kv| parse(kv.key(), kv.value()))
+            .collect()
+    }
+
     /// The manifests every template's files record names (what the bucket's collection keeps).
     pub(crate) async fn template_manifests(&self) -> Result<Vec<String>> {
-        let mut out = Vec::new();
-        for kv in self
-            .get_prefix(&self.keys().dir("template-files"), 0)
+        Ok(self
+            .all_template_files()
             .await?
-        {
-            out.push(parse::<TemplateFilesDoc>(kv.key(), kv.value())?.manifest);
-        }
-        Ok(out)
+            .into_iter()
+            .map(|d| d.manifest)
+            .collect())
     }
 }

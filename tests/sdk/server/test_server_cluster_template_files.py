@@ -10,23 +10,29 @@ store of its own that holds only the base template. Through the pinned e2b SDK:
 - a template no node holds is still a 404 naming the cluster;
 - a paused sandbox of a template only n2 holds (`tiny2`) resumes on n1 while n2 is drained, and
   a fork's child of a sandbox of `tiny3` on the drained n2 runs on n1: n1 fetches each template
-  as the sandbox moves or the child borrows its parent's capture.
+  as the sandbox moves or the child borrows its parent's capture;
+- once n2 stored `tiny4` in the bucket and stopped, no live node holds it, yet both replicas
+  list and describe it and a create of it runs on n1, which fetches it (last: n2 stays down).
 
 Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ETCD) and moto.
 """
 
+import base64
 import glob
+import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import pytest
 
 from .conftest import kill_all
-from .test_server_cluster import finish, kiln_node
+from .test_server_cluster import etcd_json, finish, kiln_node
 from .test_server_cluster_objects import Moto, ObjectCluster, environ
 from .test_server_cluster_templates import base_rootfs, listed
 
@@ -104,7 +110,8 @@ def cluster():
         c = TemplateCluster(base)
         c.moto, c.marker, c.n1_cache = moto, marker, n1_cache
         c.start_node_with_cache("n1", n1_cache)
-        c.start_node("n2", extra=[f"--template-dir={t}={tiny}" for t in ("tiny", "tiny2", "tiny3")])
+        c.start_node("n2", extra=[f"--template-dir={t}={tiny}"
+                                  for t in ("tiny", "tiny2", "tiny3", "tiny4")])
         c.start_control("c1")
         c.start_control("c2")
         yield c
@@ -196,3 +203,43 @@ def test_a_moved_sandbox_and_a_forks_child_fetch_their_template(cluster):
     finally:
         kill_all(made)
         assert "takes new sandboxes" in kiln_node(cluster, "undrain", "n2")
+
+
+def node_url(cluster, name: str) -> str:
+    return re.search(r"node \S+ listening on (http://[0-9.:]+)", cluster.nodes[name].log()).group(1)
+
+
+def test_a_template_whose_only_holder_left_is_fetched_from_the_bucket(cluster):
+    from e2b import Sandbox
+
+    from .test_server_cluster_templates import get
+
+    # n2 stores `tiny4` (what a replica asks of a holder), then leaves the cluster.
+    req = urllib.request.Request(node_url(cluster, "n2") + "/internal/v1/templates/tiny4/share",
+                                 method="POST", headers={"Authorization": f"Bearer {cluster.secret}"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        doc = json.loads(r.read())
+    assert (r.status, doc["name"], doc["node"]) == (200, "tiny4", "n2"), doc
+    cluster.nodes["n2"].stop()
+    # Gone from the cluster once its lease is (3 s), and from the replicas' view a moment later.
+    key = base64.b64encode(f"{cluster.prefix}/nodes/n2".encode()).decode()
+    deadline = time.time() + 30
+    while etcd_json(cluster, "/v3/kv/range", {"key": key}).get("kvs") and time.time() < deadline:
+        time.sleep(0.2)
+    assert not etcd_json(cluster, "/v3/kv/range", {"key": key}).get("kvs"), "n2 is still registered"
+    time.sleep(1)
+    made = []
+    try:
+        # Listed and described from the bucket's record by both replicas.
+        for c in ("c1", "c2"):
+            assert "tiny4" in listed(cluster, c), listed(cluster, c)
+            status, body = get(cluster, c, "/templates/tiny4")
+            assert status == 200 and body["buildID"] == doc["key"], body
+        before = fetches(cluster)
+        s = Sandbox.create(template="tiny4", timeout=120, **cluster.opts("c2"))
+        made.append(s)
+        assert cluster.node_of(s.sandbox_id) == "n1"
+        assert s.commands.run("cat /etc/tiny-marker").stdout == cluster.marker
+        assert fetches(cluster) == before + 1
+    finally:
+        kill_all(made)

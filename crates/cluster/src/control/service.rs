@@ -96,7 +96,7 @@ impl ClusterService {
         template: &str,
     ) -> Result<(Option<NodeInfo>, Vec<NodeInfo>)> {
         self.check_team_room(team, 1).await?;
-        let nodes = self.holding(self.candidates(), template)?;
+        let nodes = self.holding(self.candidates(), template).await?;
         Ok((self.pick(&nodes), nodes))
     }
 
@@ -341,7 +341,7 @@ impl SandboxService for ClusterService {
                 (self.pick(&nodes), nodes)
             }
             None => {
-                let mut nodes = self.holding(self.candidates(), &doc.template_id)?;
+                let mut nodes = self.holding(self.candidates(), &doc.template_id).await?;
                 let mut node = self.pick(&nodes);
                 if node.is_none() {
                     nodes = self.fetchers(&doc.template_id).await;
@@ -471,10 +471,10 @@ impl SandboxService for ClusterService {
     }
 
     async fn templates(&self) -> Result<Vec<TemplateView>> {
-        Ok(self.cluster_templates())
+        self.cluster_templates().await
     }
     async fn template(&self, name: &str) -> Result<TemplateView> {
-        self.cluster_template(name)
+        self.cluster_template(name).await
     }
     async fn logs(&self, id: &str, team: &str) -> Result<Logs> {
         let rec = self.etcd.get_sandbox(id).await?;

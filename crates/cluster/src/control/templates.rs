@@ -16,28 +16,41 @@ use kiln_server::Error;
 
 use super::service::ClusterService;
 use crate::nodes::{NodeInfo, NodeTemplate};
-use crate::template_files::name_of;
+use crate::template_files::{name_of, TemplateFilesDoc};
+use kiln_template::Template;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl ClusterService {
-    /// Every template some live node holds, by name.
-    pub(super) fn cluster_templates(&self) -> Vec<TemplateView> {
-        union(&self.cache.nodes()).values().map(view).collect()
+    /// Every template some live node holds, or whose files are in object storage, by name.
+    pub(super) async fn cluster_templates(&self) -> Result<Vec<TemplateView>> {
+        let mut all = union(&self.cache.nodes());
+        for doc in self.stored_templates().await? {
+            if !all.contains_key(&doc.name) {
+                let t = self.stored_view(&doc);
+                all.insert(t.name.clone(), t);
+            }
+        }
+        Ok(all.values().map(view).collect())
     }
 
-    /// Template `name`, as the live nodes that hold it report it.
-    pub(super) fn cluster_template(&self, name: &str) -> Result<TemplateView> {
+    /// Template `name`, as the live nodes that hold it report it, else as object storage
+    /// keeps it.
+    pub(super) async fn cluster_template(&self, name: &str) -> Result<TemplateView> {
         check_name(name)?;
-        union(&self.cache.nodes())
-            .get(name)
-            .map(view)
-            .ok_or_else(|| not_held(name))
+        if let Some(t) = union(&self.cache.nodes()).get(name) {
+            return Ok(view(t));
+        }
+        match self.stored(name).await? {
+            Some(doc) => Ok(view(&self.stored_view(&doc))),
+            None => Err(not_held(name)),
+        }
     }
 
     /// Of `nodes`, those that hold template `template` (a name, or `name:tag`): a create's
-    /// candidates. 404 when no live node holds it (a full or draining one included).
-    pub(super) fn holding(
+    /// candidates. None of them when no live node holds it but its files are in object
+    /// storage ([`Self::fetchers`] then finds the nodes that fetch it); 404 when neither.
+    pub(super) async fn holding(
         &self,
         mut nodes: Vec<NodeInfo>,
         template: &str,
@@ -45,15 +58,19 @@ impl ClusterService {
         let name = name_of(template);
         check_name(name)?;
         if !self.cache.nodes().iter().any(|n| n.has_template(name)) {
-            return Err(not_held(name));
+            return match self.stored(name).await? {
+                Some(_) => Ok(Vec::new()),
+                None => Err(not_held(name)),
+            };
         }
         nodes.retain(|n| n.has_template(name));
         Ok(nodes)
     }
 
     /// The nodes that can take a create of `template` when none that holds it can: those with
-    /// object storage that lack it, once a node that holds it stored it there (the chosen node
-    /// fetches it before the create). Empty when no holder could store it.
+    /// object storage that lack it, once a node that holds it stored it there, or when its
+    /// files are there already and no live node holds it (the chosen node fetches it before
+    /// the create). Empty when neither.
     pub(super) async fn fetchers(&self, template: &str) -> Vec<NodeInfo> {
         let name = name_of(template);
         let mut nodes = self.candidates();
@@ -62,14 +79,26 @@ impl ClusterService {
     }
 
     /// Of `nodes` (none holding template `name`), those with object storage, once a live
-    /// holder stored the template there; empty when none could.
+    /// holder stored the template there (or, with no live holder, once some node did); empty
+    /// when none could.
     async fn fetchers_among(&self, mut nodes: Vec<NodeInfo>, name: &str) -> Vec<NodeInfo> {
         nodes.retain(|n| n.objects);
         if nodes.is_empty() {
             return nodes;
         }
         let live = self.cache.nodes();
-        for h in live.iter().filter(|h| h.objects && h.has_template(name)) {
+        let holders: Vec<&NodeInfo> = live.iter().filter(|h| h.has_template(name)).collect();
+        if holders.is_empty() {
+            return match self.stored(name).await {
+                Ok(Some(_)) => nodes,
+                Ok(None) => Vec::new(),
+                Err(e) => {
+                    tracing::warn!(template = name, error = %e, "reading where a template's files are");
+                    Vec::new()
+                }
+            };
+        }
+        for h in holders.into_iter().filter(|h| h.objects) {
             match self.nodes.share_template(&h.address, name).await {
                 Ok(()) => return nodes,
                 Err(e) => {
@@ -82,11 +111,12 @@ impl ClusterService {
 
     /// Of `nodes`, those that can run a sandbox made from `template`: those that hold it; when
     /// none of them does, those that fetch it from object storage ([`Self::fetchers`]); all of
-    /// them when no live node holds a template of that name (a sandbox started from a
-    /// snapshot names the snapshot; its node decides).
+    /// them when the cluster knows no template of that name (a sandbox started from a snapshot
+    /// names the snapshot; its node decides).
     pub(super) async fn able_to_run(&self, nodes: Vec<NodeInfo>, template: &str) -> Vec<NodeInfo> {
         let name = name_of(template);
-        if !self.cache.nodes().iter().any(|n| n.has_template(name)) {
+        let held = self.cache.nodes().iter().any(|n| n.has_template(name));
+        if !held && !matches!(self.stored(name).await, Ok(Some(_))) {
             return nodes;
         }
         let (holders, others): (Vec<_>, Vec<_>) =
@@ -95,6 +125,42 @@ impl ClusterService {
             return holders;
         }
         self.fetchers_among(others, name).await
+    }
+
+    /// Where template `name`'s files are in object storage, if some node stored them.
+    async fn stored(&self, name: &str) -> Result<Option<TemplateFilesDoc>> {
+        self.etcd.template_files(name).await.map_err(|e| {
+            Error::Unavailable(format!(
+                "reading where template \"{name}\"'s files are: {e}"
+            ))
+        })
+    }
+
+    async fn stored_templates(&self) -> Result<Vec<TemplateFilesDoc>> {
+        self.etcd.all_template_files().await.map_err(|e| {
+            Error::Unavailable(format!("reading the templates in object storage: {e}"))
+        })
+    }
+
+    /// What a node would report of the template build `doc` stored (its sizes as this
+    /// replica's defaults fill them in).
+    fn stored_view(&self, doc: &TemplateFilesDoc) -> NodeTemplate {
+        let meta: Option<Template> = serde_json::from_value(doc.meta.clone()).ok();
+        let (memory_mb, disk_mb, built_at_unix, size_bytes) = match &meta {
+            Some(t) => (t.memory_mb, t.disk_mb, t.built_at_unix, t.size_bytes),
+            None => (None, None, 0, doc.bytes),
+        };
+        NodeTemplate {
+            name: doc.name.clone(),
+            key: doc.key.clone(),
+            cpu_count: self.cfg.default_cpu_count,
+            memory_mb: memory_mb.unwrap_or(self.cfg.default_memory_mb),
+            disk_mb: u64::from(disk_mb.unwrap_or(self.cfg.default_disk_mb)),
+            built_at_unix,
+            size_bytes,
+            spawn_count: 0,
+            last_spawned_ms: None,
+        }
     }
 }
 
