@@ -181,9 +181,11 @@ pub trait Driver: Send + Sync + 'static {
     /// (gVisor: a large timer slack on its host tasks); the default does nothing. Cheap and
     /// synchronous: it is on the path of the first request after idleness.
     fn set_idle(&self, _id: &str, _idle: bool) {}
-    /// A sandbox started with [`SandboxSpec::background`] now serves a request: from here on
-    /// it gets the host's CPU as any sandbox in use does (said before the request's first call
-    /// to it). Cheap and synchronous: it is on the create path. The default does nothing.
+    /// A sandbox started with [`SandboxSpec::background`] now serves a request, or a request
+    /// waits for it to finish booting: from here on it gets the host's CPU as any sandbox in
+    /// use does (said before the request's first call to it). Cheap and synchronous: it is on
+    /// the create path. A sandbox whose runtime has not made it yet is left as it is (the
+    /// caller says it again once it has). The default does nothing.
     fn claimed(&self, _id: &str) {}
     /// Why a sandbox [`Self::dead`] reported died, when the driver itself ended it (e.g. its
     /// host memory reserve ran out); None for a runtime that exited on its own.

@@ -6,7 +6,7 @@
 //! small host a pool refilling after a burst otherwise takes half the cores from the commands
 //! the burst's callers run). It starts with [`BACKGROUND_SHARES`] — in the bundle, so the
 //! runtime sets it before the sandbox's first instruction — and gets the default weight back
-//! when a create claims it ([`foreground`]). A low weight only matters under contention: an
+//! when a create claims it or waits for its boot ([`foreground`]). A low weight only matters under contention: an
 //! otherwise idle host boots the pool at full speed, and a weight above the minimum means a
 //! busy host still lets it boot.
 
