@@ -49,9 +49,6 @@ pub struct SandboxSpec {
     /// in force before anything in the sandbox runs, as a restored snapshot's processes run
     /// at once.
     pub network: Option<kiln_net::EgressPolicy>,
-    /// The sandbox serves nobody yet (a warm pool's): its host CPU yields to the sandboxes in
-    /// use from its first instruction until [`Driver::claimed`] says it serves a request.
-    pub background: bool,
 }
 
 /// One volume mounted into a sandbox.
@@ -181,12 +178,6 @@ pub trait Driver: Send + Sync + 'static {
     /// (gVisor: a large timer slack on its host tasks); the default does nothing. Cheap and
     /// synchronous: it is on the path of the first request after idleness.
     fn set_idle(&self, _id: &str, _idle: bool) {}
-    /// A sandbox started with [`SandboxSpec::background`] now serves a request, or a request
-    /// waits for it to finish booting: from here on it gets the host's CPU as any sandbox in
-    /// use does (said before the request's first call to it). Cheap and synchronous: it is on
-    /// the create path. A sandbox whose runtime has not made it yet is left as it is (the
-    /// caller says it again once it has). The default does nothing.
-    fn claimed(&self, _id: &str) {}
     /// Why a sandbox [`Self::dead`] reported died, when the driver itself ended it (e.g. its
     /// host memory reserve ran out); None for a runtime that exited on its own.
     fn death_cause(&self, _id: &str) -> Option<&'static str> {

@@ -59,18 +59,15 @@ pub fn advance(dir: &Path, id: &str) -> Result<String> {
     Ok(cid)
 }
 
-/// Points the bundle's `linux.cgroupsPath` (when it has one) at container `cid`'s own cgroup;
-/// a background CPU share goes (the next generation serves requests).
+/// Points the bundle's `linux.cgroupsPath` (when it has one) at container `cid`'s own cgroup.
 fn set_cgroup(config: &Path, cid: &str) -> Result<()> {
     let text = std::fs::read(config).map_err(io_err(format!("reading {}", config.display())))?;
     let mut spec: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| DriverError::Other(format!("parsing config.json: {e}")))?;
-    let cleared = super::cpu_share::clear_background(&mut spec);
-    match spec.pointer_mut("/linux/cgroupsPath") {
-        Some(path) => *path = serde_json::Value::String(format!("/kiln/{cid}")),
-        None if !cleared => return Ok(()),
-        None => {}
-    }
+    let Some(path) = spec.pointer_mut("/linux/cgroupsPath") else {
+        return Ok(());
+    };
+    *path = serde_json::Value::String(format!("/kiln/{cid}"));
     let text = serde_json::to_vec_pretty(&spec)
         .map_err(|e| DriverError::Other(format!("encoding config.json: {e}")))?;
     let tmp = config.with_extension("json.tmp");
@@ -219,9 +216,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kiln-gen-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("bundle")).unwrap();
-        // A warm pool's sandbox: its background share is gone from the next generation.
-        let spec = serde_json::json!({"linux": {"cgroupsPath": "/kiln/sbx",
-            "resources": {"cpu": {"shares": 102, "quota": 100000}}}});
+        let spec = serde_json::json!({"linux": {"cgroupsPath": "/kiln/sbx"}});
         std::fs::write(dir.join("bundle/config.json"), spec.to_string()).unwrap();
         assert_eq!(current(&dir), 0);
         assert_eq!(container_id("sbx", 0), "sbx");
@@ -244,10 +239,6 @@ mod tests {
             serde_json::from_slice(&std::fs::read(dir.join("bundle/config.json")).unwrap())
                 .unwrap();
         assert_eq!(v["linux"]["cgroupsPath"], "/kiln/g2-sbx");
-        assert_eq!(
-            v["linux"]["resources"]["cpu"],
-            serde_json::json!({"quota": 100000})
-        );
         assert!(retiring(&dir).is_empty());
         mark_retiring(&dir, "g1-sbx").unwrap();
         assert_eq!(retiring(&dir), vec!["g1-sbx".to_string()]);

@@ -24,7 +24,6 @@ pub mod baseline;
 mod checkpoint;
 mod console;
 mod container;
-mod cpu_share;
 mod disk;
 mod disk_pool;
 mod forward;
@@ -466,10 +465,6 @@ impl Driver for GvisorDriver {
         if let Some(s) = &self.idle_slack {
             s.apply(&self.cid(id), idle);
         }
-    }
-
-    fn claimed(&self, id: &str) {
-        cpu_share::foreground(&self.cid(id));
     }
 
     fn death_cause(&self, id: &str) -> Option<&'static str> {

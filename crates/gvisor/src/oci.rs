@@ -152,9 +152,6 @@ pub fn oci_spec(
     if with_cgroups {
         linux["cgroupsPath"] = json!(format!("/kiln/{}", spec.id));
     }
-    if spec.background {
-        linux["resources"]["cpu"]["shares"] = json!(super::cpu_share::BACKGROUND_SHARES);
-    }
     let mut v = json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -242,7 +239,6 @@ mod tests {
             disk_mb: 0,
             volumes: vec![],
             network: None,
-            background: false,
         };
         let v = oci_spec(
             &spec,
@@ -260,19 +256,6 @@ mod tests {
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
         assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300 * 16 + 1024);
         assert_eq!(v["linux"]["cgroupsPath"], "/kiln/sbx1");
-        assert!(v["linux"]["resources"]["cpu"].get("shares").is_none());
-        // A warm pool's sandbox boots with a tenth of the CPU share.
-        let pooled = oci_spec(
-            &SandboxSpec {
-                background: true,
-                ..spec.clone()
-            },
-            Path::new("/s/rootfs"),
-            Path::new("/s/run"),
-            &[],
-            true,
-        );
-        assert_eq!(pooled["linux"]["resources"]["cpu"]["shares"], 102);
         assert_eq!(v["root"]["path"], "/s/rootfs");
         let env: Vec<&str> = v["process"]["env"]
             .as_array()

@@ -183,11 +183,6 @@ impl Admission {
         boots_total()
     }
 
-    /// A boot slot if one is free now.
-    pub(super) fn try_boot_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        self.boots.try_acquire().ok()
-    }
-
     /// One of the boot permits, or 503 once the server shuts down.
     pub(super) async fn boot_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
         self.boots

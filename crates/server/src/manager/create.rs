@@ -177,7 +177,6 @@ impl Manager {
     ) -> Result<String> {
         if pooled {
             let t = Instant::now();
-            self.driver.claimed(&spec.id);
             if let Some(policy) = network {
                 self.apply_network(&spec.id, policy).await?;
             }

@@ -10,11 +10,6 @@
 //! sandbox and no free boot slot waits for whichever comes first, for at most
 //! [`PoolPolicy::queue`](super::pool_demand::PoolPolicy), then gets a 503 with `Retry-After`.
 //!
-//! A pool's boots run in the background ([`SandboxSpec::background`]: a tenth of the CPU share
-//! of a sandbox in use), so refilling after a burst does not slow the commands the burst's
-//! callers run; while a create waits for a sandbox of the template, its boots are not in the
-//! background, and a claimed sandbox gets the full share ([`crate::driver::Driver::claimed`]).
-//!
 //! Pooled sandboxes are not in the store, not listed and not counted against any team: after
 //! a restart they are host leftovers, which recovery removes; an orderly shutdown stops them.
 
@@ -39,12 +34,8 @@ const QUEUE_RETRY_AFTER_SECS: u64 = 2;
 /// Booted, not yet initialised sandboxes per template name, and each template's demand.
 pub(super) struct Pools {
     ready: Mutex<HashMap<String, Vec<String>>>,
-    /// Sandboxes being booted into a pool, with their template: a shutdown that aborts their
-    /// boot stops them.
-    booting: Mutex<HashMap<String, String>>,
-    /// Creates waiting for a sandbox, per template: while some do, its boots are not in the
-    /// background.
-    waiting: Mutex<HashMap<String, usize>>,
+    /// Sandboxes being booted into a pool: a shutdown that aborts their boot stops them.
+    booting: Mutex<std::collections::HashSet<String>>,
     demand: Mutex<HashMap<String, Demand>>,
     /// Wakes the refiller when a sandbox was taken.
     pub(super) taken: tokio::sync::Notify,
@@ -57,7 +48,6 @@ impl Default for Pools {
         Self {
             ready: Mutex::default(),
             booting: Mutex::default(),
-            waiting: Mutex::default(),
             demand: Mutex::default(),
             taken: tokio::sync::Notify::new(),
             added: tokio::sync::watch::channel(0).0,
@@ -66,34 +56,8 @@ impl Default for Pools {
 }
 
 impl Pools {
-    fn booting(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+    fn booting(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
         self.booting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A create of `template` waits for a sandbox until the guard drops; returns the sandboxes
-    /// of `template` booting now (counted first, so a boot that starts later sees the wait).
-    fn wait_for(&self, template: &str) -> (Waiting<'_>, Vec<String>) {
-        *self.waiting().entry(template.to_string()).or_default() += 1;
-        let booting = self
-            .booting()
-            .iter()
-            .filter(|(_, t)| *t == template)
-            .map(|(id, _)| id.clone())
-            .collect();
-        let guard = Waiting {
-            pools: self,
-            template: template.to_string(),
-        };
-        (guard, booting)
-    }
-
-    /// Whether some create of `template` waits for a sandbox.
-    fn waited_for(&self, template: &str) -> bool {
-        self.waiting().get(template).is_some_and(|n| *n > 0)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
@@ -147,24 +111,6 @@ impl Pools {
     }
 }
 
-/// A create waiting for a sandbox of a template ([`Pools::wait_for`]).
-struct Waiting<'a> {
-    pools: &'a Pools,
-    template: String,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        let mut w = self.pools.waiting();
-        if let Some(n) = w.get_mut(&self.template) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                w.remove(&self.template);
-            }
-        }
-    }
-}
-
 /// Parses `TEMPLATE=N` (a `--pool` value).
 pub fn parse_pool(s: &str) -> std::result::Result<(String, u32), String> {
     let (t, n) = s
@@ -211,7 +157,6 @@ impl Manager {
             disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
             volumes: Vec::new(),
             network: None,
-            background: false,
         }
     }
 
@@ -228,23 +173,11 @@ impl Manager {
         let pooled_ok = pooled_ok && self.pools_on();
         let deadline = tokio::time::Instant::now() + self.cfg.pool.queue;
         let mut added = self.pools.added.subscribe();
-        // Once the create has to wait, the pool's boots serve it: none stays in the background.
-        let mut waiting = None;
         loop {
             if pooled_ok {
                 if let Some(id) = self.pools.take(template) {
                     return Ok(Claim::Pooled(id));
                 }
-            }
-            if waiting.is_none() {
-                if let Some(permit) = self.admission.try_boot_permit() {
-                    return Ok(Claim::Cold(permit));
-                }
-                let (guard, booting) = self.pools.wait_for(template);
-                for id in booting {
-                    self.driver.claimed(&id);
-                }
-                waiting = Some(guard);
             }
             tokio::select! {
                 biased;
@@ -299,21 +232,11 @@ impl Manager {
     async fn fill_one(&self, template: &str) -> Result<()> {
         let tpl = self.lookup_template(template).await?;
         let id = super::new_sandbox_id();
-        self.pools
-            .booting()
-            .insert(id.clone(), template.to_string());
+        let spec = self.spec_for(&id, &tpl);
+        self.pools.booting().insert(id.clone());
         let booted = async {
             let _permit = self.admission.boot_permit().await?;
-            // In the background (a pool's boots yield the CPU to the sandboxes in use) unless
-            // a create waits for it; one that began waiting during `create` brings it forward.
-            let spec = SandboxSpec {
-                background: !self.pools.waited_for(template),
-                ..self.spec_for(&id, &tpl)
-            };
             self.driver.create(&spec).await?;
-            if spec.background && self.pools.waited_for(template) {
-                self.driver.claimed(&id);
-            }
             self.driver.start(&id).await?;
             let agent = self.agent(&id, None);
             agent.wait_ready(self.cfg.agent_ready_timeout).await?;
@@ -427,7 +350,7 @@ impl Manager {
     /// orderly shutdown; the refiller must be stopped first).
     pub async fn drain_pools(&self) {
         // Booting before ready: a boot that ends meanwhile is in one or the other.
-        let mut all: Vec<String> = self.pools.booting().drain().map(|(id, _)| id).collect();
+        let mut all: Vec<String> = self.pools.booting().drain().collect();
         all.extend(self.pools.lock().drain().flat_map(|(_, v)| v));
         for id in all {
             let _ = self.driver.stop(&id).await;
@@ -454,22 +377,5 @@ mod tests {
         assert_eq!(p.take("base").as_deref(), Some("a"), "the oldest first");
         assert_eq!(p.pop("base").as_deref(), Some("b"));
         assert_eq!(p.len("base"), 0);
-    }
-
-    #[test]
-    fn a_waiting_create_names_the_boots_of_its_template() {
-        let p = Pools::default();
-        p.booting().insert("a".into(), "base".into());
-        p.booting().insert("b".into(), "other".into());
-        assert!(!p.waited_for("base"));
-        let (first, booting) = p.wait_for("base");
-        assert_eq!(booting, vec!["a".to_string()]);
-        let (second, _) = p.wait_for("base");
-        assert!(p.waited_for("base") && !p.waited_for("other"));
-        drop(first);
-        assert!(p.waited_for("base"), "one create still waits");
-        drop(second);
-        assert!(!p.waited_for("base"));
-        assert!(p.waiting().is_empty());
     }
 }

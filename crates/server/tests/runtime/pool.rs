@@ -27,29 +27,6 @@ async fn wait_pool(m: &Manager, n: usize, why: &str) {
     }
 }
 
-/// The `cpu.shares` of sandbox `id`'s current container (cgroup v1: `kiln/<id>` or, after a
-/// restore, `kiln/g<N>-<id>`, the highest N; a retired generation may linger a moment).
-fn cpu_shares(id: &str) -> u64 {
-    let gen = |name: &str| match name.strip_suffix(&format!("-{id}")) {
-        Some(g) => g.strip_prefix('g').and_then(|n| n.parse::<u64>().ok()),
-        None => (name == id).then_some(0),
-    };
-    let newest = std::fs::read_dir("/sys/fs/cgroup/cpu/kiln")
-        .expect("cgroup v1 cpu hierarchy")
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            gen(&name).map(|g| (g, e.path()))
-        })
-        .max()
-        .unwrap_or_else(|| panic!("no cgroup of {id}"));
-    std::fs::read_to_string(newest.1.join("cpu.shares"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 fn config(pool: PoolPolicy) -> LifecycleConfig {
     LifecycleConfig {
         default_memory_mb: 256,
@@ -95,11 +72,7 @@ async fn the_pool_grows_with_a_burst_refills_claims_and_shrinks_when_idle() {
         rig.cleanup.add(&h.id);
     }
 
-    // Pooled sandboxes serve nobody: a tenth of the CPU share of one in use.
-    for h in driver.list_on_host().await.unwrap() {
-        assert_eq!(cpu_shares(&h.id), 102, "pooled {}", h.id);
-    }
-    // A claim takes a pooled sandbox, which gets the full share, and is refilled.
+    // A claim takes a pooled sandbox and is refilled.
     let sbx = m.create(common::params(600)).await.expect("pooled create");
     rig.cleanup.add(&sbx.id);
     let logs = m.logs(&sbx.id, "default").await.unwrap();
@@ -108,17 +81,11 @@ async fn the_pool_grows_with_a_burst_refills_claims_and_shrinks_when_idle() {
         "not taken from the pool: {:?}",
         logs.events
     );
-    assert_eq!(cpu_shares(&sbx.id), 1024);
     assert_eq!(sh(&m, &sbx.id, "echo pooled").await, "pooled");
     wait_pool(&m, 3, "refilled after a claim").await;
     for h in driver.list_on_host().await.unwrap() {
         rig.cleanup.add(&h.id);
     }
-    // Its next generation (a pause and resume restore it from its bundle) keeps the full share.
-    m.pause(&sbx.id, true).await.expect("pause");
-    m.connect(&sbx.id, 600, true).await.expect("resume");
-    assert_eq!(cpu_shares(&sbx.id), 1024, "after a resume");
-    assert_eq!(sh(&m, &sbx.id, "echo resumed").await, "resumed");
     assert!(m.kill(&sbx.id, "test done").await.unwrap());
 
     // No burst for longer than the idle period: one sandbox stays (the template was used).
