@@ -10,6 +10,7 @@ Needs KILN_BIN (the kiln binary) and the base template already built (scripts/te
 import os
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -96,3 +97,15 @@ def kill_all(sandboxes):
             s.kill()
         except Exception:
             pass
+
+
+def read_count(sbx, tries: int, pause: float, path: str = "/home/user/count") -> int:
+    """The number a counter process in `sbx` keeps writing to `path` (`echo $i > path`), read
+    again up to `tries` times `pause` seconds apart when caught between its truncate and its
+    write."""
+    for _ in range(tries):
+        text = sbx.files.read(path).strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(pause)
+    pytest.fail(f"the counter file {path} never held a number")

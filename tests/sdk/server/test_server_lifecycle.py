@@ -9,18 +9,13 @@ import time
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
-from .conftest import KilnServer, mounts_under, runsc_processes_for
+from .conftest import KilnServer, mounts_under, read_count, runsc_processes_for
 
 COUNTER = "bash -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done'"
 
 
 def count(sbx) -> int:
-    for _ in range(10):
-        text = sbx.files.read("/home/user/count").strip()
-        if text.isdigit():
-            return int(text)
-        time.sleep(0.02)
-    pytest.fail("the counter file never held a number")
+    return read_count(sbx, tries=10, pause=0.02)
 
 
 def paused_ids(opts) -> set:

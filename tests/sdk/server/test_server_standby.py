@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from e2b import CommandExitException, PtySize, Sandbox
 
-from .conftest import KilnServer, kiln_bin, own_server, runsc_processes_for
+from .conftest import KilnServer, kiln_bin, own_server, read_count, runsc_processes_for
 
 STANDBY_AFTER = "2s"
 METRICS_TOKEN = "standby-metrics-token-0123"
@@ -71,12 +71,7 @@ def wait_standby(s: KilnServer, sid: str, limit: float = 40) -> dict:
 
 
 def count(sbx) -> int:
-    for _ in range(20):
-        text = sbx.files.read("/home/user/count").strip()
-        if text.isdigit():
-            return int(text)
-        time.sleep(0.05)
-    pytest.fail("the counter file never held a number")
+    return read_count(sbx, tries=20, pause=0.05)
 
 
 def start_detached(sbx, cmd: str):
