@@ -47,6 +47,11 @@ def own_cpu_s():
     return r.ru_utime + r.ru_stime
 
 
+def cpu_spent(busy0, own0):
+    """The host's busy seconds and this client's since readings `busy0` and `own0`."""
+    return {"hostBusyS": round(host_busy_s() - busy0, 3), "clientS": round(own_cpu_s() - own0, 3)}
+
+
 def one_tti(out, i, kill_after=True):
     """One iteration: create -> first echo; records {"ttiMs"} or {"ttiMs": 0, "error"}."""
     t0 = time.perf_counter()
@@ -74,7 +79,7 @@ def mode_run(mode):
     if mode == "sequential":
         for i in range(N):
             one_tti(out, i)
-        cpu = {"hostBusyS": round(host_busy_s() - busy0, 3), "clientS": round(own_cpu_s() - own0, 3)}
+        cpu = cpu_spent(busy0, own0)
     else:
         held = [None] * N
 
@@ -90,7 +95,7 @@ def mode_run(mode):
                 time.sleep(STAGGER_MS / 1000.0)
         for t in threads:
             t.join()
-        cpu = {"hostBusyS": round(host_busy_s() - busy0, 3), "clientS": round(own_cpu_s() - own0, 3)}
+        cpu = cpu_spent(busy0, own0)
         for s in held:
             if s is not None:
                 try:
