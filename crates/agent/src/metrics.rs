@@ -17,16 +17,30 @@ fn cpu_times() -> Option<(u64, u64)> {
     Some((v.iter().sum(), idle))
 }
 
-/// Take one sample (CPU usage is measured over 100 ms).
+/// The CPU counters the previous sample read (`/proc/stat`: all, idle).
+static LAST_CPU: std::sync::Mutex<Option<(u64, u64)>> = std::sync::Mutex::new(None);
+
+/// CPU use between readings `a` and `b` of [`cpu_times`], percent; 0 when no time passed.
+fn cpu_pct(a: (u64, u64), b: (u64, u64)) -> f32 {
+    let (total, idle) = (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1));
+    if total == 0 {
+        return 0.0;
+    }
+    (total.saturating_sub(idle) as f32 / total as f32 * 100.0).clamp(0.0, 100.0)
+}
+
+/// Take one sample, at once: CPU usage is measured since the previous sample (the server
+/// samples every few seconds), or since boot for the first one. A kill asks for the agent's
+/// last kills through here, so nothing here waits.
 pub async fn sample() -> Metrics {
-    let a = cpu_times();
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let b = cpu_times();
-    let cpu_used_pct = match (a, b) {
-        (Some((t1, i1)), Some((t2, i2))) if t2 > t1 => {
-            (((t2 - t1) - (i2 - i1)) as f32 / (t2 - t1) as f32 * 100.0).clamp(0.0, 100.0)
+    let now = cpu_times();
+    let cpu_used_pct = {
+        let mut last = LAST_CPU.lock().unwrap_or_else(|p| p.into_inner());
+        let pct = now.map_or(0.0, |b| cpu_pct(last.unwrap_or((0, 0)), b));
+        if now.is_some() {
+            *last = now;
         }
-        _ => 0.0,
+        pct
     };
     let mut mem_total = 0;
     let mut mem_avail = 0;
@@ -148,6 +162,27 @@ pub fn parse_rfc3339(s: &str) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cpu_percent_between_two_readings() {
+        assert_eq!(super::cpu_pct((100, 50), (200, 100)), 50.0);
+        assert_eq!(super::cpu_pct((100, 50), (200, 150)), 0.0);
+        assert_eq!(super::cpu_pct((100, 50), (200, 50)), 100.0);
+        assert_eq!(super::cpu_pct((100, 50), (100, 50)), 0.0, "no time passed");
+        assert_eq!(super::cpu_pct((0, 0), (400, 100)), 75.0, "since boot");
+    }
+
+    #[tokio::test]
+    async fn a_sample_answers_at_once() {
+        let t = std::time::Instant::now();
+        let m = super::sample().await;
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(50),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!((0.0..=100.0).contains(&m.cpu_used_pct));
+    }
+
     #[test]
     fn rfc3339() {
         assert_eq!(super::parse_rfc3339("1970-01-01T00:00:00Z"), Some(0.0));
