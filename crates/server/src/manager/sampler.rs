@@ -69,15 +69,25 @@ impl Manager {
         self.outlets.telemetry()
     }
 
+    /// How long a sample waits for the agent's answer: in a sandbox whose CPUs are all busy
+    /// the agent may answer seconds late, and a sample that waited for it would be late too
+    /// (rules that need a sample every interval would see a gap).
+    fn agent_wait(&self) -> Duration {
+        self.cfg
+            .metrics_interval
+            .clamp(Duration::from_millis(500), Duration::from_secs(2))
+    }
+
     /// Takes one sample of the running sandbox `r` (not recorded), and whether its agent
-    /// answered. The agent is asked under the lifecycle lock, so no agent call is in flight
-    /// while a pause, snapshot or fork detaches the agent's sockets; a sandbox no longer
-    /// running is not asked (Conflict).
+    /// answered or was only slow (not failed). The agent is asked under the lifecycle lock,
+    /// so no agent call is in flight while a pause, snapshot or fork detaches the agent's
+    /// sockets; a sandbox no longer running is not asked (Conflict).
     ///
-    /// CPU and the memory size come from the driver (read without spawning a process); the
-    /// memory in use is the guest's own view, which only the guest kernel knows, through the
-    /// agent (its `/proc/meminfo`), or the host's charge for the sandbox when the agent does
-    /// not answer.
+    /// CPU and the memory size come from the driver (read without spawning a process), and
+    /// the sample is stamped with the time they were read; the memory in use is the guest's
+    /// own view, which only the guest kernel knows, through the agent (its `/proc/meminfo`),
+    /// or the host's charge for the sandbox when the agent does not answer within
+    /// [`Self::agent_wait`] (the disk figures are then the previous sample's).
     async fn take_sample(&self, r: &SandboxRecord) -> Result<(MetricSample, bool)> {
         let standby =
             || crate::error::Error::Conflict(format!("sandbox \"{}\" is in standby", r.id));
@@ -85,10 +95,10 @@ impl Manager {
             return Err(standby());
         }
         let stats = self.driver.stats(&r.id).await?;
-        // At once: the CPU time is set against the time it was read at (the agent's answer
-        // below may take a while in a busy sandbox).
+        // At once: the CPU time is set against the time it was read at.
+        let taken_at = now_ms();
         let pct = self.registry.cpu_pct(&r.id, stats.cpu_ns, r.cpu_count);
-        let agent = {
+        let asked = tokio::time::timeout(self.agent_wait(), async {
             // This sandbox alone: samples of others go on at once.
             let _guard = self.hold_one(&r.id).await;
             if self.idle.standby_since(&r.id).is_some() {
@@ -100,14 +110,24 @@ impl Manager {
                     r.id
                 )));
             }
-            self.agent(&r.id, r.envd_token.clone()).metrics().await
+            Ok(self.agent(&r.id, r.envd_token.clone()).metrics().await)
+        })
+        .await;
+        let (agent, answered) = match asked {
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(Ok(m))) => (Some(m), true),
+            Ok(Ok(Err(_))) => {
+                Telemetry::add(&self.telemetry().agent_errors, 1);
+                (None, false)
+            }
+            // Slow, not gone: no death check.
+            Err(_) => (None, true),
         };
-        let answered = agent.is_ok();
-        if let Ok(m) = &agent {
+        if let Some(m) = &agent {
             self.report_kills(r, &m.kiln_kills).await;
         }
         let (disk_used, disk_total, mem_cache, mem_used) = match agent {
-            Ok(m) => (
+            Some(m) => (
                 m.disk_used,
                 m.disk_total,
                 m.mem_cache,
@@ -116,9 +136,16 @@ impl Manager {
                     n => n,
                 },
             ),
-            Err(_) => {
-                Telemetry::add(&self.telemetry().agent_errors, 1);
-                (0, u64::from(r.disk_size_mb) << 20, 0, stats.mem_used_bytes)
+            None => {
+                let last = self
+                    .history
+                    .lock()
+                    .get(&r.id)
+                    .and_then(|ring| ring.latest().cloned());
+                match last {
+                    Some(l) => (l.disk_used, l.disk_total, 0, stats.mem_used_bytes),
+                    None => (0, u64::from(r.disk_size_mb) << 20, 0, stats.mem_used_bytes),
+                }
             }
         };
         // The sandbox's size as recorded; the driver's limit only for a sandbox without one.
@@ -132,7 +159,7 @@ impl Manager {
             0
         };
         let sample = MetricSample {
-            timestamp_ms: now_ms(),
+            timestamp_ms: taken_at,
             cpu_count: r.cpu_count,
             cpu_used_pct: pct,
             mem_used,
@@ -148,7 +175,7 @@ impl Manager {
     }
 
     /// Samples `r` and records the sample in its history; also says whether its agent
-    /// answered.
+    /// answered (or was only slow).
     async fn sample_into_history(&self, r: &SandboxRecord) -> Result<(MetricSample, bool)> {
         let (s, answered) = self.take_sample(r).await?;
         self.load_history(&r.id).await;
