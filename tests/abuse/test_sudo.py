@@ -48,6 +48,16 @@ def test_non_sudoers_are_refused(sandbox):
     assert sandbox.commands.run("sudo -u eve id -un", user="root").stdout.strip() == "eve"
 
 
+def test_a_signal_to_sudo_reaches_its_command(sandbox):
+    script = ("rm -f /tmp/sudo-ready; "
+              "sudo sh -c 'trap \"echo got-term; exit 7\" TERM; touch /tmp/sudo-ready; "
+              "while :; do sleep 0.1; done' & pid=$!; "
+              "while [ ! -e /tmp/sudo-ready ]; do sleep 0.05; done; "
+              "kill -TERM $pid; wait $pid; echo status=$?")
+    r = sandbox.commands.run(script, timeout=30)
+    assert "got-term" in r.stdout and "status=7" in r.stdout, r.stdout
+
+
 def test_killing_sudo_kills_its_command(sandbox):
     h = sandbox.commands.run("sudo sleep 1000", background=True)
     import time

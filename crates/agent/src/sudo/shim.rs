@@ -2,9 +2,11 @@
 //! agent's broker and ends the way the command ended. Runs as the calling user, synchronously.
 
 use std::io::IoSlice;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
 
 use super::{Msg, Request, SOCKET_NAME};
@@ -249,17 +251,29 @@ fn run(req: &Request) -> Result<i32, String> {
     )
     .map_err(|e| format!("sending the request to the privilege broker: {e}"))?;
     drop(fds);
-    let relay = sock
-        .try_clone()
-        .map_err(|e| format!("cannot duplicate a socket: {e}"))?;
-    std::thread::spawn(move || loop {
-        match mask.wait() {
-            Ok(sig) => send(&relay, &Msg::Signal(sig as i32)),
-            Err(_) => return,
-        }
-    });
+    // Signals sent to us go to the command; read from a signalfd beside the broker's socket
+    // (no thread: under a process flood a thread may be one task too many).
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| format!("cannot watch signals: {e}"))?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        let mut ready = [
+            PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut ready, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(format!("waiting for the privilege broker: {e}")),
+        }
+        let has = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
+        if has(&ready[1]) {
+            while let Ok(Some(info)) = signals.read_signal() {
+                send(&sock, &Msg::Signal(info.ssi_signo as i32));
+            }
+        }
+        if !has(&ready[0]) {
+            continue;
+        }
         let n = socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty())
             .map_err(|e| format!("reading from the privilege broker: {e}"))?;
         if n == 0 {
