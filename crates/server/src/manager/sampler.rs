@@ -3,7 +3,7 @@
 //! as long as the sandbox (kept while it is paused). It also notices sandboxes that stopped on
 //! their own and ends them with a `died` (or `oom`) event.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -24,11 +24,17 @@ const SAMPLE_CONCURRENCY: usize = 4;
 pub(super) struct History {
     rings: Mutex<HashMap<String, MetricRing>>,
     db: OnceLock<MetricsDb>,
+    /// Sandboxes whose death check (after a failed sample) is under way.
+    checking: Mutex<HashSet<String>>,
 }
 
 impl History {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, MetricRing>> {
         self.rings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn checking(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.checking.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -177,7 +183,9 @@ impl Manager {
     /// Samples `r` and records the sample in its history; also says whether its agent
     /// answered (or was only slow).
     async fn sample_into_history(&self, r: &SandboxRecord) -> Result<(MetricSample, bool)> {
+        let t0 = std::time::Instant::now();
         let (s, answered) = self.take_sample(r).await?;
+        let t1 = std::time::Instant::now();
         self.load_history(&r.id).await;
         let cap = self.cfg.metrics_capacity;
         let (pushed, kept) = {
@@ -195,12 +203,28 @@ impl Manager {
                 _ => {}
             }
         }
+        // A late sample leaves a gap in the history that rules over it see.
+        if t0.elapsed() > self.agent_wait() + Duration::from_secs(1) {
+            tracing::warn!(
+                sandbox = %r.id,
+                sample_ms = (t1 - t0).as_millis() as u64,
+                history_ms = t1.elapsed().as_millis() as u64,
+                "a metrics sample was late"
+            );
+        }
         Ok((s, answered))
     }
 
     /// One round of the sampler: every running sandbox sampled, histories of ended sandboxes
     /// dropped, sandboxes found stopped ended.
     pub async fn sample_all(&self) {
+        for id in self.sample_round().await {
+            self.check_alive(&id).await;
+        }
+    }
+
+    /// [`Self::sample_all`] without the death checks: the sandboxes whose sample failed.
+    async fn sample_round(&self) -> Vec<String> {
         let live = self.registry.list();
         let gone: Vec<String> = {
             let ids: std::collections::HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
@@ -223,7 +247,7 @@ impl Manager {
                 r.state == SandboxState::Running && self.idle.standby_since(&r.id).is_none()
             })
             .collect();
-        let failed: Vec<String> = futures::stream::iter(running)
+        futures::stream::iter(running)
             .map(|r| async move {
                 // A sandbox whose agent did not answer may have stopped: the driver's host
                 // numbers alone do not tell (its cgroup outlives its runtime until cleanup).
@@ -235,10 +259,7 @@ impl Manager {
             .buffer_unordered(SAMPLE_CONCURRENCY)
             .filter_map(|x| async move { x })
             .collect()
-            .await;
-        for id in failed {
-            self.check_alive(&id).await;
-        }
+            .await
     }
 
     /// After a failed sample: ends `id` with `died` (or `oom`) when it is no longer running
@@ -298,7 +319,9 @@ impl Manager {
         }
     }
 
-    /// Runs [`Self::sample_all`] every `metrics_interval`.
+    /// Runs [`Self::sample_all`] every `metrics_interval`, each death check on its own task:
+    /// a check waits for the lifecycle lock and asks the runtime, which on a busy host can take
+    /// seconds the other sandboxes' next samples should not wait for.
     pub fn spawn_sampler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::clone(self);
         tokio::spawn(async move {
@@ -306,7 +329,16 @@ impl Manager {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                me.sample_all().await;
+                for id in me.sample_round().await {
+                    if !me.history.checking().insert(id.clone()) {
+                        continue;
+                    }
+                    let me = Arc::clone(&me);
+                    tokio::spawn(async move {
+                        me.check_alive(&id).await;
+                        me.history.checking().remove(&id);
+                    });
+                }
             }
         })
     }
