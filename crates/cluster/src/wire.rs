@@ -56,24 +56,51 @@ pub struct NetworkDoc {
     pub https_ports: Vec<u16>,
 }
 
+impl NetworkDoc {
+    /// The lists of `p`, whatever else it holds (what a node reports).
+    pub fn lists(p: &kiln_net::EgressPolicy) -> Self {
+        Self {
+            allow_internet_access: p.allow_internet_access,
+            allow_out: p.allow_out.iter().map(|t| t.api_string()).collect(),
+            deny_out: p.deny_out.iter().map(|t| t.api_string()).collect(),
+            dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
+            https_ports: p.https_ports.clone(),
+        }
+    }
+
+    /// The forwardable form of `p`; refuses what a node cannot be handed yet (network rules
+    /// and egress proxies need the server's vault, which a node has not).
+    pub fn of(p: &kiln_net::EgressPolicy) -> Result<Self, Error> {
+        if p.transforms.is_some() {
+            return Err(not_in_cluster("network rules"));
+        }
+        if p.egress_proxy.is_some() {
+            return Err(not_in_cluster("egress proxies"));
+        }
+        Ok(Self::lists(p))
+    }
+
+    /// The policy the lists make (each entry validated again).
+    pub fn into_policy(self) -> Result<kiln_net::EgressPolicy, Error> {
+        let mut policy = kiln_net::EgressPolicy::from_lists(
+            self.allow_internet_access,
+            &self.allow_out,
+            &self.deny_out,
+            &self.dns_servers,
+        )
+        .map_err(|e| Error::bad_request(e.to_string()))?;
+        policy.https_ports = self.https_ports;
+        Ok(policy)
+    }
+}
+
 impl CreateDoc {
     /// The forwardable form of `p`; refuses what a node cannot be handed yet.
     pub fn of(p: &CreateParams) -> Result<Self, Error> {
         if !p.volume_mounts.is_empty() {
             return Err(not_in_cluster("volume mounts"));
         }
-        let network = match &p.network {
-            None => None,
-            Some(n) if n.transforms.is_some() => return Err(not_in_cluster("network rules")),
-            Some(n) if n.egress_proxy.is_some() => return Err(not_in_cluster("egress proxies")),
-            Some(n) => Some(NetworkDoc {
-                allow_internet_access: n.allow_internet_access,
-                allow_out: n.allow_out.iter().map(|t| t.api_string()).collect(),
-                deny_out: n.deny_out.iter().map(|t| t.api_string()).collect(),
-                dns_servers: n.dns_servers.iter().map(|a| a.to_string()).collect(),
-                https_ports: n.https_ports.clone(),
-            }),
-        };
+        let network = p.network.as_ref().map(NetworkDoc::of).transpose()?;
         Ok(Self {
             template_id: p.template_id.clone(),
             timeout_secs: p.timeout_secs,
@@ -95,20 +122,7 @@ impl CreateDoc {
 
     /// The create the node runs.
     pub fn into_params(self) -> Result<CreateParams, Error> {
-        let network = match self.network {
-            None => None,
-            Some(n) => {
-                let mut policy = kiln_net::EgressPolicy::from_lists(
-                    n.allow_internet_access,
-                    &n.allow_out,
-                    &n.deny_out,
-                    &n.dns_servers,
-                )
-                .map_err(|e| Error::bad_request(e.to_string()))?;
-                policy.https_ports = n.https_ports;
-                Some(policy)
-            }
-        };
+        let network = self.network.map(NetworkDoc::into_policy).transpose()?;
         Ok(CreateParams {
             template_id: self.template_id,
             timeout_secs: self.timeout_secs,
@@ -187,6 +201,12 @@ pub enum Op {
     },
     /// Drop the local copy of a sandbox that another node took over.
     Release,
+    /// The sandbox's egress policy (its lists).
+    Network,
+    /// Replace the sandbox's egress policy with these lists.
+    SetNetwork {
+        network: NetworkDoc,
+    },
     /// Take a snapshot of the sandbox (of `team`; `memory: false`: its disk only).
     Snapshot {
         team: String,
@@ -229,6 +249,9 @@ pub struct OpAnswer {
     /// fork_out: the create of each child on another node.
     #[serde(default)]
     pub create: Option<CreateDoc>,
+    /// network: the sandbox's egress policy (absent: it has no network).
+    #[serde(default)]
+    pub network: Option<NetworkDoc>,
 }
 
 /// One metrics sample as it travels (the server's [`MetricSample`]).
@@ -368,6 +391,41 @@ mod tests {
         };
         let e = CreateDoc::of(&p).unwrap_err();
         assert_eq!(kiln_server::ApiError::from(e).status, 501);
+    }
+
+    #[test]
+    fn a_policys_lists_travel_and_what_they_cannot_carry_is_refused() {
+        let mut p = kiln_net::EgressPolicy::from_lists(
+            false,
+            &["198.51.100.7".into(), "*.example.test".into()],
+            &["0.0.0.0/0".into()],
+            &["198.51.100.53".into()],
+        )
+        .unwrap();
+        p.https_ports = vec![8443];
+        let text = serde_json::to_string(&Op::SetNetwork {
+            network: NetworkDoc::of(&p).unwrap(),
+        })
+        .unwrap();
+        let Op::SetNetwork { network } = serde_json::from_str(&text).unwrap() else {
+            panic!("{text}");
+        };
+        assert_eq!(network.into_policy().unwrap(), p);
+        p.egress_proxy = Some(
+            kiln_net::upstream::EgressProxyConfig::parse(
+                &serde_json::json!({"address": "198.51.100.8:1080"}),
+            )
+            .unwrap(),
+        );
+        let e = NetworkDoc::of(&p).unwrap_err();
+        assert_eq!(kiln_server::ApiError::from(e).status, 501);
+        // A node checks the lists again: a bad entry is a 400, not a policy.
+        let bad = NetworkDoc {
+            allow_out: vec!["not an address!".into()],
+            ..NetworkDoc::lists(&kiln_net::EgressPolicy::default())
+        };
+        let e = bad.into_policy().unwrap_err();
+        assert_eq!(kiln_server::ApiError::from(e).status, 400);
     }
 
     #[test]

@@ -9,7 +9,7 @@ restored); the killed node, back on its state dir, drops its copy. A paused sand
 resumes on another node, and the drained node drops its copy. A filesystem-only auto-pause (at
 the end of the timeout) is uploaded too, and boots on its disk on another node after its node
 is killed. A paused sandbox of a lost node without an object store answers 409 naming its
-node. Bounded: about half a minute.
+node. A sandbox's egress policy is read and replaced through either replica. Bounded: about half a minute.
 
 Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ETCD) and moto.
 """
@@ -150,9 +150,9 @@ def connect_when_moved(cluster, sid: str, control: str, timeout: float = 40):
     pytest.fail(f"no connect within {timeout}s: {last}")
 
 
-def post_json(cluster, control: str, path: str, body: dict):
+def post_json(cluster, control: str, path: str, body: dict, method: str = "POST"):
     req = urllib.request.Request(
-        cluster.controls[control].url + path, method="POST", data=json.dumps(body).encode(),
+        cluster.controls[control].url + path, method=method, data=json.dumps(body).encode(),
         headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -262,6 +262,38 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere_under_its_policy(
         assert again.files.read("/home/user/notes.txt") == "drained"
     finally:
         kiln_node(cluster, "undrain", home)
+        kill_quietly(cluster, sid, "c1")
+
+
+def test_a_sandboxs_network_is_read_and_replaced_through_either_replica(cluster):
+    """get_info through a replica shows the policy the sandbox's node holds; the SDK's
+    update_network through the other replica replaces it on that node; network rules (which
+    need a single server's vault) answer the cluster's 501 and change nothing."""
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=120, network={"allow_out": ["198.51.100.7"], "deny_out": ["0.0.0.0/0"]},
+                       **cluster.opts("c1"))
+    sid = s.sandbox_id
+    node = cluster.nodes[cluster.node_of(sid)]
+    try:
+        status, info = cluster.request("c2", "GET", f"/sandboxes/{sid}")
+        assert status == 200, info
+        assert (info["network"]["allowOut"], info["network"]["denyOut"]) == \
+            (["198.51.100.7"], ["0.0.0.0/0"]), info
+        s2 = Sandbox.connect(sid, **cluster.opts("c2"))
+        s2.update_network({"allow_out": ["198.51.100.9", "198.51.100.10"], "deny_out": ["0.0.0.0/0"]})
+        held = net_file(node, sid)
+        assert (held["allowOut"], held["denyOut"]) == (["198.51.100.9", "198.51.100.10"], ["0.0.0.0/0"]), held
+        status, info = cluster.request("c1", "GET", f"/sandboxes/{sid}")
+        assert info["network"]["allowOut"] == ["198.51.100.9", "198.51.100.10"], info
+        status, err = post_json(cluster, "c1", f"/sandboxes/{sid}/network",
+                                {"rules": {"198.51.100.9": [{"transform": {"headers": {"A": "b"}}}]}}, "PUT")
+        assert status == 501 and err["message"].startswith("network rules is not available on a kiln cluster"), err
+        status, err = post_json(cluster, "c1", f"/sandboxes/{sid}/network", {"allowOut": ["not an address!"]}, "PUT")
+        assert status == 400, err
+        assert net_file(node, sid)["allowOut"] == ["198.51.100.9", "198.51.100.10"], "refused updates change nothing"
+        assert s.commands.run("echo reachable").stdout.strip() == "reachable"
+    finally:
         kill_quietly(cluster, sid, "c1")
 
 

@@ -33,7 +33,7 @@ use super::placement;
 use crate::nodes::NodeInfo;
 use crate::seats::{Seat, Taken, SEAT_TTL};
 use crate::store::EtcdStore;
-use crate::wire::{not_in_cluster, CreateDoc, Op, OpAnswer};
+use crate::wire::{not_in_cluster, CreateDoc, NetworkDoc, Op, OpAnswer};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -424,10 +424,18 @@ impl SandboxService for ClusterService {
     }
 
     async fn network(&self, id: &str) -> Result<Option<kiln_net::EgressPolicy>> {
-        self.get(id).map(|_| None)
+        self.get(id)?;
+        // A sandbox whose node is not in the cluster now (a paused one of a lost node) is
+        // still described: without its policy, which only its node holds.
+        let Some(node) = self.cache.owner(id) else {
+            return Ok(None);
+        };
+        let a = self.nodes.op(&node.address, id, &Op::Network).await?;
+        a.network.map(NetworkDoc::into_policy).transpose()
     }
-    async fn set_network(&self, _id: &str, _policy: kiln_net::EgressPolicy) -> Result<()> {
-        Err(not_in_cluster("changing a sandbox's network in a cluster"))
+    async fn set_network(&self, id: &str, policy: kiln_net::EgressPolicy) -> Result<()> {
+        let network = NetworkDoc::of(&policy)?;
+        self.call(id, Op::SetNetwork { network }).await.map(drop)
     }
     fn extra_cas(&self) -> &[String] {
         &[]

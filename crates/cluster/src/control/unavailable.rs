@@ -28,6 +28,7 @@ const QUALIFIERS: &[&str] = &[
     " on a server without a state directory",
     " on a server without its identity key",
     " (no identity key)",
+    " on a server without its interception CA (see the server log)",
 ];
 
 /// The message of a cluster's 501 for the request `method path` whose answer said `original`.
@@ -131,6 +132,17 @@ mod tests {
         assert!(
             m.starts_with("secrets is not available on a kiln cluster yet"),
             "{m}"
+        );
+        let m = message(
+            "PUT",
+            "/sandboxes/x/network",
+            "network rules on a server without its interception CA (see the server log) \
+             is not implemented in kiln yet",
+        );
+        assert_eq!(
+            m,
+            "network rules is not available on a kiln cluster yet (a single-host `kiln serve` \
+             has it)"
         );
         let m = message("GET", "/sandboxes/x/audit", "the audit log is off");
         assert!(m.starts_with("the audit log is not available"), "{m}");

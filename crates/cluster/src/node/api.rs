@@ -14,7 +14,9 @@ use kiln_server::ApiError;
 
 use super::{audit, moves, snapshots, templates, tunnel, NodeApi};
 use crate::docs::{SandboxDoc, SnapshotDoc};
-use crate::wire::{Child, CreateDoc, MetricDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
+use crate::wire::{
+    Child, CreateDoc, MetricDoc, NetworkDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER,
+};
 
 type St = State<Arc<NodeApi>>;
 
@@ -107,6 +109,10 @@ async fn op(
             a.metrics = latest.get(&id).map(MetricDoc::from).into_iter().collect();
             return Ok(Json(a));
         }
+        Op::Network => {
+            a.network = s.network(&id).await?.as_ref().map(NetworkDoc::lists);
+            return Ok(Json(a));
+        }
         _ => {}
     }
     match op {
@@ -146,7 +152,8 @@ async fn op(
             };
         }
         Op::Adopt { from } => moves::take_over(&n, &id, &from).await?,
-        Op::Metrics { .. } | Op::LatestMetric => {}
+        Op::Metrics { .. } | Op::LatestMetric | Op::Network => {}
+        Op::SetNetwork { network } => s.set_network(&id, network.into_policy()?).await?,
         Op::Release => a.flag = moves::release(&n, &id).await?,
         Op::Snapshot { team, name, memory } => {
             let snap = snapshots::take(&n, &id, &team, name, memory, false).await?;
