@@ -14,9 +14,7 @@ use kiln_server::ApiError;
 
 use super::{audit, moves, snapshots, templates, tunnel, NodeApi};
 use crate::docs::{SandboxDoc, SnapshotDoc};
-use crate::wire::{
-    Child, CreateDoc, MetricDoc, NetworkDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER,
-};
+use crate::wire::{Child, CreateDoc, MetricDoc, NetworkDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
 
 type St = State<Arc<NodeApi>>;
 
