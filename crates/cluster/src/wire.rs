@@ -203,6 +203,10 @@ pub enum Op {
     Release,
     /// The sandbox's egress policy (its lists).
     Network,
+    /// The end of the sandbox's console output (of `team`'s sandbox; none once it ended).
+    Console {
+        team: String,
+    },
     /// Replace the sandbox's egress policy with these lists.
     SetNetwork {
         network: NetworkDoc,
@@ -252,6 +256,9 @@ pub struct OpAnswer {
     /// network: the sandbox's egress policy (absent: it has no network).
     #[serde(default)]
     pub network: Option<NetworkDoc>,
+    /// console: the end of the sandbox's console output.
+    #[serde(default)]
+    pub console: Option<String>,
 }
 
 /// One metrics sample as it travels (the server's [`MetricSample`]).

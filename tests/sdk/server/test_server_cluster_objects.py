@@ -9,7 +9,8 @@ restored); the killed node, back on its state dir, drops its copy. A paused sand
 resumes on another node, and the drained node drops its copy. A filesystem-only auto-pause (at
 the end of the timeout) is uploaded too, and boots on its disk on another node after its node
 is killed. A paused sandbox of a lost node without an object store answers 409 naming its
-node. A sandbox's egress policy is read and replaced through either replica. Bounded: about half a minute.
+node. A sandbox's egress policy is read and replaced through either replica, and its console read
+from its node. Bounded: about half a minute.
 
 Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ETCD) and moto.
 """
@@ -295,6 +296,22 @@ def test_a_sandboxs_network_is_read_and_replaced_through_either_replica(cluster)
         assert s.commands.run("echo reachable").stdout.strip() == "reachable"
     finally:
         kill_quietly(cluster, sid, "c1")
+
+
+def test_a_sandboxs_console_is_read_from_its_node(cluster):
+    """A sandbox's logs through a replica: its events from etcd and, while it runs, its
+    console output from its node."""
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=60, **cluster.opts("c1"))
+    try:
+        status, logs = cluster.request("c2", "GET", f"/v2/sandboxes/{s.sandbox_id}/logs")
+        assert status == 200, logs
+        sources = {e["fields"].get("source") for e in logs["logs"]}
+        events = {e["fields"].get("event") for e in logs["logs"]}
+        assert "agent" in sources and "created" in events, logs
+    finally:
+        kill_quietly(cluster, s.sandbox_id, "c1")
 
 
 def test_a_drained_nodes_paused_sandboxes_move_off_it_by_themselves(cluster):

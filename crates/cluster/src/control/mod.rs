@@ -13,6 +13,7 @@ mod client;
 mod forks;
 mod leader;
 mod moves;
+mod observe;
 pub mod placement;
 mod service;
 mod snapshots;

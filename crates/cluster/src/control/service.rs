@@ -424,14 +424,7 @@ impl SandboxService for ClusterService {
     }
 
     async fn network(&self, id: &str) -> Result<Option<kiln_net::EgressPolicy>> {
-        self.get(id)?;
-        // A sandbox whose node is not in the cluster now (a paused one of a lost node) is
-        // still described: without its policy, which only its node holds.
-        let Some(node) = self.cache.owner(id) else {
-            return Ok(None);
-        };
-        let a = self.nodes.op(&node.address, id, &Op::Network).await?;
-        a.network.map(NetworkDoc::into_policy).transpose()
+        self.node_network(id).await
     }
     async fn set_network(&self, id: &str, policy: kiln_net::EgressPolicy) -> Result<()> {
         let network = NetworkDoc::of(&policy)?;
@@ -485,34 +478,10 @@ impl SandboxService for ClusterService {
         self.cluster_template(name).await
     }
     async fn logs(&self, id: &str, team: &str) -> Result<Logs> {
-        let rec = self.etcd.get_sandbox(id).await?;
-        if rec.is_none_or(|r| r.team != team) {
-            return Err(Error::SandboxNotFound(id.to_string()));
-        }
-        let events = self.etcd.events(id).await?;
-        Ok(Logs {
-            events,
-            console: None,
-        })
+        self.node_logs(id, team).await
     }
     async fn latest_metrics(&self, ids: &[String]) -> BTreeMap<String, MetricSample> {
-        // One call per sandbox to its node, all at once; a sandbox whose node does not
-        // answer is left out, as one without a sample is.
-        let calls = ids.iter().map(|id| async move {
-            let node = self.owner(id).ok()?;
-            let a = self
-                .nodes
-                .op(&node.address, id, &Op::LatestMetric)
-                .await
-                .ok()?;
-            let m = a.metrics.into_iter().next_back()?;
-            Some((id.clone(), MetricSample::from(m)))
-        });
-        futures::future::join_all(calls)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        self.node_latest_metrics(ids).await
     }
     async fn metrics_window(
         &self,
@@ -520,10 +489,7 @@ impl SandboxService for ClusterService {
         start_ms: Option<i64>,
         end_ms: Option<i64>,
     ) -> Result<Vec<MetricSample>> {
-        let node = self.owner(id)?;
-        let op = Op::Metrics { start_ms, end_ms };
-        let a = self.nodes.op(&node.address, id, &op).await?;
-        Ok(a.metrics.into_iter().map(MetricSample::from).collect())
+        self.node_metrics_window(id, start_ms, end_ms).await
     }
     fn latest_samples(&self) -> Vec<(String, MetricSample)> {
         Vec::new()

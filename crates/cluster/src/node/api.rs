@@ -111,6 +111,10 @@ async fn op(
             a.network = s.network(&id).await?.as_ref().map(NetworkDoc::lists);
             return Ok(Json(a));
         }
+        Op::Console { team } => {
+            a.console = s.logs(&id, team).await?.console;
+            return Ok(Json(a));
+        }
         _ => {}
     }
     match op {
@@ -150,7 +154,7 @@ async fn op(
             };
         }
         Op::Adopt { from } => moves::take_over(&n, &id, &from).await?,
-        Op::Metrics { .. } | Op::LatestMetric | Op::Network => {}
+        Op::Metrics { .. } | Op::LatestMetric | Op::Network | Op::Console { .. } => {}
         Op::SetNetwork { network } => s.set_network(&id, network.into_policy()?).await?,
         Op::Release => a.flag = moves::release(&n, &id).await?,
         Op::Snapshot { team, name, memory } => {
