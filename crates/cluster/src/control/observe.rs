@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use kiln_server::manager::{Logs, MetricSample};
+use kiln_server::store::{EventStore, SandboxStore};
 use kiln_server::{Error, SandboxService};
 
 use super::service::ClusterService;

@@ -20,8 +20,7 @@ use kiln_server::manager::{
     TemplateView,
 };
 use kiln_server::store::{
-    AccessStore, EventStore, MountRecord, SandboxRecord, SandboxState, SandboxStore,
-    SnapshotRecord, VolumeRecord,
+    AccessStore, MountRecord, SandboxRecord, SandboxState, SnapshotRecord, VolumeRecord,
 };
 use kiln_server::tenancy::TeamQuota;
 use kiln_server::{Error, LifecycleConfig, SandboxService};
