@@ -29,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import kiln_bin, runsc_processes_for
+from .conftest import kiln_bin, read_count, runsc_processes_for
 from .test_server_cluster import Cluster, Proc, finish, free_port, kiln_node
 
 ACCESS = {"KILN_S3_ACCESS_KEY_ID": "kiln-test", "KILN_S3_SECRET_ACCESS_KEY": "kiln-test-secret"}
@@ -122,7 +122,8 @@ def sandbox_dir(node: Proc, sid: str) -> str:
 
 
 def count(s) -> int:
-    return int(s.commands.run("cat /home/user/count").stdout.strip())
+    """The counter's number (read again when caught between the counter's truncate and write)."""
+    return read_count(s, 20, 0.05)
 
 
 def start_counting(s) -> int:

@@ -19,14 +19,10 @@ import time
 
 from .conftest import kill_all
 from .test_server_cluster import kiln_node
-from .test_server_cluster_objects import cluster  # noqa: F401  (the module's cluster fixture)
+from .test_server_cluster_objects import cluster, count  # noqa: F401  (the module's cluster fixture)
 from .test_server_cluster_snapshots import api, create_until, on_node, snapshots_on
 
 COUNTER = "i=0; while true; do echo $i > /home/user/count; i=$((i+1)); sleep 0.1; done"
-
-
-def count(s) -> int:
-    return int(s.commands.run("cat /home/user/count").stdout.strip())
 
 
 def source_on(cluster, node: str, made: list):

@@ -18,7 +18,7 @@ import os
 import secrets
 import time
 
-from .conftest import kill_all
+from .conftest import kill_all, read_count
 from .test_server_cluster_failures import post
 from .test_server_cluster import cluster  # noqa: F401  (the module's cluster fixture)
 
@@ -36,7 +36,8 @@ def listed(cluster, control: str, **kw) -> list:
 
 
 def count(sbx) -> int:
-    return int(sbx.files.read("/tmp/count").strip() or 0)
+    """The counter's number (read again when caught between the counter's truncate and write)."""
+    return read_count(sbx, 20, 0.05, "/tmp/count")
 
 
 def snapshot_dir(cluster, node: str, snap_id: str) -> str:
