@@ -61,8 +61,8 @@ impl NetworkDoc {
     pub fn lists(p: &kiln_net::EgressPolicy) -> Self {
         Self {
             allow_internet_access: p.allow_internet_access,
-            allow_out: p.allow_out.iter().map(|t| t.api_string()).collect(),
-            deny_out: p.deny_out.iter().map(|t| t.api_string()).collect(),
+            allow_out: kiln_net::EgressPolicy::list_strings(&p.allow_out),
+            deny_out: kiln_net::EgressPolicy::list_strings(&p.deny_out),
             dns_servers: p.dns_servers.iter().map(|a| a.to_string()).collect(),
             https_ports: p.https_ports.clone(),
         }
