@@ -145,6 +145,8 @@ pub(super) async fn continue_as_next(
     if started.is_err() {
         // What the failed start left behind (the sandbox stays as it was).
         let _ = super::generation::retire(runsc, dir, &cid, &[]).await;
+    } else {
+        super::console::watch(&log);
     }
     started
 }
@@ -288,6 +290,8 @@ impl GvisorDriver {
         std::fs::rename(&tmp, self.paused_file(id))
             .map_err(io_err(format!("renaming {}", tmp.display())))?;
         self.retire_later(id, &cid, pids);
+        // Nothing writes the console until a resume starts the runtime again.
+        super::console::unwatch(&dir.join("console.log"));
         tracing::debug!(
             sandbox = id,
             "pause: detach {:?}, checkpoint {:?}, recorded {:?}",

@@ -2,43 +2,103 @@
 //! runsc's parent): capped by rotation, so a sandbox that floods its console uses at most
 //! about [`CONSOLE_MAX`] plus what it writes in one [`CHECK_EVERY`] of host disk.
 //!
-//! The watcher's once-a-second tick names each running sandbox's log ([`rotate_if_large`]);
-//! from then on a thread of this module checks every watched log each [`CHECK_EVERY`], until
-//! the log is gone with its sandbox, and finds the logs of sandboxes started beside them. Once a second alone let a flood grow the log by what
-//! the sandbox writes in a second (more than a GiB: gVisor writes a console at disk speed).
+//! The driver has a log watched from the moment its runtime starts until it pauses or stops
+//! ([`watch`], [`unwatch`]); the watcher's once-a-second tick names each running sandbox's log
+//! too ([`rotate_if_large`]: after a server restart, the sandboxes it adopted). A thread of
+//! this module waits for the kernel to say a watched log was written (inotify `IN_MODIFY`),
+//! then checks that log's size and rotates it; a log nobody writes costs nothing, whatever
+//! the number of sandboxes. Once a second it forgets the logs gone with their sandbox.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 /// Size at which `console.log` is rotated.
 pub const CONSOLE_MAX: u64 = 4 << 20;
 /// How much of the rotated log is kept in `console.log.1`.
 const KEEP: u64 = 1 << 20;
-/// How often watched logs are checked.
-pub const CHECK_EVERY: Duration = Duration::from_millis(10);
+/// How long the thread lets writes gather after a look (the kernel merges a log's repeated
+/// events meanwhile): a flood grows a log by what it writes in this, a chatty sandbox costs
+/// at most one look per period.
+pub const CHECK_EVERY: Duration = Duration::from_millis(5);
+/// How often the logs gone with their sandbox are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// The logs the checking thread watches, each with the descriptor it keeps open on it (a
-/// close after a truncation would make ext4 allocate and flush what the writer added).
-fn watched() -> &'static Mutex<HashMap<PathBuf, Option<File>>> {
-    static WATCHED: OnceLock<Mutex<HashMap<PathBuf, Option<File>>>> = OnceLock::new();
-    WATCHED.get_or_init(|| {
-        if let Err(e) = std::thread::Builder::new()
-            .name("kiln-console".into())
-            .spawn(check_loop)
-        {
-            tracing::warn!(error = %e, "cannot start the console log thread; logs rotate once a second");
+/// A watched log: its path, the descriptor the thread keeps open on it (a close after a
+/// truncation would make ext4 allocate and flush what the writer added), and how many times
+/// its size was looked at.
+struct Log {
+    path: PathBuf,
+    file: File,
+    looks: u64,
+}
+
+#[derive(Default)]
+struct Logs {
+    by_path: HashMap<PathBuf, WatchDescriptor>,
+    by_wd: HashMap<WatchDescriptor, Log>,
+}
+
+impl Logs {
+    fn remove(&mut self, wd: WatchDescriptor) {
+        if let Some(l) = self.by_wd.remove(&wd) {
+            if self.by_path.get(&l.path) == Some(&wd) {
+                self.by_path.remove(&l.path);
+            }
         }
-        Mutex::new(HashMap::new())
-    })
+    }
+}
+
+struct Watcher {
+    inotify: Inotify,
+    logs: Mutex<Logs>,
+}
+
+impl Watcher {
+    fn lock(&self) -> MutexGuard<'_, Logs> {
+        self.logs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The watcher and its thread, started on first use (None when the host refuses an inotify
+/// instance or a thread: logs then rotate on the once-a-second tick alone).
+fn watcher() -> Option<&'static Watcher> {
+    static WATCHER: OnceLock<Option<Watcher>> = OnceLock::new();
+    WATCHER
+        .get_or_init(|| {
+            let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no inotify instance for console logs; they rotate once a second");
+                    return None;
+                }
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("kiln-console".into())
+                .spawn(check_loop)
+            {
+                tracing::warn!(error = %e, "cannot start the console log thread; logs rotate once a second");
+                return None;
+            }
+            Some(Watcher {
+                inotify,
+                logs: Mutex::default(),
+            })
+        })
+        .as_ref()
 }
 
 fn check_loop() {
     // A flooding sandbox keeps the host's CPUs busy; this thread needs little CPU but must
-    // get it on time: real-time round-robin at the lowest priority (it sleeps between checks
+    // get it on time: real-time round-robin at the lowest priority (it sleeps between looks
     // and the kernel's real-time throttling bounds it), else nice -10. Both need root, which
     // `kiln serve` is; without it the thread runs at normal priority.
     // SAFETY: sched_setscheduler(2)/setpriority(2) on the calling thread (0 / its own id) with
@@ -49,48 +109,54 @@ fn check_loop() {
             libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10);
         }
     }
-    for round in 0u64.. {
-        std::thread::sleep(CHECK_EVERY);
-        let mut logs = watched().lock().unwrap_or_else(|p| p.into_inner());
-        if round % 10 == 0 {
-            discover(&mut logs);
+    let Some(w) = watcher() else {
+        return;
+    };
+    let mut swept = Instant::now();
+    loop {
+        let mut ready = [PollFd::new(w.inotify.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(
+            &mut ready,
+            PollTimeout::from(SWEEP_EVERY.as_millis() as u16),
+        );
+        // (Nonblocking: nothing to read is an error, and no event.)
+        let events = w.inotify.read_events().unwrap_or_default();
+        let mut logs = w.lock();
+        let mut written = HashSet::new();
+        for e in events {
+            if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                // Events were dropped: any log may have grown.
+                written.extend(logs.by_wd.keys().copied());
+            } else if e.mask.contains(AddWatchFlags::IN_IGNORED) {
+                logs.remove(e.wd);
+            } else {
+                written.insert(e.wd);
+            }
         }
-        logs.retain(|log, f| {
-            // Gone with its sandbox: forget it (and close it).
-            if std::fs::symlink_metadata(log).is_err() {
-                return false;
-            }
-            if f.is_none() {
-                *f = open(log);
-            }
-            if let Some(f) = f {
-                if f.metadata().is_ok_and(|m| m.len() > CONSOLE_MAX) {
-                    rotate_open(log, f);
+        for wd in written {
+            if let Some(l) = logs.by_wd.get_mut(&wd) {
+                l.looks += 1;
+                if l.file.metadata().is_ok_and(|m| m.len() > CONSOLE_MAX) {
+                    rotate_open(&l.path, &l.file);
                 }
             }
-            true
-        });
-    }
-}
-
-/// Adds the logs of sandboxes started since the last look: every `<id>/console.log` beside
-/// the sandbox directories already watched (a flood from a sandbox's first second would
-/// otherwise wait for the tick to name its log).
-fn discover(logs: &mut HashMap<PathBuf, Option<File>>) {
-    let dirs: HashSet<PathBuf> = logs
-        .keys()
-        .filter_map(|l| l.parent()?.parent().map(Path::to_path_buf))
-        .collect();
-    for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let log = e.path().join("console.log");
-            if !logs.contains_key(&log) && log.exists() {
-                logs.insert(log, None);
+        }
+        if swept.elapsed() >= SWEEP_EVERY {
+            swept = Instant::now();
+            // Unlinked with its sandbox's directory: this descriptor is what keeps it.
+            let gone: Vec<WatchDescriptor> = logs
+                .by_wd
+                .iter()
+                .filter(|(_, l)| l.file.metadata().map_or(true, |m| m.nlink() == 0))
+                .map(|(wd, _)| *wd)
+                .collect();
+            for wd in gone {
+                let _ = w.inotify.rm_watch(wd);
+                logs.remove(wd);
             }
         }
+        drop(logs);
+        std::thread::sleep(CHECK_EVERY);
     }
 }
 
@@ -102,17 +168,65 @@ fn open(log: &Path) -> Option<File> {
         .ok()
 }
 
-/// Rotates `log` now when it is larger than [`CONSOLE_MAX`], and has it checked every
-/// [`CHECK_EVERY`] from now on while it exists.
+/// Has `log` checked each time it is written, from now on until [`unwatch`] or until it is
+/// gone (nothing when it does not exist).
+pub(crate) fn watch(log: &Path) {
+    let Some(w) = watcher() else {
+        return;
+    };
+    let mut logs = w.lock();
+    if let Some(wd) = logs.by_path.get(log).copied() {
+        let live = logs
+            .by_wd
+            .get(&wd)
+            .is_some_and(|l| l.file.metadata().is_ok_and(|m| m.nlink() > 0));
+        if live {
+            return;
+        }
+        let _ = w.inotify.rm_watch(wd);
+        logs.remove(wd);
+    }
+    let Some(file) = open(log) else {
+        return;
+    };
+    match w.inotify.add_watch(log, AddWatchFlags::IN_MODIFY) {
+        // (The same file under another name keeps its first entry.)
+        Ok(wd) if !logs.by_wd.contains_key(&wd) => {
+            logs.by_path.insert(log.to_path_buf(), wd);
+            let path = log.to_path_buf();
+            logs.by_wd.insert(
+                wd,
+                Log {
+                    path,
+                    file,
+                    looks: 0,
+                },
+            );
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, log = %log.display(), "watching a console log; it rotates once a second")
+        }
+    }
+}
+
+/// Stops watching `log` (its runtime stopped: nothing writes it).
+pub(crate) fn unwatch(log: &Path) {
+    let Some(w) = watcher() else {
+        return;
+    };
+    let mut logs = w.lock();
+    if let Some(wd) = logs.by_path.get(log).copied() {
+        let _ = w.inotify.rm_watch(wd);
+        logs.remove(wd);
+    }
+}
+
+/// Rotates `log` now when it is larger than [`CONSOLE_MAX`], and has it checked each time it
+/// is written from now on ([`watch`]).
 pub fn rotate_if_large(log: &Path) {
     rotate(log);
-    if log.exists() {
-        watched()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(log.to_path_buf())
-            .or_insert(None);
-    }
+    watch(log);
 }
 
 /// When `log` is larger than [`CONSOLE_MAX`]: its last [`KEEP`] bytes go to `<log>.1`
@@ -200,6 +314,25 @@ mod tests {
         );
     }
 
+    /// How many times the thread looked at `log`'s size (None: not watched).
+    fn looks(log: &Path) -> Option<u64> {
+        let logs = watcher().unwrap().lock();
+        let wd = logs.by_path.get(log)?;
+        logs.by_wd.get(wd).map(|l| l.looks)
+    }
+
+    /// Waits up to `limit` for `done`.
+    fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done()
+    }
+
     #[test]
     fn a_flood_between_ticks_stays_near_the_cap() {
         // 256 MiB at up to 1 GiB/s (about what a sandbox writes to its console), with one call
@@ -221,12 +354,42 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(peak < 64 << 20, "the log reached {} MiB", peak >> 20);
-        std::thread::sleep(CHECK_EVERY * 20);
-        assert!(std::fs::metadata(&log).unwrap().len() <= CONSOLE_MAX);
+        assert!(within(Duration::from_secs(2), || std::fs::metadata(&log)
+            .unwrap()
+            .len()
+            <= CONSOLE_MAX));
         // Gone with its sandbox: no longer watched.
         drop(w);
         std::fs::remove_dir_all(d.path()).unwrap();
-        std::thread::sleep(CHECK_EVERY * 20);
-        assert!(!watched().lock().unwrap().contains_key(&log));
+        assert!(within(SWEEP_EVERY * 3, || looks(&log).is_none()));
+    }
+
+    #[test]
+    fn logs_nobody_writes_are_not_looked_at() {
+        let d = tempfile::tempdir().unwrap();
+        let logs: Vec<PathBuf> = (0..20)
+            .map(|i| {
+                let log = d.path().join(format!("{i}.log"));
+                std::fs::write(&log, b"booted\n").unwrap();
+                watch(&log);
+                log
+            })
+            .collect();
+        std::thread::sleep(CHECK_EVERY * 40);
+        for log in &logs {
+            assert_eq!(looks(log), Some(0), "{} looked at", log.display());
+        }
+        // A write is looked at; the others stay unlooked.
+        let mut w = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&logs[3])
+            .unwrap();
+        w.write_all(b"hello\n").unwrap();
+        assert!(within(Duration::from_secs(2), || looks(&logs[3])
+            .is_some_and(|n| n > 0)));
+        assert_eq!(looks(&logs[4]), Some(0));
+        // Unwatched (the runtime paused): forgotten at once, writes unlooked.
+        unwatch(&logs[3]);
+        assert_eq!(looks(&logs[3]), None);
     }
 }

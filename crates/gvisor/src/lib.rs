@@ -282,12 +282,15 @@ impl Driver for GvisorDriver {
         let (bundle, log) = (dir.join("bundle"), dir.join("console.log"));
         self.runsc
             .run_detached(&bundle, &self.cid(id), &log, workaround, pod.as_deref())
-            .await
+            .await?;
+        console::watch(&log);
+        Ok(())
     }
 
     async fn stop(&self, id: &str) -> Result<()> {
         check_id(id)?;
         self.halt(id).await?;
+        console::unwatch(&self.sandbox_dir(id).join("console.log"));
         if let Some(net) = &self.net {
             net.detach(id).await;
         }

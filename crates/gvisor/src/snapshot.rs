@@ -412,6 +412,8 @@ impl GvisorDriver {
         .await;
         if restored.is_err() {
             let _ = crate::driver::Driver::stop(self, &spec.id).await;
+        } else {
+            super::console::watch(&dir.join("console.log"));
         }
         restored
     }

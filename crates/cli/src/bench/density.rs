@@ -7,7 +7,8 @@
 //! sandbox alive and the kill throughput.
 //!
 //! With `--active N`, N sandboxes run commands in a loop the whole time (`density_active.rs`)
-//! and each step prints their exec p50 against the same loop measured with 20 sandboxes alive.
+//! and each step prints their exec p50 against the same loop measured with only the active
+//! sandboxes alive (at least 20).
 //! With `--standby-after SECS` the server puts idle sandboxes in standby (`density_standby.rs`):
 //! each step then waits for them and prints what a sandbox in standby still costs the host, and
 //! the end measures wake → first command against the runtime's raw restore + first command.
@@ -62,7 +63,7 @@ pub struct Args {
     #[arg(long, default_value_t = 50.0)]
     idle_timer_slack_ms: f64,
     /// Sandboxes kept busy by an exec loop the whole run (one worker each); their exec p50
-    /// is printed against the same loop with only the first 20 sandboxes alive.
+    /// is printed against the same loop with only them alive (at least 20 sandboxes).
     #[arg(long, default_value_t = 0)]
     active: usize,
     /// Pause (ms) of each active worker between two commands.
@@ -81,9 +82,14 @@ pub struct Args {
     /// Minutes after which no further step starts (the run then restarts and cleans up).
     #[arg(long, default_value_t = 120.0)]
     max_minutes: f64,
+    /// Paces the creates by what the host can hold awake: a create waits while this many
+    /// idle sandboxes (not the active ones) are awake or being created, until standby takes
+    /// some of them. Default: no pacing.
+    #[arg(long)]
+    max_awake: Option<usize>,
 }
 
-/// Sandboxes alive while the active loop's baseline is measured.
+/// Sandboxes alive at least while the active loop's baseline is measured.
 const BASELINE_ALIVE: usize = 20;
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -115,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     println!(
         "kiln bench density ({}, template {}, up to {} sandboxes \
          in steps of {}, {} creates at once, sentry timer slack {}, idle hints {}, {} active \
-         (a command every {} ms each), standby {}):",
+         (a command every {} ms each), standby {}, creates paced to {}):",
         runtime.label(),
         a.template,
         a.count,
@@ -133,6 +139,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         standby_after.map_or("off".to_string(), |d| format!(
             "after {:.1} s quiet",
             d.as_secs_f64()
+        )),
+        a.max_awake.map_or("no limit".to_string(), |n| format!(
+            "{n} awake idle sandboxes"
         ))
     );
     let host = Host {
@@ -259,14 +268,21 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
     let r = async {
         while m.list().len() < a.count {
             let live0 = m.list().len();
-            // The first step stops at the baseline's 20 when there is an active loop.
-            let to = if a.active > 0 && live0 < BASELINE_ALIVE {
-                BASELINE_ALIVE
+            // With an active loop, the first step stops at its baseline: the active sandboxes
+            // alone (at least 20).
+            let base_alive = BASELINE_ALIVE.max(a.active);
+            let to = if a.active > 0 && live0 < base_alive {
+                base_alive
             } else {
                 live0 + a.step
             };
             let want = to.min(a.count) - live0;
-            let (times, failures) = create_many(m, &a.template, want, a.concurrency).await;
+            let pace = a.max_awake.map(|max_awake| Pace {
+                max_awake,
+                active: a.active,
+                until: deadline,
+            });
+            let (times, failures) = create_many(m, &a.template, want, a.concurrency, pace).await;
             refused_total += failures.iter().filter(|f| f.refused).count();
             failed_total += failures.iter().filter(|f| !f.refused).count();
             for f in failures.iter().take(3) {
@@ -468,23 +484,63 @@ struct Failure {
     message: String,
 }
 
-/// `n` creates, `concurrency` at a time: the durations of those that succeeded, and the
-/// errors of the others.
+/// Creates held back while the host holds enough awake idle sandboxes (`--max-awake`).
+#[derive(Clone, Copy)]
+struct Pace {
+    max_awake: usize,
+    /// Sandboxes of the active loop (never idle, never counted).
+    active: usize,
+    /// No create waits past this: the run's deadline.
+    until: Instant,
+}
+
+impl Pace {
+    /// Waits until one more create keeps the awake idle sandboxes (with the creates in
+    /// flight) under the limit; false when the run's deadline came first.
+    async fn admit(&self, m: &Manager, in_flight: &AtomicUsize) -> bool {
+        loop {
+            let live = m.list().len();
+            let awake_idle = live
+                .saturating_sub(m.standby_count())
+                .saturating_sub(self.active.min(live));
+            if awake_idle + in_flight.load(Ordering::SeqCst) < self.max_awake {
+                return true;
+            }
+            if Instant::now() > self.until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// `n` creates, `concurrency` at a time (and, with a pace, only while few idle sandboxes are
+/// awake): the durations of those that succeeded, and the errors of the others.
 async fn create_many(
     m: &Arc<Manager>,
     template: &str,
     n: usize,
     concurrency: usize,
+    pace: Option<Pace>,
 ) -> (Vec<Duration>, Vec<Failure>) {
     let next = Arc::new(AtomicUsize::new(0));
+    let in_flight = Arc::new(AtomicUsize::new(0));
     let out = Arc::new(Mutex::new((Vec::new(), Vec::new())));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
         let (m, next, out, template) = (m.clone(), next.clone(), out.clone(), template.to_string());
+        let in_flight = in_flight.clone();
         workers.spawn(async move {
             while next.fetch_add(1, Ordering::SeqCst) < n {
+                if let Some(p) = pace {
+                    if !p.admit(&m, &in_flight).await {
+                        return;
+                    }
+                }
+                in_flight.fetch_add(1, Ordering::SeqCst);
                 let t = Instant::now();
                 let r = m.create(density_standby::params(&template)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
                 let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
                 match r {
                     Ok(_) => o.0.push(t.elapsed()),

@@ -193,6 +193,7 @@ async fn a_snapshot_that_ends_its_source_keeps_its_writes() {
     let sums = "md5sum /home/user/big /home/user/more 2>/dev/null; cat /home/user/file";
     let mut from = "t".to_string();
     let mut expected = String::new();
+    let mut snaps = Vec::new();
     // Two generations: the second ends a sandbox that itself started from an ended one.
     for (gen, write) in [
         "echo kept > /home/user/file; head -c 4194304 /dev/urandom > /home/user/big",
@@ -231,7 +232,8 @@ async fn a_snapshot_that_ends_its_source_keeps_its_writes() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(!src_dir.exists(), "the ended source's files stay");
-        from = snap.id;
+        from = snap.id.clone();
+        snaps.push(snap.id);
     }
     let child = m.create(params(&from)).await.expect("create from it");
     rig.cleanup.add(&child.id);
@@ -239,4 +241,12 @@ async fn a_snapshot_that_ends_its_source_keeps_its_writes() {
     assert_eq!(seen, expected);
     assert!(seen.ends_with("kept\nagain"), "{seen}");
     assert!(m.kill(&child.id, "test done").await.unwrap());
+    // The saved layers are mounted while a snapshot holds them, and no longer once both
+    // are deleted (the newer first: it stacks on the older).
+    for id in snaps.iter().rev() {
+        m.delete_snapshot(id, "default")
+            .await
+            .expect("delete a snapshot");
+    }
+    assert_eq!(common::mounts_under(rig.path()), Vec::<String>::new());
 }
