@@ -391,9 +391,19 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
             let awake = live - keep.count;
             let c = percentiles(&times);
             let rss_growth = density_host::own_rss_kib().saturating_sub(host.rss0_kib);
+            // No round trip when every sandbox is in standby and no loop runs.
+            let (exec_p50, vs_base) = if exec.n == 0 {
+                ("-".to_string(), "-".to_string())
+            } else {
+                let base = *base_exec.get_or_insert(exec.p50_ms);
+                (
+                    format!("{:.1} ms", exec.p50_ms),
+                    format!("{:.2}x", exec.p50_ms / base),
+                )
+            };
             println!(
                 "  {:>5} {:>4} {:>4} {:>5} {:>5} {:>4.1} MiB {:>4.1} MiB {:>6.1} {:>4.0} ms \
-                 {:>4.0} ms {:>5.1} ms {:>5.2}x {:>5.1} {:>6} {:>6} {:>6.3} {:>4.0} KiB \
+                 {:>4.0} ms {:>8} {:>6} {:>5.1} {:>6} {:>6} {:>6.3} {:>4.0} KiB \
                  {:>5.1} MB",
                 live,
                 failures.iter().filter(|f| !f.refused).count(),
@@ -405,8 +415,8 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
                 usage.threads as f64 / awake.max(1) as f64,
                 c.p50_ms,
                 c.p99_ms,
-                exec.p50_ms,
-                exec.p50_ms / *base_exec.get_or_insert(exec.p50_ms),
+                exec_p50,
+                vs_base,
                 idle,
                 pct(cost.per_sandbox, cost.measured),
                 pct(stby_cpu, keep.count),
