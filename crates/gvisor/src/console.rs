@@ -169,10 +169,12 @@ fn open(log: &Path) -> Option<File> {
 }
 
 /// Has `log` checked each time it is written, from now on until [`unwatch`] or until it is
-/// gone (nothing when it does not exist).
-pub(crate) fn watch(log: &Path) {
+/// gone, and rotates it now when a new watch finds it over the cap (nothing was looked at
+/// while it was not watched). True when it is watched after the call; false when it does not
+/// exist or the host refuses a watch.
+pub(crate) fn watch(log: &Path) -> bool {
     let Some(w) = watcher() else {
-        return;
+        return false;
     };
     let mut logs = w.lock();
     if let Some(wd) = logs.by_path.get(log).copied() {
@@ -181,17 +183,19 @@ pub(crate) fn watch(log: &Path) {
             .get(&wd)
             .is_some_and(|l| l.file.metadata().is_ok_and(|m| m.nlink() > 0));
         if live {
-            return;
+            return true;
         }
         let _ = w.inotify.rm_watch(wd);
         logs.remove(wd);
     }
     let Some(file) = open(log) else {
-        return;
+        return false;
     };
     match w.inotify.add_watch(log, AddWatchFlags::IN_MODIFY) {
         // (The same file under another name keeps its first entry.)
-        Ok(wd) if !logs.by_wd.contains_key(&wd) => {
+        Ok(wd) if logs.by_wd.contains_key(&wd) => true,
+        Ok(wd) => {
+            rotate_open(log, &file);
             logs.by_path.insert(log.to_path_buf(), wd);
             let path = log.to_path_buf();
             logs.by_wd.insert(
@@ -202,10 +206,11 @@ pub(crate) fn watch(log: &Path) {
                     looks: 0,
                 },
             );
+            true
         }
-        Ok(_) => {}
         Err(e) => {
-            tracing::warn!(error = %e, log = %log.display(), "watching a console log; it rotates once a second")
+            tracing::warn!(error = %e, log = %log.display(), "watching a console log; it rotates once a second");
+            false
         }
     }
 }
@@ -222,11 +227,13 @@ pub(crate) fn unwatch(log: &Path) {
     }
 }
 
-/// Rotates `log` now when it is larger than [`CONSOLE_MAX`], and has it checked each time it
-/// is written from now on ([`watch`]).
+/// Has `log` checked each time it is written from now on ([`watch`], which rotates it when
+/// it finds it over [`CONSOLE_MAX`]); one that cannot be watched is rotated now if it is over
+/// (the once-a-second tick's fallback).
 pub fn rotate_if_large(log: &Path) {
-    rotate(log);
-    watch(log);
+    if !watch(log) {
+        rotate(log);
+    }
 }
 
 /// When `log` is larger than [`CONSOLE_MAX`]: its last [`KEEP`] bytes go to `<log>.1`
@@ -362,6 +369,18 @@ mod tests {
         drop(w);
         std::fs::remove_dir_all(d.path()).unwrap();
         assert!(within(SWEEP_EVERY * 3, || looks(&log).is_none()));
+    }
+
+    #[test]
+    fn a_log_over_the_cap_when_first_named_is_rotated_at_once() {
+        // A sandbox a restarted server adopted: its log grew while nothing watched it.
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("console.log");
+        std::fs::write(&log, vec![b'a'; CONSOLE_MAX as usize + 1]).unwrap();
+        rotate_if_large(&log);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        assert!(d.path().join("console.log.1").exists());
+        assert_eq!(looks(&log), Some(0), "watched from now on");
     }
 
     #[test]
