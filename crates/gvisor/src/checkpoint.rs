@@ -15,7 +15,10 @@
 //!   wait for it: the sandbox continues under its next container id;
 //! - `paused.json`: written last, atomically, once the pause is complete; it says whether the
 //!   memory was kept and which template rootfs the layer stacks on (to mount it again after a
-//!   host reboot). A sandbox without it is not paused, whatever else is on disk.
+//!   host reboot). A sandbox without it is not paused, whatever else is on disk;
+//! - `pausing.json`: the same record, from the pause's start until `paused.json` is written,
+//!   so that a pause the server's end cut short is settled by the next server (see
+//!   [`super::pause_begun`]).
 //!
 //! The driver's [`Checkpoint`] side is here too, each call handed to the module that does it.
 
@@ -161,6 +164,15 @@ pub(super) struct Paused {
     pub(super) lower: Vec<PathBuf>,
 }
 
+/// Writes `record` as `name` in `dir`, atomically (a temporary file, then a rename).
+pub(super) fn write_record(dir: &Path, name: &str, record: &Paused) -> Result<()> {
+    let bytes = serde_json::to_vec(record)
+        .map_err(|e| DriverError::Other(format!("encoding {name}: {e}")))?;
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, bytes).map_err(io_err(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, dir.join(name)).map_err(io_err(format!("renaming {}", tmp.display())))
+}
+
 impl GvisorDriver {
     pub(super) fn image_dir(&self, id: &str) -> PathBuf {
         self.sandbox_dir(id).join("checkpoint")
@@ -256,13 +268,23 @@ impl GvisorDriver {
         std::fs::create_dir_all(&image).map_err(io_err(format!("creating {}", image.display())))?;
         let t = std::time::Instant::now();
         let cid = self.cid(id);
-        self.detach_agent(id).await?;
+        // A server that ends from here on leaves this record for the next one.
+        let begun = Paused {
+            memory,
+            lower: lower.clone(),
+        };
+        self.begin_pause(id, &begun)?;
+        if let Err(e) = self.detach_agent(id).await {
+            self.end_pause(id);
+            return Err(e);
+        }
         let t_detach = t.elapsed();
         // A checkpoint also makes gVisor write back what it caches of the sandbox's files, so
         // a filesystem-only pause takes one too and then drops the memory image.
         if let Err(e) = self.runsc.checkpoint(&cid, &image, false).await {
             if memory {
                 // Newer runsc leaves the sandbox running after a failed checkpoint.
+                self.end_pause(id);
                 let _ = self.attach_agent(id).await;
                 let _ = std::fs::remove_dir_all(&image);
                 return Err(e);
@@ -283,12 +305,8 @@ impl GvisorDriver {
             &self.runsc.root,
         ));
         super::generation::mark_retiring(&dir, &cid)?;
-        let record = serde_json::to_vec(&Paused { memory, lower })
-            .map_err(|e| DriverError::Other(format!("encoding paused.json: {e}")))?;
-        let tmp = self.sandbox_dir(id).join("paused.json.tmp");
-        std::fs::write(&tmp, record).map_err(io_err(format!("writing {}", tmp.display())))?;
-        std::fs::rename(&tmp, self.paused_file(id))
-            .map_err(io_err(format!("renaming {}", tmp.display())))?;
+        write_record(&dir, "paused.json", &Paused { memory, lower })?;
+        self.end_pause(id);
         self.retire_later(id, &cid, pids);
         // Nothing writes the console until a resume starts the runtime again.
         super::console::unwatch(&dir.join("console.log"));
@@ -401,6 +419,8 @@ impl Checkpoint for GvisorDriver {
     }
 
     async fn is_paused(&self, id: &str) -> Result<bool> {
+        // A pause a server's end cut short is settled first.
+        self.settle_begun_pause(id).await?;
         Ok(self.paused_on_host(id))
     }
 

@@ -36,6 +36,7 @@ pub mod net_config;
 pub mod network;
 mod oci;
 mod oom_reserve;
+mod pause_begun;
 mod peer;
 mod portable;
 mod portable_snapshot;

@@ -16,7 +16,7 @@ use kiln_server::{Error, LifecycleConfig, Manager};
 use common::sh;
 
 /// The counter's value (read again when caught mid-write).
-async fn count(m: &Manager, id: &str) -> u64 {
+pub(crate) async fn count(m: &Manager, id: &str) -> u64 {
     for _ in 0..10 {
         if let Ok(n) = sh(m, id, "cat /home/user/count").await.parse() {
             return n;
@@ -27,7 +27,8 @@ async fn count(m: &Manager, id: &str) -> u64 {
 }
 
 /// A process counting tenths of seconds into /home/user/count.
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done";
+pub(crate) const COUNTER: &str =
+    "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.1; done";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_resume_keep_state_across_a_restart() {

@@ -17,6 +17,7 @@ mod lifecycle_watch;
 mod manager;
 mod net_churn;
 mod net_localhost;
+mod pause_cut_short;
 mod pool;
 mod restart;
 mod snapshot_modes;
