@@ -269,10 +269,7 @@ impl GvisorDriver {
         let t = std::time::Instant::now();
         let cid = self.cid(id);
         // A server that ends from here on leaves this record for the next one.
-        let begun = Paused {
-            memory,
-            lower: lower.clone(),
-        };
+        let begun = Paused { memory, lower };
         self.begin_pause(id, &begun)?;
         if let Err(e) = self.detach_agent(id).await {
             self.end_pause(id);
@@ -305,7 +302,7 @@ impl GvisorDriver {
             &self.runsc.root,
         ));
         super::generation::mark_retiring(&dir, &cid)?;
-        write_record(&dir, "paused.json", &Paused { memory, lower })?;
+        write_record(&dir, "paused.json", &begun)?;
         self.end_pause(id);
         self.retire_later(id, &cid, pids);
         // Nothing writes the console until a resume starts the runtime again.

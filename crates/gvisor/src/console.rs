@@ -47,6 +47,13 @@ struct Logs {
     by_wd: HashMap<WatchDescriptor, Log>,
 }
 
+impl Log {
+    /// Unlinked with its sandbox's directory (this descriptor is what keeps it), or unreadable.
+    fn unlinked(&self) -> bool {
+        self.file.metadata().map_or(true, |m| m.nlink() == 0)
+    }
+}
+
 impl Logs {
     fn remove(&mut self, wd: WatchDescriptor) {
         if let Some(l) = self.by_wd.remove(&wd) {
@@ -143,11 +150,10 @@ fn check_loop() {
         }
         if swept.elapsed() >= SWEEP_EVERY {
             swept = Instant::now();
-            // Unlinked with its sandbox's directory: this descriptor is what keeps it.
             let gone: Vec<WatchDescriptor> = logs
                 .by_wd
                 .iter()
-                .filter(|(_, l)| l.file.metadata().map_or(true, |m| m.nlink() == 0))
+                .filter(|(_, l)| l.unlinked())
                 .map(|(wd, _)| *wd)
                 .collect();
             for wd in gone {
@@ -178,10 +184,7 @@ pub(crate) fn watch(log: &Path) -> bool {
     };
     let mut logs = w.lock();
     if let Some(wd) = logs.by_path.get(log).copied() {
-        let live = logs
-            .by_wd
-            .get(&wd)
-            .is_some_and(|l| l.file.metadata().is_ok_and(|m| m.nlink() > 0));
+        let live = logs.by_wd.get(&wd).is_some_and(|l| !l.unlinked());
         if live {
             return true;
         }

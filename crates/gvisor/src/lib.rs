@@ -230,6 +230,13 @@ impl GvisorDriver {
         Ok(self.sysctl_workaround(id).await)
     }
 
+    /// Whether container `cid` runs. A sandbox process that died is our zombie (we are its
+    /// subreaper) until reaped, and runsc counts a zombie as alive: reaped first.
+    pub(crate) async fn container_runs(&self, cid: &str) -> bool {
+        reap_adopted_zombies();
+        self.runsc.status(cid).await.as_deref() == Some("running")
+    }
+
     /// The runsc command line this driver uses.
     pub fn runsc(&self) -> &Runsc {
         &self.runsc
@@ -350,13 +357,10 @@ impl Driver for GvisorDriver {
             // Its checkpointed container may still be retiring.
             return Ok(false);
         }
-        // A sandbox process that died is our zombie (we are its subreaper) until reaped, and
-        // runsc counts a zombie as alive.
-        reap_adopted_zombies();
         if let Some(net) = &self.net {
             net.ready().await; // a restarted server's slots (egress proxies) are adopted
         }
-        Ok(self.runsc.status(&self.cid(id)).await.as_deref() == Some("running"))
+        Ok(self.container_runs(&self.cid(id)).await)
     }
 
     async fn dead(&self, ids: &[String]) -> Vec<String> {

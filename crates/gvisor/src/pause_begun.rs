@@ -22,12 +22,6 @@ const PAUSING: &str = "pausing.json";
 const CHECKPOINT_END: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl GvisorDriver {
-    /// Whether container `cid` runs (a zombie sandbox process reaped first: runsc counts it).
-    async fn container_runs(&self, cid: &str) -> bool {
-        super::reap_adopted_zombies();
-        self.runsc.status(cid).await.as_deref() == Some("running")
-    }
-
     /// Records that a pause of `id` begins (see the module docs).
     pub(super) fn begin_pause(&self, id: &str, record: &Paused) -> Result<()> {
         write_record(&self.sandbox_dir(id), PAUSING, record)
