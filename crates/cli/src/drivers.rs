@@ -232,6 +232,12 @@ impl DriverConfig {
         self.gvisor.timer_slack = busy;
         self.gvisor.idle_timer_slack = idle;
     }
+
+    /// Timer slack of sandboxes hinted idle for long: `(after, slack)` (`None`: none).
+    pub fn set_deep_idle(&mut self, deep: Option<(Duration, Duration)>) {
+        self.gvisor.deep_idle =
+            deep.map(|(after, slack)| kiln_gvisor::slack::DeepIdle { after, slack });
+    }
 }
 
 /// Sandbox networking of a bench's driver with state in `state_dir`: `range` on the host,

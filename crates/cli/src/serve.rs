@@ -68,6 +68,20 @@ pub struct Args {
     /// --idle-hint-after).
     #[arg(long, env = "KILN_IDLE_TIMER_SLACK_MS", default_value_t = 50.0)]
     idle_timer_slack_ms: f64,
+    /// gVisor: a sandbox still hinted idle this long after its hint (parked rather than
+    /// waiting for an agent's next step) gets --deep-idle-timer-slack-ms instead: `off`, or
+    /// e.g. `2m` (docs/density.md).
+    #[arg(
+        long,
+        env = "KILN_DEEP_IDLE_AFTER",
+        default_value = "2m",
+        value_name = "DURATION"
+    )]
+    deep_idle_after: String,
+    /// gVisor: timer slack (milliseconds) of the host tasks of a sandbox idle long (see
+    /// --deep-idle-after).
+    #[arg(long, env = "KILN_DEEP_IDLE_TIMER_SLACK_MS", default_value_t = 500.0)]
+    deep_idle_timer_slack_ms: f64,
     /// Timeout (seconds) of sandboxes whose create request names none.
     #[arg(long, default_value_t = 300)]
     default_timeout: u64,
@@ -358,6 +372,18 @@ pub fn prepare(a: &Args) -> anyhow::Result<Prepared> {
             a.idle_timer_slack_ms / 1000.0,
             "--idle-timer-slack-ms",
         )?);
+        d.gvisor.deep_idle = kiln_server::manager::parse_standby_after(&a.deep_idle_after)
+            .map_err(|e| anyhow::anyhow!("--deep-idle-after: {e}"))?
+            .map(|after| {
+                Ok::<_, anyhow::Error>(kiln_gvisor::slack::DeepIdle {
+                    after,
+                    slack: secs(
+                        a.deep_idle_timer_slack_ms / 1000.0,
+                        "--deep-idle-timer-slack-ms",
+                    )?,
+                })
+            })
+            .transpose()?;
         d
     };
     let cfg = ServerConfig {

@@ -178,7 +178,7 @@ impl GvisorDriver {
         let slack = cfg.timer_slack.map(slack::SentrySlack::new);
         let idle_slack = cfg
             .idle_timer_slack
-            .map(|idle| slack::IdleSlack::new(idle, cfg.timer_slack));
+            .map(|idle| slack::IdleSlack::new(idle, cfg.timer_slack, cfg.deep_idle));
         let cfg_dir = cfg.dir.clone();
         Ok(Self {
             cfg,
@@ -461,6 +461,13 @@ impl Driver for GvisorDriver {
         if let Some(s) = &self.slack {
             s.housekeep(&cids);
         }
+        if let Some(s) = &self.idle_slack {
+            let running: Vec<(String, String)> =
+                ids.iter().cloned().zip(cids.iter().cloned()).collect();
+            for id in s.housekeep(&running, std::time::Instant::now()) {
+                tracing::debug!(sandbox = id, "idle long: deep timer slack");
+            }
+        }
         self.pressure.retain(&cids);
         for id in ids.iter().filter(|id| check_id(id).is_ok()) {
             console::rotate_if_large(&self.sandbox_dir(id).join("console.log"));
@@ -471,7 +478,7 @@ impl Driver for GvisorDriver {
 
     fn set_idle(&self, id: &str, idle: bool) {
         if let Some(s) = &self.idle_slack {
-            s.apply(&self.cid(id), idle);
+            s.apply(id, &self.cid(id), idle);
         }
     }
 

@@ -19,6 +19,8 @@ pub struct GvisorSettings {
     /// Timer slack of an idle sandbox's host tasks (`None`: idle hints change nothing; see
     /// [`slack::IdleSlack`]).
     pub idle_timer_slack: Option<std::time::Duration>,
+    /// The timer slack of a sandbox hinted idle for long (`None`: the idle slack stays).
+    pub deep_idle: Option<crate::slack::DeepIdle>,
 }
 
 /// Resolved settings of one gVisor driver instance.
@@ -40,6 +42,8 @@ pub struct GvisorConfig {
     pub timer_slack: Option<std::time::Duration>,
     /// Timer slack of an idle sandbox's host tasks (see [`crate::slack::IdleSlack`]).
     pub idle_timer_slack: Option<std::time::Duration>,
+    /// The timer slack of a sandbox hinted idle for long (see [`crate::slack::DeepIdle`]).
+    pub deep_idle: Option<crate::slack::DeepIdle>,
 }
 
 impl GvisorConfig {
@@ -60,6 +64,7 @@ impl GvisorConfig {
             network: s.network.clone(),
             timer_slack: s.timer_slack,
             idle_timer_slack: s.idle_timer_slack,
+            deep_idle: s.deep_idle,
         }
     }
 }

@@ -43,6 +43,7 @@ pub mod policy;
 pub mod pool;
 pub mod range;
 pub mod relay;
+pub mod rtnl;
 pub mod rules;
 pub mod slot;
 pub mod sni;

@@ -115,14 +115,14 @@ impl Slot {
     /// (Re)addresses the sandbox side. An isolation runtime that takes the interface over
     /// (gVisor's netstack) leaves it without its address when the sandbox stops.
     pub async fn address_guest(&self) -> Result<()> {
-        ip_batch(
-            Some(&self.sandbox_ns()),
-            &[
-                "link set lo up".into(),
-                format!("addr replace {GUEST_ADDR}/{GUEST_PREFIX} dev eth0"),
-                "link set eth0 up".into(),
-                format!("route replace default via {GATEWAY_ADDR}"),
-            ],
+        crate::rtnl::address(
+            &self.sandbox_ns_path(),
+            crate::rtnl::Addressing {
+                dev: "eth0",
+                addr: GUEST_ADDR,
+                prefix: GUEST_PREFIX,
+                gateway: GATEWAY_ADDR,
+            },
         )
         .await
     }

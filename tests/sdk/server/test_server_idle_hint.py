@@ -1,6 +1,7 @@
 """Idle hints through the real e2b SDK (`kiln serve --idle-hint-after 3s --idle-timer-slack-ms
-40`): a sandbox nobody uses, its runtime quiet, has every host task of its runtime given 40 ms
-of timer slack (the systrap controller's wake-ups coalesce: docs/density.md), and its first
+40 --deep-idle-after 6s --deep-idle-timer-slack-ms 300`): a sandbox nobody uses, its runtime
+quiet, has every host task of its runtime given 40 ms of timer slack (the systrap controller's
+wake-ups coalesce: docs/density.md), 300 ms once it stays hinted 6 s more, and its first
 command takes the slack back before it runs; a CPU-busy sandbox and one created with
 `kiln.standby=off` are never hinted. The metrics gauge `kiln_sandboxes_idle_hinted` follows."""
 
@@ -15,6 +16,7 @@ from .conftest import KilnServer, own_server
 from .test_server_standby import start_detached
 
 IDLE_SLACK_NS = 40_000_000
+DEEP_SLACK_NS = 300_000_000
 KERNEL_SLACK_NS = 50_000
 TOKEN = "idle-hint-metrics-token-0123"
 
@@ -22,7 +24,10 @@ TOKEN = "idle-hint-metrics-token-0123"
 @pytest.fixture(scope="module")
 def srv():
     with own_server("kiln-idle-hint-", ["--pool-off", "--idle-hint-after", "3s",
-                                        "--idle-timer-slack-ms", "40", "--metrics-token", TOKEN]) as s:
+                                        "--idle-timer-slack-ms", "40",
+                                        "--deep-idle-after", "6s",
+                                        "--deep-idle-timer-slack-ms", "300",
+                                        "--metrics-token", TOKEN]) as s:
         yield s
 
 
@@ -84,6 +89,25 @@ def test_an_idle_sandbox_gets_timer_slack_and_its_first_use_takes_it_back(srv):
 
         # Quiet again: hinted again.
         wait_for(lambda: set(slacks(sid)) == {IDLE_SLACK_NS}, "the hint a second time")
+    finally:
+        sbx.kill()
+
+
+def test_a_sandbox_idle_long_gets_the_deep_slack_until_its_next_use(srv):
+    sbx = Sandbox.create(timeout=300, **srv.opts())
+    sid = sbx.sandbox_id
+    try:
+        wait_for(lambda: set(slacks(sid)) == {IDLE_SLACK_NS}, "the idle slack first")
+        hinted = time.time()
+        wait_for(lambda: set(slacks(sid)) == {DEEP_SLACK_NS},
+                 f"the deep slack on every host task: {sorted(set(slacks(sid)))}")
+        # Not before the deep period (a watcher tick after it at most).
+        assert time.time() - hinted > 4, time.time() - hinted
+        assert hinted_gauge(srv) == 1, "still one hinted sandbox"
+        assert sbx.commands.run("echo used").stdout == "used\n"
+        assert set(slacks(sid)) == {KERNEL_SLACK_NS}, sorted(set(slacks(sid)))
+        # A new hint starts from the idle slack again.
+        wait_for(lambda: set(slacks(sid)) == {IDLE_SLACK_NS}, "the idle slack again")
     finally:
         sbx.kill()
 

@@ -62,6 +62,14 @@ pub struct Args {
     /// Timer slack (ms) of a sandbox hinted idle, as `kiln serve --idle-timer-slack-ms`.
     #[arg(long, default_value_t = 50.0)]
     idle_timer_slack_ms: f64,
+    /// Seconds after its hint at which a sandbox still hinted idle gets
+    /// --deep-idle-timer-slack-ms, as `kiln serve --deep-idle-after`; default: no deep tier.
+    /// Each step then measures idle CPU once that time has passed too.
+    #[arg(long)]
+    deep_idle_after: Option<f64>,
+    /// Timer slack (ms) of a sandbox idle long, as `kiln serve --deep-idle-timer-slack-ms`.
+    #[arg(long, default_value_t = 500.0)]
+    deep_idle_timer_slack_ms: f64,
     /// Sandboxes kept busy by an exec loop the whole run (one worker each); their exec p50
     /// is printed against the same loop with only them alive (at least 20 sandboxes).
     #[arg(long, default_value_t = 0)]
@@ -110,6 +118,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let idle_slack = hint_after
         .map(|_| Duration::from_secs_f64(a.idle_timer_slack_ms.clamp(0.001, 1000.0) / 1000.0));
     driver.set_timer_slack(busy_slack, idle_slack);
+    let deep_after = a
+        .deep_idle_after
+        .filter(|s| s.is_finite() && *s > 0.0 && hint_after.is_some())
+        .map(Duration::from_secs_f64);
+    driver.set_deep_idle(deep_after.map(|after| {
+        let ms = a.deep_idle_timer_slack_ms.clamp(0.001, 5000.0);
+        (after, Duration::from_secs_f64(ms / 1000.0))
+    }));
     let standby_after = a
         .standby_after
         .filter(|s| s.is_finite() && *s > 0.0)
@@ -130,9 +146,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         a.timer_slack_ms
             .map_or("the kernel's".to_string(), |ms| format!("{ms} ms")),
         hint_after.map_or("off".to_string(), |d| format!(
-            "after {:.1} s quiet ({} ms slack)",
+            "after {:.1} s quiet ({} ms slack{})",
             d.as_secs_f64(),
-            a.idle_timer_slack_ms
+            a.idle_timer_slack_ms,
+            deep_after.map_or(String::new(), |deep| format!(
+                ", {} ms {:.1} s later",
+                a.deep_idle_timer_slack_ms,
+                deep.as_secs_f64()
+            ))
         )),
         a.active,
         a.active_pause_ms,
@@ -294,8 +315,13 @@ async fn steps(a: &Args, m: &Arc<Manager>, host: &Host, disk_per: u64) -> anyhow
             let live = all.len();
             let busy: HashSet<String> = all.iter().take(a.active).map(|r| r.id.clone()).collect();
             if let Some(after) = m.config().idle_hint_after {
-                // Measured once the new sandboxes are hinted idle.
-                tokio::time::sleep(after + Duration::from_secs(2)).await;
+                // Measured once the new sandboxes are hinted idle (and idle long, with a
+                // deep tier; the driver's housekeeping gives it within a watcher tick).
+                let deep = a
+                    .deep_idle_after
+                    .filter(|s| s.is_finite() && *s > 0.0)
+                    .map_or(Duration::ZERO, |s| Duration::from_secs_f64(s + 2.0));
+                tokio::time::sleep(after + deep + Duration::from_secs(2)).await;
                 println!(
                     "  ({} of {live} sandboxes hinted idle)",
                     m.idle_hinted_count()
