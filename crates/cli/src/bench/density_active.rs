@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use kiln_server::store::SandboxState;
 use kiln_server::Manager;
 
 use super::stats::{percentiles, Percentiles};
@@ -196,7 +197,7 @@ pub(super) async fn exec_round_trips(m: &Manager, samples: usize) -> anyhow::Res
     let all: Vec<_> = m
         .list()
         .into_iter()
-        .filter(|r| m.standby_since(&r.id).is_none())
+        .filter(|r| r.state == SandboxState::Running && m.standby_since(&r.id).is_none())
         .collect();
     let every = (all.len() / samples.max(1)).max(1);
     let mut times = Vec::new();

@@ -104,10 +104,11 @@ pub(super) async fn restart_and_kill(
     let adopted = t.elapsed();
     println!(
         "  restart with {live} live sandboxes ({standby} in standby): listening after {:.0} ms, \
-         {} adopted awake and {} in standby after {:.1} s ({} cleaned up)",
+         {} adopted awake, {} in standby and {} paused after {:.1} s ({} cleaned up)",
         listening.as_secs_f64() * 1000.0,
         report.adopted.len(),
         report.standby.len(),
+        report.paused.len(),
         adopted.as_secs_f64(),
         report.cleaned.len()
     );
