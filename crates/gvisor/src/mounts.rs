@@ -321,7 +321,11 @@ mod tests {
         assert_eq!(both(&m), (Some(false), false));
         mount_fs("tmpfs", &m, 0, None).unwrap();
         std::fs::create_dir(&inner).unwrap();
-        assert_eq!(both(&m), (Some(true), true), "the kernel reports mount roots here");
+        assert_eq!(
+            both(&m),
+            (Some(true), true),
+            "the kernel reports mount roots here"
+        );
         assert!(is_mounted(&m));
         for p in [&inner, &file, &d.path().join("absent"), &file.join("x")] {
             assert_eq!(both(p), (Some(false), false), "{}", p.display());
