@@ -462,9 +462,7 @@ impl Driver for GvisorDriver {
             s.housekeep(&cids);
         }
         if let Some(s) = &self.idle_slack {
-            let running: Vec<(String, String)> =
-                ids.iter().cloned().zip(cids.iter().cloned()).collect();
-            for id in s.housekeep(&running, std::time::Instant::now()) {
+            for id in s.housekeep(ids, &cids, std::time::Instant::now()) {
                 tracing::debug!(sandbox = id, "idle long: deep timer slack");
             }
         }

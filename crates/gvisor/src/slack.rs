@@ -116,17 +116,21 @@ impl IdleSlack {
         set_slack(cid, self.slack_ns(idle))
     }
 
-    /// Gives the deep slack to those of `running` (sandbox id, current container) hinted idle
-    /// for [`DeepIdle::after`] and forgets hints of sandboxes no longer running. Returns the
-    /// sandboxes it deepened.
-    pub fn housekeep(&self, running: &[(String, String)], now: Instant) -> Vec<String> {
+    /// Gives the deep slack to those of the running sandboxes `ids` (their current containers
+    /// `cids`, in the same order) hinted idle for [`DeepIdle::after`] and forgets hints of
+    /// sandboxes no longer running. Returns the sandboxes it deepened.
+    pub fn housekeep(&self, ids: &[String], cids: &[String], now: Instant) -> Vec<String> {
         let mut hinted = self.hinted();
-        hinted.retain(|id, _| running.iter().any(|(r, _)| r == id));
+        if hinted.is_empty() {
+            return Vec::new();
+        }
+        let live: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        hinted.retain(|id, _| live.contains(id.as_str()));
         let Some((after, deep_ns)) = self.deep else {
             return Vec::new();
         };
         let mut deepened = Vec::new();
-        for (id, cid) in running {
+        for (id, cid) in ids.iter().zip(cids) {
             if let Some((since, deep)) = hinted.get_mut(id) {
                 if !*deep && now.saturating_duration_since(*since) >= after {
                     set_slack(cid, deep_ns);
@@ -200,37 +204,36 @@ mod tests {
         };
         let s = IdleSlack::new(Duration::from_millis(50), None, Some(deep));
         // Containers with no cgroup here: the bookkeeping is what is tested.
-        let running = |ids: &[&str]| -> Vec<(String, String)> {
+        let running = |ids: &[&str]| -> (Vec<String>, Vec<String>) {
             ids.iter()
                 .map(|i| (i.to_string(), format!("g1-{i}")))
-                .collect()
+                .unzip()
+        };
+        let tick = |s: &IdleSlack, ids: &[&str], now| {
+            let (ids, cids) = running(ids);
+            s.housekeep(&ids, &cids, now)
         };
         s.apply("a", "g1-a", true);
         s.apply("b", "g1-b", true);
         let t0 = Instant::now();
-        assert!(s.housekeep(&running(&["a", "b"]), t0).is_empty());
+        assert!(tick(&s, &["a", "b"], t0).is_empty());
         let later = t0 + Duration::from_secs(121);
-        assert_eq!(s.housekeep(&running(&["a", "b"]), later), ["a", "b"]);
+        assert_eq!(tick(&s, &["a", "b"], later), ["a", "b"]);
         assert!(s.is_deep("a") && s.is_deep("b"));
-        assert!(
-            s.housekeep(&running(&["a", "b"]), later).is_empty(),
-            "deepened once"
-        );
+        assert!(tick(&s, &["a", "b"], later).is_empty(), "deepened once");
         // A use takes the hint back; a sandbox that stopped running is forgotten.
         s.apply("a", "g1-a", false);
         assert!(!s.is_deep("a"));
-        s.housekeep(&running(&["a"]), later);
+        tick(&s, &["a"], later);
         assert!(!s.is_deep("b"));
         // A new hint starts the count again.
         s.apply("a", "g2-a", true);
-        assert!(s.housekeep(&running(&["a"]), Instant::now()).is_empty());
+        assert!(tick(&s, &["a"], Instant::now()).is_empty());
         assert!(!s.is_deep("a"));
         // Without a deep tier nothing deepens.
         let plain = IdleSlack::new(Duration::from_millis(50), None, None);
         plain.apply("a", "g1-a", true);
-        assert!(plain
-            .housekeep(&running(&["a"]), t0 + Duration::from_secs(3600))
-            .is_empty());
+        assert!(tick(&plain, &["a"], t0 + Duration::from_secs(3600)).is_empty());
     }
 
     #[test]
@@ -260,7 +263,7 @@ mod tests {
             std::fs::write(format!("{dir}/tasks"), tid.to_string()).unwrap();
             s.apply("x", &cid, true);
             let idle = slack_of(tid);
-            s.housekeep(&[("x".into(), cid.clone())], Instant::now());
+            s.housekeep(&["x".into()], std::slice::from_ref(&cid), Instant::now());
             let deep = slack_of(tid);
             s.apply("x", &cid, false);
             (idle, deep, slack_of(tid))

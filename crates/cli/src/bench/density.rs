@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::density_active::{self, exec_round_trips, ActiveLoop};
 use super::density_end::{kill_everything, restart_and_kill, wake, RawWakeSetup};
-use super::density_host::{self, Host};
+use super::density_host::{self, cpu_idle_pct, Host};
 use super::density_standby::{self, DISK_RESERVE};
 use super::idle_cpu;
 use super::stats::percentiles;
@@ -591,26 +591,4 @@ async fn create_many(
     while workers.join_next().await.is_some() {}
     let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
     (std::mem::take(&mut o.0), std::mem::take(&mut o.1))
-}
-
-/// Share of CPU time the host spent idle over `window` (from /proc/stat).
-async fn cpu_idle_pct(window: Duration) -> f64 {
-    fn sample() -> Option<(u64, u64)> {
-        let s = std::fs::read_to_string("/proc/stat").ok()?;
-        let line = s.lines().next()?;
-        let v: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        // user nice system idle iowait irq softirq steal
-        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-        Some((idle, v.iter().take(8).sum()))
-    }
-    let a = sample();
-    tokio::time::sleep(window).await;
-    match (a, sample()) {
-        (Some((i0, t0)), Some((i1, t1))) if t1 > t0 => (i1 - i0) as f64 / (t1 - t0) as f64 * 100.0,
-        _ => f64::NAN,
-    }
 }

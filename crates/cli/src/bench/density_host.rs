@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln_driver::baseline::{HostUsage, RawBaseline};
 
@@ -171,6 +171,28 @@ pub(super) struct Host {
 impl Host {
     pub fn usage(&self) -> HostUsage {
         self.raw.usage(&self.root)
+    }
+}
+
+/// Share of CPU time the host spent idle over `window` (from /proc/stat).
+pub(super) async fn cpu_idle_pct(window: Duration) -> f64 {
+    fn sample() -> Option<(u64, u64)> {
+        let s = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = s.lines().next()?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal
+        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+        Some((idle, v.iter().take(8).sum()))
+    }
+    let a = sample();
+    tokio::time::sleep(window).await;
+    match (a, sample()) {
+        (Some((i0, t0)), Some((i1, t1))) if t1 > t0 => (i1 - i0) as f64 / (t1 - t0) as f64 * 100.0,
+        _ => f64::NAN,
     }
 }
 
