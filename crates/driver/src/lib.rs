@@ -49,6 +49,9 @@ pub struct SandboxSpec {
     /// in force before anything in the sandbox runs, as a restored snapshot's processes run
     /// at once.
     pub network: Option<kiln_net::EgressPolicy>,
+    /// Booted ahead of demand (a warm pool's): it boots and waits on the host CPU the
+    /// sandboxes at work leave, until [`Driver::set_background`] says otherwise.
+    pub background: bool,
 }
 
 /// One volume mounted into a sandbox.
@@ -178,6 +181,13 @@ pub trait Driver: Send + Sync + 'static {
     /// (gVisor: a large timer slack on its host tasks); the default does nothing. Cheap and
     /// synchronous: it is on the path of the first request after idleness.
     fn set_idle(&self, _id: &str, _idle: bool) {}
+    /// Says whether a sandbox runs ahead of demand (`true`: a warm pool's, serving no request
+    /// yet; see [`SandboxSpec::background`]) or serves one (`false`, said before its first
+    /// request goes on; also before or during its start). A driver may give a background
+    /// sandbox only the host CPU nothing else wants, so filling a pool does not slow the
+    /// sandboxes at work; the default does nothing. Cheap and synchronous: it is on a
+    /// create's path.
+    fn set_background(&self, _id: &str, _background: bool) {}
     /// Why a sandbox [`Self::dead`] reported died, when the driver itself ended it (e.g. its
     /// host memory reserve ran out); None for a runtime that exited on its own.
     fn death_cause(&self, _id: &str) -> Option<&'static str> {

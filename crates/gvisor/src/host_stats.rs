@@ -13,7 +13,7 @@
 use crate::driver::SandboxStats;
 
 /// The file `v1` of controller `ctrl` (cgroup v1) or `v2` (unified) of container `cid`.
-fn cgroup_file(cid: &str, ctrl: &str, v1: &str, v2: &str) -> [String; 3] {
+pub(crate) fn cgroup_file(cid: &str, ctrl: &str, v1: &str, v2: &str) -> [String; 3] {
     [
         format!("/sys/fs/cgroup/{ctrl}/kiln/{cid}/{v1}"),
         format!("/sys/fs/cgroup/kiln/{cid}/{v2}"),

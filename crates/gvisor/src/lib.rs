@@ -24,6 +24,7 @@ pub mod baseline;
 mod checkpoint;
 mod console;
 mod container;
+mod cpu_weight;
 mod disk;
 mod disk_pool;
 mod forward;
@@ -105,6 +106,7 @@ pub struct GvisorDriver {
     syscalls: std::sync::OnceLock<crate::driver::SyscallObserver>,
     slack: Option<slack::SentrySlack>,
     idle_slack: Option<slack::IdleSlack>,
+    weights: cpu_weight::Weights,
     /// Host-side pressure of each sandbox (the fork-bomb backstop).
     pressure: std::sync::Arc<pressure::HostPressure>,
     /// Frozen layers captures are making (the layer clean-up skips them).
@@ -190,6 +192,7 @@ impl GvisorDriver {
             syscalls: Default::default(),
             slack,
             idle_slack,
+            weights: cpu_weight::Weights::default(),
             pressure: Default::default(),
             making: Default::default(),
             disks: std::sync::Arc::new(disk_pool::DiskPool::new(cfg_dir.join("disk-pool"))),
@@ -291,6 +294,7 @@ impl Driver for GvisorDriver {
         self.runsc
             .run_detached(&bundle, &self.cid(id), &log, workaround, pod.as_deref())
             .await?;
+        self.weights.started(id, &self.cid(id));
         console::watch(&log);
         Ok(())
     }
@@ -298,6 +302,7 @@ impl Driver for GvisorDriver {
     async fn stop(&self, id: &str) -> Result<()> {
         check_id(id)?;
         self.halt(id).await?;
+        self.weights.forget(id);
         console::unwatch(&self.sandbox_dir(id).join("console.log"));
         if let Some(net) = &self.net {
             net.detach(id).await;
@@ -477,6 +482,12 @@ impl Driver for GvisorDriver {
     fn set_idle(&self, id: &str, idle: bool) {
         if let Some(s) = &self.idle_slack {
             s.apply(id, &self.cid(id), idle);
+        }
+    }
+
+    fn set_background(&self, id: &str, background: bool) {
+        if !self.runsc.ignore_cgroups {
+            self.weights.set(id, &self.cid(id), background);
         }
     }
 

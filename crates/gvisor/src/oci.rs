@@ -106,6 +106,10 @@ pub fn cgroup_file_cache(id: &str) -> Option<u64> {
     })
 }
 
+/// `cpu.shares` of a sandbox booted ahead of demand (`SandboxSpec::background`): the smallest
+/// the kernel takes (see `cpu_weight.rs`).
+pub const BACKGROUND_SHARES: u64 = 2;
+
 /// The OCI runtime spec of one sandbox.
 pub fn oci_spec(
     spec: &SandboxSpec,
@@ -151,6 +155,10 @@ pub fn oci_spec(
     });
     if with_cgroups {
         linux["cgroupsPath"] = json!(format!("/kiln/{}", spec.id));
+        if spec.background {
+            // runsc gives cgroup v2 the weight these shares map to (1).
+            linux["resources"]["cpu"]["shares"] = json!(BACKGROUND_SHARES);
+        }
     }
     let mut v = json!({
         "ociVersion": "1.0.2",
@@ -239,6 +247,7 @@ mod tests {
             disk_mb: 0,
             volumes: vec![],
             network: None,
+            background: false,
         };
         let v = oci_spec(
             &spec,
@@ -256,6 +265,7 @@ mod tests {
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
         assert_eq!(v["linux"]["resources"]["pids"]["limit"], 300 * 16 + 1024);
         assert_eq!(v["linux"]["cgroupsPath"], "/kiln/sbx1");
+        assert!(v["linux"]["resources"]["cpu"].get("shares").is_none());
         assert_eq!(v["root"]["path"], "/s/rootfs");
         let env: Vec<&str> = v["process"]["env"]
             .as_array()
@@ -284,5 +294,19 @@ mod tests {
             false,
         );
         assert!(v["linux"].get("cgroupsPath").is_none());
+        // A warm pool's sandbox starts at the smallest weight, with the same CPU limit.
+        let background = SandboxSpec {
+            background: true,
+            ..spec
+        };
+        let v = oci_spec(
+            &background,
+            Path::new("/s/rootfs"),
+            Path::new("/s/run"),
+            &[],
+            true,
+        );
+        assert_eq!(v["linux"]["resources"]["cpu"]["shares"], 2);
+        assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
     }
 }

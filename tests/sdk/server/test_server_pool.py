@@ -95,3 +95,95 @@ def test_pool_off_keeps_no_sandbox_ready():
         srv.stop()
         cleanup_state(state)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def cpu_weight(sandbox_id: str):
+    """(weight, default) of a sandbox's host cpu cgroup (v1 `cpu.shares`, v2 `cpu.weight`)."""
+    for path, default in ((f"/sys/fs/cgroup/cpu/kiln/{sandbox_id}/cpu.shares", 1024),
+                          (f"/sys/fs/cgroup/kiln/{sandbox_id}/cpu.weight", 100),
+                          (f"/sys/fs/cgroup/unified/kiln/{sandbox_id}/cpu.weight", 100)):
+        try:
+            with open(path) as f:
+                return int(f.read()), default
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"sandbox {sandbox_id} has no cpu cgroup")
+
+
+def cpu_quota(sandbox_id: str) -> str:
+    for path in (f"/sys/fs/cgroup/cpu/kiln/{sandbox_id}/cpu.cfs_quota_us",
+                 f"/sys/fs/cgroup/kiln/{sandbox_id}/cpu.max"):
+        if os.path.exists(path):
+            with open(path) as f:
+                return f.read().split()[0]
+    raise AssertionError(f"sandbox {sandbox_id} has no cpu limit")
+
+
+def pooled_ids(state: str, listed: set) -> list:
+    return [i for i in os.listdir(os.path.join(state, "gvisor", "sandboxes")) if i not in listed]
+
+
+def test_a_pooled_sandbox_waits_on_leftover_cpu_and_gets_the_full_weight_when_claimed(monkeypatch):
+    # A pool boot runs at the smallest CPU weight (the sandboxes at work come first), unless a
+    # create waits for it; the create that claims a pooled sandbox gives it the normal weight
+    # before its first request. The CPU limit (the sandbox's size) is the same either way.
+    monkeypatch.setenv("KILN_LOG", "info,kiln_server::manager::pool=debug")
+    base = tempfile.mkdtemp(prefix="kpool-")
+    state = os.path.join(base, "state")
+    srv = KilnServer(state, ["--pool", "base=4"]).start()
+    try:
+        # Three creates at once while the pool's first boots run: they wait for them.
+        out, errors = [], []
+
+        def one():
+            try:
+                s = Sandbox.create(timeout=120, **srv.opts())
+                out.append((s, s.commands.run("echo hi").stdout))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert [o for _, o in out] == ["hi\n"] * 3
+        assert "a create waits: pool boots run at the normal CPU weight" in srv.log()
+        claimed = {s.sandbox_id for s, _ in out}
+        for sid in claimed:
+            weight, default = cpu_weight(sid)
+            assert weight == default, f"claimed sandbox {sid} runs at weight {weight}"
+
+        # Nobody waits now: the pool's refill boots in the background.
+        before = set(pooled_ids(state, claimed))
+        wait_for(lambda: len(pooled_ids(state, claimed)) == 4
+                 and all(os.path.exists(f"/sys/fs/cgroup/cpu/kiln/{i}")
+                         or os.path.exists(f"/sys/fs/cgroup/kiln/{i}") for i in pooled_ids(state, claimed)),
+                 "the pool did not refill to 4")
+        time.sleep(1)
+        later = [i for i in pooled_ids(state, claimed) if i not in before]
+        assert later, "no sandbox was booted into the pool after the creates"
+        for sid in later:
+            weight, default = cpu_weight(sid)
+            assert weight < default / 10, f"pooled sandbox {sid} waits at weight {weight}"
+
+        # Claimed: the normal weight, the same CPU limit, and it works.
+        quota = cpu_quota(later[0])
+        sbx = None
+        for _ in range(4):
+            s = Sandbox.create(timeout=120, **srv.opts())
+            if s.sandbox_id in later:
+                sbx = s
+                break
+            claimed.add(s.sandbox_id)
+        assert sbx is not None, "a create did not claim a background pooled sandbox"
+        weight, default = cpu_weight(sbx.sandbox_id)
+        assert weight == default
+        assert cpu_quota(sbx.sandbox_id) == quota and int(quota) > 0
+        assert sbx.commands.run("echo claimed").stdout == "claimed\n"
+    finally:
+        srv.kill_all_sandboxes()
+        srv.stop()
+        cleanup_state(state)
+        shutil.rmtree(base, ignore_errors=True)

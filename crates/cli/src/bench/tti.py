@@ -4,7 +4,8 @@ TTI = wall clock from `Sandbox.create()` to the first `commands.run("echo benchm
 succeeding (teardown excluded), in three modes: sequential (each sandbox killed before the
 next), staggered (launches every STAGGER_MS) and burst (all at once). Then the SDK's
 `commands.run("true")` round trip, pause -> resume -> first command, fork -> child's first
-command, and a set of idle sandboxes held while the caller measures their memory (it writes
+command, a sandbox at work (a CPU task run over and over) alone and then while other creates
+make the warm pool refill beside it (BUSY_S seconds each), and a set of idle sandboxes held while the caller measures their memory (it writes
 "idle-ready N" on stdout and waits for a line on stdin). Each mode also reports the host's busy
 CPU seconds from its start to its last iteration (sequential: kills included) and this
 client's own share of them. Prints one JSON object on the last
@@ -27,6 +28,11 @@ TEMPLATE = os.environ.get("TTI_TEMPLATE", "base")
 RUNS = int(os.environ.get("TTI_RUNS", "40"))
 ROUNDS = int(os.environ.get("TTI_ROUNDS", "5"))
 IDLE = int(os.environ.get("TTI_IDLE", "10"))
+BUSY_S = float(os.environ.get("TTI_BUSY_S", "15"))
+# The sandbox at work's task: about 100 ms of CPU in Python.
+BUSY_TASK = "python3 -c 'sum(range(2000000))'"
+# Creates beside it: one (create, first echo, kill) every this many seconds.
+CHURN_EVERY_S = 0.5
 TIMEOUT_S = 120
 
 
@@ -146,6 +152,35 @@ def samples_fork(sbx):
     return v
 
 
+def samples_busy(sbx):
+    """The task's round trips for BUSY_S alone, then for BUSY_S while creates beside it (each
+    claiming a pooled sandbox the pool boots again) run; and how many of those ran."""
+    def loop(until):
+        v = []
+        while time.time() < until:
+            t0 = time.perf_counter()
+            sbx.commands.run(BUSY_TASK)
+            v.append(ms(t0))
+        return v
+
+    sbx.commands.run(BUSY_TASK)  # warm-up
+    alone = loop(time.time() + BUSY_S)
+    until = time.time() + BUSY_S
+    creates = {}
+
+    def churn():
+        while time.time() < until:
+            one_tti(creates, len(creates))
+            time.sleep(CHURN_EVERY_S)
+
+    t = threading.Thread(target=churn)
+    t.start()
+    refill = loop(until)
+    t.join()
+    done = [c for c in creates.values() if not c.get("error")]
+    return {"aloneMs": alone, "refillMs": refill, "creates": len(done)}
+
+
 def main():
     # The single-sandbox samples first, on a server whose pool is still at its floor: after a
     # burst the adaptive pool refills towards the burst's size and keeps every core busy.
@@ -155,6 +190,8 @@ def main():
         result["runTrueMs"] = samples_run_true(sbx)
         result["resumeMs"] = samples_resume(sbx)
         result["forkMs"] = samples_fork(sbx)
+        if BUSY_S > 0:
+            result["busy"] = samples_busy(sbx)
     finally:
         sbx.kill()
     result["modes"] = [mode_run(m) for m in MODES if m]

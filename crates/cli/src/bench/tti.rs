@@ -4,8 +4,10 @@
 //! ComputeSDK does (`tti_stats.rs`) and written in its JSON shape (`--json`); then the SDK's
 //! `commands.run("true")` round trip, pause → resume → first command, fork → child's first
 //! command and idle MiB per sandbox, each beside its counterpart on the raw runtime
-//! ([`kiln_driver::baseline::RawBaseline::interactive`]) measured in the same run. The server is this binary's `kiln serve` with its defaults (warm
-//! pool included) plus any `--serve-arg`.
+//! ([`kiln_driver::baseline::RawBaseline::interactive`]) measured in the same run; and a
+//! sandbox at work while creates beside it make the warm pool refill, beside the same work
+//! alone. The server is this binary's `kiln serve` with its defaults (warm pool included)
+//! plus any `--serve-arg`.
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -44,6 +46,10 @@ pub struct Args {
     /// Idle sandboxes held while their memory is measured (0 skips it).
     #[arg(long, default_value_t = 10)]
     idle: usize,
+    /// Seconds a sandbox runs a CPU task over and over alone, then as long again while other
+    /// creates (two a second) make the warm pool refill beside it (0 skips it).
+    #[arg(long, default_value_t = 15.0)]
+    busy_secs: f64,
     /// Raw create → echo samples.
     #[arg(long, default_value_t = 10)]
     raw: usize,
@@ -158,6 +164,7 @@ fn run_client(
         .env("TTI_RUNS", a.runs.to_string())
         .env("TTI_ROUNDS", a.rounds.to_string())
         .env("TTI_IDLE", a.idle.to_string())
+        .env("TTI_BUSY_S", a.busy_secs.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -361,6 +368,24 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     line("commands.run(\"true\") round trip", &run_true, &raw_exec);
     line("pause → resume → first command", &resume, &raw_resume);
     line("fork → child's first command", &fork, &raw_fork);
+    let busy = &client["busy"];
+    let (alone, refill) = (
+        plain(&ms_list(&busy["aloneMs"])),
+        plain(&ms_list(&busy["refillMs"])),
+    );
+    if alone.ok > 0 && refill.ok > 0 {
+        println!(
+            "{:<34} p50 {:>8.1} ms  p99 {:>8.1} ms   alone p50 {:>6.1} ms  p99 {:>8.1} ms   \
+             {:.2}x ({} creates beside it)",
+            "a sandbox at work, pool refilling",
+            refill.median,
+            refill.p99,
+            alone.median,
+            alone.p99,
+            refill.median / alone.median,
+            busy["creates"].as_u64().unwrap_or(0)
+        );
+    }
     let raw_idle = raw.idle_mib.unwrap_or(f64::NAN);
     println!(
         "{:<34} {kiln_idle:>8.1} MiB          raw {raw_idle:>8.1} MiB   {:.2}x",
@@ -390,6 +415,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 "rawRestoreToFirstCommandMs": pjson(&raw_resume),
                 "forkToChildFirstCommandMs": pjson(&fork),
                 "rawForkToFirstCommandMs": pjson(&raw_fork),
+                "busyAloneMs": pjson(&alone), "busyWhileRefillingMs": pjson(&refill),
                 "idleMiBPerSandbox": r2(kiln_idle), "rawIdleMiB": r2(raw_idle),
                 "rawErrors": raw.errors,
                 "cpuPerSandbox": cpu_json,

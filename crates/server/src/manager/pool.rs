@@ -34,8 +34,7 @@ const QUEUE_RETRY_AFTER_SECS: u64 = 2;
 /// Booted, not yet initialised sandboxes per template name, and each template's demand.
 pub(super) struct Pools {
     ready: Mutex<HashMap<String, Vec<String>>>,
-    /// Sandboxes being booted into a pool: a shutdown that aborts their boot stops them.
-    booting: Mutex<std::collections::HashSet<String>>,
+    booting: Mutex<Booting>,
     demand: Mutex<HashMap<String, Demand>>,
     /// Wakes the refiller when a sandbox was taken.
     pub(super) taken: tokio::sync::Notify,
@@ -55,8 +54,27 @@ impl Default for Pools {
     }
 }
 
+/// Pool boots under way, and the creates waiting for one.
+#[derive(Default)]
+struct Booting {
+    /// Sandboxes being booted into a pool: a shutdown that aborts their boot stops them.
+    ids: std::collections::HashSet<String>,
+    /// Creates that found no pooled sandbox and wait: while there are any, pool boots run
+    /// at the normal CPU weight (whichever ends first serves a create).
+    waiting: usize,
+}
+
+/// One create waiting for a pooled sandbox or a boot slot (counted while it lives).
+struct Waiting<'a>(&'a Pools);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.booting().waiting -= 1;
+    }
+}
+
 impl Pools {
-    fn booting(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+    fn booting(&self) -> std::sync::MutexGuard<'_, Booting> {
         self.booting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -157,6 +175,7 @@ impl Manager {
             disk_mb: tpl.disk_mb.unwrap_or(self.cfg.default_disk_mb),
             volumes: Vec::new(),
             network: None,
+            background: false,
         }
     }
 
@@ -173,15 +192,34 @@ impl Manager {
         let pooled_ok = pooled_ok && self.pools_on();
         let deadline = tokio::time::Instant::now() + self.cfg.pool.queue;
         let mut added = self.pools.added.subscribe();
+        let mut waiting: Option<Waiting> = None;
         loop {
             if pooled_ok {
                 if let Some(id) = self.pools.take(template) {
+                    self.driver.set_background(&id, false);
                     return Ok(Claim::Pooled(id));
                 }
             }
             tokio::select! {
                 biased;
                 permit = self.admission.boot_permit() => return permit.map(Claim::Cold),
+                () = std::future::ready(()), if waiting.is_none() => {
+                    // This create waits. Whichever pool boot ends first serves it or frees a
+                    // boot slot for it: none of them runs on leftover CPU meanwhile.
+                    let mut booting = self.pools.booting();
+                    booting.waiting += 1;
+                    for id in &booting.ids {
+                        self.driver.set_background(id, false);
+                    }
+                    if !booting.ids.is_empty() {
+                        tracing::debug!(
+                            template,
+                            boots = booting.ids.len(),
+                            "a create waits: pool boots run at the normal CPU weight"
+                        );
+                    }
+                    waiting = Some(Waiting(&self.pools));
+                }
                 Ok(()) = added.changed(), if pooled_ok => {}
                 () = tokio::time::sleep_until(deadline) => {
                     return Err(Error::Capacity {
@@ -232,8 +270,14 @@ impl Manager {
     async fn fill_one(&self, template: &str) -> Result<()> {
         let tpl = self.lookup_template(template).await?;
         let id = super::new_sandbox_id();
-        let spec = self.spec_for(&id, &tpl);
-        self.pools.booting().insert(id.clone());
+        let mut spec = self.spec_for(&id, &tpl);
+        {
+            // It boots and waits on the CPU the sandboxes at work leave, until a create claims
+            // it, unless creates wait (then any boot may serve one).
+            let mut booting = self.pools.booting();
+            spec.background = booting.waiting == 0;
+            booting.ids.insert(id.clone());
+        }
         let booted = async {
             let _permit = self.admission.boot_permit().await?;
             self.driver.create(&spec).await?;
@@ -257,7 +301,7 @@ impl Manager {
                 Err(e)
             }
         };
-        self.pools.booting().remove(&id);
+        self.pools.booting().ids.remove(&id);
         r
     }
 
@@ -350,7 +394,7 @@ impl Manager {
     /// orderly shutdown; the refiller must be stopped first).
     pub async fn drain_pools(&self) {
         // Booting before ready: a boot that ends meanwhile is in one or the other.
-        let mut all: Vec<String> = self.pools.booting().drain().collect();
+        let mut all: Vec<String> = self.pools.booting().ids.drain().collect();
         all.extend(self.pools.lock().drain().flat_map(|(_, v)| v));
         for id in all {
             let _ = self.driver.stop(&id).await;

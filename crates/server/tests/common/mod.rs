@@ -177,6 +177,7 @@ pub fn driver_spec(id: &str, rootfs: &Path) -> kiln_server::driver::SandboxSpec 
         disk_mb: 0,
         volumes: vec![],
         network: None,
+        background: false,
     }
 }
 
