@@ -327,3 +327,56 @@ def test_kill9_restart_adopts_standby_sandboxes_and_traffic_wakes_them(state_dir
         if second:
             second.kill9()
         first.kill9()
+
+
+def test_a_standby_cut_short_by_the_servers_end_stays_running_to_clients(state_dir):
+    # The server is killed while a standby's checkpoint is under way (its `standby-begun` is on
+    # record, its `standby` not yet): the next server must not take the sandbox for a paused
+    # one. It is running to clients (in standby, or awake if the checkpoint never began), its
+    # memory whole when traffic wakes it.
+    first = KilnServer(state_dir, serve_args()).start()
+    second = None
+    try:
+        sbx = Sandbox.create(timeout=300, **first.opts())
+        sid = sbx.sandbox_id
+        # 300 MiB of memory to save makes the checkpoint last long enough to be cut short.
+        start_detached(sbx, "exec python3 -c \"import time; x = bytearray(300 << 20); "
+                            "[x.__setitem__(i, 1) for i in range(0, len(x), 4096)]; time.sleep(1e6)\"")
+        start_detached(sbx, COUNTER)
+        time.sleep(1)
+        before = count(sbx)  # a use: the standby comes STANDBY_AFTER after it
+        deadline = time.time() + 60
+        while True:
+            status, body, _ = first.request(
+                "GET", f"/sandboxes/{sid}/events?type=standby-begun,standby,standby-failed&limit=1000")
+            assert status == 200, body
+            kinds = [e["type"] for e in body["events"]]
+            if kinds:
+                assert kinds == ["standby-begun"], f"the checkpoint ended before the kill: {kinds}"
+                first.kill9()
+                break
+            assert time.time() < deadline, first.log()[-4000:]
+            time.sleep(0.005)
+
+        second = KilnServer(state_dir, serve_args())
+        second.api_key, second.url = first.api_key, first.url
+        second.start()
+        deadline = time.time() + 60
+        while ("recovered from the previous run" not in second.log()
+               and detail(second, sid)["state"] != "paused"):
+            assert time.time() < deadline, second.log()[-4000:]
+            time.sleep(0.05)
+        d = detail(second, sid)
+        assert d["state"] == "running", f"the standby came back as {d['state']}: {d}"
+        assert d.get("kilnStandby") or runtime_on_host(second, sid), \
+            f"neither in standby nor running on the host: {d}"
+        again = Sandbox.connect(sid, timeout=60, **second.opts())
+        assert again.commands.run("echo awake").stdout == "awake\n"
+        time.sleep(1.2)
+        assert count(again) > before, "the counter did not go on"
+        assert "python3" in again.commands.run("ps -eo args").stdout, "the 300 MiB process is gone"
+    finally:
+        for s in (second, first):
+            if s is not None:
+                s.kill_all_sandboxes()
+                s.stop()

@@ -76,21 +76,38 @@ pub fn parse_standby_after(s: &str) -> std::result::Result<Option<Duration>, Str
     Ok(Some(Duration::from_secs_f64(secs)))
 }
 
+/// Event written before a standby's checkpoint (then `standby` once its memory is saved, or
+/// [`STANDBY_FAILED`]): a server that ends between the two leaves a record that it was going
+/// to standby, not to a pause.
+pub const STANDBY_BEGUN: &str = "standby-begun";
+/// Event of a standby whose checkpoint failed: the sandbox stays awake.
+pub const STANDBY_FAILED: &str = "standby-failed";
+
 /// Whether the store's running sandbox `id` was left in standby: its latest standby, wake,
-/// pause or resume event is a `standby`. (A server killed between a pause's checkpoint and its
-/// store update left it paused, not in standby.)
+/// pause or resume event is a `standby`, or a [`STANDBY_BEGUN`] whose end the server did not
+/// see. (A server killed between a `pause`'s checkpoint and its store update left it paused,
+/// not in standby: no standby event comes last then.)
 pub async fn left_in_standby(store: &dyn StateStore, id: &str) -> crate::store::Result<bool> {
     let events = store
         .events_page(&EventQuery {
             sandbox_id: Some(id.to_string()),
-            kinds: ["standby", "wake", "paused", "resumed"]
-                .map(String::from)
-                .to_vec(),
+            kinds: [
+                "standby",
+                STANDBY_BEGUN,
+                STANDBY_FAILED,
+                "wake",
+                "paused",
+                "resumed",
+            ]
+            .map(String::from)
+            .to_vec(),
             limit: u32::MAX,
             ..EventQuery::default()
         })
         .await?;
-    Ok(events.last().is_some_and(|e| e.event.kind == "standby"))
+    Ok(events
+        .last()
+        .is_some_and(|e| e.event.kind == "standby" || e.event.kind == STANDBY_BEGUN))
 }
 
 /// The sandboxes a state store holds, as `kiln doctor` reports them: awake, in standby
@@ -248,6 +265,18 @@ impl Manager {
         if !self.idle.begin_standby(id, Instant::now(), after, now_ms()) {
             return false;
         }
+        // On record first: a server that ends during the checkpoint leaves the sandbox paused
+        // on the host, and the next one must know it was a standby (running to clients), not a
+        // pause.
+        self.event(
+            id,
+            STANDBY_BEGUN,
+            format!(
+                "idle for {} s; saving its memory",
+                after.as_secs_f64().round() as u64
+            ),
+        )
+        .await;
         let t = Instant::now();
         match self.driver.pause(id, true).await {
             Ok(()) => {
@@ -267,6 +296,8 @@ impl Manager {
                 // Not tried again for a while: a sandbox that cannot be checkpointed would
                 // otherwise be tried every period.
                 self.idle.defer(id, after * STANDBY_RETRY_PERIODS);
+                self.event(id, STANDBY_FAILED, format!("stays awake: {e}"))
+                    .await;
                 let running = self.driver.is_running(id).await.unwrap_or(false);
                 if !running && !self.driver.is_paused(id).await.unwrap_or(false) {
                     // A runtime may stop the sandbox when its checkpoint fails.
@@ -324,6 +355,8 @@ mod tests {
             add("awake", running, &[]),
             add("woken", running, &[]),
             add("asleep", running, &[]),
+            add("cut", running, &[]),
+            add("failed", running, &[]),
             add("held", SandboxState::Paused, &[]),
             add("build", running, &[("kiln.template.build", "b1")]),
             add("gone", SandboxState::Killed, &[]),
@@ -331,11 +364,18 @@ mod tests {
             store.insert_sandbox(&r).await.unwrap();
         }
         for (id, kind) in [
+            ("woken", STANDBY_BEGUN),
             ("woken", "standby"),
             ("woken", "wake"),
             ("asleep", "wake"),
             ("asleep", "standby"),
             ("asleep", "exec"),
+            // A standby the server's end cut short (memory saved or not): in standby.
+            ("cut", "wake"),
+            ("cut", STANDBY_BEGUN),
+            // A standby that failed, then a `pause` the server's end cut short: not in standby.
+            ("failed", STANDBY_BEGUN),
+            ("failed", STANDBY_FAILED),
         ] {
             store.add_event(id, kind, "").await.unwrap();
         }
@@ -343,8 +383,8 @@ mod tests {
         assert_eq!(
             c,
             Census {
-                running: 2,
-                standby: 1,
+                running: 3,
+                standby: 2,
                 paused: 1
             }
         );
