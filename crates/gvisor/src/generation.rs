@@ -59,7 +59,9 @@ pub fn advance(dir: &Path, id: &str) -> Result<String> {
     Ok(cid)
 }
 
-/// Points the bundle's `linux.cgroupsPath` (when it has one) at container `cid`'s own cgroup.
+/// Points the bundle's `linux.cgroupsPath` (when it has one) at container `cid`'s own cgroup,
+/// at the default CPU weight: a sandbox booted into a warm pool has the smallest in its spec,
+/// and one that is restored was claimed long since (pooled sandboxes are never paused).
 fn set_cgroup(config: &Path, cid: &str) -> Result<()> {
     let text = std::fs::read(config).map_err(io_err(format!("reading {}", config.display())))?;
     let mut spec: serde_json::Value = serde_json::from_slice(&text)
@@ -68,6 +70,12 @@ fn set_cgroup(config: &Path, cid: &str) -> Result<()> {
         return Ok(());
     };
     *path = serde_json::Value::String(format!("/kiln/{cid}"));
+    if let Some(cpu) = spec
+        .pointer_mut("/linux/resources/cpu")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        cpu.remove("shares");
+    }
     let text = serde_json::to_vec_pretty(&spec)
         .map_err(|e| DriverError::Other(format!("encoding config.json: {e}")))?;
     let tmp = config.with_extension("json.tmp");
@@ -216,7 +224,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kiln-gen-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("bundle")).unwrap();
-        let spec = serde_json::json!({"linux": {"cgroupsPath": "/kiln/sbx"}});
+        // As a warm pool's sandbox was booted: at the smallest CPU weight.
+        let spec = serde_json::json!({"linux": {"cgroupsPath": "/kiln/sbx",
+            "resources": {"cpu": {"quota": 200_000, "period": 100_000, "shares": 2}}}});
         std::fs::write(dir.join("bundle/config.json"), spec.to_string()).unwrap();
         assert_eq!(current(&dir), 0);
         assert_eq!(container_id("sbx", 0), "sbx");
@@ -239,6 +249,9 @@ mod tests {
             serde_json::from_slice(&std::fs::read(dir.join("bundle/config.json")).unwrap())
                 .unwrap();
         assert_eq!(v["linux"]["cgroupsPath"], "/kiln/g2-sbx");
+        // A restored container runs at the default CPU weight, within the same limit.
+        assert!(v["linux"]["resources"]["cpu"].get("shares").is_none());
+        assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 200_000);
         assert!(retiring(&dir).is_empty());
         mark_retiring(&dir, "g1-sbx").unwrap();
         assert_eq!(retiring(&dir), vec!["g1-sbx".to_string()]);

@@ -182,6 +182,12 @@ def test_a_pooled_sandbox_waits_on_leftover_cpu_and_gets_the_full_weight_when_cl
         assert weight == default
         assert cpu_quota(sbx.sandbox_id) == quota and int(quota) > 0
         assert sbx.commands.run("echo claimed").stdout == "claimed\n"
+        # Paused and resumed, it runs in a new container at the default weight too.
+        sbx.pause()
+        again = Sandbox.connect(sbx.sandbox_id, timeout=120, **srv.opts())
+        assert again.commands.run("echo resumed").stdout == "resumed\n"
+        weight, default = cpu_weight(f"g1-{sbx.sandbox_id}")
+        assert weight == default, f"the resumed sandbox runs at weight {weight}"
     finally:
         srv.kill_all_sandboxes()
         srv.stop()

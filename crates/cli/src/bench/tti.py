@@ -5,8 +5,9 @@ succeeding (teardown excluded), in three modes: sequential (each sandbox killed 
 next), staggered (launches every STAGGER_MS) and burst (all at once). Then the SDK's
 `commands.run("true")` round trip, pause -> resume -> first command, fork -> child's first
 command, a sandbox at work (a CPU task run over and over) alone and then while other creates
-make the warm pool refill beside it (BUSY_S seconds each), and a set of idle sandboxes held while the caller measures their memory (it writes
-"idle-ready N" on stdout and waits for a line on stdin). Each mode also reports the host's busy
+make the warm pool refill beside it (BUSY_S seconds each), and a set of idle sandboxes held
+while the caller measures their memory (it writes "idle-ready N" on stdout and waits for a
+line on stdin). Each mode also reports the host's busy
 CPU seconds from its start to its last iteration (sequential: kills included) and this
 client's own share of them. Prints one JSON object on the last
 line of stdout; the e2b SDK reads E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY.
