@@ -90,15 +90,20 @@ fn weight(cid: &str) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_background_sandbox_gets_the_smallest_weight_and_back_the_default() {
-        let cid = format!("kiln-weight-test-{}", std::process::id());
-        let [v1, v2, hybrid] = cgroup_file(&cid, "cpu", "cpu.shares", "cpu.weight");
-        let dir = [v1, v2, hybrid]
+    /// Makes container `cid`'s cpu cgroup (v1, else v2) and returns its directory.
+    fn make_cgroup(cid: &str) -> String {
+        let [v1, v2, hybrid] = cgroup_file(cid, "cpu", "cpu.shares", "cpu.weight");
+        [v1, v2, hybrid]
             .into_iter()
             .map(|f| f.rsplit_once('/').unwrap().0.to_string())
             .find(|d| std::fs::create_dir_all(d).is_ok())
-            .expect("this test needs a cpu cgroup hierarchy it may write (root)");
+            .expect("this test needs a cpu cgroup hierarchy it may write (root)")
+    }
+
+    #[test]
+    fn a_background_sandbox_gets_the_smallest_weight_and_back_the_default() {
+        let cid = format!("kiln-weight-test-{}", std::process::id());
+        let dir = make_cgroup(&cid);
         let before = weight(&cid);
         set_background(&cid, true);
         let low = weight(&cid);
@@ -129,12 +134,7 @@ mod tests {
         let w = Weights::default();
         // Told before its cgroup exists: nothing to write yet.
         w.set("x", &cid, false);
-        let [v1, v2, hybrid] = cgroup_file(&cid, "cpu", "cpu.shares", "cpu.weight");
-        let dir = [v1, v2, hybrid]
-            .into_iter()
-            .map(|f| f.rsplit_once('/').unwrap().0.to_string())
-            .find(|d| std::fs::create_dir_all(d).is_ok())
-            .expect("this test needs a cpu cgroup hierarchy it may write (root)");
+        let dir = make_cgroup(&cid);
         // Its start makes the cgroup at the spec's background weight, then applies the word.
         set_background(&cid, true);
         let at_start = weight(&cid);
