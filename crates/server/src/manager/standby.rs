@@ -296,7 +296,8 @@ impl Manager {
                 // Not tried again for a while: a sandbox that cannot be checkpointed would
                 // otherwise be tried every period.
                 self.idle.defer(id, after * STANDBY_RETRY_PERIODS);
-                self.event(id, STANDBY_FAILED, format!("stays awake: {e}"))
+                // (The error, which may name host files, goes to the server's log only.)
+                self.event(id, STANDBY_FAILED, "its checkpoint failed")
                     .await;
                 let running = self.driver.is_running(id).await.unwrap_or(false);
                 if !running && !self.driver.is_paused(id).await.unwrap_or(false) {
