@@ -25,6 +25,7 @@ pub mod limits;
 pub mod listen;
 pub mod metastore;
 mod metrics;
+pub use metrics::cpu_times;
 pub mod pid1;
 mod process;
 mod process_rpc;

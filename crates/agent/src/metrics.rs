@@ -2,7 +2,10 @@
 
 use kiln_proto::envd::Metrics;
 
-fn cpu_times() -> Option<(u64, u64)> {
+/// This system's CPU counters from `/proc/stat`, in clock ticks: (all, idle + iowait). All is
+/// the first eight fields (user nice system idle iowait irq softirq steal); guest time is
+/// already in user and nice.
+pub fn cpu_times() -> Option<(u64, u64)> {
     let s = std::fs::read_to_string("/proc/stat").ok()?;
     let line = s.lines().next()?;
     let v: Vec<u64> = line
@@ -14,7 +17,7 @@ fn cpu_times() -> Option<(u64, u64)> {
         return None;
     }
     let idle = v[3] + v.get(4).copied().unwrap_or(0);
-    Some((v.iter().sum(), idle))
+    Some((v.iter().take(8).sum(), idle))
 }
 
 /// The CPU counters the previous sample read (`/proc/stat`: all, idle).

@@ -291,10 +291,11 @@ impl Driver for GvisorDriver {
         let workaround = self.sysctl_workaround(id).await;
         let pod = trace::start(&dir, id, self.syscalls.get())?;
         let (bundle, log) = (dir.join("bundle"), dir.join("console.log"));
+        let cid = self.cid(id);
         self.runsc
-            .run_detached(&bundle, &self.cid(id), &log, workaround, pod.as_deref())
+            .run_detached(&bundle, &cid, &log, workaround, pod.as_deref())
             .await?;
-        self.weights.started(id, &self.cid(id));
+        self.weights.started(id, &cid);
         console::watch(&log);
         Ok(())
     }

@@ -176,22 +176,10 @@ impl Host {
 
 /// Share of CPU time the host spent idle over `window` (from /proc/stat).
 pub(super) async fn cpu_idle_pct(window: Duration) -> f64 {
-    fn sample() -> Option<(u64, u64)> {
-        let s = std::fs::read_to_string("/proc/stat").ok()?;
-        let line = s.lines().next()?;
-        let v: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        // user nice system idle iowait irq softirq steal
-        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-        Some((idle, v.iter().take(8).sum()))
-    }
-    let a = sample();
+    let a = kiln_agent::cpu_times();
     tokio::time::sleep(window).await;
-    match (a, sample()) {
-        (Some((i0, t0)), Some((i1, t1))) if t1 > t0 => (i1 - i0) as f64 / (t1 - t0) as f64 * 100.0,
+    match (a, kiln_agent::cpu_times()) {
+        (Some((t0, i0)), Some((t1, i1))) if t1 > t0 => (i1 - i0) as f64 / (t1 - t0) as f64 * 100.0,
         _ => f64::NAN,
     }
 }
