@@ -27,6 +27,9 @@ pub enum ClusterError {
     /// The server's store seam failed (a control replica's first key).
     #[error(transparent)]
     Store(#[from] kiln_server::store::StoreError),
+    /// The cluster's vault (its key).
+    #[error(transparent)]
+    Vault(#[from] kiln_server::vault::VaultError),
     /// A control replica's or node's listener.
     #[error("listening on {addr}: {source}")]
     Listen {

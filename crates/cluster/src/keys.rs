@@ -28,6 +28,8 @@
 //! | `owners/{id}` | the name of the node that owns the sandbox |
 //! | `checkpoints/{id}` | where a paused sandbox's checkpoint is in object storage (JSON) |
 //! | `template-files/{name}` | where a template's files are in object storage (JSON) |
+//! | `secrets/{team}/{id}` | a team's secret (JSON), its value sealed by the vault ([`crate::secrets`]) |
+//! | `secret-names/{team}/{name}` | the secret's id (names are unique in a team) |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 //! | `console-sign-ins/{address}/{ms}-{uuid}` | a failed console sign-in, on a lease of a minute |
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
@@ -199,6 +201,18 @@ impl Keys {
     /// The drain mark of node `name`.
     pub fn draining(&self, name: &str) -> String {
         self.one("draining", name)
+    }
+    /// The directory of `team`'s secrets (a range prefix).
+    pub fn secrets_of(&self, team: &str) -> String {
+        format!("{}/", self.one("secrets", team))
+    }
+    /// `team`'s secret `id`.
+    pub fn secret(&self, team: &str, id: &str) -> String {
+        format!("{}{}", self.secrets_of(team), escape(id))
+    }
+    /// The id of `team`'s secret named `name`.
+    pub fn secret_name(&self, team: &str, name: &str) -> String {
+        format!("{}/{}", self.one("secret-names", team), escape(name))
     }
     /// A console session, by the SHA-256 of its id.
     pub fn console_session(&self, id_hash: &str) -> String {

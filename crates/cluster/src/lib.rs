@@ -9,7 +9,8 @@
 //! [`checkpoints`] records in etcd which paused sandbox's checkpoint is there; [`gc`] deletes
 //! from the bucket what no checkpoint needs any more; [`snapshots`] records snapshots with the
 //! node that keeps their files. [`audit`] says where a sandbox's audit chain is kept (by its
-//! node, with what replicas record of it).
+//! node, with what replicas record of it). [`secrets`] keeps teams' secrets, sealed, for
+//! every replica and node.
 
 pub mod audit;
 mod campaign;
@@ -33,6 +34,7 @@ mod retry;
 mod sandboxes;
 pub mod seats;
 pub mod secret;
+pub mod secrets;
 pub mod sign_ins;
 pub mod snapshots;
 mod state;
@@ -48,6 +50,7 @@ pub use nodes::{NodeCapacity, NodeEvent, NodeInfo, NodeLease, NodeLoad, NodeTemp
 pub use owners::{Published, NODE_LOST_REASON};
 pub use sandboxes::Transition;
 pub use secret::ClusterSecret;
+pub use secrets::EtcdSecrets;
 pub use sign_ins::EtcdSignIns;
 pub use snapshots::{Located, SnapshotDrop};
 pub use store::EtcdStore;

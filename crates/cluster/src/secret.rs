@@ -1,5 +1,6 @@
 //! The cluster secret: the shared token control replicas present to nodes' internal APIs
-//! (never an API key of the public API), compared in constant time.
+//! (never an API key of the public API), compared in constant time. The key every node and
+//! replica seals teams' secrets with is derived from it ([`ClusterSecret::vault_key`]).
 
 use std::fmt;
 
@@ -26,6 +27,27 @@ impl ClusterSecret {
     /// The `Authorization` value that carries it.
     pub fn bearer(&self) -> String {
         format!("Bearer {}", self.0)
+    }
+
+    /// The 32-byte key the cluster's vault seals secrets with: HKDF-SHA256 of the secret
+    /// (RFC 5869), bound to its use by a salt and an info string, so the key reveals nothing
+    /// of the secret and the secret alone is all a process needs. Changing the cluster secret
+    /// changes the key: the stored secrets then no longer open and must be set again.
+    pub fn vault_key(&self) -> [u8; 32] {
+        use ring::hkdf;
+        struct Len;
+        impl hkdf::KeyType for Len {
+            fn len(&self) -> usize {
+                32
+            }
+        }
+        let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, b"kiln cluster vault");
+        let mut out = [0u8; 32];
+        salt.extract(self.0.as_bytes())
+            .expand(&[b"secrets v1"], Len)
+            .and_then(|okm| okm.fill(&mut out))
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        out
     }
 
     /// Whether an `Authorization` value carries this secret (time independent of where the
@@ -57,5 +79,18 @@ mod tests {
         assert!(!s.admits(Some(b"Bearer 0123456789abcdef")));
         assert!(!s.admits(Some(b"0123456789abcdef-secret")));
         assert!(ClusterSecret::new("short").is_none());
+    }
+
+    #[test]
+    fn the_vault_key_is_the_same_for_the_same_secret_only() {
+        let a = ClusterSecret::new("0123456789abcdef-secret").unwrap();
+        let again = ClusterSecret::new("  0123456789abcdef-secret\n").unwrap();
+        let b = ClusterSecret::new("0123456789abcdef-secreT").unwrap();
+        assert_eq!(a.vault_key(), again.vault_key());
+        assert_ne!(a.vault_key(), b.vault_key());
+        assert!(!a.vault_key().windows(8).any(|w| "0123456789abcdef-secret"
+            .as_bytes()
+            .windows(8)
+            .any(|s| s == w)));
     }
 }

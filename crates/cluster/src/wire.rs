@@ -20,7 +20,7 @@ pub const AUTH_HEADER: &str = "authorization";
 pub const TUNNEL_PROTOCOL: &str = "kiln-tunnel";
 
 /// A create as the control replica forwards it (volume mounts are refused before it gets
-/// here; network rules and egress proxies are not carried).
+/// here; network rules and an egress proxy travel as the client gave them, in `settings`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CreateDoc {
     pub template_id: String,
@@ -44,6 +44,11 @@ pub struct CreateDoc {
     /// object storage first when it does not have them.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// The create's `rules` and `egressProxy` as the client gave them (placeholders, never a
+    /// secret's value), which the node attaches to `network`
+    /// ([`kiln_server::api::net_forwarded`]).
+    #[serde(default)]
+    pub settings: Option<serde_json::Value>,
 }
 
 /// An egress policy's lists as the API writes them.
@@ -68,14 +73,28 @@ impl NetworkDoc {
         }
     }
 
-    /// The forwardable form of `p`; refuses what a node cannot be handed yet (network rules
-    /// and egress proxies need the server's vault, which a node has not).
-    pub fn of(p: &kiln_net::EgressPolicy) -> Result<Self, Error> {
-        if p.transforms.is_some() {
-            return Err(not_in_cluster("network rules"));
+    /// The `rules` and `egressProxy` of `p` as the API shows them (None: neither is set).
+    pub fn shown(p: &kiln_net::EgressPolicy) -> Option<serde_json::Value> {
+        let mut v = serde_json::Map::new();
+        if let Some(t) = &p.transforms {
+            v.insert("rules".into(), t.rules.to_json());
         }
-        if p.egress_proxy.is_some() {
-            return Err(not_in_cluster("egress proxies"));
+        if let Some(x) = &p.egress_proxy {
+            v.insert("egressProxy".into(), x.info_json());
+        }
+        (!v.is_empty()).then_some(serde_json::Value::Object(v))
+    }
+
+    /// The forwardable form of `p`, whose rules and egress proxy travel in `settings` (a
+    /// policy holding them without `settings` is refused: they would be lost).
+    pub fn of(
+        p: &kiln_net::EgressPolicy,
+        settings: Option<&serde_json::Value>,
+    ) -> Result<Self, Error> {
+        if settings.is_none() && (p.transforms.is_some() || p.egress_proxy.is_some()) {
+            return Err(Error::Internal(
+                "a policy with rules or an egress proxy was to be forwarded without them".into(),
+            ));
         }
         Ok(Self::lists(p))
     }
@@ -100,7 +119,12 @@ impl CreateDoc {
         if !p.volume_mounts.is_empty() {
             return Err(not_in_cluster("volume mounts"));
         }
-        let network = p.network.as_ref().map(NetworkDoc::of).transpose()?;
+        let settings = p.network_settings.clone();
+        let network = p
+            .network
+            .as_ref()
+            .map(|n| NetworkDoc::of(n, settings.as_ref()))
+            .transpose()?;
         Ok(Self {
             template_id: p.template_id.clone(),
             timeout_secs: p.timeout_secs,
@@ -117,6 +141,7 @@ impl CreateDoc {
             team: p.team.clone(),
             idempotency: p.idempotency.as_deref().map(crate::placements::token),
             snapshot: None,
+            settings,
         })
     }
 
@@ -141,6 +166,7 @@ impl CreateDoc {
             team: self.team,
             volume_mounts: Vec::new(),
             idempotency: None,
+            network_settings: self.settings,
         })
     }
 }
@@ -207,9 +233,12 @@ pub enum Op {
     Console {
         team: String,
     },
-    /// Replace the sandbox's egress policy with these lists.
+    /// Replace the sandbox's egress policy with these lists, and its rules and egress proxy
+    /// with `settings` as the client gave them (None: none).
     SetNetwork {
         network: NetworkDoc,
+        #[serde(default)]
+        settings: Option<serde_json::Value>,
     },
     /// Take a snapshot of the sandbox (of `team`; `memory: false`: its disk only).
     Snapshot {
@@ -256,6 +285,9 @@ pub struct OpAnswer {
     /// network: the sandbox's egress policy (absent: it has no network).
     #[serde(default)]
     pub network: Option<NetworkDoc>,
+    /// network: its `rules` and `egressProxy` as the API shows them (no password).
+    #[serde(default)]
+    pub shown: Option<serde_json::Value>,
     /// console: the end of the sandbox's console output.
     #[serde(default)]
     pub console: Option<String>,
@@ -401,7 +433,7 @@ mod tests {
     }
 
     #[test]
-    fn a_policys_lists_travel_and_what_they_cannot_carry_is_refused() {
+    fn a_policys_lists_travel_with_its_rules_and_egress_proxy_as_given() {
         let mut p = kiln_net::EgressPolicy::from_lists(
             false,
             &["198.51.100.7".into(), "*.example.test".into()],
@@ -411,21 +443,34 @@ mod tests {
         .unwrap();
         p.https_ports = vec![8443];
         let text = serde_json::to_string(&Op::SetNetwork {
-            network: NetworkDoc::of(&p).unwrap(),
+            network: NetworkDoc::of(&p, None).unwrap(),
+            settings: None,
         })
         .unwrap();
-        let Op::SetNetwork { network } = serde_json::from_str(&text).unwrap() else {
+        let Op::SetNetwork { network, settings } = serde_json::from_str(&text).unwrap() else {
             panic!("{text}");
         };
-        assert_eq!(network.into_policy().unwrap(), p);
-        p.egress_proxy = Some(
-            kiln_net::upstream::EgressProxyConfig::parse(
-                &serde_json::json!({"address": "198.51.100.8:1080"}),
-            )
-            .unwrap(),
+        assert_eq!(
+            (network.into_policy().unwrap(), settings),
+            (p.clone(), None)
         );
-        let e = NetworkDoc::of(&p).unwrap_err();
-        assert_eq!(kiln_server::ApiError::from(e).status, 501);
+        let proxy = serde_json::json!({"address": "198.51.100.8:1080"});
+        p.egress_proxy = Some(kiln_net::upstream::EgressProxyConfig::parse(&proxy).unwrap());
+        // An egress proxy travels as the client gave it, beside the lists ...
+        let given = serde_json::json!({"egressProxy": proxy});
+        let text = serde_json::to_string(&Op::SetNetwork {
+            network: NetworkDoc::of(&p, Some(&given)).unwrap(),
+            settings: Some(given.clone()),
+        })
+        .unwrap();
+        let Op::SetNetwork { network, settings } = serde_json::from_str(&text).unwrap() else {
+            panic!("{text}");
+        };
+        assert_eq!(settings, Some(given));
+        assert!(network.into_policy().unwrap().egress_proxy.is_none());
+        // ... and never silently dropped.
+        let e = NetworkDoc::of(&p, None).unwrap_err();
+        assert_eq!(kiln_server::ApiError::from(e).status, 500);
         // A node checks the lists again: a bad entry is a 400, not a policy.
         let bad = NetworkDoc {
             allow_out: vec!["not an address!".into()],

@@ -268,6 +268,20 @@ impl Server {
         })
     }
 
+    /// Keeps teams' secrets in `records`, sealed with `key` (32 bytes), instead of this host's
+    /// state database and key (a cluster node: the cluster's secrets, shared by every process);
+    /// its sandboxes' sealed settings stay in the state database. The vault, for what must
+    /// tell it of changes made elsewhere ([`vault::Vault::forget`]).
+    pub fn use_secrets(
+        &mut self,
+        key: &[u8],
+        records: Arc<dyn store::SecretStore>,
+    ) -> Result<Arc<vault::Vault>, vault::VaultError> {
+        let local = self.vault.db().cloned();
+        self.vault = Arc::new(vault::Vault::with_store(key, records, local)?);
+        Ok(self.vault.clone())
+    }
+
     /// Starts anomaly detection: the rules of `source` evaluate the audit stream of this
     /// server's sandboxes, and their alerts go to the state database.
     pub fn start_alerts(

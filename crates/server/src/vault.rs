@@ -5,15 +5,18 @@
 //! to inject ([`Vault::value`]); nothing answers it to a client. Opened values are kept in a
 //! small in-memory cache (zeroised when dropped), so an intercepted request costs no SQLite
 //! read and no AEAD open: every write through the vault ([`Vault::insert`],
-//! [`Vault::new_version`], [`Vault::delete`]) empties it, and an entry is read again after
-//! [`CACHE_TTL`] whatever happens, which bounds how long a change made past the vault (another
-//! process on the same database) can go unseen.
+//! [`Vault::new_version`], [`Vault::delete`]) empties it, and so does [`Vault::forget`] (a
+//! cluster node calls it when another process changed a secret), and an entry is read again
+//! after [`CACHE_TTL`] whatever happens, which bounds how long a change made past the vault can
+//! go unseen. The records live behind [`SecretStore`]: the state database on one host, etcd on
+//! a cluster (whose processes share one key, [`Vault::with_store`]); the sealed settings of the
+//! host's own sandboxes stay in its state database ([`Vault::db`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
@@ -21,7 +24,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 
 use zeroize::Zeroizing;
 
-use crate::store::{SecretRecord, SecretsDb};
+use crate::store::{SecretRecord, SecretStore, SecretsDb};
 
 /// File name of the server key in the state directory.
 pub const KEY_FILE: &str = "secrets.key";
@@ -45,11 +48,12 @@ pub enum VaultError {
     Store(#[from] crate::store::StoreError),
 }
 
-/// The server key and the secrets table.
+/// The key, the secrets' records and the host's sealed per-sandbox settings.
 pub struct Vault {
     key: LessSafeKey,
     rng: SystemRandom,
-    db: SecretsDb,
+    records: Arc<dyn SecretStore>,
+    local: Option<SecretsDb>,
     cache: Mutex<Cache>,
 }
 
@@ -106,18 +110,26 @@ fn aad(team: &str, id: &str) -> Vec<u8> {
 
 impl Vault {
     /// Opens the vault of the state directory `state_dir` (making its key on first use).
+    /// Its secrets and the sandboxes' sealed settings are both kept in `db`.
     pub fn open(state_dir: &Path, db: SecretsDb) -> Result<Self, VaultError> {
         let k = load_or_make_key(&state_dir.join(KEY_FILE))?;
-        Self::with_key(&k, db)
+        Self::with_store(&k, Arc::new(db.clone()), Some(db))
     }
 
-    fn with_key(k: &[u8], db: SecretsDb) -> Result<Self, VaultError> {
+    /// A vault sealing with `k` (32 bytes), its secrets kept in `records` and the host's
+    /// sandboxes' sealed settings in `local` (None: a process that runs no sandbox).
+    pub fn with_store(
+        k: &[u8],
+        records: Arc<dyn SecretStore>,
+        local: Option<SecretsDb>,
+    ) -> Result<Self, VaultError> {
         let key = UnboundKey::new(&CHACHA20_POLY1305, k)
             .map_err(|_| VaultError::KeyLength("(in memory)".into()))?;
         Ok(Self {
             key: LessSafeKey::new(key),
             rng: SystemRandom::new(),
-            db,
+            records,
+            local,
             cache: Mutex::new(Cache::default()),
         })
     }
@@ -126,8 +138,9 @@ impl Vault {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Forgets every opened value (after a write: the key of the write may be an id).
-    fn changed(&self) {
+    /// Forgets every opened value (after a write: the key of the write may be an id; or told
+    /// that another process changed a secret).
+    pub fn forget(&self) {
         let mut c = self.cache();
         c.generation += 1;
         c.values.clear();
@@ -135,36 +148,44 @@ impl Vault {
 
     /// Stores a new secret (false: its name is taken).
     pub async fn insert(&self, s: &SecretRecord) -> Result<bool, VaultError> {
-        let r = self.db.insert(s).await;
-        self.changed();
+        let r = self.records.insert(s).await;
+        self.forget();
         Ok(r?)
     }
 
     /// Makes the value `seal` seals the next version of `team`'s secret `key` (id or name); see
-    /// [`SecretsDb::new_version`].
+    /// [`SecretStore::new_version`].
     pub async fn new_version(
         &self,
         team: &str,
         key: &str,
-        seal: impl FnOnce(&str) -> Vec<u8> + Send + 'static,
+        seal: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static,
         metadata: Option<BTreeMap<String, String>>,
         now_ms: i64,
     ) -> Result<Option<SecretRecord>, VaultError> {
-        let r = self.db.new_version(team, key, seal, metadata, now_ms).await;
-        self.changed();
+        let r = self
+            .records
+            .new_version(team, key, Box::new(seal), metadata, now_ms)
+            .await;
+        self.forget();
         Ok(r?)
     }
 
     /// Deletes `team`'s secret `key` (id or name); false when there is none.
     pub async fn delete(&self, team: &str, key: &str) -> Result<bool, VaultError> {
-        let r = self.db.delete(team, key).await;
-        self.changed();
+        let r = self.records.delete(team, key).await;
+        self.forget();
         Ok(r?)
     }
 
-    /// The secrets table.
-    pub fn db(&self) -> &SecretsDb {
-        &self.db
+    /// The secrets' records.
+    pub fn records(&self) -> &dyn SecretStore {
+        self.records.as_ref()
+    }
+
+    /// The host's table of its sandboxes' sealed settings (None: this process runs none).
+    pub fn db(&self) -> Option<&SecretsDb> {
+        self.local.as_ref()
     }
 
     /// `value` sealed for secret `id` of `team`: a random nonce, then ciphertext and tag.
@@ -214,7 +235,7 @@ impl Vault {
             }
             c.generation
         };
-        let Some(s) = self.db.get(team, &key.1).await? else {
+        let Some(s) = self.records.get(team, &key.1).await? else {
             return Ok(None);
         };
         if s.name != key.1 {
@@ -285,8 +306,8 @@ mod tests {
         // A change made past the vault is not seen while the entry is fresh: the value comes
         // from memory, not from the database.
         let sealed = v.seal("red", "sec_1", b"two");
-        v.db()
-            .new_version("red", "svc", move |_| sealed, None, 2)
+        v.records()
+            .new_version("red", "svc", Box::new(move |_| sealed.clone()), None, 2)
             .await
             .unwrap()
             .unwrap();

@@ -269,8 +269,8 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere_under_its_policy(
 
 def test_a_sandboxs_network_is_read_and_replaced_through_either_replica(cluster):
     """get_info through a replica shows the policy the sandbox's node holds; the SDK's
-    update_network through the other replica replaces it on that node; network rules (which
-    need a single server's vault) answer the cluster's 501 and change nothing."""
+    update_network through the other replica replaces it on that node; rules naming a secret
+    the team lacks are refused (400) at the replica and change nothing."""
     from e2b import Sandbox
 
     s = Sandbox.create(timeout=120, network={"allow_out": ["198.51.100.7"], "deny_out": ["0.0.0.0/0"]},
@@ -289,8 +289,9 @@ def test_a_sandboxs_network_is_read_and_replaced_through_either_replica(cluster)
         status, info = cluster.request("c1", "GET", f"/sandboxes/{sid}")
         assert info["network"]["allowOut"] == ["198.51.100.9", "198.51.100.10"], info
         status, err = post_json(cluster, "c1", f"/sandboxes/{sid}/network",
-                                {"rules": {"198.51.100.9": [{"transform": {"headers": {"A": "b"}}}]}}, "PUT")
-        assert status == 501 and err["message"].startswith("network rules is not available on a kiln cluster"), err
+                                {"rules": {"198.51.100.9": [{"transform": {"headers": {
+                                    "A": "${e2b.secrets.not-made}"}}}]}}, "PUT")
+        assert status == 400 and "not-made" in err["message"], err
         status, err = post_json(cluster, "c1", f"/sandboxes/{sid}/network", {"allowOut": ["not an address!"]}, "PUT")
         assert status == 400, err
         assert net_file(node, sid)["allowOut"] == ["198.51.100.9", "198.51.100.10"], "refused updates change nothing"

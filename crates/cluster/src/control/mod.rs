@@ -5,7 +5,9 @@
 //! tunnel into the node that owns the sandbox; what it forwards and the API calls naming a
 //! sandbox are recorded on that node's audit chain ([`audit`]). The web console is served too,
 //! its sessions in etcd ([`crate::console`]) so any replica knows them. Every replica
-//! campaigns for the cluster's singleton work ([`leader`]).
+//! campaigns for the cluster's singleton work ([`leader`]). Teams' secrets are kept in etcd
+//! ([`crate::secrets`]); a create's or an update's `network.rules` and `egressProxy` are
+//! checked here and applied by the sandbox's node.
 
 mod audit;
 mod cache;
@@ -106,6 +108,11 @@ impl Control {
                 },
             )
             .with_audit(audit)
+            .with_vault(Arc::new(kiln_server::vault::Vault::with_store(
+                &cfg.secret.vault_key(),
+                Arc::new(crate::secrets::EtcdSecrets::new(etcd.clone())),
+                None,
+            )?))
             .with_console_sessions(Arc::new(crate::console::EtcdSessions::new(etcd.clone())))
             .with_console_sign_ins(Arc::new(crate::sign_ins::EtcdSignIns::new(etcd.clone()))),
         );

@@ -17,13 +17,16 @@ impl ClusterService {
     /// The egress policy sandbox `id`'s node holds. A sandbox whose node is not in the
     /// cluster now (a paused one of a lost node) is still described: without its policy,
     /// which only its node holds.
-    pub(super) async fn node_network(&self, id: &str) -> Result<Option<kiln_net::EgressPolicy>> {
+    pub(super) async fn node_network(
+        &self,
+        id: &str,
+    ) -> Result<(Option<kiln_net::EgressPolicy>, Option<serde_json::Value>)> {
         self.get(id)?;
         let Some(node) = self.cache.owner(id) else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let a = self.nodes.op(&node.address, id, &Op::Network).await?;
-        a.network.map(NetworkDoc::into_policy).transpose()
+        Ok((a.network.map(NetworkDoc::into_policy).transpose()?, a.shown))
     }
 
     /// The logs of sandbox `id` of `team`: its events, and while it runs on a node of the

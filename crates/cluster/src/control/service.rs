@@ -423,11 +423,30 @@ impl SandboxService for ClusterService {
     }
 
     async fn network(&self, id: &str) -> Result<Option<kiln_net::EgressPolicy>> {
+        Ok(self.node_network(id).await?.0)
+    }
+    async fn network_shown(
+        &self,
+        id: &str,
+    ) -> Result<(Option<kiln_net::EgressPolicy>, Option<serde_json::Value>)> {
         self.node_network(id).await
     }
     async fn set_network(&self, id: &str, policy: kiln_net::EgressPolicy) -> Result<()> {
-        let network = NetworkDoc::of(&policy)?;
-        self.call(id, Op::SetNetwork { network }).await.map(drop)
+        self.set_network_settings(id, policy, None).await
+    }
+    fn forwards_network_settings(&self) -> bool {
+        true
+    }
+    async fn set_network_settings(
+        &self,
+        id: &str,
+        policy: kiln_net::EgressPolicy,
+        settings: Option<serde_json::Value>,
+    ) -> Result<()> {
+        let network = NetworkDoc::of(&policy, settings.as_ref())?;
+        self.call(id, Op::SetNetwork { network, settings })
+            .await
+            .map(drop)
     }
     fn extra_cas(&self) -> &[String] {
         &[]

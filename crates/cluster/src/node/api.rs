@@ -10,6 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use kiln_server::api::{host_trust, net_forwarded};
 use kiln_server::ApiError;
 
 use super::{audit, moves, snapshots, templates, tunnel, NodeApi};
@@ -64,7 +65,16 @@ async fn guard(State(n): St, req: Request, next: Next) -> Response {
 async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, ApiError> {
     let token = doc.idempotency.clone();
     let (snapshot, team) = (doc.snapshot.clone(), doc.team.clone());
-    let params = doc.into_params()?;
+    let mut params = doc.into_params()?;
+    // What the public API's create does on one host: the extra CAs named in the environment,
+    // the rules and egress proxy attached with this node's vault and interception CA.
+    host_trust::trust_env(n.service.extra_cas(), &mut params.env_vars);
+    let settings = params.network_settings.take();
+    if let Some(given) = &settings {
+        let team = params.team().to_string();
+        let lists = params.network.take();
+        params.network = Some(net_forwarded::create_policy(&n.app, &team, lists, given).await?);
+    }
     let borrowed = match &snapshot {
         Some(id) => snapshots::borrow(&n, id, &team).await?,
         None => {
@@ -77,6 +87,9 @@ async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, Ap
         b.give_back(&n).await;
     }
     let rec = made?;
+    if let Some(given) = &settings {
+        net_forwarded::created(&n.app, &rec.id, &rec.team, given).await?;
+    }
     let revision = n.publisher.sandbox(&rec.id).await;
     let answer = OpAnswer {
         sandbox: Some(SandboxDoc::from(&rec)),
@@ -108,7 +121,9 @@ async fn op(
             return Ok(Json(a));
         }
         Op::Network => {
-            a.network = s.network(&id).await?.as_ref().map(NetworkDoc::lists);
+            let policy = s.network(&id).await?;
+            a.network = policy.as_ref().map(NetworkDoc::lists);
+            a.shown = policy.as_ref().and_then(NetworkDoc::shown);
             return Ok(Json(a));
         }
         Op::Console { team } => {
@@ -155,7 +170,11 @@ async fn op(
         }
         Op::Adopt { from } => moves::take_over(&n, &id, &from).await?,
         Op::Metrics { .. } | Op::LatestMetric | Op::Network | Op::Console { .. } => {}
-        Op::SetNetwork { network } => s.set_network(&id, network.into_policy()?).await?,
+        Op::SetNetwork { network, settings } => {
+            let team = s.get(&id)?.team;
+            let lists = network.into_policy()?;
+            net_forwarded::update(&n.app, &id, &team, lists, settings.as_ref()).await?
+        }
         Op::Release => a.flag = moves::release(&n, &id).await?,
         Op::Snapshot { team, name, memory } => {
             let snap = snapshots::take(&n, &id, &team, name, memory, false).await?;
@@ -174,6 +193,12 @@ async fn op(
             for r in s.fork(&id, count, timeout_secs).await? {
                 a.children.push(match r {
                     Ok(child) => {
+                        if let Err(e) =
+                            net_forwarded::forked(&n.app, &id, &child.id, &child.team).await
+                        {
+                            tracing::warn!(sandbox = %child.id, error = %e.message,
+                                "recording a fork child's network settings");
+                        }
                         a.revision = a.revision.max(n.publisher.sandbox(&child.id).await);
                         Child {
                             sandbox: Some(SandboxDoc::from(&child)),

@@ -39,6 +39,9 @@ use publish::Publisher;
 /// What the internal API's handlers share.
 pub struct NodeApi {
     pub service: Arc<dyn SandboxService>,
+    /// The host's API state (its vault, interception CA and sealed per-sandbox settings), for
+    /// what a create through the public API does besides the lifecycle call.
+    pub app: Arc<kiln_server::api::AppState>,
     pub secret: ClusterSecret,
     /// Whether the node's lease is alive.
     pub alive: watch::Receiver<bool>,
@@ -102,8 +105,14 @@ pub enum NodeExit {
 }
 
 /// Runs `server` as cluster node `cfg.name` until it is stopped or fenced.
-pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<NodeExit> {
+pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<NodeExit> {
     let manager = server.manager.clone();
+    // Teams' secrets are the cluster's: in etcd, sealed with the key every process derives.
+    let vault = server.use_secrets(
+        &cfg.secret.vault_key(),
+        Arc::new(crate::secrets::EtcdSecrets::new(etcd.clone())),
+    )?;
+    let forgetting = tokio::spawn(crate::secrets::forget_on_change(etcd.clone(), vault));
     let mut lease = etcd
         .register_node_at(
             &cfg.name,
@@ -160,19 +169,25 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
             }
         });
     }
-    let node_api = NodeApi {
-        service: manager.clone(),
-        secret: cfg.secret.clone(),
-        alive: lease.alive(),
-        publisher,
-        mover,
-        creates: Default::default(),
-        etcd: etcd.clone(),
-        name: cfg.name.clone(),
-        audit: manager.audit().clone(),
-        borrowing: Default::default(),
-        templates: cfg.templates.clone(),
-        template_files: Default::default(),
+    let node_api = {
+        let (service, secret, alive) = (manager.clone(), cfg.secret.clone(), lease.alive());
+        let (etcd, name, audit) = (etcd.clone(), cfg.name.clone(), manager.audit().clone());
+        let templates = cfg.templates.clone();
+        move |app| NodeApi {
+            app,
+            service,
+            secret,
+            alive,
+            publisher,
+            mover,
+            creates: Default::default(),
+            etcd,
+            name,
+            audit,
+            borrowing: Default::default(),
+            templates,
+            template_files: Default::default(),
+        }
     };
     let fenced = Arc::new(AtomicBool::new(false));
     let stop = {
@@ -192,7 +207,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
             }
         }
     };
-    let mut serving = tokio::spawn(server.serve_with(move |_| api::router(node_api), stop));
+    let mut serving = tokio::spawn(server.serve_with(move |app| api::router(node_api(app)), stop));
     let mut tick = tokio::time::interval(cfg.load_every);
     loop {
         tokio::select! {
@@ -221,6 +236,7 @@ pub async fn run(server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<Nod
     if let Some(c) = collector {
         c.abort();
     }
+    forgetting.abort();
     if fenced.load(Ordering::SeqCst) {
         return Ok(NodeExit::Fenced);
     }

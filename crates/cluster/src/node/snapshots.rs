@@ -177,7 +177,11 @@ pub(super) async fn fork_out(
             "sandbox \"{id}\"'s node has no object store: its fork's children run beside it"
         )));
     };
-    let params = m.manager.fork_child_params(id, timeout_secs).await?;
+    let mut params = m.manager.fork_child_params(id, timeout_secs).await?;
+    // The parent's rules and egress proxy, as given, for the node the child runs on.
+    params.network_settings = kiln_server::api::net_forwarded::of_sandbox(&n.app, id, &params.team)
+        .await
+        .map_err(|e| Error::Internal(format!("the parent's network settings: {}", e.message)))?;
     let mut child = CreateDoc::of(&params)?;
     let snap = take(n, id, &params.team, None, true, true).await?;
     let stored = match upload(n, &snap.id).await {

@@ -13,6 +13,7 @@ pub mod idempotency;
 mod jwks;
 mod keys;
 mod list;
+pub mod net_forwarded;
 mod net_inherit;
 mod net_persist;
 mod net_update;
@@ -296,6 +297,14 @@ impl AppState {
     pub fn with_vault(mut self, vault: Arc<crate::vault::Vault>) -> Self {
         self.vault = Some(vault);
         self
+    }
+
+    /// The vault and the host's table of its sandboxes' sealed settings (None: this process
+    /// keeps none, e.g. a cluster's control replica, whose nodes keep them).
+    pub(crate) fn settings_db(
+        &self,
+    ) -> Option<(&Arc<crate::vault::Vault>, &crate::store::SecretsDb)> {
+        self.vault.as_ref().and_then(|v| v.db().map(|d| (v, d)))
     }
 }
 

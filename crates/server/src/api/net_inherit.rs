@@ -21,12 +21,11 @@ fn internal(what: &str) -> impl Fn(String) -> ApiError + '_ {
 }
 
 /// The opened settings recorded under `row` for `team` (`None`: none, or another team's).
-async fn read(st: &AppState, row: &str, team: &str) -> ApiResult<Option<Value>> {
-    let Some(vault) = &st.vault else {
+pub(super) async fn read(st: &AppState, row: &str, team: &str) -> ApiResult<Option<Value>> {
+    let Some((vault, db)) = st.settings_db() else {
         return Ok(None);
     };
-    let got = vault
-        .db()
+    let got = db
         .get_network(row)
         .await
         .map_err(|e| internal("reading network settings")(e.to_string()))?;
@@ -42,13 +41,11 @@ async fn read(st: &AppState, row: &str, team: &str) -> ApiResult<Option<Value>> 
 }
 
 async fn write(st: &AppState, row: &str, team: &str, v: Option<&Value>) -> ApiResult<()> {
-    let Some(vault) = &st.vault else {
+    let Some((vault, db)) = st.settings_db() else {
         return Ok(());
     };
     let sealed = v.map(|v| vault.seal(team, &seal_id(row), v.to_string().as_bytes()));
-    vault
-        .db()
-        .put_network(row, team, sealed)
+    db.put_network(row, team, sealed)
         .await
         .map_err(|e| internal("storing network settings")(e.to_string()))
 }

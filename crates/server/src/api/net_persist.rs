@@ -41,6 +41,21 @@ fn present(v: Option<&Value>) -> bool {
     }
 }
 
+/// The `rules` and `egressProxy` of `net` (a create's `network` object, or the body of
+/// `PUT .../network`) and `iam`, those present, as one object (None: none is).
+pub fn settings_of(net: Option<&Value>, iam: Option<&Value>) -> Option<Value> {
+    let mut kept = Map::new();
+    for k in ["rules", "egressProxy"] {
+        if let Some(v) = net.and_then(|n| n.get(k)).filter(|v| present(Some(v))) {
+            kept.insert(k.to_string(), v.clone());
+        }
+    }
+    if let Some(v) = iam.filter(|v| present(Some(v))) {
+        kept.insert("iam".to_string(), v.clone());
+    }
+    (!kept.is_empty()).then_some(Value::Object(kept))
+}
+
 /// Records the `rules` and `egressProxy` of `net` (a create's `network` object, or the body
 /// of `PUT .../network`) and the `iam` of its create for sandbox `id` of `team`; none of
 /// them: forgets what was recorded.
@@ -51,28 +66,12 @@ pub async fn remember(
     net: Option<&Value>,
     iam: Option<&Value>,
 ) -> ApiResult<()> {
-    let Some(vault) = &st.vault else {
+    let Some((vault, db)) = st.settings_db() else {
         return Ok(());
     };
-    let mut kept = Map::new();
-    for k in ["rules", "egressProxy"] {
-        if let Some(v) = net.and_then(|n| n.get(k)).filter(|v| present(Some(v))) {
-            kept.insert(k.to_string(), v.clone());
-        }
-    }
-    if let Some(v) = iam.filter(|v| present(Some(v))) {
-        kept.insert("iam".to_string(), v.clone());
-    }
-    let sealed = (!kept.is_empty()).then(|| {
-        vault.seal(
-            team,
-            &seal_id(id),
-            Value::Object(kept).to_string().as_bytes(),
-        )
-    });
-    vault
-        .db()
-        .put_network(id, team, sealed)
+    let sealed = settings_of(net, iam)
+        .map(|kept| vault.seal(team, &seal_id(id), kept.to_string().as_bytes()));
+    db.put_network(id, team, sealed)
         .await
         .map_err(|e| ApiError::internal(format!("storing the sandbox's network settings: {e}")))
 }
@@ -91,13 +90,13 @@ fn open(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiResult<Value> 
 
 /// The `iam` sandbox `id` of `team` was created with (`None`: none).
 pub async fn stored_iam(st: &AppState, id: &str, team: &str) -> ApiResult<Option<Value>> {
-    let Some(vault) = &st.vault else {
+    let Some((_, db)) = st.settings_db() else {
         return Ok(None);
     };
-    let row =
-        vault.db().get_network(id).await.map_err(|e| {
-            ApiError::internal(format!("reading the sandbox's network settings: {e}"))
-        })?;
+    let row = db
+        .get_network(id)
+        .await
+        .map_err(|e| ApiError::internal(format!("reading the sandbox's network settings: {e}")))?;
     match row {
         Some((t, sealed)) if t == team => Ok(open(st, id, team, &sealed)?.get("iam").cloned()),
         _ => Ok(None),
@@ -107,32 +106,45 @@ pub async fn stored_iam(st: &AppState, id: &str, team: &str) -> ApiResult<Option
 /// Puts the recorded rules, egress proxy and identity tokens back on sandbox `id`'s policy.
 async fn apply_one(st: &AppState, id: &str, team: &str, sealed: &[u8]) -> ApiResult<()> {
     let v = open(st, id, team, sealed)?;
-    let tokens = crate::identity::parse_iam(v.get("iam"))
-        .map_err(|e| ApiError::internal(format!("reading the stored settings: {e}")))?;
-    let n: NetworkJson = serde_json::from_value(json!({
-        "rules": v.get("rules"), "egressProxy": v.get("egressProxy")
-    }))
-    .map_err(|e| ApiError::internal(format!("reading the stored settings: {e}")))?;
-    let Some(mut base) = st.manager.network(id).await? else {
+    let Some(base) = st.manager.network(id).await? else {
         return Ok(());
     };
+    let policy = attach(st, team, base, &v).await?;
+    st.manager.set_network(id, policy).await?;
+    Ok(())
+}
+
+/// `base` (a sandbox's lists) with the `rules`, `egressProxy` and `iam` tokens of `settings`
+/// (as [`settings_of`] makes them) attached for `team`; they are checked as a create's are.
+pub async fn attach(
+    st: &AppState,
+    team: &str,
+    mut base: kiln_net::EgressPolicy,
+    settings: &Value,
+) -> ApiResult<kiln_net::EgressPolicy> {
+    let tokens = crate::identity::parse_iam(settings.get("iam")).map_err(ApiError::bad_request)?;
+    let n: NetworkJson = serde_json::from_value(json!({
+        "rules": settings.get("rules"), "egressProxy": settings.get("egressProxy")
+    }))
+    .map_err(|e| ApiError::bad_request(format!("network settings: {e}")))?;
     let extra = policy_of(Some(base.allow_internet_access), Some(&n))?;
     let extra = super::rules::with_rules(st, team, Some(&n), &tokens, extra).await?;
     let extra = extra.unwrap_or_default();
     base.transforms = extra.transforms;
     base.egress_proxy = extra.egress_proxy;
-    st.manager.set_network(id, base).await?;
-    Ok(())
+    Ok(base)
 }
 
 /// Applies the recorded rules and egress proxies to the running sandboxes (after recovery),
 /// forgets those of sandboxes that are gone, and puts those of sandboxes paused across the
 /// restart back when each resumes (watching the lifecycle events until none is left).
 pub async fn reapply(st: &AppState) {
-    let Some(vault) = &st.vault else { return };
+    let Some((_, db)) = st.settings_db() else {
+        return;
+    };
     // Subscribed before the table is read, so no resume falls between.
     let mut events = st.manager.subscribe();
-    let all = match vault.db().networks().await {
+    let all = match db.networks().await {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!(error = %e, "reading sandboxes' network settings");
@@ -151,7 +163,7 @@ pub async fn reapply(st: &AppState) {
                 paused.insert(id, (team, sealed));
             }
             Err(_) => {
-                let _ = vault.db().put_network(&id, &team, None).await;
+                let _ = db.put_network(&id, &team, None).await;
             }
         }
     }

@@ -39,8 +39,16 @@ pub async fn update(
             .unwrap_or_default();
     }
     let rules = policy.transforms.is_some();
-    st.manager.set_network(&id, policy).await?;
     let raw = serde_json::from_slice::<Value>(&body).ok();
+    // A cluster's node attaches the rules and egress proxy (see `net_forwarded`).
+    let settings = st
+        .manager
+        .forwards_network_settings()
+        .then(|| super::net_persist::settings_of(raw.as_ref(), None))
+        .flatten();
+    st.manager
+        .set_network_settings(&id, policy, settings)
+        .await?;
     super::net_persist::remember(&st, &id, &c.team, raw.as_ref(), iam.as_ref()).await?;
     if rules {
         // Trusted since create; a sandbox from an older snapshot may lack it.

@@ -32,6 +32,40 @@ impl SecretSource for Vault {
     }
 }
 
+/// Refuses a rule naming a secret `team` does not have or a token not among `tokens`.
+async fn check_names(
+    vault: &Vault,
+    team: &str,
+    rules: &RuleSet,
+    tokens: &BTreeMap<String, TokenSpec>,
+) -> ApiResult<()> {
+    for name in rules.secret_names() {
+        let known = vault
+            .records()
+            .get(team, &name)
+            .await
+            .map_err(|e| ApiError::internal(format!("reading secrets: {e}")))?
+            .is_some_and(|s| s.name == name);
+        if !known {
+            return Err(ApiError::bad_request(format!(
+                "network.rules: secret {name:?} does not exist in this team; create it first \
+                 (Secret.create / POST /secrets)"
+            )));
+        }
+    }
+    for name in rules.token_names() {
+        if !tokens.contains_key(&name) {
+            let defined: Vec<&String> = tokens.keys().collect();
+            return Err(ApiError::bad_request(format!(
+                "network.rules: workload identity token {name:?} is not defined in the \
+                 sandbox's iam.tokens (defined: {defined:?}); define it at create: \
+                 iam: {{tokens: {{{name:?}: {{audience, tokenType: \"JWT-SVID\"}}}}}}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn rules_of(net: Option<&NetworkJson>) -> ApiResult<Option<RuleSet>> {
     let Some(v) = net.and_then(|n| n.rules.as_ref()) else {
         return Ok(None);
@@ -56,35 +90,20 @@ pub async fn with_rules(
     let Some(rules) = rules_of(net)? else {
         return Ok(policy);
     };
+    if st.manager.forwards_network_settings() {
+        // Checked here, attached where the sandbox runs (see `net_forwarded`).
+        let Some(vault) = &st.vault else {
+            return Err(ApiError::not_implemented("network rules"));
+        };
+        check_names(vault, team, &rules, tokens).await?;
+        return Ok(policy);
+    }
     let (Some(vault), Some(interceptor)) = (&st.vault, &st.interceptor) else {
         return Err(ApiError::not_implemented(
             "network rules on a server without its interception CA (see the server log)",
         ));
     };
-    for name in rules.secret_names() {
-        let known = vault
-            .db()
-            .get(team, &name)
-            .await
-            .map_err(|e| ApiError::internal(format!("reading secrets: {e}")))?
-            .is_some_and(|s| s.name == name);
-        if !known {
-            return Err(ApiError::bad_request(format!(
-                "network.rules: secret {name:?} does not exist in this team; create it first \
-                 (Secret.create / POST /secrets)"
-            )));
-        }
-    }
-    for name in rules.token_names() {
-        if !tokens.contains_key(&name) {
-            let defined: Vec<&String> = tokens.keys().collect();
-            return Err(ApiError::bad_request(format!(
-                "network.rules: workload identity token {name:?} is not defined in the \
-                 sandbox's iam.tokens (defined: {defined:?}); define it at create: \
-                 iam: {{tokens: {{{name:?}: {{audience, tokenType: \"JWT-SVID\"}}}}}}"
-            )));
-        }
-    }
+    check_names(vault, team, &rules, tokens).await?;
     let minter: Option<Arc<dyn TokenSource>> = match (tokens.is_empty(), &st.identity) {
         (true, _) => None,
         (false, Some(issuer)) => Some(Arc::new(SandboxTokens::new(

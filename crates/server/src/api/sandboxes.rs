@@ -81,6 +81,12 @@ async fn create_inner(
         || network
             .as_ref()
             .is_some_and(|p| p.transforms.is_some() || p.egress_proxy.is_some());
+    // A cluster's node attaches them (see `net_forwarded`).
+    let network_settings = st
+        .manager
+        .forwards_network_settings()
+        .then(|| super::net_persist::settings_of(net_raw.as_ref(), None))
+        .flatten();
     let team = c.team.clone();
     let mcp = req.mcp.clone().filter(|m| !m.is_null());
     if mcp.as_ref().is_some_and(|m| !m.is_object()) {
@@ -125,6 +131,7 @@ async fn create_inner(
         team: c.team,
         volume_mounts,
         idempotency,
+        network_settings,
     };
     let t = std::time::Instant::now();
     let rec = tokio::spawn(async move { manager.create(params).await })
@@ -134,8 +141,8 @@ async fn create_inner(
     if let Some(b) = &built {
         super::template_api::apply_defaults(&st, &rec, b).await?;
     }
-    if let (Some(m), Some(v)) = (&mcp, &st.vault) {
-        v.db().put_mcp(&rec.id, m).await.map_err(|e| {
+    if let (Some(m), Some((_, db))) = (&mcp, st.settings_db()) {
+        db.put_mcp(&rec.id, m).await.map_err(|e| {
             ApiError::internal(format!("storing the sandbox's mcp configuration: {e}"))
         })?;
     }
@@ -155,8 +162,11 @@ pub async fn get_sandbox(
 ) -> ApiResult<Json<Value>> {
     let r = st.manager.get_for(&id, &c.team)?;
     let mut v = detail_json(&r, &st.cfg.domain, st.manager.standby_since(&id));
-    let policy = st.manager.network(&id).await?;
-    let (internet, network) = super::network::info(policy.as_ref(), &r.ingress);
+    let (policy, shown) = st.manager.network_shown(&id).await?;
+    let (internet, mut network) = super::network::info(policy.as_ref(), &r.ingress);
+    if let (Some(Value::Object(extra)), Some(n)) = (shown, network.as_object_mut()) {
+        n.extend(extra);
+    }
     v["allowInternetAccess"] = json!(internet);
     // No network: no `network` key (the e2b SDK cannot parse a null one).
     if !network.is_null() {
@@ -165,8 +175,8 @@ pub async fn get_sandbox(
     if let Some(m) = super::volumes::info(&st, &id).await? {
         v["volumeMounts"] = m;
     }
-    if let Some(vault) = &st.vault {
-        if let Some(m) = vault.db().get_mcp(&id).await.map_err(|e| {
+    if let Some((_, db)) = st.settings_db() {
+        if let Some(m) = db.get_mcp(&id).await.map_err(|e| {
             ApiError::internal(format!("reading the sandbox's mcp configuration: {e}"))
         })? {
             v["mcp"] = m;

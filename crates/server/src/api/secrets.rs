@@ -245,7 +245,7 @@ async fn list(
     let after = q.next_token.as_deref().map(cursor_of).transpose()?;
     // One more than asked says whether another page exists.
     let mut page = v
-        .db()
+        .records()
         .list(&c.team, after, limit + 1)
         .await
         .map_err(store_err)?;
@@ -274,7 +274,7 @@ async fn get_one(
     Path(key): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let s = vault(&st)?
-        .db()
+        .records()
         .get(&c.team, &key)
         .await
         .map_err(store_err)?

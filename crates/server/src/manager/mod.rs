@@ -225,6 +225,11 @@ pub struct CreateParams {
     /// no key). A lifecycle spread over replicas uses it so that a create retried at another
     /// replica ends on the same sandbox; one host's manager needs it not.
     pub idempotency: Option<String>,
+    /// The request's `rules` and `egressProxy` as its client gave them (placeholders, never a
+    /// secret's value), for a lifecycle that applies them where the sandbox runs
+    /// ([`crate::SandboxService::forwards_network_settings`]); one host's manager takes them
+    /// from `network`.
+    pub network_settings: Option<serde_json::Value>,
 }
 
 impl CreateParams {

@@ -123,6 +123,35 @@ pub trait SandboxService: Send + Sync + 'static {
 
     async fn network(&self, id: &str) -> Result<Option<kiln_net::EgressPolicy>>;
     async fn set_network(&self, id: &str, policy: kiln_net::EgressPolicy) -> Result<()>;
+    /// Whether `network.rules` and `egressProxy` are applied where the sandbox runs rather
+    /// than here (a cluster's replica: its nodes hold the interception CA and the sandboxes'
+    /// sealed settings). Then the API checks them, hands them on as given
+    /// ([`CreateParams::network_settings`], [`SandboxService::set_network_settings`]) and
+    /// attaches nothing to the policy itself.
+    fn forwards_network_settings(&self) -> bool {
+        false
+    }
+    /// Sandbox `id`'s egress policy and, when they are applied where it runs
+    /// ([`SandboxService::forwards_network_settings`]), its `rules` and `egressProxy` as the
+    /// API shows them (`{"rules": …, "egressProxy": …}`; one host's are in the policy).
+    async fn network_shown(
+        &self,
+        id: &str,
+    ) -> Result<(Option<kiln_net::EgressPolicy>, Option<serde_json::Value>)> {
+        Ok((self.network(id).await?, None))
+    }
+    /// Replaces sandbox `id`'s egress policy with `policy`, its `rules` and `egressProxy`
+    /// given as the client gave them in `settings` (see
+    /// [`SandboxService::forwards_network_settings`]; a lifecycle that does not forward them
+    /// finds them in `policy`).
+    async fn set_network_settings(
+        &self,
+        id: &str,
+        policy: kiln_net::EgressPolicy,
+        _settings: Option<serde_json::Value>,
+    ) -> Result<()> {
+        self.set_network(id, policy).await
+    }
     /// CA certificates (PEM) every sandbox trusts besides its template's roots.
     fn extra_cas(&self) -> &[String];
     /// How many sandboxes that serve no request yet (a warm pool's, a standing build

@@ -14,8 +14,8 @@ use crate::obs::ring::MetricSample;
 use super::alerts_sql::{AlertFilter, AlertRecord};
 use super::{
     Attempt, DeliveryRecord, Event, EventQuery, IdempotentAnswer, Ingress, KeyRecord, PauseMode,
-    Result, SandboxRecord, SandboxState, SnapshotRecord, StoredEvent, TeamRecord, TemplateRecord,
-    WebhookRecord,
+    Result, SandboxRecord, SandboxState, SecretCursor, SecretRecord, SnapshotRecord, StoredEvent,
+    TeamRecord, TemplateRecord, WebhookRecord,
 };
 
 /// What verifying one sandbox's chain reads.
@@ -70,6 +70,41 @@ pub trait MetricsStore: Send + Sync + 'static {
     async fn delete_samples(&self, ids: Vec<String>) -> Result<()>;
     /// Deletes every history but those of `live` in one write.
     async fn keep_only(&self, live: Vec<String>) -> Result<()>;
+}
+
+/// Seals a secret's new value for the secret's id (see [`SecretStore::new_version`]).
+pub type Sealer = Box<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+
+/// Teams' secrets, each record holding its current value sealed by [`crate::vault`] (a store
+/// never sees a value in clear). Keys of one team never name another team's secret; a `key` is
+/// a secret's id or its (case-insensitive) name.
+#[async_trait::async_trait]
+pub trait SecretStore: Send + Sync + 'static {
+    /// Stores a new secret; false when its team already has one of that name.
+    async fn insert(&self, s: &SecretRecord) -> Result<bool>;
+    /// The secret of `team` whose id or name is `key`.
+    async fn get(&self, team: &str, key: &str) -> Result<Option<SecretRecord>>;
+    /// Up to `limit` secrets of `team` in creation order (then id), after `after` when given.
+    async fn list(
+        &self,
+        team: &str,
+        after: Option<SecretCursor>,
+        limit: u32,
+    ) -> Result<Vec<SecretRecord>>;
+    /// Makes the value `seal` seals for the secret's id the next version of `team`'s secret
+    /// `key` (and `metadata` its metadata when given); the record after the change, `None`
+    /// when there is none. `seal` may be called more than once (a write that lost a race is
+    /// planned again).
+    async fn new_version(
+        &self,
+        team: &str,
+        key: &str,
+        seal: Sealer,
+        metadata: Option<std::collections::BTreeMap<String, String>>,
+        now_ms: i64,
+    ) -> Result<Option<SecretRecord>>;
+    /// Deletes `team`'s secret `key` (its value is gone with it); false when there is none.
+    async fn delete(&self, team: &str, key: &str) -> Result<bool>;
 }
 
 /// Sandboxes and their snapshots: which exist, their state and when they end.

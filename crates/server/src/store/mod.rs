@@ -36,8 +36,8 @@ mod tplbuild_tags_sql;
 mod volumes_sql;
 
 pub use aggregates::{
-    AccessStore, AuditStore, EventStore, IdempotencyStore, MetricsStore, SandboxStore, StoredChain,
-    TemplateStore,
+    AccessStore, AuditStore, EventStore, IdempotencyStore, MetricsStore, SandboxStore, Sealer,
+    SecretStore, StoredChain, TemplateStore,
 };
 pub use audit_sql::SqliteAuditStore;
 pub use console_sql::{ConsoleDb, SessionRow};

@@ -184,6 +184,37 @@ impl SecretsDb {
     }
 }
 
+#[async_trait::async_trait]
+impl super::SecretStore for SecretsDb {
+    async fn insert(&self, s: &SecretRecord) -> Result<bool> {
+        SecretsDb::insert(self, s).await
+    }
+    async fn get(&self, team: &str, key: &str) -> Result<Option<SecretRecord>> {
+        SecretsDb::get(self, team, key).await
+    }
+    async fn list(
+        &self,
+        team: &str,
+        after: Option<SecretCursor>,
+        limit: u32,
+    ) -> Result<Vec<SecretRecord>> {
+        SecretsDb::list(self, team, after, limit).await
+    }
+    async fn new_version(
+        &self,
+        team: &str,
+        key: &str,
+        seal: super::aggregates::Sealer,
+        metadata: Option<BTreeMap<String, String>>,
+        now_ms: i64,
+    ) -> Result<Option<SecretRecord>> {
+        SecretsDb::new_version(self, team, key, move |id| seal(id), metadata, now_ms).await
+    }
+    async fn delete(&self, team: &str, key: &str) -> Result<bool> {
+        SecretsDb::delete(self, team, key).await
+    }
+}
+
 /// The `mcp` field of a sandbox's create request, kept on the same connection (the
 /// `sandbox_mcp` table of migration 10).
 impl SecretsDb {

@@ -1,0 +1,76 @@
+//! A cluster node's side of `network.rules` and `egressProxy`. The control replica checked
+//! them (every secret a rule names exists in the team) and hands them on as the client gave
+//! them ([`crate::SandboxService::forwards_network_settings`]); the node, which holds the
+//! interception CA, the egress proxy and its sandboxes' sealed settings, attaches them to the
+//! sandbox's policy before the sandbox starts ([`create_policy`]), keeps them sealed for its
+//! own restarts ([`created`]) and applies them in a network update ([`update`]). A secret's
+//! value is read from the vault (the cluster's) when each request is sent, as on one host.
+
+use kiln_net::EgressPolicy;
+use serde_json::Value;
+
+use super::{net_persist, ApiResult, AppState};
+
+/// The policy a forwarded create of `team` starts under: its lists `base` (None: the
+/// default) with `settings` attached.
+pub async fn create_policy(
+    st: &AppState,
+    team: &str,
+    base: Option<EgressPolicy>,
+    settings: &Value,
+) -> ApiResult<EgressPolicy> {
+    net_persist::attach(st, team, base.unwrap_or_default(), settings).await
+}
+
+/// Records the `settings` sandbox `id` of `team` was created with, sealed, for the node's
+/// restarts.
+pub async fn created(st: &AppState, id: &str, team: &str, settings: &Value) -> ApiResult<()> {
+    net_persist::remember(st, id, team, Some(settings), settings.get("iam")).await
+}
+
+/// Replaces sandbox `id`'s (of `team`) policy with `lists` and `settings` (None: no rules, no
+/// egress proxy), records them, and checks the sandbox trusts the interception CA when rules
+/// need it.
+pub async fn update(
+    st: &AppState,
+    id: &str,
+    team: &str,
+    lists: EgressPolicy,
+    settings: Option<&Value>,
+) -> ApiResult<()> {
+    let iam = net_persist::stored_iam(st, id, team).await?;
+    let mut all = settings
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    if let (Some(v), Value::Object(m)) = (&iam, &mut all) {
+        m.insert("iam".to_string(), v.clone());
+    }
+    let policy = net_persist::attach(st, team, lists, &all).await?;
+    let rules = policy.transforms.is_some();
+    st.manager.set_network(id, policy).await?;
+    net_persist::remember(st, id, team, settings, iam.as_ref()).await?;
+    if rules {
+        // Trusted since create; a sandbox from an older snapshot may lack it.
+        let token = st.manager.get_for(id, team)?.envd_token;
+        super::host_trust::install(st.manager.as_ref(), id, token).await?;
+    }
+    Ok(())
+}
+
+/// The `rules` and `egressProxy` sandbox `id` of `team` runs with, as recorded (None: none),
+/// for a fork's children that run on another node; never its `iam`.
+pub async fn of_sandbox(st: &AppState, id: &str, team: &str) -> ApiResult<Option<Value>> {
+    let Some(mut v) = super::net_inherit::read(st, id, team).await? else {
+        return Ok(None);
+    };
+    if let Some(m) = v.as_object_mut() {
+        m.remove("iam");
+    }
+    Ok(net_persist::settings_of(Some(&v), None))
+}
+
+/// Records for fork `child` the settings of its `parent` (of `team`), as a fork on one host
+/// does.
+pub async fn forked(st: &AppState, parent: &str, child: &str, team: &str) -> ApiResult<()> {
+    super::net_inherit::fork_child(st, parent, child, team).await
+}

@@ -1,0 +1,233 @@
+"""Secrets, `network.rules` and `egressProxy` on a kiln cluster (docs/cluster.md, "Secrets and
+network rules"): a one-member etcd, two `kiln node` processes with sandbox networking (each its
+own range, resolving through the test internet's DNS and trusting its CA) and two `kiln
+control` replicas, beside the test internet of test_server_egress_rules.py (namespace `ktsec`,
+198.51.100.0/24, its echo hosts and a SOCKS5 server). Through the pinned e2b SDK:
+
+- a secret made through one replica is listed, read, updated and deleted through the other,
+  and etcd never holds its value in clear;
+- a sandbox created through either replica, on either node, gets the secret injected by its
+  node's egress proxy; an update made through the other replica applies to the next request
+  on both nodes; the rules read back through the other replica as placeholders; replaced by
+  `update_network`; kept by a fork's child;
+- an egress proxy given through a replica carries the sandbox's connections on its node, and
+  its password never comes back.
+Nothing here sends traffic off this machine.
+Needs KILN_BIN, the base template, runsc, root and etcd (Debian's etcd-server, or KILN_ETCD).
+"""
+
+import base64
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+import pytest
+from e2b import Sandbox, Secret
+
+from .internet import remove_slots_in_range, run
+from .test_server_cluster import Cluster, finish
+from .test_server_egress_rules import DNS_ADDR, NS, SOCKS, SOCKS_ADDR, secnet  # noqa: F401
+from .testnet import sh
+
+RANGES = {"n1": "10.169.0.0/24", "n2": "10.169.1.0/24"}
+
+
+class NetCluster(Cluster):
+    def start_node(self, name: str, extra=()) -> object:
+        net = ["--net-range", RANGES[name], "--net-pool", "1", "--dns-upstream", DNS_ADDR]
+        return super().start_node(name, [*net, *extra])
+
+
+@pytest.fixture(scope="module")
+def cluster(secnet):  # noqa: F811
+    ca = secnet[0]
+    base = tempfile.mkdtemp(prefix="kiln-cluster-sec-")
+    saved = os.environ.get("KILN_EGRESS_TRUST")
+    os.environ["KILN_EGRESS_TRUST"] = ca
+    c = None
+    try:
+        c = NetCluster(base)
+        c.start_node("n1")
+        c.start_node("n2")
+        c.start_control("c1")
+        c.start_control("c2")
+        yield c
+    finally:
+        if saved is None:
+            os.environ.pop("KILN_EGRESS_TRUST", None)
+        else:
+            os.environ["KILN_EGRESS_TRUST"] = saved
+        finish(c, base, *[lambda r=r: remove_slots_in_range(r.rsplit(".", 1)[0] + ".")
+                          for r in RANGES.values()])
+
+
+def curl(sbx, args):
+    """(exit code, HTTP status, body) of a curl in the sandbox."""
+    code, out = run(sbx, f"curl -s -m 10 -w '\\n%{{http_code}}' {args}")
+    body, _, status = out.rpartition("\n")
+    return code, status.strip(), body
+
+
+def etcd_values(c) -> str:
+    """Every value under the cluster's prefix, decoded, through etcd's JSON gateway."""
+    key = base64.b64encode(c.prefix.encode()).decode()
+    end = base64.b64encode(c.prefix[:-1].encode() + bytes([ord(c.prefix[-1]) + 1])).decode()
+    req = urllib.request.Request(c.etcd_url + "/v3/kv/range", method="POST",
+                                 data=json.dumps({"key": key, "range_end": end}).encode())
+    got = json.loads(urllib.request.urlopen(req, timeout=10).read())
+    return "\n".join(base64.b64decode(kv.get("value", "")).decode("utf-8", "replace")
+                     for kv in got.get("kvs", []))
+
+
+def test_a_secret_made_at_one_replica_is_the_clusters(cluster):
+    a, b = cluster.opts("c1"), cluster.opts("c2")
+    tag = uuid.uuid4().hex[:8]
+    value = f"sk-{uuid.uuid4().hex}"
+    made = Secret.create(f"Svc-{tag}", value, metadata={"owner": "test"}, **a)
+    assert made.name == f"svc-{tag}"
+    listed = {s.name: s for s in Secret.list(limit=1000, **b).next_items()}
+    assert f"svc-{tag}" in listed and listed[f"svc-{tag}"].metadata == {"owner": "test"}
+    # A name is the team's once, whichever replica is asked.
+    with pytest.raises(Exception) as e:
+        Secret.create(f"svc-{tag}", "other", **b)
+    assert "409" in str(e.value) or "exists" in str(e.value), e.value
+    status, one = cluster.request("c2", "GET", f"/secrets/{made.secret_id}")
+    assert status == 200 and one["name"] == f"svc-{tag}" and value not in json.dumps(one), one
+    Secret.update(f"svc-{tag}", value + "-2", **b)
+    status, one = cluster.request("c1", "GET", f"/secrets/svc-{tag}")
+    assert status == 200 and one["currentVersion"] == 2, one
+    stored = etcd_values(cluster)
+    assert f"svc-{tag}" in stored, "the record is in etcd"
+    assert value not in stored and base64.b64encode(value.encode()).decode() not in stored
+    Secret.destroy(made.secret_id, **b)
+    status, _ = cluster.request("c1", "GET", f"/secrets/svc-{tag}")
+    assert status == 404
+    for p in cluster.procs:
+        assert value not in p.log(), p.name
+
+
+def sandboxes_on_both_nodes(cluster, rules):
+    """Sandboxes made through alternating replicas until each node runs one: {node: sandbox}."""
+    on, made = {}, []
+    try:
+        for i in range(12):
+            sbx = Sandbox.create(timeout=300, network={"rules": rules},
+                                 **cluster.opts("c1" if i % 2 == 0 else "c2"))
+            node = cluster.node_of(sbx.sandbox_id)
+            if node in on:
+                made.append(sbx)
+            else:
+                on[node] = sbx
+            if len(on) == 2:
+                return on
+        pytest.fail(f"twelve creates did not reach both nodes: {sorted(on)}")
+    finally:
+        for s in made:
+            s.kill()
+
+
+def test_rules_inject_a_secret_on_either_node_and_follow_updates(cluster, secnet):  # noqa: F811
+    ca = secnet[0]
+    a, b = cluster.opts("c1"), cluster.opts("c2")
+    tag = uuid.uuid4().hex[:8]
+    value = f"sk-{uuid.uuid4().hex}"
+    name = f"svc-{tag}"
+    Secret.create(name, value, **a)
+    rules = {"api.sec.test": [{"transform": {"headers": {
+        "Authorization": "Bearer " + Secret.fill(name)}}}]}
+    # An unknown secret fails the create at the replica, naming it.
+    with pytest.raises(Exception) as e:
+        Sandbox.create(timeout=60, **b, network={"rules": {
+            "api.sec.test": [{"transform": {"headers": {"A": Secret.fill(f"nope-{tag}")}}}]}})
+    assert f"nope-{tag}" in str(e.value) and "400" in str(e.value), e.value
+
+    on = sandboxes_on_both_nodes(cluster, rules)
+    try:
+        for node, sbx in on.items():
+            code, status, body = curl(sbx, "-H 'Authorization: mine' https://api.sec.test/a")
+            assert (code, status) == (0, "200"), (node, body)
+            assert json.loads(body)["headers"]["authorization"] == f"Bearer {value}", (node, body)
+            env = run(sbx, "env")[1]
+            assert "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in env, (node, env)
+            # Read back through the other replica: the placeholders, never the value.
+            info = Sandbox.get_info(sbx.sandbox_id, **b)
+            header = info.network["rules"]["api.sec.test"][0]["transform"]["headers"]
+            assert header["authorization"] == "Bearer " + Secret.fill(name), info.network
+            status, detail = cluster.request("c2", "GET", f"/sandboxes/{sbx.sandbox_id}")
+            assert status == 200 and value not in json.dumps(detail)
+
+        # An update through the other replica: the next request on each node carries it.
+        Secret.update(name, value + "-v2", **b)
+        for node, sbx in on.items():
+            code, status, body = curl(sbx, "https://api.sec.test/b")
+            assert f"Bearer {value}-v2" in body, (node, body)
+
+        # Replaced through a replica: no rules, the host's own TLS (pinned to its CA) again.
+        sbx = on["n1"]
+        sbx.files.write("/tmp/testca.pem", open(ca).read())
+        Sandbox.connect(sbx.sandbox_id, **b).update_network({})
+        code, status, body = curl(sbx, "--cacert /tmp/testca.pem https://api.sec.test/c")
+        assert (code, status) == (0, "200") and "authorization" not in json.loads(body)["headers"]
+        assert "rules" not in (Sandbox.get_info(sbx.sandbox_id, **a).network or {})
+        sbx.update_network({"rules": rules})
+        code, status, body = curl(sbx, "https://api.sec.test/d")
+        assert f"Bearer {value}-v2" in body, body
+
+        # A fork through the other replica: its child, beside its parent, keeps the rules.
+        req = urllib.request.Request(
+            cluster.controls["c2"].url + f"/sandboxes/{sbx.sandbox_id}/fork", method="POST",
+            data=json.dumps({"count": 1}).encode(),
+            headers={"X-API-Key": cluster.api_key, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            child_id = json.loads(r.read())[0]["sandbox"]["sandboxID"]
+        child = Sandbox.connect(child_id, **a)
+        try:
+            code, status, body = curl(child, "https://api.sec.test/fork")
+            assert f"Bearer {value}-v2" in body, body
+        finally:
+            child.kill()
+    finally:
+        for s in on.values():
+            s.kill()
+    for p in cluster.procs:
+        assert value not in p.log(), p.name
+
+
+def test_an_egress_proxy_given_through_a_replica_carries_the_sandboxs_traffic(cluster, secnet):  # noqa: F811
+    ca, ns, d = secnet
+    log = os.path.join(d, "socks-cluster.log")
+    password = "pw-" + uuid.uuid4().hex[:10]
+    proc = ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", password, log, "1082")
+    deadline = time.time() + 20
+    while sh("ip", "netns", "exec", NS, "python3", "-c",
+             f"import socket; socket.create_connection(('{SOCKS_ADDR}', 1082), timeout=1)",
+             check=False).returncode != 0:
+        assert time.time() < deadline, "the SOCKS5 server did not come up"
+        time.sleep(0.2)
+    proxy = {"address": f"{SOCKS_ADDR}:1082", "username": "kiln", "password": password}
+    sbx = Sandbox.create(timeout=120, network={"egress_proxy": proxy}, **cluster.opts("c2"))
+    try:
+        sbx.files.write("/tmp/testca.pem", open(ca).read())
+        url = "--cacert /tmp/testca.pem https://other.sec.test/through"
+        code, status, body = curl(sbx, url)
+        assert (code, status) == (0, "200"), body
+        assert "CONNECT 198.51.100.21:443" in open(log).read()
+        shown = Sandbox.get_info(sbx.sandbox_id, **cluster.opts("c1")).network["egress_proxy"]
+        assert shown == {"address": f"{SOCKS_ADDR}:1082", "username": "kiln"}, shown
+        status, detail = cluster.request("c1", "GET", f"/sandboxes/{sbx.sandbox_id}")
+        assert status == 200 and password not in json.dumps(detail)
+        # Fails closed when the proxy is down; direct again once it is removed.
+        proc.kill()
+        proc.wait()
+        assert curl(sbx, url)[0] != 0
+        Sandbox.connect(sbx.sandbox_id, **cluster.opts("c1")).update_network({})
+        assert curl(sbx, url)[:2] == (0, "200")
+        assert "egress_proxy" not in (sbx.get_info().network or {})
+    finally:
+        sbx.kill()
+    for p in cluster.procs:
+        assert password not in p.log(), p.name
