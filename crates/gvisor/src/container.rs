@@ -108,11 +108,12 @@ pub async fn halt_container(runsc: &Runsc, id: &str, dir: &Path) -> Result<()> {
 }
 
 /// `runsc delete --force` of container `id`, reaping its processes as they exit; done when
-/// the container is gone (deleted now or before). runsc takes a unique prefix of an id: a
+/// the container is gone (deleted now or before), its leftover cgroups removed. runsc takes a unique prefix of an id: a
 /// container that is already gone is not asked for again.
 pub(super) async fn delete(runsc: &Runsc, id: &str) -> Result<()> {
     if !runsc.exists(id).await {
         reap_adopted_zombies();
+        crate::cgroup_dirs::remove(id);
         return Ok(());
     }
     // delete --force kills what is left, removes the cgroups and runsc's state. It fails for
@@ -136,6 +137,7 @@ pub(super) async fn delete(runsc: &Runsc, id: &str) -> Result<()> {
         }
     }
     reap_adopted_zombies();
+    crate::cgroup_dirs::remove(id);
     Ok(())
 }
 

@@ -21,6 +21,7 @@
 //! Modules: the README's crate map (`crates/gvisor`).
 
 pub mod baseline;
+mod cgroup_dirs;
 mod checkpoint;
 mod console;
 mod container;

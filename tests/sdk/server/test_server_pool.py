@@ -132,7 +132,8 @@ def test_a_pooled_sandbox_waits_on_leftover_cpu_and_gets_the_full_weight_when_cl
     state = os.path.join(base, "state")
     srv = KilnServer(state, ["--pool", "base=4"]).start()
     try:
-        # Three creates at once while the pool's first boots run: they wait for them.
+        # Six creates at once, more than the pool holds: those that find no pooled sandbox
+        # wait for the pool's boots under way (its first, or the refills of the first claims).
         out, errors = [], []
 
         def one():
@@ -142,25 +143,30 @@ def test_a_pooled_sandbox_waits_on_leftover_cpu_and_gets_the_full_weight_when_cl
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(f"{type(e).__name__}: {e}")
 
-        threads = [threading.Thread(target=one) for _ in range(3)]
+        threads = [threading.Thread(target=one) for _ in range(6)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         assert not errors, errors
-        assert [o for _, o in out] == ["hi\n"] * 3
+        assert [o for _, o in out] == ["hi\n"] * 6
         assert "a create waits: pool boots run at the normal CPU weight" in srv.log()
         claimed = {s.sandbox_id for s, _ in out}
         for sid in claimed:
             weight, default = cpu_weight(sid)
             assert weight == default, f"claimed sandbox {sid} runs at weight {weight}"
 
-        # Nobody waits now: the pool's refill boots in the background.
+        def full():
+            ids = pooled_ids(state, claimed)
+            return len(ids) == 4 and all(os.path.exists(f"/sys/fs/cgroup/cpu/kiln/{i}")
+                                         or os.path.exists(f"/sys/fs/cgroup/kiln/{i}") for i in ids)
+
+        # Nobody waits now: with the pool full, a create takes a pooled sandbox at once and
+        # the pool's refill boots in the background.
+        wait_for(full, "the pool did not refill to 4")
         before = set(pooled_ids(state, claimed))
-        wait_for(lambda: len(pooled_ids(state, claimed)) == 4
-                 and all(os.path.exists(f"/sys/fs/cgroup/cpu/kiln/{i}")
-                         or os.path.exists(f"/sys/fs/cgroup/kiln/{i}") for i in pooled_ids(state, claimed)),
-                 "the pool did not refill to 4")
+        claimed.add(Sandbox.create(timeout=120, **srv.opts()).sandbox_id)
+        wait_for(full, "the pool did not refill to 4 after a claim")
         time.sleep(1)
         later = [i for i in pooled_ids(state, claimed) if i not in before]
         assert later, "no sandbox was booted into the pool after the creates"
