@@ -182,6 +182,15 @@ pub struct ControlArgs {
     /// Default per-team cap on running and paused sandboxes, cluster-wide.
     #[arg(long)]
     team_max_sandboxes: Option<u32>,
+    /// Size (MiB) of each new volume's filesystem on the node that keeps it.
+    #[arg(long, env = "KILN_VOLUME_MB", default_value_t = 10240,
+          value_parser = clap::value_parser!(u32).range(16..))]
+    volume_mb: u32,
+    /// Default per-team cap on volumes, cluster-wide (0: no cap); `kiln team set T
+    /// --max-volumes N` sets one team's.
+    #[arg(long, env = "KILN_TEAM_MAX_VOLUMES",
+          default_value_t = kiln_server::manager::DEFAULT_TEAM_MAX_VOLUMES)]
+    team_max_volumes: u32,
     /// Seconds the leader of the replicas holds its lease between renewals.
     #[arg(long, default_value_t = 5)]
     leader_ttl: u64,
@@ -211,9 +220,12 @@ pub fn control(a: ControlArgs) -> anyhow::Result<i32> {
             default_timeout_secs: a.default_timeout,
             max_timeout_secs: a.max_timeout,
             default_memory_mb: a.memory_mb,
+            volume_mb: a.volume_mb,
             ..LifecycleConfig::default()
         };
         lifecycle.admission.team_defaults.max_sandboxes = a.team_max_sandboxes;
+        lifecycle.admission.team_defaults.max_volumes =
+            (a.team_max_volumes > 0).then_some(a.team_max_volumes);
         lifecycle.webhooks.allow_private = a.webhook_allow_private;
         let replica = a
             .replica

@@ -30,6 +30,9 @@
 //! | `template-files/{name}` | where a template's files are in object storage (JSON) |
 //! | `secrets/{team}/{id}` | a team's secret (JSON), its value sealed by the vault ([`crate::secrets`]) |
 //! | `secret-names/{team}/{name}` | the secret's id (names are unique in a team) |
+//! | `volumes/{id}` | a volume (JSON, with the node that keeps its files) ([`crate::volumes`]) |
+//! | `volume-names/{team}/{name}` | the volume's id (names are unique in a team) |
+//! | `volume-counts/{team}` | how many volumes the team holds |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 //! | `console-sign-ins/{address}/{ms}-{uuid}` | a failed console sign-in, on a lease of a minute |
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
@@ -213,6 +216,18 @@ impl Keys {
     /// The id of `team`'s secret named `name`.
     pub fn secret_name(&self, team: &str, name: &str) -> String {
         format!("{}/{}", self.one("secret-names", team), escape(name))
+    }
+    /// Volume `id`.
+    pub fn volume(&self, id: &str) -> String {
+        self.one("volumes", id)
+    }
+    /// The id of `team`'s volume named `name`.
+    pub fn volume_name(&self, team: &str, name: &str) -> String {
+        format!("{}/{}", self.one("volume-names", team), escape(name))
+    }
+    /// How many volumes `team` holds.
+    pub fn volume_count(&self, team: &str) -> String {
+        self.one("volume-counts", team)
     }
     /// A console session, by the SHA-256 of its id.
     pub fn console_session(&self, id_hash: &str) -> String {

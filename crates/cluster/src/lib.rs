@@ -10,7 +10,7 @@
 //! from the bucket what no checkpoint needs any more; [`snapshots`] records snapshots with the
 //! node that keeps their files. [`audit`] says where a sandbox's audit chain is kept (by its
 //! node, with what replicas record of it). [`secrets`] keeps teams' secrets, sealed, for
-//! every replica and node.
+//! every replica and node; [`volumes`] records volumes with the node that keeps their files.
 
 pub mod audit;
 mod campaign;
@@ -40,6 +40,7 @@ pub mod snapshots;
 mod state;
 mod store;
 pub mod template_files;
+pub mod volumes;
 pub mod wire;
 
 pub use checkpoints::{CheckpointDoc, CheckpointFile, Moved};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use http::StatusCode;
 use kiln_server::manager::{CreateParams, MetricSample};
-use kiln_server::store::Ingress;
+use kiln_server::store::{Ingress, MountRecord};
 use kiln_server::Error;
 use serde::{Deserialize, Serialize};
 
@@ -18,9 +18,13 @@ pub const API_PREFIX: &str = "/internal/v1";
 pub const AUTH_HEADER: &str = "authorization";
 /// The `Upgrade` protocol of a byte tunnel to one port of a sandbox.
 pub const TUNNEL_PROTOCOL: &str = "kiln-tunnel";
+/// The header carrying a volume's content token on a forwarded volume-content request
+/// (`Authorization` carries the cluster secret there).
+pub const VOLUME_TOKEN_HEADER: &str = "x-kiln-volume-token";
 
-/// A create as the control replica forwards it (volume mounts are refused before it gets
-/// here; network rules and an egress proxy travel as the client gave them, in `settings`).
+/// A create as the control replica forwards it (its volume mounts resolved against the
+/// team's volumes, all of the node it is sent to; network rules and an egress proxy as the
+/// client gave them, in `settings`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CreateDoc {
     pub template_id: String,
@@ -49,6 +53,47 @@ pub struct CreateDoc {
     /// ([`kiln_server::api::net_forwarded`]).
     #[serde(default)]
     pub settings: Option<serde_json::Value>,
+    /// The volumes the sandbox mounts (kept by the node it is sent to).
+    #[serde(default)]
+    pub volume_mounts: Vec<MountDoc>,
+}
+
+/// A volume mounted by a sandbox (the server's [`MountRecord`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountDoc {
+    pub volume_id: String,
+    pub name: String,
+    pub path: String,
+}
+
+impl From<&MountRecord> for MountDoc {
+    fn from(m: &MountRecord) -> Self {
+        Self {
+            volume_id: m.volume_id.clone(),
+            name: m.name.clone(),
+            path: m.path.clone(),
+        }
+    }
+}
+
+impl From<MountDoc> for MountRecord {
+    fn from(m: MountDoc) -> Self {
+        Self {
+            volume_id: m.volume_id,
+            name: m.name,
+            path: m.path,
+        }
+    }
+}
+
+/// What a control replica asks of the node that keeps a volume's files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum VolumeCall {
+    /// Keep this volume (its row and filesystem) unless the node has it already.
+    Keep { volume: crate::volumes::VolumeDoc },
+    /// Delete the volume of `team` and its files (409 while a sandbox mounts it).
+    Delete { team: String },
 }
 
 /// An egress policy's lists as the API writes them.
@@ -116,9 +161,6 @@ impl NetworkDoc {
 impl CreateDoc {
     /// The forwardable form of `p`; refuses what a node cannot be handed yet.
     pub fn of(p: &CreateParams) -> Result<Self, Error> {
-        if !p.volume_mounts.is_empty() {
-            return Err(not_in_cluster("volume mounts"));
-        }
         let settings = p.network_settings.clone();
         let network = p
             .network
@@ -142,6 +184,7 @@ impl CreateDoc {
             idempotency: p.idempotency.as_deref().map(crate::placements::token),
             snapshot: None,
             settings,
+            volume_mounts: p.volume_mounts.iter().map(MountDoc::from).collect(),
         })
     }
 
@@ -164,7 +207,11 @@ impl CreateDoc {
                 mask_request_host: self.mask_request_host,
             },
             team: self.team,
-            volume_mounts: Vec::new(),
+            volume_mounts: self
+                .volume_mounts
+                .into_iter()
+                .map(MountRecord::from)
+                .collect(),
             idempotency: None,
             network_settings: self.settings,
         })
@@ -229,6 +276,8 @@ pub enum Op {
     Release,
     /// The sandbox's egress policy (its lists).
     Network,
+    /// The volumes the sandbox mounts.
+    Mounts,
     /// The end of the sandbox's console output (of `team`'s sandbox; none once it ended).
     Console {
         team: String,
@@ -288,6 +337,9 @@ pub struct OpAnswer {
     /// network: its `rules` and `egressProxy` as the API shows them (no password).
     #[serde(default)]
     pub shown: Option<serde_json::Value>,
+    /// mounts: the volumes the sandbox mounts.
+    #[serde(default)]
+    pub mounts: Vec<MountDoc>,
     /// console: the end of the sandbox's console output.
     #[serde(default)]
     pub console: Option<String>,
@@ -419,17 +471,19 @@ mod tests {
     }
 
     #[test]
-    fn mounts_are_refused_with_501() {
+    fn mounts_travel_whole() {
+        let m = kiln_server::store::MountRecord {
+            volume_id: "vol_1".into(),
+            name: "data".into(),
+            path: "/data".into(),
+        };
         let p = CreateParams {
-            volume_mounts: vec![kiln_server::store::MountRecord {
-                volume_id: "v".into(),
-                name: "v".into(),
-                path: "/data".into(),
-            }],
+            volume_mounts: vec![m.clone()],
             ..Default::default()
         };
-        let e = CreateDoc::of(&p).unwrap_err();
-        assert_eq!(kiln_server::ApiError::from(e).status, 501);
+        let text = serde_json::to_string(&CreateDoc::of(&p).unwrap()).unwrap();
+        let back: CreateDoc = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.into_params().unwrap().volume_mounts, vec![m]);
     }
 
     #[test]

@@ -228,10 +228,14 @@ def test_a_feature_a_cluster_lacks_says_so():
         return c
 
     def body(c: Cluster):
-        status, answer = post(c.controls["c1"].url, "/volumes", {"name": "v"},
+        status, answer = post(c.controls["c1"].url, "/v3/templates", {"name": "t"},
                               {"X-API-Key": c.api_key})
         assert status == 501, answer
-        assert answer["message"] == ("volumes is not available on a kiln cluster yet "
+        assert answer["message"] == ("template builds is not available on a kiln cluster yet "
                                      "(a single-host `kiln serve` has it)"), answer
+        # A volume needs a node to keep it: none is in the cluster yet.
+        status, answer = post(c.controls["c1"].url, "/volumes", {"name": "v"},
+                              {"X-API-Key": c.api_key})
+        assert status == 503 and "no node" in answer["message"], answer
 
     run_cluster(make, body)

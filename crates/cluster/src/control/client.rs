@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit::{AuditAnswer, AuditCall, AUDIT_PATH};
 use crate::secret::ClusterSecret;
-use crate::wire::{error_of, CreateDoc, Op, OpAnswer, SnapshotDelete, API_PREFIX, TUNNEL_PROTOCOL};
+use crate::wire::{
+    error_of, CreateDoc, Op, OpAnswer, SnapshotDelete, VolumeCall, API_PREFIX, TUNNEL_PROTOCOL,
+    VOLUME_TOKEN_HEADER,
+};
 
 /// How long a node has to answer a tunnel request.
 const TUNNEL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -77,6 +80,44 @@ impl NodeClient {
         self.post::<_, serde_json::Value>(addr, &path, &(), "")
             .await
             .map(drop)
+    }
+
+    /// One call on volume `id`, kept by the node at `addr`.
+    pub async fn volume(&self, addr: &str, id: &str, call: &VolumeCall) -> Result<(), Error> {
+        check_id(id)?;
+        let path = format!("/volumes/{id}");
+        self.post::<_, serde_json::Value>(addr, &path, call, "")
+            .await
+            .map(drop)
+    }
+
+    /// A volume-content request (`rest`: `{id}/path|dir|file?…`) forwarded to the node at
+    /// `addr` that keeps the volume, its body streamed both ways.
+    pub async fn volume_content(
+        &self,
+        addr: &str,
+        method: http::Method,
+        rest: &str,
+        token: &str,
+        content_type: Option<&http::HeaderValue>,
+        body: reqwest::Body,
+    ) -> Result<reqwest::Response, Error> {
+        let mut req = self
+            .http
+            .request(
+                method,
+                format!("http://{addr}{API_PREFIX}/volumecontent/{rest}"),
+            )
+            .header(http::header::AUTHORIZATION, self.secret.bearer())
+            .header(VOLUME_TOKEN_HEADER, token)
+            .body(body);
+        if let Some(t) = content_type {
+            req = req.header(http::header::CONTENT_TYPE, t);
+        }
+        req.send().await.map_err(|e| {
+            tracing::warn!(node = addr, error = %e, "forwarding a volume-content request");
+            Error::Unavailable("the node that keeps the volume is unreachable; retry".into())
+        })
     }
 
     /// One call on the audit log of the node at `addr`.

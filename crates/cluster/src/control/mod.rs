@@ -21,6 +21,7 @@ mod service;
 mod snapshots;
 mod templates;
 pub mod unavailable;
+mod volumes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -147,10 +148,17 @@ impl Control {
             self.cfg.move_drained,
         ));
         let _webhooks = self.state.webhooks.spawn(self.state.manager.subscribe());
-        let app = front::router(self.state.clone()).layer(axum::middleware::from_fn_with_state(
-            Arc::<str>::from(self.cfg.domain.as_str()),
-            unavailable::rewrite,
-        ));
+        let app = front::router(self.state.clone())
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::<str>::from(self.cfg.domain.as_str()),
+                unavailable::rewrite,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(volumes::ContentGate {
+                    service: self.service.clone(),
+                }),
+                volumes::forward_content,
+            ));
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.cfg.edge));
         tokio::select! {
             r = &mut serving => r.map_err(std::io::Error::other)?,

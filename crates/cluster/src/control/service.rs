@@ -328,8 +328,12 @@ impl SandboxService for ClusterService {
 
     async fn create(&self, p: CreateParams) -> Result<SandboxRecord> {
         let mut doc = CreateDoc::of(&p)?;
-        // A snapshot is restored on the node that keeps it, or borrowed by any.
-        let home = self.snapshot_home(&mut doc, p.team()).await?;
+        // A snapshot is restored on the node that keeps it, or borrowed by any; volumes are
+        // mounted on the node that keeps them.
+        let home = match self.snapshot_home(&mut doc, p.team()).await? {
+            Some(home) => Some(home),
+            None => self.mounts_home(&p.volume_mounts).await?,
+        };
         // Held until the create ends: by then its sandbox is in this replica's view.
         let _seat = self.take_seat(p.team()).await?;
         let (node, nodes) = match home {
@@ -456,37 +460,34 @@ impl SandboxService for ClusterService {
         0
     }
 
-    async fn create_volume(&self, _team: &str, _name: &str) -> Result<VolumeRecord> {
-        Err(not_in_cluster("volumes in a cluster"))
+    async fn create_volume(&self, team: &str, name: &str) -> Result<VolumeRecord> {
+        self.cluster_create_volume(team, name).await
     }
-    async fn volume(&self, _team: &str, key: &str) -> Result<VolumeRecord> {
-        Err(Error::NotFound(format!("volume \"{key}\" not found")))
+    async fn volume(&self, team: &str, key: &str) -> Result<VolumeRecord> {
+        self.cluster_volume(team, key).await
     }
-    async fn volume_by_token(&self, _id: &str, _token: &str) -> Result<Option<VolumeRecord>> {
-        Ok(None)
+    async fn volume_by_token(&self, id: &str, token: &str) -> Result<Option<VolumeRecord>> {
+        self.cluster_volume_by_token(id, token).await
     }
-    async fn list_volumes(&self, _team: Option<&str>) -> Result<Vec<VolumeRecord>> {
-        Ok(Vec::new())
+    async fn list_volumes(&self, team: Option<&str>) -> Result<Vec<VolumeRecord>> {
+        self.cluster_list_volumes(team).await
     }
-    async fn delete_volume(&self, _team: &str, key: &str) -> Result<()> {
-        Err(Error::NotFound(format!("volume \"{key}\" not found")))
+    async fn delete_volume(&self, team: &str, key: &str) -> Result<()> {
+        self.cluster_delete_volume(team, key).await
     }
     async fn volume_root(&self, _id: &str) -> Result<PathBuf> {
-        Err(not_in_cluster("volumes in a cluster"))
+        // A replica keeps no volume's files: their content API goes to their node.
+        Err(not_in_cluster("a volume's files on a control replica"))
     }
     async fn resolve_mounts(
         &self,
-        _team: &str,
+        team: &str,
         asked: &[(String, String)],
     ) -> Result<Vec<MountRecord>> {
-        if asked.is_empty() {
-            Ok(Vec::new())
-        } else {
-            Err(not_in_cluster("volume mounts in a cluster"))
-        }
+        self.cluster_resolve_mounts(team, asked).await
     }
-    async fn mounts_of(&self, _id: &str) -> Result<Vec<MountRecord>> {
-        Ok(Vec::new())
+    async fn mounts_of(&self, id: &str) -> Result<Vec<MountRecord>> {
+        self.node_mounts(id).await
     }
 
     async fn templates(&self) -> Result<Vec<TemplateView>> {

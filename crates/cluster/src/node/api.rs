@@ -13,9 +13,11 @@ use axum::{Json, Router};
 use kiln_server::api::{host_trust, net_forwarded};
 use kiln_server::ApiError;
 
-use super::{audit, moves, snapshots, templates, tunnel, NodeApi};
+use super::{audit, moves, snapshots, templates, tunnel, volumes, NodeApi};
 use crate::docs::{SandboxDoc, SnapshotDoc};
-use crate::wire::{Child, CreateDoc, MetricDoc, NetworkDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER};
+use crate::wire::{
+    Child, CreateDoc, MetricDoc, MountDoc, NetworkDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER,
+};
 
 type St = State<Arc<NodeApi>>;
 
@@ -41,6 +43,11 @@ pub fn router(api: NodeApi) -> Router {
         .route(
             &format!("{API_PREFIX}/templates/{{name}}/share"),
             post(templates::share_route),
+        )
+        .route(&format!("{API_PREFIX}/volumes/{{id}}"), post(volumes::call))
+        .route(
+            &format!("{API_PREFIX}/volumecontent/{{*rest}}"),
+            axum::routing::any(volumes::content),
         )
         .layer(middleware::from_fn_with_state(api.clone(), guard))
         .with_state(api)
@@ -69,6 +76,10 @@ async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, Ap
     // What the public API's create does on one host: the extra CAs named in the environment,
     // the rules and egress proxy attached with this node's vault and interception CA.
     host_trust::trust_env(n.service.extra_cas(), &mut params.env_vars);
+    // The volumes it mounts are this node's (made here now if a replica stopped half-way).
+    for m in &params.volume_mounts {
+        volumes::keep_local(&n, &m.volume_id).await?;
+    }
     let settings = params.network_settings.take();
     if let Some(given) = &settings {
         let team = params.team().to_string();
@@ -120,6 +131,11 @@ async fn op(
             a.metrics = latest.get(&id).map(MetricDoc::from).into_iter().collect();
             return Ok(Json(a));
         }
+        Op::Mounts => {
+            s.get(&id)?;
+            a.mounts = s.mounts_of(&id).await?.iter().map(MountDoc::from).collect();
+            return Ok(Json(a));
+        }
         Op::Network => {
             let policy = s.network(&id).await?;
             a.network = policy.as_ref().map(NetworkDoc::lists);
@@ -169,7 +185,7 @@ async fn op(
             };
         }
         Op::Adopt { from } => moves::take_over(&n, &id, &from).await?,
-        Op::Metrics { .. } | Op::LatestMetric | Op::Network | Op::Console { .. } => {}
+        Op::Metrics { .. } | Op::LatestMetric | Op::Network | Op::Mounts | Op::Console { .. } => {}
         Op::SetNetwork { network, settings } => {
             let team = s.get(&id)?.team;
             let lists = network.into_policy()?;

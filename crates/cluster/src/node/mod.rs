@@ -19,6 +19,7 @@ mod publish;
 mod snapshots;
 pub mod templates;
 mod tunnel;
+mod volumes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,6 +43,9 @@ pub struct NodeApi {
     /// The host's API state (its vault, interception CA and sealed per-sandbox settings), for
     /// what a create through the public API does besides the lifecycle call.
     pub app: Arc<kiln_server::api::AppState>,
+    /// The host's manager (what the lifecycle seam does not carry: volumes kept for the
+    /// cluster).
+    pub manager: Arc<kiln_server::Manager>,
     pub secret: ClusterSecret,
     /// Whether the node's lease is alive.
     pub alive: watch::Receiver<bool>,
@@ -173,8 +177,10 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         let (service, secret, alive) = (manager.clone(), cfg.secret.clone(), lease.alive());
         let (etcd, name, audit) = (etcd.clone(), cfg.name.clone(), manager.audit().clone());
         let templates = cfg.templates.clone();
+        let host = manager.clone();
         move |app| NodeApi {
             app,
+            manager: host,
             service,
             secret,
             alive,

@@ -177,6 +177,11 @@ pub(super) async fn fork_out(
             "sandbox \"{id}\"'s node has no object store: its fork's children run beside it"
         )));
     };
+    if !m.manager.mounts_of(id).await?.is_empty() {
+        return Err(Error::Conflict(format!(
+            "sandbox \"{id}\" mounts volumes of its node: its fork's children run beside it"
+        )));
+    }
     let mut params = m.manager.fork_child_params(id, timeout_secs).await?;
     // The parent's rules and egress proxy, as given, for the node the child runs on.
     params.network_settings = kiln_server::api::net_forwarded::of_sandbox(&n.app, id, &params.team)

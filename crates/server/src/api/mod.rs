@@ -27,7 +27,7 @@ mod signed;
 mod snapshots;
 mod template_api;
 mod templates;
-mod volume_content;
+pub mod volume_content;
 mod volumes;
 mod webhooks;
 pub mod wire;

@@ -21,6 +21,7 @@ impl Manager {
         if rec.state != SandboxState::Paused {
             return Err(Error::Conflict(format!("sandbox \"{id}\" is not paused")));
         }
+        self.check_no_mounts(id).await?;
         Ok(self.driver.portable_pause(id).await?)
     }
 
@@ -83,13 +84,27 @@ impl Manager {
     /// The files of snapshot `id` that another host with its template needs to start
     /// sandboxes from it (flushed; it stays here).
     pub async fn portable_snapshot(&self, id: &str) -> Result<PortablePause> {
-        if self.store.get_snapshot(id).await?.is_none() {
+        let Some(snap) = self.store.get_snapshot(id).await? else {
             return Err(Error::NotFound(format!("snapshot {id:?} not found")));
-        }
+        };
+        // A snapshot's sandboxes mount what its source mounted.
+        self.check_no_mounts(&snap.sandbox_id).await?;
         Ok(self
             .driver
             .portable_snapshot(&SnapshotRef(id.to_string()))
             .await?)
+    }
+
+    /// Refuses to carry sandbox (or snapshot) `id` to another host when it mounts volumes:
+    /// their files stay on this one.
+    pub async fn check_no_mounts(&self, id: &str) -> Result<()> {
+        if self.mounts_of(id).await?.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Driver(crate::driver::DriverError::NotImplemented(
+                "moving a sandbox that mounts volumes (their files stay on their host)",
+            )))
+        }
     }
 
     /// An empty directory for the files of snapshot `id` arriving from another host.

@@ -108,6 +108,33 @@ impl Manager {
         Ok(v)
     }
 
+    /// Keeps volume `v` (its id, team, name and token given, as a cluster records it) on this
+    /// host: its row and its filesystem, unless it has them already. The cluster counted it
+    /// against the team's cap; a row of the same team and name left by another volume is a
+    /// conflict.
+    pub async fn adopt_volume(&self, v: &VolumeRecord) -> Result<()> {
+        check_name(&v.name)?;
+        let db = self.volumes_db()?;
+        if db.get(&v.id).await?.is_none() {
+            match db.insert_capped(v, None).await? {
+                Inserted::Done => {}
+                Inserted::NameTaken | Inserted::Full(_) => {
+                    return Err(Error::Conflict(format!(
+                        "this host keeps another volume named \"{}\" of team \"{}\"",
+                        v.name, v.team
+                    )))
+                }
+            }
+        }
+        if self.driver.volume_root(&v.id).await.is_err() {
+            if let Err(e) = self.driver.create_volume(&v.id, v.size_mb).await {
+                let _ = db.delete_unused(&v.id).await;
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
     /// The volume of `team` whose id or name is `key` (404 otherwise).
     pub async fn volume(&self, team: &str, key: &str) -> Result<VolumeRecord> {
         self.volumes_db()?

@@ -26,7 +26,7 @@ use http::{Request, StatusCode};
 use crate::manager::{PortRoute, SandboxService};
 use crate::routing::Target;
 
-pub(crate) use access::constant_time_eq;
+pub use access::constant_time_eq;
 pub use access::{ACCESS_TOKEN_HEADER, TRAFFIC_TOKEN_HEADER};
 
 /// Forwards `req` to `target`.
