@@ -80,6 +80,11 @@ pub struct NodeArgs {
     /// Seconds after its last lease renewal the cluster counts this node lost.
     #[arg(long, default_value_t = 5)]
     lease_ttl: u64,
+    /// Run the cluster's template builds (E2B's Template API) on this node: replicas send
+    /// them here, and sandboxes of the templates built here run here. One node of a cluster
+    /// takes this role (the first by name when several are started with it).
+    #[arg(long, env = "KILN_TEMPLATE_BUILDS")]
+    template_builds: bool,
     /// Where paused sandboxes' checkpoints go, so they resume on any node.
     #[command(flatten)]
     objects: crate::cluster_objects::ObjectArgs,
@@ -146,6 +151,7 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
             templates: Some(
                 kiln_template::Store::open_default().context("opening the template store")?,
             ),
+            builds: a.template_builds,
         };
         match kiln_cluster::node::run(server, etcd, cfg).await? {
             NodeExit::Stopped => Ok(0),

@@ -95,6 +95,9 @@ pub struct NodeInfo {
     /// Whether it has the cluster's object storage (it can fetch templates and checkpoints).
     #[serde(default)]
     pub objects: bool,
+    /// Whether it runs the cluster's template builds (the Template API).
+    #[serde(default)]
+    pub builds: bool,
     /// The etcd lease the node's key is attached to.
     #[serde(skip)]
     pub lease_id: i64,
@@ -152,6 +155,11 @@ impl NodeLease {
     /// Says whether the node has object storage (written with the next [`Self::report_load`]).
     pub fn set_objects(&mut self, objects: bool) {
         self.info.objects = objects;
+    }
+    /// Says whether the node runs the cluster's template builds (written with the next
+    /// [`Self::report_load`]).
+    pub fn set_builds(&mut self, builds: bool) {
+        self.info.builds = builds;
     }
     /// Sets the templates the node holds (written with the next [`Self::report_load`]).
     pub fn set_templates(&mut self, templates: Vec<NodeTemplate>) {
@@ -294,6 +302,7 @@ impl EtcdStore {
             leaving: false,
             templates: Vec::new(),
             objects: false,
+            builds: false,
             lease_id: lease,
         };
         let key = self.keys().node(name);

@@ -18,6 +18,24 @@ pub const API_PREFIX: &str = "/internal/v1";
 pub const AUTH_HEADER: &str = "authorization";
 /// The `Upgrade` protocol of a byte tunnel to one port of a sandbox.
 pub const TUNNEL_PROTOCOL: &str = "kiln-tunnel";
+/// Where a replica forwards the Template API on the node that runs the cluster's builds.
+pub const BUILDS_PREFIX: &str = "/internal/v1/api";
+/// The caller's team and key id on a forwarded Template API request (the replica checked the
+/// API key).
+pub const TEAM_HEADER: &str = "x-kiln-team";
+pub const KEY_ID_HEADER: &str = "x-kiln-key-id";
+/// The `Host` and `Content-Length` the client sent, on a forwarded Template API request.
+pub const HOST_HEADER: &str = "x-kiln-host";
+pub const LENGTH_HEADER: &str = "x-kiln-content-length";
+
+/// Whether the build node has a template of `team` named `template` (a create's
+/// `templateID`) built through the Template API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuiltQuery {
+    pub team: String,
+    pub template: String,
+}
+
 /// The header carrying a volume's content token on a forwarded volume-content request
 /// (`Authorization` carries the cluster secret there).
 pub const VOLUME_TOKEN_HEADER: &str = "x-kiln-volume-token";
@@ -56,6 +74,10 @@ pub struct CreateDoc {
     /// The volumes the sandbox mounts (kept by the node it is sent to).
     #[serde(default)]
     pub volume_mounts: Vec<MountDoc>,
+    /// `template_id` names a template the team built through the Template API on the node
+    /// it is sent to (the cluster's build node), which resolves it to its last layer.
+    #[serde(default)]
+    pub built: bool,
 }
 
 /// A volume mounted by a sandbox (the server's [`MountRecord`]).
@@ -185,6 +207,7 @@ impl CreateDoc {
             snapshot: None,
             settings,
             volume_mounts: p.volume_mounts.iter().map(MountDoc::from).collect(),
+            built: false,
         })
     }
 

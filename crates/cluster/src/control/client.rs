@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::audit::{AuditAnswer, AuditCall, AUDIT_PATH};
 use crate::secret::ClusterSecret;
 use crate::wire::{
-    error_of, CreateDoc, Op, OpAnswer, SnapshotDelete, VolumeCall, API_PREFIX, TUNNEL_PROTOCOL,
+    error_of, BuiltQuery, CreateDoc, Op, OpAnswer, SnapshotDelete, VolumeCall, API_PREFIX,
+    BUILDS_PREFIX, HOST_HEADER, KEY_ID_HEADER, LENGTH_HEADER, TEAM_HEADER, TUNNEL_PROTOCOL,
     VOLUME_TOKEN_HEADER,
 };
 
@@ -117,6 +118,63 @@ impl NodeClient {
         req.send().await.map_err(|e| {
             tracing::warn!(node = addr, error = %e, "forwarding a volume-content request");
             Error::Unavailable("the node that keeps the volume is unreachable; retry".into())
+        })
+    }
+
+    /// Whether `q.team` built a template named `q.template` on the node at `addr`.
+    pub async fn built(&self, addr: &str, q: &BuiltQuery) -> Result<bool, Error> {
+        #[derive(Deserialize)]
+        struct Built {
+            built: bool,
+        }
+        let a: Built = self.post(addr, "/builds/resolve", q, "").await?;
+        Ok(a.built)
+    }
+
+    /// A Template API request (`path_q`: its path and query) of `caller` (None: an upload
+    /// URL's, which carries its own token) forwarded to the node at `addr`, its body streamed
+    /// both ways; the client's `Host` and `Content-Length` travel in headers of their own.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward_api(
+        &self,
+        addr: &str,
+        method: http::Method,
+        path_q: &str,
+        caller: Option<&kiln_server::tenancy::Caller>,
+        host: Option<&str>,
+        headers: &http::HeaderMap,
+        body: reqwest::Body,
+    ) -> Result<reqwest::Response, Error> {
+        let mut req = self
+            .http
+            .request(method, format!("http://{addr}{BUILDS_PREFIX}{path_q}"))
+            .header(http::header::AUTHORIZATION, self.secret.bearer())
+            .body(body);
+        if let Some(c) = caller {
+            req = req
+                .header(TEAM_HEADER, &c.team)
+                .header(KEY_ID_HEADER, &c.key_id);
+        }
+        if let Some(h) = host {
+            req = req.header(HOST_HEADER, h);
+        }
+        for (name, to) in [
+            (
+                http::header::CONTENT_TYPE.as_str(),
+                http::header::CONTENT_TYPE.as_str(),
+            ),
+            (http::header::CONTENT_LENGTH.as_str(), LENGTH_HEADER),
+            ("x-forwarded-proto", "x-forwarded-proto"),
+        ] {
+            if let Some(v) = headers.get(name) {
+                req = req.header(to, v);
+            }
+        }
+        req.send().await.map_err(|e| {
+            tracing::warn!(node = addr, error = %e, "forwarding a Template API request");
+            Error::Unavailable(
+                "the node that runs the cluster's template builds is unreachable; retry".into(),
+            )
         })
     }
 

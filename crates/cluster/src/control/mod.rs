@@ -10,6 +10,7 @@
 //! checked here and applied by the sandbox's node.
 
 mod audit;
+mod builds;
 mod cache;
 mod client;
 mod forks;
@@ -158,6 +159,13 @@ impl Control {
                     service: self.service.clone(),
                 }),
                 volumes::forward_content,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(builds::BuildGate {
+                    state: self.state.clone(),
+                    service: self.service.clone(),
+                }),
+                builds::forward_builds,
             ));
         let mut serving = tokio::spawn(edge::serve(self.listener, app, self.cfg.edge));
         tokio::select! {

@@ -97,6 +97,7 @@ mod tests {
             leaving: false,
             templates: Vec::new(),
             objects: false,
+            builds: false,
             lease_id: 1,
         }
     }

@@ -330,10 +330,18 @@ impl SandboxService for ClusterService {
         let mut doc = CreateDoc::of(&p)?;
         // A snapshot is restored on the node that keeps it, or borrowed by any; volumes are
         // mounted on the node that keeps them.
-        let home = match self.snapshot_home(&mut doc, p.team()).await? {
+        let mut home = match self.snapshot_home(&mut doc, p.team()).await? {
             Some(home) => Some(home),
             None => self.mounts_home(&p.volume_mounts).await?,
         };
+        // A template the team built runs on the build node, from its last layer (it shadows
+        // a kiln template of the same name, as on one host).
+        if home.is_none() && doc.snapshot.is_none() {
+            if let Some(node) = self.built_home(p.team(), &doc.template_id).await? {
+                doc.built = true;
+                home = Some(node);
+            }
+        }
         // Held until the create ends: by then its sandbox is in this replica's view.
         let _seat = self.take_seat(p.team()).await?;
         let (node, nodes) = match home {

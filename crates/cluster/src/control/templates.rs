@@ -253,6 +253,7 @@ mod tests {
             leaving: false,
             templates,
             objects: false,
+            builds: false,
             lease_id: 1,
         }
     }

@@ -10,10 +10,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kiln_server::api::{host_trust, net_forwarded};
+use kiln_server::api::{host_trust, net_forwarded, template_api};
 use kiln_server::ApiError;
 
-use super::{audit, moves, snapshots, templates, tunnel, volumes, NodeApi};
+use super::{audit, builds, moves, snapshots, templates, tunnel, volumes, NodeApi};
 use crate::docs::{SandboxDoc, SnapshotDoc};
 use crate::wire::{
     Child, CreateDoc, MetricDoc, MountDoc, NetworkDoc, Op, OpAnswer, API_PREFIX, AUTH_HEADER,
@@ -46,6 +46,14 @@ pub fn router(api: NodeApi) -> Router {
         )
         .route(&format!("{API_PREFIX}/volumes/{{id}}"), post(volumes::call))
         .route(
+            &format!("{}/{{*rest}}", crate::wire::BUILDS_PREFIX),
+            axum::routing::any(builds::api),
+        )
+        .route(
+            &format!("{API_PREFIX}/builds/resolve"),
+            post(builds::resolve),
+        )
+        .route(
             &format!("{API_PREFIX}/volumecontent/{{*rest}}"),
             axum::routing::any(volumes::content),
         )
@@ -71,8 +79,22 @@ async fn guard(State(n): St, req: Request, next: Next) -> Response {
 
 async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, ApiError> {
     let token = doc.idempotency.clone();
-    let (snapshot, team) = (doc.snapshot.clone(), doc.team.clone());
+    let (snapshot, team, built) = (doc.snapshot.clone(), doc.team.clone(), doc.built);
     let mut params = doc.into_params()?;
+    // A template the team built here starts from its last layer.
+    let resolved = if built {
+        let r = template_api::resolve_for_create(&n.app, &team, &params.template_id).await?;
+        let r = r.ok_or_else(|| {
+            ApiError::not_found(format!(
+                "template {:?} was not built on this node",
+                params.template_id
+            ))
+        })?;
+        params.template_id = r.template_id.clone();
+        Some(r)
+    } else {
+        None
+    };
     // What the public API's create does on one host: the extra CAs named in the environment,
     // the rules and egress proxy attached with this node's vault and interception CA.
     host_trust::trust_env(n.service.extra_cas(), &mut params.env_vars);
@@ -88,6 +110,7 @@ async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, Ap
     }
     let borrowed = match &snapshot {
         Some(id) => snapshots::borrow(&n, id, &team).await?,
+        None if resolved.is_some() => None,
         None => {
             templates::ensure(&n, &params.template_id).await?;
             None
@@ -98,6 +121,9 @@ async fn create(State(n): St, Json(doc): Json<CreateDoc>) -> Result<Response, Ap
         b.give_back(&n).await;
     }
     let rec = made?;
+    if let Some(r) = &resolved {
+        template_api::apply_defaults(&n.app, &rec, r).await?;
+    }
     if let Some(given) = &settings {
         net_forwarded::created(&n.app, &rec.id, &rec.team, given).await?;
     }

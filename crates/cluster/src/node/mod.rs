@@ -13,6 +13,7 @@
 
 mod api;
 mod audit;
+mod builds;
 mod creates;
 pub mod moves;
 mod publish;
@@ -97,6 +98,8 @@ pub struct NodeConfig {
     /// The host's template store (templates other nodes stored in the bucket are adopted
     /// into it).
     pub templates: Option<kiln_template::Store>,
+    /// Whether this node runs the cluster's template builds (the Template API, [`builds`]).
+    pub builds: bool,
 }
 
 /// Why [`run`] returned.
@@ -126,6 +129,7 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         )
         .await?;
     lease.set_objects(cfg.objects.is_some());
+    lease.set_builds(cfg.builds);
     let publisher = Publisher::start(
         etcd.clone(),
         manager.store().clone(),

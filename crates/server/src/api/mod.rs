@@ -25,7 +25,7 @@ mod scope;
 mod secrets;
 mod signed;
 mod snapshots;
-mod template_api;
+pub mod template_api;
 mod templates;
 pub mod volume_content;
 mod volumes;

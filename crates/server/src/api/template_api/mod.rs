@@ -101,6 +101,19 @@ pub fn upload_routes() -> Router<Arc<AppState>> {
 /// `DELETE /templates/{templateID}`: a built template of the caller's team, else a snapshot.
 pub use tags::delete;
 
+/// Deletes `team`'s built template `id` (id or name); false when the team built none of
+/// that name here (a cluster's build node: the replica deletes snapshots itself).
+pub async fn delete_built(st: &AppState, team: &str, id: &str) -> Result<bool, ApiError> {
+    let Some(b) = &st.builds else {
+        return Ok(false);
+    };
+    if b.template_of(team, id).await.is_err() {
+        return Ok(false);
+    }
+    b.delete(team, id).await?;
+    Ok(true)
+}
+
 /// What a create's `templateID` names when it is a template the caller's team built.
 pub async fn resolve_for_create(
     st: &AppState,
