@@ -217,3 +217,30 @@ def test_volumes_of_other_nodes_draining_or_away(cluster):
     finally:
         for v in (v1, v2):
             call(cluster, "c1", "DELETE", f"/volumes/{v['volumeID']}")
+
+
+def test_a_sandboxs_own_port_keeps_the_paths_a_replica_forwards(cluster):
+    # A sandbox's web server may serve /volumecontent/… or /v2/templates: traffic to its port
+    # (header mode) reaches it, not the replica's volume or Template API forwarding.
+    s = Sandbox.create(timeout=120, **cluster.opts("c1"))
+    try:
+        s.commands.run("mkdir -p /tmp/www/volumecontent/x /tmp/www/v2 && "
+                       "echo sandbox-volume > /tmp/www/volumecontent/x/path && "
+                       "echo sandbox-templates > /tmp/www/v2/templates")
+        s.commands.run("python3 -m http.server 8000 --directory /tmp/www >/dev/null 2>&1",
+                       background=True)
+        for path, want in (("/volumecontent/x/path", "sandbox-volume"),
+                           ("/v2/templates", "sandbox-templates")):
+            req = urllib.request.Request(cluster.controls["c2"].url + path, headers={
+                "E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "8000"})
+            body = None
+            for _ in range(50):
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        body = r.read().decode().strip()
+                        break
+                except (urllib.error.URLError, ConnectionError):
+                    time.sleep(0.2)
+            assert body == want, (path, body)
+    finally:
+        s.kill()

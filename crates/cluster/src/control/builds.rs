@@ -46,7 +46,15 @@ impl ClusterService {
             team: team.to_string(),
             template: template.to_string(),
         };
-        Ok(self.nodes.built(&node.address, &q).await?.then_some(node))
+        // An unreachable build node holds up no create of another template.
+        match self.nodes.built(&node.address, &q).await {
+            Ok(built) => Ok(built.then_some(node)),
+            Err(e) => {
+                tracing::warn!(node = %node.name, error = %e,
+                    "asking the build node whether a create names a built template");
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -89,6 +97,8 @@ fn api_key(h: &HeaderMap) -> Option<String> {
 pub struct BuildGate {
     pub state: Arc<AppState>,
     pub service: Arc<ClusterService>,
+    /// The sandbox domain (a request to a sandbox's port is never the Template API).
+    pub domain: Arc<str>,
 }
 
 /// The middleware (its state: the gate) answering the Template API and its upload URLs by
@@ -100,12 +110,16 @@ pub async fn forward_builds(State(g): State<Arc<BuildGate>>, req: Request, next:
         "{}/",
         kiln_server::api::template_api::UPLOAD_PREFIX
     ));
-    if !upload && !is_build_route(req.method(), &path) {
+    if (!upload && !is_build_route(req.method(), &path))
+        || super::unavailable::to_a_sandbox(&req, &g.domain)
+    {
         return next.run(req).await;
     }
     let deleting = req.method() == Method::DELETE
-        && path.starts_with("/templates/")
-        && path.matches('/').count() == 2;
+        && matches!(
+            path.trim_start_matches('/').split('/').collect::<Vec<_>>().as_slice(),
+            ["templates", id] if *id != "tags"
+        );
     let caller = if upload {
         None
     } else {

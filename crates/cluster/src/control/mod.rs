@@ -157,6 +157,7 @@ impl Control {
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(volumes::ContentGate {
                     service: self.service.clone(),
+                    domain: Arc::from(self.cfg.domain.as_str()),
                 }),
                 volumes::forward_content,
             ))
@@ -164,6 +165,7 @@ impl Control {
                 Arc::new(builds::BuildGate {
                     state: self.state.clone(),
                     service: self.service.clone(),
+                    domain: Arc::from(self.cfg.domain.as_str()),
                 }),
                 builds::forward_builds,
             ));

@@ -51,7 +51,7 @@ pub fn message(method: &str, path: &str, original: &str) -> String {
 
 /// Whether `req` goes to a sandbox rather than to the replica's own routes, for a replica
 /// whose sandbox host names are under `domain`.
-fn to_a_sandbox(req: &Request, domain: &str) -> bool {
+pub(super) fn to_a_sandbox(req: &Request, domain: &str) -> bool {
     let routed = kiln_server::routing::target_of_request(req.headers(), req.uri(), domain);
     !matches!(routed, Ok(None)) || req.uri().path() == "/files"
 }

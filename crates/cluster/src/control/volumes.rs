@@ -212,6 +212,8 @@ impl ClusterService {
 /// What the replica's volume-content forwarding needs.
 pub struct ContentGate {
     pub service: Arc<ClusterService>,
+    /// The sandbox domain (a request to a sandbox's port is never a volume's).
+    pub domain: Arc<str>,
 }
 
 /// The middleware (its state: the gate) answering `/volumecontent/{id}/…` itself: the
@@ -225,6 +227,9 @@ pub async fn forward_content(
     let Some(rest) = req.uri().path().strip_prefix("/volumecontent/") else {
         return next.run(req).await;
     };
+    if super::unavailable::to_a_sandbox(&req, &g.domain) {
+        return next.run(req).await;
+    }
     let id = rest.split('/').next().unwrap_or_default().to_string();
     let rest = match req.uri().query() {
         Some(q) => format!("{rest}?{q}"),
