@@ -21,7 +21,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 import urllib.request
 import uuid
 
@@ -30,8 +29,7 @@ from e2b import Sandbox, Secret
 
 from .internet import remove_slots_in_range, run
 from .test_server_cluster import Cluster, finish
-from .test_server_egress_rules import DNS_ADDR, NS, SOCKS, SOCKS_ADDR, secnet  # noqa: F401
-from .testnet import sh
+from .test_server_egress_rules import DNS_ADDR, SOCKS, SOCKS_ADDR, secnet, wait_socks  # noqa: F401
 
 RANGES = {"n1": "10.169.0.0/24", "n2": "10.169.1.0/24"}
 
@@ -202,12 +200,7 @@ def test_an_egress_proxy_given_through_a_replica_carries_the_sandboxs_traffic(cl
     log = os.path.join(d, "socks-cluster.log")
     password = "pw-" + uuid.uuid4().hex[:10]
     proc = ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", password, log, "1082")
-    deadline = time.time() + 20
-    while sh("ip", "netns", "exec", NS, "python3", "-c",
-             f"import socket; socket.create_connection(('{SOCKS_ADDR}', 1082), timeout=1)",
-             check=False).returncode != 0:
-        assert time.time() < deadline, "the SOCKS5 server did not come up"
-        time.sleep(0.2)
+    wait_socks(1082)
     proxy = {"address": f"{SOCKS_ADDR}:1082", "username": "kiln", "password": password}
     sbx = Sandbox.create(timeout=120, network={"egress_proxy": proxy}, **cluster.opts("c2"))
     try:

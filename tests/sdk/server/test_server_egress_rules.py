@@ -352,19 +352,24 @@ def test_mcp_is_stored_and_echoed(srv):
     assert status == 400, body
 
 
+def wait_socks(*ports):
+    """Waits until the test's SOCKS5 servers answer on `ports` of SOCKS_ADDR."""
+    import time
+    deadline = time.time() + 20
+    while any(sh("ip", "netns", "exec", NS, "python3", "-c",
+                 f"import socket; socket.create_connection(('{SOCKS_ADDR}', {port}), timeout=1)",
+                 check=False).returncode != 0 for port in ports):
+        assert time.time() < deadline, "the SOCKS5 server did not come up"
+        time.sleep(0.2)
+
+
 def test_egress_proxy_tunnels_and_fails_closed(srv, secnet):
     ca, ns, d = secnet
     log = os.path.join(d, "socks.log")
     proc = ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", "pw-" + "x" * 8, log, "1080")
     ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", "pw-" + "x" * 8, log, "1081",
              os.path.join(d, "socks.sec.test.pem"), os.path.join(d, "socks.sec.test.key"))
-    import time
-    deadline = time.time() + 20
-    while any(sh("ip", "netns", "exec", NS, "python3", "-c",
-                 f"import socket; socket.create_connection(('{SOCKS_ADDR}', {port}), timeout=1)",
-                 check=False).returncode != 0 for port in (1080, 1081)):
-        assert time.time() < deadline, "the SOCKS5 server did not come up"
-        time.sleep(0.2)
+    wait_socks(1080, 1081)
     opts = srv.opts()
     proxy = {"address": f"{SOCKS_ADDR}:1080", "username": "kiln", "password": "pw-" + "x" * 8}
     # A proxy on a private address is refused before any sandbox exists.

@@ -8,13 +8,12 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use kiln_server::manager::volumes::{check_mount_path, check_name, MAX_MOUNTS};
-use kiln_server::store::{now_ms, Inserted, MountRecord, VolumeRecord};
+use kiln_server::manager::volumes::{check_inserted, check_mount_path, check_name, MAX_MOUNTS};
+use kiln_server::store::{now_ms, MountRecord, VolumeRecord};
 use kiln_server::{ApiError, Error, SandboxService};
 
 use super::service::ClusterService;
@@ -63,23 +62,8 @@ impl ClusterService {
             node: node.name.clone(),
         };
         let cap = self.team_quota(team).await?.max_volumes;
-        match self.etcd.insert_volume(&d, cap).await? {
-            Inserted::Done => {}
-            Inserted::NameTaken => {
-                return Err(Error::Conflict(format!(
-                    "volume \"{name}\" exists already; pick another name or delete it first"
-                )))
-            }
-            Inserted::Full(held) => {
-                let cap = cap.unwrap_or_default();
-                return Err(Error::Limit(format!(
-                    "team \"{team}\" holds {held} volumes, its cap ({cap}); delete one \
-                     (DELETE /volumes/{{volumeID}}), or have the operator raise the cap: \
-                     kiln team set {team} --max-volumes N for this team, kiln control \
-                     --team-max-volumes N for every team's default"
-                )));
-            }
-        }
+        let got = self.etcd.insert_volume(&d, cap).await?;
+        check_inserted(got, team, name, cap, "kiln control")?;
         let call = VolumeCall::Keep { volume: d.clone() };
         if let Err(e) = self.nodes.volume(&node.address, &d.id, &call).await {
             if let Err(r) = self.etcd.remove_volume(&d).await {
@@ -276,21 +260,8 @@ pub async fn forward_content(
             body,
         )
         .await;
-    let r = match answer {
-        Ok(r) => r,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
-    let mut out = Response::builder()
-        .status(StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY));
-    for h in [
-        header::CONTENT_TYPE,
-        header::CONTENT_LENGTH,
-        header::CONTENT_DISPOSITION,
-    ] {
-        if let Some(v) = r.headers().get(&h) {
-            out = out.header(h, v);
-        }
+    match answer {
+        Ok(r) => super::builds::relay(r),
+        Err(e) => ApiError::from(e).into_response(),
     }
-    out.body(Body::from_stream(r.bytes_stream()))
-        .unwrap_or_else(|e| ApiError::internal(format!("a volume answer: {e}")).into_response())
 }

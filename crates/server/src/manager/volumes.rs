@@ -29,6 +29,33 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// What a volume create whose insert answered `got` answers: nothing when it went in, else
+/// 409 (the team has that name) or 429 (the team holds `cap` volumes), the latter saying how
+/// the operator of `server` (`kiln serve`, `kiln control`) raises the cap.
+pub fn check_inserted(
+    got: Inserted,
+    team: &str,
+    name: &str,
+    cap: Option<u32>,
+    server: &str,
+) -> Result<()> {
+    match got {
+        Inserted::Done => Ok(()),
+        Inserted::NameTaken => Err(Error::Conflict(format!(
+            "volume \"{name}\" exists already; pick another name or delete it first"
+        ))),
+        Inserted::Full(held) => {
+            let cap = cap.unwrap_or_default();
+            Err(Error::Limit(format!(
+                "team \"{team}\" holds {held} volumes, its cap ({cap}); delete one \
+                 (DELETE /volumes/{{volumeID}}, kiln volumes rm), or have the operator raise \
+                 the cap: kiln team set {team} --max-volumes N for this team, {server} \
+                 --team-max-volumes N for every team's default"
+            )))
+        }
+    }
+}
+
 /// Checks where a volume is mounted inside a sandbox: an absolute path with no `.` or `..`
 /// and outside the system directories; returns it without a trailing slash.
 pub fn check_mount_path(path: &str) -> Result<String> {
@@ -84,23 +111,13 @@ impl Manager {
             created_at_ms: now_ms(),
         };
         let cap = self.team_quota(team).await?.max_volumes;
-        match db.insert_capped(&v, cap).await? {
-            Inserted::Done => {}
-            Inserted::NameTaken => {
-                return Err(Error::Conflict(format!(
-                    "volume \"{name}\" exists already; pick another name or delete it first"
-                )))
-            }
-            Inserted::Full(held) => {
-                let cap = cap.unwrap_or_default();
-                return Err(Error::Limit(format!(
-                    "team \"{team}\" holds {held} volumes, its cap ({cap}); delete one \
-                     (DELETE /volumes/{{volumeID}}, kiln volumes rm), or have the operator raise \
-                     the cap: kiln team set {team} --max-volumes N for this team, kiln serve \
-                     --team-max-volumes N for every team's default"
-                )));
-            }
-        }
+        check_inserted(
+            db.insert_capped(&v, cap).await?,
+            team,
+            name,
+            cap,
+            "kiln serve",
+        )?;
         if let Err(e) = self.driver.create_volume(&v.id, v.size_mb).await {
             let _ = db.delete_unused(&v.id).await;
             return Err(e.into());
