@@ -214,6 +214,11 @@ pub struct ControlArgs {
     /// `kiln serve`).
     #[arg(long, env = "KILN_WEBHOOK_ALLOW_PRIVATE")]
     webhook_allow_private: bool,
+    /// `iss` of workload identity tokens and the issuer OIDC discovery names (default:
+    /// http://<listen address>). Give every replica and node (`kiln node --identity-issuer`)
+    /// the same URL: the one verifiers reach the cluster's replicas at.
+    #[arg(long, env = "KILN_IDENTITY_ISSUER")]
+    identity_issuer: Option<String>,
 }
 
 /// `kiln control`.
@@ -248,6 +253,7 @@ pub fn control(a: ControlArgs) -> anyhow::Result<i32> {
             leader_ttl: Duration::from_secs(a.leader_ttl.max(2)),
             move_drained: !a.no_drain_moves,
             audit: a.audit == "on",
+            identity_issuer: a.identity_issuer.clone(),
         };
         let control = Control::prepare(etcd, cfg).await?;
         println!("kiln: control replica listening on http://{}", control.local_addr);

@@ -27,6 +27,12 @@ pub enum ClusterError {
     /// The server's store seam failed (a control replica's first key).
     #[error(transparent)]
     Store(#[from] kiln_server::store::StoreError),
+    /// A key the cluster keeps sealed does not open with this cluster secret.
+    #[error("etcd key {0} does not open with this cluster secret: was the cluster secret changed? Give every node and replica the secret the cluster was started with")]
+    KeyUnsealed(String),
+    /// The cluster's identity key.
+    #[error(transparent)]
+    Identity(#[from] kiln_server::identity::IdentityError),
     /// The cluster's vault (its key).
     #[error(transparent)]
     Vault(#[from] kiln_server::vault::VaultError),

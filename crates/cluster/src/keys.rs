@@ -33,6 +33,7 @@
 //! | `volumes/{id}` | a volume (JSON, with the node that keeps its files) ([`crate::volumes`]) |
 //! | `volume-names/{team}/{name}` | the volume's id (names are unique in a team) |
 //! | `volume-counts/{team}` | how many volumes the team holds |
+//! | `cluster-keys/{name}` | a key of the whole cluster, sealed by its vault (`identity`: [`crate::identity`]) |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 //! | `console-sign-ins/{address}/{ms}-{uuid}` | a failed console sign-in, on a lease of a minute |
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |
@@ -228,6 +229,10 @@ impl Keys {
     /// How many volumes `team` holds.
     pub fn volume_count(&self, team: &str) -> String {
         self.one("volume-counts", team)
+    }
+    /// The cluster's key `name` (sealed).
+    pub fn cluster_key(&self, name: &str) -> String {
+        self.one("cluster-keys", name)
     }
     /// A console session, by the SHA-256 of its id.
     pub fn console_session(&self, id_hash: &str) -> String {

@@ -24,6 +24,7 @@ pub mod drain;
 pub mod error;
 mod events;
 pub mod gc;
+pub mod identity;
 pub mod keys;
 pub mod node;
 pub mod nodes;

@@ -112,11 +112,26 @@ impl Issuer {
     /// The issuer of state directory `dir` (its key made there at first use), naming itself
     /// `issuer` and its subjects under the trust domain of `domain`.
     pub fn open(dir: &Path, issuer: &str, domain: &str) -> Result<Self, IdentityError> {
-        let rng = SystemRandom::new();
         let path = dir.join(KEY_FILE);
-        let der = load_or_make_key(&path, &rng)?;
-        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &der, &rng)
-            .map_err(|_| IdentityError::BadKey(path.display().to_string()))?;
+        let der = load_or_make_key(&path, &SystemRandom::new())?;
+        Self::from_pkcs8(&der, issuer, domain)
+            .map_err(|_| IdentityError::BadKey(path.display().to_string()))
+    }
+
+    /// A new random key, PKCS#8 (for a key kept elsewhere than a state directory: a
+    /// cluster's, in etcd).
+    pub fn generate_pkcs8() -> Result<Vec<u8>, IdentityError> {
+        EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &SystemRandom::new())
+            .map(|d| d.as_ref().to_vec())
+            .map_err(|_| IdentityError::BadKey("(a new key: no system randomness)".into()))
+    }
+
+    /// The issuer signing with the PKCS#8 key `der`, naming itself `issuer` and its subjects
+    /// under the trust domain of `domain`.
+    pub fn from_pkcs8(der: &[u8], issuer: &str, domain: &str) -> Result<Self, IdentityError> {
+        let rng = SystemRandom::new();
+        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, der, &rng)
+            .map_err(|_| IdentityError::BadKey("(given)".into()))?;
         // An uncompressed point: 0x04, x, y.
         let point = key.public_key().as_ref();
         let (x, y) = (B64.encode(&point[1..33]), B64.encode(&point[33..65]));

@@ -282,6 +282,18 @@ impl Server {
         Ok(self.vault.clone())
     }
 
+    /// Signs workload identity tokens with the PKCS#8 key `der` instead of this host's own (a
+    /// cluster node: the cluster's key, the one every replica's JWKS shows), keeping the
+    /// configured issuer URL and trust domain.
+    pub fn use_identity_key(&mut self, der: &[u8]) -> Result<(), identity::IdentityError> {
+        self.identity = Arc::new(identity::Issuer::from_pkcs8(
+            der,
+            &self.identity.issuer,
+            &self.domain,
+        )?);
+        Ok(())
+    }
+
     /// Starts anomaly detection: the rules of `source` evaluate the audit stream of this
     /// server's sandboxes, and their alerts go to the state database.
     pub fn start_alerts(

@@ -11,7 +11,9 @@ control` replicas, beside the test internet of test_server_egress_rules.py (name
   on both nodes; the rules read back through the other replica as placeholders; replaced by
   `update_network`; kept by a fork's child;
 - an egress proxy given through a replica carries the sandbox's connections on its node, and
-  its password never comes back.
+  its password never comes back;
+- workload identity tokens (`iam.tokens`) minted by the nodes for sandboxes on either node
+  verify against either replica's JWKS (one cluster key), with the cluster's issuer.
 Nothing here sends traffic off this machine.
 Needs KILN_BIN, the base template, runsc, root and etcd (Debian's etcd-server, or KILN_ETCD).
 """
@@ -32,12 +34,18 @@ from .test_server_cluster import Cluster, finish
 from .test_server_egress_rules import DNS_ADDR, SOCKS, SOCKS_ADDR, secnet, wait_socks  # noqa: F401
 
 RANGES = {"n1": "10.169.0.0/24", "n2": "10.169.1.0/24"}
+# Where verifiers reach the cluster: every node and replica names it as the tokens' issuer.
+ISSUER = ["--identity-issuer", "http://kiln-cluster.test"]
+AUD = "https://sts.sec.test"
 
 
 class NetCluster(Cluster):
     def start_node(self, name: str, extra=()) -> object:
         net = ["--net-range", RANGES[name], "--net-pool", "1", "--dns-upstream", DNS_ADDR]
-        return super().start_node(name, [*net, *extra])
+        return super().start_node(name, [*net, *ISSUER, *extra])
+
+    def start_control(self, name: str, extra=()) -> object:
+        return super().start_control(name, [*ISSUER, *extra])
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +232,45 @@ def test_an_egress_proxy_given_through_a_replica_carries_the_sandboxs_traffic(cl
         sbx.kill()
     for p in cluster.procs:
         assert password not in p.log(), p.name
+
+
+def test_identity_tokens_of_either_node_verify_against_either_replicas_jwks(cluster):
+    import jwt
+
+    keys = {}
+    for c in ("c1", "c2"):
+        with urllib.request.urlopen(cluster.controls[c].url + "/.well-known/jwks.json",
+                                    timeout=10) as r:
+            keys[c] = json.loads(r.read())
+        status, disc = cluster.request(c, "GET", "/.well-known/openid-configuration")
+        assert status == 200 and disc["issuer"] == "http://kiln-cluster.test", disc
+    assert keys["c1"] == keys["c2"] and len(keys["c1"]["keys"]) == 1, keys
+    rules = {"api.sec.test": [{"transform": lambda ctx: {"headers": {
+        "Authorization": f"Bearer {ctx.iam.tokens['svc']}"}}}]}
+    iam = {"tokens": {"svc": Secret.iam_token(audience=AUD, token_type="JWT-SVID")}}
+    on = {}
+    try:
+        for i in range(12):
+            s = Sandbox.create(timeout=120, iam=iam, network={"rules": rules},
+                               **cluster.opts("c1" if i % 2 else "c2"))
+            node = cluster.node_of(s.sandbox_id)
+            if node in on:
+                s.kill()
+            else:
+                on[node] = s
+            if len(on) == 2:
+                break
+        assert len(on) == 2, sorted(on)
+        for node, s in on.items():
+            code, status, body = curl(s, "https://api.sec.test/token")
+            assert (code, status) == (0, "200"), (node, body)
+            token = json.loads(body)["headers"]["authorization"][len("Bearer "):]
+            header = jwt.get_unverified_header(token)
+            for c in ("c1", "c2"):
+                key = next(k for k in keys[c]["keys"] if k["kid"] == header["kid"])
+                claims = jwt.decode(token, jwt.PyJWK(key).key, algorithms=["ES256"],
+                                    audience=AUD, issuer="http://kiln-cluster.test")
+                assert claims["sub"].endswith(f"/sandbox/{s.sandbox_id}"), (node, claims)
+    finally:
+        for s in on.values():
+            s.kill()

@@ -57,6 +57,10 @@ pub struct ControlConfig {
     /// Whether the replica records what it forwards on its nodes' audit chains and serves the
     /// audit routes ([`audit`]).
     pub audit: bool,
+    /// `iss` of workload identity tokens and the issuer the OIDC discovery names (None:
+    /// `http://<listen address>`). Give every replica and node the same: the URL verifiers
+    /// reach the cluster at.
+    pub identity_issuer: Option<String>,
 }
 
 /// A replica ready to serve.
@@ -99,6 +103,30 @@ impl Control {
             )
             .with_audit(audit.clone()),
         );
+        let listen_err = |source| ClusterError::Listen {
+            addr: cfg.listen.to_string(),
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(listen_err)?;
+        let local_addr = listener.local_addr().map_err(listen_err)?;
+        // Teams' secrets and the identity key are the cluster's, sealed with the key every
+        // process derives from the cluster secret.
+        let vault = Arc::new(kiln_server::vault::Vault::with_store(
+            &cfg.secret.vault_key(),
+            Arc::new(crate::secrets::EtcdSecrets::new(etcd.clone())),
+            None,
+        )?);
+        let issuer_url = cfg
+            .identity_issuer
+            .clone()
+            .unwrap_or_else(|| format!("http://{local_addr}"));
+        let issuer = kiln_server::identity::Issuer::from_pkcs8(
+            &crate::identity::identity_key(&etcd, &vault).await?,
+            &issuer_url,
+            &cfg.domain,
+        )?;
         let state = Arc::new(
             AppState::for_service(
                 service.clone(),
@@ -110,22 +138,11 @@ impl Control {
                 },
             )
             .with_audit(audit)
-            .with_vault(Arc::new(kiln_server::vault::Vault::with_store(
-                &cfg.secret.vault_key(),
-                Arc::new(crate::secrets::EtcdSecrets::new(etcd.clone())),
-                None,
-            )?))
+            .with_vault(vault)
+            .with_identity(Arc::new(issuer))
             .with_console_sessions(Arc::new(crate::console::EtcdSessions::new(etcd.clone())))
             .with_console_sign_ins(Arc::new(crate::sign_ins::EtcdSignIns::new(etcd.clone()))),
         );
-        let listen_err = |source| ClusterError::Listen {
-            addr: cfg.listen.to_string(),
-            source,
-        };
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .map_err(listen_err)?;
-        let local_addr = listener.local_addr().map_err(listen_err)?;
         Ok(Self {
             listener,
             local_addr,

@@ -119,6 +119,8 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         &cfg.secret.vault_key(),
         Arc::new(crate::secrets::EtcdSecrets::new(etcd.clone())),
     )?;
+    // Workload identity tokens are signed with the cluster's key (every replica's JWKS).
+    server.use_identity_key(&crate::identity::identity_key(&etcd, &vault).await?)?;
     let forgetting = tokio::spawn(crate::secrets::forget_on_change(etcd.clone(), vault));
     let mut lease = etcd
         .register_node_at(

@@ -85,7 +85,10 @@ async fn create_inner(
     let network_settings = st
         .manager
         .forwards_network_settings()
-        .then(|| super::net_persist::settings_of(net_raw.as_ref(), None))
+        .then(|| {
+            let iam = req.iam.as_ref().filter(|_| !tokens.is_empty());
+            super::net_persist::settings_of(net_raw.as_ref(), iam)
+        })
         .flatten();
     let team = c.team.clone();
     let mcp = req.mcp.clone().filter(|m| !m.is_null());
