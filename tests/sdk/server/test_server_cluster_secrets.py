@@ -271,6 +271,20 @@ def test_identity_tokens_of_either_node_verify_against_either_replicas_jwks(clus
                 claims = jwt.decode(token, jwt.PyJWK(key).key, algorithms=["ES256"],
                                     audience=AUD, issuer="http://kiln-cluster.test")
                 assert claims["sub"].endswith(f"/sandbox/{s.sandbox_id}"), (node, claims)
+        # The rules replaced through the other replica (an update carries no iam: the
+        # sandbox keeps the tokens it was created with, checked by its node).
+        s = on["n1"]
+        Sandbox.connect(s.sandbox_id, **cluster.opts("c1")).update_network({"rules": rules})
+        code, status, body = curl(s, "https://api.sec.test/again")
+        token = json.loads(body)["headers"]["authorization"][len("Bearer "):]
+        key = next(k for k in keys["c2"]["keys"] if k["kid"] == jwt.get_unverified_header(token)["kid"])
+        jwt.decode(token, jwt.PyJWK(key).key, algorithms=["ES256"], audience=AUD,
+                   issuer="http://kiln-cluster.test")
+        bad = {"api.sec.test": [{"transform": {"headers": {
+            "A": "${e2b.identity.tokens.nope}"}}}]}
+        with pytest.raises(Exception) as e:
+            Sandbox.connect(s.sandbox_id, **cluster.opts("c2")).update_network({"rules": bad})
+        assert "nope" in str(e.value), e.value
     finally:
         for s in on.values():
             s.kill()

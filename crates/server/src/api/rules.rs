@@ -39,6 +39,12 @@ async fn check_names(
     rules: &RuleSet,
     tokens: &BTreeMap<String, TokenSpec>,
 ) -> ApiResult<()> {
+    check_secret_names(vault, team, rules).await?;
+    check_token_names(rules, tokens)
+}
+
+/// Refuses a rule naming a secret `team` does not have.
+async fn check_secret_names(vault: &Vault, team: &str, rules: &RuleSet) -> ApiResult<()> {
     for name in rules.secret_names() {
         let known = vault
             .records()
@@ -53,6 +59,11 @@ async fn check_names(
             )));
         }
     }
+    Ok(())
+}
+
+/// Refuses a rule naming a workload identity token not among `tokens`.
+fn check_token_names(rules: &RuleSet, tokens: &BTreeMap<String, TokenSpec>) -> ApiResult<()> {
     for name in rules.token_names() {
         if !tokens.contains_key(&name) {
             let defined: Vec<&String> = tokens.keys().collect();
@@ -91,11 +102,12 @@ pub async fn with_rules(
         return Ok(policy);
     };
     if st.manager.forwards_network_settings() {
-        // Checked here, attached where the sandbox runs (see `net_forwarded`).
+        // Secrets are checked here; the node that attaches the rules checks the tokens
+        // against those the sandbox has (an update carries none; see `net_forwarded`).
         let Some(vault) = &st.vault else {
             return Err(ApiError::not_implemented("network rules"));
         };
-        check_names(vault, team, &rules, tokens).await?;
+        check_secret_names(vault, team, &rules).await?;
         return Ok(policy);
     }
     let (Some(vault), Some(interceptor)) = (&st.vault, &st.interceptor) else {
