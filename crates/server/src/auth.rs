@@ -9,6 +9,21 @@ use crate::tenancy::{Caller, DEFAULT_TEAM};
 /// Header carrying the API key (as E2B).
 pub const API_KEY_HEADER: &str = "x-api-key";
 
+/// The API key a request presents: `X-API-Key`, else `Authorization: Bearer <key>`.
+pub fn presented_key(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get(API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_string)
+        })
+}
+
 /// A freshly generated key: the secret (shown once) and the row stored for it.
 #[derive(Debug, Clone)]
 pub struct NewKey {

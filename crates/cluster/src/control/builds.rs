@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use kiln_server::api::AppState;
@@ -81,18 +81,6 @@ fn is_build_route(method: &Method, path: &str) -> bool {
     }
 }
 
-fn api_key(h: &HeaderMap) -> Option<String> {
-    h.get(kiln_server::auth::API_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| {
-            h.get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::to_string)
-        })
-}
-
 /// What the replica's Template API forwarding needs.
 pub struct BuildGate {
     pub state: Arc<AppState>,
@@ -123,8 +111,11 @@ pub async fn forward_builds(State(g): State<Arc<BuildGate>>, req: Request, next:
     let caller = if upload {
         None
     } else {
-        match kiln_server::auth::verify(g.state.access.as_ref(), api_key(req.headers()).as_deref())
-            .await
+        match kiln_server::auth::verify(
+            g.state.access.as_ref(),
+            kiln_server::auth::presented_key(req.headers()).as_deref(),
+        )
+        .await
         {
             Ok(Ok(c)) => Some(c),
             Ok(Err(e)) => return ApiError::unauthorized(e.to_string()).into_response(),

@@ -80,18 +80,25 @@ impl ClusterService {
         d.map(|d| d.record()).ok_or_else(|| not_found(key))
     }
 
+    /// Volume `id` when `token` is its content token (any team: the token is the key).
+    async fn volume_doc_by_token(&self, id: &str, token: &str) -> Result<Option<VolumeDoc>> {
+        let d = self.etcd.volume_doc(id).await?;
+        Ok(
+            d.filter(|d| {
+                kiln_server::proxy::constant_time_eq(d.token.as_bytes(), token.as_bytes())
+            }),
+        )
+    }
+
     pub(super) async fn cluster_volume_by_token(
         &self,
         id: &str,
         token: &str,
     ) -> Result<Option<VolumeRecord>> {
-        let d = self.etcd.volume_doc(id).await?;
-        Ok(
-            d.filter(|d| {
-                kiln_server::proxy::constant_time_eq(d.token.as_bytes(), token.as_bytes())
-            })
-            .map(|d| d.record()),
-        )
+        Ok(self
+            .volume_doc_by_token(id, token)
+            .await?
+            .map(|d| d.record()))
     }
 
     pub(super) async fn cluster_list_volumes(
@@ -232,11 +239,9 @@ pub async fn forward_content(
         .into_response();
     };
     let s = &g.service;
-    let doc = match s.etcd.volume_doc(&id).await {
-        Ok(d) => {
-            d.filter(|d| kiln_server::proxy::constant_time_eq(d.token.as_bytes(), token.as_bytes()))
-        }
-        Err(e) => return ApiError::from(Error::from(e)).into_response(),
+    let doc = match s.volume_doc_by_token(&id, &token).await {
+        Ok(d) => d,
+        Err(e) => return ApiError::from(e).into_response(),
     };
     let Some(doc) = doc else {
         return ApiError::unauthorized(format!("the token is not valid for volume \"{id}\""))

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::delete;
 use axum::{Extension, Json};
@@ -54,14 +54,6 @@ pub(super) async fn api(State(n): State<Arc<NodeApi>>, req: Request) -> Response
     else {
         return ApiError::not_found("no such route").into_response();
     };
-    let query = parts
-        .uri
-        .query()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    let Ok(uri) = format!("{rest}{query}").parse::<Uri>() else {
-        return ApiError::bad_request("a malformed path").into_response();
-    };
     let team = take(&mut parts.headers, TEAM_HEADER);
     let key_id = take(&mut parts.headers, KEY_ID_HEADER);
     // The upload links name the host the client used.
@@ -76,11 +68,10 @@ pub(super) async fn api(State(n): State<Arc<NodeApi>>, req: Request) -> Response
         }
     }
     parts.headers.remove(header::AUTHORIZATION);
-    // A fresh request: the outer router's path parameters stay behind.
-    let mut inner = Request::new(Body::new(body));
-    *inner.method_mut() = parts.method;
-    *inner.uri_mut() = uri;
-    *inner.headers_mut() = parts.headers;
+    let mut inner = match super::inner_request(parts, &rest, Body::new(body)) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
     if let (Some(team), Some(key_id)) = (team, key_id) {
         inner.extensions_mut().insert(Caller { key_id, team });
     } else if !rest.starts_with(template_api::UPLOAD_PREFIX) {

@@ -38,6 +38,29 @@ use crate::secret::ClusterSecret;
 use crate::store::EtcdStore;
 use publish::Publisher;
 
+/// A request for a router of the server's own handlers, made from one the node's internal API
+/// received (`parts`, `body`): the same method and headers, at `path` with the original query;
+/// the outer router's path parameters stay behind. 400 when the path does not make a URI.
+fn inner_request(
+    parts: axum::http::request::Parts,
+    path: &str,
+    body: axum::body::Body,
+) -> std::result::Result<axum::extract::Request, kiln_server::ApiError> {
+    let query = parts
+        .uri
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let uri: axum::http::Uri = format!("{path}{query}")
+        .parse()
+        .map_err(|_| kiln_server::ApiError::bad_request("a malformed path"))?;
+    let mut inner = axum::extract::Request::new(body);
+    *inner.method_mut() = parts.method;
+    *inner.uri_mut() = uri;
+    *inner.headers_mut() = parts.headers;
+    Ok(inner)
+}
+
 /// What the internal API's handlers share.
 pub struct NodeApi {
     pub service: Arc<dyn SandboxService>,

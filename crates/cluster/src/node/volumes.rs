@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderValue, Uri};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kiln_server::{ApiError, Error};
@@ -84,26 +84,17 @@ pub(super) async fn content(State(n): State<Arc<NodeApi>>, req: Request) -> Resp
             tracing::debug!(volume = %id, error = %e, "a volume of this node's record");
         }
     }
-    let query = parts
-        .uri
-        .query()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    let Ok(uri) = format!("/volumecontent/{rest}{query}").parse::<Uri>() else {
-        return ApiError::bad_request("a malformed volume path").into_response();
-    };
-    parts.uri = uri;
     let mut bearer = b"Bearer ".to_vec();
     bearer.extend_from_slice(token.as_bytes());
     match HeaderValue::from_bytes(&bearer) {
         Ok(v) => parts.headers.insert(header::AUTHORIZATION, v),
         Err(_) => return ApiError::unauthorized("a malformed volume token").into_response(),
     };
-    // A fresh request (the outer router's path parameters stay behind).
-    let mut inner = Request::new(Body::new(body));
-    *inner.method_mut() = parts.method;
-    *inner.uri_mut() = parts.uri;
-    *inner.headers_mut() = parts.headers;
+    let path = format!("/volumecontent/{rest}");
+    let inner = match super::inner_request(parts, &path, Body::new(body)) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
     let routes = kiln_server::api::volume_content::routes().with_state(n.app.clone());
     match routes.oneshot(inner).await {
         Ok(r) => r,

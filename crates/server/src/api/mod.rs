@@ -37,7 +37,7 @@ pub use audit::ViewRead;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post, put};
@@ -375,18 +375,7 @@ async fn require_api_key(State(st): St, mut req: Request, next: Next) -> Respons
     if path == "/health" || path == "/openapi.json" || path == "/metrics" {
         return next.run(req).await;
     }
-    let headers: &HeaderMap = req.headers();
-    let key = headers
-        .get(auth::API_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| {
-            headers
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::to_string)
-        });
+    let key = auth::presented_key(req.headers());
     match auth::verify(st.access.as_ref(), key.as_deref()).await {
         Ok(Ok(caller)) => {
             req.extensions_mut()
