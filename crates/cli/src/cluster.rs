@@ -120,6 +120,7 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
     let p = crate::serve::prepare(&a.serve)?;
     let name = a.name.clone().unwrap_or_else(host_name);
     let max_sandboxes = p.cfg.lifecycle.admission.max_sandboxes.unwrap_or(0) as u32;
+    let rules = p.rules().to_string();
     p.rt.block_on(async move {
         let etcd = a.join.store().await?;
         let objects = a.objects.node_objects(&p.cfg.state_dir)?;
@@ -131,6 +132,8 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
             );
         }
         let server = p.setup.prepare(p.templates).await?;
+        // The node's rule engine evaluates its sandboxes' chains; replicas read its alerts.
+        crate::serve::Prepared::start_rules(&rules, &p.cfg, &server)?;
         let advertise = a
             .advertise
             .clone()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use kiln_host::runsc::{self, platform};
 use kiln_server::templates::{self, Templates};
-use kiln_server::{LifecycleConfig, ServerConfig};
+use kiln_server::{LifecycleConfig, Server, ServerConfig};
 
 use crate::drivers::{DriverConfig, DriverKind, ServerSetup};
 
@@ -292,6 +292,32 @@ pub struct Prepared {
     rules: String,
 }
 
+impl Prepared {
+    /// Starts anomaly detection on `server` as `--rules` says (it reads the audit log).
+    pub fn start_rules(rules: &str, cfg: &ServerConfig, server: &Server) -> anyhow::Result<()> {
+        let Some(src) = kiln_server::alerts::RulesSource::parse(rules) else {
+            return Ok(());
+        };
+        if cfg.audit.enabled {
+            let st = server.start_alerts(src)?;
+            println!(
+                "kiln: anomaly detection: {} rules ({:?})",
+                st.rules, st.source
+            );
+        } else if rules != "builtin" {
+            anyhow::bail!("--rules {rules} needs the audit log (--audit on)");
+        } else {
+            println!("kiln: anomaly detection off (it reads the audit log, which is off)");
+        }
+        Ok(())
+    }
+
+    /// The `--rules` setting.
+    pub fn rules(&self) -> &str {
+        &self.rules
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let Prepared {
         rt,
@@ -481,16 +507,7 @@ fn serve(
     let tls = cfg.edge.tls.is_some();
     rt.block_on(async move {
         let server = setup.prepare(templates).await?;
-        if let Some(src) = kiln_server::alerts::RulesSource::parse(&rules) {
-            if cfg.audit.enabled {
-                let st = server.start_alerts(src)?;
-                println!("kiln: anomaly detection: {} rules ({:?})", st.rules, st.source);
-            } else if rules != "builtin" {
-                anyhow::bail!("--rules {rules} needs the audit log (--audit on)");
-            } else {
-                println!("kiln: anomaly detection off (it reads the audit log, which is off)");
-            }
-        }
+        Prepared::start_rules(&rules, &cfg, &server)?;
         let recovery = server.recovery.clone();
         tokio::spawn(async move {
             match recovery.done().await {

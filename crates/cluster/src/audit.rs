@@ -3,11 +3,14 @@
 //! lifecycle, connections and DNS queries itself, and a control replica records what it sees
 //! pass (the E2B API calls naming the sandbox, the envd operations its proxy forwards) and
 //! hands those records to the sandbox's node ([`crate::control`]'s forwarding store, which
-//! reads through the nodes too). This module is the node-internal API's JSON forms of that:
-//! one call ([`AuditCall`]) answered by one [`AuditAnswer`].
+//! reads through the nodes too). A sandbox that moves continues its chain on its new node
+//! (the heads in etcd: [`crate::heads`]), so a chain may be kept in parts by several nodes.
+//! This module is the node-internal API's JSON forms of that: one call ([`AuditCall`])
+//! answered by one [`AuditAnswer`].
 
 use kiln_server::audit::chain::Head;
 use kiln_server::audit::{AuditRecord, Filter, Kind, NewRecord};
+use kiln_server::store::alerts_sql::{AlertFilter, AlertRecord};
 use kiln_server::store::StoredChain;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -24,6 +27,8 @@ pub enum AuditCall {
     Append { records: Vec<NewRecordDoc> },
     /// The stored records matching a filter (the node's cursors).
     Query { filter: Filter },
+    /// The rule engine's alerts matching a filter (the node's alert ids).
+    Alerts { filter: AlertFilter },
     /// Every sandbox the node keeps a chain of (of one team's only, when given).
     Chains { team: Option<String> },
     /// One sandbox's chain as stored, for verification.
@@ -42,12 +47,25 @@ pub struct AuditAnswer {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub records: Vec<RecordDoc>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<AlertDoc>,
+    /// Records of an append not kept: their chains are extended by another node now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<MovedDoc>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ids: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chain: Option<ChainDoc>,
     /// A hash, an owner's key or a team (by call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+}
+
+/// Records an append handed to a node that does not extend their chains now, and the node
+/// that does (as the refusing node last saw it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MovedDoc {
+    pub node: Option<String>,
+    pub records: Vec<NewRecordDoc>,
 }
 
 /// A record on its way to a node's chain.
@@ -124,6 +142,70 @@ impl From<RecordDoc> for AuditRecord {
     }
 }
 
+/// A stored alert, field for field.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AlertDoc {
+    pub id: i64,
+    pub ts_ms: i64,
+    pub sandbox_id: String,
+    pub team: Option<String>,
+    pub rule: String,
+    pub priority: String,
+    pub output: String,
+    pub tags: Vec<String>,
+    pub actions: Vec<String>,
+    pub records: Vec<i64>,
+    pub count: u64,
+    pub first_ms: i64,
+    pub last_ms: i64,
+    pub rules: Vec<String>,
+    pub incident: String,
+}
+
+impl From<AlertRecord> for AlertDoc {
+    fn from(a: AlertRecord) -> Self {
+        Self {
+            id: a.id,
+            ts_ms: a.ts_ms,
+            sandbox_id: a.sandbox_id,
+            team: a.team,
+            rule: a.rule,
+            priority: a.priority,
+            output: a.output,
+            tags: a.tags,
+            actions: a.actions,
+            records: a.records,
+            count: a.count,
+            first_ms: a.first_ms,
+            last_ms: a.last_ms,
+            rules: a.rules,
+            incident: a.incident,
+        }
+    }
+}
+
+impl From<AlertDoc> for AlertRecord {
+    fn from(d: AlertDoc) -> Self {
+        Self {
+            id: d.id,
+            ts_ms: d.ts_ms,
+            sandbox_id: d.sandbox_id,
+            team: d.team,
+            rule: d.rule,
+            priority: d.priority,
+            output: d.output,
+            tags: d.tags,
+            actions: d.actions,
+            records: d.records,
+            count: d.count,
+            first_ms: d.first_ms,
+            last_ms: d.last_ms,
+            rules: d.rules,
+            incident: d.incident,
+        }
+    }
+}
+
 /// A chain as stored: its records, where retention cut it, its recorded head.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChainDoc {
@@ -155,6 +237,7 @@ impl From<ChainDoc> for StoredChain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_server::audit::cursor::Cursor;
 
     #[test]
     fn a_stored_chain_crosses_the_wire_unchanged() {
@@ -189,7 +272,7 @@ mod tests {
             filter: Filter {
                 sandbox_id: Some("sbx1".into()),
                 kinds: vec![Kind::Process, Kind::File],
-                after: Some(7),
+                after: Some(Cursor::At(7)),
                 limit: 100,
                 ..Filter::default()
             },
@@ -201,6 +284,6 @@ mod tests {
             panic!("not a query");
         };
         assert_eq!(filter.kinds, vec![Kind::Process, Kind::File]);
-        assert_eq!(filter.after, Some(7));
+        assert_eq!(filter.after, Some(Cursor::At(7)));
     }
 }

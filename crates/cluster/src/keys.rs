@@ -27,6 +27,7 @@
 //! | `draining/{name}` | a drained node's mark (JSON); stays until `kiln node undrain` |
 //! | `owners/{id}` | the name of the node that owns the sandbox |
 //! | `checkpoints/{id}` | where a paused sandbox's checkpoint is in object storage (JSON) |
+//! | `audit-heads/{id}` | the head of the sandbox's audit chain, the node extending it, the nodes keeping it (JSON) ([`crate::heads`]) |
 //! | `template-files/{name}` | where a template's files are in object storage (JSON) |
 //! | `secrets/{team}/{id}` | a team's secret (JSON), its value sealed by the vault ([`crate::secrets`]) |
 //! | `secret-names/{team}/{name}` | the secret's id (names are unique in a team) |
@@ -197,6 +198,10 @@ impl Keys {
     /// Where paused sandbox `id`'s checkpoint is in object storage.
     pub fn checkpoint(&self, id: &str) -> String {
         self.one("checkpoints", id)
+    }
+    /// The head of sandbox `id`'s audit chain.
+    pub fn audit_head(&self, id: &str) -> String {
+        self.one("audit-heads", id)
     }
     /// Where template `name`'s files are in object storage.
     pub fn template_files(&self, name: &str) -> String {

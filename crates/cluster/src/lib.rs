@@ -13,6 +13,7 @@
 //! every replica and node; [`volumes`] records volumes with the node that keeps their files.
 
 pub mod audit;
+mod blocking;
 mod campaign;
 mod catalog;
 pub mod checkpoints;
@@ -24,6 +25,7 @@ pub mod drain;
 pub mod error;
 mod events;
 pub mod gc;
+pub mod heads;
 pub mod identity;
 pub mod keys;
 pub mod node;

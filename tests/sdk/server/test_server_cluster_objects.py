@@ -6,7 +6,8 @@ file and a counting process is paused (its checkpoint uploaded before the pause 
 node is killed with SIGKILL, and traffic through a replica's gateway (autoResume) resumes it on
 the other node with its file and its process still counting from where it was (memory
 restored); the killed node, back on its state dir, drops its copy. A paused sandbox of a draining node
-resumes on another node, and the drained node drops its copy. A filesystem-only auto-pause (at
+resumes on another node, its audit chain continued there (one chain, 1..n, kept in two parts by
+the two nodes, read and verified through either replica), and the drained node drops its copy. A filesystem-only auto-pause (at
 the end of the timeout) is uploaded too, and boots on its disk on another node after its node
 is killed. A paused sandbox of a lost node without an object store answers 409 naming its
 node. A sandbox's egress policy is read and replaced through either replica, and its console read
@@ -18,6 +19,7 @@ Needs KILN_BIN, the base template, runsc, etcd (Debian's etcd-server, or KILN_ET
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,6 +32,7 @@ import urllib.request
 import pytest
 
 from .conftest import kiln_bin, read_count, runsc_processes_for
+from .test_server_cluster_audit import node_rows
 from .test_server_cluster import Cluster, Proc, finish, free_port, kiln_node
 
 ACCESS = {"KILN_S3_ACCESS_KEY_ID": "kiln-test", "KILN_S3_SECRET_ACCESS_KEY": "kiln-test-secret"}
@@ -181,6 +184,8 @@ def test_a_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(cl
         other = "n2" if home == "n1" else "n1"
         s.files.write("/home/user/notes.txt", "written on " + home)
         start_counting(s)
+        before = secrets.token_hex(6)
+        assert s.commands.run(f"echo {before}").exit_code == 0
         t = time.time()
         assert Sandbox.pause(sid, **cluster.opts("c1")) is True
         print(f"pause with upload: {time.time() - t:.2f} s")
@@ -220,6 +225,10 @@ def test_a_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(cl
         assert not os.path.exists(sandbox_dir(back, sid)), "the old node dropped its copy"
         assert again.commands.run("echo still here").stdout.strip() == "still here"
         assert cluster.node_of(sid) == other
+        # Its audit chain went on from where the killed node's part ends.
+        after = secrets.token_hex(6)
+        assert again.commands.run(f"echo {after}").exit_code == 0
+        chain_moved(cluster, sid, home, other, before, after)
     finally:
         kill_quietly(cluster, sid, "c2")
 
@@ -242,12 +251,18 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere_under_its_policy(
         held = net_file(cluster.nodes[home], sid)
         assert (held["allowOut"], held["denyOut"]) == (["198.51.100.7"], ["0.0.0.0/0"]), held
         s.files.write("/home/user/notes.txt", "drained")
+        before = secrets.token_hex(6)
+        assert s.commands.run(f"echo {before}").exit_code == 0
         assert Sandbox.pause(sid, **cluster.opts("c2")) is True
         out = kiln_node(cluster, "drain", home)
         assert sid in out.split("paused sandbox(es)")[1], out
         again = Sandbox.connect(sid, timeout=120, **cluster.opts("c1"))
         assert cluster.node_of(sid) == other, "the next resume lands off the draining node"
         assert again.files.read("/home/user/notes.txt") == "drained"
+        after = secrets.token_hex(6)
+        assert again.commands.run(f"echo {after}").exit_code == 0
+        # One audit chain: begun on its first node, continued on the second.
+        chain_moved(cluster, sid, home, other, before, after)
         # Its network on the new node is under the policy it was made with.
         moved = net_file(cluster.nodes[other], sid)
         for k in ("allowInternetAccess", "allowOut", "denyOut", "dnsServers"):
@@ -265,6 +280,39 @@ def test_a_paused_sandbox_of_a_draining_node_resumes_elsewhere_under_its_policy(
     finally:
         kiln_node(cluster, "undrain", home)
         kill_quietly(cluster, sid, "c1")
+
+
+def chain_moved(cluster, sid: str, first: str, second: str, before: str, after: str):
+    """`sid`'s audit chain read through either replica is one chain, 1..n without a gap, with
+    `before` (run on node `first`) kept there and `after` (run on `second`) kept there, and
+    it verifies through a replica."""
+    deadline, recs = time.time() + 30, []
+    while time.time() < deadline:
+        status, page = cluster.request("c2", "GET", f"/sandboxes/{sid}/audit?limit=1000")
+        assert status == 200, page
+        recs = page["records"]
+        if all(any(m in json.dumps(r["body"]) for r in recs) for m in (before, after)):
+            break
+        time.sleep(0.3)
+    assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1)), [(r["seq"], r["kind"]) for r in recs]
+    for node, mark, absent in ((first, before, after), (second, after, before)):
+        rows = node_rows(cluster, node, sid)
+        assert any(k == "process" and mark in b for k, b in rows), (node, rows)
+        assert not any(absent in b for _, b in rows), (node, "keeps only its own part")
+    # Paged through the other replica with the cluster's cursor: the same chain.
+    paged, cursor = [], None
+    while True:
+        q = "?limit=4" + (f"&cursor={cursor}" if cursor else "")
+        status, page = cluster.request("c1", "GET", f"/sandboxes/{sid}/audit{q}")
+        assert status == 200, page
+        if not page["records"]:
+            break
+        paged.extend(page["records"])
+        cursor = page["nextCursor"]
+    assert sorted(r["hash"] for r in paged[:len(recs)]) == sorted(r["hash"] for r in recs)
+    status, v = cluster.request("c1", "GET", f"/audit/verify?sandboxID={sid}")
+    assert status == 200 and v["ok"], v
+    assert v["chains"][0]["records"] >= len(recs) and v["chains"][0]["pruned"] == 0, v
 
 
 def test_a_sandboxs_network_is_read_and_replaced_through_either_replica(cluster):

@@ -6,30 +6,43 @@
 //!
 //! A sandbox's node is the one etcd names as its owner (kept after it ends); a sandbox no
 //! live node is known for is looked for on every live node. Records about a sandbox no live
-//! node runs (an id that never existed, a sandbox whose node is lost) are not kept.
+//! node runs (an id that never existed, a sandbox whose node is lost) are not kept; those a
+//! node refuses (the sandbox moved: its chain is extended elsewhere now) are handed on to the
+//! node that extends it. A chain that moved is kept in parts by the nodes its head in etcd
+//! names ([`crate::heads`]): its reads merge their pages, its verification joins the parts
+//! and checks them against that head. Reads of every sandbox merge every live node's pages
+//! ([`super::pages`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kiln_server::audit::cursor::{Cursor, Page};
 use kiln_server::audit::{AuditRecord, Filter, NewRecord};
 use kiln_server::driver::DriverError;
 use kiln_server::store::alerts_sql::{AlertFilter, AlertRecord};
 use kiln_server::store::{AuditStore, Result, StoreError, StoredChain};
 use kiln_server::Error;
 
+use super::pages::{merge, positions};
 use super::{Cache, NodeClient};
-use crate::audit::{AuditAnswer, AuditCall, NewRecordDoc};
+use crate::audit::{AuditAnswer, AuditCall, MovedDoc, NewRecordDoc};
+use crate::heads::HeadDoc;
 use crate::nodes::NodeInfo;
+use crate::store::EtcdStore;
 
 /// How long one call to a node may take.
 const CALL_LIMIT: Duration = Duration::from_secs(10);
 /// Attempts at handing one node its records before they are given up.
 const APPEND_TRIES: u32 = 5;
+/// Nodes records refused by one are handed on to, one after another, at most.
+const MOST_HOPS: u32 = 3;
 
 /// The replica's audit store: its nodes' audit logs.
 pub struct NodeAudit {
     cache: Arc<Cache>,
+    /// The chains' heads (which nodes keep a chain).
+    etcd: EtcdStore,
     client: NodeClient,
     /// The runtime the calls run on (the store's methods are called from the audit writer's
     /// thread and the blocking pool).
@@ -40,9 +53,15 @@ pub struct NodeAudit {
 }
 
 impl NodeAudit {
-    pub fn new(cache: Arc<Cache>, client: NodeClient, rt: tokio::runtime::Handle) -> Self {
+    pub fn new(
+        cache: Arc<Cache>,
+        etcd: EtcdStore,
+        client: NodeClient,
+        rt: tokio::runtime::Handle,
+    ) -> Self {
         Self {
             cache,
+            etcd,
             client,
             rt,
             found: Mutex::new(HashMap::new()),
@@ -50,12 +69,13 @@ impl NodeAudit {
     }
 
     fn call(&self, node: &NodeInfo, call: &AuditCall) -> std::result::Result<AuditAnswer, Error> {
-        let fut = self.client.audit(&node.address, call);
-        self.rt.block_on(async {
-            tokio::time::timeout(CALL_LIMIT, fut)
+        let (client, address, call) = (self.client.clone(), node.address.clone(), call.clone());
+        crate::blocking::on_runtime(&self.rt, async move {
+            tokio::time::timeout(CALL_LIMIT, client.audit(&address, &call))
                 .await
                 .unwrap_or_else(|_| Err(Error::Unavailable("the node did not answer".into())))
         })
+        .unwrap_or_else(|| Err(Error::Unavailable("the replica is stopping".into())))
     }
 
     /// A node's answer to a read, its refusal as the store's error.
@@ -117,11 +137,16 @@ impl NodeAudit {
     }
 
     /// Hands `node` its records, trying again a few times; false when they are lost.
-    fn hand(&self, node: &NodeInfo, records: Vec<NewRecordDoc>) -> bool {
+    fn hand(&self, node: &NodeInfo, records: Vec<NewRecordDoc>, hops: u32) -> bool {
         let call = AuditCall::Append { records };
         for attempt in 1..=APPEND_TRIES {
             match self.call(node, &call) {
-                Ok(_) => return true,
+                Ok(a) => {
+                    for m in a.moved {
+                        self.hand_on(node, m, hops);
+                    }
+                    return true;
+                }
                 Err(e) if attempt == APPEND_TRIES => {
                     tracing::error!(node = %node.name, error = %e, "handing audit records to their node failed for good; they are lost");
                 }
@@ -133,12 +158,91 @@ impl NodeAudit {
         }
         false
     }
+
+    /// Hands records `from` refused on to the node that extends their chains now.
+    fn hand_on(&self, from: &NodeInfo, moved: MovedDoc, hops: u32) {
+        let next = moved.node.as_deref().and_then(|n| self.live(n));
+        match next {
+            Some(next) if next.name != from.name && hops < MOST_HOPS => {
+                for r in &moved.records {
+                    self.remember(&r.sandbox_id, &next.name);
+                }
+                self.hand(&next, moved.records, hops + 1);
+            }
+            _ => {
+                tracing::warn!(node = %from.name, records = moved.records.len(), to = ?moved.node, "audit records refused by their node (the sandbox moved) have no live node to go to; they are lost")
+            }
+        }
+    }
+
+    /// The head etcd keeps of `id`'s chain.
+    fn head_doc(&self, id: &str) -> Result<Option<HeadDoc>> {
+        let (etcd, id) = (self.etcd.clone(), id.to_string());
+        let seen = crate::blocking::on_runtime(&self.rt, async move { etcd.audit_head(&id).await })
+            .ok_or_else(|| StoreError::Task("the replica is stopping".into()))?
+            .map_err(|e| StoreError::Task(format!("reading an audit chain's head: {e}")))?;
+        Ok(seen.map(|s| s.doc))
+    }
+
+    /// The live nodes keeping parts of `id`'s chain, oldest part first (`doc`: its head).
+    fn parts_of(&self, id: &str, doc: Option<&HeadDoc>) -> Result<Vec<NodeInfo>> {
+        if let Some(doc) = doc {
+            let live = self.cache.nodes();
+            for n in doc
+                .nodes
+                .iter()
+                .filter(|n| !live.iter().any(|l| &&l.name == n))
+            {
+                tracing::warn!(sandbox = id, node = %n, "a node keeping part of a sandbox's audit chain is away: that part is not read");
+            }
+            let parts: Vec<NodeInfo> = doc
+                .nodes
+                .iter()
+                .filter_map(|n| live.iter().find(|l| &l.name == n).cloned())
+                .collect();
+            if !parts.is_empty() {
+                return Ok(parts);
+            }
+        }
+        Ok(self.keeper(id)?.into_iter().collect())
+    }
 }
 
-fn unsupported(what: &str) -> StoreError {
-    StoreError::Unsupported(format!(
-        "{what} in a cluster is not implemented in kiln yet"
-    ))
+impl NodeAudit {
+    /// The live nodes a read of `sandbox` (every sandbox: None) asks.
+    fn readers(&self, sandbox: Option<&str>) -> Result<Vec<NodeInfo>> {
+        match sandbox {
+            Some(id) => self.parts_of(id, self.head_doc(id)?.as_ref()),
+            None => Ok(self.cache.nodes()),
+        }
+    }
+
+    /// Each of `nodes`' answer to `call(its position)`: a node whose log is off refuses a
+    /// read of one sandbox and is left out of a read of every sandbox (it keeps no records);
+    /// one that does not answer is left out (its position stays, so what it keeps is read on
+    /// a later page).
+    fn read_each<T>(
+        &self,
+        every: bool,
+        nodes: Vec<NodeInfo>,
+        start: &std::collections::BTreeMap<String, i64>,
+        call: impl Fn(Cursor) -> AuditCall,
+        items: impl Fn(AuditAnswer) -> Vec<T>,
+    ) -> Result<Vec<(String, Vec<T>)>> {
+        let mut pages = Vec::new();
+        for node in nodes {
+            let at = Cursor::At(start.get(&node.name).copied().unwrap_or(0));
+            match self.read(&node, &call(at)) {
+                Ok(a) => pages.push((node.name.clone(), items(a))),
+                Err(StoreError::Unsupported(_)) if every => {}
+                Err(e @ StoreError::Unsupported(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(node = %node.name, error = %e, "a node's audit log is left out of a page; it is read on the next");
+                }
+            }
+        }
+        Ok(pages)
+    }
 }
 
 impl AuditStore for NodeAudit {
@@ -167,7 +271,7 @@ impl AuditStore for NodeAudit {
             );
         }
         for (_, (node, records)) in by_node {
-            self.hand(&node, records);
+            self.hand(&node, records, 0);
         }
         // Stored on the nodes: nothing is published or evaluated on the replica.
         Ok(Vec::new())
@@ -179,16 +283,25 @@ impl AuditStore for NodeAudit {
     }
 
     fn query(&self, f: &Filter) -> Result<Vec<AuditRecord>> {
-        let Some(id) = f.sandbox_id.as_deref() else {
-            return Err(unsupported(
-                "reading the audit log of every sandbox at once",
-            ));
-        };
-        let Some(node) = self.keeper(id)? else {
-            return Ok(Vec::new());
-        };
-        let a = self.read(&node, &AuditCall::Query { filter: f.clone() })?;
-        Ok(a.records.into_iter().map(AuditRecord::from).collect())
+        Ok(self.page(f)?.items)
+    }
+
+    fn page(&self, f: &Filter) -> Result<Page<AuditRecord>> {
+        let start = positions(f.after.as_ref())?;
+        let nodes = self.readers(f.sandbox_id.as_deref())?;
+        let pages = self.read_each(
+            f.sandbox_id.is_none(),
+            nodes,
+            &start,
+            |at| AuditCall::Query {
+                filter: Filter {
+                    after: Some(at),
+                    ..f.clone()
+                },
+            },
+            |a| a.records.into_iter().map(AuditRecord::from).collect(),
+        )?;
+        Ok(merge(pages, start, f.limit, |r| r.ts_ms, |r| r.cursor))
     }
 
     fn chains(&self, team: Option<&str>) -> Result<Vec<String>> {
@@ -212,35 +325,44 @@ impl AuditStore for NodeAudit {
     }
 
     fn chain(&self, sandbox_id: &str) -> Result<StoredChain> {
-        let Some(node) = self.keeper(sandbox_id)? else {
-            return Ok(StoredChain::default());
-        };
+        // The head first: a part read after it holds at least what the head names.
+        let doc = self.head_doc(sandbox_id)?;
         let call = AuditCall::Chain {
             sandbox_id: sandbox_id.to_string(),
         };
-        let chain = self.read(&node, &call)?.chain;
-        Ok(chain.map(StoredChain::from).unwrap_or_default())
+        let mut parts = Vec::new();
+        for node in self.parts_of(sandbox_id, doc.as_ref())? {
+            if let Some(c) = self.read(&node, &call)?.chain {
+                parts.push(StoredChain::from(c));
+            }
+        }
+        Ok(crate::heads::assemble(parts, doc.as_ref()))
     }
 
     fn record_hash(&self, sandbox_id: &str, seq: i64) -> Result<Option<String>> {
-        let Some(node) = self.keeper(sandbox_id)? else {
-            return Ok(None);
-        };
         let call = AuditCall::RecordHash {
             sandbox_id: sandbox_id.to_string(),
             seq,
         };
-        Ok(self.read(&node, &call)?.text)
+        for node in self.readers(Some(sandbox_id))? {
+            if let Some(h) = self.read(&node, &call)?.text {
+                return Ok(Some(h));
+            }
+        }
+        Ok(None)
     }
 
     fn owner(&self, sandbox_id: &str) -> Result<Option<String>> {
-        let Some(node) = self.known(sandbox_id) else {
-            return Ok(None);
-        };
+        // Its create's record is on the part of the node it started on (the first).
         let call = AuditCall::Owner {
             sandbox_id: sandbox_id.to_string(),
         };
-        Ok(self.read(&node, &call)?.text)
+        for node in self.readers(Some(sandbox_id))? {
+            if let Some(k) = self.read(&node, &call)?.text {
+                return Ok(Some(k));
+            }
+        }
+        Ok(None)
     }
 
     fn team_of(&self, id: &str) -> Result<Option<String>> {
@@ -256,7 +378,21 @@ impl AuditStore for NodeAudit {
         Ok(self.read(&node, &call)?.text)
     }
 
-    fn alerts(&self, _f: &AlertFilter) -> Result<Vec<AlertRecord>> {
-        Err(unsupported("reading the rule engine's alerts"))
+    fn alerts(&self, f: &AlertFilter) -> Result<Page<AlertRecord>> {
+        let start = positions(f.after.as_ref())?;
+        let nodes = self.readers(f.sandbox_id.as_deref())?;
+        let pages = self.read_each(
+            f.sandbox_id.is_none(),
+            nodes,
+            &start,
+            |at| AuditCall::Alerts {
+                filter: AlertFilter {
+                    after: Some(at),
+                    ..f.clone()
+                },
+            },
+            |a| a.alerts.into_iter().map(AlertRecord::from).collect(),
+        )?;
+        Ok(merge(pages, start, f.limit, |a| a.ts_ms, |a| a.id))
     }
 }

@@ -17,6 +17,7 @@ mod forks;
 mod leader;
 mod moves;
 mod observe;
+mod pages;
 pub mod placement;
 mod service;
 mod snapshots;
@@ -85,6 +86,7 @@ impl Control {
         let audit = kiln_server::audit::AuditLog::start_remote(
             Arc::new(audit::NodeAudit::new(
                 cache.clone(),
+                etcd.clone(),
                 NodeClient::new(cfg.secret.clone()),
                 tokio::runtime::Handle::current(),
             )),

@@ -33,6 +33,10 @@ const QUALIFIERS: &[&str] = &[
 
 /// The message of a cluster's 501 for the request `method path` whose answer said `original`.
 pub fn message(method: &str, path: &str, original: &str) -> String {
+    if original.contains("its kiln node runs with") {
+        // A node's own refusal, naming the node and the setting to change: kept whole.
+        return original.to_string();
+    }
     let feature = SUFFIXES
         .iter()
         .find_map(|s| original.strip_suffix(s))
@@ -146,6 +150,8 @@ mod tests {
         );
         let m = message("GET", "/sandboxes/x/audit", "the audit log is off");
         assert!(m.starts_with("the audit log is not available"), "{m}");
+        let off = "the audit log is off on node n1 (its kiln node runs with --audit off)";
+        assert_eq!(message("GET", "/sandboxes/x/audit", off), off);
         let m = message("GET", "/v3/templates/x", "");
         assert!(m.starts_with("GET /v3/templates/x is not available"), "{m}");
     }

@@ -1,5 +1,6 @@
 //! The node's side of the audit log on a cluster ([`crate::audit`]): control replicas append
 //! the records they make about this node's sandboxes, and read its chains, through one route.
+//! Records of a chain another node extends now are not kept: the answer names that node.
 //! A node whose audit log is off takes appends and keeps nothing, and answers reads `501`.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use kiln_server::audit::{AuditError, NewRecord};
 use kiln_server::ApiError;
 
 use super::NodeApi;
-use crate::audit::{AuditAnswer, AuditCall, ChainDoc, RecordDoc};
+use crate::audit::{AlertDoc, AuditAnswer, AuditCall, ChainDoc, MovedDoc, NewRecordDoc, RecordDoc};
 
 pub(super) async fn call(
     State(n): State<Arc<NodeApi>>,
@@ -21,12 +22,29 @@ pub(super) async fn call(
     let mut a = AuditAnswer::default();
     match call {
         AuditCall::Append { records } => {
-            log.append_records(records.into_iter().map(NewRecord::from).collect())
+            let refused = log
+                .append_records(records.into_iter().map(NewRecord::from).collect())
                 .await;
+            let mut by_node: std::collections::BTreeMap<Option<String>, Vec<NewRecordDoc>> =
+                Default::default();
+            for r in &refused {
+                by_node
+                    .entry(n.heads.holder(&r.sandbox_id))
+                    .or_default()
+                    .push(NewRecordDoc::from(r));
+            }
+            a.moved = by_node
+                .into_iter()
+                .map(|(node, records)| MovedDoc { node, records })
+                .collect();
         }
         AuditCall::Query { filter } => {
             let recs = log.query(filter).await.map_err(|e| refusal(&n.name, e))?;
             a.records = recs.iter().map(RecordDoc::from).collect();
+        }
+        AuditCall::Alerts { filter } => {
+            let page = log.alerts(filter).await.map_err(|e| refusal(&n.name, e))?;
+            a.alerts = page.items.into_iter().map(AlertDoc::from).collect();
         }
         AuditCall::Chains { team } => {
             log.flush().await;

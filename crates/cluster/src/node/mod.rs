@@ -9,12 +9,14 @@
 //! nodes can be taken over ([`moves`]), and it campaigns to run the bucket's garbage
 //! collection ([`crate::gc`]). Its snapshots are recorded in etcd as its own, their files
 //! kept on it and, with an object store, in the bucket too ([`snapshots`]). It keeps its
-//! sandboxes' audit chains, with the records control replicas make of them ([`audit`]).
+//! sandboxes' audit chains, with the records control replicas make of them ([`audit`]), their
+//! heads in etcd so a sandbox that moves here continues its chain ([`heads`]).
 
 mod api;
 mod audit;
 mod builds;
 mod creates;
+pub mod heads;
 pub mod moves;
 mod publish;
 mod snapshots;
@@ -84,6 +86,8 @@ pub struct NodeApi {
     pub name: String,
     /// The node's audit log: its sandboxes' chains, with what control replicas record of them.
     pub audit: kiln_server::audit::AuditLog,
+    /// The heads of the chains it extends, in etcd.
+    pub heads: heads::Heads,
     /// Held by a create from a snapshot borrowed from object storage (one at a time).
     pub borrowing: Arc<tokio::sync::Mutex<()>>,
     /// The host's template store, where templates fetched from object storage are adopted
@@ -137,6 +141,14 @@ pub enum NodeExit {
 /// Runs `server` as cluster node `cfg.name` until it is stopped or fenced.
 pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<NodeExit> {
     let manager = server.manager.clone();
+    // The heads of the audit chains this node extends are kept in etcd, moved with each
+    // append, so the next node a sandbox moves to continues its chain.
+    let heads = heads::Heads::new(
+        etcd.clone(),
+        cfg.name.clone(),
+        tokio::runtime::Handle::current(),
+    );
+    manager.audit().set_guard(Arc::new(heads.clone()));
     // Teams' secrets are the cluster's: in etcd, sealed with the key every process derives.
     let vault = server.use_secrets(
         &cfg.secret.vault_key(),
@@ -192,6 +204,7 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         node: cfg.name.clone(),
         api_pausing: Default::default(),
         taking: Default::default(),
+        heads: heads.clone(),
     });
     if let Some(m) = &mover {
         tokio::spawn(moves::upload_other_pauses(m.clone(), manager.subscribe()));
@@ -219,6 +232,7 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
             etcd,
             name,
             audit,
+            heads,
             borrowing: Default::default(),
             templates,
             template_files: Default::default(),

@@ -32,6 +32,8 @@ pub struct Mover {
     pub api_pausing: Arc<std::sync::Mutex<HashSet<String>>>,
     /// One take-over of a sandbox at a time (two replicas may pick this node at once).
     pub taking: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// The heads of this node's audit chains (a sandbox taken over continues its chain).
+    pub heads: super::heads::Heads,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -239,11 +241,18 @@ impl Mover {
             }
         };
         let t = Instant::now();
-        let (fetched, reused) = match self.fetch_and_adopt(id, &doc, *rec).await {
+        let got = match self.take_chain(id).await {
+            Ok(()) => self.fetch_and_adopt(id, &doc, *rec).await,
+            Err(e) => Err(e),
+        };
+        let (fetched, reused) = match got {
             Ok(got) => got,
             Err(e) => {
                 // Handed back, so that the next resume places it afresh.
                 if from != self.node {
+                    if let Err(back) = self.heads.give(id, from).await {
+                        tracing::warn!(sandbox = id, error = %back, "handing a sandbox's audit chain back");
+                    }
                     if let Err(back) = self.etcd.move_owner(id, &self.node, from).await {
                         tracing::warn!(sandbox = id, error = %back, "handing a sandbox back");
                     }
@@ -264,6 +273,19 @@ impl Mover {
             tracing::warn!(sandbox = id, error = %e, "recording the checkpoint event");
         }
         Ok(())
+    }
+
+    /// Makes `id`'s audit chain this node's: what it records of the sandbox from now on
+    /// continues the chain where the node it comes from left it.
+    async fn take_chain(&self, id: &str) -> Result<()> {
+        match self.heads.take(id).await {
+            Ok(Some(head)) => {
+                self.manager.audit().continue_chain(id, head).await;
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(unavailable("taking over the sandbox's audit chain", e)),
+        }
     }
 
     /// The checkpoint's files into this node's incoming directory, then adopted by the driver

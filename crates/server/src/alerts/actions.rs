@@ -105,14 +105,7 @@ impl Handler {
         .await;
         if first {
             let detail = format!("rule {} ({}): {}", a.rule, a.priority, a.output);
-            if let Err(e) = self
-                .manager
-                .store()
-                .add_event(&a.sandbox, "alert", &detail)
-                .await
-            {
-                tracing::warn!(error = %e, "recording an alert event");
-            }
+            self.manager.note_event(&a.sandbox, "alert", detail).await;
             self.manager.webhooks().nudge();
         }
         for act in &a.actions {

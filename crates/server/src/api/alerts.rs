@@ -8,7 +8,7 @@ use kiln_rules::Priority;
 use serde_json::{json, Value};
 
 use super::{ApiError, ApiResult, St};
-use crate::audit::api::{parse_time, DEFAULT_LIMIT, MAX_LIMIT};
+use crate::audit::api::{parse_cursor, parse_time, DEFAULT_LIMIT, MAX_LIMIT};
 use crate::audit::AuditError;
 use crate::store::alerts_sql::AlertFilter;
 use crate::tenancy::Caller;
@@ -50,15 +50,7 @@ impl AlertsQuery {
             }
             priorities.push(p.to_string());
         }
-        let after = match self.cursor.as_deref().filter(|c| !c.is_empty()) {
-            Some(c) => Some(
-                c.parse::<i64>()
-                    .ok()
-                    .filter(|n| *n >= 0)
-                    .ok_or_else(|| format!("invalid cursor {c:?}"))?,
-            ),
-            None => None,
-        };
+        let after = parse_cursor(self.cursor.as_deref())?;
         Ok(AlertFilter {
             sandbox_id: self.sandbox_id.clone().filter(|s| !s.is_empty()),
             team: None,
@@ -83,8 +75,7 @@ pub async fn list(
     let team = super::scope::team_scope(&st.0, &c, q.sandbox_id.as_deref()).await?;
     let mut f = q.filter().map_err(ApiError::bad_request)?;
     f.team = team;
-    let after = f.after;
-    let alerts = st.0.audit.alerts(f).await.map_err(|e| match e {
+    let page = st.0.audit.alerts(f).await.map_err(|e| match e {
         AuditError::Off => ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "alerts need the audit log, which is off on this server (kiln serve --audit off)",
@@ -92,14 +83,14 @@ pub async fn list(
         AuditError::Store(crate::store::StoreError::Unsupported(m)) => {
             ApiError::new(StatusCode::NOT_IMPLEMENTED, m)
         }
+        AuditError::Store(crate::store::StoreError::Invalid(m)) => ApiError::bad_request(m),
         other => {
             tracing::error!(error = %other, "alerts query");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "alerts query failed")
         }
     })?;
-    let next = alerts.last().map(|a| a.id).or(after).unwrap_or(0);
     Ok(Json(
-        json!({ "alerts": alerts, "nextCursor": next.to_string() }),
+        json!({ "alerts": page.items, "nextCursor": page.next.to_string() }),
     ))
 }
 
@@ -118,7 +109,10 @@ mod tests {
         };
         let f = q.filter().unwrap();
         assert_eq!(f.priorities, ["critical", "informational"]);
-        assert_eq!((f.since_ms, f.after, f.limit), (Some(1000), Some(5), 1000));
+        assert_eq!(
+            (f.since_ms, f.after, f.limit),
+            (Some(1000), Some(crate::audit::cursor::Cursor::At(5)), 1000)
+        );
         let bad = AlertsQuery {
             priority: Some("loud".into()),
             ..Default::default()

@@ -22,6 +22,7 @@ fn audit_err(e: AuditError) -> ApiError {
         AuditError::Store(crate::store::StoreError::Unsupported(m)) => {
             ApiError::new(StatusCode::NOT_IMPLEMENTED, m)
         }
+        AuditError::Store(crate::store::StoreError::Invalid(m)) => ApiError::bad_request(m),
         other => {
             tracing::error!(error = %other, "audit query");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit log query failed")

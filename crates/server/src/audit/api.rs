@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
+use super::cursor::Cursor;
 use super::filter::Filter;
 use super::record::{AuditRecord, Kind};
 use super::{AuditError, AuditLog};
@@ -27,6 +28,11 @@ pub struct AuditQuery {
     pub follow: Option<bool>,
     #[serde(rename = "sandboxID")]
     pub sandbox_id: Option<String>,
+}
+
+/// A `cursor` parameter (none when absent or empty).
+pub fn parse_cursor(c: Option<&str>) -> Result<Option<Cursor>, String> {
+    c.filter(|c| !c.is_empty()).map(str::parse).transpose()
 }
 
 /// A time parameter: RFC 3339 or Unix milliseconds.
@@ -58,13 +64,7 @@ impl AuditQuery {
                 )
             })?);
         }
-        let after = match self.cursor.as_deref().filter(|c| !c.is_empty()) {
-            Some(c) => Some(
-                c.parse::<i64>()
-                    .map_err(|_| format!("invalid cursor {c:?}"))?,
-            ),
-            None => None,
-        };
+        let after = parse_cursor(self.cursor.as_deref())?;
         Ok(Filter {
             sandbox_id: sandbox
                 .map(str::to_string)
@@ -89,10 +89,8 @@ fn matches(f: &Filter, r: &AuditRecord) -> bool {
 /// One page: `{"records": […], "nextCursor": "…"}` (the cursor to pass for what follows; it
 /// is present even on the last page, so a poller can resume from it).
 pub async fn page(log: &AuditLog, f: Filter) -> Result<serde_json::Value, AuditError> {
-    let after = f.after;
-    let recs = log.query(f).await?;
-    let next = recs.last().map(|r| r.cursor).or(after).unwrap_or(0);
-    Ok(json!({ "records": recs, "nextCursor": next.to_string() }))
+    let p = log.page(f).await?;
+    Ok(json!({ "records": p.items, "nextCursor": p.next.to_string() }))
 }
 
 fn line(r: &AuditRecord) -> Bytes {
@@ -106,22 +104,21 @@ const POLL_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 type Lines = tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>;
 
-/// Sends the stored records matching `f` after `last`, page by page, moving `last`; false
-/// when the client went away or the store failed.
-async fn catch_up(log: &AuditLog, f: &mut Filter, last: &mut i64, tx: &Lines) -> bool {
+/// Sends the stored records matching `f` after `f.after`, page by page, moving `f.after`;
+/// false when the client went away or the store failed.
+async fn catch_up(log: &AuditLog, f: &mut Filter, tx: &Lines) -> bool {
     f.limit = MAX_LIMIT;
     loop {
-        f.after = Some(*last);
-        let Ok(recs) = log.query(f.clone()).await else {
+        let Ok(p) = log.page(f.clone()).await else {
             return false;
         };
-        for r in &recs {
-            *last = r.cursor;
+        for r in &p.items {
             if tx.send(Ok(line(r))).await.is_err() {
                 return false;
             }
         }
-        if recs.len() < MAX_LIMIT {
+        f.after = Some(p.next);
+        if p.items.len() < MAX_LIMIT {
             return true;
         }
     }
@@ -143,8 +140,7 @@ pub fn follow(log: AuditLog, mut f: Filter) -> Response {
     let live = log.subscribe();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(async move {
-        let mut last = f.after.unwrap_or(0);
-        if !catch_up(&log, &mut f, &mut last, &tx).await {
+        if !catch_up(&log, &mut f, &tx).await {
             return;
         }
         let Some(mut live) = live else {
@@ -153,11 +149,13 @@ pub fn follow(log: AuditLog, mut f: Filter) -> Response {
                     _ = tokio::time::sleep(POLL_EVERY) => {}
                     _ = tx.closed() => return,
                 }
-                if !catch_up(&log, &mut f, &mut last, &tx).await {
+                if !catch_up(&log, &mut f, &tx).await {
                     return;
                 }
             }
         };
+        // A log published live is one host's: its positions are its records' cursors.
+        let mut last = f.after.as_ref().and_then(Cursor::local).unwrap_or(0);
         // Whether each sandbox seen live is the team's (when the follower is scoped to one).
         let mut of_team: std::collections::HashMap<String, bool> = Default::default();
         loop {
@@ -193,9 +191,11 @@ pub fn follow(log: AuditLog, mut f: Filter) -> Response {
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    if !catch_up(&log, &mut f, &mut last, &tx).await {
+                    f.after = Some(Cursor::At(last));
+                    if !catch_up(&log, &mut f, &tx).await {
                         return;
                     }
+                    last = f.after.as_ref().and_then(Cursor::local).unwrap_or(last);
                 }
                 Err(_) => return,
             }

@@ -1,5 +1,6 @@
 //! What a query of the audit log asks for.
 
+use super::cursor::Cursor;
 use super::record::Kind;
 
 /// What a query asks for.
@@ -14,7 +15,7 @@ pub struct Filter {
     pub since_ms: Option<i64>,
     /// Records before this time (ms).
     pub until_ms: Option<i64>,
-    /// Records after this cursor.
-    pub after: Option<i64>,
+    /// Records after this position.
+    pub after: Option<Cursor>,
     pub limit: usize,
 }

@@ -2,7 +2,8 @@
 //! operation, connection, DNS query, lifecycle transition and API call that touched it.
 //!
 //! - [`record`]: kinds and the stored record; [`chain`]: hashing and verification;
-//! - [`filter`]: what a query asks for; [`query`]: verifying a stored chain;
+//! - [`filter`]: what a query asks for; [`cursor`]: where a reader stands; [`query`]:
+//!   verifying a stored chain; [`guard`]: who may extend a chain (a cluster's nodes);
 //! - `writer`: the single writer thread behind a bounded channel, with retention;
 //! - [`tap`]: what the sandbox proxy records of the envd traffic it forwards;
 //! - [`net`]: what kiln-net's egress proxy and DNS forwarder report;
@@ -15,7 +16,9 @@
 
 pub mod api;
 pub mod chain;
+pub mod cursor;
 pub mod filter;
+pub mod guard;
 pub mod net;
 pub mod query;
 pub mod record;
@@ -172,21 +175,38 @@ impl AuditLog {
     }
 
     /// Appends records made elsewhere (a cluster replica's, about a sandbox this server
-    /// runs), each after its chain's head, and waits until they are stored. A disabled log
+    /// runs), each after its chain's head, and waits until they are stored; those of chains
+    /// another host holds now are not kept and come back (see [`guard`]). A disabled log
     /// takes them and keeps nothing.
-    pub async fn append_records(&self, records: Vec<NewRecord>) {
+    pub async fn append_records(&self, records: Vec<NewRecord>) -> Vec<NewRecord> {
+        let Some(i) = &self.0 else { return Vec::new() };
+        let (tx, rx) = oneshot::channel();
+        if i.tx.send(writer::Msg::Handed(records, tx)).await.is_err() {
+            tracing::error!("the audit writer has stopped");
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// Continues `sandbox_id`'s chain here from `head`, its head on the host that kept it
+    /// before; answers once recorded (the sandbox's next record follows it).
+    pub async fn continue_chain(&self, sandbox_id: &str, head: chain::Head) {
         let Some(i) = &self.0 else { return };
-        for r in records {
-            if i.tx
-                .send(writer::Msg::Append(Append::Record(r)))
-                .await
-                .is_err()
-            {
-                tracing::error!("the audit writer has stopped");
-                return;
-            }
+        let m = writer::Msg::Append(Append::Continue {
+            sandbox_id: sandbox_id.to_string(),
+            head,
+        });
+        if i.tx.send(m).await.is_err() {
+            tracing::error!(sandbox = sandbox_id, "the audit writer has stopped");
+            return;
         }
         self.flush().await;
+    }
+
+    /// Installs `guard` over the store's appends (see [`guard`]); false when the log is off
+    /// or its store takes none.
+    pub fn set_guard(&self, guard: Arc<dyn guard::ChainGuard>) -> bool {
+        self.0.as_ref().is_some_and(|i| i.store.set_guard(guard))
     }
 
     /// A sender usable from `poll` code ([`tap`]'s response bodies).
@@ -295,11 +315,17 @@ impl AuditLog {
         self.read(move |s| s.query(&f)).await
     }
 
+    /// [`AuditLog::query`] as a page with the cursor that follows it.
+    pub async fn page(&self, f: Filter) -> Result<cursor::Page<AuditRecord>, AuditError> {
+        self.flush().await;
+        self.read(move |s| s.page(&f)).await
+    }
+
     /// Stored alerts matching `f` (the rule engine's `alerts` table is in the same database).
     pub async fn alerts(
         &self,
         f: crate::store::alerts_sql::AlertFilter,
-    ) -> Result<Vec<crate::store::alerts_sql::AlertRecord>, AuditError> {
+    ) -> Result<cursor::Page<crate::store::alerts_sql::AlertRecord>, AuditError> {
         self.read(move |s| s.alerts(&f)).await
     }
 

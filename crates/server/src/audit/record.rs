@@ -80,6 +80,12 @@ pub enum Append {
         ts_ms: i64,
         body: Value,
     },
+    /// Continues `sandbox_id`'s chain from `head`, kept by another host before (a sandbox
+    /// that moved here): its next record here follows that head.
+    Continue {
+        sandbox_id: String,
+        head: super::chain::Head,
+    },
 }
 
 /// A stored record. `cursor` is its position in the whole log (the store's row id), `seq` its

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::record::{Append, AuditRecord};
+use super::record::{Append, AuditRecord, NewRecord};
 use crate::store::AuditStore;
 
 /// Most messages written in one transaction.
@@ -25,6 +25,9 @@ pub(super) const REMOTE_LINGER: Duration = Duration::from_millis(25);
 pub(super) enum Msg {
     /// A record, or a chain's start linking to another chain's head.
     Append(Append),
+    /// Records made elsewhere; answered once written with those not kept (their chains are
+    /// another host's now).
+    Handed(Vec<NewRecord>, oneshot::Sender<Vec<NewRecord>>),
     /// Answered once everything sent before it is stored.
     Flush(oneshot::Sender<()>),
     /// Runs retention now; answers how many records went.
@@ -103,14 +106,35 @@ impl Writer {
             let mut appends = Vec::with_capacity(batch.len());
             let mut flushes = Vec::new();
             let mut prunes = Vec::new();
+            let mut handed = Vec::new();
             for m in batch.drain(..) {
                 match m {
                     Msg::Append(a) => appends.push(a),
+                    Msg::Handed(records, answer) => {
+                        appends.extend(records.iter().cloned().map(Append::Record));
+                        handed.push((records, answer));
+                    }
                     Msg::Flush(f) => flushes.push(f),
                     Msg::Prune(p) => prunes.push(p),
                 }
             }
-            for r in self.write(&appends) {
+            let written = self.write(&appends);
+            // A chain is kept or refused whole within one write (a write given up on refuses
+            // nothing: its records are lost, and logged).
+            let kept: Option<std::collections::HashSet<&str>> = written
+                .as_ref()
+                .map(|w| w.iter().map(|r| r.sandbox_id.as_str()).collect());
+            for (records, answer) in handed {
+                let refused = match &kept {
+                    Some(kept) => records
+                        .into_iter()
+                        .filter(|r| !kept.contains(r.sandbox_id.as_str()))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let _ = answer.send(refused);
+            }
+            for r in written.unwrap_or_default() {
                 let r = Arc::new(r);
                 self.rules_tap.offer(&r);
                 let _ = self.live.send(r);
@@ -131,20 +155,20 @@ impl Writer {
 
     /// Appends `appends` in one write. A failed write is retried (a record is never dropped
     /// while the database can still be written); each attempt waits for the store's lock up
-    /// to its busy timeout.
-    fn write(&self, appends: &[Append]) -> Vec<AuditRecord> {
+    /// to its busy timeout. None: given up on.
+    fn write(&self, appends: &[Append]) -> Option<Vec<AuditRecord>> {
         if appends.is_empty() {
-            return Vec::new();
+            return Some(Vec::new());
         }
         let mut attempt = 0;
         loop {
             match self.store.append(appends) {
-                Ok(w) => return w,
+                Ok(w) => return Some(w),
                 Err(e) => {
                     attempt += 1;
                     if attempt >= RETRIES {
                         tracing::error!(error = %e, records = appends.len(), "writing audit records failed for good; they are lost");
-                        return Vec::new();
+                        return None;
                     }
                     tracing::warn!(error = %e, attempt, "writing audit records; retrying");
                     std::thread::sleep(Duration::from_millis(100));

@@ -358,6 +358,13 @@ impl Manager {
         self.outlets.event(id, kind, detail.into()).await;
     }
 
+    /// An event about sandbox `id` that its chain records in its own way (an alert): stored
+    /// and broadcast to the event's listeners (webhooks, a cluster node's publisher), not
+    /// audited again.
+    pub async fn note_event(&self, id: &str, kind: &str, detail: String) {
+        self.outlets.note(id, kind, detail).await;
+    }
+
     /// Gives the manager its audit log (once; later calls are ignored).
     /// An enabled log also hears of every connection and DNS query of the sandboxes, and of
     /// the system calls of those created with `kiln.audit.syscalls=true`.

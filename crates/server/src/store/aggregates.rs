@@ -7,6 +7,7 @@
 //! [`super::audit_sql`] and [`super::metrics_sql`]; [`super::StateDb`] hands them out.
 
 use crate::audit::chain::Head;
+use crate::audit::cursor::Page;
 use crate::audit::filter::Filter;
 use crate::audit::record::{Append, AuditRecord};
 use crate::obs::ring::MetricSample;
@@ -41,6 +42,12 @@ pub trait AuditStore: Send + Sync + 'static {
     fn prune(&self, before_ms: Option<i64>, keep: Option<u64>, now_ms: i64) -> Result<usize>;
     /// Records matching `f`, oldest first, at most `f.limit`.
     fn query(&self, f: &Filter) -> Result<Vec<AuditRecord>>;
+    /// [`AuditStore::query`] as a page with the cursor that follows it (a store whose records
+    /// several hosts keep merges their pages).
+    fn page(&self, f: &Filter) -> Result<Page<AuditRecord>> {
+        let items = self.query(f)?;
+        Ok(Page::local(items, f.after.as_ref(), |r| r.cursor))
+    }
     /// Every sandbox with a chain (of `team`'s sandboxes only, when given), in the order the
     /// chains started.
     fn chains(&self, team: Option<&str>) -> Result<Vec<String>>;
@@ -53,7 +60,11 @@ pub trait AuditStore: Send + Sync + 'static {
     /// The team sandbox `id` belongs (or belonged) to, if known.
     fn team_of(&self, id: &str) -> Result<Option<String>>;
     /// The rule engine's alerts matching `f` (raised from audit records; read beside them).
-    fn alerts(&self, f: &AlertFilter) -> Result<Vec<AlertRecord>>;
+    fn alerts(&self, f: &AlertFilter) -> Result<Page<AlertRecord>>;
+    /// Installs `guard` over this store's appends (once); false when this store takes none.
+    fn set_guard(&self, _guard: std::sync::Arc<dyn crate::audit::guard::ChainGuard>) -> bool {
+        false
+    }
 }
 
 /// The metrics history: the samples each sandbox's ring keeps, so that a restarted server

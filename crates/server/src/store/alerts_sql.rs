@@ -7,6 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use kiln_rules::Priority;
+
+use crate::audit::cursor::Cursor;
 use rusqlite::{params, Connection, Row};
 use serde::Serialize;
 
@@ -184,7 +186,7 @@ fn list<T: Serialize>(v: &[T]) -> String {
 }
 
 /// What `GET /alerts` asks for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct AlertFilter {
     pub sandbox_id: Option<String>,
     /// Only the sandboxes of this team.
@@ -194,15 +196,16 @@ pub struct AlertFilter {
     pub priorities: Vec<String>,
     pub since_ms: Option<i64>,
     pub until_ms: Option<i64>,
-    /// Alerts after this id.
-    pub after: Option<i64>,
+    /// Alerts after this position (one host's: an alert's id).
+    pub after: Option<Cursor>,
     pub limit: usize,
 }
 
-/// Alerts matching `f`, oldest first, at most `f.limit`.
+/// Alerts matching `f`, oldest first, at most `f.limit` (`f.after` one host's position).
 pub fn query(c: &Connection, f: &AlertFilter) -> Result<Vec<AlertRecord>> {
     let mut sql = format!("SELECT {COLUMNS} FROM alerts WHERE id > ?1");
-    let mut args: Vec<rusqlite::types::Value> = vec![f.after.unwrap_or(0).into()];
+    let after = f.after.as_ref().and_then(Cursor::local).unwrap_or(0);
+    let mut args: Vec<rusqlite::types::Value> = vec![after.into()];
     let mut add = |sql: &mut String, cond: &str, v: rusqlite::types::Value| {
         args.push(v);
         sql.push_str(&cond.replace('#', &format!("?{}", args.len())));
@@ -341,7 +344,7 @@ mod tests {
         );
         assert_eq!(
             q(AlertFilter {
-                after: Some(2),
+                after: Some(crate::audit::cursor::Cursor::At(2)),
                 ..Default::default()
             }),
             1

@@ -3,14 +3,16 @@
 //! writer's appends and pruning (with the chain heads it has seen), one for readers, so a
 //! reader never waits behind a batch being written.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use crate::audit::chain::{self, Head, GENESIS};
+use crate::audit::cursor::{Cursor, Page};
 use crate::audit::filter::Filter;
+use crate::audit::guard::{ChainGuard, HeadMove};
 use crate::audit::record::{Append, AuditRecord};
 
 use super::aggregates::{AuditStore, StoredChain};
@@ -30,6 +32,8 @@ struct Writer {
 pub struct SqliteAuditStore {
     writer: Mutex<Writer>,
     reader: Mutex<Connection>,
+    /// Where the chains' heads are kept beyond this database (a cluster node's etcd).
+    guard: OnceLock<Arc<dyn ChainGuard>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,6 +65,7 @@ impl SqliteAuditStore {
                 heads: HashMap::new(),
             }),
             reader: Mutex::new(reader),
+            guard: OnceLock::new(),
         }
     }
 }
@@ -69,12 +74,30 @@ impl AuditStore for SqliteAuditStore {
     fn append(&self, batch: &[Append]) -> Result<Vec<AuditRecord>> {
         let mut w = lock(&self.writer);
         let Writer { conn, heads } = &mut *w;
-        let r = append(conn, heads, batch);
-        if r.is_err() {
-            // The cached heads may be ahead of what was committed.
-            heads.clear();
+        let guard = self.guard.get().map(|g| g.as_ref());
+        let mut refused = HashSet::new();
+        loop {
+            let r = append(conn, heads, batch, guard, &refused);
+            if !matches!(r, Ok(Ok(_))) {
+                // The cached heads may be ahead of what was committed.
+                heads.clear();
+            }
+            match r {
+                Ok(Ok(out)) => return Ok(out),
+                // Written again without the refused chains' records.
+                Ok(Err(more)) if !more.is_subset(&refused) => refused.extend(more),
+                Ok(Err(_)) => {
+                    return Err(super::StoreError::Task(
+                        "the chain guard refused chains it was not asked about".into(),
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
         }
-        r
+    }
+
+    fn set_guard(&self, guard: Arc<dyn ChainGuard>) -> bool {
+        self.guard.set(guard).is_ok()
     }
 
     fn prune(&self, before_ms: Option<i64>, keep: Option<u64>, now_ms: i64) -> Result<usize> {
@@ -88,6 +111,7 @@ impl AuditStore for SqliteAuditStore {
     }
 
     fn query(&self, f: &Filter) -> Result<Vec<AuditRecord>> {
+        one_hosts(f.after.as_ref())?;
         Ok(query(&lock(&self.reader), f)?)
     }
 
@@ -158,8 +182,22 @@ impl AuditStore for SqliteAuditStore {
             .optional()?)
     }
 
-    fn alerts(&self, f: &AlertFilter) -> Result<Vec<AlertRecord>> {
-        Ok(alerts_sql::query(&lock(&self.reader), f)?)
+    fn alerts(&self, f: &AlertFilter) -> Result<Page<AlertRecord>> {
+        one_hosts(f.after.as_ref())?;
+        let items = alerts_sql::query(&lock(&self.reader), f)?;
+        Ok(Page::local(items, f.after.as_ref(), |a| a.id))
+    }
+}
+
+/// Refuses a cluster's cursor (one host's log numbers its records itself).
+fn one_hosts(after: Option<&Cursor>) -> Result<()> {
+    match after {
+        Some(Cursor::Nodes(_)) => Err(super::StoreError::Invalid(
+            "this cursor is a kiln cluster's; this server's cursors are numbers (pass the \
+             nextCursor of one of its own pages)"
+                .into(),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -207,15 +245,27 @@ fn cached_head(
     Ok(h)
 }
 
+/// What an append stored, or the chains its guard refused (then nothing was written).
+type Written = std::result::Result<Vec<AuditRecord>, HashSet<String>>;
+
+fn guarded<T>(r: std::result::Result<T, String>) -> Result<T> {
+    r.map_err(|e| super::StoreError::Task(format!("the chains' heads: {e}")))
+}
+
+/// Appends `batch` in one transaction, leaving out the records of `refused` chains; the
+/// guard, when there is one, moves the heads before the commit.
 fn append(
     conn: &mut Connection,
     heads: &mut HashMap<String, Head>,
     batch: &[Append],
-) -> Result<Vec<AuditRecord>> {
+    guard: Option<&dyn ChainGuard>,
+    refused: &HashSet<String>,
+) -> Result<Written> {
     // IMMEDIATE: take the write lock up front (waiting for it), so reading a head and then
     // appending never fails on another connection's write in between.
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut out = Vec::with_capacity(batch.len());
+    let mut moves: Vec<HeadMove> = Vec::new();
     for a in batch {
         let linked;
         let (rec, start) = match a {
@@ -226,26 +276,79 @@ fn append(
                 ts_ms,
                 body,
             } => {
-                let ph = cached_head(&tx, heads, parent)?;
+                let there = match guard {
+                    Some(g) => guarded(g.elsewhere(parent))?,
+                    None => None,
+                };
+                let ph = match there {
+                    Some(h) => Some(h),
+                    None => cached_head(&tx, heads, parent)?,
+                };
                 let (rec, start) = chain::link(child, parent, *ts_ms, body, ph.as_ref());
                 linked = rec;
                 (&linked, start)
             }
+            Append::Continue { sandbox_id, head } => {
+                continue_at(&tx, heads, sandbox_id, head)?;
+                continue;
+            }
         };
+        if refused.contains(&rec.sandbox_id) {
+            continue;
+        }
         let prev = cached_head(&tx, heads, &rec.sandbox_id)?;
         let mut stored = chain::seal(rec, prev.as_ref(), &start);
         insert(&tx, &mut stored)?;
-        heads.insert(
-            stored.sandbox_id.clone(),
-            Head {
-                seq: stored.seq,
-                hash: stored.hash.clone(),
-            },
-        );
+        let next = Head {
+            seq: stored.seq,
+            hash: stored.hash.clone(),
+        };
+        heads.insert(stored.sandbox_id.clone(), next.clone());
+        match moves.iter_mut().find(|m| m.sandbox_id == stored.sandbox_id) {
+            Some(m) => m.next = next,
+            None => moves.push(HeadMove {
+                sandbox_id: stored.sandbox_id.clone(),
+                prev,
+                next,
+            }),
+        }
         out.push(stored);
     }
+    if let Some(g) = guard.filter(|_| !moves.is_empty()) {
+        let no = guarded(g.advance(&moves))?;
+        if !no.is_empty() {
+            // Dropped uncommitted: nothing of this attempt is kept.
+            return Ok(Err(no));
+        }
+    }
     tx.commit()?;
-    Ok(out)
+    Ok(Ok(out))
+}
+
+/// Makes `head` (kept by another host) the head of `id`'s chain here; a chain this store
+/// never held starts at it as at a pruning anchor, so what follows verifies on its own.
+fn continue_at(
+    c: &Connection,
+    heads: &mut HashMap<String, Head>,
+    id: &str,
+    head: &Head,
+) -> rusqlite::Result<()> {
+    if self::head(c, id)?.is_none() {
+        c.execute(
+            "INSERT INTO audit_anchors (sandbox_id, seq, hash, pruned_at)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT(sandbox_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,
+               pruned_at = excluded.pruned_at",
+            params![id, head.seq, head.hash, crate::store::now_ms()],
+        )?;
+    }
+    c.execute(
+        "INSERT INTO audit_heads (sandbox_id, seq, hash) VALUES (?1, ?2, ?3)
+         ON CONFLICT(sandbox_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+        params![id, head.seq, head.hash],
+    )?;
+    heads.insert(id.to_string(), head.clone());
+    Ok(())
 }
 
 /// Stores `r` (sealed: its place in the chain and its hash set), sets its cursor, and moves
@@ -275,7 +378,8 @@ fn insert(c: &Connection, r: &mut AuditRecord) -> rusqlite::Result<()> {
 
 fn query(c: &Connection, f: &Filter) -> rusqlite::Result<Vec<AuditRecord>> {
     let mut sql = format!("SELECT {COLUMNS} FROM audit WHERE id > ?1");
-    let mut args: Vec<rusqlite::types::Value> = vec![f.after.unwrap_or(0).into()];
+    let after = f.after.as_ref().and_then(Cursor::local).unwrap_or(0);
+    let mut args: Vec<rusqlite::types::Value> = vec![after.into()];
     if let Some(s) = &f.sandbox_id {
         args.push(s.clone().into());
         sql.push_str(&format!(" AND sandbox_id = ?{}", args.len()));

@@ -88,6 +88,10 @@ pub enum StoreError {
     /// the message names it.
     #[error("{0}")]
     Unsupported(String),
+    /// A request this store cannot read (a cursor of another kind of log); the message says
+    /// what to pass instead.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kiln_server::audit::cursor::Cursor;
 use kiln_server::audit::{AuditConfig, AuditLog, Filter, Kind, Retention};
 use kiln_server::store::SqliteStore;
 use serde_json::json;
@@ -126,7 +127,7 @@ async fn paging_by_cursor_with_kind_and_time_filters() {
         if page.is_empty() {
             break;
         }
-        after = Some(page.last().unwrap().cursor);
+        after = Some(Cursor::At(page.last().unwrap().cursor));
         seen.extend(page.iter().map(|r| r.body_json()["i"].as_i64().unwrap()));
     }
     assert_eq!(seen, (0..25).step_by(2).collect::<Vec<i64>>());
@@ -157,6 +158,36 @@ async fn paging_by_cursor_with_kind_and_time_filters() {
         .await
         .unwrap();
     assert_eq!(both.len(), 26);
+    // A page's next cursor: its last record's, or where it started when empty.
+    let p = log
+        .page(Filter {
+            limit: 3,
+            ..all("pg")
+        })
+        .await
+        .unwrap();
+    assert_eq!(p.next, Cursor::At(p.items[2].cursor));
+    let end = log
+        .page(Filter {
+            after: Some(Cursor::At(10_000)),
+            ..all("pg")
+        })
+        .await
+        .unwrap();
+    assert_eq!((end.items.len(), end.next), (0, Cursor::At(10_000)));
+    // A cluster's cursor (each node's position) means nothing here: refused, saying so.
+    let theirs = Cursor::Nodes([("n1".to_string(), 4)].into());
+    let e = log
+        .page(Filter {
+            after: Some(theirs),
+            ..all("pg")
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, kiln_server::audit::AuditError::Store(kiln_server::store::StoreError::Invalid(m)) if m.contains("nextCursor")),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -185,7 +216,7 @@ async fn many_concurrent_writers_lose_nothing_through_a_small_queue() {
         .unwrap();
     let more = log
         .query(Filter {
-            after: Some(recs.last().unwrap().cursor),
+            after: Some(Cursor::At(recs.last().unwrap().cursor)),
             limit: 1000,
             ..all("busy")
         })
