@@ -194,7 +194,8 @@ impl AuditLog {
         let Some(i) = &self.0 else { return };
         let m = writer::Msg::Append(Append::Continue {
             sandbox_id: sandbox_id.to_string(),
-            head,
+            seq: head.seq,
+            hash: head.hash,
         });
         if i.tx.send(m).await.is_err() {
             tracing::error!(sandbox = sandbox_id, "the audit writer has stopped");

@@ -80,11 +80,12 @@ pub enum Append {
         ts_ms: i64,
         body: Value,
     },
-    /// Continues `sandbox_id`'s chain from `head`, kept by another host before (a sandbox
-    /// that moved here): its next record here follows that head.
+    /// Continues `sandbox_id`'s chain from its head (`seq`, `hash`) on the host that kept it
+    /// before (a sandbox that moved here): its next record here follows that head.
     Continue {
         sandbox_id: String,
-        head: super::chain::Head,
+        seq: i64,
+        hash: String,
     },
 }
 

@@ -288,8 +288,16 @@ fn append(
                 linked = rec;
                 (&linked, start)
             }
-            Append::Continue { sandbox_id, head } => {
-                continue_at(&tx, heads, sandbox_id, head)?;
+            Append::Continue {
+                sandbox_id,
+                seq,
+                hash,
+            } => {
+                let head = Head {
+                    seq: *seq,
+                    hash: hash.clone(),
+                };
+                continue_at(&tx, heads, sandbox_id, &head)?;
                 continue;
             }
         };
