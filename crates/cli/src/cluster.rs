@@ -85,6 +85,11 @@ pub struct NodeArgs {
     /// takes this role (the first by name when several are started with it).
     #[arg(long, env = "KILN_TEMPLATE_BUILDS")]
     template_builds: bool,
+    /// Seconds the cluster holds this node's running sandboxes after it is stopped (SIGTERM),
+    /// for it to come back on the same state directory (an upgrade, a restart); 0 ends them
+    /// at once as a lost node's. A node killed or cut off gets no grace.
+    #[arg(long, env = "KILN_RESTART_GRACE", default_value_t = 60)]
+    restart_grace: u64,
     /// Where paused sandboxes' checkpoints go, so they resume on any node.
     #[command(flatten)]
     objects: crate::cluster_objects::ObjectArgs,
@@ -155,6 +160,7 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
                 kiln_template::Store::open_default().context("opening the template store")?,
             ),
             builds: a.template_builds,
+            restart_grace: Duration::from_secs(a.restart_grace),
         };
         match kiln_cluster::node::run(server, etcd, cfg).await? {
             NodeExit::Stopped => Ok(0),

@@ -25,6 +25,7 @@
 //! | `webhook-cursor` | the sequence number of the last event queued for the webhooks |
 //! | `nodes/{name}` | a node (JSON), attached to its lease |
 //! | `draining/{name}` | a drained node's mark (JSON); stays until `kiln node undrain` |
+//! | `restarting/{name}` | a restarting node's mark (JSON), on a lease lasting its restart grace ([`crate::restarts`]) |
 //! | `owners/{id}` | the name of the node that owns the sandbox |
 //! | `checkpoints/{id}` | where a paused sandbox's checkpoint is in object storage (JSON) |
 //! | `audit-heads/{id}` | the head of the sandbox's audit chain, the node extending it, the nodes keeping it (JSON) ([`crate::heads`]) |
@@ -206,6 +207,10 @@ impl Keys {
     /// Where template `name`'s files are in object storage.
     pub fn template_files(&self, name: &str) -> String {
         self.one("template-files", name)
+    }
+    /// The restart mark of node `name`.
+    pub fn restarting(&self, name: &str) -> String {
+        self.one("restarting", name)
     }
     /// The drain mark of node `name`.
     pub fn draining(&self, name: &str) -> String {

@@ -33,6 +33,7 @@ pub mod nodes;
 pub mod objects;
 mod owners;
 pub mod placements;
+pub mod restarts;
 mod retry;
 mod sandboxes;
 pub mod seats;

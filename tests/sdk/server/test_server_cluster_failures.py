@@ -7,6 +7,11 @@ and control replicas on 127.0.0.1, bounded in time:
 - a control replica killed with SIGKILL while a create with an `Idempotency-Key` is in flight
   on its node: the same create retried at the other replica yields exactly one sandbox for
   that key (listed through the other replica, and one runsc container on the node);
+- a node stopped with SIGTERM (an upgrade) and started again on its state directory within its
+  restart grace: its running sandbox was held by the cluster meanwhile (running, no `died`
+  event, calls a 503 saying the node is restarting) and runs on with its files and
+  processes; a node not back within its grace has its sandbox ended `node-lost`, and stops its
+  copy when it is back;
 - a cluster without nodes yet: alerts and audit reads are empty pages, the Template API
   answers 501 naming the flag that makes a build node, a volume 503 (no node to keep it).
 
@@ -170,6 +175,68 @@ def test_service_continues_when_an_etcd_member_dies():
         assert node.proc.poll() is None, node.log()[-4000:]
 
     run_cluster(EtcdTrio, body)
+
+
+def test_a_node_restarted_within_its_grace_keeps_its_sandboxes():
+    from e2b import Sandbox
+
+    from .test_server_cluster_snapshots import on_node
+
+    def make(base):
+        c = Cluster(base)
+        c.start_node("n1", ["--restart-grace", "60"])
+        c.start_node("n2", ["--restart-grace", "1"])
+        c.start_control("c1")
+        return c
+
+    def body(c: Cluster):
+        made = []
+        kept = on_node(c, "n1", "c1", made)
+        lost = on_node(c, "n2", "c1", made)
+        kept.files.write("/home/user/notes.txt", "before the restart")
+        kept.commands.run("sleep 600", background=True)
+        # n1 stopped (SIGTERM) as an upgrade stops it: its sandbox keeps running, held by the
+        # cluster well past the node's lease (3 s) and the leader's sweep.
+        c.nodes["n1"].stop()
+        assert "holds this node's running sandboxes" in c.nodes["n1"].log(), c.nodes["n1"].log()[-3000:]
+        time.sleep(6)
+        status, d = c.request("c1", "GET", f"/sandboxes/{kept.sandbox_id}")
+        assert status == 200 and d["state"] == "running", d
+        status, ev = c.request("c1", "GET", f"/events?sandboxId={kept.sandbox_id}&type=died")
+        assert status == 200 and ev["events"] == [], ev
+        # Meanwhile calls to it answer 503 saying why.
+        status, err = post(c.controls["c1"].url, f"/sandboxes/{kept.sandbox_id}/timeout",
+                           {"timeout": 300}, {"X-API-Key": c.api_key})
+        assert status == 503 and "restarting" in err["message"], (status, err)
+        # Back on its state directory: the same sandbox, its files and its processes.
+        c.start_node("n1", ["--restart-grace", "60"])
+        assert c.nodes["n1"].wait_for("back within the restart grace")
+        deadline, r = time.time() + 30, None
+        while time.time() < deadline:
+            try:
+                r = Sandbox.connect(kept.sandbox_id, **c.opts("c1")).commands.run(
+                    "cat /home/user/notes.txt; pgrep -f 'sleep 600' >/dev/null && echo running")
+                break
+            except Exception:
+                time.sleep(0.5)
+        assert r is not None and r.stdout.split() == ["before", "the", "restart", "running"], r
+        assert c.node_of(kept.sandbox_id) == "n1"
+        # n2 stopped and not back within its grace of a second: its sandbox ends node-lost,
+        # and n2 back later stops its copy.
+        c.nodes["n2"].stop()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            status, d = c.request("c1", "GET", f"/sandboxes/{lost.sandbox_id}")
+            if status == 404:
+                break
+            time.sleep(0.3)
+        assert status == 404, d
+        status, ev = c.request("c1", "GET", f"/events?sandboxId={lost.sandbox_id}&type=died")
+        assert status == 200 and "node-lost" in ev["events"][0]["detail"], ev
+        back = c.start_node("n2", ["--restart-grace", "1"])
+        assert c.gone(back.state_dir, [lost.sandbox_id])
+
+    run_cluster(make, body)
 
 
 def test_a_replica_killed_mid_create_leaves_one_sandbox_for_the_key():

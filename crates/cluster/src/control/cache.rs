@@ -1,6 +1,6 @@
 //! A control replica's view of the cluster, fed by one etcd watch on the store's prefix:
-//! the live sandboxes (starting, running, paused), which node runs each, the live nodes and
-//! the nodes marked draining ([`crate::drain`]);
+//! the live sandboxes (starting, running, paused), which node runs each, the live nodes, the
+//! nodes marked draining ([`crate::drain`]) and those restarting ([`crate::restarts`]);
 //! the lifecycle events nodes publish are passed on as they come ([`Cache::subscribe`]).
 //! The service's synchronous reads answer from it; after a call it forwarded, a replica waits
 //! until the watch has reached the revision the node published at ([`Cache::wait_for`]), so
@@ -25,6 +25,7 @@ struct View {
     owners: HashMap<String, String>,
     nodes: HashMap<String, NodeInfo>,
     draining: HashSet<String>,
+    restarting: HashSet<String>,
     /// Live sandboxes per owning node, kept in step with `sandboxes` and `owners`, so that a
     /// placement reads counts instead of walking every sandbox.
     on_node: HashMap<String, usize>,
@@ -89,6 +90,7 @@ enum Entry {
     Owner(String),
     Node,
     Draining(String),
+    Restarting(String),
     Event,
     Other,
 }
@@ -99,7 +101,7 @@ pub struct Cache {
     revision: watch::Sender<i64>,
     /// Lifecycle events as nodes publish them.
     events: broadcast::Sender<LifecycleEvent>,
-    dirs: [String; 5],
+    dirs: [String; 6],
 }
 
 impl Cache {
@@ -116,6 +118,7 @@ impl Cache {
                 k.dir("nodes"),
                 k.dir("draining"),
                 k.dir("events"),
+                k.dir("restarting"),
             ],
         });
         let rev = cache.load(&etcd).await?;
@@ -170,7 +173,12 @@ impl Cache {
         self.read().of_team.get(team).copied().unwrap_or(0)
     }
 
-    /// The nodes that own live sandboxes but are not live themselves.
+    /// Whether node `name` is restarting (its sandboxes are held until it is back).
+    pub fn restarting(&self, name: &str) -> bool {
+        self.read().restarting.contains(name)
+    }
+
+    /// The nodes that own live sandboxes but are neither live nor restarting.
     pub fn lost_owners(&self) -> Vec<String> {
         let v = self.read();
         let mut lost: Vec<String> = v
@@ -178,7 +186,7 @@ impl Cache {
             .values()
             .filter(|r| r.state != kiln_server::store::SandboxState::Paused)
             .filter_map(|r| v.owners.get(&r.id))
-            .filter(|n| !v.nodes.contains_key(*n))
+            .filter(|n| !v.nodes.contains_key(*n) && !v.restarting.contains(*n))
             .cloned()
             .collect();
         lost.sort();
@@ -238,6 +246,8 @@ impl Cache {
             Entry::Draining(name)
         } else if key.starts_with(&self.dirs[4]) {
             Entry::Event
+        } else if let Some(name) = seg(&self.dirs[5]) {
+            Entry::Restarting(name)
         } else {
             Entry::Other
         }
@@ -277,6 +287,12 @@ impl Cache {
             Entry::Draining(name) => {
                 v.draining.insert(name);
             }
+            Entry::Restarting(name) if deleted => {
+                v.restarting.remove(&name);
+            }
+            Entry::Restarting(name) => {
+                v.restarting.insert(name);
+            }
             Entry::Event if !deleted && kv.version() == 1 => {
                 if let Ok(e) = parse::<EventDoc>(kv.key(), kv.value()) {
                     let _ = self.events.send(LifecycleEvent {
@@ -294,7 +310,8 @@ impl Cache {
     /// Reads the directories of the view at one revision and replaces the view with them.
     async fn load(&self, etcd: &EtcdStore) -> crate::error::Result<i64> {
         let (mut kvs, rev) = etcd.get_prefix_at(&self.dirs[0], 0).await?;
-        for dir in &self.dirs[1..4] {
+        // Every directory but the events (passed on as they come, never loaded).
+        for dir in self.dirs[1..4].iter().chain(&self.dirs[5..]) {
             kvs.extend(etcd.get_prefix(dir, rev).await?);
         }
         let mut v = View::default();

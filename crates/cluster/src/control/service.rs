@@ -184,6 +184,12 @@ impl ClusterService {
             return Ok(n);
         }
         if self.cache.sandbox(id).is_some() {
+            let node = self.cache.owner_name(id).unwrap_or_default();
+            if self.cache.restarting(&node) {
+                return Err(Error::Unavailable(format!(
+                    "node {node}, which runs sandbox \"{id}\", is restarting; retry"
+                )));
+            }
             return Err(Error::Unavailable(format!(
                 "the node that runs sandbox \"{id}\" is not in the cluster now; retry"
             )));

@@ -127,6 +127,9 @@ pub struct NodeConfig {
     pub templates: Option<kiln_template::Store>,
     /// Whether this node runs the cluster's template builds (the Template API, [`builds`]).
     pub builds: bool,
+    /// How long the cluster holds this node's running sandboxes after it is stopped, for it
+    /// to come back on its state directory ([`crate::restarts`]; zero: they end at once).
+    pub restart_grace: Duration,
 }
 
 /// Why [`run`] returned.
@@ -165,6 +168,11 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
             cfg.lease_ttl,
         )
         .await?;
+    match etcd.clear_restarting(&cfg.name).await {
+        Ok(true) => tracing::info!(node = %cfg.name, "back within the restart grace: its sandboxes are held for it"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "clearing the node's restart mark"),
+    }
     lease.set_objects(cfg.objects.is_some());
     lease.set_builds(cfg.builds);
     let publisher = Publisher::start(
@@ -288,6 +296,13 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
     forgetting.abort();
     if fenced.load(Ordering::SeqCst) {
         return Ok(NodeExit::Fenced);
+    }
+    if !cfg.restart_grace.is_zero() {
+        // Marked before the lease goes, so no sweep finds the node gone and unmarked.
+        match etcd.mark_restarting(&cfg.name, cfg.restart_grace).await {
+            Ok(()) => tracing::info!(node = %cfg.name, grace_s = cfg.restart_grace.as_secs(), "stopping: the cluster holds this node's running sandboxes for its restart grace"),
+            Err(e) => tracing::warn!(error = %e, "marking the node restarting: its running sandboxes will end as a lost node's"),
+        }
     }
     lease.leave().await?;
     Ok(NodeExit::Stopped)
