@@ -50,8 +50,8 @@ impl EtcdStore {
         let r = self
             .txn(Kind::Write, Txn::new().and_then([TxnOp::delete(key, None)]))
             .await?;
-        Ok(r.op_responses().into_iter().any(|op| {
-            matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0)
-        }))
+        Ok(r.op_responses()
+            .into_iter()
+            .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0)))
     }
 }

@@ -215,7 +215,7 @@ def test_a_node_restarted_within_its_grace_keeps_its_sandboxes():
         while time.time() < deadline:
             try:
                 r = Sandbox.connect(kept.sandbox_id, **c.opts("c1")).commands.run(
-                    "cat /home/user/notes.txt; pgrep -f 'sleep 600' >/dev/null && echo running")
+                    "cat /home/user/notes.txt; echo; pgrep -f 'sleep 600' >/dev/null && echo running")
                 break
             except Exception:
                 time.sleep(0.5)

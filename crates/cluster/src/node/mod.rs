@@ -169,7 +169,9 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         )
         .await?;
     match etcd.clear_restarting(&cfg.name).await {
-        Ok(true) => tracing::info!(node = %cfg.name, "back within the restart grace: its sandboxes are held for it"),
+        Ok(true) => {
+            tracing::info!(node = %cfg.name, "back within the restart grace: its sandboxes are held for it")
+        }
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "clearing the node's restart mark"),
     }
@@ -300,8 +302,12 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
     if !cfg.restart_grace.is_zero() {
         // Marked before the lease goes, so no sweep finds the node gone and unmarked.
         match etcd.mark_restarting(&cfg.name, cfg.restart_grace).await {
-            Ok(()) => tracing::info!(node = %cfg.name, grace_s = cfg.restart_grace.as_secs(), "stopping: the cluster holds this node's running sandboxes for its restart grace"),
-            Err(e) => tracing::warn!(error = %e, "marking the node restarting: its running sandboxes will end as a lost node's"),
+            Ok(()) => {
+                tracing::info!(node = %cfg.name, grace_s = cfg.restart_grace.as_secs(), "stopping: the cluster holds this node's running sandboxes for its restart grace")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "marking the node restarting: its running sandboxes will end as a lost node's")
+            }
         }
     }
     lease.leave().await?;
