@@ -61,6 +61,40 @@ def mentions(recs: list, kind: str, text: str) -> bool:
     return any(r["kind"] == kind and text in json.dumps(r["body"]) for r in recs)
 
 
+class Follower:
+    """The JSON lines of a `follow=true` read through replica `control`, read as they come."""
+
+    def __init__(self, cluster, control: str, path: str):
+        url = urllib.parse.urlsplit(cluster.controls[control].url)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        self.conn.request("GET", path, headers={"X-API-Key": cluster.api_key})
+        self.resp = self.conn.getresponse()
+        assert self.resp.status == 200, self.resp.read()
+        self.lines = []
+        self.reader = threading.Thread(target=self.read, daemon=True)
+        self.reader.start()
+
+    def read(self):
+        while True:
+            try:
+                line = self.resp.readline()
+            except Exception:  # the connection is shut under it on the way out
+                return
+            if not line:
+                return
+            self.lines.append(json.loads(line))
+
+    def until(self, done, timeout: float = 20) -> list:
+        """The lines read once `done(lines)` holds (or the time is up); the read ends."""
+        deadline = time.time() + timeout
+        while not done(self.lines) and time.time() < deadline:
+            time.sleep(0.2)
+        self.conn.sock.shutdown(socket.SHUT_RDWR)
+        self.conn.close()
+        self.reader.join(10)
+        return self.lines
+
+
 def test_a_sandboxs_records_are_kept_by_its_node_and_read_through_any_replica(cluster):
     made = []
     try:
@@ -125,35 +159,10 @@ def test_following_a_sandboxs_records_through_a_replica_sees_new_ones(cluster):
     made = []
     try:
         s = on_node(cluster, "n2", "c1", made)
-        url = urllib.parse.urlsplit(cluster.controls["c2"].url)
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-        conn.request("GET", f"/sandboxes/{s.sandbox_id}/audit?follow=true&kind=process",
-                     headers={"X-API-Key": cluster.api_key})
-        resp = conn.getresponse()
-        assert resp.status == 200, resp.read()
-        lines, stop = [], threading.Event()
-
-        def read():
-            while not stop.is_set():
-                try:
-                    line = resp.readline()
-                except Exception:  # the connection is shut under it on the way out
-                    return
-                if not line:
-                    return
-                lines.append(json.loads(line))
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        f = Follower(cluster, "c2", f"/sandboxes/{s.sandbox_id}/audit?follow=true&kind=process")
         mark = secrets.token_hex(6)
         assert s.commands.run(f"echo {mark}").exit_code == 0
-        deadline = time.time() + 20
-        while not mentions(lines, "process", mark) and time.time() < deadline:
-            time.sleep(0.2)
-        stop.set()
-        conn.sock.shutdown(socket.SHUT_RDWR)
-        conn.close()
-        reader.join(10)
+        lines = f.until(lambda lines: mentions(lines, "process", mark))
         assert mentions(lines, "process", mark), lines
         assert {r["kind"] for r in lines} == {"process"}
         cursors = [int(r["cursor"]) for r in lines]
@@ -237,35 +246,11 @@ def test_every_sandboxs_records_are_read_through_a_replica_page_by_page(cluster)
         assert not {(r["sandboxID"], r["seq"]) for r in fresh} & set(keys), "nothing read twice"
 
         # Followed live across both nodes.
-        url = urllib.parse.urlsplit(cluster.controls["c2"].url)
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-        conn.request("GET", f"/audit?follow=true&kind=process&cursor={end}",
-                     headers={"X-API-Key": cluster.api_key})
-        resp = conn.getresponse()
-        assert resp.status == 200, resp.read()
-        lines = []
-
-        def read():
-            while True:
-                try:
-                    line = resp.readline()
-                except Exception:  # the connection is shut under it on the way out
-                    return
-                if not line:
-                    return
-                lines.append(json.loads(line))
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        f = Follower(cluster, "c2", f"/audit?follow=true&kind=process&cursor={end}")
         live = {s.sandbox_id: secrets.token_hex(6) for s in (here, there)}
         for s in (here, there):
             assert s.commands.run(f"echo {live[s.sandbox_id]}").exit_code == 0
-        deadline = time.time() + 20
-        while time.time() < deadline and not all(mentions(lines, "process", m) for m in live.values()):
-            time.sleep(0.2)
-        conn.sock.shutdown(socket.SHUT_RDWR)
-        conn.close()
-        reader.join(10)
+        lines = f.until(lambda lines: all(mentions(lines, "process", m) for m in live.values()))
         assert all(mentions(lines, "process", m) for m in live.values()), lines
         seen = [(r["sandboxID"], r["seq"]) for r in lines]
         assert len(seen) == len(set(seen)), "each record once"

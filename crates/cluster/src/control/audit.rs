@@ -217,31 +217,35 @@ impl NodeAudit {
         }
     }
 
-    /// Each of `nodes`' answer to `call(its position)`: a node whose log is off refuses a
-    /// read of one sandbox and is left out of a read of every sandbox (it keeps no records);
-    /// one that does not answer is left out (its position stays, so what it keeps is read on
-    /// a later page).
-    fn read_each<T>(
+    /// One page of what the nodes keeping `sandbox`'s chain (every live node: None) answer
+    /// to `call(their position in after)`, merged by `order` (time, then the node's own
+    /// position). A node whose log is
+    /// off refuses a read of one sandbox and is left out of a read of every sandbox (it keeps
+    /// no records); one that does not answer is left out (its position stays, so what it
+    /// keeps is read on a later page).
+    fn paged<T>(
         &self,
-        every: bool,
-        nodes: Vec<NodeInfo>,
-        start: &std::collections::BTreeMap<String, i64>,
+        sandbox: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
         call: impl Fn(Cursor) -> AuditCall,
         items: impl Fn(AuditAnswer) -> Vec<T>,
-    ) -> Result<Vec<(String, Vec<T>)>> {
+        order: impl Fn(&T) -> (i64, i64),
+    ) -> Result<Page<T>> {
+        let start = positions(after)?;
         let mut pages = Vec::new();
-        for node in nodes {
+        for node in self.readers(sandbox)? {
             let at = Cursor::At(start.get(&node.name).copied().unwrap_or(0));
             match self.read(&node, &call(at)) {
                 Ok(a) => pages.push((node.name.clone(), items(a))),
-                Err(StoreError::Unsupported(_)) if every => {}
+                Err(StoreError::Unsupported(_)) if sandbox.is_none() => {}
                 Err(e @ StoreError::Unsupported(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!(node = %node.name, error = %e, "a node's audit log is left out of a page; it is read on the next");
                 }
             }
         }
-        Ok(pages)
+        Ok(merge(pages, start, limit, order))
     }
 }
 
@@ -287,21 +291,17 @@ impl AuditStore for NodeAudit {
     }
 
     fn page(&self, f: &Filter) -> Result<Page<AuditRecord>> {
-        let start = positions(f.after.as_ref())?;
-        let nodes = self.readers(f.sandbox_id.as_deref())?;
-        let pages = self.read_each(
-            f.sandbox_id.is_none(),
-            nodes,
-            &start,
-            |at| AuditCall::Query {
-                filter: Filter {
-                    after: Some(at),
-                    ..f.clone()
-                },
+        let call = |at| AuditCall::Query {
+            filter: Filter {
+                after: Some(at),
+                ..f.clone()
             },
-            |a| a.records.into_iter().map(AuditRecord::from).collect(),
-        )?;
-        Ok(merge(pages, start, f.limit, |r| r.ts_ms, |r| r.cursor))
+        };
+        let records = |a: AuditAnswer| a.records.into_iter().map(AuditRecord::from).collect();
+        let (sandbox, after) = (f.sandbox_id.as_deref(), f.after.as_ref());
+        self.paged(sandbox, after, f.limit, call, records, |r| {
+            (r.ts_ms, r.cursor)
+        })
     }
 
     fn chains(&self, team: Option<&str>) -> Result<Vec<String>> {
@@ -379,20 +379,14 @@ impl AuditStore for NodeAudit {
     }
 
     fn alerts(&self, f: &AlertFilter) -> Result<Page<AlertRecord>> {
-        let start = positions(f.after.as_ref())?;
-        let nodes = self.readers(f.sandbox_id.as_deref())?;
-        let pages = self.read_each(
-            f.sandbox_id.is_none(),
-            nodes,
-            &start,
-            |at| AuditCall::Alerts {
-                filter: AlertFilter {
-                    after: Some(at),
-                    ..f.clone()
-                },
+        let call = |at| AuditCall::Alerts {
+            filter: AlertFilter {
+                after: Some(at),
+                ..f.clone()
             },
-            |a| a.alerts.into_iter().map(AlertRecord::from).collect(),
-        )?;
-        Ok(merge(pages, start, f.limit, |a| a.ts_ms, |a| a.id))
+        };
+        let alerts = |a: AuditAnswer| a.alerts.into_iter().map(AlertRecord::from).collect();
+        let (sandbox, after) = (f.sandbox_id.as_deref(), f.after.as_ref());
+        self.paged(sandbox, after, f.limit, call, alerts, |a| (a.ts_ms, a.id))
     }
 }

@@ -25,14 +25,14 @@ pub(super) fn positions(after: Option<&Cursor>) -> Result<BTreeMap<String, i64>>
 }
 
 /// Merges `pages` (a node's name and its items in its own order, each read after its
-/// position in `start`) into at most `limit` items, taking the oldest front item by `ts`
-/// (then node) each time; the cursor that follows.
+/// position in `start`) into at most `limit` items, taking the oldest front item each time
+/// by `order` (its time and its position in its node's log; ties: the node first by name);
+/// the cursor that follows.
 pub(super) fn merge<T>(
     pages: Vec<(String, Vec<T>)>,
     mut start: BTreeMap<String, i64>,
     limit: usize,
-    ts: impl Fn(&T) -> i64,
-    pos: impl Fn(&T) -> i64,
+    order: impl Fn(&T) -> (i64, i64),
 ) -> Page<T> {
     let mut fronts: Vec<(String, VecDeque<T>)> = pages
         .into_iter()
@@ -44,12 +44,12 @@ pub(super) fn merge<T>(
         let oldest = fronts
             .iter()
             .enumerate()
-            .filter_map(|(i, (_, q))| q.front().map(|t| (ts(t), i)))
+            .filter_map(|(i, (_, q))| q.front().map(|t| (order(t).0, i)))
             .min();
         let Some((_, i)) = oldest else { break };
         let (node, q) = &mut fronts[i];
         let Some(t) = q.pop_front() else { break };
-        start.insert(node.clone(), pos(&t));
+        start.insert(node.clone(), order(&t).1);
         items.push(t);
     }
     Page {
@@ -80,7 +80,7 @@ mod tests {
                 page(n, &rest[..rest.len().min(limit)])
             })
             .collect();
-        merge(pages, after.clone(), limit, |i| i.0, |i| i.1)
+        merge(pages, after.clone(), limit, |i| *i)
     }
 
     #[test]
@@ -92,8 +92,7 @@ mod tests {
             ],
             BTreeMap::from([("n3".to_string(), 4)]),
             3,
-            |i| i.0,
-            |i| i.1,
+            |i| *i,
         );
         assert_eq!(p.items, vec![(5, 1), (7, 10), (8, 11)]);
         let Cursor::Nodes(m) = p.next else {
