@@ -208,6 +208,15 @@ def test_a_node_restarted_within_its_grace_keeps_its_sandboxes():
         status, err = post(c.controls["c1"].url, f"/sandboxes/{kept.sandbox_id}/timeout",
                            {"timeout": 300}, {"X-API-Key": c.api_key})
         assert status == 503 and "restarting" in err["message"], (status, err)
+        # Its envd through the gateway (header mode) too.
+        req = urllib.request.Request(c.controls["c1"].url + "/health", headers={
+            "E2B-Sandbox-Id": kept.sandbox_id, "E2B-Sandbox-Port": "49983"})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            raise AssertionError("envd answered through a restarting node")
+        except urllib.error.HTTPError as e:
+            status, err = e.code, json.loads(e.read())
+        assert status == 503 and "restarting" in err["message"], (status, err)
         # Back on its state directory: the same sandbox, its files and its processes.
         c.start_node("n1", ["--restart-grace", "60"])
         assert c.nodes["n1"].wait_for("back within the restart grace")

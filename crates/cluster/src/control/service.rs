@@ -183,18 +183,21 @@ impl ClusterService {
         if let Some(n) = self.cache.owner(id) {
             return Ok(n);
         }
-        if self.cache.sandbox(id).is_some() {
-            let node = self.cache.owner_name(id).unwrap_or_default();
-            if self.cache.restarting(&node) {
-                return Err(Error::Unavailable(format!(
-                    "node {node}, which runs sandbox \"{id}\", is restarting; retry"
-                )));
-            }
-            return Err(Error::Unavailable(format!(
-                "the node that runs sandbox \"{id}\" is not in the cluster now; retry"
-            )));
+        match self.away(id) {
+            Some(why) => Err(Error::Unavailable(why)),
+            None => Err(Error::SandboxNotFound(id.to_string())),
         }
-        Err(Error::SandboxNotFound(id.to_string()))
+    }
+
+    /// Why live sandbox `id` is out of reach when no live node runs it (None: not live).
+    fn away(&self, id: &str) -> Option<String> {
+        self.cache.sandbox(id)?;
+        let node = self.cache.owner_name(id).unwrap_or_default();
+        Some(if self.cache.restarting(&node) {
+            format!("node {node}, which runs sandbox \"{id}\", is restarting; retry")
+        } else {
+            format!("the node that runs sandbox \"{id}\" is not in the cluster now; retry")
+        })
     }
 
     /// `op` on `id` at its node; returns once this replica's view includes its effect.
@@ -551,7 +554,9 @@ impl SandboxService for ClusterService {
             }
         }
         if self.cache.owner(id).is_none() {
-            return Err(NoRoute::NotFound);
+            return Err(self
+                .away(id)
+                .map_or(NoRoute::NotFound, NoRoute::Unavailable));
         }
         // A paused sandbox with autoResume is resumed by its node when the tunnel opens.
         Ok(PortRoute {

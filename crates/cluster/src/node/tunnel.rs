@@ -43,6 +43,9 @@ pub(super) async fn open(
             )
             .into_response()
         }
+        Err(NoRoute::Unavailable(why)) => {
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+        }
     };
     let mut inner = match route.client.connect_raw().await {
         Ok(s) => s,

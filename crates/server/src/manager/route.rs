@@ -32,7 +32,7 @@ pub struct PortRoute {
 }
 
 /// Why a request cannot be routed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NoRoute {
     /// In standby, and the wake failed (the client may retry).
     WakeFailed,
@@ -40,6 +40,8 @@ pub enum NoRoute {
     Paused,
     /// Not running nor paused: never existed, killed or timed out.
     NotFound,
+    /// Out of reach for now (a cluster's node that is away or restarting); says why.
+    Unavailable(String),
 }
 
 impl Manager {

@@ -38,6 +38,7 @@ pub fn no_route(id: &str, why: NoRoute) -> Response {
             id,
             format!("The sandbox {id} was not found: it does not exist, was killed or timed out"),
         ),
+        NoRoute::Unavailable(why) => error(StatusCode::SERVICE_UNAVAILABLE, id, why),
     }
 }
 
