@@ -19,7 +19,7 @@ pub struct HeadMove {
 
 /// Where chains' heads are kept beyond this host's store.
 pub trait ChainGuard: Send + Sync + 'static {
-    /// Records `moves` (called before the append is committed); the sandboxes whose chains
+    /// Records `moves` (called before the records are written); the sandboxes whose chains
     /// another host holds (their records are not kept: the append is written again without
     /// them). An error keeps nothing of the append.
     fn advance(&self, moves: &[HeadMove]) -> Result<HashSet<String>, String>;

@@ -252,8 +252,16 @@ fn guarded<T>(r: std::result::Result<T, String>) -> Result<T> {
     r.map_err(|e| super::StoreError::Task(format!("the chains' heads: {e}")))
 }
 
-/// Appends `batch` in one transaction, leaving out the records of `refused` chains; the
-/// guard, when there is one, moves the heads before the commit.
+/// One write of an append, sealed before the write begins.
+enum Step {
+    Insert(AuditRecord),
+    Continue(String, Head),
+}
+
+/// Appends `batch`, leaving out the records of `refused` chains: the records are sealed
+/// against the chains' heads first (only this writer appends, so the heads cannot move
+/// meanwhile), the guard, when there is one, moves the heads (no database lock is held while
+/// it asks elsewhere), then one transaction writes them.
 fn append(
     conn: &mut Connection,
     heads: &mut HashMap<String, Head>,
@@ -261,11 +269,9 @@ fn append(
     guard: Option<&dyn ChainGuard>,
     refused: &HashSet<String>,
 ) -> Result<Written> {
-    // IMMEDIATE: take the write lock up front (waiting for it), so reading a head and then
-    // appending never fails on another connection's write in between.
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let mut out = Vec::with_capacity(batch.len());
+    let mut steps = Vec::with_capacity(batch.len());
     let mut moves: Vec<HeadMove> = Vec::new();
+    let mut moved: HashMap<String, usize> = HashMap::new();
     for a in batch {
         let linked;
         let (rec, start) = match a {
@@ -282,7 +288,7 @@ fn append(
                 };
                 let ph = match there {
                     Some(h) => Some(h),
-                    None => cached_head(&tx, heads, parent)?,
+                    None => cached_head(conn, heads, parent)?,
                 };
                 let (rec, start) = chain::link(child, parent, *ts_ms, body, ph.as_ref());
                 linked = rec;
@@ -297,36 +303,50 @@ fn append(
                     seq: *seq,
                     hash: hash.clone(),
                 };
-                continue_at(&tx, heads, sandbox_id, &head)?;
+                heads.insert(sandbox_id.clone(), head.clone());
+                steps.push(Step::Continue(sandbox_id.clone(), head));
                 continue;
             }
         };
         if refused.contains(&rec.sandbox_id) {
             continue;
         }
-        let prev = cached_head(&tx, heads, &rec.sandbox_id)?;
-        let mut stored = chain::seal(rec, prev.as_ref(), &start);
-        insert(&tx, &mut stored)?;
+        let prev = cached_head(conn, heads, &rec.sandbox_id)?;
+        let stored = chain::seal(rec, prev.as_ref(), &start);
         let next = Head {
             seq: stored.seq,
             hash: stored.hash.clone(),
         };
         heads.insert(stored.sandbox_id.clone(), next.clone());
-        match moves.iter_mut().find(|m| m.sandbox_id == stored.sandbox_id) {
-            Some(m) => m.next = next,
-            None => moves.push(HeadMove {
-                sandbox_id: stored.sandbox_id.clone(),
-                prev,
-                next,
-            }),
+        match moved.get(&stored.sandbox_id) {
+            Some(&i) => moves[i].next = next,
+            None => {
+                moved.insert(stored.sandbox_id.clone(), moves.len());
+                moves.push(HeadMove {
+                    sandbox_id: stored.sandbox_id.clone(),
+                    prev,
+                    next,
+                });
+            }
         }
-        out.push(stored);
+        steps.push(Step::Insert(stored));
     }
     if let Some(g) = guard.filter(|_| !moves.is_empty()) {
         let no = guarded(g.advance(&moves))?;
         if !no.is_empty() {
-            // Dropped uncommitted: nothing of this attempt is kept.
             return Ok(Err(no));
+        }
+    }
+    // IMMEDIATE: take the write lock up front (waiting for it).
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut out = Vec::with_capacity(steps.len());
+    for step in steps {
+        match step {
+            Step::Insert(mut r) => {
+                insert(&tx, &mut r)?;
+                out.push(r);
+            }
+            Step::Continue(id, head) => continue_at(&tx, &id, &head)?,
         }
     }
     tx.commit()?;
@@ -335,12 +355,7 @@ fn append(
 
 /// Makes `head` (kept by another host) the head of `id`'s chain here; a chain this store
 /// never held starts at it as at a pruning anchor, so what follows verifies on its own.
-fn continue_at(
-    c: &Connection,
-    heads: &mut HashMap<String, Head>,
-    id: &str,
-    head: &Head,
-) -> rusqlite::Result<()> {
+fn continue_at(c: &Connection, id: &str, head: &Head) -> rusqlite::Result<()> {
     if self::head(c, id)?.is_none() {
         c.execute(
             "INSERT INTO audit_anchors (sandbox_id, seq, hash, pruned_at)
@@ -355,7 +370,6 @@ fn continue_at(
          ON CONFLICT(sandbox_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
         params![id, head.seq, head.hash],
     )?;
-    heads.insert(id.to_string(), head.clone());
     Ok(())
 }
 
