@@ -368,9 +368,14 @@ mod tests {
             .unwrap()
             .len()
             <= CONSOLE_MAX));
-        // Gone with its sandbox: no longer watched.
+        // Gone with its sandbox: no longer watched. (A rotation still under way may add a
+        // file while the directory is removed: removed again then.)
         drop(w);
-        std::fs::remove_dir_all(d.path()).unwrap();
+        assert!(within(Duration::from_secs(2), || std::fs::remove_dir_all(
+            d.path()
+        )
+        .is_ok()
+            || !d.path().exists()));
         assert!(within(SWEEP_EVERY * 3, || looks(&log).is_none()));
     }
 
@@ -383,7 +388,8 @@ mod tests {
         rotate_if_large(&log);
         assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
         assert!(d.path().join("console.log.1").exists());
-        assert_eq!(looks(&log), Some(0), "watched from now on");
+        // Watched from now on (the rotation's own write may already have been looked at).
+        assert!(looks(&log).is_some(), "watched from now on");
     }
 
     #[test]
