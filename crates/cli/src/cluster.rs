@@ -143,10 +143,6 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
             .advertise
             .clone()
             .unwrap_or_else(|| server.local_addr.to_string());
-        println!(
-            "kiln: node {name} listening on http://{} (advertised as {advertise})",
-            server.local_addr
-        );
         println!("kiln: state in {}", p.cfg.state_dir.display());
         let cfg = NodeConfig {
             name,

@@ -177,6 +177,13 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
     }
     lease.set_objects(cfg.objects.is_some());
     lease.set_builds(cfg.builds);
+    // In the cluster with its templates before it says it listens: a create sent once the
+    // line is out finds it.
+    report(&manager, &mut lease).await;
+    println!(
+        "kiln: node {} listening on http://{} (advertised as {})",
+        cfg.name, server.local_addr, cfg.advertise
+    );
     let publisher = Publisher::start(
         etcd.clone(),
         manager.store().clone(),
@@ -276,20 +283,7 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
                 }
                 break;
             }
-            _ = tick.tick(), if lease.is_alive() => {
-                match manager.templates().await {
-                    Ok(list) => lease.set_templates(list.iter().map(NodeTemplate::from).collect()),
-                    Err(e) => tracing::warn!(error = %e, "listing the node's templates"),
-                }
-                let load = NodeLoad {
-                    free_memory_mb: meminfo("MemAvailable:").unwrap_or(0),
-                    sandboxes: SandboxService::list(manager.as_ref()).len() as u32,
-                    free_cpu_milli: free_cpu_milli(),
-                };
-                if let Err(e) = lease.report_load(load).await {
-                    tracing::warn!(error = %e, "reporting the node's load");
-                }
-            }
+            _ = tick.tick(), if lease.is_alive() => report(&manager, &mut lease).await,
         }
     }
     if let Some(c) = collector {
@@ -312,6 +306,22 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
     }
     lease.leave().await?;
     Ok(NodeExit::Stopped)
+}
+
+/// Writes what the node holds (its templates) and has in use into its registration.
+async fn report(manager: &kiln_server::Manager, lease: &mut crate::nodes::NodeLease) {
+    match manager.templates().await {
+        Ok(list) => lease.set_templates(list.iter().map(NodeTemplate::from).collect()),
+        Err(e) => tracing::warn!(error = %e, "listing the node's templates"),
+    }
+    let load = NodeLoad {
+        free_memory_mb: meminfo("MemAvailable:").unwrap_or(0),
+        sandboxes: SandboxService::list(manager).len() as u32,
+        free_cpu_milli: free_cpu_milli(),
+    };
+    if let Err(e) = lease.report_load(load).await {
+        tracing::warn!(error = %e, "reporting the node's load");
+    }
 }
 
 /// Stops every sandbox of a node that lost its lease (the cluster counts them `node-lost`).
