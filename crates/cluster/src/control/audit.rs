@@ -217,6 +217,17 @@ impl NodeAudit {
         }
     }
 
+    /// The first answer to `call` of the nodes keeping parts of `id`'s chain, oldest part
+    /// first.
+    fn first_text(&self, id: &str, call: &AuditCall) -> Result<Option<String>> {
+        for node in self.readers(Some(id))? {
+            if let Some(t) = self.read(&node, call)?.text {
+                return Ok(Some(t));
+            }
+        }
+        Ok(None)
+    }
+
     /// One page of what the nodes keeping `sandbox`'s chain (every live node: None) answer
     /// to `call(their position in after)`, merged by `order` (time, then the node's own
     /// position). A node whose log is
@@ -344,12 +355,7 @@ impl AuditStore for NodeAudit {
             sandbox_id: sandbox_id.to_string(),
             seq,
         };
-        for node in self.readers(Some(sandbox_id))? {
-            if let Some(h) = self.read(&node, &call)?.text {
-                return Ok(Some(h));
-            }
-        }
-        Ok(None)
+        self.first_text(sandbox_id, &call)
     }
 
     fn owner(&self, sandbox_id: &str) -> Result<Option<String>> {
@@ -357,12 +363,7 @@ impl AuditStore for NodeAudit {
         let call = AuditCall::Owner {
             sandbox_id: sandbox_id.to_string(),
         };
-        for node in self.readers(Some(sandbox_id))? {
-            if let Some(k) = self.read(&node, &call)?.text {
-                return Ok(Some(k));
-            }
-        }
-        Ok(None)
+        self.first_text(sandbox_id, &call)
     }
 
     fn team_of(&self, id: &str) -> Result<Option<String>> {

@@ -65,51 +65,65 @@ impl Heads {
     /// Makes `id`'s chain this node's (a sandbox that moved here): the head it continues
     /// from, None when no node recorded one.
     pub async fn take(&self, id: &str) -> Result<Option<Head>> {
-        for _ in 0..TRIES {
-            let Some(s) = self.etcd.audit_head(id).await? else {
-                return Ok(None);
-            };
-            if s.doc.node == self.node {
-                let head = s.doc.head();
-                self.remember(id, s);
-                return Ok(Some(head));
-            }
-            let mut doc = s.doc.clone();
-            doc.node = self.node.clone();
-            if !doc.nodes.contains(&self.node) {
-                doc.nodes.push(self.node.clone());
-            }
-            let write: HeadWrite = (id.to_string(), doc.clone(), s.revision);
-            if let Some(revision) = self.etcd.put_heads(&[write]).await? {
-                let head = doc.head();
-                self.remember(id, SeenHead { doc, revision });
-                return Ok(Some(head));
-            }
-        }
-        Err(ClusterError::Store(kiln_server::store::StoreError::Task(
-            format!("the audit chain head of sandbox {id} kept changing while it was taken over"),
-        )))
+        let me = &self.node;
+        let doc = self
+            .rewrite(id, "taken over", |d| {
+                (d.node != *me).then(|| {
+                    let mut d = d.clone();
+                    d.node = me.clone();
+                    if !d.nodes.contains(me) {
+                        d.nodes.push(me.clone());
+                    }
+                    d
+                })
+            })
+            .await?;
+        Ok(doc.map(|d| d.head()))
     }
 
     /// Hands `id`'s chain back to node `to` (a take-over that failed), if it is this node's.
     pub async fn give(&self, id: &str, to: &str) -> Result<()> {
+        self.rewrite(id, "handed back", |d| {
+            (d.node == self.node).then(|| HeadDoc {
+                node: to.to_string(),
+                ..d.clone()
+            })
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Writes `change` of `id`'s head doc (None: left as it is), revision-checked and read
+    /// again when it moved meanwhile; the doc as it stands after (None: no node recorded one).
+    async fn rewrite(
+        &self,
+        id: &str,
+        what: &str,
+        change: impl Fn(&HeadDoc) -> Option<HeadDoc>,
+    ) -> Result<Option<HeadDoc>> {
         for _ in 0..TRIES {
             let Some(s) = self.etcd.audit_head(id).await? else {
-                return Ok(());
+                return Ok(None);
             };
-            if s.doc.node != self.node {
-                return Ok(());
-            }
-            let mut doc = s.doc.clone();
-            doc.node = to.to_string();
+            let Some(doc) = change(&s.doc) else {
+                let doc = s.doc.clone();
+                self.remember(id, s);
+                return Ok(Some(doc));
+            };
             let write: HeadWrite = (id.to_string(), doc.clone(), s.revision);
             if let Some(revision) = self.etcd.put_heads(&[write]).await? {
-                self.remember(id, SeenHead { doc, revision });
-                return Ok(());
+                self.remember(
+                    id,
+                    SeenHead {
+                        doc: doc.clone(),
+                        revision,
+                    },
+                );
+                return Ok(Some(doc));
             }
         }
         Err(ClusterError::Store(kiln_server::store::StoreError::Task(
-            format!("the audit chain head of sandbox {id} kept changing while it was handed back"),
+            format!("the audit chain head of sandbox {id} kept changing while it was {what}"),
         )))
     }
 
@@ -131,26 +145,23 @@ impl Heads {
                             self.remember(&m.sandbox_id, s);
                             refused.insert(m.sandbox_id.clone());
                         }
-                        Some(s) => {
-                            if m.prev.as_ref().map_or(0, |h| h.seq) != s.doc.seq {
-                                tracing::warn!(sandbox = %m.sandbox_id, here = ?m.prev.as_ref().map(|h| h.seq), etcd = s.doc.seq, "this node's audit chain and its head in etcd disagree; etcd's head moves to this node's");
-                            }
+                        seen => {
+                            let (nodes, revision) = match seen {
+                                Some(s) => {
+                                    if m.prev.as_ref().map_or(0, |h| h.seq) != s.doc.seq {
+                                        tracing::warn!(sandbox = %m.sandbox_id, here = ?m.prev.as_ref().map(|h| h.seq), etcd = s.doc.seq, "this node's audit chain and its head in etcd disagree; etcd's head moves to this node's");
+                                    }
+                                    (s.doc.nodes, s.revision)
+                                }
+                                None => (vec![self.node.clone()], 0),
+                            };
                             let doc = HeadDoc {
                                 node: self.node.clone(),
                                 seq: m.next.seq,
                                 hash: m.next.hash.clone(),
-                                nodes: s.doc.nodes,
+                                nodes,
                             };
-                            writes.push((m.sandbox_id.clone(), doc, s.revision));
-                        }
-                        None => {
-                            let doc = HeadDoc {
-                                node: self.node.clone(),
-                                seq: m.next.seq,
-                                hash: m.next.hash.clone(),
-                                nodes: vec![self.node.clone()],
-                            };
-                            writes.push((m.sandbox_id.clone(), doc, 0));
+                            writes.push((m.sandbox_id.clone(), doc, revision));
                         }
                     }
                 }

@@ -80,14 +80,7 @@ pub async fn list(
             StatusCode::NOT_IMPLEMENTED,
             "alerts need the audit log, which is off on this server (kiln serve --audit off)",
         ),
-        AuditError::Store(crate::store::StoreError::Unsupported(m)) => {
-            ApiError::new(StatusCode::NOT_IMPLEMENTED, m)
-        }
-        AuditError::Store(crate::store::StoreError::Invalid(m)) => ApiError::bad_request(m),
-        other => {
-            tracing::error!(error = %other, "alerts query");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "alerts query failed")
-        }
+        other => super::audit::read_refusal(other, "alerts query"),
     })?;
     Ok(Json(
         json!({ "alerts": page.items, "nextCursor": page.next.to_string() }),

@@ -19,13 +19,21 @@ pub struct KeyId(pub String);
 fn audit_err(e: AuditError) -> ApiError {
     match e {
         AuditError::Off => ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string()),
+        other => read_refusal(other, "audit log query"),
+    }
+}
+
+/// A read of the audit store that failed (`what`: the read, for the log and the 500): what
+/// the store cannot do is a 501, a request it cannot read a 400.
+pub(super) fn read_refusal(e: AuditError, what: &str) -> ApiError {
+    match e {
         AuditError::Store(crate::store::StoreError::Unsupported(m)) => {
             ApiError::new(StatusCode::NOT_IMPLEMENTED, m)
         }
         AuditError::Store(crate::store::StoreError::Invalid(m)) => ApiError::bad_request(m),
         other => {
-            tracing::error!(error = %other, "audit query");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit log query failed")
+            tracing::error!(error = %other, "{what}");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{what} failed"))
         }
     }
 }
