@@ -276,6 +276,12 @@ impl Manager {
             // it, unless creates wait (then any boot may serve one).
             let mut booting = self.pools.booting();
             spec.background = booting.waiting == 0;
+            if !spec.background {
+                tracing::debug!(
+                    template,
+                    "a create waits: pool boots run at the normal CPU weight"
+                );
+            }
             booting.ids.insert(id.clone());
         }
         let booted = async {
