@@ -211,9 +211,17 @@ def auth_registry():
 def pull_server(registry, auth_registry):
     """A server whose Docker Hub is the test registry (and no automatic store collection: it
     shares the host's template cache)."""
-    with own_server("kiln-img-pull-", ["--registry-mirror", f"docker.io=http://{registry}",
-                                       "--template-gc-store", "off"]) as s:
-        yield s
+    try:
+        with own_server("kiln-img-pull-", ["--registry-mirror", f"docker.io=http://{registry}",
+                                           "--template-gc-store", "off"]) as s:
+            yield s
+    finally:
+        # The images' kiln templates these tests made (random tags: never reused) leave the
+        # host's shared template cache with the module.
+        cache = os.path.join(os.environ.get("KILN_CACHE_DIR") or "/var/lib/kiln/cache", "templates")
+        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+            if re.fullmatch(r"kiln-sdk-(pull|public|auth|gcp)-[0-9a-f]{8}", name):
+                shutil.rmtree(os.path.join(cache, name), ignore_errors=True)
 
 
 def _build(srv, tpl, name):
