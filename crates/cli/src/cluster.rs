@@ -3,6 +3,7 @@
 //! E2B API and the gateway over etcd and the nodes.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -136,7 +137,21 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
                 a.objects.describe()
             );
         }
-        let server = p.setup.prepare(p.templates).await?;
+        // Sandboxes trust one interception CA wherever they run: the cluster's, in the
+        // state directory before the server loads it.
+        let vault = kiln_cluster::cluster_keys::cluster_vault(&etcd, &secret)?;
+        kiln_cluster::cluster_keys::adopt_interception_ca(&etcd, &vault, &p.cfg.state_dir)
+            .await
+            .context("the cluster's interception CA")?;
+        // The heads of its audit chains in etcd guard its audit log from the first record.
+        let heads = kiln_cluster::node::heads::Heads::new(
+            etcd.clone(),
+            name.clone(),
+            tokio::runtime::Handle::current(),
+        );
+        let mut setup = p.setup;
+        setup.server.audit.guard = Some(kiln_server::audit::guard::Given(Arc::new(heads.clone())));
+        let server = setup.prepare(p.templates).await?;
         // The node's rule engine evaluates its sandboxes' chains; replicas read its alerts.
         crate::serve::Prepared::start_rules(&rules, &p.cfg, &server)?;
         let advertise = a
@@ -157,6 +172,7 @@ pub fn node(mut a: NodeArgs) -> anyhow::Result<i32> {
             ),
             builds: a.template_builds,
             restart_grace: Duration::from_secs(a.restart_grace),
+            heads,
         };
         match kiln_cluster::node::run(server, etcd, cfg).await? {
             NodeExit::Stopped => Ok(0),

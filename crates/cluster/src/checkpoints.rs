@@ -40,6 +40,11 @@ pub struct CheckpointDoc {
     /// How long the upload took, in ms.
     pub upload_ms: u64,
     pub at_ms: i64,
+    /// The sandbox's network settings (`rules`, `egressProxy`, `iam`) as its node recorded
+    /// them, sealed by the cluster's vault (base64): the node taking it over attaches them
+    /// before it runs (None: it has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 impl CheckpointFile {

@@ -28,7 +28,7 @@ pub enum ClusterError {
     #[error(transparent)]
     Store(#[from] kiln_server::store::StoreError),
     /// A key the cluster keeps sealed does not open with this cluster secret.
-    #[error("etcd key {0} does not open with this cluster secret: was the cluster secret changed? Give every node and replica the secret the cluster was started with, or delete that key to have a new one made (workload identity tokens minted before then no longer verify)")]
+    #[error("etcd key {0} does not open with this cluster secret: was the cluster secret changed? Give every node and replica the secret the cluster was started with, or delete that key to have a new one made (workload identity tokens minted before then no longer verify; sandboxes started before then no longer trust a new interception CA)")]
     KeyUnsealed(String),
     /// The cluster's identity key.
     #[error(transparent)]

@@ -35,7 +35,7 @@
 //! | `volumes/{id}` | a volume (JSON, with the node that keeps its files) ([`crate::volumes`]) |
 //! | `volume-names/{team}/{name}` | the volume's id (names are unique in a team) |
 //! | `volume-counts/{team}` | how many volumes the team holds |
-//! | `cluster-keys/{name}` | a key of the whole cluster, sealed by its vault (`identity`: [`crate::identity`]) |
+//! | `cluster-keys/{name}` | a key of the whole cluster, sealed by its vault (`identity`, `interception-ca`: [`crate::cluster_keys`]) |
 //! | `console-sessions/{hash}` | a console session (JSON), attached to a lease ending with it |
 //! | `console-sign-ins/{address}/{ms}-{uuid}` | a failed console sign-in, on a lease of a minute |
 //! | `placements/{token}` | the node a create with an idempotency key went to, on a lease |

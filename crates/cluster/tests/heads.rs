@@ -17,6 +17,7 @@ use etcd::EtcdCluster;
 use kiln_cluster::heads::assemble;
 use kiln_cluster::node::heads::Heads;
 use kiln_server::audit::chain::{self, Start, GENESIS};
+use kiln_server::audit::guard::Given;
 use kiln_server::audit::{AuditConfig, AuditLog, Kind, NewRecord};
 use kiln_server::store::{StateDb, StoredChain};
 use serde_json::json;
@@ -30,13 +31,17 @@ struct Node {
 fn node(name: &str, store: &kiln_cluster::EtcdStore) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let db = StateDb::open(&dir.path().join("kiln.db")).unwrap();
-    let log = AuditLog::start(db.audit().unwrap(), &AuditConfig::default()).unwrap();
     let heads = Heads::new(
         store.clone(),
         name.to_string(),
         tokio::runtime::Handle::current(),
     );
-    assert!(log.set_guard(Arc::new(heads.clone())));
+    // Given with the log's settings, as `kiln node` gives it: guarded from the first record.
+    let cfg = AuditConfig {
+        guard: Some(Given(Arc::new(heads.clone()))),
+        ..Default::default()
+    };
+    let log = AuditLog::start(db.audit().unwrap(), &cfg).unwrap();
     Node {
         log,
         heads,

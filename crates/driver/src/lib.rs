@@ -285,8 +285,8 @@ pub trait Checkpoint: Driver {
     async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()>;
     /// The files that make paused sandbox `id` whole on another host of this driver (see
     /// [`PortablePause`]), flushed to disk; the sandbox stays paused here and resumable. Its
-    /// egress policy goes with them ([`Checkpoint::adopt_paused`] puts it in force there), or
-    /// the sandbox does not move.
+    /// egress policy lists go with them ([`Checkpoint::adopt_paused`] puts them in force there,
+    /// with the rules and egress proxy its caller carries), or the sandbox does not move.
     async fn portable_pause(&self, _id: &str) -> Result<PortablePause> {
         Err(DriverError::NotImplemented(
             "moving paused sandboxes between hosts",
@@ -300,7 +300,8 @@ pub trait Checkpoint: Driver {
         ))
     }
     /// Makes the files laid out in [`Checkpoint::incoming_dir`] paused sandbox `spec.id` of
-    /// this host (its network attached here under the egress policy that moved with it):
+    /// this host (its network attached here under the egress policy lists that moved with
+    /// it, with the rules and egress proxy of `spec.network`, when given):
     /// [`Checkpoint::resume`] then runs it.
     async fn adopt_paused(&self, _spec: &SandboxSpec) -> Result<()> {
         Err(DriverError::NotImplemented(

@@ -391,18 +391,18 @@ impl Network {
         self.leased(id, |l| l.policy.clone()).await
     }
 
-    /// Sandbox `id`'s egress policy as it goes with the sandbox, paused, to another host:
-    /// None for the default. What lists cannot carry (network rules, an egress proxy) does
-    /// not move, and neither does a sandbox whose slot this host does not hold.
+    /// Sandbox `id`'s egress policy lists as they go with the sandbox, paused, to another
+    /// host: None for the default. Its network rules and egress proxy are not in them (the
+    /// host taking it over attaches them from its caller's record of them,
+    /// [`kiln_driver::Checkpoint::adopt_paused`]); a sandbox whose slot this host does not hold
+    /// does not move.
     pub async fn movable_policy(&self, id: &str) -> Result<Option<EgressPolicy>> {
         match self.policy(id).await {
-            Some(p) if p.transforms.is_some() || p.egress_proxy.is_some() => {
-                Err(DriverError::NotImplemented(
-                    "moving a paused sandbox with network rules or an egress proxy",
-                ))
+            Some(mut p) => {
+                p.transforms = None;
+                p.egress_proxy = None;
+                Ok((p != EgressPolicy::default()).then_some(p))
             }
-            Some(p) if p == EgressPolicy::default() => Ok(None),
-            Some(p) => Ok(Some(p)),
             None if self.read_file(id).is_some() => Err(DriverError::Other(format!(
                 "the network slot of sandbox {id} is not held by this server"
             ))),

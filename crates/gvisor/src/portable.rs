@@ -12,8 +12,9 @@
 //! restores a snapshot taken in another directory).
 //!
 //! Only sandboxes with a disk quota (a disk image) stacked directly on their template move:
-//! a sandbox restored from a snapshot stacks on frozen layers that stay on their host. A
-//! policy with network rules or an egress proxy (which lists cannot carry) does not move.
+//! a sandbox restored from a snapshot stacks on frozen layers that stay on their host. Network
+//! rules and an egress proxy (which lists cannot carry, and which hold secrets) are not in
+//! `portable.json`: the caller carries them and gives them to the adopting host in the spec.
 
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -149,12 +150,22 @@ impl GvisorDriver {
         }
         let mut spec = spec.clone();
         spec.disk_mb = spec.disk_mb.max(16);
-        spec.network = portable
+        let lists = portable
             .network
             .as_ref()
             .map(PolicyLists::policy)
             .transpose()
             .map_err(|e| DriverError::Other(format!("the moved sandbox's egress policy: {e}")))?;
+        // The lists moved with the files; the rules and egress proxy come with the spec.
+        spec.network = match (lists, spec.network.take()) {
+            (lists, Some(given)) => {
+                let mut p = lists.unwrap_or_default();
+                p.transforms = given.transforms;
+                p.egress_proxy = given.egress_proxy;
+                Some(p)
+            }
+            (lists, None) => lists,
+        };
         self.prepare_with(&spec, None).await?;
         let adopted = self.place_incoming(&spec, &incoming, portable.memory).await;
         if adopted.is_err() {

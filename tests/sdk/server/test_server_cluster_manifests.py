@@ -235,6 +235,7 @@ def test_a_release_with_its_own_settings(offline):
         # A nodeSelector adds to the chart's (kiln.dev/node=true); null drops a key of it.
         "node": {"nodeSelector": {"pool": "sandboxes", "kiln.dev/node": None}, "port": 4100, "stateHostPath": "/srv/kiln",
                  "tolerations": [{"key": "sandboxes", "operator": "Exists", "effect": "NoSchedule"}],
+                 "restartGraceSeconds": 300, "templateBuilds": True,
                  "extraArgs": ["--max-sandboxes", "200"]},
         "control": {"replicas": 4, "port": 3100, "service": {"type": "LoadBalancer", "port": 443},
                     "extraArgs": ["--team-max-sandboxes", "50"]},
@@ -257,7 +258,7 @@ def test_a_release_with_its_own_settings(offline):
     node = pod["containers"][0]
     assert node["image"] == "registry.example.internal/kiln:1.2.3" and node["imagePullPolicy"] == "Always"
     assert node["args"] == ["node", "--listen", "0.0.0.0:4100", "--state-dir", "/var/lib/kiln/state",
-                            "--max-sandboxes", "200"]
+                            "--restart-grace", "300", "--template-builds", "--max-sandboxes", "200"]
     assert pod["nodeSelector"] == {"pool": "sandboxes"} and pod["tolerations"][0]["key"] == "sandboxes"
     assert pod["volumes"][0]["hostPath"]["path"] == "/srv/kiln"
     env = env_of(objs, "sbx-node")
@@ -316,6 +317,7 @@ def test_two_releases_in_one_namespace_keep_apart(offline):
     ({"clusterSecret": {"value": SECRET}, "s3": {"endpoint": "objects:9000"}}, "/s3/endpoint"),
     ({"clusterSecret": {"value": SECRET}, "s3": {"accessKeyId": "AKID"}}, "s3.secretAccessKey: give both"),
     ({"clusterSecret": {"value": SECRET}, "node": {"port": 70000}}, "/node/port"),
+    ({"clusterSecret": {"value": SECRET}, "node": {"restartGraceSeconds": -1}}, "/node/restartGraceSeconds"),
 ])
 def test_bad_values_are_refused_saying_what_to_fix(offline, values, says):
     from helm_python import chart

@@ -14,8 +14,12 @@ control` replicas, beside the test internet of test_server_egress_rules.py (name
   its password never comes back;
 - workload identity tokens (`iam.tokens`) minted by the nodes for sandboxes on either node
   verify against either replica's JWKS (one cluster key), with the cluster's issuer.
+- a paused sandbox with rules and an egress proxy resumed on the other node (its own
+  drained) keeps both, and its trust store takes the other node's leaves: every node holds the
+  cluster's one interception CA.
 Nothing here sends traffic off this machine.
-Needs KILN_BIN, the base template, runsc, root and etcd (Debian's etcd-server, or KILN_ETCD).
+Needs KILN_BIN, the base template, runsc, root, etcd (Debian's etcd-server, or KILN_ETCD) and
+moto (the nodes keep paused sandboxes' checkpoints in its bucket).
 """
 
 import base64
@@ -30,7 +34,8 @@ import pytest
 from e2b import Sandbox, Secret
 
 from .internet import remove_slots_in_range, run
-from .test_server_cluster import Cluster, finish
+from .test_server_cluster import Cluster, finish, kiln_node
+from .test_server_cluster_objects import ACCESS, Moto, environ, kill_quietly
 from .test_server_egress_rules import DNS_ADDR, SOCKS, SOCKS_ADDR, secnet, wait_socks  # noqa: F401
 
 RANGES = {"n1": "10.169.0.0/24", "n2": "10.169.1.0/24"}
@@ -42,7 +47,8 @@ AUD = "https://sts.sec.test"
 class NetCluster(Cluster):
     def start_node(self, name: str, extra=()) -> object:
         net = ["--net-range", RANGES[name], "--net-pool", "1", "--dns-upstream", DNS_ADDR]
-        return super().start_node(name, [*net, *ISSUER, *extra])
+        with environ(**ACCESS, KILN_S3_ENDPOINT=self.moto.url, KILN_S3_BUCKET="kiln-ckpt"):
+            return super().start_node(name, [*net, *ISSUER, *extra])
 
     def start_control(self, name: str, extra=()) -> object:
         return super().start_control(name, [*ISSUER, *extra])
@@ -54,9 +60,11 @@ def cluster(secnet):  # noqa: F811
     base = tempfile.mkdtemp(prefix="kiln-cluster-sec-")
     saved = os.environ.get("KILN_EGRESS_TRUST")
     os.environ["KILN_EGRESS_TRUST"] = ca
-    c = None
+    c, moto = None, None
     try:
+        moto = Moto(base)
         c = NetCluster(base)
+        c.moto = moto
         c.start_node("n1")
         c.start_node("n2")
         c.start_control("c1")
@@ -68,7 +76,7 @@ def cluster(secnet):  # noqa: F811
         else:
             os.environ["KILN_EGRESS_TRUST"] = saved
         finish(c, base, *[lambda r=r: remove_slots_in_range(r.rsplit(".", 1)[0] + ".")
-                          for r in RANGES.values()])
+                          for r in RANGES.values()], *([moto.stop] if moto else []))
 
 
 def curl(sbx, args):
@@ -232,6 +240,61 @@ def test_an_egress_proxy_given_through_a_replica_carries_the_sandboxs_traffic(cl
         sbx.kill()
     for p in cluster.procs:
         assert password not in p.log(), p.name
+
+
+def test_a_paused_sandbox_resumed_on_the_other_node_keeps_its_rules_and_egress_proxy(cluster, secnet):  # noqa: F811
+    # Its rules, egress proxy (password included) and trust move with its checkpoint: the
+    # other node injects the secret through the same proxy, and the sandbox's trust store,
+    # made on the first node, takes the leaves of the second (one interception CA).
+    ca, ns, d = secnet
+    certs = {n: open(os.path.join(p.state_dir, "egress-ca.pem")).read() for n, p in cluster.nodes.items()}
+    assert len(set(certs.values())) == 1, "every node holds the cluster's interception CA"
+    tag = uuid.uuid4().hex[:8]
+    value = f"sk-{uuid.uuid4().hex}"
+    name = f"mv-{tag}"
+    Secret.create(name, value, **cluster.opts("c1"))
+    log = os.path.join(d, "socks-moved.log")
+    password = "pw-" + uuid.uuid4().hex[:10]
+    proc = ns.spawn(sys.executable, "-c", SOCKS, SOCKS_ADDR, "kiln", password, log, "1083")
+    wait_socks(1083)
+    network = {"rules": {"api.sec.test": [{"transform": {"headers": {
+                   "Authorization": "Bearer " + Secret.fill(name)}}}]},
+               "egress_proxy": {"address": f"{SOCKS_ADDR}:1083", "username": "kiln", "password": password}}
+    sbx = Sandbox.create(timeout=300, network=network, **cluster.opts("c1"))
+    sid, home = sbx.sandbox_id, cluster.node_of(sbx.sandbox_id)
+    other = "n2" if home == "n1" else "n1"
+    try:
+        code, status, body = curl(sbx, "https://api.sec.test/before")
+        assert (code, status) == (0, "200"), body
+        assert json.loads(body)["headers"]["authorization"] == f"Bearer {value}", body
+        through = open(log).read().count("CONNECT ")
+        assert through >= 1, "the first request went through the egress proxy"
+        assert Sandbox.pause(sid, **cluster.opts("c1")) is True
+        kiln_node(cluster, "drain", home)
+        try:
+            again = Sandbox.connect(sid, timeout=300, **cluster.opts("c2"))
+            assert cluster.node_of(sid) == other, "the resume landed off the draining node"
+            code, status, body = curl(again, "https://api.sec.test/after")
+            assert (code, status) == (0, "200"), body
+            assert json.loads(body)["headers"]["authorization"] == f"Bearer {value}", body
+            assert open(log).read().count("CONNECT ") > through, "the proxy moved with it"
+            info = Sandbox.get_info(sid, **cluster.opts("c1")).network
+            assert info["egress_proxy"] == {"address": f"{SOCKS_ADDR}:1083", "username": "kiln"}, info
+            header = info["rules"]["api.sec.test"][0]["transform"]["headers"]
+            assert header["authorization"] == "Bearer " + Secret.fill(name), info
+            # Fails closed on its new node when the proxy is down.
+            proc.kill()
+            proc.wait()
+            assert curl(again, "https://api.sec.test/down")[0] != 0
+        finally:
+            kiln_node(cluster, "undrain", home)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_quietly(cluster, sid, "c1")
+    for p in cluster.procs:
+        assert value not in p.log() and password not in p.log(), p.name
+    assert password not in etcd_values(cluster) and value not in etcd_values(cluster)
 
 
 def test_identity_tokens_of_either_node_verify_against_either_replicas_jwks(cluster):

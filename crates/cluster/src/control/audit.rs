@@ -31,6 +31,9 @@ use crate::heads::HeadDoc;
 use crate::nodes::NodeInfo;
 use crate::store::EtcdStore;
 
+/// The most chains whose node a replica remembers having found them on.
+const MOST_FOUND: usize = 10_000;
+
 /// How long one call to a node may take.
 const CALL_LIMIT: Duration = Duration::from_secs(10);
 /// Attempts at handing one node its records before they are given up.
@@ -48,7 +51,7 @@ pub struct NodeAudit {
     /// thread and the blocking pool).
     rt: tokio::runtime::Handle,
     /// Where a chain was found on a node that does not own its sandbox (a sandbox that moved,
-    /// or whose owner record is gone).
+    /// or whose owner record is gone), at most [`MOST_FOUND`].
     found: Mutex<HashMap<String, String>>,
 }
 
@@ -112,6 +115,10 @@ impl NodeAudit {
 
     fn remember(&self, id: &str, node: &str) {
         let mut f = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        // A cache, bounded: forgotten, a chain is looked for on every node again.
+        if f.len() >= MOST_FOUND && !f.contains_key(id) {
+            f.clear();
+        }
         f.insert(id.to_string(), node.to_string());
     }
 

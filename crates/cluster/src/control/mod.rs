@@ -115,17 +115,13 @@ impl Control {
         let local_addr = listener.local_addr().map_err(listen_err)?;
         // Teams' secrets and the identity key are the cluster's, sealed with the key every
         // process derives from the cluster secret.
-        let vault = Arc::new(kiln_server::vault::Vault::with_store(
-            &cfg.secret.vault_key(),
-            Arc::new(crate::secrets::EtcdSecrets::new(etcd.clone())),
-            None,
-        )?);
+        let vault = Arc::new(crate::cluster_keys::cluster_vault(&etcd, &cfg.secret)?);
         let issuer_url = cfg
             .identity_issuer
             .clone()
             .unwrap_or_else(|| format!("http://{local_addr}"));
         let issuer = kiln_server::identity::Issuer::from_pkcs8(
-            &crate::identity::identity_key(&etcd, &vault).await?,
+            &crate::cluster_keys::identity_key(&etcd, &vault).await?,
             &issuer_url,
             &cfg.domain,
         )?;

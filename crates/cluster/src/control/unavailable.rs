@@ -31,11 +31,18 @@ const QUALIFIERS: &[&str] = &[
     " on a server without its interception CA (see the server log)",
 ];
 
+/// How the server names its own `--audit off` in its refusals.
+const SERVE_AUDIT_OFF: &str = "this server (kiln serve --audit off)";
+
 /// The message of a cluster's 501 for the request `method path` whose answer said `original`.
 pub fn message(method: &str, path: &str, original: &str) -> String {
     if original.contains("its kiln node runs with") {
         // A node's own refusal, naming the node and the setting to change: kept whole.
         return original.to_string();
+    }
+    if original.contains(SERVE_AUDIT_OFF) {
+        // The replica's own log is off: its flag is named, not the single-host server's.
+        return original.replace(SERVE_AUDIT_OFF, "this replica (kiln control --audit off)");
     }
     let feature = SUFFIXES
         .iter()
@@ -152,6 +159,20 @@ mod tests {
         assert!(m.starts_with("the audit log is not available"), "{m}");
         let off = "the audit log is off on node n1 (its kiln node runs with --audit off)";
         assert_eq!(message("GET", "/sandboxes/x/audit", off), off);
+        let own = kiln_server::audit::AuditError::Off.to_string();
+        assert_eq!(
+            message("GET", "/audit", &own),
+            "the audit log is off on this replica (kiln control --audit off)"
+        );
+        let m = message(
+            "GET",
+            "/alerts",
+            "alerts need the audit log, which is off on this server (kiln serve --audit off)",
+        );
+        assert_eq!(
+            m,
+            "alerts need the audit log, which is off on this replica (kiln control --audit off)"
+        );
         let m = message("GET", "/v3/templates/x", "");
         assert!(m.starts_with("GET /v3/templates/x is not available"), "{m}");
     }

@@ -35,6 +35,12 @@ pub struct Heads {
 /// The guard's answer when the runtime is shutting down.
 const STOPPING: &str = "the node is stopping";
 
+impl std::fmt::Debug for Heads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heads").field("node", &self.node).finish()
+    }
+}
+
 impl Heads {
     pub fn new(etcd: EtcdStore, node: String, rt: tokio::runtime::Handle) -> Self {
         Self {

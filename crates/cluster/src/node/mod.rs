@@ -130,6 +130,9 @@ pub struct NodeConfig {
     /// How long the cluster holds this node's running sandboxes after it is stopped, for it
     /// to come back on its state directory ([`crate::restarts`]; zero: they end at once).
     pub restart_grace: Duration,
+    /// The heads of the node's audit chains in etcd: given to its server's audit log as its
+    /// guard before the server started, so the records of its recovery are guarded too.
+    pub heads: heads::Heads,
 }
 
 /// Why [`run`] returned.
@@ -145,20 +148,16 @@ pub enum NodeExit {
 pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result<NodeExit> {
     let manager = server.manager.clone();
     // The heads of the audit chains this node extends are kept in etcd, moved with each
-    // append, so the next node a sandbox moves to continues its chain.
-    let heads = heads::Heads::new(
-        etcd.clone(),
-        cfg.name.clone(),
-        tokio::runtime::Handle::current(),
-    );
-    manager.audit().set_guard(Arc::new(heads.clone()));
+    // append, so the next node a sandbox moves to continues its chain (the guard was given
+    // to the audit log as it started).
+    let heads = cfg.heads.clone();
     // Teams' secrets are the cluster's: in etcd, sealed with the key every process derives.
     let vault = server.use_secrets(
         &cfg.secret.vault_key(),
         Arc::new(crate::secrets::EtcdSecrets::new(etcd.clone())),
     )?;
     // Workload identity tokens are signed with the cluster's key (every replica's JWKS).
-    server.use_identity_key(&crate::identity::identity_key(&etcd, &vault).await?)?;
+    server.use_identity_key(&crate::cluster_keys::identity_key(&etcd, &vault).await?)?;
     let forgetting = tokio::spawn(crate::secrets::forget_on_change(etcd.clone(), vault));
     let mut lease = etcd
         .register_node_at(
@@ -213,6 +212,7 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
             gc,
         )))
     });
+    let app_cell: Arc<std::sync::OnceLock<Arc<kiln_server::api::AppState>>> = Default::default();
     let mover = cfg.objects.clone().map(|o| moves::Mover {
         manager: manager.clone(),
         etcd: etcd.clone(),
@@ -222,6 +222,7 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         api_pausing: Default::default(),
         taking: Default::default(),
         heads: heads.clone(),
+        app: app_cell.clone(),
     });
     if let Some(m) = &mover {
         tokio::spawn(moves::upload_other_pauses(m.clone(), manager.subscribe()));
@@ -237,7 +238,9 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         let (etcd, name, audit) = (etcd.clone(), cfg.name.clone(), manager.audit().clone());
         let templates = cfg.templates.clone();
         let host = manager.clone();
-        move |app| NodeApi {
+        move |app: Arc<kiln_server::api::AppState>| {
+            let _ = app_cell.set(app.clone());
+            NodeApi {
             app,
             manager: host,
             service,
@@ -253,6 +256,7 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
             borrowing: Default::default(),
             templates,
             template_files: Default::default(),
+        }
         }
     };
     let fenced = Arc::new(AtomicBool::new(false));

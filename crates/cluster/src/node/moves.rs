@@ -8,6 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use base64::Engine;
+use kiln_server::api::{net_forwarded, AppState};
 use kiln_server::driver::PortablePause;
 use kiln_server::store::now_ms;
 use kiln_server::{Error, Manager};
@@ -34,6 +36,9 @@ pub struct Mover {
     pub taking: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// The heads of this node's audit chains (a sandbox taken over continues its chain).
     pub heads: super::heads::Heads,
+    /// The host's API state once it serves (its vault and sandboxes' sealed network
+    /// settings): a sandbox's rules and egress proxy move with its checkpoint.
+    pub app: Arc<std::sync::OnceLock<Arc<AppState>>>,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -58,9 +63,14 @@ impl Mover {
     /// safe against this node's loss once this returns.
     pub async fn store(&self, id: &str) -> Result<CheckpointDoc> {
         let portable = self.manager.portable_pause(id).await?;
+        let network = self.network_leaving(id).await?;
         let recorded = self
             .upload_recorded(&portable, async |doc| {
-                self.etcd.put_checkpoint(id, doc).await
+                let doc = CheckpointDoc {
+                    network: network.clone(),
+                    ..doc.clone()
+                };
+                self.etcd.put_checkpoint(id, &doc).await
             })
             .await?;
         let Some(doc) = recorded else {
@@ -104,6 +114,7 @@ impl Mover {
             bytes_uploaded: 0,
             upload_ms: 0,
             at_ms: now_ms(),
+            network: None,
         };
         for rel in &portable.files {
             let path = rel.to_string_lossy().into_owned();
@@ -296,10 +307,62 @@ impl Mover {
         doc: &CheckpointDoc,
         rec: kiln_server::store::SandboxRecord,
     ) -> Result<(u64, u64)> {
+        let network = match &doc.network {
+            Some(sealed) => Some(self.network_arriving(id, &rec.team, sealed).await?),
+            None => None,
+        };
         let dir = self.manager.incoming_dir(id).await?;
         let got = self.fetch(doc, &dir).await?;
-        self.manager.adopt_paused(rec, &doc.node).await?;
+        self.manager.adopt_paused(rec, &doc.node, network).await?;
         Ok(got)
+    }
+
+    fn app(&self) -> Result<&AppState> {
+        self.app
+            .get()
+            .map(Arc::as_ref)
+            .ok_or_else(|| Error::Unavailable("the node is starting; retry".into()))
+    }
+
+    /// Sandbox `id`'s network settings, sealed for the node that takes it over (base64; None:
+    /// it has none).
+    async fn network_leaving(&self, id: &str) -> Result<Option<String>> {
+        let team = kiln_server::SandboxService::get(self.manager.as_ref(), id)?.team;
+        let sealed = net_forwarded::moving(self.app()?, id, &team)
+            .await
+            .map_err(|e| settings_err("reading", e))?;
+        Ok(sealed.map(|s| b64().encode(s)))
+    }
+
+    /// The rules and egress proxy sandbox `id` of `team` arrives with (`sealed`, as
+    /// [`Mover::network_leaving`] made it), attached for this node and recorded here.
+    async fn network_arriving(
+        &self,
+        id: &str,
+        team: &str,
+        sealed: &str,
+    ) -> Result<kiln_net::EgressPolicy> {
+        let sealed = b64()
+            .decode(sealed)
+            .map_err(|e| Error::internal(format!("a checkpoint's network settings: {e}")))?;
+        net_forwarded::arriving(self.app()?, id, team, &sealed)
+            .await
+            .map_err(|e| settings_err("applying", e))
+    }
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+/// A failure with a moving sandbox's network settings: a 400 (a secret its rules name is gone)
+/// stays one; the rest are the node's.
+fn settings_err(what: &str, e: kiln_server::api::ApiError) -> Error {
+    let msg = format!("{what} the sandbox's network settings: {}", e.message);
+    if e.status == http::StatusCode::BAD_REQUEST {
+        Error::BadRequest(msg)
+    } else {
+        Error::Internal(msg)
     }
 }
 

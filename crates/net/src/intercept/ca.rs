@@ -93,6 +93,37 @@ fn write_new(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// The certificate and key (PEM) of the CA of directory `dir`, as [`Ca::open`] finds them.
+pub fn read_pems(dir: &Path) -> Result<(String, String)> {
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read_to_string(&p).map_err(crate::io_err(format!("reading {}", p.display())))
+    };
+    Ok((read(CA_CERT_FILE)?, read(CA_KEY_FILE)?))
+}
+
+/// Makes `cert_pem` and `key_pem` the CA of directory `dir` (the key mode 0600), after
+/// checking that they are a CA certificate and its key; the next [`Ca::open`] loads them.
+pub fn install(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<()> {
+    use rcgen::PublicKeyData;
+    use rustls::pki_types::pem::PemObject;
+    let key = KeyPair::from_pem(key_pem).map_err(ca_err("reading the egress CA key"))?;
+    let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+        .map_err(|e| NetError::Config(format!("egress CA certificate: {e}")))?;
+    // The certificate holds the key's public half (its SubjectPublicKeyInfo, byte for byte).
+    let spki = key.subject_public_key_info();
+    if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
+        return Err(NetError::Config(
+            "the egress CA certificate is not the key's".into(),
+        ));
+    }
+    let io = |what: &str, p: &Path| crate::io_err(format!("{what} {}", p.display()));
+    std::fs::create_dir_all(dir).map_err(io("making", dir))?;
+    let (cert_path, key_path) = (dir.join(CA_CERT_FILE), dir.join(CA_KEY_FILE));
+    write_new(&key_path, key_pem.as_bytes(), 0o600).map_err(io("writing", &key_path))?;
+    write_new(&cert_path, cert_pem.as_bytes(), 0o644).map_err(io("writing", &cert_path))
+}
+
 impl Ca {
     /// The CA of directory `dir`: loaded, or made (and written) when there is none.
     pub fn open(dir: &Path) -> Result<Self> {
@@ -216,5 +247,27 @@ mod tests {
         ca.server_config("198.51.100.7", &[]).unwrap();
         let again = Ca::open(dir.path()).unwrap();
         assert_eq!(again.cert_pem(), ca.cert_pem(), "loaded, not made again");
+    }
+
+    #[test]
+    fn an_installed_ca_is_the_one_loaded_and_a_mismatched_pair_is_refused() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = Ca::open(a.path()).unwrap();
+        let other = Ca::open(b.path()).unwrap();
+        let (cert, key) = read_pems(a.path()).unwrap();
+        assert_eq!(cert, first.cert_pem());
+        let (_, other_key) = read_pems(b.path()).unwrap();
+        let err = install(b.path(), &cert, &other_key).unwrap_err();
+        assert!(err.to_string().contains("not the key's"), "{err}");
+        assert_eq!(read_pems(b.path()).unwrap().0, other.cert_pem(), "left as it was");
+        install(b.path(), &cert, &key).unwrap();
+        let mode = std::fs::metadata(b.path().join(CA_KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let loaded = Ca::open(b.path()).unwrap();
+        assert_eq!(loaded.cert_pem(), first.cert_pem());
+        loaded.server_config("api.example.test", &[]).unwrap();
     }
 }

@@ -3,13 +3,14 @@
 //! them ([`crate::SandboxService::forwards_network_settings`]); the node, which holds the
 //! interception CA, the egress proxy and its sandboxes' sealed settings, attaches them to the
 //! sandbox's policy before the sandbox starts ([`create_policy`]), keeps them sealed for its
-//! own restarts ([`created`]) and applies them in a network update ([`update`]). A secret's
+//! own restarts ([`created`]) and applies them in a network update ([`update`]); a paused
+//! sandbox moving to another node carries them there sealed ([`moving`], [`arriving`]). A secret's
 //! value is read from the vault (the cluster's) when each request is sent, as on one host.
 
 use kiln_net::EgressPolicy;
 use serde_json::Value;
 
-use super::{net_persist, ApiResult, AppState};
+use super::{net_persist, ApiError, ApiResult, AppState};
 
 /// The policy a forwarded create of `team` starts under: its lists `base` (None: the
 /// default) with `settings` attached.
@@ -67,6 +68,51 @@ pub async fn of_sandbox(st: &AppState, id: &str, team: &str) -> ApiResult<Option
         m.remove("iam");
     }
     Ok(net_persist::settings_of(Some(&v), None))
+}
+
+/// The associated data's id of a moving sandbox's sealed settings.
+fn moving_id(id: &str) -> String {
+    format!("moving/{id}")
+}
+
+fn vault(st: &AppState) -> ApiResult<&crate::vault::Vault> {
+    st.vault
+        .as_deref()
+        .ok_or_else(|| ApiError::internal("this server keeps no vault for network settings"))
+}
+
+/// The network settings (`rules`, `egressProxy`, `iam`) sandbox `id` of `team` runs with,
+/// sealed by the vault (the cluster's: every node opens them) for the node it moves to, paused
+/// (None: it has none).
+pub async fn moving(st: &AppState, id: &str, team: &str) -> ApiResult<Option<Vec<u8>>> {
+    let Some(v) = super::net_inherit::read(st, id, team).await? else {
+        return Ok(None);
+    };
+    Ok(Some(vault(st)?.seal(
+        team,
+        &moving_id(id),
+        v.to_string().as_bytes(),
+    )))
+}
+
+/// What paused sandbox `id` of `team` arrives with from another node (`sealed`, as [`moving`]
+/// made it): its rules and egress proxy attached for this node (the policy the sandbox is
+/// adopted under, its lists completed by what moved with its files), recorded for the node's
+/// restarts. Checked as a create's are: a secret deleted meanwhile is a 400.
+pub async fn arriving(
+    st: &AppState,
+    id: &str,
+    team: &str,
+    sealed: &[u8],
+) -> ApiResult<EgressPolicy> {
+    let clear = vault(st)?
+        .unseal(team, &moving_id(id), sealed)
+        .map_err(|e| ApiError::internal(format!("opening a moved sandbox's settings: {e}")))?;
+    let v: Value = serde_json::from_slice(&clear)
+        .map_err(|e| ApiError::internal(format!("reading a moved sandbox's settings: {e}")))?;
+    let policy = net_persist::attach(st, team, EgressPolicy::default(), &v).await?;
+    net_persist::remember(st, id, team, Some(&v), v.get("iam")).await?;
+    Ok(policy)
 }
 
 /// Records for fork `child` the settings of its `parent` (of `team`), as a fork on one host

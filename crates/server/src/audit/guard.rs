@@ -2,8 +2,9 @@
 //! sandbox's chain is extended by the node that runs it, and continued by the next node it
 //! moves to; the head of each chain is kept where every node sees it (etcd). A
 //! [`ChainGuard`] installed in a store ([`crate::store::AuditStore::set_guard`]) is asked,
-//! inside each append's write, to move the heads that append moves; the records of a chain
-//! another host holds now are refused (not kept here), so a chain never forks.
+//! before each append is written, to move the heads that append moves; the records of a chain
+//! another host holds now are refused (not kept here), so a chain never forks. Given with the
+//! log's settings ([`Given`]), it is installed before anything is recorded.
 
 use std::collections::HashSet;
 
@@ -15,6 +16,17 @@ pub struct HeadMove {
     pub sandbox_id: String,
     pub prev: Option<Head>,
     pub next: Head,
+}
+
+/// A guard given with the log's settings ([`super::AuditConfig::guard`]): installed as the
+/// log starts, so nothing the server records (its recovery's records included) escapes it.
+#[derive(Clone)]
+pub struct Given(pub std::sync::Arc<dyn ChainGuard>);
+
+impl std::fmt::Debug for Given {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChainGuard")
+    }
 }
 
 /// Where chains' heads are kept beyond this host's store.

@@ -50,6 +50,8 @@ pub struct AuditConfig {
     pub retention: Retention,
     /// Capacity of the channel to the writer (senders wait when it is full).
     pub queue: usize,
+    /// A guard over the store's appends (a cluster node's), installed before the first record.
+    pub guard: Option<guard::Given>,
 }
 
 impl Default for AuditConfig {
@@ -58,6 +60,7 @@ impl Default for AuditConfig {
             enabled: true,
             retention: Retention::default(),
             queue: 4096,
+            guard: None,
         }
     }
 }
@@ -123,6 +126,9 @@ impl AuditLog {
     ) -> Result<Self, AuditError> {
         if !cfg.enabled {
             return Ok(Self::disabled());
+        }
+        if let Some(g) = &cfg.guard {
+            store.set_guard(g.0.clone());
         }
         let (tx, rx) = mpsc::channel(cfg.queue.max(1));
         let (live, _) = broadcast::channel(4096);
@@ -202,12 +208,6 @@ impl AuditLog {
             return;
         }
         self.flush().await;
-    }
-
-    /// Installs `guard` over the store's appends (see [`guard`]); false when the log is off
-    /// or its store takes none.
-    pub fn set_guard(&self, guard: Arc<dyn guard::ChainGuard>) -> bool {
-        self.0.as_ref().is_some_and(|i| i.store.set_guard(guard))
     }
 
     /// A sender usable from `poll` code ([`tap`]'s response bodies).

@@ -42,8 +42,14 @@ impl Manager {
 
     /// Takes paused sandbox `rec` of another host as this host's own: its files, laid out in
     /// [`Manager::incoming_dir`], become a paused sandbox of its template here (the network
-    /// this host's), recorded paused, so [`Manager::resume`] runs it.
-    pub async fn adopt_paused(&self, mut rec: SandboxRecord, from: &str) -> Result<()> {
+    /// this host's, under the policy lists that moved with it and the rules and egress proxy
+    /// of `network`, in force before it runs), recorded paused, so [`Manager::resume`] runs it.
+    pub async fn adopt_paused(
+        &self,
+        mut rec: SandboxRecord,
+        from: &str,
+        network: Option<kiln_net::EgressPolicy>,
+    ) -> Result<()> {
         let _guard = self.lifecycle_lock.write().await;
         if self.registry.get(&rec.id).is_some() {
             return Err(Error::Conflict(format!(
@@ -56,6 +62,15 @@ impl Manager {
         spec.cpu_count = rec.cpu_count;
         spec.memory_mb = rec.memory_mb;
         spec.disk_mb = rec.disk_size_mb;
+        // Workload identity tokens name the sandbox they are minted for.
+        if let Some(t) = network
+            .as_ref()
+            .and_then(|p| p.transforms.as_ref())
+            .and_then(|t| t.tokens.as_ref())
+        {
+            t.bind(&rec.id);
+        }
+        spec.network = network;
         self.driver.adopt_paused(&spec).await?;
         let mode = rec.pause_mode.unwrap_or(PauseMode::Full);
         rec.state = SandboxState::Paused;
