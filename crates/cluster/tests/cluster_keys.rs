@@ -37,8 +37,13 @@ async fn every_node_gets_the_interception_ca_of_the_first() {
     assert_ne!(other.cert_pem(), cert);
     for d in &dirs[1..] {
         let again = cluster_vault(&cluster.store("/kiln-keys").await, &secret).unwrap();
-        adopt_interception_ca(&etcd, &again, d.path()).await.unwrap();
-        assert_eq!(ca::read_pems(d.path()).unwrap(), (cert.clone(), key.clone()));
+        adopt_interception_ca(&etcd, &again, d.path())
+            .await
+            .unwrap();
+        assert_eq!(
+            ca::read_pems(d.path()).unwrap(),
+            (cert.clone(), key.clone())
+        );
         assert_eq!(ca::Ca::open(d.path()).unwrap().cert_pem(), cert);
     }
     // Joining again changes nothing.

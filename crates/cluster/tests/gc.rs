@@ -86,6 +86,7 @@ fn files_doc(node: &str, path: &str, put: &PutReport) -> CheckpointDoc {
         bytes_uploaded: put.bytes_uploaded,
         upload_ms: 1,
         at_ms: 1,
+        network: None,
     }
 }
 

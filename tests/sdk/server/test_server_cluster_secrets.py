@@ -282,10 +282,12 @@ def test_a_paused_sandbox_resumed_on_the_other_node_keeps_its_rules_and_egress_p
             assert info["egress_proxy"] == {"address": f"{SOCKS_ADDR}:1083", "username": "kiln"}, info
             header = info["rules"]["api.sec.test"][0]["transform"]["headers"]
             assert header["authorization"] == "Bearer " + Secret.fill(name), info
-            # Fails closed on its new node when the proxy is down.
+            # Fails closed on its new node when the proxy is down: the interceptor answers 502
+            # saying why, and nothing goes direct.
             proc.kill()
             proc.wait()
-            assert curl(again, "https://api.sec.test/down")[0] != 0
+            code, status, body = curl(again, "https://api.sec.test/down")
+            assert (code, status) == (0, "502") and "kiln egress" in body, (code, status, body)
         finally:
             kiln_node(cluster, "undrain", home)
     finally:

@@ -241,22 +241,22 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         move |app: Arc<kiln_server::api::AppState>| {
             let _ = app_cell.set(app.clone());
             NodeApi {
-            app,
-            manager: host,
-            service,
-            secret,
-            alive,
-            publisher,
-            mover,
-            creates: Default::default(),
-            etcd,
-            name,
-            audit,
-            heads,
-            borrowing: Default::default(),
-            templates,
-            template_files: Default::default(),
-        }
+                app,
+                manager: host,
+                service,
+                secret,
+                alive,
+                publisher,
+                mover,
+                creates: Default::default(),
+                etcd,
+                name,
+                audit,
+                heads,
+                borrowing: Default::default(),
+                templates,
+                template_files: Default::default(),
+            }
         }
     };
     let fenced = Arc::new(AtomicBool::new(false));

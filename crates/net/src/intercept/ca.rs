@@ -259,7 +259,11 @@ mod tests {
         let (_, other_key) = read_pems(b.path()).unwrap();
         let err = install(b.path(), &cert, &other_key).unwrap_err();
         assert!(err.to_string().contains("not the key's"), "{err}");
-        assert_eq!(read_pems(b.path()).unwrap().0, other.cert_pem(), "left as it was");
+        assert_eq!(
+            read_pems(b.path()).unwrap().0,
+            other.cert_pem(),
+            "left as it was"
+        );
         install(b.path(), &cert, &key).unwrap();
         let mode = std::fs::metadata(b.path().join(CA_KEY_FILE))
             .unwrap()
