@@ -112,6 +112,8 @@ struct CaDoc {
 /// else the directory's (made there first if it has none) becomes the cluster's.
 pub async fn adopt_interception_ca(etcd: &EtcdStore, vault: &Vault, dir: &Path) -> Result<()> {
     use kiln_net::intercept::ca;
+    // Whether the directory had a CA before (sandboxes of this node may trust it).
+    let had = ca::read_pems(dir).ok();
     let own = || ca::Ca::open(dir).and_then(|_| ca::read_pems(dir));
     let doc = cluster_key(etcd, vault, "interception-ca", || {
         let (cert, key) = own().map_err(task_err)?;
@@ -122,8 +124,7 @@ pub async fn adopt_interception_ca(etcd: &EtcdStore, vault: &Vault, dir: &Path) 
         key: etcd.keys().cluster_key("interception-ca"),
         source,
     })?;
-    let had = ca::read_pems(dir).ok();
-    if had.as_ref().map(|(c, _)| c.as_str()) == Some(doc.cert.as_str()) {
+    if ca::read_pems(dir).is_ok_and(|(c, _)| c == doc.cert) {
         return Ok(());
     }
     ca::install(dir, &doc.cert, &doc.key).map_err(task_err)?;
