@@ -159,6 +159,10 @@ pub struct SnapshotDoc {
     /// A fork's capture, for children on other nodes: never listed, deleted after the fork.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub transient: bool,
+    /// The network settings its source ran with, as its node recorded them for creates from
+    /// it, sealed by the cluster's vault (base64; None: none recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 impl From<&SnapshotRecord> for SnapshotDoc {
@@ -186,6 +190,7 @@ impl From<&SnapshotRecord> for SnapshotDoc {
             team,
             node: None,
             transient: false,
+            network: None,
         }
     }
 }

@@ -23,16 +23,19 @@ pub struct Located {
     pub node: Option<String>,
     /// A fork's capture (never listed).
     pub transient: bool,
+    /// Its source's network settings for creates from it, sealed (base64; None: none).
+    pub network: Option<String>,
 }
 
 impl From<SnapshotDoc> for Located {
     fn from(mut d: SnapshotDoc) -> Self {
-        let node = d.node.take();
+        let (node, network) = (d.node.take(), d.network.take());
         let transient = d.transient;
         Self {
             snapshot: d.into(),
             node,
             transient,
+            network,
         }
     }
 }
@@ -48,13 +51,25 @@ impl EtcdStore {
     /// Records snapshot `s`, kept on `node`; [`ClusterError::Exists`] when its id or name is
     /// taken.
     pub async fn insert_snapshot_at(&self, s: &SnapshotRecord, node: Option<&str>) -> Result<()> {
-        self.insert_snapshot_doc(s, node, false).await
+        self.insert_snapshot_doc(s, node, false, None).await
+    }
+
+    /// Records snapshot `s`, kept on `node`, with its source's sealed network settings for
+    /// creates from it (`network`, see [`Located::network`]).
+    pub async fn insert_snapshot_with_network(
+        &self,
+        s: &SnapshotRecord,
+        node: &str,
+        network: Option<String>,
+    ) -> Result<()> {
+        self.insert_snapshot_doc(s, Some(node), false, network)
+            .await
     }
 
     /// Records `s`, a fork's capture kept on `node` for children on other nodes: found by id,
     /// never listed.
     pub async fn insert_fork_capture(&self, s: &SnapshotRecord, node: &str) -> Result<()> {
-        self.insert_snapshot_doc(s, Some(node), true).await
+        self.insert_snapshot_doc(s, Some(node), true, None).await
     }
 
     async fn insert_snapshot_doc(
@@ -62,10 +77,12 @@ impl EtcdStore {
         s: &SnapshotRecord,
         node: Option<&str>,
         transient: bool,
+        network: Option<String>,
     ) -> Result<()> {
         let doc = SnapshotDoc {
             node: node.map(str::to_string),
             transient,
+            network,
             ..SnapshotDoc::from(s)
         };
         let k = self.keys();

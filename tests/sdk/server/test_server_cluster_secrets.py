@@ -14,6 +14,8 @@ control` replicas, beside the test internet of test_server_egress_rules.py (name
   its password never comes back;
 - workload identity tokens (`iam.tokens`) minted by the nodes for sandboxes on either node
   verify against either replica's JWKS (one cluster key), with the cluster's issuer.
+- creates from a snapshot of a sandbox with rules and a deny list inherit both, beside the
+  snapshot and on the other node (its own drained);
 - a paused sandbox with rules and an egress proxy resumed on the other node (its own
   drained) keeps both, and its trust store takes the other node's leaves: every node holds the
   cluster's one interception CA.
@@ -297,6 +299,49 @@ def test_a_paused_sandbox_resumed_on_the_other_node_keeps_its_rules_and_egress_p
     for p in cluster.procs:
         assert value not in p.log() and password not in p.log(), p.name
     assert password not in etcd_values(cluster) and value not in etcd_values(cluster)
+
+
+def test_creates_from_a_snapshot_inherit_its_sources_network_on_either_node(cluster, secnet):  # noqa: F811
+    # A snapshot records its source's settings (lists, rules) where it is taken; a create from
+    # it naming no network of its own, through either replica, gets them: beside the snapshot
+    # on its node, and on the other node (the snapshot's node draining, its files borrowed).
+    tag = uuid.uuid4().hex[:8]
+    value = f"sk-{uuid.uuid4().hex}"
+    name = f"snap-{tag}"
+    Secret.create(name, value, **cluster.opts("c2"))
+    network = {"rules": {"api.sec.test": [{"transform": {"headers": {
+                   "Authorization": "Bearer " + Secret.fill(name)}}}]},
+               "deny_out": ["198.51.100.21"]}
+    src = Sandbox.create(timeout=300, network=network, **cluster.opts("c1"))
+    home = cluster.node_of(src.sandbox_id)
+    made, snap = [], None
+    try:
+        snap = src.create_snapshot()
+        children = {}
+        for control in ("c2", "c1"):
+            if children:
+                kiln_node(cluster, "drain", home)
+            child = Sandbox.create(template=snap.snapshot_id, timeout=120, **cluster.opts(control))
+            made.append(child)
+            children[cluster.node_of(child.sandbox_id)] = child
+        assert set(children) == {"n1", "n2"}, f"the children ran on {sorted(children)}"
+        for node, child in children.items():
+            code, status, body = curl(child, "https://api.sec.test/from-snapshot")
+            assert (code, status) == (0, "200"), (node, body)
+            assert json.loads(body)["headers"]["authorization"] == f"Bearer {value}", (node, body)
+            assert curl(child, "https://other.sec.test/")[0] != 0, f"{node}: denyOut went with it"
+            info = Sandbox.get_info(child.sandbox_id, **cluster.opts("c2")).network
+            assert info["denyOut"] == ["198.51.100.21"], (node, info)
+            header = info["rules"]["api.sec.test"][0]["transform"]["headers"]
+            assert header["authorization"] == "Bearer " + Secret.fill(name), (node, info)
+    finally:
+        kiln_node(cluster, "undrain", home)
+        for s in made:
+            kill_quietly(cluster, s.sandbox_id, "c1")
+        kill_quietly(cluster, src.sandbox_id, "c1")
+        if snap is not None:
+            Sandbox.delete_snapshot(snap.snapshot_id, **cluster.opts("c1"))
+    assert value not in etcd_values(cluster)
 
 
 def test_identity_tokens_of_either_node_verify_against_either_replicas_jwks(cluster):

@@ -185,6 +185,7 @@ mod tests {
             },
             node: Some("n1".into()),
             transient,
+            network: None,
         };
         let all = vec![
             snap("old-capture", 10, true),

@@ -431,6 +431,20 @@ impl SandboxService for ClusterService {
     async fn snapshot_for(&self, template_id: &str, team: &str) -> Result<Option<SnapshotRecord>> {
         Ok(self.located(template_id, team).await?.map(|l| l.snapshot))
     }
+    async fn snapshot_network(&self, snapshot_id: &str, team: &str) -> Result<Option<Vec<u8>>> {
+        use base64::Engine;
+        let Some(sealed) = self
+            .located(snapshot_id, team)
+            .await?
+            .and_then(|l| l.network)
+        else {
+            return Ok(None);
+        };
+        base64::engine::general_purpose::STANDARD
+            .decode(sealed)
+            .map(Some)
+            .map_err(|e| Error::internal(format!("a snapshot's network settings: {e}")))
+    }
     async fn delete_snapshot(&self, key: &str, team: &str) -> Result<()> {
         self.drop_snapshot(key, team).await
     }

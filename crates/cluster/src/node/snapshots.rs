@@ -36,7 +36,19 @@ pub(super) async fn take(
     let snap = n.service.snapshot_with(id, team, name, memory).await?;
     let recorded = match transient {
         true => n.etcd.insert_fork_capture(&snap, &n.name).await,
-        false => n.etcd.insert_snapshot_at(&snap, Some(&n.name)).await,
+        false => match network_of(n, id, &snap.id, team).await {
+            Ok(network) => {
+                n.etcd
+                    .insert_snapshot_with_network(&snap, &n.name, network)
+                    .await
+            }
+            Err(e) => {
+                if let Err(d) = n.service.delete_snapshot(&snap.id, team).await {
+                    tracing::warn!(snapshot = %snap.id, error = %d, "deleting an unrecorded snapshot");
+                }
+                return Err(e);
+            }
+        },
     };
     match recorded {
         Ok(()) => Ok(snap),
@@ -51,6 +63,17 @@ pub(super) async fn take(
             }
         }
     }
+}
+
+/// The network settings sandbox `id` of `team` runs with, recorded here for its snapshot
+/// `snap` and sealed for the snapshot's record (base64; None: none), so a create from it
+/// through any replica, on any node, inherits them.
+async fn network_of(n: &NodeApi, id: &str, snap: &str, team: &str) -> Result<Option<String>, Error> {
+    use base64::Engine;
+    let sealed = kiln_server::api::net_forwarded::snapshot_taken(&n.app, id, snap, team)
+        .await
+        .map_err(|e| Error::Internal(format!("the snapshot's network settings: {}", e.message)))?;
+    Ok(sealed.map(|s| base64::engine::general_purpose::STANDARD.encode(s)))
 }
 
 /// `POST …/snapshots/{id}/delete`: deletes the snapshot's files here and its record.
@@ -69,6 +92,9 @@ pub(super) async fn delete(
 /// whether there was a record.
 async fn discard(n: &NodeApi, id: &str, team: &str) -> Result<bool, Error> {
     delete_files(n.service.as_ref(), id, team).await?;
+    if let Err(e) = kiln_server::api::net_forwarded::snapshot_deleted(&n.app, id, team).await {
+        tracing::warn!(snapshot = %id, error = %e.message, "forgetting a snapshot's network settings");
+    }
     Ok(n.etcd.delete_snapshot_at(id, None).await?)
 }
 

@@ -115,6 +115,24 @@ pub async fn arriving(
     Ok(policy)
 }
 
+/// Records the network settings of sandbox `source` (of `team`) for its snapshot `snap`, as
+/// one host does, and answers them sealed by the vault (the cluster's), for the snapshot's
+/// record in the cluster: a create from it through any replica inherits them (None: none).
+pub async fn snapshot_taken(
+    st: &AppState,
+    source: &str,
+    snap: &str,
+    team: &str,
+) -> ApiResult<Option<Vec<u8>>> {
+    super::net_inherit::snapshot_taken(st, source, snap, team).await?;
+    super::net_inherit::snapshot_sealed(st, snap, team).await
+}
+
+/// Forgets the settings recorded for snapshot `snap` of `team`.
+pub async fn snapshot_deleted(st: &AppState, snap: &str, team: &str) -> ApiResult<()> {
+    super::net_inherit::snapshot_deleted(st, snap, team).await
+}
+
 /// Records for fork `child` the settings of its `parent` (of `team`), as a fork on one host
 /// does.
 pub async fn forked(st: &AppState, parent: &str, child: &str, team: &str) -> ApiResult<()> {

@@ -4,7 +4,9 @@
 //! its source's settings at capture ([`snapshot_taken`]): internet access, `allowOut`,
 //! `denyOut`, `dnsServers`, `httpsPorts`, `allowPublicTraffic`, `maskRequestHost`, `rules` and
 //! `egressProxy` (sealed by the vault, as a sandbox's are), and a create from the snapshot that
-//! names no `allowInternetAccess` and no `network` of its own gets them ([`of_snapshot`]).
+//! names no `allowInternetAccess` and no `network` of its own gets them ([`of_snapshot`]; a
+//! cluster's replica opens those the snapshot's node recorded, kept with the snapshot's record
+//! in the cluster: [`crate::SandboxService::snapshot_network`]).
 //! Workload identity tokens (`iam`) never carry over.
 
 use serde_json::{json, Map, Value};
@@ -29,15 +31,37 @@ pub(super) async fn read(st: &AppState, row: &str, team: &str) -> ApiResult<Opti
         .get_network(row)
         .await
         .map_err(|e| internal("reading network settings")(e.to_string()))?;
-    let Some((t, sealed)) = got.filter(|(t, _)| t == team) else {
+    let Some((_, sealed)) = got.filter(|(t, _)| t == team) else {
         return Ok(None);
     };
+    open(vault, row, team, &sealed).map(Some)
+}
+
+/// The settings `sealed` recorded under `row` for `team`, opened.
+fn open(vault: &crate::vault::Vault, row: &str, team: &str, sealed: &[u8]) -> ApiResult<Value> {
     let clear = vault
-        .unseal(&t, &seal_id(row), &sealed)
+        .unseal(team, &seal_id(row), sealed)
         .map_err(|e| internal("opening stored network settings")(e.to_string()))?;
     serde_json::from_slice(&clear)
-        .map(Some)
         .map_err(|e| internal("reading stored network settings")(e.to_string()))
+}
+
+/// The settings recorded for snapshot `snap` of `team`, sealed as they are kept (None: none),
+/// for a record of the snapshot beyond this server (a cluster's: [`of_snapshot`] on any
+/// replica opens them with the same vault key).
+pub(super) async fn snapshot_sealed(
+    st: &AppState,
+    snap: &str,
+    team: &str,
+) -> ApiResult<Option<Vec<u8>>> {
+    let Some((_, db)) = st.settings_db() else {
+        return Ok(None);
+    };
+    let got = db
+        .get_network(&snapshot_row(snap))
+        .await
+        .map_err(|e| internal("reading network settings")(e.to_string()))?;
+    Ok(got.filter(|(t, _)| t == team).map(|(_, sealed)| sealed))
 }
 
 async fn write(st: &AppState, row: &str, team: &str, v: Option<&Value>) -> ApiResult<()> {
@@ -64,6 +88,10 @@ pub async fn fork_child(st: &AppState, parent: &str, child: &str, team: &str) ->
 
 /// Records the network settings of sandbox `source` (of `team`) for its snapshot `snap`.
 pub async fn snapshot_taken(st: &AppState, source: &str, snap: &str, team: &str) -> ApiResult<()> {
+    // A server that keeps no settings (a cluster's replica: the snapshot's node records them).
+    if st.settings_db().is_none() {
+        return Ok(());
+    }
     let Ok(Some(policy)) = st.manager.network(source).await else {
         return Ok(());
     };
@@ -102,8 +130,14 @@ pub async fn of_snapshot(
     let Some(snap) = st.manager.snapshot_for(template_id, team).await? else {
         return Ok(None);
     };
-    let Some(v) = read(st, &snapshot_row(&snap.id), team).await? else {
-        return Ok(None);
+    let row = snapshot_row(&snap.id);
+    let v = match read(st, &row, team).await? {
+        Some(v) => v,
+        // Recorded where the snapshot was taken (a cluster's node), kept by the lifecycle.
+        None => match (st.manager.snapshot_network(&snap.id, team).await?, &st.vault) {
+            (Some(sealed), Some(vault)) => open(vault, &row, team, &sealed)?,
+            _ => return Ok(None),
+        },
     };
     let internet = v
         .get("allowInternetAccess")

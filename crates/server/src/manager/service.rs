@@ -111,6 +111,12 @@ pub trait SandboxService: Send + Sync + 'static {
     }
     /// The snapshot a create's `templateID` names, if it names one of `team`'s.
     async fn snapshot_for(&self, template_id: &str, team: &str) -> Result<Option<SnapshotRecord>>;
+    /// The network settings recorded for creates from snapshot `snapshot_id` of `team` where
+    /// it was taken, sealed by the vault, when they are kept beyond this server (a cluster's
+    /// replica reads its nodes' from the cluster; one host keeps them in its own database).
+    async fn snapshot_network(&self, _snapshot_id: &str, _team: &str) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
     async fn delete_snapshot(&self, key: &str, team: &str) -> Result<()>;
     async fn snapshots(
         &self,
