@@ -331,7 +331,7 @@ def test_creates_from_a_snapshot_inherit_its_sources_network_on_either_node(clus
             assert json.loads(body)["headers"]["authorization"] == f"Bearer {value}", (node, body)
             assert curl(child, "https://other.sec.test/")[0] != 0, f"{node}: denyOut went with it"
             info = Sandbox.get_info(child.sandbox_id, **cluster.opts("c2")).network
-            assert info["denyOut"] == ["198.51.100.21"], (node, info)
+            assert info["deny_out"] == ["198.51.100.21"], (node, info)
             header = info["rules"]["api.sec.test"][0]["transform"]["headers"]
             assert header["authorization"] == "Bearer " + Secret.fill(name), (node, info)
     finally:

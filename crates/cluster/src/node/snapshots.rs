@@ -68,7 +68,12 @@ pub(super) async fn take(
 /// The network settings sandbox `id` of `team` runs with, recorded here for its snapshot
 /// `snap` and sealed for the snapshot's record (base64; None: none), so a create from it
 /// through any replica, on any node, inherits them.
-async fn network_of(n: &NodeApi, id: &str, snap: &str, team: &str) -> Result<Option<String>, Error> {
+async fn network_of(
+    n: &NodeApi,
+    id: &str,
+    snap: &str,
+    team: &str,
+) -> Result<Option<String>, Error> {
     use base64::Engine;
     let sealed = kiln_server::api::net_forwarded::snapshot_taken(&n.app, id, snap, team)
         .await

@@ -134,7 +134,10 @@ pub async fn of_snapshot(
     let v = match read(st, &row, team).await? {
         Some(v) => v,
         // Recorded where the snapshot was taken (a cluster's node), kept by the lifecycle.
-        None => match (st.manager.snapshot_network(&snap.id, team).await?, &st.vault) {
+        None => match (
+            st.manager.snapshot_network(&snap.id, team).await?,
+            &st.vault,
+        ) {
             (Some(sealed), Some(vault)) => open(vault, &row, team, &sealed)?,
             _ => return Ok(None),
         },
