@@ -12,6 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::docs::b64;
 use base64::Engine;
 use etcd_client::TxnOp;
 use kiln_server::identity::Issuer;
@@ -26,10 +27,6 @@ use crate::store::EtcdStore;
 struct Doc {
     /// The sealed key, base64.
     sealed: String,
-}
-
-fn b64() -> base64::engine::GeneralPurpose {
-    base64::engine::general_purpose::STANDARD
 }
 
 fn task_err(e: impl std::fmt::Display) -> ClusterError {

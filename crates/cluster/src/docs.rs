@@ -26,6 +26,11 @@ pub fn json<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
+/// How the docs here carry bytes (sealed values, bodies): standard base64.
+pub fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxDoc {
     pub id: String,
@@ -440,7 +445,7 @@ impl From<&IdempotentAnswer> for IdempotentDoc {
             fingerprint: a.fingerprint.clone(),
             status: a.status,
             content_type: a.content_type.clone(),
-            body: base64::engine::general_purpose::STANDARD.encode(&a.body),
+            body: b64().encode(&a.body),
             created_at_ms: a.created_at_ms,
         }
     }
@@ -448,7 +453,7 @@ impl From<&IdempotentAnswer> for IdempotentDoc {
 
 impl IdempotentDoc {
     pub fn into_answer(self, key: &[u8]) -> Result<IdempotentAnswer> {
-        let body = base64::engine::general_purpose::STANDARD
+        let body = b64()
             .decode(&self.body)
             .map_err(|e| ClusterError::Corrupt {
                 key: String::from_utf8_lossy(key).into_owned(),

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::docs::b64;
 use async_trait::async_trait;
 use base64::Engine;
 use etcd_client::{KeyValue, TxnOp, WatchOptions};
@@ -57,7 +58,7 @@ impl From<&SecretRecord> for Doc {
             name: s.name.clone(),
             version: s.version,
             metadata: s.metadata.clone(),
-            sealed: base64::engine::general_purpose::STANDARD.encode(&s.sealed),
+            sealed: b64().encode(&s.sealed),
             created_at_ms: s.created_at_ms,
             updated_at_ms: s.updated_at_ms,
         }
@@ -77,9 +78,7 @@ fn record(kv: &KeyValue) -> std::result::Result<SecretRecord, ClusterError> {
         key: key.clone(),
         source,
     })?;
-    let sealed = base64::engine::general_purpose::STANDARD
-        .decode(&d.sealed)
-        .map_err(|e| corrupt(&key, e))?;
+    let sealed = b64().decode(&d.sealed).map_err(|e| corrupt(&key, e))?;
     Ok(SecretRecord {
         id: d.id,
         team: d.team,

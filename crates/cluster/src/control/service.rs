@@ -440,7 +440,7 @@ impl SandboxService for ClusterService {
         else {
             return Ok(None);
         };
-        base64::engine::general_purpose::STANDARD
+        crate::docs::b64()
             .decode(sealed)
             .map(Some)
             .map_err(|e| Error::internal(format!("a snapshot's network settings: {e}")))

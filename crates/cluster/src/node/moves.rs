@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::docs::b64;
 use base64::Engine;
 use kiln_server::api::{net_forwarded, AppState};
 use kiln_server::driver::PortablePause;
@@ -349,10 +350,6 @@ impl Mover {
             .await
             .map_err(|e| settings_err("applying", e))
     }
-}
-
-fn b64() -> base64::engine::GeneralPurpose {
-    base64::engine::general_purpose::STANDARD
 }
 
 /// A failure with a moving sandbox's network settings: a 400 (a secret its rules name is gone)

@@ -78,7 +78,7 @@ async fn network_of(
     let sealed = kiln_server::api::net_forwarded::snapshot_taken(&n.app, id, snap, team)
         .await
         .map_err(|e| Error::Internal(format!("the snapshot's network settings: {}", e.message)))?;
-    Ok(sealed.map(|s| base64::engine::general_purpose::STANDARD.encode(s)))
+    Ok(sealed.map(|s| crate::docs::b64().encode(s)))
 }
 
 /// `POST …/snapshots/{id}/delete`: deletes the snapshot's files here and its record.
