@@ -75,6 +75,14 @@ impl EtcdStore {
         .await?)
     }
 
+    /// The store's revision now: a linearizable read, so every write committed before the
+    /// call is at or below it.
+    pub(crate) async fn revision(&self) -> Result<i64> {
+        let opts = GetOptions::new().with_count_only();
+        let r = self.get(&self.keys.dir("owners"), opts).await?;
+        Ok(r.header().map_or(0, |h| h.revision()))
+    }
+
     /// One txn (a write unless it only reads).
     pub(crate) async fn txn(&self, kind: Kind, txn: Txn) -> Result<etcd_client::TxnResponse> {
         Ok(retry::run(&self.client, kind, |mut c| {

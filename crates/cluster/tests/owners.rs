@@ -1,7 +1,9 @@
 //! Which node runs which sandbox, on a real etcd (started by the test on loopback): a node's
 //! publications are guarded by its lease and never bring back a sandbox the cluster ended, and
 //! a lost node's running sandboxes end once as `died: node-lost` while its paused ones stay;
-//! a drained node is marked for every replica's view, apart from its lease.
+//! a drained node is marked for every replica's view, apart from its lease; a replica whose
+//! watch has not yet seen a sandbox published a moment before (another replica's create)
+//! answers for it and lists it, and gives up on an unknown one at once.
 
 #[allow(dead_code)]
 #[path = "common/etcd.rs"]
@@ -190,4 +192,95 @@ async fn a_drained_node_is_marked_for_every_replica_and_reports_what_stays() {
     assert!(!store.undrain_node("n1").await.unwrap(), "undrained once");
     assert!(eventually(|| !cache.is_draining("n1")).await);
     assert!(store.draining_nodes().await.unwrap().is_empty());
+}
+
+/// Publishes running sandbox `sid` as node `n1` under `lease` from a thread of its own while
+/// the calling thread blocks: a current-thread test runtime runs nothing meanwhile, so its
+/// replica's watch has not seen the sandbox when this returns (another replica's create).
+fn published_elsewhere(endpoints: &[String], lease: i64, sid: &str) {
+    let (endpoints, sid) = (endpoints.to_vec(), sid.to_string());
+    let published = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let store = kiln_cluster::EtcdStore::connect(&endpoints, "/kiln-known")
+                .await
+                .unwrap();
+            let rec = sandbox(&sid, SandboxState::Running);
+            store
+                .publish_sandbox("n1", lease, &rec, None)
+                .await
+                .unwrap()
+        })
+    })
+    .join()
+    .unwrap();
+    assert!(matches!(published, Published::At(_)), "{published:?}");
+}
+
+#[tokio::test]
+async fn a_replica_answers_for_a_sandbox_published_a_moment_before() {
+    use kiln_server::SandboxService;
+    let name = "a_replica_answers_for_a_sandbox_published_a_moment_before";
+    let Some(cluster) = EtcdCluster::start(name, 1).await else {
+        return;
+    };
+    let replica = cluster.store("/kiln-known").await;
+    let cache = kiln_cluster::control::Cache::start(replica.clone())
+        .await
+        .unwrap();
+    let service = kiln_cluster::control::ClusterService::new(
+        kiln_server::LifecycleConfig::default(),
+        replica.clone(),
+        cache.clone(),
+        kiln_cluster::control::NodeClient::new(
+            kiln_cluster::ClusterSecret::new("s3cret-s3cret-s3cret").unwrap(),
+        ),
+    );
+    let lease = replica
+        .register_node_at(
+            "n1",
+            "127.0.0.1:1",
+            NodeCapacity::default(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    // Another prefix's writes move the store's revision past anything this replica's watch
+    // sees: the wait for an unknown sandbox ends on a progress notice, not on its limit.
+    let mut other = cluster.store("/kiln-elsewhere").await.client();
+    for i in 0..5 {
+        let sid = format!("s{i}");
+        published_elsewhere(&cluster.endpoints(), lease.lease_id(), &sid);
+        assert!(cache.sandbox(&sid).is_none(), "the watch ran meanwhile");
+        service.await_known(Some(&sid)).await;
+        let got = service
+            .get(&sid)
+            .unwrap_or_else(|e| panic!("{sid} after await_known: {e}"));
+        assert_eq!(got.state, SandboxState::Running);
+        assert_eq!(cache.owner_name(&sid).as_deref(), Some("n1"));
+        // A list waits likewise.
+        let listed = format!("l{i}");
+        published_elsewhere(&cluster.endpoints(), lease.lease_id(), &listed);
+        service.await_known(None).await;
+        assert!(
+            service.list().iter().any(|r| r.id == listed),
+            "{listed} listed"
+        );
+
+        other
+            .put("/kiln-elsewhere/x", i.to_string(), None)
+            .await
+            .unwrap();
+        let t = std::time::Instant::now();
+        service.await_known(Some("never-made")).await;
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "an unknown sandbox waited {:?}",
+            t.elapsed()
+        );
+        assert!(service.get("never-made").is_err());
+    }
 }

@@ -6,7 +6,9 @@ alternating replicas, spread over all three nodes; each sandbox runs a command a
 written through one replica and read through the other; and on each node a sandbox's own port
 (an HTTP server inside it) answers through the gateway, in header mode and by host name: the
 ingress path from the replica over the link into the node's namespace and on into the
-sandbox's. Nothing here leaves this machine.
+sandbox's. A sandbox made through one replica is known at once to the other (by id, listed,
+through the gateway), though each learns of it from its own etcd watch. Nothing here leaves
+this machine.
 
 Needs KILN_BIN, the base template, runsc, etcd and root (network namespaces).
 """
@@ -112,3 +114,54 @@ def test_thirty_sandboxes_spread_over_three_namespaced_nodes_and_answer_through_
             assert body == f"data of {s.sandbox_id}", (node, body)
     finally:
         kill_all(sbxs)
+
+
+def status_of(url: str, headers: dict) -> int:
+    """`url`'s status, asked once (no retry: a miss must show)."""
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_sandbox_made_through_one_replica_is_at_once_known_to_the_other(spread):
+    """The replicas learn of a sandbox from their etcd watch, which lags the create that made
+    it by a moment: a client whose next request goes to the other replica (a load balancer)
+    still finds it, by id, in the list, and through the gateway — each asked once."""
+    from e2b import Sandbox
+
+    c = spread
+    made = []
+    try:
+        for i in range(8):
+            here, there = ("c1", "c2") if i % 2 else ("c2", "c1")
+            s = Sandbox.create(timeout=120, **c.opts(here))
+            made.append(s)
+            sid, url = s.sandbox_id, c.controls[there].url
+            envd = {"E2B-Sandbox-Id": sid, "E2B-Sandbox-Port": "49983",
+                    "X-Access-Token": s._envd_access_token}
+            # Its envd through the other replica's gateway first, then its REST routes.
+            assert status_of(url + "/health", envd) < 300, (i, there, sid)
+            status, d = c.request(there, "GET", f"/sandboxes/{sid}")
+            assert status == 200 and d["state"] == "running", (i, there, d)
+            s2 = Sandbox.create(timeout=120, **c.opts(here))
+            made.append(s2)
+            status, listed = c.request(there, "GET", "/v2/sandboxes")
+            assert status == 200 and s2.sandbox_id in {x["sandboxID"] for x in listed}, (i, there)
+            other = Sandbox.connect(s2.sandbox_id, **c.opts(there))
+            assert other.commands.run("echo seen").stdout.strip() == "seen"
+        # A replica started a moment ago (its watch may not be established yet).
+        for name in ("c3", "c4"):
+            fresh = c.start_control(name)
+            try:
+                s = Sandbox.create(timeout=120, **c.opts("c1"))
+                made.append(s)
+                other = Sandbox.connect(s.sandbox_id, **c.opts(name))
+                assert other.commands.run("echo fresh").stdout.strip() == "fresh", name
+            finally:
+                fresh.stop()
+                del c.controls[name]
+    finally:
+        kill_all(made)

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use etcd_client::{EventType, KeyValue, WatchOptions};
+use etcd_client::{EventType, KeyValue, WatchOptions, WatchRequestSender};
 use kiln_server::manager::LifecycleEvent;
 use kiln_server::store::{SandboxRecord, SandboxState};
 use tokio::sync::{broadcast, watch};
@@ -102,6 +102,8 @@ pub struct Cache {
     /// Lifecycle events as nodes publish them.
     events: broadcast::Sender<LifecycleEvent>,
     dirs: [String; 6],
+    /// The watch's request half, to ask etcd for a progress notice ([`Cache::catch_up`]).
+    progress: tokio::sync::Mutex<Option<WatchRequestSender>>,
 }
 
 impl Cache {
@@ -120,6 +122,7 @@ impl Cache {
                 k.dir("events"),
                 k.dir("restarting"),
             ],
+            progress: tokio::sync::Mutex::new(None),
         });
         let rev = cache.load(&etcd).await?;
         let c = cache.clone();
@@ -229,6 +232,30 @@ impl Cache {
         let mut rx = self.revision.subscribe();
         let reached = tokio::time::timeout(limit, rx.wait_for(|r| *r >= rev)).await;
         matches!(reached, Ok(Ok(_)))
+    }
+
+    /// Waits (at most `limit`) until the view includes every change committed to the store
+    /// before the call: the store's revision now, read from `etcd`, reached by the watch's
+    /// events or by the progress notice asked for (the revision may be another prefix's
+    /// write, which this watch never sees). False when the store cannot be read or the wait
+    /// ran out.
+    pub async fn catch_up(&self, etcd: &EtcdStore, limit: Duration) -> bool {
+        let rev = match etcd.revision().await {
+            Ok(rev) => rev,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the store's revision");
+                return false;
+            }
+        };
+        if *self.revision.borrow() >= rev {
+            return true;
+        }
+        if let Some(watch) = self.progress.lock().await.as_mut() {
+            if let Err(e) = watch.request_progress().await {
+                tracing::debug!(error = %e, "asking the cluster watch for progress");
+            }
+        }
+        self.wait_for(rev, limit).await
     }
 
     fn entry(&self, key: &[u8]) -> Entry {
@@ -343,10 +370,16 @@ impl Cache {
             .with_start_revision(*rev + 1)
             .with_progress_notify();
         let prefix = format!("{}/", etcd.keys().prefix());
-        let mut stream = etcd.client().watch(prefix, Some(opts)).await?;
+        let (progress, mut stream) = etcd.client().watch(prefix, Some(opts)).await?.split();
+        *self.progress.lock().await = Some(progress);
         while let Some(resp) = stream.message().await? {
             if resp.canceled() {
                 break;
+            }
+            // The creation's answer carries the store's revision, not the watch's progress:
+            // the changes from `rev` on come after it.
+            if resp.created() && resp.events().is_empty() {
+                continue;
             }
             let mut seen = *rev;
             {

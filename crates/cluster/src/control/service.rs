@@ -330,7 +330,14 @@ impl SandboxService for ClusterService {
     fn recovering(&self) -> usize {
         0
     }
-    async fn wait_adopted(&self, _id: &str) {}
+    async fn await_known(&self, id: Option<&str>) {
+        if id.is_some_and(|id| self.cache.sandbox(id).is_some()) {
+            return;
+        }
+        // Made or moved through another replica a moment ago, its record may not have
+        // reached this replica's watch yet.
+        self.cache.catch_up(&self.etcd, VIEW_WAIT).await;
+    }
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.cache.subscribe()
     }
@@ -555,6 +562,7 @@ impl SandboxService for ClusterService {
             .map(|r| route_of(&r))
     }
     async fn open_route(&self, id: &str, port: u16) -> std::result::Result<PortRoute, NoRoute> {
+        self.await_known(Some(id)).await;
         let rec = self.get(id).map_err(|_| NoRoute::NotFound)?;
         if rec.state == SandboxState::Paused && !rec.auto_resume {
             return Err(NoRoute::Paused);

@@ -434,15 +434,18 @@ pub async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> R
     }
 }
 
-/// After a restart, a request naming a sandbox recovery has not reached yet waits for it
-/// (bounded) instead of answering 404.
-async fn await_recovery(State(st): St, req: Request, next: Next) -> Response {
-    if st.manager.recovering() > 0 {
-        let mut seg = req.uri().path().split('/');
-        if seg.any(|s| s == "sandboxes") {
-            if let Some(id) = seg.next().filter(|s| !s.is_empty()) {
-                st.manager.wait_adopted(id).await;
-            }
+/// A request naming a sandbox the server cannot answer for yet waits for it (bounded)
+/// instead of answering 404: after a restart, until recovery reached it; on a cluster
+/// replica, until its view has what another replica did a moment ago
+/// ([`SandboxService::await_known`](crate::manager::SandboxService::await_known)).
+async fn await_known(State(st): St, req: Request, next: Next) -> Response {
+    let mut seg = req.uri().path().split('/');
+    if seg.any(|s| s == "sandboxes") {
+        match seg.next().filter(|s| !s.is_empty()) {
+            Some("metrics") => {}
+            Some(id) => st.manager.await_known(Some(id)).await,
+            None if req.method() == axum::http::Method::GET => st.manager.await_known(None).await,
+            None => {}
         }
     }
     next.run(req).await
@@ -513,10 +516,7 @@ pub fn routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
             state.clone(),
             audit::record_api,
         ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            await_recovery,
-        ))
+        .layer(middleware::from_fn_with_state(state.clone(), await_known))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,

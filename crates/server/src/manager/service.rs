@@ -56,8 +56,12 @@ pub trait SandboxService: Send + Sync + 'static {
     fn idle_hinted_count(&self) -> usize;
     /// Sandboxes of the previous run not adopted yet.
     fn recovering(&self) -> usize;
-    /// Waits until `id` is adopted after a restart (at once if it needs no adoption).
-    async fn wait_adopted(&self, id: &str);
+    /// Returns once this service can answer for sandbox `id` (None: for the list of every
+    /// sandbox): at once when it knows it; after a restart, once recovery has settled it; on a
+    /// cluster replica, once its view includes every change committed before the call (a
+    /// sandbox made or moved through another replica a moment ago). Bounded: an unknown `id`
+    /// is then a 404.
+    async fn await_known(&self, id: Option<&str>);
     /// Lifecycle events as they happen.
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent>;
 
@@ -252,8 +256,10 @@ impl SandboxService for Manager {
     fn recovering(&self) -> usize {
         Manager::recovering(self)
     }
-    async fn wait_adopted(&self, id: &str) {
-        Manager::wait_adopted(self, id).await
+    async fn await_known(&self, id: Option<&str>) {
+        if let Some(id) = id {
+            Manager::wait_adopted(self, id).await
+        }
     }
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         Manager::subscribe(self)
