@@ -16,6 +16,7 @@ Needs KILN_BIN, the base template, runsc, and etcd (Debian's etcd-server, or KIL
 
 import os
 import secrets
+import sqlite3
 import time
 
 from .conftest import kill_all, read_count
@@ -33,6 +34,17 @@ def listed(cluster, control: str, **kw) -> list:
     while pages.has_next:
         out.extend(pages.next_items())
     return out
+
+
+def settings_rows(cluster, node: str, snapshot_id: str) -> int:
+    """How many network settings rows `node`'s own database keeps for the snapshot."""
+    path = os.path.join(cluster.nodes[node].state_dir, "kiln.db")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        row = "snapshot:" + snapshot_id.split(":")[0]  # the id without its tag
+        return db.execute("SELECT count(*) FROM sandbox_network WHERE sandbox_id = ?", (row,)).fetchone()[0]
+    finally:
+        db.close()
 
 
 def count(sbx) -> int:
@@ -56,12 +68,13 @@ def api(cluster, control: str, path: str, body: dict):
     return post(cluster.controls[control].url, path, body, {"X-API-Key": cluster.api_key})
 
 
-def on_node(cluster, node: str, control: str, made: list):
-    """A sandbox on `node` (created through `control` until one lands there)."""
+def on_node(cluster, node: str, control: str, made: list, **create):
+    """A sandbox on `node` (created, with `create`'s settings, through `control` until one
+    lands there)."""
     from e2b import Sandbox
 
     for _ in range(10):
-        s = Sandbox.create(timeout=120, **cluster.opts(control))
+        s = Sandbox.create(timeout=120, **create, **cluster.opts(control))
         made.append(s)
         if cluster.node_of(s.sandbox_id) == node:
             return s
@@ -149,7 +162,8 @@ def test_a_snapshot_of_a_node_that_is_away(cluster):
 
     made, kept = [], []
     try:
-        src = on_node(cluster, "n2", "c1", made)
+        # With a deny list: its snapshots record network settings on n2.
+        src = on_node(cluster, "n2", "c1", made, network={"deny_out": ["198.51.100.77"]})
         src.files.write("/home/user/f.txt", "on n2")
         kept = [src.create_snapshot(), src.create_snapshot()]
         for s in made:
@@ -178,6 +192,11 @@ def test_a_snapshot_of_a_node_that_is_away(cluster):
         assert not os.path.exists(snapshot_dir(cluster, "n2", kept[1].snapshot_id)), \
             "n2 removes the files of a snapshot deleted while it was away"
         assert os.path.isdir(snapshot_dir(cluster, "n2", kept[0].snapshot_id)), "the other stays"
+        # Its network settings, recorded on n2 when it was taken, are forgotten with it.
+        assert settings_rows(cluster, "n2", kept[0].snapshot_id) == 1, "recorded when taken"
+        while settings_rows(cluster, "n2", kept[1].snapshot_id) and time.time() < deadline:
+            time.sleep(0.2)
+        assert settings_rows(cluster, "n2", kept[1].snapshot_id) == 0, "forgotten once n2 is back"
         # Back in the cluster: the kept snapshot restores there again.
         sbx = create_until(cluster, "c2", kept[0].snapshot_id, within=20)
         made.append(sbx)

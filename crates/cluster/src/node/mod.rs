@@ -197,12 +197,6 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
         publisher.clone(),
         cfg.name.clone(),
     ));
-    tokio::spawn(snapshots::drop_deleted(
-        server.recovery.clone(),
-        manager.clone(),
-        etcd.clone(),
-        cfg.name.clone(),
-    ));
     let collector = cfg.objects.as_ref().and_then(|o| {
         let gc = o.gc?;
         Some(tokio::spawn(crate::gc::run(
@@ -212,34 +206,40 @@ pub async fn run(mut server: Server, etcd: EtcdStore, cfg: NodeConfig) -> Result
             gc,
         )))
     });
-    let app_cell: Arc<std::sync::OnceLock<Arc<kiln_server::api::AppState>>> = Default::default();
-    let mover = cfg.objects.clone().map(|o| moves::Mover {
-        manager: manager.clone(),
-        etcd: etcd.clone(),
-        chunks: o.chunks,
-        cache: o.cache,
-        node: cfg.name.clone(),
-        api_pausing: Default::default(),
-        taking: Default::default(),
-        heads: heads.clone(),
-        app: app_cell.clone(),
-    });
-    if let Some(m) = &mover {
-        tokio::spawn(moves::upload_other_pauses(m.clone(), manager.subscribe()));
-        let cache = m.cache.clone();
+    if let Some(o) = &cfg.objects {
+        let cache = o.cache.clone();
         tokio::spawn(async move {
             if let Err(e) = cache.trim().await {
                 tracing::warn!(error = %e, "trimming the chunk cache");
             }
         });
     }
+    // Subscribed before serving, so no pause made meanwhile goes without its upload.
+    let pauses = cfg.objects.as_ref().map(|_| manager.subscribe());
     let node_api = {
         let (service, secret, alive) = (manager.clone(), cfg.secret.clone(), lease.alive());
         let (etcd, name, audit) = (etcd.clone(), cfg.name.clone(), manager.audit().clone());
-        let templates = cfg.templates.clone();
-        let host = manager.clone();
+        let (templates, objects) = (cfg.templates.clone(), cfg.objects.clone());
+        let (host, recovery) = (manager.clone(), server.recovery.clone());
+        // Made once the server's API state exists: what moves a sandbox or forgets a
+        // snapshot needs its vault and the sandboxes' sealed network settings.
         move |app: Arc<kiln_server::api::AppState>| {
-            let _ = app_cell.set(app.clone());
+            let mover = objects.map(|o| moves::Mover {
+                manager: host.clone(),
+                etcd: etcd.clone(),
+                chunks: o.chunks,
+                cache: o.cache,
+                node: name.clone(),
+                api_pausing: Default::default(),
+                taking: Default::default(),
+                heads: heads.clone(),
+                app: app.clone(),
+            });
+            if let (Some(m), Some(events)) = (&mover, pauses) {
+                tokio::spawn(moves::upload_other_pauses(m.clone(), events));
+            }
+            let drops = snapshots::drop_deleted(recovery, app.clone(), etcd.clone(), name.clone());
+            tokio::spawn(drops);
             NodeApi {
                 app,
                 manager: host,

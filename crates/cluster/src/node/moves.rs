@@ -37,9 +37,9 @@ pub struct Mover {
     pub taking: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// The heads of this node's audit chains (a sandbox taken over continues its chain).
     pub heads: super::heads::Heads,
-    /// The host's API state once it serves (its vault and sandboxes' sealed network
-    /// settings): a sandbox's rules and egress proxy move with its checkpoint.
-    pub app: Arc<std::sync::OnceLock<Arc<AppState>>>,
+    /// The host's API state (its vault and sandboxes' sealed network settings): a sandbox's
+    /// rules and egress proxy move with its checkpoint.
+    pub app: Arc<AppState>,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -318,18 +318,11 @@ impl Mover {
         Ok(got)
     }
 
-    fn app(&self) -> Result<&AppState> {
-        self.app
-            .get()
-            .map(Arc::as_ref)
-            .ok_or_else(|| Error::Unavailable("the node is starting; retry".into()))
-    }
-
     /// Sandbox `id`'s network settings, sealed for the node that takes it over (base64; None:
     /// it has none).
     async fn network_leaving(&self, id: &str) -> Result<Option<String>> {
         let team = kiln_server::SandboxService::get(self.manager.as_ref(), id)?.team;
-        let sealed = net_forwarded::moving(self.app()?, id, &team)
+        let sealed = net_forwarded::moving(&self.app, id, &team)
             .await
             .map_err(|e| settings_err("reading", e))?;
         Ok(sealed.map(|s| b64().encode(s)))
@@ -346,7 +339,7 @@ impl Mover {
         let sealed = b64()
             .decode(sealed)
             .map_err(|e| Error::internal(format!("a checkpoint's network settings: {e}")))?;
-        net_forwarded::arriving(self.app()?, id, team, &sealed)
+        net_forwarded::arriving(&self.app, id, team, &sealed)
             .await
             .map_err(|e| settings_err("applying", e))
     }

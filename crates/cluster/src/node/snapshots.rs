@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::Json;
+use kiln_server::api::AppState;
 use kiln_server::store::SnapshotRecord;
 use kiln_server::{ApiError, Error, SandboxService};
 
@@ -53,10 +54,11 @@ pub(super) async fn take(
     match recorded {
         Ok(()) => Ok(snap),
         Err(e) => {
-            // Not recorded, so no replica could find it: its files go too.
+            // Not recorded, so no replica could find it: its files and settings go too.
             if let Err(d) = n.service.delete_snapshot(&snap.id, team).await {
                 tracing::warn!(snapshot = %snap.id, error = %d, "deleting an unrecorded snapshot");
             }
+            forget_network(&n.app, &snap.id, team).await;
             match e {
                 ClusterError::Exists { id, .. } => Err(taken(&id)),
                 e => Err(e.into()),
@@ -97,10 +99,15 @@ pub(super) async fn delete(
 /// whether there was a record.
 async fn discard(n: &NodeApi, id: &str, team: &str) -> Result<bool, Error> {
     delete_files(n.service.as_ref(), id, team).await?;
-    if let Err(e) = kiln_server::api::net_forwarded::snapshot_deleted(&n.app, id, team).await {
+    forget_network(&n.app, id, team).await;
+    Ok(n.etcd.delete_snapshot_at(id, None).await?)
+}
+
+/// Forgets the network settings this node recorded for snapshot `id` (none is fine).
+async fn forget_network(app: &AppState, id: &str, team: &str) {
+    if let Err(e) = kiln_server::api::net_forwarded::snapshot_deleted(app, id, team).await {
         tracing::warn!(snapshot = %id, error = %e.message, "forgetting a snapshot's network settings");
     }
-    Ok(n.etcd.delete_snapshot_at(id, None).await?)
 }
 
 /// Deletes snapshot `id`'s files on this node (files gone already are fine).
@@ -111,11 +118,11 @@ async fn delete_files(service: &dyn SandboxService, id: &str, team: &str) -> Res
     }
 }
 
-/// Once recovery is over, deletes the files of the snapshots deleted while node `node` was
-/// away.
+/// Once recovery is over, deletes the files and network settings of the snapshots deleted
+/// while node `node` was away.
 pub(super) async fn drop_deleted(
     recovery: kiln_server::Recovery,
-    service: Arc<dyn SandboxService>,
+    app: Arc<AppState>,
     etcd: EtcdStore,
     node: String,
 ) {
@@ -130,8 +137,9 @@ pub(super) async fn drop_deleted(
         }
     };
     for d in drops {
-        match delete_files(service.as_ref(), &d.id, &d.team).await {
+        match delete_files(app.manager.as_ref(), &d.id, &d.team).await {
             Ok(()) => {
+                forget_network(&app, &d.id, &d.team).await;
                 tracing::info!(snapshot = %d.id, "deleted while this node was away: files removed");
                 if let Err(e) = etcd.forget_snapshot_drop(&node, &d.id).await {
                     tracing::warn!(snapshot = %d.id, error = %e, "forgetting a deleted snapshot");

@@ -42,6 +42,9 @@ pub(super) struct Pools {
     added: tokio::sync::watch::Sender<u64>,
 }
 
+/// Logged (debug) when a pool boot runs at the normal CPU weight because a create waits.
+const CREATE_WAITS: &str = "a create waits: pool boots run at the normal CPU weight";
+
 impl Default for Pools {
     fn default() -> Self {
         Self {
@@ -212,11 +215,7 @@ impl Manager {
                         self.driver.set_background(id, false);
                     }
                     if !booting.ids.is_empty() {
-                        tracing::debug!(
-                            template,
-                            boots = booting.ids.len(),
-                            "a create waits: pool boots run at the normal CPU weight"
-                        );
+                        tracing::debug!(template, boots = booting.ids.len(), "{CREATE_WAITS}");
                     }
                     waiting = Some(Waiting(&self.pools));
                 }
@@ -277,10 +276,7 @@ impl Manager {
             let mut booting = self.pools.booting();
             spec.background = booting.waiting == 0;
             if !spec.background {
-                tracing::debug!(
-                    template,
-                    "a create waits: pool boots run at the normal CPU weight"
-                );
+                tracing::debug!(template, "{CREATE_WAITS}");
             }
             booting.ids.insert(id.clone());
         }
