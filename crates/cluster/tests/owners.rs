@@ -3,7 +3,8 @@
 //! a lost node's running sandboxes end once as `died: node-lost` while its paused ones stay;
 //! a drained node is marked for every replica's view, apart from its lease; a replica whose
 //! watch has not yet seen a sandbox published a moment before (another replica's create)
-//! answers for it and lists it, and gives up on an unknown one at once.
+//! answers for it and lists it, no longer shows one ended a moment before, and gives up on an
+//! unknown one at once.
 
 #[allow(dead_code)]
 #[path = "common/etcd.rs"]
@@ -194,10 +195,10 @@ async fn a_drained_node_is_marked_for_every_replica_and_reports_what_stays() {
     assert!(store.draining_nodes().await.unwrap().is_empty());
 }
 
-/// Publishes running sandbox `sid` as node `n1` under `lease` from a thread of its own while
-/// the calling thread blocks: a current-thread test runtime runs nothing meanwhile, so its
-/// replica's watch has not seen the sandbox when this returns (another replica's create).
-fn published_elsewhere(endpoints: &[String], lease: i64, sid: &str) {
+/// Publishes sandbox `sid` in `state` as node `n1` under `lease` from a thread of its own
+/// while the calling thread blocks: a current-thread test runtime runs nothing meanwhile, so
+/// its replica's watch has not seen the change when this returns (another replica's call).
+fn published_elsewhere(endpoints: &[String], lease: i64, sid: &str, state: SandboxState) {
     let (endpoints, sid) = (endpoints.to_vec(), sid.to_string());
     let published = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -208,7 +209,7 @@ fn published_elsewhere(endpoints: &[String], lease: i64, sid: &str) {
             let store = kiln_cluster::EtcdStore::connect(&endpoints, "/kiln-known")
                 .await
                 .unwrap();
-            let rec = sandbox(&sid, SandboxState::Running);
+            let rec = sandbox(&sid, state);
             store
                 .publish_sandbox("n1", lease, &rec, None)
                 .await
@@ -223,6 +224,7 @@ fn published_elsewhere(endpoints: &[String], lease: i64, sid: &str) {
 #[tokio::test]
 async fn a_replica_answers_for_a_sandbox_published_a_moment_before() {
     use kiln_server::SandboxService;
+    use SandboxState::{Killed, Running};
     let name = "a_replica_answers_for_a_sandbox_published_a_moment_before";
     let Some(cluster) = EtcdCluster::start(name, 1).await else {
         return;
@@ -253,9 +255,9 @@ async fn a_replica_answers_for_a_sandbox_published_a_moment_before() {
     let mut other = cluster.store("/kiln-elsewhere").await.client();
     for i in 0..5 {
         let sid = format!("s{i}");
-        published_elsewhere(&cluster.endpoints(), lease.lease_id(), &sid);
+        published_elsewhere(&cluster.endpoints(), lease.lease_id(), &sid, Running);
         assert!(cache.sandbox(&sid).is_none(), "the watch ran meanwhile");
-        service.await_known(Some(&sid)).await;
+        service.await_known(&sid).await;
         let got = service
             .get(&sid)
             .unwrap_or_else(|e| panic!("{sid} after await_known: {e}"));
@@ -263,19 +265,25 @@ async fn a_replica_answers_for_a_sandbox_published_a_moment_before() {
         assert_eq!(cache.owner_name(&sid).as_deref(), Some("n1"));
         // A list waits likewise.
         let listed = format!("l{i}");
-        published_elsewhere(&cluster.endpoints(), lease.lease_id(), &listed);
-        service.await_known(None).await;
+        published_elsewhere(&cluster.endpoints(), lease.lease_id(), &listed, Running);
+        service.await_current().await;
         assert!(
             service.list().iter().any(|r| r.id == listed),
             "{listed} listed"
         );
+        // Ended elsewhere: not shown running once the view is current.
+        published_elsewhere(&cluster.endpoints(), lease.lease_id(), &listed, Killed);
+        assert!(cache.sandbox(&listed).is_some(), "the watch ran meanwhile");
+        service.await_current().await;
+        assert!(service.get(&listed).is_err(), "{listed} ended");
+        assert!(!service.list().iter().any(|r| r.id == listed));
 
         other
             .put("/kiln-elsewhere/x", i.to_string(), None)
             .await
             .unwrap();
         let t = std::time::Instant::now();
-        service.await_known(Some("never-made")).await;
+        service.await_known("never-made").await;
         assert!(
             t.elapsed() < Duration::from_secs(1),
             "an unknown sandbox waited {:?}",

@@ -309,7 +309,12 @@ def test_a_replica_with_the_audit_log_off_records_nothing_and_serves_no_audit(cl
     made = []
     try:
         s = on_node(cluster, "n1", "c1", made)
-        quiet = Sandbox.connect(s.sandbox_id, **cluster.opts("c3"))
+        try:
+            quiet = Sandbox.connect(s.sandbox_id, **cluster.opts("c3"))
+        except Exception as e:
+            # What each replica shows of it, for the failure's report.
+            seen = {c: cluster.request(c, "GET", f"/sandboxes/{s.sandbox_id}") for c in ("c1", "c3")}
+            raise AssertionError(f"connect through c3: {e!r}; GET /sandboxes/{{id}}: {seen}") from e
         mark, seen = secrets.token_hex(6), secrets.token_hex(6)
         assert quiet.commands.run(f"echo {mark}").exit_code == 0
         assert s.commands.run(f"echo {seen}").exit_code == 0

@@ -127,9 +127,10 @@ def status_of(url: str, headers: dict) -> int:
 
 
 def test_a_sandbox_made_through_one_replica_is_at_once_known_to_the_other(spread):
-    """The replicas learn of a sandbox from their etcd watch, which lags the create that made
+    """The replicas learn of a sandbox from their etcd watch, which lags the call that changed
     it by a moment: a client whose next request goes to the other replica (a load balancer)
-    still finds it, by id, in the list, and through the gateway — each asked once."""
+    still finds a sandbox just made, by id, in the list, and through the gateway, and no longer
+    finds one just killed — each asked once."""
     from e2b import Sandbox
 
     c = spread
@@ -152,6 +153,11 @@ def test_a_sandbox_made_through_one_replica_is_at_once_known_to_the_other(spread
             assert status == 200 and s2.sandbox_id in {x["sandboxID"] for x in listed}, (i, there)
             other = Sandbox.connect(s2.sandbox_id, **c.opts(there))
             assert other.commands.run("echo seen").stdout.strip() == "seen"
+            # Killed through one replica: at once gone from the other.
+            assert Sandbox.kill(sid, **c.opts(here)) is True
+            assert c.request(there, "GET", f"/sandboxes/{sid}")[0] == 404, (i, there, sid)
+            status, listed = c.request(there, "GET", "/v2/sandboxes")
+            assert status == 200 and sid not in {x["sandboxID"] for x in listed}, (i, there)
         # A replica started a moment ago (its watch may not be established yet).
         for name in ("c3", "c4"):
             fresh = c.start_control(name)

@@ -7,8 +7,8 @@
 //! sandbox whose node is lost or draining resumes on another node ([`super::moves`]). A
 //! sandbox's metrics come from its node. Snapshots stay on the node that took them
 //! ([`super::snapshots`]). A create goes to a node that holds its template
-//! ([`super::templates`]). What needs a node's local disk otherwise (volumes, template
-//! builds) answers 501 or empty for now.
+//! ([`super::templates`]); volumes are kept by a node ([`super::volumes`]). A request naming
+//! a sandbox this replica's view lacks, or reading the view, first catches the view up.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -200,6 +200,13 @@ impl ClusterService {
         })
     }
 
+    /// Waits until this replica's view includes every change committed before the call.
+    async fn catch_up(&self) {
+        if !self.cache.catch_up(&self.etcd, VIEW_WAIT).await {
+            tracing::warn!("this replica's view did not catch up with the cluster's store within {VIEW_WAIT:?}: answering from it as it is");
+        }
+    }
+
     /// `op` on `id` at its node; returns once this replica's view includes its effect.
     pub(super) async fn call(&self, id: &str, op: Op) -> Result<OpAnswer> {
         let node = self.owner(id)?;
@@ -330,13 +337,15 @@ impl SandboxService for ClusterService {
     fn recovering(&self) -> usize {
         0
     }
-    async fn await_known(&self, id: Option<&str>) {
-        if id.is_some_and(|id| self.cache.sandbox(id).is_some()) {
-            return;
+    async fn await_known(&self, id: &str) {
+        if self.cache.sandbox(id).is_none() {
+            // Made or moved through another replica a moment ago, its record may not have
+            // reached this replica's watch yet.
+            self.catch_up().await;
         }
-        // Made or moved through another replica a moment ago, its record may not have
-        // reached this replica's watch yet.
-        self.cache.catch_up(&self.etcd, VIEW_WAIT).await;
+    }
+    async fn await_current(&self) {
+        self.catch_up().await;
     }
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.cache.subscribe()
@@ -562,7 +571,7 @@ impl SandboxService for ClusterService {
             .map(|r| route_of(&r))
     }
     async fn open_route(&self, id: &str, port: u16) -> std::result::Result<PortRoute, NoRoute> {
-        self.await_known(Some(id)).await;
+        self.await_known(id).await;
         let rec = self.get(id).map_err(|_| NoRoute::NotFound)?;
         if rec.state == SandboxState::Paused && !rec.auto_resume {
             return Err(NoRoute::Paused);

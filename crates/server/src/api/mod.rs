@@ -436,16 +436,20 @@ pub async fn route_sandbox_traffic(State(st): St, req: Request, next: Next) -> R
 
 /// A request naming a sandbox the server cannot answer for yet waits for it (bounded)
 /// instead of answering 404: after a restart, until recovery reached it; on a cluster
-/// replica, until its view has what another replica did a moment ago
-/// ([`SandboxService::await_known`](crate::manager::SandboxService::await_known)).
+/// replica, until its view has what another replica did a moment ago. A read of a sandbox's
+/// record or of the list first waits until the view is current
+/// ([`SandboxService::await_known`](crate::manager::SandboxService::await_known),
+/// [`SandboxService::await_current`](crate::manager::SandboxService::await_current)).
 async fn await_known(State(st): St, req: Request, next: Next) -> Response {
     let mut seg = req.uri().path().split('/');
     if seg.any(|s| s == "sandboxes") {
-        match seg.next().filter(|s| !s.is_empty()) {
-            Some("metrics") => {}
-            Some(id) => st.manager.await_known(Some(id)).await,
-            None if req.method() == axum::http::Method::GET => st.manager.await_known(None).await,
-            None => {}
+        let id = seg.next().filter(|s| !s.is_empty() && *s != "metrics");
+        // `GET /sandboxes`, `GET /v2/sandboxes`, `GET /sandboxes/{id}`: answered from the view.
+        if req.method() == axum::http::Method::GET && seg.next().is_none() {
+            st.manager.await_current().await;
+        }
+        if let Some(id) = id {
+            st.manager.await_known(id).await;
         }
     }
     next.run(req).await

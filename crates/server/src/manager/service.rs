@@ -56,12 +56,16 @@ pub trait SandboxService: Send + Sync + 'static {
     fn idle_hinted_count(&self) -> usize;
     /// Sandboxes of the previous run not adopted yet.
     fn recovering(&self) -> usize;
-    /// Returns once this service can answer for sandbox `id` (None: for the list of every
-    /// sandbox): at once when it knows it; after a restart, once recovery has settled it; on a
-    /// cluster replica, once its view includes every change committed before the call (a
-    /// sandbox made or moved through another replica a moment ago). Bounded: an unknown `id`
-    /// is then a 404.
-    async fn await_known(&self, id: Option<&str>);
+    /// Returns once this service can answer for sandbox `id`: at once when it knows it;
+    /// after a restart, once recovery has settled it; on a cluster replica, once its view
+    /// includes every change committed before the call (a sandbox made or moved through
+    /// another replica a moment ago). Bounded: an unknown `id` is then a 404.
+    async fn await_known(&self, id: &str);
+    /// Returns once what this service reads from its own view (a sandbox's record, the list)
+    /// includes every change committed before the call: at once on one host; on a cluster
+    /// replica, once its view has caught up (a sandbox another replica ended a moment ago is
+    /// not shown running). Bounded.
+    async fn await_current(&self) {}
     /// Lifecycle events as they happen.
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent>;
 
@@ -256,10 +260,8 @@ impl SandboxService for Manager {
     fn recovering(&self) -> usize {
         Manager::recovering(self)
     }
-    async fn await_known(&self, id: Option<&str>) {
-        if let Some(id) = id {
-            Manager::wait_adopted(self, id).await
-        }
+    async fn await_known(&self, id: &str) {
+        Manager::wait_adopted(self, id).await
     }
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         Manager::subscribe(self)
