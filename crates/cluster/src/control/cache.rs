@@ -238,7 +238,7 @@ impl Cache {
     /// before the call: the store's revision now, read from `etcd`, reached by the watch's
     /// events or by the progress notice asked for (the revision may be another prefix's
     /// write, which this watch never sees). False when the store cannot be read or the wait
-    /// ran out.
+    /// ran out (logged: the caller answers from the view as it is).
     pub async fn catch_up(&self, etcd: &EtcdStore, limit: Duration) -> bool {
         let rev = match etcd.revision().await {
             Ok(rev) => rev,
@@ -255,7 +255,11 @@ impl Cache {
                 tracing::debug!(error = %e, "asking the cluster watch for progress");
             }
         }
-        self.wait_for(rev, limit).await
+        let reached = self.wait_for(rev, limit).await;
+        if !reached {
+            tracing::warn!(rev, "this replica's view did not reach the store's revision within {limit:?}: answering from it as it is");
+        }
+        reached
     }
 
     fn entry(&self, key: &[u8]) -> Entry {

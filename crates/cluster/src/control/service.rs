@@ -200,13 +200,6 @@ impl ClusterService {
         })
     }
 
-    /// Waits until this replica's view includes every change committed before the call.
-    async fn catch_up(&self) {
-        if !self.cache.catch_up(&self.etcd, VIEW_WAIT).await {
-            tracing::warn!("this replica's view did not catch up with the cluster's store within {VIEW_WAIT:?}: answering from it as it is");
-        }
-    }
-
     /// `op` on `id` at its node; returns once this replica's view includes its effect.
     pub(super) async fn call(&self, id: &str, op: Op) -> Result<OpAnswer> {
         let node = self.owner(id)?;
@@ -341,11 +334,11 @@ impl SandboxService for ClusterService {
         if self.cache.sandbox(id).is_none() {
             // Made or moved through another replica a moment ago, its record may not have
             // reached this replica's watch yet.
-            self.catch_up().await;
+            self.cache.catch_up(&self.etcd, VIEW_WAIT).await;
         }
     }
     async fn await_current(&self) {
-        self.catch_up().await;
+        self.cache.catch_up(&self.etcd, VIEW_WAIT).await;
     }
     fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.cache.subscribe()
