@@ -124,8 +124,7 @@ pub async fn snapshot_taken(
     snap: &str,
     team: &str,
 ) -> ApiResult<Option<Vec<u8>>> {
-    super::net_inherit::snapshot_taken(st, source, snap, team).await?;
-    super::net_inherit::snapshot_sealed(st, snap, team).await
+    super::net_inherit::snapshot_taken(st, source, snap, team).await
 }
 
 /// Forgets the settings recorded for snapshot `snap` of `team`.

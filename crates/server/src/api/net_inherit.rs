@@ -46,32 +46,22 @@ fn open(vault: &crate::vault::Vault, row: &str, team: &str, sealed: &[u8]) -> Ap
         .map_err(|e| internal("reading stored network settings")(e.to_string()))
 }
 
-/// The settings recorded for snapshot `snap` of `team`, sealed as they are kept (None: none),
-/// for a record of the snapshot beyond this server (a cluster's: [`of_snapshot`] on any
-/// replica opens them with the same vault key).
-pub(super) async fn snapshot_sealed(
+/// Records `v` under `row` for `team` (None: forgets the row); answers it sealed as kept
+/// (None: nothing kept).
+async fn write(
     st: &AppState,
-    snap: &str,
+    row: &str,
     team: &str,
+    v: Option<&Value>,
 ) -> ApiResult<Option<Vec<u8>>> {
-    let Some((_, db)) = st.settings_db() else {
+    let Some((vault, db)) = st.settings_db() else {
         return Ok(None);
     };
-    let got = db
-        .get_network(&snapshot_row(snap))
-        .await
-        .map_err(|e| internal("reading network settings")(e.to_string()))?;
-    Ok(got.filter(|(t, _)| t == team).map(|(_, sealed)| sealed))
-}
-
-async fn write(st: &AppState, row: &str, team: &str, v: Option<&Value>) -> ApiResult<()> {
-    let Some((vault, db)) = st.settings_db() else {
-        return Ok(());
-    };
     let sealed = v.map(|v| vault.seal(team, &seal_id(row), v.to_string().as_bytes()));
-    db.put_network(row, team, sealed)
+    db.put_network(row, team, sealed.clone())
         .await
-        .map_err(|e| internal("storing network settings")(e.to_string()))
+        .map_err(|e| internal("storing network settings")(e.to_string()))?;
+    Ok(sealed)
 }
 
 /// Records the rules and egress proxy of fork `parent` (of `team`) for its `child`, so a
@@ -86,14 +76,21 @@ pub async fn fork_child(st: &AppState, parent: &str, child: &str, team: &str) ->
     super::net_persist::remember(st, child, team, Some(&v), None).await
 }
 
-/// Records the network settings of sandbox `source` (of `team`) for its snapshot `snap`.
-pub async fn snapshot_taken(st: &AppState, source: &str, snap: &str, team: &str) -> ApiResult<()> {
+/// Records the network settings of sandbox `source` (of `team`) for its snapshot `snap`;
+/// answers them sealed as kept (None: none), for a record of the snapshot beyond this server
+/// (a cluster's: [`of_snapshot`] on any replica opens them with the same vault key).
+pub async fn snapshot_taken(
+    st: &AppState,
+    source: &str,
+    snap: &str,
+    team: &str,
+) -> ApiResult<Option<Vec<u8>>> {
     // A server that keeps no settings (a cluster's replica: the snapshot's node records them).
     if st.settings_db().is_none() {
-        return Ok(());
+        return Ok(None);
     }
     let Ok(Some(policy)) = st.manager.network(source).await else {
-        return Ok(());
+        return Ok(None);
     };
     let ingress = st
         .manager
@@ -117,7 +114,7 @@ pub async fn snapshot_taken(st: &AppState, source: &str, snap: &str, team: &str)
 
 /// Forgets the settings of snapshot `snap`.
 pub async fn snapshot_deleted(st: &AppState, snap: &str, team: &str) -> ApiResult<()> {
-    write(st, &snapshot_row(snap), team, None).await
+    write(st, &snapshot_row(snap), team, None).await.map(drop)
 }
 
 /// The `(allowInternetAccess, network)` a create from `template_id` inherits, when it names a
